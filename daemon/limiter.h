@@ -1,0 +1,64 @@
+// Limiter: applies a rule's limits to one key's state, all-or-nothing.
+//
+// A key's state is an array of 64-bit atomic words owned by its key-table
+// entry (stateWords(rule) of them, all zero for a fresh key). The limiter
+// runs the rule's algorithms (algorithms/*.h, pure functions) on snapshots of
+// those words and publishes the result with compare-and-swap; it never takes
+// a lock, allocates, reads a clock or logs. Every function here is
+// thread-safe: any number of workers may decide on the same key at once.
+//
+// All-or-nothing: a rule with several limits, and acquireAll() over several
+// (rule, key) items, spend on each limit in turn and refund what was already
+// spent when a later limit denies, so nothing stays spent on a denial.
+//
+// Shadow rules: a denial is reported as allowed with shadow_denied set, and
+// nothing is spent; in acquireAll() a shadow item never denies the group.
+//
+// Time: now_ns is the daemon's monotonic clock in nanoseconds, passed in.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "decision.h"
+#include "rules.h"
+
+namespace sluice {
+
+// Number of 64-bit state words one key of `rule` needs.
+size_t stateWords(const Rule& rule);
+
+// Spends `cost` units (cost >= 1) when every limit allows it.
+Decision acquire(const Rule& rule, std::span<std::atomic<uint64_t>> state, int64_t now_ns,
+                 int64_t cost);
+
+// Reports what acquiring `cost` units would answer now, spending nothing.
+// peek(rule, state, now, 0) is the wire method `peek`.
+Decision peek(const Rule& rule, std::span<const std::atomic<uint64_t>> state, int64_t now_ns,
+              int64_t cost);
+
+// Gives back `cost` units held on a concurrency rule (the units whose hold
+// expires soonest). Releasing more than is held releases what is held. On
+// other algorithms it does nothing and reports like peek().
+Decision release(const Rule& rule, std::span<std::atomic<uint64_t>> state, int64_t now_ns,
+                 int64_t cost);
+
+// True when the state is indistinguishable from a fresh key's at now_ns
+// (buckets full, windows passed, nothing held): the entry may be dropped.
+bool isIdle(const Rule& rule, std::span<const std::atomic<uint64_t>> state, int64_t now_ns);
+
+// One item of an all-or-nothing request. `decision` is filled in.
+struct AcquireItem {
+  const Rule* rule = nullptr;
+  std::span<std::atomic<uint64_t>> state;
+  int64_t cost = 1;
+  Decision decision;
+};
+
+// Spends every item's cost, or none. Returns true when all were allowed.
+// On a denial each item's decision says what that item alone would answer.
+bool acquireAll(std::span<AcquireItem> items, int64_t now_ns);
+
+}  // namespace sluice

@@ -1,0 +1,100 @@
+// Rules: what the operator configured, as immutable values.
+//
+// A Rule names an algorithm and one or more Limits that must all pass. Rules
+// are built once by the config loader (config.h) and shared read-only between
+// all threads through std::shared_ptr<const RuleSet>; nothing here changes
+// after construction, so any thread may read it without a lock.
+//
+// Units: periods in nanoseconds of the daemon's monotonic clock (period_ns),
+// limits and bursts in units (the "cost" a request spends).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace sluice {
+
+enum class Algorithm {
+  kTokenBucket,
+  kGcra,
+  kFixedWindow,
+  kSlidingWindow,
+  kSlidingLog,
+  kConcurrency,
+};
+
+// Where a rule's state lives: only on this node, or shared by the fleet
+// through Redis leases.
+enum class Scope { kLocal, kGlobal };
+
+// What a global rule does while Redis is unreachable.
+enum class RedisDownPolicy {
+  kLocal,   // a local limiter at the node's share of the limit
+  kOpen,    // allow, counted
+  kClosed,  // deny with a retry hint
+};
+
+// One limit of a rule: `limit` units per `period_ns`.
+//  - token_bucket, gcra: refill at limit/period, capacity `burst`.
+//  - fixed_window, sliding_window, sliding_log: `limit` units per window of
+//    `period_ns`; `burst` is unused and equals `limit`.
+//  - concurrency: `limit` units held at once; `period_ns` is the longest a unit
+//    may be held before it is released on its own (0: held until released).
+struct Limit {
+  int64_t limit = 0;
+  int64_t period_ns = 0;
+  int64_t burst = 0;
+};
+
+struct Rule {
+  std::string name;
+  Algorithm algorithm = Algorithm::kTokenBucket;
+  std::vector<Limit> limits;  // never empty
+  Scope scope = Scope::kLocal;
+  RedisDownPolicy on_redis_down = RedisDownPolicy::kLocal;
+  bool shadow = false;  // decide and count, always allow
+
+  // Stable identity of this rule's state in the key table. Reloading a file
+  // keeps the id of a rule whose definition did not change, so its keys keep
+  // their state; a changed rule gets a new id and starts afresh.
+  uint32_t id = 0;
+};
+
+// All rules of one configuration, looked up by name. Immutable.
+class RuleSet {
+ public:
+  RuleSet() = default;
+  explicit RuleSet(std::vector<Rule> rules);
+  // The name index points into rules_, so a RuleSet is never copied.
+  RuleSet(const RuleSet&) = delete;
+  RuleSet& operator=(const RuleSet&) = delete;
+
+  // Returns nullptr when no rule has this name.
+  const Rule* find(std::string_view name) const;
+  const std::vector<Rule>& rules() const { return rules_; }
+
+ private:
+  std::vector<Rule> rules_;
+  std::unordered_map<std::string_view, const Rule*> by_name_;
+};
+
+using RuleSetPtr = std::shared_ptr<const RuleSet>;
+
+// The largest `limit` (and `burst`) an algorithm can hold in its state; the
+// config loader refuses larger values. sliding_log and concurrency keep one
+// state word per unit, so they are for small limits only.
+int64_t maxLimit(Algorithm algorithm);
+
+// Bounds on a limit's period, checked by the config loader.
+constexpr int64_t kMinPeriodNs = 1'000'000;                       // 1 ms
+constexpr int64_t kMaxPeriodNs = 366LL * 24 * 3600 * 1'000'000'000;  // 366 days
+
+std::string_view algorithmName(Algorithm algorithm);
+std::string_view scopeName(Scope scope);
+std::string_view redisDownPolicyName(RedisDownPolicy policy);
+
+}  // namespace sluice
