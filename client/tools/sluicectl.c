@@ -1,1 +1,253 @@
-int main(void) { return 0; }
+/* sluicectl: the command-line client of sluiced, built on libsluice.
+ * One request per run; exit status 0 allowed/ok, 1 denied (or health not
+ * "ok"), 2 usage error, 3 connection or server error. */
+#define _POSIX_C_SOURCE 200809L
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sluice.h"
+
+enum { EXIT_OK = 0, EXIT_DENIED = 1, EXIT_USAGE = 2, EXIT_FAILED = 3 };
+
+#define DEFAULT_TIMEOUT_MS 2000
+
+static const char usage_text[] =
+    "usage: sluicectl [--socket PATH] [--json] [--timeout MS] COMMAND [ARGS]\n"
+    "\n"
+    "commands:\n"
+    "  acquire RULE KEY [COST]  spend COST units (default 1) of RULE for KEY\n"
+    "  peek RULE KEY            show KEY's state under RULE without spending\n"
+    "  release RULE KEY [COST]  give COST units (default 1) of a concurrency rule back\n"
+    "  health                   the daemon's health\n"
+    "  stats                    the daemon's counters\n"
+    "  rules                    the rules the daemon enforces\n"
+    "\n"
+    "options:\n"
+    "  --socket PATH  daemon socket (default: $SLUICE_SOCKET, else " SLUICE_DEFAULT_SOCKET ")\n"
+    "  --json         print one JSON object instead of text\n"
+    "  --timeout MS   give up after MS milliseconds (default 2000)\n"
+    "  --help         print this help and exit\n"
+    "  --version      print the version and exit\n"
+    "\n"
+    "exit status:\n"
+    "  0  allowed, or the command succeeded\n"
+    "  1  denied (acquire, peek), or health status is not \"ok\"\n"
+    "  2  usage error\n"
+    "  3  connection error, or the daemon answered with an error\n";
+
+static int usage_error(const char* message) {
+  fprintf(stderr, "sluicectl: %s\n%s", message, usage_text);
+  return EXIT_USAGE;
+}
+
+static int parse_u32(const char* text, uint32_t* out) {
+  char* end;
+  if (text[0] < '0' || text[0] > '9') {
+    return -1;
+  }
+  errno = 0;
+  unsigned long long value = strtoull(text, &end, 10);
+  if (errno != 0 || *end != '\0' || value > UINT32_MAX) {
+    return -1;
+  }
+  *out = (uint32_t)value;
+  return 0;
+}
+
+static int fail(sluice_client* client, int rc) {
+  if (rc == SLUICE_ESERVER) {
+    fprintf(stderr, "sluicectl: %s: %s\n", sluice_server_error_code(client),
+            sluice_server_error_message(client));
+  } else {
+    fprintf(stderr, "sluicectl: %s\n", sluice_strerror(rc));
+  }
+  return EXIT_FAILED;
+}
+
+static void print_decision(const sluice_decision* d, int json) {
+  if (json) {
+    printf("{\"allowed\":%s,\"remaining\":%" PRId64 ",\"limit\":%" PRId64
+           ",\"reset_after_ms\":%" PRId64 ",\"retry_after_ms\":%" PRId64 ",\"mode\":\"%s\"}\n",
+           d->allowed ? "true" : "false", d->remaining, d->limit, d->reset_after_ms,
+           d->retry_after_ms, sluice_mode_name(d->mode));
+  } else {
+    printf("%-8s remaining=%" PRId64 " limit=%" PRId64 " reset_after_ms=%" PRId64
+           " retry_after_ms=%" PRId64 " mode=%s\n",
+           d->allowed ? "allowed" : "denied", d->remaining, d->limit, d->reset_after_ms,
+           d->retry_after_ms, sluice_mode_name(d->mode));
+  }
+}
+
+/* Prints compact JSON (as libsluice writes it) indented, two spaces a level. */
+static void print_indented(const char* json) {
+  int depth = 0, in_string = 0;
+  for (const char* p = json; *p != '\0'; p++) {
+    char ch = *p;
+    if (in_string) {
+      putchar(ch);
+      if (ch == '\\' && p[1] != '\0') {
+        putchar(*++p);
+      } else if (ch == '"') {
+        in_string = 0;
+      }
+      continue;
+    }
+    switch (ch) {
+      case '"':
+        in_string = 1;
+        putchar(ch);
+        break;
+      case '{':
+      case '[':
+        putchar(ch);
+        if (p[1] == '}' || p[1] == ']') {
+          putchar(*++p);
+        } else {
+          printf("\n%*s", 2 * ++depth, "");
+        }
+        break;
+      case '}':
+      case ']':
+        printf("\n%*s%c", 2 * --depth, "", ch);
+        break;
+      case ',':
+        printf(",\n%*s", 2 * depth, "");
+        break;
+      case ':':
+        printf(": ");
+        break;
+      default:
+        putchar(ch);
+    }
+  }
+  putchar('\n');
+}
+
+int main(int argc, char** argv) {
+  const char* socket_path = getenv("SLUICE_SOCKET");
+  int json = 0;
+  int timeout_ms = DEFAULT_TIMEOUT_MS;
+  int i = 1;
+  if (socket_path == NULL || socket_path[0] == '\0') {
+    socket_path = SLUICE_DEFAULT_SOCKET;
+  }
+  for (; i < argc && strncmp(argv[i], "--", 2) == 0; i++) {
+    const char* arg = argv[i];
+    const char* value = strchr(arg, '=');
+    size_t name_len = value ? (size_t)(value - arg) : strlen(arg);
+    int takes_value = (name_len == 8 && strncmp(arg, "--socket", 8) == 0) ||
+                      (name_len == 9 && strncmp(arg, "--timeout", 9) == 0);
+    if (takes_value) {
+      if (value != NULL) {
+        value++;
+      } else if (i + 1 < argc) {
+        value = argv[++i];
+      } else {
+        return usage_error("option needs a value");
+      }
+    } else if (value != NULL) {
+      return usage_error("option takes no value");
+    }
+    if (strcmp(arg, "--") == 0) {
+      i++;
+      break;
+    } else if (strcmp(arg, "--help") == 0) {
+      fputs(usage_text, stdout);
+      return EXIT_OK;
+    } else if (strcmp(arg, "--version") == 0) {
+      printf("sluicectl %s\n", sluice_version());
+      return EXIT_OK;
+    } else if (strcmp(arg, "--json") == 0) {
+      json = 1;
+    } else if (name_len == 8) {
+      socket_path = value;
+    } else if (name_len == 9) {
+      uint32_t ms;
+      if (parse_u32(value, &ms) != 0 || ms > INT32_MAX) {
+        return usage_error("--timeout needs a number of milliseconds");
+      }
+      timeout_ms = (int)ms;
+    } else {
+      return usage_error("unknown option");
+    }
+  }
+  if (i >= argc) {
+    return usage_error("missing command");
+  }
+  const char* command = argv[i++];
+  int nargs = argc - i;
+  char** args = argv + i;
+  int is_item = strcmp(command, "acquire") == 0 || strcmp(command, "release") == 0;
+  int is_peek = strcmp(command, "peek") == 0;
+  int is_plain = strcmp(command, "health") == 0 || strcmp(command, "stats") == 0 ||
+                 strcmp(command, "rules") == 0;
+  uint32_t cost = 1;
+  if (is_item) {
+    if (nargs < 2 || nargs > 3) {
+      return usage_error("expected RULE KEY [COST]");
+    }
+    if (nargs == 3 && parse_u32(args[2], &cost) != 0) {
+      return usage_error("COST must be a whole number");
+    }
+  } else if (is_peek) {
+    if (nargs != 2) {
+      return usage_error("expected RULE KEY");
+    }
+  } else if (is_plain) {
+    if (nargs != 0) {
+      return usage_error("this command takes no arguments");
+    }
+  } else {
+    return usage_error("unknown command");
+  }
+
+  sluice_client* client = NULL;
+  int rc = sluice_connect(socket_path, timeout_ms, &client);
+  if (rc != 0) {
+    fprintf(stderr, "sluicectl: %s: %s\n", socket_path, sluice_strerror(rc));
+    return EXIT_FAILED;
+  }
+  int status = EXIT_OK;
+  if (is_item || is_peek) {
+    sluice_decision d;
+    size_t key_len = strlen(args[1]);
+    if (is_peek) {
+      rc = sluice_peek(client, args[0], args[1], key_len, timeout_ms, &d);
+    } else if (command[0] == 'a') {
+      rc = sluice_acquire(client, args[0], args[1], key_len, cost, timeout_ms, &d);
+    } else {
+      rc = sluice_release(client, args[0], args[1], key_len, cost, timeout_ms, &d);
+    }
+    if (rc == 0) {
+      print_decision(&d, json);
+      status = d.allowed ? EXIT_OK : EXIT_DENIED;
+    }
+  } else {
+    char* text = NULL;
+    if (strcmp(command, "health") == 0) {
+      sluice_health_info health;
+      rc = sluice_health(client, timeout_ms, &health);
+      status = strcmp(health.status, "ok") == 0 ? EXIT_OK : EXIT_DENIED;
+    }
+    if (rc == 0) {
+      rc = sluice_call_json(client, command, timeout_ms, &text);
+    }
+    if (rc == 0) {
+      if (json) {
+        puts(text);
+      } else {
+        print_indented(text);
+      }
+    }
+    sluice_free(text);
+  }
+  if (rc != 0) {
+    status = fail(client, rc);
+  }
+  sluice_destroy(client);
+  return status;
+}

@@ -1,0 +1,915 @@
+/* client.c: the libsluice handle: connection, buffered socket I/O, requests
+ * and responses (the API is documented in sluice.h).
+ *
+ * A handle owns one non-blocking stream socket and two buffers. `out` holds
+ * encoded requests; out.data[out_pos, out.len) is not yet written. `in` holds
+ * received bytes; in.data[in_pos, in.len) is not yet decoded. A response
+ * frame has no length prefix: it ends where its MessagePack value ends, and
+ * mp_frame_size() finds that end without trusting any length beyond the
+ * SLUICE_MAX_RESPONSE_BYTES cap.
+ *
+ * Reconnection (the rule in sluice.h): `resend_safe()` is true when every
+ * request in flight is still wholly unwritten in `out`, i.e. the daemon
+ * cannot have seen any of them. Only then may the handle replace a dead
+ * socket and write them on the new one; otherwise a dead socket drops every
+ * request in flight and the call returns the error.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "codec.h"
+#include "json.h"
+#include "sluice.h"
+
+/* Free space guaranteed before each read(), so one read takes many responses. */
+#define SLUICE_READ_CHUNK_BYTES (64u * 1024u)
+/* While flushing, received bytes are buffered only up to this much; beyond
+ * it the handle stops reading until the caller consumes responses. */
+#define SLUICE_MAX_BUFFERED_INPUT_BYTES (2u * SLUICE_MAX_RESPONSE_BYTES)
+/* The bytes of a request around its parameters: [0, msgid, method, params]. */
+#define SLUICE_REQUEST_OVERHEAD_BYTES (4u * MP_MAX_HEADER)
+
+struct sluice_client {
+  int fd; /* -1 while disconnected */
+  char* socket_path;
+  sluice_buf out;
+  size_t out_pos;
+  size_t queued; /* requests in `out` of which not one byte was written */
+  sluice_buf in;
+  size_t in_pos;
+  uint32_t next_msgid;
+  size_t in_flight;
+  char error_code[64];
+  char error_message[512];
+};
+
+/* ---- errors and versions --------------------------------------------------- */
+
+const char* sluice_strerror(int code) {
+  switch (code) {
+#define SLUICE_XX_(name, value, text) \
+  case SLUICE_##name:                 \
+    return text;
+    SLUICE_ERRNO_MAP(SLUICE_XX_)
+#undef SLUICE_XX_
+    case SLUICE_OK:
+      return "success";
+  }
+  return "unknown error";
+}
+
+const char* sluice_err_name(int code) {
+  switch (code) {
+#define SLUICE_XX_(name, value, text) \
+  case SLUICE_##name:                 \
+    return "SLUICE_" #name;
+    SLUICE_ERRNO_MAP(SLUICE_XX_)
+#undef SLUICE_XX_
+    case SLUICE_OK:
+      return "SLUICE_OK";
+  }
+  return "SLUICE_UNKNOWN";
+}
+
+#define SLUICE_STR_(x) #x
+#define SLUICE_XSTR_(x) SLUICE_STR_(x)
+
+const char* sluice_version(void) {
+  return SLUICE_XSTR_(SLUICE_VERSION_MAJOR) "." SLUICE_XSTR_(SLUICE_VERSION_MINOR) "." SLUICE_XSTR_(
+      SLUICE_VERSION_PATCH);
+}
+
+int sluice_version_number(void) { return SLUICE_VERSION_NUMBER; }
+
+static const char* const mode_names[] = {"unknown", "normal", "fallback", "open",
+                                         "closed",  "shadow", "local"};
+
+const char* sluice_mode_name(sluice_mode mode) {
+  if ((int)mode < 0 || (size_t)mode >= sizeof mode_names / sizeof mode_names[0]) {
+    return mode_names[0];
+  }
+  return mode_names[mode];
+}
+
+void sluice_free(void* ptr) { free(ptr); }
+
+const char* sluice_server_error_code(const sluice_client* c) { return c ? c->error_code : ""; }
+
+const char* sluice_server_error_message(const sluice_client* c) {
+  return c ? c->error_message : "";
+}
+
+/* ---- time ------------------------------------------------------------------ */
+
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* A deadline in monotonic ms, or -1 for none (negative timeout). */
+static int64_t deadline_after(int timeout_ms) { return timeout_ms < 0 ? -1 : now_ms() + timeout_ms; }
+
+/* Milliseconds left for poll(): -1 without a deadline, 0 once it passed. */
+static int ms_left(int64_t deadline_ms) {
+  if (deadline_ms < 0) {
+    return -1;
+  }
+  int64_t left = deadline_ms - now_ms();
+  return left <= 0 ? 0 : (int)left;
+}
+
+/* ---- connection -------------------------------------------------------------- */
+
+static int open_socket(const char* path, int64_t deadline_ms, int* fd_out) {
+  struct sockaddr_un addr;
+  memset(&addr, 0, sizeof addr);
+  addr.sun_family = AF_UNIX;
+  size_t path_len = strlen(path);
+  if (path_len == 0 || path_len >= sizeof addr.sun_path) {
+    return SLUICE_EINVAL;
+  }
+  memcpy(addr.sun_path, path, path_len + 1);
+
+  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  if (fd < 0) {
+    return errno == ENOMEM || errno == ENOBUFS ? SLUICE_ENOMEM : SLUICE_ECONNECT;
+  }
+  if (fcntl(fd, F_SETFD, FD_CLOEXEC) != 0 ||
+      fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) != 0) {
+    close(fd);
+    return SLUICE_ECONNECT;
+  }
+  for (;;) {
+    if (connect(fd, (const struct sockaddr*)&addr, sizeof addr) == 0) {
+      *fd_out = fd;
+      return 0;
+    }
+    if (errno == EINTR) {
+      continue;
+    }
+    if (errno == EAGAIN) {
+      /* The daemon's accept backlog is full: retry until the deadline. */
+      if (ms_left(deadline_ms) == 0) {
+        close(fd);
+        return SLUICE_ETIMEDOUT;
+      }
+      poll(NULL, 0, 1);
+      continue;
+    }
+    if (errno == EINPROGRESS) {
+      struct pollfd pfd = {fd, POLLOUT, 0};
+      int err = 0;
+      socklen_t err_len = sizeof err;
+      int n = poll(&pfd, 1, ms_left(deadline_ms));
+      if (n == 0) {
+        close(fd);
+        return SLUICE_ETIMEDOUT;
+      }
+      if (n < 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &err_len) != 0 || err != 0) {
+        close(fd);
+        return SLUICE_ECONNECT;
+      }
+      *fd_out = fd;
+      return 0;
+    }
+    close(fd);
+    return SLUICE_ECONNECT;
+  }
+}
+
+/* Closes the socket and forgets what was received on it. */
+static void close_socket(sluice_client* c) {
+  if (c->fd >= 0) {
+    close(c->fd);
+    c->fd = -1;
+  }
+  c->in.len = 0;
+  c->in_pos = 0;
+}
+
+/* Closes the socket and drops every request in flight, written or not. */
+static void drop_connection(sluice_client* c) {
+  close_socket(c);
+  c->out.len = 0;
+  c->out_pos = 0;
+  c->queued = 0;
+  c->in_flight = 0;
+}
+
+static int resend_safe(const sluice_client* c) { return c->out_pos == 0 && c->in_flight == c->queued; }
+
+static int reconnect(sluice_client* c, int64_t deadline_ms) {
+  close_socket(c);
+  return open_socket(c->socket_path, deadline_ms, &c->fd);
+}
+
+int sluice_connect(const char* socket_path, int timeout_ms, sluice_client** out) {
+  if (out == NULL) {
+    return SLUICE_EINVAL;
+  }
+  *out = NULL;
+  if (socket_path == NULL) {
+    return SLUICE_EINVAL;
+  }
+  sluice_client* c = (sluice_client*)calloc(1, sizeof *c);
+  if (c == NULL) {
+    return SLUICE_ENOMEM;
+  }
+  c->fd = -1;
+  c->next_msgid = 1;
+  size_t path_len = strlen(socket_path);
+  c->socket_path = (char*)malloc(path_len + 1);
+  if (c->socket_path == NULL || sluice_buf_reserve(&c->in, SLUICE_READ_CHUNK_BYTES) == NULL) {
+    sluice_destroy(c);
+    return SLUICE_ENOMEM;
+  }
+  memcpy(c->socket_path, socket_path, path_len + 1);
+  int rc = open_socket(c->socket_path, deadline_after(timeout_ms), &c->fd);
+  if (rc != 0) {
+    sluice_destroy(c);
+    return rc;
+  }
+  *out = c;
+  return 0;
+}
+
+void sluice_destroy(sluice_client* c) {
+  if (c == NULL) {
+    return;
+  }
+  close_socket(c);
+  sluice_buf_free(&c->out);
+  sluice_buf_free(&c->in);
+  free(c->socket_path);
+  free(c);
+}
+
+size_t sluice_in_flight(const sluice_client* c) { return c ? c->in_flight : 0; }
+
+/* ---- socket I/O ---------------------------------------------------------------- */
+
+static int io_error(int err) {
+  if (err == EPIPE || err == ECONNRESET || err == ENOTCONN) {
+    return SLUICE_ECLOSED;
+  }
+  return err == ENOMEM || err == ENOBUFS ? SLUICE_ENOMEM : SLUICE_EIO;
+}
+
+/* Writes as much of `out` as the socket takes now. */
+static int write_some(sluice_client* c) {
+  while (c->out_pos < c->out.len) {
+    ssize_t n = send(c->fd, c->out.data + c->out_pos, c->out.len - c->out_pos, MSG_NOSIGNAL);
+    if (n > 0) {
+      c->out_pos += (size_t)n;
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      return 0;
+    } else {
+      return io_error(errno);
+    }
+  }
+  c->out.len = 0;
+  c->out_pos = 0;
+  c->queued = 0;
+  return 0;
+}
+
+/* One read() into `in`, after making room for at least one chunk. */
+static int read_some(sluice_client* c) {
+  if (c->in_pos > 0) {
+    memmove(c->in.data, c->in.data + c->in_pos, c->in.len - c->in_pos);
+    c->in.len -= c->in_pos;
+    c->in_pos = 0;
+  }
+  if (sluice_buf_reserve(&c->in, SLUICE_READ_CHUNK_BYTES) == NULL) {
+    c->in.failed = 0; /* the handle stays usable once memory is back */
+    return SLUICE_ENOMEM;
+  }
+  for (;;) {
+    ssize_t n = recv(c->fd, c->in.data + c->in.len, c->in.cap - c->in.len, 0);
+    if (n > 0) {
+      c->in.len += (size_t)n;
+      return 0;
+    }
+    if (n == 0) {
+      return SLUICE_ECLOSED;
+    }
+    if (errno == EINTR) {
+      continue;
+    }
+    return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : io_error(errno);
+  }
+}
+
+/* Waits until the socket can be written or read (either one being enough),
+ * then does that I/O. `want_read` asks for reading too. */
+static int pump(sluice_client* c, int64_t deadline_ms, int want_read) {
+  int want_write = c->out_pos < c->out.len;
+  struct pollfd pfd = {c->fd, (short)((want_read ? POLLIN : 0) | (want_write ? POLLOUT : 0)), 0};
+  int n;
+  do {
+    n = poll(&pfd, 1, ms_left(deadline_ms));
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) {
+    return SLUICE_EIO;
+  }
+  if (n == 0) {
+    return SLUICE_ETIMEDOUT;
+  }
+  if (want_write && (pfd.revents & (POLLOUT | POLLERR | POLLHUP))) {
+    int rc = write_some(c);
+    if (rc != 0) {
+      return rc;
+    }
+  }
+  if (want_read && (pfd.revents & (POLLIN | POLLERR | POLLHUP))) {
+    return read_some(c);
+  }
+  return 0;
+}
+
+/* Writes everything queued, reconnecting once when that is safe (see top).
+ * Returns 0 or a code; the caller decides what a failure does to the handle. */
+static int flush_until(sluice_client* c, int64_t deadline_ms) {
+  int reconnects_left = 1;
+  if (c->out_pos == c->out.len) {
+    return 0;
+  }
+  /* A socket whose peer has gone fails the first send() with EPIPE before
+   * taking a byte, so a restarted daemon is noticed below, not probed for. */
+  if (c->fd < 0 && resend_safe(c)) {
+    reconnects_left = 0;
+    int rc = reconnect(c, deadline_ms);
+    if (rc != 0) {
+      return rc;
+    }
+  }
+  if (c->fd < 0) {
+    return SLUICE_ECLOSED;
+  }
+  while (c->out_pos < c->out.len) {
+    int rc = write_some(c);
+    if (rc == SLUICE_ECLOSED && resend_safe(c) && reconnects_left-- > 0) {
+      rc = reconnect(c, deadline_ms);
+      if (rc != 0) {
+        return rc;
+      }
+      continue;
+    }
+    if (rc != 0) {
+      return rc;
+    }
+    if (c->out_pos < c->out.len) {
+      /* Keep reading answers while the daemon is slow to take requests, so
+       * neither side can fill its buffers and wait on the other forever. */
+      int read_too = c->in.len - c->in_pos < SLUICE_MAX_BUFFERED_INPUT_BYTES;
+      rc = pump(c, deadline_ms, read_too);
+      if (rc != 0) {
+        return rc;
+      }
+    }
+  }
+  return 0;
+}
+
+/* The next complete response frame from `in`, reading as needed. The frame
+ * stays valid until the next read on the handle. */
+static int next_frame(sluice_client* c, int64_t deadline_ms, const uint8_t** frame, size_t* len) {
+  for (;;) {
+    size_t size = 0;
+    const uint8_t* start = c->in.data + c->in_pos;
+    int rc = mp_frame_size(start, c->in.len - c->in_pos, SLUICE_MAX_RESPONSE_BYTES, &size);
+    if (rc == 1) {
+      *frame = start;
+      *len = size;
+      c->in_pos += size;
+      if (c->in_pos == c->in.len) {
+        c->in_pos = 0;
+        c->in.len = 0;
+      }
+      return 0;
+    }
+    if (rc == -1) {
+      return SLUICE_EPROTO;
+    }
+    if (rc == -2) {
+      return SLUICE_ETOOLARGE;
+    }
+    if (c->fd < 0) {
+      return SLUICE_ECLOSED;
+    }
+    rc = pump(c, deadline_ms, 1);
+    if (rc != 0) {
+      return rc;
+    }
+  }
+}
+
+/* ---- requests ------------------------------------------------------------------- */
+
+static void clear_server_error(sluice_client* c) {
+  c->error_code[0] = '\0';
+  c->error_message[0] = '\0';
+}
+
+static void copy_text(char* dst, size_t cap, const uint8_t* src, uint32_t len) {
+  size_t n = len < cap - 1 ? len : cap - 1;
+  memcpy(dst, src, n);
+  dst[n] = '\0';
+}
+
+/* Reserves room for a request whose parameters take at most params_bytes,
+ * writes [0, msgid, method, and returns where the parameters go (NULL when
+ * memory ran out). finish_request() completes it. */
+static uint8_t* begin_request(sluice_client* c, const char* method, size_t params_bytes,
+                              uint32_t* msgid) {
+  size_t method_len = strlen(method);
+  uint8_t* p = sluice_buf_reserve(&c->out, SLUICE_REQUEST_OVERHEAD_BYTES + method_len + params_bytes);
+  if (p == NULL) {
+    c->out.failed = 0;
+    return NULL;
+  }
+  *msgid = c->next_msgid++;
+  p = mp_put_array(p, 4);
+  p = mp_put_uint(p, 0);
+  p = mp_put_uint(p, *msgid);
+  return mp_put_str(p, method, (uint32_t)method_len);
+}
+
+static void finish_request(sluice_client* c, uint8_t* end) {
+  c->out.len = (size_t)(end - c->out.data);
+  c->queued++;
+  c->in_flight++;
+}
+
+/* A key goes out as str when it is UTF-8 (what most MessagePack libraries
+ * decode to a string) and as bin otherwise; the daemon accepts both. */
+static uint8_t* put_key(uint8_t* p, const void* key, size_t key_len) {
+  if (mp_is_utf8((const uint8_t*)key, key_len)) {
+    return mp_put_str(p, key, (uint32_t)key_len);
+  }
+  return mp_put_bin(p, key, (uint32_t)key_len);
+}
+
+static int item_valid(const char* rule, const void* key, size_t key_len) {
+  return rule != NULL && (key != NULL || key_len == 0) && key_len <= UINT32_MAX &&
+         strlen(rule) <= UINT32_MAX;
+}
+
+static size_t item_bytes(const char* rule, size_t key_len) {
+  return 4 * MP_MAX_HEADER + strlen(rule) + key_len;
+}
+
+/* [rule, key] or [rule, key, cost] */
+static uint8_t* put_item(uint8_t* p, const char* rule, const void* key, size_t key_len, int with_cost,
+                         uint32_t cost) {
+  p = mp_put_array(p, with_cost ? 3 : 2);
+  p = mp_put_str(p, rule, (uint32_t)strlen(rule));
+  p = put_key(p, key, key_len);
+  return with_cost ? mp_put_uint(p, cost) : p;
+}
+
+static int queue_item_request(sluice_client* c, const char* method, const char* rule, const void* key,
+                              size_t key_len, int with_cost, uint32_t cost, uint32_t* msgid) {
+  if (c == NULL || !item_valid(rule, key, key_len)) {
+    return SLUICE_EINVAL;
+  }
+  uint8_t* p = begin_request(c, method, item_bytes(rule, key_len), msgid);
+  if (p == NULL) {
+    return SLUICE_ENOMEM;
+  }
+  finish_request(c, put_item(p, rule, key, key_len, with_cost, cost));
+  return 0;
+}
+
+/* ---- responses ------------------------------------------------------------------ */
+
+/* Decodes [1, msgid, error, result] up to the result, which `r` is left at.
+ * *status is 0, or SLUICE_ESERVER with the error map copied into the handle.
+ * Returns SLUICE_EPROTO when the frame is not a response. */
+static int parse_response(sluice_client* c, const uint8_t* frame, size_t len, mp_reader* r,
+                          uint32_t* msgid, int* status) {
+  mp_value v;
+  uint64_t type, id;
+  mp_reader_init(r, frame, len);
+  if (mp_read(r, &v) != 0 || v.type != MP_ARRAY || v.v.count != 4 || mp_read_uint(r, &type) != 0 ||
+      type != 1 || mp_read_uint(r, &id) != 0 || id > UINT32_MAX) {
+    return SLUICE_EPROTO;
+  }
+  *msgid = (uint32_t)id;
+  *status = 0;
+  const uint8_t* error_start = r->p;
+  if (mp_read(r, &v) != 0) {
+    return SLUICE_EPROTO;
+  }
+  if (v.type == MP_NIL) {
+    return 0;
+  }
+  *status = SLUICE_ESERVER;
+  clear_server_error(c);
+  if (v.type == MP_STR) {
+    /* Not our daemon's shape, but some MessagePack-RPC servers send a string. */
+    copy_text(c->error_message, sizeof c->error_message, v.v.bytes.ptr, v.v.bytes.len);
+    return 0;
+  }
+  if (v.type != MP_MAP) {
+    r->p = error_start;
+    return mp_skip(r) == 0 ? 0 : SLUICE_EPROTO;
+  }
+  for (uint32_t i = 0; i < v.v.count; i++) {
+    const uint8_t* key;
+    uint32_t key_len;
+    mp_value field;
+    if (mp_read_bytes(r, &key, &key_len) != 0) {
+      return SLUICE_EPROTO;
+    }
+    const uint8_t* field_start = r->p;
+    if (mp_read(r, &field) != 0) {
+      return SLUICE_EPROTO;
+    }
+    int is_text = field.type == MP_STR || field.type == MP_BIN;
+    if (is_text && mp_bytes_equal(key, key_len, "code")) {
+      copy_text(c->error_code, sizeof c->error_code, field.v.bytes.ptr, field.v.bytes.len);
+    } else if (is_text && mp_bytes_equal(key, key_len, "message")) {
+      copy_text(c->error_message, sizeof c->error_message, field.v.bytes.ptr, field.v.bytes.len);
+    } else {
+      r->p = field_start;
+      if (mp_skip(r) != 0) {
+        return SLUICE_EPROTO;
+      }
+    }
+  }
+  return 0;
+}
+
+static sluice_mode mode_from_name(const uint8_t* name, uint32_t len) {
+  for (size_t i = 1; i < sizeof mode_names / sizeof mode_names[0]; i++) {
+    if (mp_bytes_equal(name, len, mode_names[i])) {
+      return (sluice_mode)i;
+    }
+  }
+  return SLUICE_MODE_UNKNOWN;
+}
+
+/* Reads a decision map; keys this library does not know are skipped. */
+static int parse_decision(mp_reader* r, sluice_decision* d) {
+  mp_value v;
+  int saw_allowed = 0;
+  memset(d, 0, sizeof *d);
+  if (mp_read(r, &v) != 0 || v.type != MP_MAP) {
+    return SLUICE_EPROTO;
+  }
+  for (uint32_t i = 0; i < v.v.count; i++) {
+    const uint8_t* key;
+    uint32_t key_len;
+    if (mp_read_bytes(r, &key, &key_len) != 0) {
+      return SLUICE_EPROTO;
+    }
+    int64_t* number = NULL;
+    if (mp_bytes_equal(key, key_len, "remaining")) {
+      number = &d->remaining;
+    } else if (mp_bytes_equal(key, key_len, "limit")) {
+      number = &d->limit;
+    } else if (mp_bytes_equal(key, key_len, "reset_after_ms")) {
+      number = &d->reset_after_ms;
+    } else if (mp_bytes_equal(key, key_len, "retry_after_ms")) {
+      number = &d->retry_after_ms;
+    }
+    if (number != NULL) {
+      if (mp_read_int(r, number) != 0) {
+        return SLUICE_EPROTO;
+      }
+    } else if (mp_bytes_equal(key, key_len, "allowed")) {
+      mp_value b;
+      if (mp_read(r, &b) != 0 || b.type != MP_BOOL) {
+        return SLUICE_EPROTO;
+      }
+      d->allowed = b.v.boolean;
+      saw_allowed = 1;
+    } else if (mp_bytes_equal(key, key_len, "mode")) {
+      const uint8_t* name;
+      uint32_t name_len;
+      if (mp_read_bytes(r, &name, &name_len) != 0) {
+        return SLUICE_EPROTO;
+      }
+      d->mode = mode_from_name(name, name_len);
+    } else if (mp_skip(r) != 0) {
+      return SLUICE_EPROTO;
+    }
+  }
+  return saw_allowed ? 0 : SLUICE_EPROTO;
+}
+
+/* ---- synchronous calls --------------------------------------------------------- */
+
+/* Starts a synchronous call: no pipelined request may be in flight. */
+static int sync_begin(sluice_client* c) {
+  if (c == NULL) {
+    return SLUICE_EINVAL;
+  }
+  clear_server_error(c);
+  return c->in_flight > 0 ? SLUICE_EBUSY : 0;
+}
+
+/* Sends the one queued request and waits for its answer; on return `r` is at
+ * the result. Any failure but SLUICE_ESERVER closes the connection, so a late
+ * answer can never be taken for the next call's. */
+static int sync_exchange(sluice_client* c, int64_t deadline_ms, uint32_t msgid, mp_reader* r) {
+  const uint8_t* frame;
+  size_t len;
+  uint32_t got_id;
+  int status = 0;
+  int rc = flush_until(c, deadline_ms);
+  if (rc == 0) {
+    rc = next_frame(c, deadline_ms, &frame, &len);
+  }
+  if (rc == 0) {
+    rc = parse_response(c, frame, len, r, &got_id, &status);
+  }
+  if (rc == 0 && got_id != msgid) {
+    rc = SLUICE_EPROTO;
+  }
+  if (rc != 0) {
+    drop_connection(c);
+    return rc;
+  }
+  c->in_flight = 0;
+  return status;
+}
+
+static int sync_item_call(sluice_client* c, const char* method, const char* rule, const void* key,
+                          size_t key_len, int with_cost, uint32_t cost, int timeout_ms,
+                          mp_reader* r) {
+  int64_t deadline_ms = deadline_after(timeout_ms);
+  uint32_t msgid;
+  int rc = sync_begin(c);
+  if (rc == 0) {
+    rc = queue_item_request(c, method, rule, key, key_len, with_cost, cost, &msgid);
+  }
+  return rc != 0 ? rc : sync_exchange(c, deadline_ms, msgid, r);
+}
+
+int sluice_acquire(sluice_client* c, const char* rule, const void* key, size_t key_len,
+                   uint32_t cost, int timeout_ms, sluice_decision* out) {
+  mp_reader r;
+  if (out == NULL) {
+    return SLUICE_EINVAL;
+  }
+  int rc = sync_item_call(c, "acquire", rule, key, key_len, 1, cost, timeout_ms, &r);
+  return rc != 0 ? rc : parse_decision(&r, out);
+}
+
+int sluice_peek(sluice_client* c, const char* rule, const void* key, size_t key_len,
+                int timeout_ms, sluice_decision* out) {
+  mp_reader r;
+  if (out == NULL) {
+    return SLUICE_EINVAL;
+  }
+  int rc = sync_item_call(c, "peek", rule, key, key_len, 0, 0, timeout_ms, &r);
+  return rc != 0 ? rc : parse_decision(&r, out);
+}
+
+int sluice_release(sluice_client* c, const char* rule, const void* key, size_t key_len,
+                   uint32_t cost, int timeout_ms, sluice_decision* out) {
+  mp_reader r;
+  sluice_decision ignored;
+  int rc = sync_item_call(c, "release", rule, key, key_len, 1, cost, timeout_ms, &r);
+  if (rc != 0) {
+    return rc;
+  }
+  if (out == NULL) {
+    out = &ignored;
+  }
+  if (parse_decision(&r, out) != 0) {
+    /* The contract leaves release's result open: anything else means done. */
+    memset(out, 0, sizeof *out);
+    out->allowed = 1;
+  }
+  return 0;
+}
+
+int sluice_acquire_all(sluice_client* c, const sluice_item* items, size_t count, int timeout_ms,
+                       int* all_allowed, sluice_decision* results) {
+  int64_t deadline_ms = deadline_after(timeout_ms);
+  if (c == NULL || items == NULL || count == 0 || count > UINT32_MAX || all_allowed == NULL) {
+    return SLUICE_EINVAL;
+  }
+  size_t params_bytes = 2 * MP_MAX_HEADER;
+  for (size_t i = 0; i < count; i++) {
+    if (!item_valid(items[i].rule, items[i].key, items[i].key_len)) {
+      return SLUICE_EINVAL;
+    }
+    params_bytes += item_bytes(items[i].rule, items[i].key_len);
+  }
+  int rc = sync_begin(c);
+  if (rc != 0) {
+    return rc;
+  }
+  uint32_t msgid;
+  uint8_t* p = begin_request(c, "acquire_all", params_bytes, &msgid);
+  if (p == NULL) {
+    return SLUICE_ENOMEM;
+  }
+  p = mp_put_array(p, 1);
+  p = mp_put_array(p, (uint32_t)count);
+  for (size_t i = 0; i < count; i++) {
+    p = put_item(p, items[i].rule, items[i].key, items[i].key_len, 1, items[i].cost);
+  }
+  finish_request(c, p);
+
+  mp_reader r;
+  rc = sync_exchange(c, deadline_ms, msgid, &r);
+  if (rc != 0) {
+    return rc;
+  }
+  mp_value v;
+  int saw_allowed = 0, saw_results = 0;
+  if (mp_read(&r, &v) != 0 || v.type != MP_MAP) {
+    return SLUICE_EPROTO;
+  }
+  for (uint32_t i = 0; i < v.v.count; i++) {
+    const uint8_t* key;
+    uint32_t key_len;
+    mp_value field;
+    if (mp_read_bytes(&r, &key, &key_len) != 0) {
+      return SLUICE_EPROTO;
+    }
+    if (mp_bytes_equal(key, key_len, "allowed")) {
+      if (mp_read(&r, &field) != 0 || field.type != MP_BOOL) {
+        return SLUICE_EPROTO;
+      }
+      *all_allowed = field.v.boolean;
+      saw_allowed = 1;
+    } else if (mp_bytes_equal(key, key_len, "results")) {
+      if (mp_read(&r, &field) != 0 || field.type != MP_ARRAY || field.v.count != count) {
+        return SLUICE_EPROTO;
+      }
+      for (size_t k = 0; k < count; k++) {
+        sluice_decision ignored;
+        if (parse_decision(&r, results ? &results[k] : &ignored) != 0) {
+          return SLUICE_EPROTO;
+        }
+      }
+      saw_results = 1;
+    } else if (mp_skip(&r) != 0) {
+      return SLUICE_EPROTO;
+    }
+  }
+  return saw_allowed && saw_results ? 0 : SLUICE_EPROTO;
+}
+
+static int sync_plain_call(sluice_client* c, const char* method, int timeout_ms, mp_reader* r) {
+  int64_t deadline_ms = deadline_after(timeout_ms);
+  if (method == NULL) {
+    return SLUICE_EINVAL;
+  }
+  int rc = sync_begin(c);
+  if (rc != 0) {
+    return rc;
+  }
+  uint32_t msgid;
+  uint8_t* p = begin_request(c, method, 1, &msgid);
+  if (p == NULL) {
+    return SLUICE_ENOMEM;
+  }
+  finish_request(c, mp_put_array(p, 0));
+  return sync_exchange(c, deadline_ms, msgid, r);
+}
+
+int sluice_health(sluice_client* c, int timeout_ms, sluice_health_info* out) {
+  mp_reader r;
+  mp_value v;
+  if (out == NULL) {
+    return SLUICE_EINVAL;
+  }
+  memset(out, 0, sizeof *out);
+  int rc = sync_plain_call(c, "health", timeout_ms, &r);
+  if (rc != 0) {
+    return rc;
+  }
+  if (mp_read(&r, &v) != 0 || v.type != MP_MAP) {
+    return SLUICE_EPROTO;
+  }
+  for (uint32_t i = 0; i < v.v.count; i++) {
+    const uint8_t* key;
+    uint32_t key_len;
+    const uint8_t* text;
+    uint32_t text_len;
+    if (mp_read_bytes(&r, &key, &key_len) != 0) {
+      return SLUICE_EPROTO;
+    }
+    char* field = mp_bytes_equal(key, key_len, "status")  ? out->status
+                  : mp_bytes_equal(key, key_len, "redis") ? out->redis
+                                                          : NULL;
+    if (field == NULL) {
+      if (mp_skip(&r) != 0) {
+        return SLUICE_EPROTO;
+      }
+    } else if (mp_read_bytes(&r, &text, &text_len) == 0) {
+      copy_text(field, sizeof out->status, text, text_len);
+    } else {
+      return SLUICE_EPROTO;
+    }
+  }
+  return out->status[0] != '\0' ? 0 : SLUICE_EPROTO;
+}
+
+int sluice_call_json(sluice_client* c, const char* method, int timeout_ms, char** json_out) {
+  mp_reader r;
+  if (json_out == NULL) {
+    return SLUICE_EINVAL;
+  }
+  *json_out = NULL;
+  int rc = sync_plain_call(c, method, timeout_ms, &r);
+  if (rc != 0) {
+    return rc;
+  }
+  sluice_buf json = {0};
+  if (sluice_json_append(&r, &json, 0) != 0) {
+    sluice_buf_free(&json);
+    return SLUICE_EPROTO;
+  }
+  sluice_buf_append(&json, "", 1);
+  if (json.failed) {
+    sluice_buf_free(&json);
+    return SLUICE_ENOMEM;
+  }
+  *json_out = (char*)json.data;
+  return 0;
+}
+
+/* ---- pipelined calls ------------------------------------------------------------ */
+
+int sluice_send_acquire(sluice_client* c, const char* rule, const void* key, size_t key_len,
+                        uint32_t cost, uint32_t* msgid_out) {
+  uint32_t msgid;
+  int rc = queue_item_request(c, "acquire", rule, key, key_len, 1, cost, &msgid);
+  if (rc == 0 && msgid_out != NULL) {
+    *msgid_out = msgid;
+  }
+  return rc;
+}
+
+int sluice_send_peek(sluice_client* c, const char* rule, const void* key, size_t key_len,
+                     uint32_t* msgid_out) {
+  uint32_t msgid;
+  int rc = queue_item_request(c, "peek", rule, key, key_len, 0, 0, &msgid);
+  if (rc == 0 && msgid_out != NULL) {
+    *msgid_out = msgid;
+  }
+  return rc;
+}
+
+int sluice_flush(sluice_client* c, int timeout_ms) {
+  if (c == NULL) {
+    return SLUICE_EINVAL;
+  }
+  int rc = flush_until(c, deadline_after(timeout_ms));
+  if (rc != 0 && rc != SLUICE_ETIMEDOUT) {
+    drop_connection(c);
+  }
+  return rc;
+}
+
+int sluice_recv(sluice_client* c, int timeout_ms, sluice_response* out) {
+  int64_t deadline_ms = deadline_after(timeout_ms);
+  if (c == NULL || out == NULL || c->in_flight == 0) {
+    return SLUICE_EINVAL;
+  }
+  clear_server_error(c);
+  const uint8_t* frame;
+  size_t len;
+  mp_reader r;
+  int rc = flush_until(c, deadline_ms);
+  if (rc == 0) {
+    rc = next_frame(c, deadline_ms, &frame, &len);
+  }
+  if (rc == 0) {
+    rc = parse_response(c, frame, len, &r, &out->msgid, &out->status);
+  }
+  if (rc == SLUICE_ETIMEDOUT) {
+    return rc;
+  }
+  if (rc != 0) {
+    drop_connection(c);
+    return rc;
+  }
+  c->in_flight--;
+  memset(&out->decision, 0, sizeof out->decision);
+  if (out->status == 0) {
+    out->status = parse_decision(&r, &out->decision);
+  }
+  return 0;
+}
