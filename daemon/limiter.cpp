@@ -1,1 +1,254 @@
-// placeholder
+// Limiter: runs a rule's algorithms on one key's state words (see limiter.h).
+//
+// Concurrency model: the limiter holds no state of its own. Single-word
+// algorithms (token bucket, GCRA, fixed and sliding window) compute a new word
+// from a snapshot and publish it with a compare-and-swap, recomputing from the
+// fresh value when another thread won the race. Slot algorithms (sliding log,
+// concurrency) claim slots one CAS at a time (algorithms/slots.h). No lock, no
+// allocation, no clock read.
+//
+// Layout: the rule's limits, in order, each own a contiguous run of words:
+// one word for single-word algorithms, `limit` words for slot algorithms.
+#include "limiter.h"
+
+#include <algorithm>
+
+#include "algorithms/concurrency.h"
+#include "algorithms/fixed_window.h"
+#include "algorithms/gcra.h"
+#include "algorithms/sliding_log.h"
+#include "algorithms/sliding_window.h"
+#include "algorithms/token_bucket.h"
+
+namespace sluice {
+namespace {
+
+// One single-word algorithm's functions, so the CAS loops are written once.
+struct WordAlgorithm {
+  Decision (*acquire)(uint64_t& state, const Limit& limit, int64_t now_ns, int64_t cost);
+  uint64_t (*refund)(uint64_t state, const Limit& limit, int64_t now_ns, int64_t cost);
+  bool (*is_idle)(uint64_t state, const Limit& limit, int64_t now_ns);
+};
+
+// nullptr for the slot algorithms.
+const WordAlgorithm* wordAlgorithm(Algorithm algorithm) {
+  static constexpr WordAlgorithm kTokenBucket{token_bucket::acquire, token_bucket::refund, token_bucket::isIdle};
+  static constexpr WordAlgorithm kGcra{gcra::acquire, gcra::refund, gcra::isIdle};
+  static constexpr WordAlgorithm kFixedWindow{fixed_window::acquire, fixed_window::refund, fixed_window::isIdle};
+  static constexpr WordAlgorithm kSlidingWindow{sliding_window::acquire, sliding_window::refund,
+                                                sliding_window::isIdle};
+  switch (algorithm) {
+    case Algorithm::kTokenBucket: return &kTokenBucket;
+    case Algorithm::kGcra: return &kGcra;
+    case Algorithm::kFixedWindow: return &kFixedWindow;
+    case Algorithm::kSlidingWindow: return &kSlidingWindow;
+    case Algorithm::kSlidingLog:
+    case Algorithm::kConcurrency: return nullptr;
+  }
+  return nullptr;
+}
+
+size_t limitWords(Algorithm algorithm, const Limit& limit) {
+  switch (algorithm) {
+    case Algorithm::kSlidingLog: return sliding_log::stateWords(limit);
+    case Algorithm::kConcurrency: return concurrency::stateWords(limit);
+    default: return 1;
+  }
+}
+
+// Calls fn(limit, words) for each limit of the rule with its run of words.
+// A state span shorter than stateWords(rule) is a caller bug; the limits it
+// does not cover are skipped rather than read out of bounds.
+template <typename Words, typename Fn>
+void forEachLimit(const Rule& rule, Words state, Fn&& fn) {
+  size_t offset = 0;
+  for (const Limit& limit : rule.limits) {
+    const size_t words = limitWords(rule.algorithm, limit);
+    if (offset + words > state.size()) return;
+    if (!fn(limit, state.subspan(offset, words))) return;
+    offset += words;
+  }
+}
+
+Decision acquireLimit(Algorithm algorithm, const Limit& limit, std::span<std::atomic<uint64_t>> words,
+                      int64_t now_ns, int64_t cost) {
+  if (const WordAlgorithm* alg = wordAlgorithm(algorithm)) {
+    std::atomic<uint64_t>& word = words[0];
+    uint64_t seen = word.load(std::memory_order_acquire);
+    for (;;) {
+      uint64_t next = seen;
+      const Decision d = alg->acquire(next, limit, now_ns, cost);
+      if (!d.allowed || next == seen) return d;
+      if (word.compare_exchange_weak(seen, next, std::memory_order_acq_rel, std::memory_order_acquire)) return d;
+    }
+  }
+  if (algorithm == Algorithm::kSlidingLog) return sliding_log::acquire(words, limit, now_ns, cost);
+  return concurrency::acquire(words, limit, now_ns, cost);
+}
+
+Decision peekLimit(Algorithm algorithm, const Limit& limit, std::span<const std::atomic<uint64_t>> words,
+                   int64_t now_ns, int64_t cost) {
+  if (const WordAlgorithm* alg = wordAlgorithm(algorithm)) {
+    uint64_t snapshot = words[0].load(std::memory_order_acquire);
+    return alg->acquire(snapshot, limit, now_ns, cost);
+  }
+  if (algorithm == Algorithm::kSlidingLog) return sliding_log::peek(words, limit, now_ns, cost);
+  return concurrency::peek(words, limit, now_ns, cost);
+}
+
+void refundLimit(Algorithm algorithm, const Limit& limit, std::span<std::atomic<uint64_t>> words, int64_t now_ns,
+                 int64_t cost) {
+  if (const WordAlgorithm* alg = wordAlgorithm(algorithm)) {
+    std::atomic<uint64_t>& word = words[0];
+    uint64_t seen = word.load(std::memory_order_acquire);
+    for (;;) {
+      const uint64_t next = alg->refund(seen, limit, now_ns, cost);
+      if (next == seen) return;
+      if (word.compare_exchange_weak(seen, next, std::memory_order_acq_rel, std::memory_order_acquire)) return;
+    }
+  }
+  if (algorithm == Algorithm::kSlidingLog) {
+    sliding_log::refund(words, limit, now_ns, cost);
+  } else {
+    concurrency::refund(words, limit, now_ns, cost);
+  }
+}
+
+// Gives back `cost` on the first `count` limits of the rule.
+void refundLimits(const Rule& rule, std::span<std::atomic<uint64_t>> state, int64_t now_ns, int64_t cost,
+                  size_t count) {
+  size_t index = 0;
+  forEachLimit(rule, state, [&](const Limit& limit, std::span<std::atomic<uint64_t>> words) {
+    if (index++ >= count) return false;
+    refundLimit(rule.algorithm, limit, words, now_ns, cost);
+    return true;
+  });
+}
+
+// Keeps the most restrictive of the decisions seen so far (decision.h): a
+// denial over any allowance, among denials the one that can never pass and
+// then the longest retry_after, among allowances the fewest remaining.
+void keepMostRestrictive(Decision& kept, bool& have, const Decision& d) {
+  auto rank = [](const Decision& x) { return x.allowed ? 0 : (x.cost_exceeds_limit ? 2 : 1); };
+  if (!have || rank(d) > rank(kept) ||
+      (rank(d) == rank(kept) &&
+       (d.allowed ? d.remaining < kept.remaining : d.retry_after_ms > kept.retry_after_ms))) {
+    kept = d;
+  }
+  have = true;
+}
+
+// A shadow rule's denial is reported as allowed; the caller spent nothing.
+Decision applyShadow(const Rule& rule, Decision d) {
+  if (rule.shadow && !d.allowed) {
+    d.allowed = true;
+    d.shadow_denied = true;
+    d.retry_after_ms = 0;
+  }
+  return d;
+}
+
+Decision peekRule(const Rule& rule, std::span<const std::atomic<uint64_t>> state, int64_t now_ns, int64_t cost) {
+  Decision kept;
+  bool have = false;
+  forEachLimit(rule, state, [&](const Limit& limit, std::span<const std::atomic<uint64_t>> words) {
+    keepMostRestrictive(kept, have, peekLimit(rule.algorithm, limit, words, now_ns, cost));
+    return true;
+  });
+  return kept;
+}
+
+// acquire() without the shadow conversion: spends on every limit or none.
+Decision acquireRule(const Rule& rule, std::span<std::atomic<uint64_t>> state, int64_t now_ns, int64_t cost) {
+  if (cost <= 0) return peekRule(rule, state, now_ns, 0);
+  Decision kept;
+  bool have = false;
+  size_t spent = 0;
+  bool denied = false;
+  forEachLimit(rule, state, [&](const Limit& limit, std::span<std::atomic<uint64_t>> words) {
+    // After a denial the remaining limits are only looked at, so the report
+    // names the most restrictive of all of them.
+    const Decision d = denied ? peekLimit(rule.algorithm, limit, words, now_ns, cost)
+                              : acquireLimit(rule.algorithm, limit, words, now_ns, cost);
+    if (!d.allowed) {
+      denied = true;
+    } else if (!denied) {
+      ++spent;
+    }
+    keepMostRestrictive(kept, have, d);
+    return true;
+  });
+  if (denied) refundLimits(rule, state, now_ns, cost, spent);
+  return kept;
+}
+
+}  // namespace
+
+size_t stateWords(const Rule& rule) {
+  size_t words = 0;
+  for (const Limit& limit : rule.limits) words += limitWords(rule.algorithm, limit);
+  return words;
+}
+
+Decision acquire(const Rule& rule, std::span<std::atomic<uint64_t>> state, int64_t now_ns, int64_t cost) {
+  const Decision d = acquireRule(rule, state, now_ns, cost);
+  return applyShadow(rule, d);
+}
+
+Decision peek(const Rule& rule, std::span<const std::atomic<uint64_t>> state, int64_t now_ns, int64_t cost) {
+  return applyShadow(rule, peekRule(rule, state, now_ns, cost));
+}
+
+Decision release(const Rule& rule, std::span<std::atomic<uint64_t>> state, int64_t now_ns, int64_t cost) {
+  if (rule.algorithm == Algorithm::kConcurrency && cost > 0) {
+    forEachLimit(rule, state, [&](const Limit& limit, std::span<std::atomic<uint64_t>> words) {
+      concurrency::release(words, limit, now_ns, cost);
+      return true;
+    });
+  }
+  return peek(rule, state, now_ns, 0);
+}
+
+bool isIdle(const Rule& rule, std::span<const std::atomic<uint64_t>> state, int64_t now_ns) {
+  bool idle = true;
+  forEachLimit(rule, state, [&](const Limit& limit, std::span<const std::atomic<uint64_t>> words) {
+    if (const WordAlgorithm* alg = wordAlgorithm(rule.algorithm)) {
+      idle = alg->is_idle(words[0].load(std::memory_order_acquire), limit, now_ns);
+    } else if (rule.algorithm == Algorithm::kSlidingLog) {
+      idle = sliding_log::isIdle(words, limit, now_ns);
+    } else {
+      idle = concurrency::isIdle(words, limit, now_ns);
+    }
+    return idle;
+  });
+  return idle;
+}
+
+bool acquireAll(std::span<AcquireItem> items, int64_t now_ns) {
+  size_t done = 0;
+  bool denied = false;
+  for (; done < items.size(); ++done) {
+    AcquireItem& item = items[done];
+    item.decision = acquire(*item.rule, item.state, now_ns, item.cost);
+    if (!item.decision.allowed) {
+      denied = true;
+      break;
+    }
+  }
+  if (!denied) return true;
+  // Undo the earlier items' spends. A shadow item that denied spent nothing.
+  for (size_t i = 0; i < done; ++i) {
+    const AcquireItem& item = items[i];
+    if (!item.decision.shadow_denied && item.cost > 0) {
+      refundLimits(*item.rule, item.state, now_ns, item.cost, item.rule->limits.size());
+    }
+  }
+  // The items after the denial were not tried: report what each alone would answer.
+  for (size_t i = done + 1; i < items.size(); ++i) {
+    AcquireItem& item = items[i];
+    item.decision = peek(*item.rule, item.state, now_ns, item.cost);
+  }
+  return false;
+}
+
+}  // namespace sluice

@@ -30,7 +30,8 @@ namespace sluice {
 // Number of 64-bit state words one key of `rule` needs.
 size_t stateWords(const Rule& rule);
 
-// Spends `cost` units (cost >= 1) when every limit allows it.
+// Spends `cost` units (cost >= 1) when every limit allows it. A cost of 0 or
+// less spends nothing and answers like peek(rule, state, now_ns, 0).
 Decision acquire(const Rule& rule, std::span<std::atomic<uint64_t>> state, int64_t now_ns,
                  int64_t cost);
 

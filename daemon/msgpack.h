@@ -2,14 +2,21 @@
 // allocation-free on the read side.
 //
 // Reader is a cursor over bytes that are already in memory (a connection's
-// read buffer). It never reads past the end, never allocates and never trusts
-// a declared length: a string, array or map header that claims more than the
-// bytes left reports kIncomplete (wait for more bytes), and one that could
-// never fit in `max_bytes` reports kTooLarge. Strings are returned as views
-// into the buffer. The first failure sticks: every later read fails too.
+// read buffer). It never reads past the end, never allocates, never recurses
+// and never trusts a declared length: a value that would end past the bytes
+// so far reports kIncomplete (wait for more bytes), and one that would end
+// more than `max_bytes` after `data` reports kTooLarge, whether or not the
+// bytes are there. An array of n elements (a map of n entries) is taken to
+// need at least n (2n) more bytes, so a header that declares 4 Gi elements
+// fails at once, before anything is reserved or walked. kTooLarge wins over
+// kIncomplete. Strings are returned as views into the buffer. The first
+// failure sticks: every later read fails too, and the offset stays where the
+// failing value began or inside it.
 //
 // Writer appends encoded values to a std::string the caller owns, always in
-// the smallest encoding, as the MessagePack spec asks.
+// the smallest encoding, as the MessagePack spec asks (byte for byte what
+// msgpack-c's packer writes; doubles are always float64). Strings, bins,
+// arrays and maps must be shorter than 2^32.
 //
 // Neither class is thread-safe; each connection has its own.
 #pragma once
@@ -53,14 +60,33 @@ class Reader {
   bool readStr(std::string_view* value);
   // A str or a bin value: keys may be sent either way.
   bool readStrOrBin(std::string_view* value);
-  // Skips one whole value of any type, nested at most max_depth deep, with at
-  // most max_items array elements plus map entries in all.
+  // Skips one whole value of any type (ext and float included) without
+  // recursion. Depth counts containers: a scalar has depth 0, [1] depth 1,
+  // [[]] depth 2; a container that would make the depth exceed max_depth
+  // fails with kTooDeep even when it is empty. More than max_items array
+  // elements plus map entries in all fails with kTooLarge. max_depth is
+  // capped at kMaxSkipDepth.
   bool skip(uint32_t max_depth, uint32_t max_items);
 
+  // The deepest nesting skip() walks (its stack is fixed, on the C++ stack).
+  static constexpr uint32_t kMaxSkipDepth = 128;
+
  private:
+  // One decoded value header. Scalars (nil, bool, int, float) are consumed
+  // whole; for str, bin and ext the cursor stops at the payload, whose
+  // `length` bytes are known to be present; for array and map it stops at
+  // the first element and `length` is the element or entry count.
+  struct Header {
+    Type type = Type::kInvalid;
+    uint64_t length = 0;
+    int64_t int_value = 0;   // kInt (when !int_overflow), kBool (0 or 1)
+    bool int_overflow = false;  // a uint64 above INT64_MAX
+  };
+
   bool fail(Status status);
-  bool need(size_t bytes);
-  bool readLength(uint8_t tag, size_t* length);
+  // Whether `bytes` more bytes from offset() are present; fails otherwise.
+  bool need(uint64_t bytes);
+  bool readHeader(Header* header);
 
   const uint8_t* data_;
   size_t size_;

@@ -1,1 +1,388 @@
-// placeholder
+// RPC: parsing MessagePack-RPC request frames and encoding responses, as
+// specified in rpc.h.
+//
+// parseRequest walks a frame once, reading the fields it expects and
+// skipping the rest with bounded skip() calls; on the happy path that single
+// pass also finds the end of the frame. When the frame turns out not to be a
+// valid request it is walked a second time, from its start, with skip() only:
+// that pass decides whether the bytes are well-formed MessagePack within the
+// limits (kError, the connection goes on after the frame) or not (kFatal).
+#include "rpc.h"
+
+#include <cassert>
+
+namespace sluice::rpc {
+
+std::string_view errorCodeName(ErrorCode code) {
+  switch (code) {
+    case ErrorCode::kBadRequest: return "BAD_REQUEST";
+    case ErrorCode::kUnknownRule: return "UNKNOWN_RULE";
+    case ErrorCode::kUnknownMethod: return "UNKNOWN_METHOD";
+    case ErrorCode::kOverloaded: return "OVERLOADED";
+    case ErrorCode::kForbidden: return "FORBIDDEN";
+    case ErrorCode::kTooLarge: return "TOO_LARGE";
+    case ErrorCode::kInternal: return "INTERNAL";
+  }
+  return "INTERNAL";
+}
+
+Method methodFromName(std::string_view name) {
+  if (name == "acquire") return Method::kAcquire;
+  if (name == "acquire_all") return Method::kAcquireAll;
+  if (name == "peek") return Method::kPeek;
+  if (name == "release") return Method::kRelease;
+  if (name == "health") return Method::kHealth;
+  if (name == "stats") return Method::kStats;
+  if (name == "rules") return Method::kRules;
+  if (name == "reload") return Method::kReload;
+  return Method::kUnknown;
+}
+
+namespace {
+
+using msgpack::Reader;
+using msgpack::Status;
+using msgpack::Type;
+
+constexpr int64_t kMaxCost = 1'000'000'000;
+
+// Static messages, so that ParseResult::message never dangles.
+constexpr std::string_view kNotArray = "a frame must be an array";
+constexpr std::string_view kBadFrame = "a frame must be [0, msgid, method, params] or [2, method, params]";
+constexpr std::string_view kBadType = "frame type must be 0 (request) or 2 (notification)";
+constexpr std::string_view kBadMsgid = "msgid must be an integer 0..4294967295";
+constexpr std::string_view kBadMethod = "method must be a str";
+constexpr std::string_view kBadParams = "params must be an array";
+constexpr std::string_view kBadAcquire = "acquire params must be [rule, key, cost] or [{\"rule\", \"key\", \"cost\"}]";
+constexpr std::string_view kBadRelease = "release params must be [rule, key, cost] or [{\"rule\", \"key\", \"cost\"}]";
+constexpr std::string_view kBadPeek = "peek params must be [rule, key] or [{\"rule\", \"key\"}]";
+constexpr std::string_view kBadAcquireAll = "acquire_all params must be [[[rule, key, cost], ...]]";
+constexpr std::string_view kBadItem = "acquire_all items must be [rule, key, cost] or {\"rule\", \"key\", \"cost\"}";
+constexpr std::string_view kNoItems = "acquire_all needs at least one item";
+constexpr std::string_view kTooManyItems = "acquire_all has more than max_items items";
+constexpr std::string_view kBadRule = "rule must be a str";
+constexpr std::string_view kBadKey = "key must be a str or bin";
+constexpr std::string_view kKeyTooLong = "key is longer than max_key_bytes";
+constexpr std::string_view kBadCost = "cost must be an integer 0..1000000000";
+constexpr std::string_view kMapNeedsRuleKey = "an item map needs \"rule\" and \"key\"";
+constexpr std::string_view kContainerTooLarge = "an array or map has more than max_items elements";
+constexpr std::string_view kTooDeep = "nesting deeper than max_depth";
+constexpr std::string_view kNotMsgpack = "not MessagePack";
+constexpr std::string_view kFrameTooLarge = "frame larger than max_frame_bytes";
+
+// Whether the positional form may carry a cost, and what an absent one means.
+struct CostRule {
+  bool accepted;
+  int64_t absent;
+};
+constexpr CostRule kCostDefaultOne{true, 1};
+constexpr CostRule kCostZero{false, 0};
+
+// The first pass. Each step returns false on failure, always through bad(),
+// which records the first error; the reader may have failed too (a wrong
+// type, or kIncomplete, which parseRequest checks first).
+class Parser {
+ public:
+  Parser(std::span<const uint8_t> buffer, const Limits& limits, Request* request, ParseResult* result)
+      : reader_(buffer.data(), buffer.size(), limits.max_frame_bytes),
+        limits_(limits),
+        request_(request),
+        result_(result) {}
+
+  bool parseFrame();
+
+  const Reader& reader() const { return reader_; }
+
+ private:
+  bool bad(std::string_view message, ErrorCode code = ErrorCode::kBadRequest) {
+    if (!failed_) {
+      failed_ = true;
+      result_->error = code;
+      result_->message = message;
+    }
+    return false;
+  }
+  // Maps a reader failure that is not kIncomplete to a request error; the
+  // second pass decides whether it is fatal.
+  bool readerBad(std::string_view message) {
+    switch (reader_.status()) {
+      case Status::kTooLarge: return bad(kContainerTooLarge, ErrorCode::kTooLarge);
+      case Status::kTooDeep: return bad(kTooDeep);
+      default: return bad(message);
+    }
+  }
+  // A container read at `depth` (the frame array is depth 1).
+  bool enter(uint32_t depth) { return depth <= limits_.max_depth || bad(kTooDeep); }
+  bool count(uint32_t n) { return n <= limits_.max_items || bad(kContainerTooLarge, ErrorCode::kTooLarge); }
+  // Skips a value held by a container at `depth`.
+  bool skipIn(uint32_t depth) {
+    return reader_.skip(limits_.max_depth - depth, limits_.max_items) || readerBad(kNotMsgpack);
+  }
+
+  bool parseParams(uint32_t n);
+  bool parseSingle(uint32_t n, CostRule cost, std::string_view message);
+  bool parseAcquireAll(uint32_t n);
+  bool parsePositional(uint32_t n, CostRule cost, std::string_view message, Item* item);
+  bool parseMap(uint32_t depth, CostRule cost, Item* item);
+  bool parseKey(std::string_view* key);
+  bool parseCost(int64_t* cost);
+
+  Reader reader_;
+  const Limits& limits_;
+  Request* request_;
+  ParseResult* result_;
+  bool failed_ = false;
+};
+
+bool Parser::parseFrame() {
+  uint32_t n = 0;
+  if (!reader_.readArrayHeader(&n)) return readerBad(kNotArray);
+  if (!enter(1)) return false;
+  if (n == 0) return bad(kBadFrame);
+  int64_t type = 0;
+  if (!reader_.readInt(&type)) return readerBad(kBadType);
+  if (type == 0) {
+    if (n < 2) return bad(kBadFrame);
+    int64_t msgid = 0;
+    if (!reader_.readInt(&msgid)) return readerBad(kBadMsgid);
+    if (msgid < 0 || msgid > int64_t{UINT32_MAX}) return bad(kBadMsgid);
+    result_->has_msgid = true;
+    result_->msgid = static_cast<uint32_t>(msgid);
+    request_->msgid = result_->msgid;
+    if (n != 4) return bad(kBadFrame);
+  } else if (type == 2) {
+    if (n != 3) return bad(kBadFrame);
+    request_->notification = true;
+  } else {
+    return bad(kBadType);
+  }
+  if (!reader_.readStr(&request_->method_name)) return readerBad(kBadMethod);
+  request_->method = methodFromName(request_->method_name);
+  uint32_t params = 0;
+  if (!reader_.readArrayHeader(&params)) return readerBad(kBadParams);
+  return enter(2) && count(params) && parseParams(params);
+}
+
+bool Parser::parseParams(uint32_t n) {
+  switch (request_->method) {
+    case Method::kAcquire: return parseSingle(n, kCostDefaultOne, kBadAcquire);
+    case Method::kRelease: return parseSingle(n, kCostDefaultOne, kBadRelease);
+    case Method::kPeek: return parseSingle(n, kCostZero, kBadPeek);
+    case Method::kAcquireAll: return parseAcquireAll(n);
+    case Method::kHealth:
+    case Method::kStats:
+    case Method::kRules:
+    case Method::kReload:
+    case Method::kUnknown: break;
+  }
+  for (uint32_t i = 0; i < n; ++i) {
+    if (!skipIn(2)) return false;
+  }
+  return true;
+}
+
+// acquire, release, peek: the params array is the positional item, or holds
+// one map.
+bool Parser::parseSingle(uint32_t n, CostRule cost, std::string_view message) {
+  Item& item = request_->items.emplace_back();
+  if (n == 1) {
+    if (reader_.peekType() != Type::kMap) return bad(message);
+    return parseMap(3, cost, &item);
+  }
+  return parsePositional(n, cost, message, &item);
+}
+
+bool Parser::parseAcquireAll(uint32_t n) {
+  uint32_t items = 0;
+  if (n != 1) return bad(kBadAcquireAll);
+  if (!reader_.readArrayHeader(&items)) return readerBad(kBadAcquireAll);
+  if (!enter(3)) return false;
+  if (items == 0) return bad(kNoItems);
+  if (items > limits_.max_items) return bad(kTooManyItems, ErrorCode::kTooLarge);
+  for (uint32_t i = 0; i < items; ++i) {
+    Item& item = request_->items.emplace_back();
+    const Type type = reader_.peekType();
+    if (type == Type::kArray) {
+      uint32_t fields = 0;
+      if (!reader_.readArrayHeader(&fields) || !enter(4)) return readerBad(kBadItem);
+      if (!parsePositional(fields, kCostDefaultOne, kBadItem, &item)) return false;
+    } else if (type == Type::kMap) {
+      if (!parseMap(4, kCostDefaultOne, &item)) return false;
+    } else {
+      return bad(kBadItem);
+    }
+  }
+  return true;
+}
+
+// [rule, key] or, when the cost is accepted, [rule, key, cost]; the array
+// header (n fields) has been read.
+bool Parser::parsePositional(uint32_t n, CostRule cost, std::string_view message, Item* item) {
+  if (n != 2 && !(n == 3 && cost.accepted)) return bad(message);
+  if (!reader_.readStr(&item->rule)) return readerBad(kBadRule);
+  if (!parseKey(&item->key)) return false;
+  item->cost = cost.absent;
+  return n == 2 || parseCost(&item->cost);
+}
+
+// {"rule": ..., "key": ..., "cost": ...} held at `depth`.
+bool Parser::parseMap(uint32_t depth, CostRule cost, Item* item) {
+  uint32_t n = 0;
+  if (!reader_.readMapHeader(&n)) return readerBad(kBadItem);
+  if (!enter(depth) || !count(n)) return false;
+  bool has_rule = false;
+  bool has_key = false;
+  item->cost = cost.absent;
+  for (uint32_t i = 0; i < n; ++i) {
+    std::string_view name;
+    const Type type = reader_.peekType();
+    if (type == Type::kStr || type == Type::kBin) {
+      if (!reader_.readStrOrBin(&name)) return readerBad(kBadItem);
+    } else if (!skipIn(depth)) {
+      return false;
+    }
+    if (name == "rule") {
+      if (!reader_.readStr(&item->rule)) return readerBad(kBadRule);
+      has_rule = true;
+    } else if (name == "key") {
+      if (!parseKey(&item->key)) return false;
+      has_key = true;
+    } else if (name == "cost" && cost.accepted) {
+      if (!parseCost(&item->cost)) return false;
+    } else if (!skipIn(depth)) {
+      return false;
+    }
+  }
+  return (has_rule && has_key) || bad(kMapNeedsRuleKey);
+}
+
+bool Parser::parseKey(std::string_view* key) {
+  if (!reader_.readStrOrBin(key)) return readerBad(kBadKey);
+  return key->size() <= limits_.max_key_bytes || bad(kKeyTooLong, ErrorCode::kTooLarge);
+}
+
+bool Parser::parseCost(int64_t* cost) {
+  if (!reader_.readInt(cost)) return readerBad(kBadCost);
+  return (*cost >= 0 && *cost <= kMaxCost) || bad(kBadCost);
+}
+
+}  // namespace
+
+ParseResult parseRequest(std::span<const uint8_t> buffer, const Limits& limits, Request* request) {
+  request->notification = false;
+  request->msgid = 0;
+  request->method = Method::kUnknown;
+  request->method_name = {};
+  request->items.clear();
+
+  ParseResult result;
+  Parser parser(buffer, limits, request, &result);
+  if (parser.parseFrame()) {
+    result.status = ParseStatus::kOk;
+    result.consumed = parser.reader().offset();
+    return result;
+  }
+  if (parser.reader().status() == Status::kIncomplete) return ParseResult{};
+
+  // The frame is not a valid request (or a peek found the end of the bytes,
+  // or a bound was hit). Find where it ends, walking it again with the
+  // absolute limits only: max_items no longer applies (the frame is already
+  // rejected and max_frame_bytes bounds the walk). This pass also tells a cut
+  // off frame (kIncomplete) from one that can never be read (kFatal).
+  Reader frame(buffer.data(), buffer.size(), limits.max_frame_bytes);
+  if (frame.skip(limits.max_depth, UINT32_MAX)) {
+    result.status = ParseStatus::kError;
+    result.consumed = frame.offset();
+    return result;
+  }
+  switch (frame.status()) {
+    case Status::kIncomplete: return ParseResult{};
+    case Status::kTooLarge:
+      result.error = ErrorCode::kTooLarge;
+      result.message = kFrameTooLarge;
+      break;
+    case Status::kTooDeep:
+      result.error = ErrorCode::kBadRequest;
+      result.message = kTooDeep;
+      break;
+    case Status::kOk:
+    case Status::kInvalid:
+      result.error = ErrorCode::kBadRequest;
+      result.message = kNotMsgpack;
+      break;
+  }
+  result.status = ParseStatus::kFatal;
+  return result;
+}
+
+// Encoders. Map keys are written as pre-encoded fixstr literals: the bytes
+// are what Writer::writeStr would produce, without the per-call branching.
+namespace {
+
+void appendLiteral(std::string* out, std::string_view encoded) { out->append(encoded); }
+
+// [1, msgid, then the caller writes error and result.
+void writeResponseStart(std::string* out, uint32_t msgid) {
+  out->push_back(static_cast<char>(0x94));
+  out->push_back(static_cast<char>(0x01));
+  msgpack::Writer(out).writeUint(msgid);
+}
+
+void writeDecisionMap(msgpack::Writer& writer, std::string* out, const Decision& decision, Mode mode) {
+  writer.writeMapHeader(decision.cost_exceeds_limit ? 7 : 6);
+  appendLiteral(out, "\xa7" "allowed");
+  writer.writeBool(decision.allowed);
+  appendLiteral(out, "\xa9" "remaining");
+  writer.writeInt(decision.remaining);
+  appendLiteral(out, "\xa5" "limit");
+  writer.writeInt(decision.limit);
+  appendLiteral(out, "\xae" "reset_after_ms");
+  writer.writeInt(decision.reset_after_ms);
+  appendLiteral(out, "\xae" "retry_after_ms");
+  writer.writeInt(decision.retry_after_ms);
+  appendLiteral(out, "\xa4" "mode");
+  writer.writeStr(modeName(mode));
+  if (decision.cost_exceeds_limit) {
+    appendLiteral(out, "\xa6" "reason");
+    writer.writeStr("cost exceeds limit");
+  }
+}
+
+}  // namespace
+
+void writeError(std::string* out, uint32_t msgid, ErrorCode code, std::string_view message) {
+  msgpack::Writer writer(out);
+  writeResponseStart(out, msgid);
+  writer.writeMapHeader(2);
+  appendLiteral(out, "\xa4" "code");
+  writer.writeStr(errorCodeName(code));
+  appendLiteral(out, "\xa7" "message");
+  writer.writeStr(message);
+  writer.writeNil();
+}
+
+void writeDecision(std::string* out, uint32_t msgid, const Decision& decision, Mode mode) {
+  msgpack::Writer writer(out);
+  writeResultHeader(out, msgid);
+  writeDecisionMap(writer, out, decision, mode);
+}
+
+void writeDecisions(std::string* out, uint32_t msgid, bool all_allowed, std::span<const Decision> decisions,
+                    std::span<const Mode> modes) {
+  assert(decisions.size() == modes.size());
+  msgpack::Writer writer(out);
+  writeResultHeader(out, msgid);
+  writer.writeMapHeader(2);
+  appendLiteral(out, "\xa7" "allowed");
+  writer.writeBool(all_allowed);
+  appendLiteral(out, "\xa7" "results");
+  writer.writeArrayHeader(static_cast<uint32_t>(decisions.size()));
+  for (size_t i = 0; i < decisions.size(); ++i) writeDecisionMap(writer, out, decisions[i], modes[i]);
+}
+
+void writeResultHeader(std::string* out, uint32_t msgid) {
+  writeResponseStart(out, msgid);
+  out->push_back(static_cast<char>(0xc0));
+}
+
+}  // namespace sluice::rpc

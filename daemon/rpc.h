@@ -52,9 +52,14 @@ Method methodFromName(std::string_view name);
 struct Limits {
   size_t max_frame_bytes = 64 * 1024;
   size_t max_key_bytes = 4096;
-  uint32_t max_depth = 16;      // nesting of arrays and maps
-  uint32_t max_items = 1024;    // array elements plus map entries in a frame;
-                                // also the most items of one acquire_all
+  uint32_t max_depth = 16;      // nesting of arrays and maps: the frame array
+                                // is depth 1, params 2; capped at
+                                // msgpack::Reader::kMaxSkipDepth
+  uint32_t max_items = 1024;    // the most elements of any array or entries of
+                                // any map parseRequest reads, and of array
+                                // elements plus map entries in any one value it
+                                // skips; also the most items of one acquire_all.
+                                // (The whole frame is bounded by max_frame_bytes.)
 };
 
 // One (rule, key, cost) of acquire, peek, release or acquire_all. The views
@@ -93,19 +98,61 @@ struct ParseResult {
   std::string_view message;  // static text saying what was wrong
 };
 
-// Decodes the first frame of `buffer` into `request` (reusing its storage).
-// Checks every bound in `limits`. A method name that is not known still
-// parses (kOk with Method::kUnknown) so the caller answers UNKNOWN_METHOD.
+// Decodes the first frame of `buffer` into `request` (reusing its storage:
+// items.clear(), never a shrink; reserve limits.max_items up front and it
+// never allocates). Never recurses, never throws, never reads past `buffer`.
+//
+// Frames:
+// - [0, msgid, method, params] is a request, [2, method, params] a
+//   notification. msgid is an int 0..2^32-1, method a str, params an array.
+//   A notification's request->msgid is 0 and no error is ever answered to it.
+// - Methods and their params (a key is a str or bin of any bytes, at most
+//   max_key_bytes; a rule is a str; a cost an int 0..1,000,000,000):
+//     acquire      [rule, key] | [rule, key, cost] | [{"rule", "key", "cost"}]
+//                  cost defaults to 1
+//     release      as acquire
+//     peek         [rule, key] | [{"rule", "key"}]; cost is 0 (a "cost"
+//                  entry in the map is ignored)
+//     acquire_all  [[item, ...]] with 1..max_items items, each item
+//                  [rule, key], [rule, key, cost] or {"rule", "key", "cost"}
+//     health, stats, rules, reload, and any unknown method name: params are
+//                  skipped (any array), no items; an unknown name gives
+//                  Method::kUnknown so the caller answers UNKNOWN_METHOD.
+//   In a map form, entries with other names (or non-str names) are skipped
+//   for forward compatibility; a repeated name keeps the last value.
+//
+// Results:
+// - kOk: `consumed` is the frame's length; the next frame starts there.
+// - kIncomplete: the frame continues past `buffer` (an empty buffer too).
+//   Re-run on the same frame start when more bytes arrive; a run costs at
+//   most two passes over the bytes so far, and a container header whose
+//   count exceeds the bytes left stops it at once.
+// - kError: the frame is well-formed MessagePack of at most max_frame_bytes
+//   and max_depth, but not a valid request. `consumed` is the whole frame;
+//   `message` says what is wrong; `error` is TOO_LARGE for a key over
+//   max_key_bytes, an acquire_all over max_items items, or an array or map
+//   over max_items, BAD_REQUEST otherwise. has_msgid is set when the frame
+//   is a request ([0, ...]) whose msgid is a valid uint32, and only then
+//   should the caller answer; otherwise (a bad or missing msgid, a
+//   notification, a response [1, ...] or another type, a top-level value
+//   that is not an array) it skips the frame silently.
+// - kFatal: the stream cannot be framed any further: bytes that are not
+//   MessagePack (0xc1) anywhere in the frame (BAD_REQUEST), a frame that is
+//   or declares more than max_frame_bytes (TOO_LARGE; also when `buffer`
+//   holds max_frame_bytes without a complete frame), or nesting deeper than
+//   max_depth (BAD_REQUEST). has_msgid as for kError when the msgid was read
+//   before the failure; answer it, then close the connection.
 ParseResult parseRequest(std::span<const uint8_t> buffer, const Limits& limits, Request* request);
 
 // Response encoders; each appends one whole response frame to `out`.
 // [1, msgid, {"code": ..., "message": ...}, nil]
 void writeError(std::string* out, uint32_t msgid, ErrorCode code, std::string_view message);
-// [1, msgid, nil, <decision map>]; the map has allowed, remaining, limit,
-// reset_after_ms, retry_after_ms, mode, plus "reason" when the cost can never
-// pass.
+// [1, msgid, nil, <decision map>]; the map has, in this order, allowed,
+// remaining, limit, reset_after_ms, retry_after_ms, mode (modeName()), plus
+// "reason": "cost exceeds limit" when decision.cost_exceeds_limit.
 void writeDecision(std::string* out, uint32_t msgid, const Decision& decision, Mode mode);
-// [1, msgid, nil, {"allowed": all_allowed, "results": [<decision map>...]}]
+// [1, msgid, nil, {"allowed": all_allowed, "results": [<decision map>...]}];
+// modes[i] is the mode of decisions[i] (the spans have the same size).
 void writeDecisions(std::string* out, uint32_t msgid, bool all_allowed,
                     std::span<const Decision> decisions, std::span<const Mode> modes);
 // [1, msgid, nil, then the caller writes the result value with the Writer.

@@ -5,8 +5,10 @@ namespace sluice {
 
 RuleSet::RuleSet(std::vector<Rule> rules) : rules_(std::move(rules)) {
   by_name_.reserve(rules_.size());
+  by_id_.reserve(rules_.size());
   for (const Rule& rule : rules_) {
     by_name_.emplace(rule.name, &rule);
+    by_id_.emplace(rule.id, &rule);
   }
 }
 
@@ -25,6 +27,11 @@ int64_t maxLimit(Algorithm algorithm) {
     case Algorithm::kConcurrency: return 1000;
   }
   return 0;
+}
+
+const Rule* RuleSet::findById(uint32_t id) const {
+  auto it = by_id_.find(id);
+  return it == by_id_.end() ? nullptr : it->second;
 }
 
 std::string_view algorithmName(Algorithm algorithm) {

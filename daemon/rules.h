@@ -75,11 +75,14 @@ class RuleSet {
 
   // Returns nullptr when no rule has this name.
   const Rule* find(std::string_view name) const;
+  // Returns nullptr when no rule has this id.
+  const Rule* findById(uint32_t id) const;
   const std::vector<Rule>& rules() const { return rules_; }
 
  private:
   std::vector<Rule> rules_;
   std::unordered_map<std::string_view, const Rule*> by_name_;
+  std::unordered_map<uint32_t, const Rule*> by_id_;
 };
 
 using RuleSetPtr = std::shared_ptr<const RuleSet>;

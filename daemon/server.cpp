@@ -1,1 +1,311 @@
-// placeholder
+// Server: socket, workers, signals and key sweeping; see server.h.
+#include "server.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+#include "limiter.h"
+
+namespace sluice {
+
+namespace {
+
+constexpr int kListenBacklog = 1024;
+
+std::string errnoText(int err) { return std::strerror(err); }
+
+WorkerOptions workerOptions(const Config& config) {
+  WorkerOptions options;
+  options.protocol.max_frame_bytes = config.limits.max_frame_bytes;
+  options.protocol.max_key_bytes = config.limits.max_key_bytes;
+  options.protocol.max_depth = config.limits.max_depth;
+  options.protocol.max_items = config.limits.max_items;
+  options.max_output_bytes = config.limits.max_output_bytes;
+  // 0 turns the timeouts off; a day is as good as never for a sweep timer.
+  constexpr int64_t kNever = 24LL * 3600 * 1000;
+  options.idle_timeout_ms = config.limits.idle_timeout_ms > 0 ? config.limits.idle_timeout_ms : kNever;
+  options.partial_frame_timeout_ms = config.limits.partial_frame_timeout_ms > 0
+                                         ? config.limits.partial_frame_timeout_ms
+                                         : kNever;
+  return options;
+}
+
+// Removes a socket file left by a daemon that is gone. Refuses when another
+// daemon still answers on it, or when the path is not a socket.
+bool removeStaleSocket(const std::string& path, std::string* error) {
+  struct stat st {};
+  if (lstat(path.c_str(), &st) != 0) {
+    return true;  // nothing there
+  }
+  if (!S_ISSOCK(st.st_mode)) {
+    *error = path + " exists and is not a socket; remove it or choose another [daemon] socket";
+    return false;
+  }
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  bool alive = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  ::close(fd);
+  if (alive) {
+    *error = "another process is serving " + path + "; stop it or choose another [daemon] socket";
+    return false;
+  }
+  if (unlink(path.c_str()) != 0 && errno != ENOENT) {
+    *error = "cannot remove the stale socket " + path + ": " + errnoText(errno);
+    return false;
+  }
+  spdlog::info("removed stale socket {}", path);
+  return true;
+}
+
+}  // namespace
+
+size_t workerCount(uint32_t configured) {
+  if (configured > 0) {
+    return configured;
+  }
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+Server::Server(Config config)
+    : config_(std::move(config)), metrics_(workerCount(config_.daemon.workers)) {
+  KeyTableOptions key_options;
+  key_options.max_keys = config_.keys.max_keys;
+  keys_ = std::make_unique<KeyTable>(key_options);
+}
+
+Server::~Server() {
+  if (listen_fd_ >= 0) {
+    ::close(listen_fd_);
+  }
+}
+
+int64_t Server::uptimeMs() const { return (monotonicNowNs() / 1'000'000) - started_ms_; }
+
+bool Server::isAdmin(const Peer& peer) const { return peer.uid == 0 || peer.uid == geteuid(); }
+
+bool Server::listen(std::string* error) {
+  const std::string& path = config_.daemon.socket_path;
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) {
+    *error = "socket path " + path + " is longer than " +
+             std::to_string(sizeof(addr.sun_path) - 1) + " bytes; choose a shorter [daemon] socket";
+    return false;
+  }
+  if (!removeStaleSocket(path, error)) {
+    return false;
+  }
+  listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (listen_fd_ < 0) {
+    *error = "socket: " + errnoText(errno);
+    return false;
+  }
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  // Create the socket file with no permissions for others, then open it up
+  // to the configured mode: no window in which anyone may connect.
+  mode_t old_umask = umask(0177);
+  int rc = bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  int bind_errno = errno;
+  umask(old_umask);
+  if (rc != 0) {
+    *error = "cannot bind " + path + ": " + errnoText(bind_errno);
+    return false;
+  }
+  if (chmod(path.c_str(), config_.daemon.socket_mode) != 0) {
+    *error = "cannot chmod " + path + ": " + errnoText(errno);
+    return false;
+  }
+  if (::listen(listen_fd_, kListenBacklog) != 0) {
+    *error = "cannot listen on " + path + ": " + errnoText(errno);
+    return false;
+  }
+  return true;
+}
+
+int Server::run() {
+  started_ms_ = monotonicNowNs() / 1'000'000;
+  uv_loop_init(&loop_);
+  // Signals first: a SIGHUP or SIGTERM that arrives once clients can connect
+  // must reach our handlers, not the default action.
+  auto on_signal = [](uv_signal_t* handle, int signum) {
+    static_cast<Server*>(handle->data)->onSignal(signum);
+  };
+  for (auto [handle, signum] : {std::pair{&sigterm_, SIGTERM}, {&sigint_, SIGINT},
+                                {&sighup_, SIGHUP}}) {
+    uv_signal_init(&loop_, handle);
+    handle->data = this;
+    uv_signal_start(handle, on_signal, signum);
+  }
+
+  std::string error;
+  if (!listen(&error)) {
+    spdlog::critical("{}", error);
+    for (uv_signal_t* handle : {&sigterm_, &sigint_, &sighup_}) {
+      uv_close(reinterpret_cast<uv_handle_t*>(handle), nullptr);
+    }
+    uv_run(&loop_, UV_RUN_DEFAULT);
+    uv_loop_close(&loop_);
+    return 1;
+  }
+
+  WorkerOptions options = workerOptions(config_);
+  size_t count = workerCount(config_.daemon.workers);
+  for (size_t i = 0; i < count; ++i) {
+    workers_.push_back(std::make_unique<Worker>(i, options, *keys_, metrics_.shard(i), *this,
+                                                config_.rules));
+  }
+  for (auto& worker : workers_) {
+    worker->start();
+  }
+
+  uv_poll_init(&loop_, &listener_, listen_fd_);
+  listener_.data = this;
+  uv_poll_start(&listener_, UV_READABLE, [](uv_poll_t* handle, int status, int) {
+    if (status == 0) {
+      static_cast<Server*>(handle->data)->onAcceptable();
+    }
+  });
+  uv_timer_init(&loop_, &key_sweep_);
+  key_sweep_.data = this;
+  auto sweep_ms = static_cast<uint64_t>(config_.keys.sweep_interval_ms);
+  uv_timer_start(
+      &key_sweep_, [](uv_timer_t* t) { static_cast<Server*>(t->data)->sweepKeys(); }, sweep_ms,
+      sweep_ms);
+
+  spdlog::info("sluiced {} serving {} with {} workers, {} rules", SLUICE_VERSION,
+               config_.daemon.socket_path, count, config_.rules->rules().size());
+  uv_run(&loop_, UV_RUN_DEFAULT);
+
+  for (auto& worker : workers_) {
+    worker->join();
+  }
+  int rc = uv_loop_close(&loop_);
+  if (rc != 0) {
+    spdlog::error("main loop closed with handles still open ({})", uv_strerror(rc));
+  }
+  spdlog::info("stopped");
+  return 0;
+}
+
+void Server::onAcceptable() {
+  for (;;) {
+    int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) {
+        continue;
+      }
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        // EMFILE and friends: log, and let the next readiness retry.
+        spdlog::warn("accept: {}", errnoText(errno));
+      }
+      return;
+    }
+    Worker* least = workers_.front().get();
+    size_t open = 0;
+    for (auto& worker : workers_) {
+      open += worker->connections();
+      if (worker->connections() < least->connections()) {
+        least = worker.get();
+      }
+    }
+    if (open >= config_.limits.max_connections) {
+      ::close(fd);  // refused at once, so descriptors never run out
+      metrics_.connectionsRefused().add();
+      continue;
+    }
+    Peer peer;
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+      peer.pid = cred.pid;
+      peer.uid = cred.uid;
+      peer.gid = cred.gid;
+    }
+    least->adopt(fd, peer);
+  }
+}
+
+void Server::onSignal(int signum) {
+  if (signum == SIGHUP) {
+    std::string error;
+    if (!reload(&error)) {
+      spdlog::error("reload refused, keeping the old config: {}", error);
+    }
+    return;
+  }
+  spdlog::info("{} received, stopping", signum == SIGTERM ? "SIGTERM" : "SIGINT");
+  beginStop();
+}
+
+bool Server::reload(std::string* error) {
+  std::lock_guard<std::mutex> lock(reload_mutex_);
+  ConfigResult result = loadConfigFile(config_.path);
+  if (!result.ok()) {
+    *error = result.error;
+    return false;
+  }
+  Config& fresh = *result.config;
+  // Rules change live; the rest needs a restart, so say so instead of
+  // silently ignoring it.
+  if (fresh.daemon.workers != config_.daemon.workers ||
+      fresh.keys.max_keys != config_.keys.max_keys) {
+    spdlog::warn("reload: changes to [daemon] workers and [keys] take effect at the next restart");
+  }
+  config_.rules = fresh.rules;
+  for (auto& worker : workers_) {
+    worker->setRules(fresh.rules);
+  }
+  spdlog::info("reloaded {}: {} rules", config_.path, fresh.rules->rules().size());
+  return true;
+}
+
+void Server::sweepKeys() {
+  RuleSetPtr rules;
+  {
+    std::lock_guard<std::mutex> lock(reload_mutex_);
+    rules = config_.rules;
+  }
+  int64_t now_ns = monotonicNowNs();
+  // A key is dropped when its rule is gone or its state is a fresh key's:
+  // dropping it then changes no future decision.
+  size_t evicted = keys_->sweep(now_ns, [&](const KeyTable::Entry& entry) {
+    const Rule* rule = rules->findById(entry.ruleId());
+    return rule == nullptr || entry.state().size() != stateWords(*rule) ||
+           isIdle(*rule, entry.state(), now_ns);
+  });
+  if (evicted > 0) {
+    spdlog::debug("swept {} idle keys", evicted);
+  }
+}
+
+void Server::beginStop() {
+  if (stopping_) {
+    return;
+  }
+  stopping_ = true;
+  uv_close(reinterpret_cast<uv_handle_t*>(&listener_), nullptr);
+  ::close(listen_fd_);
+  listen_fd_ = -1;
+  unlink(config_.daemon.socket_path.c_str());
+  for (uv_signal_t* handle : {&sigterm_, &sigint_, &sighup_}) {
+    uv_close(reinterpret_cast<uv_handle_t*>(handle), nullptr);
+  }
+  uv_close(reinterpret_cast<uv_handle_t*>(&key_sweep_), nullptr);
+  for (auto& worker : workers_) {
+    worker->stop();
+  }
+}
+
+}  // namespace sluice

@@ -1,1 +1,208 @@
-// placeholder
+// Worker: a thread with its own loop serving its own connections.
+#include "worker.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <ctime>
+
+#include <spdlog/spdlog.h>
+
+namespace sluice {
+
+namespace {
+
+// Bad-input lines logged per worker per second; the rest are counted.
+constexpr int kBadInputLogsPerSecond = 5;
+
+}  // namespace
+
+int64_t monotonicNowNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+Worker::Worker(size_t index, const WorkerOptions& options, KeyTable& keys, MetricsShard& metrics,
+               DaemonStatus& status, RuleSetPtr rules)
+    : index_(index),
+      options_(options),
+      keys_(keys),
+      metrics_(metrics),
+      dispatcher_(keys, metrics, status),
+      reader_slot_(keys.registerReader()) {
+  dispatcher_.setRules(std::move(rules));
+  uv_loop_init(&loop_);
+  uv_async_init(&loop_, &wakeup_, [](uv_async_t* handle) {
+    static_cast<Worker*>(handle->data)->onMessages();
+  });
+  wakeup_.data = this;
+  uv_timer_init(&loop_, &sweep_timer_);
+  sweep_timer_.data = this;
+  uv_timer_init(&loop_, &stop_timer_);
+  stop_timer_.data = this;
+}
+
+Worker::~Worker() {
+  join();
+  for (Message& message : inbox_) {
+    if (message.kind == Message::Kind::kAdopt) {
+      ::close(message.fd);
+    }
+  }
+}
+
+void Worker::start() {
+  uint64_t sweep_ms = static_cast<uint64_t>(
+      std::clamp<int64_t>(std::min(options_.idle_timeout_ms, options_.partial_frame_timeout_ms) / 4,
+                          10, 1000));
+  uv_timer_start(
+      &sweep_timer_, [](uv_timer_t* t) { static_cast<Worker*>(t->data)->onSweep(); }, sweep_ms,
+      sweep_ms);
+  thread_ = std::thread([this] { run(); });
+}
+
+void Worker::run() {
+  uv_run(&loop_, UV_RUN_DEFAULT);
+  // Every handle is closed by now (finishIfDrained), so the loop closes.
+  int rc = uv_loop_close(&loop_);
+  if (rc != 0) {
+    spdlog::error("worker {}: loop closed with handles still open ({})", index_, uv_strerror(rc));
+  }
+}
+
+void Worker::join() {
+  if (thread_.joinable()) {
+    thread_.join();
+  }
+}
+
+void Worker::post(Message message) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    inbox_.push_back(std::move(message));
+  }
+  uv_async_send(&wakeup_);
+}
+
+void Worker::adopt(int fd, const Peer& peer) {
+  Message message(Message::Kind::kAdopt);
+  message.fd = fd;
+  message.peer = peer;
+  connection_count_.fetch_add(1, std::memory_order_relaxed);
+  post(std::move(message));
+}
+
+void Worker::setRules(RuleSetPtr rules) {
+  Message message(Message::Kind::kRules);
+  message.rules = std::move(rules);
+  post(std::move(message));
+}
+
+void Worker::stop() { post(Message(Message::Kind::kStop)); }
+
+void Worker::onMessages() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    taken_.swap(inbox_);
+  }
+  for (Message& message : taken_) {
+    switch (message.kind) {
+      case Message::Kind::kAdopt: {
+        if (stopping_) {
+          ::close(message.fd);
+          connection_count_.fetch_sub(1, std::memory_order_relaxed);
+          break;
+        }
+        auto* connection = new Connection(*this, message.peer);
+        connection->index = connections_.size();
+        connections_.push_back(connection);
+        metrics_.connections_accepted.add();
+        connection->open(message.fd, static_cast<int64_t>(uv_now(&loop_)));
+        break;
+      }
+      case Message::Kind::kRules: dispatcher_.setRules(std::move(message.rules)); break;
+      case Message::Kind::kStop: beginStop(); break;
+    }
+  }
+  taken_.clear();
+}
+
+void Worker::onSweep() {
+  auto now_ms = static_cast<int64_t>(uv_now(&loop_));
+  // checkTimeouts may close a connection, but the list changes only in the
+  // close callback, which runs later in this loop iteration.
+  for (Connection* connection : connections_) {
+    connection->checkTimeouts(now_ms);
+  }
+}
+
+void Worker::onConnectionClosed(Connection* connection) {
+  size_t index = connection->index;
+  connections_[index] = connections_.back();
+  connections_[index]->index = index;
+  connections_.pop_back();
+  delete connection;
+  connection_count_.fetch_sub(1, std::memory_order_relaxed);
+  if (stopping_) {
+    finishIfDrained();
+  }
+}
+
+void Worker::beginStop() {
+  if (stopping_) {
+    return;
+  }
+  stopping_ = true;
+  uv_timer_stop(&sweep_timer_);
+  // Answer what was read, then close; a client that does not take its
+  // answers within the shutdown timeout is cut off.
+  std::vector<Connection*> open = connections_;
+  for (Connection* connection : open) {
+    connection->drain();
+  }
+  uv_timer_start(
+      &stop_timer_,
+      [](uv_timer_t* t) {
+        auto* self = static_cast<Worker*>(t->data);
+        for (Connection* connection : self->connections_) {
+          connection->close(CloseReason::kShutdown);
+        }
+      },
+      static_cast<uint64_t>(options_.shutdown_timeout_ms), 0);
+  finishIfDrained();
+}
+
+void Worker::finishIfDrained() {
+  if (!connections_.empty()) {
+    return;
+  }
+  auto* wakeup = reinterpret_cast<uv_handle_t*>(&wakeup_);
+  if (uv_is_closing(wakeup)) {
+    return;
+  }
+  uv_close(wakeup, nullptr);
+  uv_close(reinterpret_cast<uv_handle_t*>(&sweep_timer_), nullptr);
+  uv_close(reinterpret_cast<uv_handle_t*>(&stop_timer_), nullptr);
+}
+
+void Worker::logBadInput(const rpc::ParseResult& result) {
+  auto now_ms = static_cast<int64_t>(uv_now(&loop_));
+  if (now_ms - log_window_ms_ >= 1000) {
+    log_window_ms_ = now_ms;
+    log_lines_ = 0;
+  }
+  if (log_lines_ >= kBadInputLogsPerSecond) {
+    ++log_suppressed_;
+    return;
+  }
+  ++log_lines_;
+  spdlog::warn("worker {}: {} request: {} ({}){}", index_,
+               result.status == rpc::ParseStatus::kFatal ? "unreadable" : "bad",
+               result.message, rpc::errorCodeName(result.error),
+               log_suppressed_ > 0 ? fmt::format("; {} similar lines suppressed", log_suppressed_)
+                                   : std::string());
+  log_suppressed_ = 0;
+}
+
+}  // namespace sluice

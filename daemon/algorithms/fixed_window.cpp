@@ -1,1 +1,79 @@
-// placeholder
+// Fixed window: the maths on one (window id, count) word (see fixed_window.h).
+#include "algorithms/fixed_window.h"
+
+#include <algorithm>
+
+#include "algorithms/time_math.h"
+
+namespace sluice::fixed_window {
+namespace {
+
+using time_math::i128;
+
+constexpr int kIdBits = 32;
+constexpr uint64_t kCountMask = 0xFFFFFFFFULL;
+
+// The window a decision at now_ns applies to and its count: the stored window
+// when it is now's or a racing thread's newer one, else a fresh window.
+struct Window {
+  int64_t id = 0;
+  int64_t count = 0;
+};
+
+Window resolve(uint64_t state, int64_t period_ns, int64_t now_ns) {
+  const int64_t now_id = time_math::windowId(now_ns, period_ns);
+  const int64_t count = static_cast<int64_t>(state & kCountMask);
+  if (count == 0) return {now_id, 0};
+  const int64_t since = time_math::windowsSince(state >> kIdBits, now_id, kIdBits);
+  if (since > 0) return {now_id, 0};
+  return {now_id - since, count};
+}
+
+uint64_t pack(const Window& w) {
+  if (w.count == 0) return 0;
+  return (static_cast<uint64_t>(w.id) << kIdBits) | static_cast<uint64_t>(w.count);
+}
+
+}  // namespace
+
+Decision acquire(uint64_t& state, const Limit& limit, int64_t now_ns, int64_t cost) {
+  const int64_t period_ns = std::max<int64_t>(limit.period_ns, 1);
+  Window w = resolve(state, period_ns, now_ns);
+  const i128 end_ns = static_cast<i128>(w.id + 1) * period_ns;
+
+  // The config loader refuses limits above maxLimit; clamping here as well
+  // keeps the count from ever spilling into the id bits.
+  const int64_t units = std::min<int64_t>(limit.limit, kCountMask);
+
+  Decision d;
+  d.limit = limit.limit;
+  if (cost > units) {
+    d.cost_exceeds_limit = true;
+  } else if (w.count + std::max<int64_t>(cost, 0) <= units) {
+    d.allowed = true;
+    if (cost > 0) {
+      w.count += cost;
+      state = pack(w);
+    }
+  } else {
+    d.retry_after_ms = time_math::ceilMs(end_ns - now_ns);
+  }
+  d.remaining = std::max<int64_t>(units - w.count, 0);
+  d.reset_after_ms = w.count == 0 ? 0 : time_math::ceilMs(end_ns - now_ns);
+  return d;
+}
+
+uint64_t refund(uint64_t state, const Limit& limit, int64_t now_ns, int64_t cost) {
+  if (cost <= 0) return state;
+  Window w = resolve(state, std::max<int64_t>(limit.period_ns, 1), now_ns);
+  // A spend made in a window that has since ended left nothing to give back.
+  if (w.count == 0) return state;
+  w.count -= std::min(cost, w.count);
+  return pack(w);
+}
+
+bool isIdle(uint64_t state, const Limit& limit, int64_t now_ns) {
+  return resolve(state, std::max<int64_t>(limit.period_ns, 1), now_ns).count == 0;
+}
+
+}  // namespace sluice::fixed_window

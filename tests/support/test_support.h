@@ -61,6 +61,12 @@ std::string readFile(const std::string& path);
 // Environment variable or a default.
 std::string env(const char* name, const std::string& fallback = "");
 
+#ifdef SLUICE_TEST_SLUICED
+// The binaries under test (integration tests only; see tests/CMakeLists.txt).
+inline std::string sluicedPath() { return env("SLUICED", SLUICE_TEST_SLUICED); }
+inline std::string sluicectlPath() { return env("SLUICECTL", SLUICE_TEST_SLUICECTL); }
+#endif
+
 }  // namespace sluice::test
 
 #include "test_support_inl.h"

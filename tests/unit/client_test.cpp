@@ -956,7 +956,7 @@ struct RunResult {
 };
 
 RunResult runSluicectl(const std::string& args) {
-  std::string tool = sluice::test::env("SLUICECTL");
+  std::string tool = sluice::test::sluicectlPath();
   RunResult result;
   FILE* pipe = ::popen((tool + " " + args + " 2>&1").c_str(), "r");
   if (pipe == nullptr) {
@@ -975,9 +975,6 @@ RunResult runSluicectl(const std::string& args) {
 // Verifies sluicectl's output and exit codes: 0 allowed, 1 denied, 2 usage,
 // 3 server error.
 TEST_F(ClientTest, SluicectlPrintsDecisionsAndExitsByOutcome) {
-  if (sluice::test::env("SLUICECTL").empty()) {
-    GTEST_SKIP() << "SLUICECTL is not set (run through ctest)";
-  }
   FakeServer s(path_, [](Conn& conn, int) {
     while (auto req = conn.read()) {
       if (req->rule == "nope") {

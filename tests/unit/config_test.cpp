@@ -1,1 +1,515 @@
-// placeholder
+// Tests for the config loader (daemon/config.h): the shipped file, defaults,
+// durations, every kind of refusal with its position and fix, and rule ids.
+#include "config.h"
+
+#include <cstdlib>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "test_support.h"
+
+namespace sluice {
+namespace {
+
+// The repository root: ctest sets SLUICE_SOURCE_DIR; run by hand, the test is
+// started from the build tree, so fall back to the path of this file.
+std::string sourceDir() {
+  if (const char* dir = std::getenv("SLUICE_SOURCE_DIR")) return dir;
+  std::string here = __FILE__;
+  return here.substr(0, here.rfind("/tests/unit/"));
+}
+
+Config mustLoad(std::string_view text) {
+  ConfigResult result = loadConfigString(text, "x.toml");
+  EXPECT_TRUE(result.ok()) << result.error;
+  return result.ok() ? std::move(*result.config) : Config{};
+}
+
+std::string errorOf(std::string_view text) {
+  ConfigResult result = loadConfigString(text, "x.toml");
+  EXPECT_FALSE(result.ok()) << "accepted:\n" << text;
+  return result.error;
+}
+
+// --- the shipped file -------------------------------------------------------------
+
+// Verifies that conf/sluice.toml, the default config, loads as a local-only
+// daemon with its example rules.
+TEST(ConfigTest, ShippedConfigLoadsAsLocalOnlyDaemon) {
+  const std::string path = sourceDir() + "/conf/sluice.toml";
+  ConfigResult result = loadConfigFile(path);
+  ASSERT_TRUE(result.ok()) << result.error;
+  const Config& config = *result.config;
+  EXPECT_EQ(config.path, path);
+  EXPECT_FALSE(config.redis.has_value());
+  EXPECT_EQ(config.daemon.socket_path, "/run/sluice/sluice.sock");
+  ASSERT_NE(config.rules, nullptr);
+
+  const Rule* api = config.rules->find("api");
+  ASSERT_NE(api, nullptr);
+  EXPECT_EQ(api->algorithm, Algorithm::kTokenBucket);
+  ASSERT_EQ(api->limits.size(), 1u);
+  EXPECT_EQ(api->limits[0].limit, 100);
+  EXPECT_EQ(api->limits[0].period_ns, 60'000'000'000);
+  EXPECT_EQ(api->limits[0].burst, 20);
+
+  const Rule* login = config.rules->find("login");
+  ASSERT_NE(login, nullptr);
+  EXPECT_EQ(login->limits.size(), 2u);
+
+  const Rule* search = config.rules->find("search");
+  ASSERT_NE(search, nullptr);
+  EXPECT_EQ(search->algorithm, Algorithm::kSlidingWindow);
+
+  const Rule* uploads = config.rules->find("uploads");
+  ASSERT_NE(uploads, nullptr);
+  EXPECT_EQ(uploads->algorithm, Algorithm::kConcurrency);
+  EXPECT_EQ(uploads->limits[0].limit, 4);
+  EXPECT_EQ(uploads->limits[0].period_ns, 600'000'000'000);
+
+  bool has_shadow = false;
+  for (const Rule& rule : config.rules->rules()) {
+    EXPECT_EQ(rule.scope, Scope::kLocal) << rule.name;
+    has_shadow = has_shadow || rule.shadow;
+  }
+  EXPECT_TRUE(has_shadow);
+}
+
+// Verifies that the shipped file, being the manual, shows every option of the
+// table with its default value (commented out for the [redis] section).
+TEST(ConfigTest, ShippedConfigShowsEveryOptionWithItsDefault) {
+  const std::string text = test::readFile(sourceDir() + "/conf/sluice.toml");
+  ASSERT_FALSE(text.empty());
+  for (const ConfigOptionInfo& option : configOptions()) {
+    std::string line = std::string(option.key) + " = " + option.default_text + "\n";
+    EXPECT_NE(text.find(line), std::string::npos)
+        << "conf/sluice.toml does not show [" << option.section << "] " << line;
+  }
+}
+
+// Verifies that a missing file is refused with its path and the reason.
+TEST(ConfigTest, MissingFileIsRefusedWithItsPath) {
+  ConfigResult result = loadConfigFile("/nonexistent/sluice.toml");
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.error.rfind("/nonexistent/sluice.toml: cannot read", 0), 0u) << result.error;
+}
+
+// --- defaults -------------------------------------------------------------------
+
+// Verifies that an empty file gives every default and no rules.
+TEST(ConfigTest, EmptyFileGivesDefaults) {
+  Config config = mustLoad("");
+  EXPECT_EQ(config.daemon.socket_path, "/run/sluice/sluice.sock");
+  EXPECT_EQ(config.daemon.socket_mode, 0660u);
+  EXPECT_EQ(config.daemon.workers, 0u);
+  EXPECT_EQ(config.daemon.log_level, "info");
+  EXPECT_EQ(config.limits.max_key_bytes, 4096u);
+  EXPECT_GE(config.limits.max_key_bytes, 1024u);
+  EXPECT_EQ(config.limits.idle_timeout_ms, 300'000);
+  EXPECT_EQ(config.keys.max_keys, 1'000'000u);
+  EXPECT_FALSE(config.redis.has_value());
+  ASSERT_NE(config.rules, nullptr);
+  EXPECT_TRUE(config.rules->rules().empty());
+}
+
+// Verifies that the options of each section are stored, durations in ms.
+TEST(ConfigTest, GivenOptionsAreStored) {
+  Config config = mustLoad(R"(
+[daemon]
+socket = "/tmp/s.sock"
+socket_mode = "0600"
+workers = 3
+log_level = "debug"
+[limits]
+max_connections = 10
+max_frame_bytes = 2048
+max_key_bytes = 1024
+max_depth = 8
+max_items = 64
+max_output_bytes = 8192
+idle_timeout = "0"
+partial_frame_timeout = "500ms"
+[keys]
+max_keys = 5
+sweep_interval = "1m"
+)");
+  EXPECT_EQ(config.daemon.socket_path, "/tmp/s.sock");
+  EXPECT_EQ(config.daemon.socket_mode, 0600u);
+  EXPECT_EQ(config.daemon.workers, 3u);
+  EXPECT_EQ(config.daemon.log_level, "debug");
+  EXPECT_EQ(config.limits.max_connections, 10u);
+  EXPECT_EQ(config.limits.max_frame_bytes, 2048u);
+  EXPECT_EQ(config.limits.max_key_bytes, 1024u);
+  EXPECT_EQ(config.limits.max_depth, 8u);
+  EXPECT_EQ(config.limits.max_items, 64u);
+  EXPECT_EQ(config.limits.max_output_bytes, 8192u);
+  EXPECT_EQ(config.limits.idle_timeout_ms, 0);
+  EXPECT_EQ(config.limits.partial_frame_timeout_ms, 500);
+  EXPECT_EQ(config.keys.max_keys, 5u);
+  EXPECT_EQ(config.keys.sweep_interval_ms, 60'000);
+}
+
+// Verifies that a socket mode may be written as a TOML octal integer too.
+TEST(ConfigTest, SocketModeAcceptsOctalInteger) {
+  EXPECT_EQ(mustLoad("[daemon]\nsocket_mode = 0o640\n").daemon.socket_mode, 0640u);
+}
+
+// Verifies that a rule gets the documented defaults: token bucket, burst equal
+// to the limit, local, on_redis_down local, not shadow.
+TEST(ConfigTest, RuleDefaultsAreApplied) {
+  Config config = mustLoad("[[rule]]\nname = \"a\"\nlimit = 7\nperiod = \"1s\"\n");
+  const Rule* rule = config.rules->find("a");
+  ASSERT_NE(rule, nullptr);
+  EXPECT_EQ(rule->algorithm, Algorithm::kTokenBucket);
+  ASSERT_EQ(rule->limits.size(), 1u);
+  EXPECT_EQ(rule->limits[0].burst, 7);
+  EXPECT_EQ(rule->scope, Scope::kLocal);
+  EXPECT_EQ(rule->on_redis_down, RedisDownPolicy::kLocal);
+  EXPECT_FALSE(rule->shadow);
+  EXPECT_NE(rule->id, 0u);
+}
+
+// Verifies that a window algorithm's burst equals its limit and that a
+// concurrency rule needs no period.
+TEST(ConfigTest, WindowBurstEqualsLimitAndConcurrencyPeriodIsOptional) {
+  Config config = mustLoad(R"(
+[[rule]]
+name = "w"
+algorithm = "fixed_window"
+limit = 9
+period = "1s"
+[[rule]]
+name = "c"
+algorithm = "concurrency"
+limit = 3
+)");
+  EXPECT_EQ(config.rules->find("w")->limits[0].burst, 9);
+  EXPECT_EQ(config.rules->find("c")->limits[0].period_ns, 0);
+  EXPECT_EQ(config.rules->find("c")->limits[0].limit, 3);
+}
+
+// Verifies that a multi-limit rule keeps its limits in order with their bursts.
+TEST(ConfigTest, MultiLimitRuleKeepsEachLimit) {
+  Config config = mustLoad(R"(
+[[rule]]
+name = "m"
+limits = [{ limit = 100, period = "1m" }, { limit = 20, period = "10s", burst = 5 }]
+)");
+  const Rule* rule = config.rules->find("m");
+  ASSERT_NE(rule, nullptr);
+  ASSERT_EQ(rule->limits.size(), 2u);
+  EXPECT_EQ(rule->limits[0].limit, 100);
+  EXPECT_EQ(rule->limits[0].burst, 100);
+  EXPECT_EQ(rule->limits[1].period_ns, 10'000'000'000);
+  EXPECT_EQ(rule->limits[1].burst, 5);
+}
+
+// --- redis ------------------------------------------------------------------------
+
+// Verifies that a [redis] section enables global rules and that its url is
+// taken apart into address, credentials and database.
+TEST(ConfigTest, RedisSectionEnablesGlobalRules) {
+  Config config = mustLoad(R"(
+[redis]
+url = "redis://app:p%40ss@cache.local:6380/2"
+expected_nodes = 12
+lease_timeout = "20ms"
+[[rule]]
+name = "g"
+limit = 5
+period = "1s"
+scope = "global"
+on_redis_down = "closed"
+)");
+  ASSERT_TRUE(config.redis.has_value());
+  EXPECT_EQ(config.redis->host, "cache.local");
+  EXPECT_EQ(config.redis->port, 6380);
+  EXPECT_EQ(config.redis->username, "app");
+  EXPECT_EQ(config.redis->password, "p@ss");
+  EXPECT_EQ(config.redis->db, 2u);
+  EXPECT_EQ(config.redis->expected_nodes, 12u);
+  EXPECT_EQ(config.redis->lease_timeout_ms, 20);
+  const Rule* rule = config.rules->find("g");
+  EXPECT_EQ(rule->scope, Scope::kGlobal);
+  EXPECT_EQ(rule->on_redis_down, RedisDownPolicy::kClosed);
+}
+
+// Verifies the accepted url forms: default port, IPv6, password only, unix.
+TEST(ConfigTest, RedisUrlFormsAreParsed) {
+  Config plain = mustLoad("[redis]\nurl = \"redis://10.0.0.1\"\n");
+  EXPECT_EQ(plain.redis->host, "10.0.0.1");
+  EXPECT_EQ(plain.redis->port, 6379);
+  EXPECT_EQ(plain.redis->db, 0u);
+
+  Config v6 = mustLoad("[redis]\nurl = \"redis://:secret@[::1]:7000\"\n");
+  EXPECT_EQ(v6.redis->host, "::1");
+  EXPECT_EQ(v6.redis->port, 7000);
+  EXPECT_EQ(v6.redis->username, "");
+  EXPECT_EQ(v6.redis->password, "secret");
+
+  Config unix = mustLoad("[redis]\nurl = \"unix:///run/redis/redis.sock\"\n");
+  EXPECT_EQ(unix.redis->unix_path, "/run/redis/redis.sock");
+  EXPECT_EQ(unix.redis->host, "");
+
+  Config empty = mustLoad("[redis]\n");
+  EXPECT_EQ(empty.redis->url, "redis://127.0.0.1:6379");
+  EXPECT_EQ(empty.redis->host, "127.0.0.1");
+  EXPECT_EQ(empty.redis->port, 6379);
+}
+
+// Verifies that a refused url is echoed without its password, since the
+// message ends up in logs.
+TEST(ConfigTest, RedisUrlErrorsDoNotRevealThePassword) {
+  std::string error = errorOf("[redis]\nurl = \"redis://:hunter2@cache:http\"\n");
+  EXPECT_EQ(error.find("hunter2"), std::string::npos) << error;
+  EXPECT_NE(error.find("redis://:***@cache:http"), std::string::npos) << error;
+}
+
+// --- durations ----------------------------------------------------------------------
+
+// Verifies that each unit is parsed, and "0" alone is zero.
+TEST(ConfigTest, DurationsWithEachUnitAreParsed) {
+  EXPECT_EQ(parseDurationNs("500ms"), 500'000'000);
+  EXPECT_EQ(parseDurationNs("10s"), 10'000'000'000);
+  EXPECT_EQ(parseDurationNs("1m"), 60'000'000'000);
+  EXPECT_EQ(parseDurationNs("1h"), 3'600'000'000'000);
+  EXPECT_EQ(parseDurationNs("1d"), 86'400'000'000'000);
+  EXPECT_EQ(parseDurationNs("0"), 0);
+  EXPECT_EQ(parseDurationNs("0s"), 0);
+}
+
+// Verifies that a duration too long to hold saturates, so that bounds checks
+// call it too long instead of malformed.
+TEST(ConfigTest, HugeDurationsSaturate) {
+  constexpr int64_t kMost = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(parseDurationNs("99999999999999999d"), kMost);
+  EXPECT_EQ(parseDurationNs("99999999999999999999999999ms"), kMost);
+  EXPECT_EQ(parseDurationNs("9223372036854ms"), 9'223'372'036'854'000'000);
+}
+
+// Verifies that anything but digits and one known unit is not a duration.
+TEST(ConfigTest, MalformedDurationsAreRejected) {
+  for (const char* text : {"", "10", "s", "10 s", "10 sec", "1.5s", "-1s", "1m30s", "10S",
+                           " 10s", "10s ", "1w", "+1s", "0x10s"}) {
+    EXPECT_EQ(parseDurationNs(text), std::nullopt) << '"' << text << '"';
+  }
+}
+
+// --- refusals -------------------------------------------------------------------------
+
+struct Refusal {
+  const char* what;
+  const char* text;
+  const char* position;  // "line:column" expected right after "x.toml:"
+  const char* fix;       // a piece of the message that says what to write
+};
+
+class ConfigRefusalTest : public testing::TestWithParam<Refusal> {};
+
+// Verifies that each bad file is refused with the file, the line and column
+// of the offending spot, and a message that says what to write instead.
+TEST_P(ConfigRefusalTest, NamesFileLineAndFix) {
+  const Refusal& refusal = GetParam();
+  std::string error = errorOf(refusal.text);
+  EXPECT_EQ(error.rfind(std::string("x.toml:") + refusal.position + ": ", 0), 0u)
+      << "wrong position in: " << error;
+  EXPECT_NE(error.find(refusal.fix), std::string::npos) << "no fix in: " << error;
+}
+
+
+const Refusal kRefusals[] = {
+    {"unknown_key_suggests", "[limits]\nmax_conections = 5\n", "2:1",
+     "unknown key \"max_conections\" in [limits]; did you mean \"max_connections\"?"},
+    {"unknown_key_lists_keys", "[keys]\nfoo = 1\n", "2:1",
+     "remove it (the keys of [keys] are max_keys, sweep_interval)"},
+    {"unknown_section_suggests", "[limit]\nmax_depth = 4\n", "1:2", "did you mean [limits]?"},
+    {"option_outside_section", "workers = 2\n", "1:1", "move it under [daemon]"},
+    {"unknown_rule_key_suggests",
+     "[[rule]]\nname = \"r\"\nlimit = 1\nperiod = \"1s\"\nperoid = 1\n", "5:1",
+     "did you mean \"period\"?"},
+    {"section_is_not_a_table", "daemon = 1\n", "1:10", "write [daemon] on a line of its own"},
+    {"rule_is_a_single_table", "[rule]\nname = \"r\"\n", "1:1", "[[rule]] section (two brackets)"},
+    {"wrong_type_integer", "[limits]\nmax_connections = \"10\"\n", "2:19",
+     "is a string; write a whole number without quotes or decimals, e.g. max_connections = 4096"},
+    {"wrong_type_duration", "[limits]\nidle_timeout = 30\n", "2:16",
+     "write a duration in quotes with a unit, e.g. idle_timeout = \"5m\""},
+    {"wrong_type_string", "[daemon]\nlog_level = 3\n", "2:13", "e.g. log_level = \"info\""},
+    {"bad_choice", "[daemon]\nlog_level = \"verbose\"\n", "2:13",
+     "is not one of \"trace\", \"debug\", \"info\""},
+    {"below_minimum", "[limits]\nmax_connections = 0\n", "2:19",
+     "max_connections = 0 is below the minimum 1; write a value from 1 to 1000000"},
+    {"above_maximum", "[daemon]\nworkers = 5000\n", "2:11",
+     "above the maximum 1024; write a value from 0 to 1024"},
+    {"duration_below_minimum", "[limits]\npartial_frame_timeout = \"10ms\"\n", "2:25",
+     "is below the minimum \"100ms\"; write a value from \"100ms\" to \"10m\""},
+    {"duration_above_maximum", "[keys]\nsweep_interval = \"2h\"\n", "2:18",
+     "above the maximum \"1h\""},
+    {"bad_duration", "[limits]\nidle_timeout = \"10 sec\"\n", "2:16",
+     "\"10 sec\" is not a duration; write a number with a unit: \"500ms\", \"10s\", \"1m\", "
+     "\"1h\", \"1d\""},
+    {"frame_smaller_than_key", "[limits]\nmax_frame_bytes = 2048\nmax_key_bytes = 2000\n", "3:17",
+     "write max_frame_bytes of at least max_key_bytes + 256"},
+    {"socket_mode_decimal", "[daemon]\nsocket_mode = 660\n", "2:15",
+     "decimal number 660; write permission bits in octal, in quotes: socket_mode = \"0660\""},
+    {"socket_mode_not_octal", "[daemon]\nsocket_mode = \"0968\"\n", "2:15",
+     "not an octal mode; write up to four octal digits"},
+    {"socket_mode_too_large", "[daemon]\nsocket_mode = \"1777\"\n", "2:15",
+     "above the maximum \"0777\""},
+    {"socket_relative_path", "[daemon]\nsocket = \"sluice.sock\"\n", "2:10",
+     "not an absolute path; write one starting with /"},
+    {"socket_path_too_long",
+     "[daemon]\nsocket = \"/tmp/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+     "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"\n",
+     "2:10",
+     "holds at most 107 bytes"},
+    {"bad_toml_syntax", "[daemon]\nworkers = = 2\n", "2:11", "invalid TOML: "},
+    {"bad_toml_unterminated", "[daemon]\nsocket = \"/run/x\n", "2:17", "invalid TOML: "},
+    {"duplicate_rule_name",
+     "[[rule]]\nname = \"api\"\nlimit = 1\nperiod = \"1s\"\n"
+     "[[rule]]\nname = \"api\"\nlimit = 2\nperiod = \"1s\"\n",
+     "6:8", "rule \"api\" is defined twice (first on line 2); give each rule its own name"},
+    {"rule_without_name", "[[rule]]\nlimit = 1\nperiod = \"1s\"\n", "1:1",
+     "rule #1: has no name; write name = \"api\""},
+    {"rule_empty_name", "[[rule]]\nname = \"\"\n", "2:8", "name is empty"},
+    {"rule_control_character_in_name", "[[rule]]\nname = \"a\\tb\"\n", "2:8",
+     "write only printable characters"},
+    {"rule_without_limit", "[[rule]]\nname = \"r\"\nperiod = \"1s\"\n", "1:1",
+     "rule \"r\": has no limit; write limit = 100 and period = \"1m\""},
+    {"rule_without_period", "[[rule]]\nname = \"r\"\nlimit = 5\n", "1:1",
+     "limit 5 has no period; write e.g. period = \"1m\""},
+    {"rule_bad_period", "[[rule]]\nname = \"api\"\nlimit = 5\nperiod = \"10 sec\"\n", "4:10",
+     "rule \"api\": period \"10 sec\" is not a duration; write a number with a unit: \"500ms\", "
+     "\"10s\", \"1m\", \"1h\", \"1d\""},
+    {"rule_period_above_maximum", "[[rule]]\nname = \"r\"\nlimit = 5\nperiod = \"400d\"\n", "4:10",
+     "write a period from \"1ms\" to \"366d\""},
+    {"rule_period_zero", "[[rule]]\nname = \"r\"\nlimit = 5\nperiod = \"0\"\n", "4:10",
+     "write a period from \"1ms\" to \"366d\""},
+    {"rule_unknown_algorithm", "[[rule]]\nname = \"r\"\nalgorithm = \"gcr\"\n", "3:13",
+     "did you mean \"gcra\"?"},
+    {"rule_limit_zero", "[[rule]]\nname = \"r\"\nlimit = 0\nperiod = \"1s\"\n", "3:9",
+     "write a limit of at least 1"},
+    {"rule_limit_above_max_limit",
+     "[[rule]]\nname = \"r\"\nalgorithm = \"sliding_log\"\nlimit = 5000\nperiod = \"1s\"\n", "4:9",
+     "limit 5000 is above 1000, the most a sliding_log rule can hold; write a limit up to 1000, "
+     "or use algorithm = \"sliding_window\""},
+    {"rule_limit_is_float", "[[rule]]\nname = \"r\"\nlimit = 1.5\nperiod = \"1s\"\n", "3:9",
+     "write a whole number"},
+    {"rule_burst_on_window_algorithm",
+     "[[rule]]\nname = \"r\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1s\"\n"
+     "burst = 2\n",
+     "6:9",
+     "burst applies only to token_bucket and gcra, and this rule is fixed_window; remove burst"},
+    {"rule_burst_zero", "[[rule]]\nname = \"r\"\nlimit = 5\nperiod = \"1s\"\nburst = 0\n", "5:9",
+     "write a burst from 1 to 1000000000"},
+    {"rule_both_limit_and_limits",
+     "[[rule]]\nname = \"r\"\nlimit = 5\nlimits = [{ limit = 1, period = \"1s\" }]\n", "3:9",
+     "limit and limits = [...] cannot both be given"},
+    {"rule_limits_empty", "[[rule]]\nname = \"r\"\nlimits = []\n", "3:10", "limits is empty"},
+    {"rule_limits_unknown_key",
+     "[[rule]]\nname = \"r\"\nlimits = [{ limit = 1, period = \"1s\", brust = 1 }]\n", "3:39",
+     "rule \"r\": unknown key \"brust\" in limits; did you mean \"burst\"?"},
+    {"rule_limits_same_period",
+     "[[rule]]\nname = \"r\"\nlimits = [{ limit = 1, period = \"1s\" }, { limit = 2, period = "
+     "\"1000ms\" }]\n",
+     "3:41", "two limits have the period \"1s\""},
+    {"rule_concurrency_two_limits",
+     "[[rule]]\nname = \"r\"\nalgorithm = \"concurrency\"\n"
+     "limits = [{ limit = 1 }, { limit = 2 }]\n",
+     "4:10", "a concurrency rule holds one limit"},
+    {"global_without_redis",
+     "[[rule]]\nname = \"r\"\nlimit = 5\nperiod = \"1s\"\nscope = \"global\"\n", "5:9",
+     "add [redis] with url = \"redis://host:6379\", or set scope = \"local\""},
+    {"on_redis_down_on_local_rule",
+     "[[rule]]\nname = \"r\"\nlimit = 5\nperiod = \"1s\"\non_redis_down = \"open\"\n", "5:17",
+     "on_redis_down applies only to global rules; remove it, or set scope = \"global\""},
+    {"shadow_not_boolean", "[[rule]]\nname = \"r\"\nlimit = 5\nperiod = \"1s\"\nshadow = \"yes\"\n",
+     "5:10", "write shadow = true or shadow = false"},
+    {"redis_url_bad_scheme", "[redis]\nurl = \"http://cache:6379\"\n", "2:7",
+     "must start with redis:// or unix://; write e.g. url = \"redis://127.0.0.1:6379\""},
+    {"redis_url_bad_port", "[redis]\nurl = \"redis://cache:99999\"\n", "2:7",
+     "the port \"99999\" is not a number from 1 to 65535"},
+    {"redis_url_no_host", "[redis]\nurl = \"redis://:6379\"\n", "2:7", "the host is missing"},
+    {"redis_url_bad_db", "[redis]\nurl = \"redis://cache:6379/zero\"\n", "2:7",
+     "the database \"zero\" after the / is not a number"},
+    {"redis_url_password_without_colon", "[redis]\nurl = \"redis://secret@cache\"\n", "2:7",
+     "redis://:password@host"},
+    {"redis_url_error_hides_password", "[redis]\nurl = \"redis://app:hunter2@cache:0\"\n", "2:7",
+     "url \"redis://app:***@cache:0\" is not a Redis url"},
+    {"rule_period_too_long_to_hold",
+     "[[rule]]\nname = \"r\"\nlimit = 5\nperiod = \"99999999999999999999d\"\n", "4:10",
+     "write a period from \"1ms\" to \"366d\""},
+    {"redis_url_relative_unix_path", "[redis]\nurl = \"unix://run/redis.sock\"\n", "2:7",
+     "must be absolute (three slashes)"},
+    {"redis_unknown_key", "[redis]\nurl = \"redis://h\"\nexpected_node = 3\n", "3:1",
+     "did you mean \"expected_nodes\"?"},
+};
+
+INSTANTIATE_TEST_SUITE_P(Refusals, ConfigRefusalTest, testing::ValuesIn(kRefusals),
+                         [](const testing::TestParamInfo<Refusal>& info) {
+                           return std::string(info.param.what);
+                         });
+
+// Verifies that a file given by path names that path in its errors.
+TEST(ConfigTest, FileErrorsNameThePath) {
+  test::TempDir dir;
+  const std::string path = dir.file("bad.toml");
+  test::writeFile(path, "[daemon]\n\nworkers = -1\n");
+  ConfigResult result = loadConfigFile(path);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.error.rfind(path + ":3:11: ", 0), 0u) << result.error;
+}
+
+// --- rule ids ---------------------------------------------------------------------------
+
+uint32_t idOf(const Config& config, std::string_view name) {
+  const Rule* rule = config.rules->find(name);
+  EXPECT_NE(rule, nullptr) << name;
+  return rule == nullptr ? 0 : rule->id;
+}
+
+// Verifies that reloading keeps the ids of unchanged rules, even when other
+// rules are added, removed or reordered, and that ids are unique.
+TEST(ConfigTest, RuleIdsAreStableAcrossReloadsForUnchangedRules) {
+  const std::string a = "[[rule]]\nname = \"a\"\nlimit = 5\nperiod = \"1s\"\n";
+  const std::string b = "[[rule]]\nname = \"b\"\nlimit = 5\nperiod = \"1s\"\n";
+  const std::string c = "[[rule]]\nname = \"c\"\nalgorithm = \"concurrency\"\nlimit = 2\n";
+  Config first = mustLoad(a + b);
+  Config again = mustLoad(a + b);
+  Config reordered = mustLoad(c + b + a);
+  EXPECT_EQ(idOf(first, "a"), idOf(again, "a"));
+  EXPECT_EQ(idOf(first, "b"), idOf(again, "b"));
+  EXPECT_EQ(idOf(first, "a"), idOf(reordered, "a"));
+  EXPECT_EQ(idOf(first, "b"), idOf(reordered, "b"));
+  EXPECT_NE(idOf(first, "a"), idOf(first, "b"));
+  EXPECT_NE(idOf(reordered, "c"), idOf(reordered, "a"));
+}
+
+// Verifies that changing any part of a rule's definition changes its id.
+TEST(ConfigTest, RuleIdsChangeWhenTheDefinitionChanges) {
+  const std::string redis = "[redis]\nurl = \"redis://h\"\n";
+  auto id = [&](const std::string& body) {
+    return idOf(mustLoad(redis + "[[rule]]\nname = \"r\"\n" + body), "r");
+  };
+  const uint32_t base = id("limit = 5\nperiod = \"1s\"\n");
+  const std::vector<std::string> changed = {
+      "limit = 6\nperiod = \"1s\"\n",
+      "limit = 5\nperiod = \"2s\"\n",
+      "limit = 5\nperiod = \"1s\"\nburst = 2\n",
+      "algorithm = \"gcra\"\nlimit = 5\nperiod = \"1s\"\n",
+      "limit = 5\nperiod = \"1s\"\nscope = \"global\"\n",
+      "limit = 5\nperiod = \"1s\"\nscope = \"global\"\non_redis_down = \"open\"\n",
+      "limit = 5\nperiod = \"1s\"\nshadow = true\n",
+      "limits = [{ limit = 5, period = \"1s\" }, { limit = 50, period = \"1m\" }]\n",
+  };
+  for (const std::string& body : changed) EXPECT_NE(id(body), base) << body;
+  // The same definition written differently is the same rule.
+  EXPECT_EQ(id("limits = [{ limit = 5, period = \"1000ms\", burst = 5 }]\n"), base);
+  EXPECT_NE(idOf(mustLoad(redis + "[[rule]]\nname = \"s\"\nlimit = 5\nperiod = \"1s\"\n"), "s"),
+            base);
+}
+
+}  // namespace
+}  // namespace sluice

@@ -1,1 +1,333 @@
-// placeholder
+// Limiter: several limits per rule, shadow rules, all-or-nothing requests,
+// release, idleness and many threads on one key, on a simulated clock.
+#include "limiter.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdint>
+#include <span>
+#include <thread>
+#include <vector>
+
+namespace sluice {
+namespace {
+
+constexpr int64_t kMs = 1'000'000;
+constexpr int64_t kSecond = 1'000 * kMs;
+constexpr int64_t kMinute = 60 * kSecond;
+constexpr int64_t kDay = 24 * 3600 * kSecond;
+
+Rule makeRule(Algorithm algorithm, std::vector<Limit> limits, bool shadow = false) {
+  Rule rule;
+  rule.name = "test";
+  rule.algorithm = algorithm;
+  rule.limits = std::move(limits);
+  rule.shadow = shadow;
+  return rule;
+}
+
+Limit window(int64_t limit, int64_t period_ns) { return Limit{limit, period_ns, limit}; }
+
+// One key's state words, fresh (all zero), sized for its rule.
+struct Key {
+  explicit Key(const Rule& rule) : words(stateWords(rule)) {}
+  std::span<std::atomic<uint64_t>> state() { return words; }
+  std::vector<std::atomic<uint64_t>> words;
+};
+
+// Spends cost 1 until denied; returns how many were allowed.
+int64_t drain(const Rule& rule, Key& key, int64_t now_ns) {
+  int64_t granted = 0;
+  while (acquire(rule, key.state(), now_ns, 1).allowed) ++granted;
+  return granted;
+}
+
+// The DESIGN example: 100 per minute and 20 per 10 s on a fixed window.
+Rule hundredPerMinuteAndTwentyPerTenSeconds() {
+  return makeRule(Algorithm::kFixedWindow, {window(100, kMinute), window(20, 10 * kSecond)});
+}
+
+// Verifies that word algorithms take one word per limit and slot algorithms one per unit.
+TEST(Limiter, StateWordsFollowTheAlgorithmLayout) {
+  EXPECT_EQ(stateWords(hundredPerMinuteAndTwentyPerTenSeconds()), 2u);
+  EXPECT_EQ(stateWords(makeRule(Algorithm::kSlidingLog, {window(5, kSecond), window(7, kMinute)})), 12u);
+  EXPECT_EQ(stateWords(makeRule(Algorithm::kConcurrency, {window(3, 0)})), 3u);
+}
+
+// Verifies that a request passes only while every limit allows it: 20 per
+// 10 s, then after 50 s the minute's 100 are used up.
+TEST(Limiter, MultiLimitRuleAllowsOnlyWhatEveryLimitAllows) {
+  const Rule rule = hundredPerMinuteAndTwentyPerTenSeconds();
+  Key key(rule);
+  int64_t granted = 0;
+  for (int64_t t = 0; t < 6; ++t) granted += drain(rule, key, t * 10 * kSecond);
+  EXPECT_EQ(granted, 100);
+  EXPECT_EQ(drain(rule, key, kMinute), 20);
+}
+
+// Verifies that when a later limit denies, the earlier limit's spend is given back.
+TEST(Limiter, MultiLimitDenialLeavesNothingSpentOnTheOtherLimits) {
+  const Rule rule = hundredPerMinuteAndTwentyPerTenSeconds();
+  const Rule minute_only = makeRule(Algorithm::kFixedWindow, {window(100, kMinute)});
+  Key key(rule);
+  EXPECT_EQ(drain(rule, key, 0), 20);
+  for (int i = 0; i < 5; ++i) EXPECT_FALSE(acquire(rule, key.state(), 0, 1).allowed);
+  // The minute limit's word comes first: it holds exactly the 20 allowed units.
+  EXPECT_EQ(peek(minute_only, key.state().first(1), 0, 0).remaining, 80);
+}
+
+// Verifies that a denial by the first limit spends nothing on the second.
+TEST(Limiter, MultiLimitDenialByTheFirstLimitSpendsNothingOnTheSecond) {
+  const Rule rule = makeRule(Algorithm::kTokenBucket, {Limit{10, kMinute, 3}, Limit{100, kSecond, 100}});
+  const Rule second_only = makeRule(Algorithm::kTokenBucket, {Limit{100, kSecond, 100}});
+  Key key(rule);
+  EXPECT_EQ(drain(rule, key, 0), 3);
+  EXPECT_EQ(peek(second_only, key.state().subspan(1, 1), 0, 0).remaining, 97);
+}
+
+// Verifies that the decision reports the most restrictive limit: fewest
+// remaining when allowed, the one that denied (longest retry) when denied.
+TEST(Limiter, MultiLimitReportsTheMostRestrictiveLimit) {
+  const Rule rule = hundredPerMinuteAndTwentyPerTenSeconds();
+  Key key(rule);
+  const Decision allowed = acquire(rule, key.state(), 2 * kSecond, 5);
+  EXPECT_TRUE(allowed.allowed);
+  EXPECT_EQ(allowed.limit, 20);
+  EXPECT_EQ(allowed.remaining, 15);
+  EXPECT_EQ(allowed.reset_after_ms, 8000);
+  ASSERT_TRUE(acquire(rule, key.state(), 2 * kSecond, 15).allowed);
+  const Decision denied = acquire(rule, key.state(), 2 * kSecond, 1);
+  EXPECT_FALSE(denied.allowed);
+  EXPECT_EQ(denied.limit, 20);
+  EXPECT_EQ(denied.retry_after_ms, 8000);
+}
+
+// Verifies that when several limits deny, the longest retry is reported, so
+// retrying then passes every limit.
+TEST(Limiter, MultiLimitDenialReportsTheLongestRetry) {
+  const Rule rule = makeRule(Algorithm::kFixedWindow, {window(20, 10 * kSecond), window(20, kMinute)});
+  Key key(rule);
+  EXPECT_EQ(drain(rule, key, 0), 20);
+  const Decision denied = acquire(rule, key.state(), 0, 1);
+  EXPECT_FALSE(denied.allowed);
+  EXPECT_EQ(denied.retry_after_ms, 60'000);
+  EXPECT_FALSE(acquire(rule, key.state(), 10 * kSecond, 1).allowed);
+  EXPECT_TRUE(acquire(rule, key.state(), denied.retry_after_ms * kMs, 1).allowed);
+}
+
+// Verifies that a cost above any limit is reported as hopeless.
+TEST(Limiter, CostAboveAnyLimitIsReportedAsExceedingTheLimit) {
+  const Rule rule = hundredPerMinuteAndTwentyPerTenSeconds();
+  Key key(rule);
+  const Decision d = acquire(rule, key.state(), 0, 21);
+  EXPECT_FALSE(d.allowed);
+  EXPECT_TRUE(d.cost_exceeds_limit);
+  EXPECT_EQ(d.retry_after_ms, 0);
+  EXPECT_TRUE(isIdle(rule, key.state(), 0));
+}
+
+// Verifies that a shadow rule's denial is reported as allowed, flagged, and spends nothing.
+TEST(Limiter, ShadowRuleAllowsDenialsAndSpendsNothingOnThem) {
+  const Rule rule = makeRule(Algorithm::kTokenBucket, {Limit{5, kSecond, 5}}, /*shadow=*/true);
+  Key key(rule);
+  for (int i = 0; i < 5; ++i) {
+    const Decision d = acquire(rule, key.state(), 0, 1);
+    EXPECT_TRUE(d.allowed);
+    EXPECT_FALSE(d.shadow_denied);
+  }
+  const uint64_t before = key.words[0].load();
+  const Decision d = acquire(rule, key.state(), 0, 1);
+  EXPECT_TRUE(d.allowed);
+  EXPECT_TRUE(d.shadow_denied);
+  EXPECT_EQ(d.retry_after_ms, 0);
+  EXPECT_EQ(key.words[0].load(), before);
+  EXPECT_TRUE(peek(rule, key.state(), 0, 1).shadow_denied);
+}
+
+// Verifies that acquireAll spends every item's cost when all pass.
+TEST(Limiter, AcquireAllSpendsEveryItemWhenAllPass) {
+  const Rule a = makeRule(Algorithm::kGcra, {Limit{10, kSecond, 10}});
+  const Rule b = makeRule(Algorithm::kSlidingWindow, {window(5, kSecond)});
+  Key a1(a), b1(b);
+  std::vector<AcquireItem> items = {{&a, a1.state(), 3, {}}, {&b, b1.state(), 2, {}}};
+  EXPECT_TRUE(acquireAll(items, kSecond));
+  EXPECT_EQ(items[0].decision.remaining, 7);
+  EXPECT_EQ(items[1].decision.remaining, 3);
+  EXPECT_EQ(peek(a, a1.state(), kSecond, 0).remaining, 7);
+  EXPECT_EQ(peek(b, b1.state(), kSecond, 0).remaining, 3);
+}
+
+// Verifies that acquireAll across rules and keys spends nothing when one item
+// denies: the earlier items' spends are given back.
+TEST(Limiter, AcquireAllIsAllOrNothingAcrossRulesAndKeys) {
+  const Rule a = makeRule(Algorithm::kTokenBucket, {Limit{10, kSecond, 10}});
+  const Rule b = hundredPerMinuteAndTwentyPerTenSeconds();
+  const Rule c = makeRule(Algorithm::kConcurrency, {window(2, kMinute)});
+  Key a1(a), b1(b), b2(b), c1(c);
+  ASSERT_EQ(drain(b, b2, 0), 20);
+  std::vector<AcquireItem> items = {
+      {&a, a1.state(), 4, {}}, {&b, b1.state(), 3, {}}, {&c, c1.state(), 2, {}}, {&b, b2.state(), 1, {}}};
+  EXPECT_FALSE(acquireAll(items, 0));
+  EXPECT_TRUE(items[0].decision.allowed);
+  EXPECT_TRUE(items[2].decision.allowed);
+  EXPECT_FALSE(items[3].decision.allowed);
+  EXPECT_EQ(items[3].decision.retry_after_ms, 10'000);
+  EXPECT_EQ(peek(a, a1.state(), 0, 0).remaining, 10);
+  EXPECT_EQ(peek(b, b1.state(), 0, 0).remaining, 20);
+  EXPECT_EQ(peek(c, c1.state(), 0, 0).remaining, 2);
+  EXPECT_TRUE(isIdle(a, a1.state(), 0));
+  EXPECT_TRUE(isIdle(b, b1.state(), 0));
+  EXPECT_TRUE(isIdle(c, c1.state(), 0));
+}
+
+// Verifies that items after the denying one are reported as they alone would be answered.
+TEST(Limiter, AcquireAllReportsItemsAfterADenialAsPeeks) {
+  const Rule a = makeRule(Algorithm::kFixedWindow, {window(1, kSecond)});
+  const Rule b = makeRule(Algorithm::kFixedWindow, {window(5, kSecond)});
+  Key a1(a), b1(b);
+  ASSERT_TRUE(acquire(a, a1.state(), 0, 1).allowed);
+  std::vector<AcquireItem> items = {{&a, a1.state(), 1, {}}, {&b, b1.state(), 6, {}}};
+  EXPECT_FALSE(acquireAll(items, 0));
+  EXPECT_FALSE(items[0].decision.allowed);
+  EXPECT_TRUE(items[1].decision.cost_exceeds_limit);
+  EXPECT_TRUE(isIdle(b, b1.state(), 0));
+}
+
+// Verifies that a shadow item never denies the group, and its denial spends nothing.
+TEST(Limiter, AcquireAllShadowItemNeverDeniesTheGroup) {
+  const Rule shadow = makeRule(Algorithm::kFixedWindow, {window(1, kSecond)}, /*shadow=*/true);
+  const Rule real = makeRule(Algorithm::kFixedWindow, {window(5, kSecond)});
+  Key s1(shadow), r1(real);
+  ASSERT_TRUE(acquire(shadow, s1.state(), 0, 1).allowed);
+  std::vector<AcquireItem> items = {{&shadow, s1.state(), 1, {}}, {&real, r1.state(), 2, {}}};
+  EXPECT_TRUE(acquireAll(items, 0));
+  EXPECT_TRUE(items[0].decision.shadow_denied);
+  EXPECT_EQ(peek(real, r1.state(), 0, 0).remaining, 3);
+}
+
+// Verifies that a group denied by a later item gives back a shadow item's real spend.
+TEST(Limiter, AcquireAllRefundsAShadowItemsSpendWhenTheGroupIsDenied) {
+  const Rule shadow = makeRule(Algorithm::kFixedWindow, {window(5, kSecond)}, /*shadow=*/true);
+  const Rule real = makeRule(Algorithm::kFixedWindow, {window(1, kSecond)});
+  Key s1(shadow), r1(real);
+  std::vector<AcquireItem> items = {{&shadow, s1.state(), 2, {}}, {&real, r1.state(), 2, {}}};
+  EXPECT_FALSE(acquireAll(items, 0));
+  EXPECT_TRUE(isIdle(shadow, s1.state(), 0));
+}
+
+// Verifies that release frees held concurrency units on every limit of the rule.
+TEST(Limiter, ReleaseFreesConcurrencyUnits) {
+  const Rule rule = makeRule(Algorithm::kConcurrency, {window(3, kMinute), window(5, 0)});
+  Key key(rule);
+  EXPECT_EQ(drain(rule, key, 0), 3);
+  const Decision d = release(rule, key.state(), kSecond, 2);
+  EXPECT_TRUE(d.allowed);
+  EXPECT_EQ(d.remaining, 2);
+  EXPECT_EQ(drain(rule, key, kSecond), 2);
+  release(rule, key.state(), kSecond, 100);
+  EXPECT_TRUE(isIdle(rule, key.state(), kSecond));
+}
+
+// Verifies that release on a non-concurrency rule spends and frees nothing.
+TEST(Limiter, ReleaseOnOtherAlgorithmsChangesNothing) {
+  const Rule rule = makeRule(Algorithm::kTokenBucket, {Limit{5, kSecond, 5}});
+  Key key(rule);
+  ASSERT_TRUE(acquire(rule, key.state(), 0, 2).allowed);
+  const Decision d = release(rule, key.state(), 0, 2);
+  EXPECT_EQ(d.remaining, 3);
+  EXPECT_EQ(peek(rule, key.state(), 0, 0).remaining, 3);
+}
+
+// Verifies that a crashed caller's concurrency units free themselves at their deadline.
+TEST(Limiter, ConcurrencyDeadlinesFreeUnitsOfCrashedCallers) {
+  const Rule rule = makeRule(Algorithm::kConcurrency, {window(2, 30 * kSecond)});
+  Key key(rule);
+  EXPECT_EQ(drain(rule, key, kSecond), 2);
+  const Decision d = acquire(rule, key.state(), 10 * kSecond, 1);
+  EXPECT_FALSE(d.allowed);
+  EXPECT_EQ(d.retry_after_ms, 21'000);
+  EXPECT_FALSE(isIdle(rule, key.state(), 31 * kSecond - 1));
+  EXPECT_TRUE(isIdle(rule, key.state(), 31 * kSecond));
+  EXPECT_EQ(drain(rule, key, 31 * kSecond), 2);
+}
+
+class LimiterIdle : public ::testing::TestWithParam<Algorithm> {};
+
+// Verifies that a key is idle when fresh, not after a spend, and idle again
+// once the spend has aged out (two periods for every algorithm).
+TEST_P(LimiterIdle, IsIdleExactlyWhenStateMatchesAFreshKey) {
+  const Rule rule = makeRule(GetParam(), {Limit{5, kSecond, 5}, Limit{50, kMinute, 50}});
+  Key key(rule);
+  const int64_t start_ns = 7 * kMinute + 1;
+  EXPECT_TRUE(isIdle(rule, key.state(), start_ns));
+  ASSERT_TRUE(acquire(rule, key.state(), start_ns, 1).allowed);
+  EXPECT_FALSE(isIdle(rule, key.state(), start_ns));
+  EXPECT_TRUE(isIdle(rule, key.state(), start_ns + 2 * kMinute));
+}
+
+INSTANTIATE_TEST_SUITE_P(Algorithms, LimiterIdle,
+                         ::testing::Values(Algorithm::kTokenBucket, Algorithm::kGcra, Algorithm::kFixedWindow,
+                                           Algorithm::kSlidingWindow, Algorithm::kSlidingLog,
+                                           Algorithm::kConcurrency));
+
+class LimiterThreads : public ::testing::TestWithParam<Algorithm> {};
+
+// Verifies that 4 threads racing on one fresh key with a period of a day are
+// granted exactly the limit in total: the CAS loops lose nothing and grant
+// nothing twice, including the refunds of a second limit.
+TEST_P(LimiterThreads, FourThreadsOnOneKeyAreGrantedExactlyTheLimit) {
+  constexpr int64_t kUnits = 60;
+  const Rule rule = makeRule(GetParam(), {Limit{100, kDay, 100}, Limit{kUnits, kDay, kUnits}});
+  Key key(rule);
+  const int64_t now_ns = 3 * kDay + 12345;
+  std::atomic<int64_t> granted{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 2000; ++i) {
+        if (acquire(rule, key.state(), now_ns, 1).allowed) granted.fetch_add(1, std::memory_order_relaxed);
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(granted.load(), kUnits);
+  // The first limit was spent exactly as often as the second allowed.
+  const Rule first_only = makeRule(GetParam(), {Limit{100, kDay, 100}});
+  EXPECT_EQ(peek(first_only, key.state().first(stateWords(first_only)), now_ns, 0).remaining, 100 - kUnits);
+}
+
+INSTANTIATE_TEST_SUITE_P(Algorithms, LimiterThreads,
+                         ::testing::Values(Algorithm::kTokenBucket, Algorithm::kGcra, Algorithm::kFixedWindow,
+                                           Algorithm::kSlidingWindow, Algorithm::kSlidingLog,
+                                           Algorithm::kConcurrency));
+
+// Verifies that threads acquiring and releasing concurrency units never hold
+// more than the limit at once and leave nothing held.
+TEST(Limiter, ThreadsAcquiringAndReleasingNeverExceedTheLimit) {
+  constexpr int64_t kUnits = 8;
+  const Rule rule = makeRule(Algorithm::kConcurrency, {window(kUnits, 0)});
+  Key key(rule);
+  std::atomic<int64_t> held{0};
+  std::atomic<int64_t> most_held{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 2000; ++i) {
+        if (!acquire(rule, key.state(), 0, 2).allowed) continue;
+        const int64_t now_held = held.fetch_add(2) + 2;
+        int64_t seen = most_held.load();
+        while (now_held > seen && !most_held.compare_exchange_weak(seen, now_held)) {
+        }
+        held.fetch_sub(2);
+        release(rule, key.state(), 0, 2);
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_LE(most_held.load(), kUnits);
+  EXPECT_TRUE(isIdle(rule, key.state(), 0));
+}
+
+}  // namespace
+}  // namespace sluice

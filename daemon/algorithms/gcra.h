@@ -1,0 +1,52 @@
+// GCRA (generic cell rate algorithm): limit/period_ns with a burst tolerance.
+//
+// State: ONE 64-bit word holding the theoretical arrival time TAT in ns,
+// encoded with time_math::encodeTime so the zero word means TAT = distant past
+// (a fresh key). interval = time_math::emissionIntervalNs(limit), period/limit
+// rounded up. A request of c units at now is conforming when
+//   max(TAT, now) + c*interval - now <= burst*interval,
+// and then TAT becomes max(TAT, now) + c*interval. The burst tolerance is
+// therefore (burst - 1) * interval beyond one interval, chosen so that a fresh
+// key can spend exactly `burst` units at once.
+// Invariant: TAT <= now + burst*interval for the now that wrote it; a TAT at
+// or before now is stored as the zero word, so isIdle() is exact. A spend
+// whose new TAT would lie past the largest int64 time (about 292 years of
+// clock) could never be stored, and waiting only moves it later, so it is
+// reported as cost_exceeds_limit; only absurd rules (burst * interval of
+// centuries) get there.
+//
+// Pure functions of (state word, limit, now_ns, cost): no clock, no I/O, no
+// allocation; any thread. The caller publishes the new word with a CAS.
+//
+// Decision fields:
+//  - remaining: whole units that could still be spent at once after this one.
+//  - limit: limit.limit (units per period); at most limit.burst at once.
+//  - reset_after_ms: until TAT, when the key is back to a fresh burst.
+//  - retry_after_ms: 0 when allowed; otherwise until `cost` units conform,
+//    rounded up to whole ms, so acquiring then succeeds.
+//  - cost_exceeds_limit: cost > burst (or the TAT overflow above); denied
+//    with retry 0.
+// Cost 0 reports the current state and never spends.
+// Time stepping backwards (now before a TAT a racing thread wrote): the wait
+// is measured from now, so it only grows; nothing is granted twice.
+#pragma once
+
+#include <cstdint>
+
+#include "decision.h"
+#include "rules.h"
+
+namespace sluice::gcra {
+
+// Decides on spending `cost` units at now_ns. When allowed and cost > 0,
+// `state` is replaced by the state after spending; otherwise it is unchanged.
+Decision acquire(uint64_t& state, const Limit& limit, int64_t now_ns, int64_t cost);
+
+// Returns `state` with `cost` units given back (TAT moved back, never before
+// now), for undoing a spend made at now_ns when a later limit denied.
+uint64_t refund(uint64_t state, const Limit& limit, int64_t now_ns, int64_t cost);
+
+// True when TAT <= now_ns (indistinguishable from a fresh key).
+bool isIdle(uint64_t state, const Limit& limit, int64_t now_ns);
+
+}  // namespace sluice::gcra

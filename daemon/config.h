@@ -1,0 +1,112 @@
+// Config: the daemon's TOML configuration file, parsed and validated.
+//
+// Every option of [daemon], [limits], [keys] and [redis] is declared once, in
+// the option table in config.cpp (key, type, bounds, one-line doc); the
+// defaults are the member initializers below, and the table reads them from
+// here, so a default is written in exactly one place. conf/sluice.toml is the
+// manual: it explains every option and shows its default.
+//
+// A file is either accepted whole or refused with one message naming the
+// file, line and column of the first problem and what to write instead, in
+// the form `path:line:col: what is wrong; what to write`.
+//
+// Units: durations are written in the file as "500ms", "10s", "1m", "1h" or
+// "1d" and stored in milliseconds (fields ending in _ms) or, for rule
+// periods, nanoseconds (Limit::period_ns); sizes are bytes.
+//
+// Thread-safety: the load functions are pure (apart from reading the file)
+// and may be called from any thread; a Config is a plain value whose RuleSet
+// is immutable and shared.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "rules.h"
+
+namespace sluice {
+
+// [daemon]: the process and its socket.
+struct DaemonConfig {
+  std::string socket_path = "/run/sluice/sluice.sock";  // key `socket`
+  uint32_t socket_mode = 0660;                           // permission bits
+  uint32_t workers = 0;                                  // 0: one per core
+  std::string log_level = "info";  // trace, debug, info, warn, error, critical, off
+};
+
+// [limits]: what one client connection may ask of the daemon.
+struct LimitsConfig {
+  uint32_t max_connections = 4096;
+  uint32_t max_frame_bytes = 64 * 1024;
+  uint32_t max_key_bytes = 4096;
+  uint32_t max_depth = 16;           // nesting of arrays and maps in a frame
+  uint32_t max_items = 1024;         // array elements plus map entries in a frame
+  uint64_t max_output_bytes = 1024 * 1024;  // unsent output before a disconnect
+  int64_t idle_timeout_ms = 5 * 60 * 1000;  // 0: idle connections stay open
+  int64_t partial_frame_timeout_ms = 10 * 1000;  // a half-sent frame this old closes
+};
+
+// [keys]: the key table.
+struct KeysConfig {
+  uint64_t max_keys = 1'000'000;      // (rule, key) entries held at once
+  int64_t sweep_interval_ms = 10 * 1000;  // how often idle keys are dropped
+};
+
+// [redis]: present only when the file has a [redis] section; without it the
+// daemon is local-only and global rules are refused.
+struct RedisConfig {
+  std::string url = "redis://127.0.0.1:6379";  // as written; parsed below
+  // From `url`: either a TCP address (host, port) or a Unix socket path.
+  std::string host;       // "" for unix:// urls; IPv6 without brackets
+  uint16_t port = 0;
+  std::string unix_path;  // "" for redis:// urls
+  std::string username;   // "" when the url has none (AUTH with password only)
+  std::string password;   // "" when the url has none; percent-decoded
+  uint32_t db = 0;
+  uint32_t expected_nodes = 1;    // live nodes assumed before heartbeats arrive
+  int64_t lease_timeout_ms = 50;  // longest wait for one lease answer
+};
+
+struct Config {
+  std::string path;  // the file (or source name) this was loaded from
+  DaemonConfig daemon;
+  LimitsConfig limits;
+  KeysConfig keys;
+  std::optional<RedisConfig> redis;
+  RuleSetPtr rules;  // never null in a loaded Config; may hold no rules
+};
+
+// Either a config or the reason it was refused.
+struct ConfigResult {
+  std::optional<Config> config;  // set on success
+  std::string error;             // set on failure: "path:line:col: ..."
+  bool ok() const { return config.has_value(); }
+};
+
+// Reads and validates the file at `path`.
+ConfigResult loadConfigFile(const std::string& path);
+
+// Validates `text`; `source_name` stands for the file name in messages and
+// in Config::path.
+ConfigResult loadConfigString(std::string_view text, const std::string& source_name);
+
+// Parses a duration as written in the file ("500ms", "10s", "1m", "1h", "1d")
+// into nanoseconds; nullopt when it is not one. "0" (no unit) is zero. A
+// duration too long for int64_t nanoseconds gives INT64_MAX, so that range
+// checks report it as too long rather than as malformed.
+std::optional<int64_t> parseDurationNs(std::string_view text);
+
+// One option of the table, for documentation (e.g. a --help listing) and for
+// the test that the shipped conf/sluice.toml shows every option.
+struct ConfigOptionInfo {
+  std::string_view section;  // "daemon", "limits", "keys", "redis"
+  std::string_view key;
+  std::string default_text;  // as written in the file: 4096, "5m", "0660"
+  std::string_view doc;      // one line
+};
+std::vector<ConfigOptionInfo> configOptions();
+
+}  // namespace sluice

@@ -1,0 +1,86 @@
+// Connection: one client on the Unix socket, owned by one worker's loop.
+//
+// Reads land in a growable input buffer; every complete frame in it is
+// parsed and dispatched at once, and the responses of one read are written
+// together (one write for the batch). At most one write is in flight: while
+// it is, new responses gather in a second buffer and go out when it ends.
+//
+// Bounds (from [limits]): a frame larger than max_frame_bytes, or bytes that
+// are not MessagePack-RPC, close the connection; more than max_output_bytes
+// not yet taken by the client (it does not read) closes it; so do
+// idle_timeout_ms without traffic and a frame left half-sent for
+// partial_frame_timeout_ms (checked by the worker's sweep timer).
+//
+// Lifetime (libuv's rule): close() starts uv_close; the worker deletes the
+// Connection in the close callback, never before. Loop thread only.
+#pragma once
+
+#include <uv.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dispatch.h"
+#include "metrics.h"
+#include "rpc.h"
+
+namespace sluice {
+
+class Worker;
+
+class Connection {
+ public:
+  Connection(Worker& worker, const Peer& peer);
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  // Adopts the accepted socket `fd` and starts reading. On failure the fd is
+  // closed and the caller deletes the Connection.
+  int open(int fd, int64_t now_ms);
+
+  // Closes the connection for `reason` (once; later calls do nothing).
+  void close(CloseReason reason);
+
+  // Stops reading and closes once the pending responses are written.
+  void drain();
+
+  // Closes the connection when it has been idle or has held a partial frame
+  // for too long. Called by the worker's sweep timer.
+  void checkTimeouts(int64_t now_ms);
+
+  bool closing() const { return closing_; }
+
+  // Index in the worker's connection list (kept by the worker).
+  size_t index = 0;
+
+ private:
+  static void onAlloc(uv_handle_t* handle, size_t suggested, uv_buf_t* buf);
+  static void onRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf);
+  static void onWrite(uv_write_t* req, int status);
+  static void onClose(uv_handle_t* handle);
+
+  void consume();
+  void flush();
+  size_t unsentBytes() const;
+
+  Worker& worker_;
+  Peer peer_;
+  uv_pipe_t pipe_;
+  uv_write_t write_req_;
+
+  std::vector<uint8_t> input_;  // bytes read; [0, input_used_) are valid
+  size_t input_used_ = 0;
+  std::string output_;          // responses not yet handed to a write
+  std::string writing_;         // responses of the write in flight
+  bool write_in_flight_ = false;
+  rpc::Request request_;        // reused for every frame
+
+  int64_t last_active_ms_ = 0;
+  int64_t partial_since_ms_ = 0;  // when the unfinished frame's first byte came
+  bool draining_ = false;
+  CloseReason drain_reason_ = CloseReason::kShutdown;  // counted when draining ends
+  bool closing_ = false;
+};
+
+}  // namespace sluice

@@ -1,0 +1,89 @@
+// Metrics: the daemon's counters, sharded per worker so the request path
+// never shares a cache line with another thread.
+//
+// Each worker owns one MetricsShard and is its only writer: it bumps counters
+// with a relaxed load and store (no locked instruction). Any thread may read
+// a shard at any time with relaxed loads; Metrics::snapshot() sums all shards
+// and the server-wide counters. Totals are therefore eventually consistent,
+// which is all `stats` and `/metrics` need.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <string_view>
+
+#include "decision.h"
+#include "rpc.h"
+
+namespace sluice {
+
+// A counter with a single writer and any number of readers.
+class Counter {
+ public:
+  void add(uint64_t n = 1) { value_.store(value_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed); }
+  uint64_t get() const { return value_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<uint64_t> value_{0};
+};
+
+// Why the daemon closed a client connection.
+enum class CloseReason {
+  kPeerClosed,      // the client hung up
+  kIdle,            // no traffic for idle_timeout_ms
+  kPartialFrame,    // a frame left half-sent for partial_frame_timeout_ms
+  kOutputCap,       // more than max_output_bytes unsent: the client does not read
+  kUnreadable,      // bytes that are not MessagePack-RPC, or a frame too large
+  kShutdown,        // the daemon is stopping
+  kError,           // a socket error
+};
+constexpr size_t kCloseReasons = 7;
+std::string_view closeReasonName(CloseReason reason);
+
+constexpr size_t kModes = 6;        // Mode values
+constexpr size_t kErrorCodes = 7;   // rpc::ErrorCode values
+
+struct alignas(64) MetricsShard {
+  std::array<Counter, kModes> allowed;  // by Mode
+  std::array<Counter, kModes> denied;   // by Mode
+  Counter shadow_denied;                // shadow rules that would have denied
+  Counter requests;                     // frames parsed into a request or notification
+  std::array<Counter, kErrorCodes> errors;  // error responses by rpc::ErrorCode
+  Counter connections_accepted;
+  std::array<Counter, kCloseReasons> connections_closed;
+};
+
+// Summed view of all shards at one moment.
+struct MetricsSnapshot {
+  std::array<uint64_t, kModes> allowed{};
+  std::array<uint64_t, kModes> denied{};
+  uint64_t shadow_denied = 0;
+  uint64_t requests = 0;
+  std::array<uint64_t, kErrorCodes> errors{};
+  uint64_t connections_accepted = 0;
+  uint64_t connections_refused = 0;
+  std::array<uint64_t, kCloseReasons> connections_closed{};
+
+  uint64_t decisions() const;
+};
+
+class Metrics {
+ public:
+  // Creates `shards` shards; call once before any worker starts.
+  explicit Metrics(size_t shards);
+
+  MetricsShard& shard(size_t index) { return shards_[index]; }
+  // Connections refused at accept (over max_connections); written by the
+  // acceptor thread only.
+  Counter& connectionsRefused() { return connections_refused_; }
+
+  MetricsSnapshot snapshot() const;
+
+ private:
+  std::deque<MetricsShard> shards_;  // stable addresses, one per worker
+  Counter connections_refused_;
+};
+
+}  // namespace sluice

@@ -1,0 +1,75 @@
+// Server: the daemon as a whole. Owns the listening socket, the workers, the
+// key table and the metrics, and runs the main loop on the calling thread.
+//
+// The main loop accepts connections and hands each to the worker with the
+// fewest, handles SIGTERM/SIGINT (graceful stop) and SIGHUP (reload), and
+// sweeps idle keys out of the key table. The thread model is written down in
+// worker.h.
+//
+// Stopping: stop accepting and remove the socket file, let every worker
+// answer what it has read and close its connections (bounded by
+// shutdown_timeout_ms), join them, close every handle, exit 0.
+#pragma once
+
+#include <uv.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "config.h"
+#include "dispatch.h"
+#include "key_table.h"
+#include "metrics.h"
+#include "worker.h"
+
+namespace sluice {
+
+class Server : public DaemonStatus {
+ public:
+  explicit Server(Config config);
+  ~Server() override;
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Binds the socket, starts the workers and serves until a stop signal.
+  // Returns the process exit code (0 after a graceful stop).
+  int run();
+
+  // DaemonStatus
+  int64_t uptimeMs() const override;
+  size_t workers() const override { return workers_.size(); }
+  MetricsSnapshot metrics() const override { return metrics_.snapshot(); }
+  bool reload(std::string* error) override;
+  bool isAdmin(const Peer& peer) const override;
+
+ private:
+  bool listen(std::string* error);
+  void onAcceptable();
+  void onSignal(int signum);
+  void sweepKeys();
+  void beginStop();
+
+  Config config_;           // guarded by reload_mutex_ after run() starts
+  std::mutex reload_mutex_;
+  std::unique_ptr<KeyTable> keys_;
+  Metrics metrics_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  int64_t started_ms_ = 0;
+
+  uv_loop_t loop_;
+  int listen_fd_ = -1;
+  uv_poll_t listener_;
+  uv_signal_t sigterm_;
+  uv_signal_t sigint_;
+  uv_signal_t sighup_;
+  uv_timer_t key_sweep_;
+  bool stopping_ = false;
+};
+
+// Number of workers for a configured value (0: one per core).
+size_t workerCount(uint32_t configured);
+
+}  // namespace sluice

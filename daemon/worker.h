@@ -1,0 +1,122 @@
+// Worker: one thread, one libuv loop, many client connections.
+//
+// Thread model (the whole daemon's, written once here):
+//  - The main thread runs the server's loop: it accepts connections, handles
+//    signals, sweeps the key table and reloads the config.
+//  - Each worker thread runs its own loop and owns its connections, its
+//    dispatcher and its metrics shard; nothing else touches them.
+//  - Workers share the key table (lock-free lookups, see key_table.h) and
+//    the immutable rule sets (shared_ptr<const RuleSet>).
+//  - The main thread talks to a worker only through post(): a message queue
+//    guarded by a mutex, plus a uv_async_t that wakes the worker's loop. The
+//    mutex is taken once per accepted connection or reload, never per
+//    request.
+#pragma once
+
+#include <uv.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "config.h"
+#include "connection.h"
+#include "dispatch.h"
+#include "key_table.h"
+#include "metrics.h"
+#include "rpc.h"
+
+namespace sluice {
+
+// What a worker needs to know of the configuration.
+struct WorkerOptions {
+  rpc::Limits protocol;
+  size_t max_output_bytes = 4 << 20;
+  int64_t idle_timeout_ms = 300'000;
+  int64_t partial_frame_timeout_ms = 10'000;
+  int64_t shutdown_timeout_ms = 5'000;
+};
+
+class Worker {
+ public:
+  Worker(size_t index, const WorkerOptions& options, KeyTable& keys, MetricsShard& metrics,
+         DaemonStatus& status, RuleSetPtr rules);
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  // Starts the thread. Returns once its loop is running.
+  void start();
+  // Thread-safe: hands an accepted socket to this worker.
+  void adopt(int fd, const Peer& peer);
+  // Thread-safe: later requests use `rules`.
+  void setRules(RuleSetPtr rules);
+  // Thread-safe: answers what is in flight, closes every connection and ends
+  // the thread; join() waits for it.
+  void stop();
+  void join();
+
+  // Number of open connections; any thread (relaxed).
+  size_t connections() const { return connection_count_.load(std::memory_order_relaxed); }
+
+  // Used by Connection, on this worker's thread only.
+  uv_loop_t* loop() { return &loop_; }
+  const WorkerOptions& options() const { return options_; }
+  Dispatcher& dispatcher() { return dispatcher_; }
+  MetricsShard& metrics() { return metrics_; }
+  KeyTable& keys() { return keys_; }
+  KeyTable::ReaderId readerSlot() const { return reader_slot_; }
+  void onConnectionClosed(Connection* connection);
+  // Logs a request that could not be parsed, at most a few lines a second.
+  void logBadInput(const rpc::ParseResult& result);
+
+ private:
+  struct Message {
+    enum class Kind { kAdopt, kRules, kStop };
+    explicit Message(Kind k) : kind(k) {}
+    Kind kind;
+    int fd = -1;
+    Peer peer;
+    RuleSetPtr rules;
+  };
+  void post(Message message);
+  void run();
+  void onMessages();
+  void onSweep();
+  void beginStop();
+  void finishIfDrained();
+
+  size_t index_;
+  WorkerOptions options_;
+  KeyTable& keys_;
+  MetricsShard& metrics_;
+  Dispatcher dispatcher_;
+  KeyTable::ReaderId reader_slot_;
+
+  uv_loop_t loop_;
+  uv_async_t wakeup_;
+  uv_timer_t sweep_timer_;
+  uv_timer_t stop_timer_;
+  std::thread thread_;
+
+  std::mutex mutex_;                // guards inbox_
+  std::vector<Message> inbox_;
+  std::vector<Message> taken_;      // loop thread only
+
+  std::vector<Connection*> connections_;  // loop thread only
+  std::atomic<size_t> connection_count_{0};
+  bool stopping_ = false;
+
+  int64_t log_window_ms_ = 0;     // start of the current one-second log window
+  int log_lines_ = 0;             // bad-input lines logged in that window
+  uint64_t log_suppressed_ = 0;   // lines not logged since the last one
+};
+
+// Monotonic time in nanoseconds (CLOCK_MONOTONIC through the vDSO: no system
+// call), the clock every decision uses.
+int64_t monotonicNowNs();
+
+}  // namespace sluice

@@ -1,0 +1,466 @@
+#!/usr/bin/python3
+"""Wire-contract tests against the real sluiced, from an independent client.
+
+The client here is Python's msgpack (Debian python3-msgpack) over a plain
+socket: nothing from sluice's own code, so these tests hold the daemon to
+DESIGN.md's wire contract as any other language would see it.
+
+Run by ctest; SLUICED names the daemon binary.
+"""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import unittest
+
+import msgpack
+
+SLUICED = os.environ.get("SLUICED", "build/daemon/sluiced")
+
+RESULT_KEYS = {"allowed", "remaining", "limit", "reset_after_ms", "retry_after_ms", "mode"}
+
+BASE_CONFIG = """
+[daemon]
+socket = "{socket}"
+workers = 2
+log_level = "warn"
+
+[limits]
+max_connections = 16
+max_frame_bytes = 65536
+max_output_bytes = 65536
+idle_timeout = "{idle}"
+partial_frame_timeout = "{partial}"
+
+[[rule]]
+name = "five"
+algorithm = "token_bucket"
+limit = 5
+period = "1s"
+burst = 5
+
+[[rule]]
+name = "gcra"
+algorithm = "gcra"
+limit = 5
+period = "1s"
+burst = 5
+
+[[rule]]
+name = "window"
+algorithm = "fixed_window"
+limit = 5
+period = "1h"
+
+[[rule]]
+name = "slow"
+algorithm = "token_bucket"
+limit = 1
+period = "1h"
+
+[[rule]]
+name = "two_limits"
+algorithm = "token_bucket"
+limits = [{{ limit = 100, period = "1h" }}, {{ limit = 3, period = "1m", burst = 3 }}]
+
+[[rule]]
+name = "uploads"
+algorithm = "concurrency"
+limit = 2
+period = "1m"
+
+[[rule]]
+name = "dry"
+algorithm = "fixed_window"
+limit = 1
+period = "1h"
+shadow = true
+"""
+
+
+class Daemon:
+    """A sluiced process on a private socket, stopped when the test ends."""
+
+    def __init__(self, idle="5m", partial="10s"):
+        self.dir = tempfile.mkdtemp(prefix="sl.", dir="/tmp")
+        self.socket = os.path.join(self.dir, "s.sock")
+        self.config = os.path.join(self.dir, "sluice.toml")
+        with open(self.config, "w") as f:
+            f.write(BASE_CONFIG.format(socket=self.socket, idle=idle, partial=partial))
+        self.log = open(os.path.join(self.dir, "log"), "w+")
+        self.proc = subprocess.Popen([SLUICED, "--config", self.config],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 10
+        while not os.path.exists(self.socket):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("sluiced did not start: " + self.logs())
+            time.sleep(0.01)
+
+    def logs(self):
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()
+
+    def connect(self):
+        return Client(self.socket)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Client:
+    """A bare MessagePack-RPC client: send frames, read whole responses."""
+
+    def __init__(self, path):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(5)
+        self.sock.connect(path)
+        self.unpacker = msgpack.Unpacker(raw=False)
+        self.msgid = 0
+
+    def send(self, obj):
+        self.sock.sendall(msgpack.packb(obj, use_bin_type=True))
+
+    def recv(self):
+        for obj in self.unpacker:
+            return obj
+        while True:
+            data = self.sock.recv(65536)
+            if not data:
+                raise ConnectionError("closed by the daemon")
+            self.unpacker.feed(data)
+            for obj in self.unpacker:
+                return obj
+
+    def call(self, method, *params):
+        self.msgid += 1
+        self.send([0, self.msgid, method, list(params)])
+        response = self.recv()
+        assert response[0] == 1 and response[1] == self.msgid, response
+        return response[2], response[3]
+
+    def result(self, method, *params):
+        error, result = self.call(method, *params)
+        assert error is None, error
+        return result
+
+    def closed_by_peer(self, timeout=5):
+        self.sock.settimeout(timeout)
+        try:
+            while True:
+                data = self.sock.recv(65536)
+                if not data:
+                    return True
+        except (ConnectionResetError, BrokenPipeError):
+            return True
+        except socket.timeout:
+            return False
+
+    def close(self):
+        self.sock.close()
+
+
+class ProtocolTest(unittest.TestCase):
+    def setUp(self):
+        self.daemon = Daemon()
+        self.client = self.daemon.connect()
+
+    def tearDown(self):
+        self.client.close()
+        self.daemon.stop()
+
+    # Verifies DESIGN's contract: 5 per second answers exactly 5 of 20
+    # back-to-back acquires on a fresh key, for bucket, GCRA and window rules.
+    def test_five_per_second_allows_exactly_five_of_twenty(self):
+        for rule in ("five", "gcra", "window"):
+            allowed = sum(self.client.result("acquire", rule, "k-" + rule, 1)["allowed"]
+                          for _ in range(20))
+            self.assertEqual(allowed, 5, rule)
+
+    # Verifies the result map carries every contract field with the right types.
+    def test_acquire_result_has_every_contract_field(self):
+        result = self.client.result("acquire", "five", "fields")
+        self.assertTrue(RESULT_KEYS <= set(result), result)
+        self.assertIs(result["allowed"], True)
+        self.assertEqual(result["limit"], 5)
+        self.assertEqual(result["remaining"], 4)
+        self.assertEqual(result["retry_after_ms"], 0)
+        self.assertEqual(result["mode"], "local")
+        for key in ("remaining", "limit", "reset_after_ms", "retry_after_ms"):
+            self.assertIsInstance(result[key], int)
+
+    # Verifies a denial carries a retry hint that is positive and at most the period.
+    def test_denial_carries_retry_after(self):
+        self.client.result("acquire", "slow", "r")
+        result = self.client.result("acquire", "slow", "r")
+        self.assertFalse(result["allowed"])
+        self.assertGreater(result["retry_after_ms"], 0)
+        self.assertLessEqual(result["retry_after_ms"], 3600 * 1000)
+
+    # Verifies the one-map params form is the same as the positional form.
+    def test_map_params_form_spends_like_positional(self):
+        first = self.client.result("acquire", {"rule": "five", "key": "m", "cost": 2})
+        second = self.client.result("acquire", "five", "m", 1)
+        self.assertEqual(first["remaining"], 3)
+        self.assertEqual(second["remaining"], 2)
+
+    # Verifies keys are bytes: str and bin with the same bytes are one key, and
+    # NUL bytes and braces are part of the key, not separators.
+    def test_keys_are_exact_bytes(self):
+        self.client.result("acquire", "slow", b"a\x00b{c}")
+        self.assertFalse(self.client.result("acquire", "slow", "a\x00b{c}")["allowed"])
+        self.assertTrue(self.client.result("acquire", "slow", b"a")["allowed"])
+        self.assertTrue(self.client.result("acquire", "slow", b"a\x00b")["allowed"])
+        long_key = b"k" * 1024
+        self.assertTrue(self.client.result("acquire", "slow", long_key)["allowed"])
+        self.assertFalse(self.client.result("acquire", "slow", long_key)["allowed"])
+
+    # Verifies peek reports without spending.
+    def test_peek_spends_nothing(self):
+        for _ in range(3):
+            result = self.client.result("peek", "five", "p")
+            self.assertEqual(result["remaining"], 5)
+        self.assertEqual(self.client.result("acquire", "five", "p")["remaining"], 4)
+
+    # Verifies a cost over the limit is denied with a reason and no retry hint.
+    def test_cost_over_limit_is_denied_with_reason(self):
+        result = self.client.result("acquire", "five", "big", 6)
+        self.assertFalse(result["allowed"])
+        self.assertEqual(result["retry_after_ms"], 0)
+        self.assertIn("reason", result)
+        self.assertEqual(self.client.result("peek", "five", "big")["remaining"], 5)
+
+    # Verifies a rule with two limits enforces the tighter and reports it.
+    def test_two_limits_enforce_the_tighter(self):
+        allowed = [self.client.result("acquire", "two_limits", "t")["allowed"] for _ in range(5)]
+        self.assertEqual(allowed, [True, True, True, False, False])
+        self.assertEqual(self.client.result("peek", "two_limits", "t")["limit"], 3)
+
+    # Verifies acquire_all is all-or-nothing: a denied item spends nothing anywhere.
+    def test_acquire_all_is_all_or_nothing(self):
+        self.client.result("acquire", "slow", "spent")
+        result = self.client.result("acquire_all", [["five", "x", 1], ["slow", "spent", 1]])
+        self.assertFalse(result["allowed"])
+        self.assertEqual(len(result["results"]), 2)
+        self.assertTrue(RESULT_KEYS <= set(result["results"][0]))
+        self.assertEqual(self.client.result("peek", "five", "x")["remaining"], 5)
+        result = self.client.result("acquire_all", [["five", "x", 2], ["slow", "fresh", 1]])
+        self.assertTrue(result["allowed"])
+        self.assertEqual(self.client.result("peek", "five", "x")["remaining"], 3)
+
+    # Verifies concurrency units are held until released.
+    def test_release_frees_concurrency_units(self):
+        self.assertTrue(self.client.result("acquire", "uploads", "u")["allowed"])
+        self.assertTrue(self.client.result("acquire", "uploads", "u")["allowed"])
+        self.assertFalse(self.client.result("acquire", "uploads", "u")["allowed"])
+        self.client.result("release", "uploads", "u", 1)
+        self.assertTrue(self.client.result("acquire", "uploads", "u")["allowed"])
+
+    # Verifies a shadow rule always allows but says it is shadow.
+    def test_shadow_rule_always_allows(self):
+        results = [self.client.result("acquire", "dry", "s") for _ in range(3)]
+        self.assertTrue(all(r["allowed"] for r in results))
+        self.assertTrue(all(r["mode"] == "shadow" for r in results))
+        stats = self.client.result("stats")
+        self.assertEqual(stats["shadow_denied"], 2)
+
+    # Verifies errors are maps with a stable code and a message, and the
+    # connection stays usable after each.
+    def test_errors_are_maps_with_stable_codes(self):
+        cases = [
+            (("acquire", "nope", "k"), "UNKNOWN_RULE"),
+            (("frobnicate",), "UNKNOWN_METHOD"),
+            (("acquire", "five"), "BAD_REQUEST"),
+            (("acquire", "five", "k", -1), "BAD_REQUEST"),
+            (("acquire", "five", "k", "one"), "BAD_REQUEST"),
+            (("acquire", "five", b"k" * 5000), "TOO_LARGE"),
+        ]
+        for call, code in cases:
+            error, result = self.client.call(*call)
+            self.assertIsNone(result, call)
+            self.assertEqual(error["code"], code, call)
+            self.assertIsInstance(error["message"], str)
+            self.assertTrue(error["message"])
+        self.assertTrue(self.client.result("acquire", "five", "after")["allowed"])
+
+    # Verifies a wrongly shaped frame with a msgid gets an error, not a hang.
+    def test_bad_shapes_get_errors(self):
+        for frame in ([0, 7, "acquire", "notalist"], [0, 7, "acquire"], [5, 7, "acquire", []]):
+            self.client.send(frame)
+        for _ in range(2):
+            response = self.client.recv()
+            self.assertEqual(response[0], 1)
+            self.assertEqual(response[2]["code"], "BAD_REQUEST")
+        self.assertTrue(self.client.result("acquire", "five", "ok")["allowed"])
+
+    # Verifies pipelined requests are all answered, matched by msgid.
+    def test_pipelined_requests_are_all_answered(self):
+        ids = list(range(1000, 1200))
+        payload = b"".join(msgpack.packb([0, i, "acquire", ["window", "pipe", 1]]) for i in ids)
+        self.client.sock.sendall(payload)
+        responses = [self.client.recv() for _ in ids]
+        self.assertEqual(sorted(r[1] for r in responses), ids)
+        self.assertEqual(sum(r[3]["allowed"] for r in responses), 5)
+
+    # Verifies a notification is acted on and gets no answer.
+    def test_notification_acts_without_answer(self):
+        self.client.send([2, "acquire", ["five", "n", 2]])
+        self.client.send([2, "no_such_method", [1, 2, 3]])
+        self.client.send([2, "acquire", "junk"])
+        result = self.client.result("peek", "five", "n")
+        self.assertEqual(result["remaining"], 3)
+
+    # Verifies health, stats and rules answer with their documented shapes.
+    def test_health_stats_and_rules(self):
+        health = self.client.result("health")
+        self.assertEqual(health["status"], "ok")
+        self.assertEqual(health["redis"], "none")
+        self.client.result("acquire", "five", "h")
+        stats = self.client.result("stats")
+        self.assertGreaterEqual(stats["decisions"], 1)
+        self.assertGreaterEqual(stats["keys"]["count"], 1)
+        rules = self.client.result("rules")
+        names = {rule["name"] for rule in rules}
+        self.assertIn("two_limits", names)
+        two = next(rule for rule in rules if rule["name"] == "two_limits")
+        self.assertEqual(len(two["limits"]), 2)
+
+    # Verifies bytes that are not MessagePack close only that connection.
+    def test_unreadable_bytes_close_only_that_connection(self):
+        bad = self.daemon.connect()
+        bad.sock.sendall(b"\xc1\xc1\xc1")
+        self.assertTrue(bad.closed_by_peer())
+        self.assertTrue(self.client.result("acquire", "five", "still")["allowed"])
+
+    # Verifies a frame over max_frame_bytes closes the connection.
+    def test_oversized_frame_closes_connection(self):
+        big = self.daemon.connect()
+        big.send([0, 1, "acquire", ["five", b"x" * 70000, 1]])
+        self.assertTrue(big.closed_by_peer())
+        self.assertTrue(self.client.result("health")["status"] == "ok")
+
+    # Verifies a header that declares 4 GiB in five bytes does not make the
+    # daemon wait or allocate: it closes the connection.
+    def test_huge_declared_length_is_refused(self):
+        bad = self.daemon.connect()
+        bad.sock.sendall(b"\xdb\xff\xff\xff\xff")
+        self.assertTrue(bad.closed_by_peer())
+
+    # Verifies a client that sends without ever reading is cut off at its
+    # output cap, while others are served.
+    def test_client_that_never_reads_is_disconnected(self):
+        hog = self.daemon.connect()
+        frame = msgpack.packb([0, 1, "acquire", ["window", "hog", 1]])
+        hog.sock.setblocking(False)
+        sent = 0
+        cut = False
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                sent += hog.sock.send(frame * 512)
+            except BlockingIOError:
+                time.sleep(0.001)
+            except (BrokenPipeError, ConnectionResetError):
+                cut = True
+                break
+        self.assertTrue(cut, "still connected after sending %d bytes" % sent)
+        self.assertTrue(self.client.result("acquire", "five", "polite")["allowed"])
+        stats = self.client.result("stats")
+        self.assertGreaterEqual(stats["connections"]["closed"]["output_cap"], 1)
+
+    # Verifies connections beyond max_connections are refused at once.
+    def test_connections_over_the_limit_are_refused(self):
+        extra = []
+        try:
+            for _ in range(20):
+                extra.append(self.daemon.connect())
+            refused = sum(1 for c in extra if c.closed_by_peer(timeout=0.5))
+            self.assertGreaterEqual(refused, 20 - 15)
+            stats = self.client.result("stats")
+            self.assertGreaterEqual(stats["connections"]["refused"], 5)
+        finally:
+            for c in extra:
+                c.close()
+
+
+class TimeoutTest(unittest.TestCase):
+    # Verifies an idle connection and a half-sent frame are both closed.
+    def test_idle_and_partial_frames_are_closed(self):
+        daemon = Daemon(idle="300ms", partial="200ms")
+        try:
+            idle = daemon.connect()
+            partial = daemon.connect()
+            partial.sock.sendall(msgpack.packb([0, 1, "acquire", ["five", "k", 1]])[:5])
+            self.assertTrue(partial.closed_by_peer(timeout=3))
+            self.assertTrue(idle.closed_by_peer(timeout=3))
+            fresh = daemon.connect()
+            stats = fresh.result("stats")
+            self.assertGreaterEqual(stats["connections"]["closed"]["idle"], 1)
+            self.assertGreaterEqual(stats["connections"]["closed"]["partial_frame"], 1)
+        finally:
+            daemon.stop()
+
+
+class LifecycleTest(unittest.TestCase):
+    # Verifies SIGTERM answers what was sent, removes the socket and exits 0.
+    def test_sigterm_answers_in_flight_then_exits_cleanly(self):
+        daemon = Daemon()
+        try:
+            client = daemon.connect()
+            payload = b"".join(msgpack.packb([0, i, "acquire", ["window", "stop", 1]])
+                               for i in range(50))
+            client.sock.sendall(payload)
+            first = client.recv()
+            daemon.proc.send_signal(signal.SIGTERM)
+            responses = [first] + [client.recv() for _ in range(49)]
+            self.assertEqual(sorted(r[1] for r in responses), list(range(50)))
+            self.assertEqual(daemon.proc.wait(timeout=10), 0)
+            self.assertFalse(os.path.exists(daemon.socket))
+        finally:
+            daemon.stop()
+
+    # Verifies a stale socket file from a dead daemon is replaced at start.
+    def test_stale_socket_is_replaced(self):
+        first = Daemon()
+        first.proc.kill()
+        first.proc.wait()
+        self.assertTrue(os.path.exists(first.socket))
+        proc = subprocess.Popen([SLUICED, "--config", first.config],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 10
+            client = None
+            while client is None and time.monotonic() < deadline:
+                try:
+                    client = Client(first.socket)
+                except OSError:
+                    time.sleep(0.01)
+            self.assertIsNotNone(client)
+            self.assertEqual(client.result("health")["status"], "ok")
+        finally:
+            proc.kill()
+            proc.wait()
+            first.stop()
+
+    # Verifies --check-config names the file and line of a bad value.
+    def test_check_config_names_file_and_line(self):
+        with tempfile.TemporaryDirectory(dir="/tmp") as d:
+            path = os.path.join(d, "bad.toml")
+            with open(path, "w") as f:
+                f.write('[[rule]]\nname = "x"\nlimit = 5\nperiod = "5 sec"\n')
+            proc = subprocess.run([SLUICED, "--check-config", path],
+                                  capture_output=True, text=True)
+            self.assertNotEqual(proc.returncode, 0)
+            self.assertIn(path + ":4:", proc.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
