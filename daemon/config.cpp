@@ -213,7 +213,7 @@ constexpr int64_t kFrameOverheadBytes = 256;
 // sun_path holds the path and its terminating NUL.
 constexpr int64_t kMaxSocketPathBytes = sizeof(sockaddr_un::sun_path) - 1;
 
-const std::array<Option, 17> kOptions = {{
+const std::array<Option, 18> kOptions = {{
     {.section = "daemon", .key = "socket", .type = OptionType::kSocketPath,
      .max = kMaxSocketPathBytes, .doc = "path of the Unix socket clients connect to",
      SLUICE_STR_FIELD(daemon.socket_path)},
@@ -238,7 +238,7 @@ const std::array<Option, 17> kOptions = {{
      .doc = "deepest nesting of arrays and maps in a frame", SLUICE_INT_FIELD(limits.max_depth)},
     {.section = "limits", .key = "max_items", .type = OptionType::kCount, .min = 16,
      .max = 1'000'000,
-     .doc = "array elements plus map entries in a frame; also the most items of one acquire_all",
+     .doc = "elements of one array or entries of one map in a frame; also the most items of one acquire_all",
      SLUICE_INT_FIELD(limits.max_items)},
     {.section = "limits", .key = "max_output_bytes", .type = OptionType::kBytes, .min = 4096,
      .max = 1LL << 30, .doc = "unsent output of one connection before the client is disconnected",
@@ -255,6 +255,10 @@ const std::array<Option, 17> kOptions = {{
      .max = 1'000'000'000,
      .doc = "(rule, key) entries held at once; a new key beyond evicts a least recently used one",
      SLUICE_INT_FIELD(keys.max_keys)},
+    {.section = "keys", .key = "max_memory", .type = OptionType::kBytes, .min = 1 << 20,
+     .max = 1LL << 40,
+     .doc = "bytes of entries (keys and state) held at once; long keys reach it before max_keys",
+     SLUICE_INT_FIELD(keys.max_memory)},
     {.section = "keys", .key = "sweep_interval", .type = OptionType::kDuration, .min = 100 * kMs,
      .max = kHour, .doc = "how often keys whose state is back to fresh are dropped",
      SLUICE_INT_FIELD(keys.sweep_interval_ms)},
@@ -895,8 +899,11 @@ void assignIds(std::vector<Rule>* rules) {
             [](const Rule* a, const Rule* b) { return a->name < b->name; });
   std::vector<uint32_t> taken;
   for (Rule* rule : by_name) {
-    uint32_t id = fingerprint(*rule);
-    while (id == 0 || std::find(taken.begin(), taken.end(), id) != taken.end()) ++id;
+    // Below kFallbackIdBit: ids with that bit are the global rules' shares.
+    uint32_t id = fingerprint(*rule) & (kFallbackIdBit - 1);
+    while (id == 0 || std::find(taken.begin(), taken.end(), id) != taken.end()) {
+      id = (id + 1) & (kFallbackIdBit - 1);
+    }
     taken.push_back(id);
     rule->id = id;
   }
@@ -964,7 +971,8 @@ Config build(const toml::table& root, const std::string& source_name) {
 
   std::vector<Rule> rules;
   if (const toml::node* node = root.get("rule")) rules = loadRules(*node, config.redis.has_value());
-  config.rules = std::make_shared<const RuleSet>(std::move(rules));
+  uint32_t nodes = config.redis ? config.redis->expected_nodes : 1;
+  config.rules = std::make_shared<const RuleSet>(std::move(rules), nodes);
   return config;
 }
 

@@ -35,6 +35,8 @@ struct DaemonConfig {
   uint32_t socket_mode = 0660;                           // permission bits
   uint32_t workers = 0;                                  // 0: one per core
   std::string log_level = "info";  // trace, debug, info, warn, error, critical, off
+
+  bool operator==(const DaemonConfig&) const = default;
 };
 
 // [limits]: what one client connection may ask of the daemon.
@@ -43,16 +45,21 @@ struct LimitsConfig {
   uint32_t max_frame_bytes = 64 * 1024;
   uint32_t max_key_bytes = 4096;
   uint32_t max_depth = 16;           // nesting of arrays and maps in a frame
-  uint32_t max_items = 1024;         // array elements plus map entries in a frame
+  uint32_t max_items = 1024;         // elements of one array / entries of one map
   uint64_t max_output_bytes = 1024 * 1024;  // unsent output before a disconnect
   int64_t idle_timeout_ms = 5 * 60 * 1000;  // 0: idle connections stay open
   int64_t partial_frame_timeout_ms = 10 * 1000;  // a half-sent frame this old closes
+
+  bool operator==(const LimitsConfig&) const = default;
 };
 
 // [keys]: the key table.
 struct KeysConfig {
   uint64_t max_keys = 1'000'000;      // (rule, key) entries held at once
+  uint64_t max_memory = 256u << 20;   // bytes of entries (keys and state) held at once
   int64_t sweep_interval_ms = 10 * 1000;  // how often idle keys are dropped
+
+  bool operator==(const KeysConfig&) const = default;
 };
 
 // [redis]: present only when the file has a [redis] section; without it the
@@ -68,6 +75,8 @@ struct RedisConfig {
   uint32_t db = 0;
   uint32_t expected_nodes = 1;    // live nodes assumed before heartbeats arrive
   int64_t lease_timeout_ms = 50;  // longest wait for one lease answer
+
+  bool operator==(const RedisConfig&) const = default;
 };
 
 struct Config {

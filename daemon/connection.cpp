@@ -86,6 +86,7 @@ void Connection::onRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t* /*bu
   auto* self = static_cast<Connection*>(stream->data);
   if (nread > 0) {
     self->input_used_ += static_cast<size_t>(nread);
+    self->new_bytes_ = static_cast<size_t>(nread);
     self->last_active_ms_ = static_cast<int64_t>(uv_now(self->worker_.loop()));
     self->consume();
   } else if (nread == UV_EOF) {
@@ -97,8 +98,30 @@ void Connection::onRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t* /*bu
   }
 }
 
+// Whether the unfinished frame at the start of the buffer is now complete
+// (or broken, which parseRequest will say). A frame that trickles in is walked
+// once in all, resuming where the last read stopped, instead of re-parsed from
+// its first byte on every read.
+bool Connection::partialFrameReady() {
+  const rpc::Limits& limits = worker_.options().protocol;
+  if (!scan_) {
+    scan_ = std::make_unique<msgpack::SkipState>();
+  }
+  msgpack::Reader reader(input_.data(), input_used_, limits.max_frame_bytes);
+  // Items are bounded by the frame size here; parseRequest checks max_items.
+  bool complete = reader.skipResumable(scan_.get(), limits.max_depth, UINT32_MAX);
+  if (!complete && reader.status() == msgpack::Status::kIncomplete) {
+    return false;
+  }
+  scan_->started = false;
+  return true;
+}
+
 void Connection::consume() {
   const WorkerOptions& options = worker_.options();
+  if (input_used_ > new_bytes_ && scan_ && scan_->started && !partialFrameReady()) {
+    return;  // still waiting for the rest of the first frame
+  }
   KeyTable::ReadGuard guard(worker_.keys(), worker_.readerSlot());
   int64_t now_ns = monotonicNowNs();
   size_t offset = 0;
@@ -117,6 +140,12 @@ void Connection::consume() {
       fatal = result.status == rpc::ParseStatus::kFatal;
     }
     offset += result.consumed;
+    // Checked per request: one read of small requests for large answers
+    // (stats, rules) must not build megabytes before the check.
+    if (unsentBytes() > options.max_output_bytes) {
+      close(CloseReason::kOutputCap);
+      return;
+    }
   }
 
   int64_t now_ms = last_active_ms_;
@@ -132,15 +161,17 @@ void Connection::consume() {
     if (input_.size() > 4 * kReadChunkBytes) {
       std::vector<uint8_t>().swap(input_);  // give back a large frame's buffer
     }
+  } else if (!fatal) {
+    // Remember how far the unfinished frame got, for the next read.
+    if (scan_) {
+      scan_->started = false;
+    }
+    partialFrameReady();
   }
 
   if (fatal) {
     drain_reason_ = CloseReason::kUnreadable;
     drain();
-    return;
-  }
-  if (unsentBytes() > options.max_output_bytes) {
-    close(CloseReason::kOutputCap);
     return;
   }
   flush();

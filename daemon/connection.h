@@ -12,12 +12,14 @@
 // partial_frame_timeout_ms (checked by the worker's sweep timer).
 //
 // Lifetime (libuv's rule): close() starts uv_close; the worker deletes the
-// Connection in the close callback, never before. Loop thread only.
+// Connection in the close callback, never before, whichever path closed it
+// (open() failing included). Loop thread only.
 #pragma once
 
 #include <uv.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -35,8 +37,8 @@ class Connection {
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
 
-  // Adopts the accepted socket `fd` and starts reading. On failure the fd is
-  // closed and the caller deletes the Connection.
+  // Adopts the accepted socket `fd` and starts reading. On failure it closes
+  // itself (and the fd); the close callback deletes it as always.
   int open(int fd, int64_t now_ms);
 
   // Closes the connection for `reason` (once; later calls do nothing).
@@ -61,6 +63,7 @@ class Connection {
   static void onClose(uv_handle_t* handle);
 
   void consume();
+  bool partialFrameReady();
   void flush();
   size_t unsentBytes() const;
 
@@ -74,6 +77,10 @@ class Connection {
   std::string output_;          // responses not yet handed to a write
   std::string writing_;         // responses of the write in flight
   bool write_in_flight_ = false;
+  size_t new_bytes_ = 0;        // bytes of the last read
+  // How far the unfinished frame at the start of input_ has been walked;
+  // allocated the first time a frame arrives in pieces.
+  std::unique_ptr<msgpack::SkipState> scan_;
   rpc::Request request_;        // reused for every frame
 
   int64_t last_active_ms_ = 0;

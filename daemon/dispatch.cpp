@@ -11,23 +11,6 @@ namespace {
 
 constexpr std::string_view kVersion = SLUICE_VERSION;
 
-// Local-only daemon: a global rule has no Redis to lease from, so it answers
-// as its on_redis_down policy says (DESIGN.md, "Fallback").
-Mode modeOf(const Rule& rule) {
-  if (rule.shadow) {
-    return Mode::kShadow;
-  }
-  if (rule.scope == Scope::kLocal) {
-    return Mode::kLocal;
-  }
-  switch (rule.on_redis_down) {
-    case RedisDownPolicy::kLocal: return Mode::kFallback;
-    case RedisDownPolicy::kOpen: return Mode::kOpen;
-    case RedisDownPolicy::kClosed: return Mode::kClosed;
-  }
-  return Mode::kFallback;
-}
-
 // The answer of a global rule whose policy is "open" or "closed" while Redis
 // is unreachable; nothing is spent.
 Decision policyDecision(const Rule& rule, Mode mode) {
@@ -38,8 +21,21 @@ Decision policyDecision(const Rule& rule, Mode mode) {
   int64_t period_ms = rule.limits.front().period_ns / 1'000'000;
   decision.reset_after_ms = period_ms;
   decision.retry_after_ms = decision.allowed ? 0 : std::max<int64_t>(period_ms, 1);
+  if (rule.shadow && !decision.allowed) {
+    decision.allowed = true;
+    decision.shadow_denied = true;
+    decision.retry_after_ms = 0;
+  }
   return decision;
 }
+
+std::string unknownRule(std::string_view name) {
+  // Built only on this error path, so the allocation does not matter.
+  return "no rule named \"" + std::string(name) + "\"";
+}
+
+constexpr std::string_view kTableFull =
+    "the key table is full and no key could be evicted; raise [keys] max_keys or max_memory";
 
 }  // namespace
 
@@ -58,6 +54,22 @@ void Dispatcher::handleParseError(const rpc::ParseResult& result, std::string* o
   } else {
     metrics_.errors[static_cast<size_t>(result.error)].add();
   }
+}
+
+Dispatcher::Route Dispatcher::route(const Rule& rule) const {
+  Mode shadow_or = rule.shadow ? Mode::kShadow : Mode::kLocal;
+  if (rule.scope == Scope::kLocal) {
+    return {&rule, shadow_or};
+  }
+  // This daemon has no Redis link yet, so a global rule always answers as its
+  // on_redis_down policy says (DESIGN.md, "Fallback").
+  switch (rule.on_redis_down) {
+    case RedisDownPolicy::kLocal:
+      return {rules_->fallbackShare(rule), rule.shadow ? Mode::kShadow : Mode::kFallback};
+    case RedisDownPolicy::kOpen: return {nullptr, rule.shadow ? Mode::kShadow : Mode::kOpen};
+    case RedisDownPolicy::kClosed: return {nullptr, rule.shadow ? Mode::kShadow : Mode::kClosed};
+  }
+  return {nullptr, Mode::kClosed};
 }
 
 void Dispatcher::count(const Decision& decision, Mode mode) {
@@ -113,27 +125,27 @@ std::span<std::atomic<uint64_t>> Dispatcher::freshState(const Rule& rule) {
 
 void Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::string* out) {
   const rpc::Item& item = request.items.front();
-  const Rule* rule = rules_->find(item.rule);
-  if (rule == nullptr) {
-    // Built only on this error path, so the allocation does not matter.
-    std::string message = "no rule named \"" + std::string(item.rule) + "\"";
-    error(request.msgid, rpc::ErrorCode::kUnknownRule, message, out);
+  const Rule* configured = rules_->find(item.rule);
+  if (configured == nullptr) {
+    error(request.msgid, rpc::ErrorCode::kUnknownRule, unknownRule(item.rule), out);
     return;
   }
-  Mode mode = modeOf(*rule);
-  if (mode == Mode::kOpen || mode == Mode::kClosed) {
-    Decision decision = policyDecision(*rule, mode);
-    count(decision, mode);
+  auto [rule, mode] = route(*configured);
+  bool spends = request.method == rpc::Method::kAcquire && item.cost > 0;
+  if (rule == nullptr) {
+    Decision decision = policyDecision(*configured, mode);
+    if (spends) {
+      count(decision, mode);
+    }
     rpc::writeDecision(out, request.msgid, decision, mode);
     return;
   }
 
   Decision decision;
-  if (request.method == rpc::Method::kAcquire && item.cost > 0) {
+  if (spends) {
     KeyTable::Entry* entry = keys_.findOrInsert(rule->id, item.key, stateWords(*rule), now_ns);
     if (entry == nullptr) {
-      error(request.msgid, rpc::ErrorCode::kOverloaded,
-            "the key table is full and no key could be evicted; raise [keys] max_keys", out);
+      error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
       return;
     }
     decision = acquire(*rule, entry->state(), now_ns, item.cost);
@@ -158,57 +170,77 @@ void Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::st
 void Dispatcher::acquireAll(const rpc::Request& request, int64_t now_ns, std::string* out) {
   items_.clear();
   modes_.clear();
+  decisions_.clear();
+  // Items a policy answers ("open", "closed") are decided here and spend
+  // nothing; the rest go to the limiter, all or nothing.
+  bool policy_denied = false;
   for (const rpc::Item& item : request.items) {
-    const Rule* rule = rules_->find(item.rule);
-    if (rule == nullptr) {
-      std::string message = "no rule named \"" + std::string(item.rule) + "\"";
-      error(request.msgid, rpc::ErrorCode::kUnknownRule, message, out);
+    const Rule* configured = rules_->find(item.rule);
+    if (configured == nullptr) {
+      error(request.msgid, rpc::ErrorCode::kUnknownRule, unknownRule(item.rule), out);
       return;
     }
-    KeyTable::Entry* entry = keys_.findOrInsert(rule->id, item.key, stateWords(*rule), now_ns);
-    if (entry == nullptr) {
-      error(request.msgid, rpc::ErrorCode::kOverloaded,
-            "the key table is full and no key could be evicted; raise [keys] max_keys", out);
-      return;
-    }
+    auto [rule, mode] = route(*configured);
+    modes_.push_back(mode);
     AcquireItem acquire_item;
-    acquire_item.rule = rule;
-    acquire_item.state = entry->state();
     acquire_item.cost = item.cost;
+    if (rule == nullptr) {
+      acquire_item.decision = policyDecision(*configured, mode);
+      policy_denied = policy_denied || !acquire_item.decision.allowed;
+    } else {
+      KeyTable::Entry* entry = keys_.findOrInsert(rule->id, item.key, stateWords(*rule), now_ns);
+      if (entry == nullptr) {
+        error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
+        return;
+      }
+      acquire_item.rule = rule;
+      acquire_item.state = entry->state();
+    }
     items_.push_back(acquire_item);
-    modes_.push_back(modeOf(*rule));
   }
 
-  bool allowed = sluice::acquireAll(items_, now_ns);
-  decisions_.clear();
-  for (size_t i = 0; i < items_.size(); ++i) {
-    decisions_.push_back(items_[i].decision);
+  // The limiter's items are the ones with a rule; a policy denial means none
+  // of them may spend, so they are only looked at.
+  limited_.clear();
+  for (AcquireItem& item : items_) {
+    if (item.rule != nullptr) {
+      limited_.push_back(item);
+    }
   }
-  for (size_t i = 0; i < items_.size(); ++i) {
-    count(decisions_[i], modes_[i]);
+  bool allowed = !policy_denied;
+  if (policy_denied) {
+    for (AcquireItem& item : limited_) {
+      item.decision = peek(*item.rule, item.state, now_ns, item.cost);
+    }
+  } else {
+    allowed = sluice::acquireAll(limited_, now_ns);
+  }
+  for (size_t i = 0, next = 0; i < items_.size(); ++i) {
+    const Decision& decision =
+        items_[i].rule != nullptr ? limited_[next++].decision : items_[i].decision;
+    decisions_.push_back(decision);
+    count(decision, modes_[i]);
   }
   rpc::writeDecisions(out, request.msgid, allowed, decisions_, modes_);
 }
 
 void Dispatcher::writeHealth(uint32_t msgid, std::string* out) {
-  MetricsSnapshot snapshot = status_.metrics();
-  uint64_t closed = 0;
-  for (uint64_t n : snapshot.connections_closed) {
-    closed += n;
-  }
+  // Without a Redis link, a daemon configured for Redis runs every global
+  // rule on its fallback policy: degraded.
+  bool redis = status_.redisConfigured();
   rpc::writeResultHeader(out, msgid);
   msgpack::Writer w(out);
   w.writeMapHeader(6);
   w.writeStr("status");
-  w.writeStr("ok");
+  w.writeStr(redis ? "degraded" : "ok");
   w.writeStr("redis");
-  w.writeStr("none");
+  w.writeStr(redis ? "down" : "none");
   w.writeStr("version");
   w.writeStr(kVersion);
   w.writeStr("uptime_ms");
   w.writeInt(status_.uptimeMs());
   w.writeStr("connections");
-  w.writeUint(snapshot.connections_accepted - closed);
+  w.writeUint(status_.connections());
   w.writeStr("keys");
   w.writeUint(keys_.size());
 }
@@ -256,9 +288,11 @@ void Dispatcher::writeStats(uint32_t msgid, std::string* out) {
   }
   KeyTableStats keys = keys_.stats();
   w.writeStr("keys");
-  w.writeMapHeader(5);
+  w.writeMapHeader(6);
   w.writeStr("count");
   w.writeUint(keys.size);
+  w.writeStr("bytes");
+  w.writeUint(keys.bytes);
   w.writeStr("inserts");
   w.writeUint(keys.inserts);
   w.writeStr("idle_evictions");

@@ -26,10 +26,11 @@ namespace sluice {
 class DaemonStatus;
 
 // Who is on the other end of a connection (SO_PEERCRED).
+// Unknown credentials are (uid_t)-1, which is never an admin.
 struct Peer {
   pid_t pid = 0;
-  uid_t uid = 0;
-  gid_t gid = 0;
+  uid_t uid = static_cast<uid_t>(-1);
+  gid_t gid = static_cast<gid_t>(-1);
 };
 
 class Dispatcher {
@@ -53,6 +54,13 @@ class Dispatcher {
   void writeStats(uint32_t msgid, std::string* out);
   void writeRules(uint32_t msgid, std::string* out);
   void reload(uint32_t msgid, const Peer& peer, std::string* out);
+  // Which rule decides a configured rule's requests, and in which mode. A
+  // null rule means the rule's Redis-down policy answers without state.
+  struct Route {
+    const Rule* rule;
+    Mode mode;
+  };
+  Route route(const Rule& rule) const;
   void error(uint32_t msgid, rpc::ErrorCode code, std::string_view message, std::string* out);
   void count(const Decision& decision, Mode mode);
   std::span<std::atomic<uint64_t>> freshState(const Rule& rule);
@@ -64,6 +72,7 @@ class Dispatcher {
 
   // Scratch space reused between requests.
   std::vector<AcquireItem> items_;
+  std::vector<AcquireItem> limited_;
   std::vector<Decision> decisions_;
   std::vector<Mode> modes_;
   std::vector<std::atomic<uint64_t>> fresh_;  // a fresh key's state, for peek
@@ -78,6 +87,10 @@ class DaemonStatus {
   virtual int64_t uptimeMs() const = 0;
   virtual size_t workers() const = 0;
   virtual MetricsSnapshot metrics() const = 0;
+  // Open client connections.
+  virtual size_t connections() const = 0;
+  // True when the config has a [redis] section.
+  virtual bool redisConfigured() const = 0;
   // Re-reads the config file and installs its rules on every worker. Returns
   // false with a message when the file is refused (the old rules stay).
   virtual bool reload(std::string* error) = 0;

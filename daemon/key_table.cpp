@@ -24,6 +24,10 @@ constexpr size_t kStripes = 256;
 // takes the least recently used of at most this many entries found there
 // (Redis's maxmemory-samples uses 5 too).
 constexpr size_t kEvictionProbeBuckets = 16;
+// A sparse table (long keys fill max_bytes long before max_keys) may have no
+// entry in the first buckets probed: keep going, up to this many, until one
+// is found.
+constexpr size_t kEvictionMaxProbeBuckets = 4096;
 constexpr size_t kEvictionSampleEntries = 5;
 
 // An insert into a full table tries this many times to evict and reserve a
@@ -110,6 +114,7 @@ KeyTable::KeyTable(const KeyTableOptions& options)
       bucket_mask_(std::bit_ceil(std::max<size_t>(options.max_keys, 1)) - 1),
       stripe_mask_(kStripes - 1),
       max_keys_(options.max_keys),
+      max_bytes_(options.max_bytes),
       max_readers_(options.max_readers),
       sweep_min_idle_ns_(options.sweep_min_idle_ns),
       reclaim_threshold_(std::max<size_t>(64, options.max_keys / 16)),
@@ -178,7 +183,8 @@ KeyTable::Entry* KeyTable::findOrInsert(uint32_t rule_id, std::string_view key,
 
 KeyTable::Entry* KeyTable::insertSlow(uint64_t hash, uint32_t rule_id, std::string_view key,
                                       uint32_t state_words, int64_t now_ns) {
-  if (!reserveSlot()) return nullptr;
+  const size_t bytes = entryBytes(key.size(), state_words);
+  if (!reserveSlot(bytes)) return nullptr;
   // Allocate before taking the stripe lock to keep it short; the entry is
   // thrown away in the rare case another thread inserted the key first.
   Entry* fresh = create(hash, rule_id, key, state_words, now_ns);
@@ -207,7 +213,13 @@ KeyTable::Entry* KeyTable::insertSlow(uint64_t hash, uint32_t rule_id, std::stri
       buckets_[hash & bucket_mask_].store(fresh, std::memory_order_seq_cst);  // publishes fresh
     }
   }
-  if (found != nullptr) size_.fetch_sub(1, std::memory_order_relaxed);  // the key was counted
+  if (found != nullptr) {
+    // The key was counted already: give back one reservation, the replaced
+    // entry's or the unpublished fresh one's.
+    size_.fetch_sub(1, std::memory_order_relaxed);
+    linked_bytes_.fetch_sub(replaced != nullptr ? bytesOf(replaced) : bytes,
+                            std::memory_order_relaxed);
+  }
   if (found != nullptr && replaced == nullptr) {
     destroy(fresh);  // never published
     found->touch(now_ns);
@@ -225,11 +237,17 @@ KeyTable::Entry* KeyTable::insertSlow(uint64_t hash, uint32_t rule_id, std::stri
   return fresh;
 }
 
-bool KeyTable::reserveSlot() {
+bool KeyTable::reserveSlot(size_t bytes) {
   for (int attempt = 0; attempt < kReserveAttempts; ++attempt) {
     size_t size = size_.load(std::memory_order_relaxed);
-    while (size < max_keys_) {
-      if (size_.compare_exchange_weak(size, size + 1, std::memory_order_relaxed)) return true;
+    // The byte check and the add are not one atomic step, so racing inserters
+    // may overshoot max_bytes by one entry each: a bound, not an exact cap.
+    while (size < max_keys_ &&
+           linked_bytes_.load(std::memory_order_relaxed) + bytes <= max_bytes_) {
+      if (size_.compare_exchange_weak(size, size + 1, std::memory_order_relaxed)) {
+        linked_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+        return true;
+      }
     }
     evictOne();
   }
@@ -245,7 +263,10 @@ void KeyTable::evictOne() {
   Entry* victim = nullptr;
   int64_t oldest_ns = std::numeric_limits<int64_t>::max();
   size_t sampled = 0;
-  for (size_t i = 0; i < kEvictionProbeBuckets && sampled < kEvictionSampleEntries; ++i) {
+  size_t probes = std::min(kEvictionMaxProbeBuckets, bucket_mask_ + 1);
+  for (size_t i = 0; i < probes && sampled < kEvictionSampleEntries &&
+                     (i < kEvictionProbeBuckets || sampled == 0);
+       ++i) {
     for (Entry* entry = buckets_[(start + i) & bucket_mask_].load(std::memory_order_seq_cst);
          entry != nullptr && sampled < kEvictionSampleEntries;
          entry = entry->next_.load(std::memory_order_seq_cst)) {
@@ -269,6 +290,7 @@ void KeyTable::evictOne() {
     link->store(victim->next_.load(std::memory_order_relaxed), std::memory_order_seq_cst);
   }
   size_.fetch_sub(1, std::memory_order_relaxed);
+  linked_bytes_.fetch_sub(bytesOf(victim), std::memory_order_relaxed);
   forced_evictions_.fetch_add(1, std::memory_order_relaxed);
   retire({&victim, 1});
 }
@@ -285,6 +307,7 @@ size_t KeyTable::sweep(int64_t now_ns, const IdlePredicate& idle) {
       Entry* next = entry->next_.load(std::memory_order_relaxed);
       if (now_ns - entry->lastUsedNs() >= sweep_min_idle_ns_ && idle(*entry)) {
         link->store(next, std::memory_order_seq_cst);
+        linked_bytes_.fetch_sub(bytesOf(entry), std::memory_order_relaxed);
         unlinked.push_back(entry);
       } else {
         link = &entry->next_;
@@ -334,6 +357,7 @@ void KeyTable::reclaim() {
 KeyTableStats KeyTable::stats() const {
   KeyTableStats stats;
   stats.size = size_.load(std::memory_order_relaxed);
+  stats.bytes = linked_bytes_.load(std::memory_order_relaxed);
   stats.inserts = inserts_.load(std::memory_order_relaxed);
   stats.replacements = replacements_.load(std::memory_order_relaxed);
   stats.idle_evictions = idle_evictions_.load(std::memory_order_relaxed);
@@ -344,7 +368,7 @@ KeyTableStats KeyTable::stats() const {
 
 KeyTable::Entry* KeyTable::create(uint64_t hash, uint32_t rule_id, std::string_view key,
                                   uint32_t state_words, int64_t now_ns) {
-  size_t bytes = sizeof(Entry) + state_words * sizeof(std::atomic<uint64_t>) + key.size();
+  size_t bytes = entryBytes(key.size(), state_words);
   void* memory = ::operator new(bytes);
   Entry* entry = new (memory) Entry(hash, rule_id, static_cast<uint32_t>(key.size()),
                                     state_words, now_ns);

@@ -1,7 +1,9 @@
 // Key table: the daemon's concurrent map from (rule id, key bytes) to the
 // limiter state of that key.
 //
-// Invariant: at most `max_keys` entries are linked at any time; every linked
+// Invariant: at most `max_keys` entries, and about `max_bytes` bytes of them
+// (racing inserts may each overshoot by one entry), are linked at any time;
+// every linked
 // entry is reachable from exactly one bucket, and an entry's memory is freed
 // only after every reader that could have seen it has left its ReadGuard.
 // Each entry holds its state as an array of 64-bit atomic words, all zero when
@@ -113,6 +115,9 @@ struct KeyTableOptions {
   // Most entries linked at once; the bucket array has the next power of two
   // at or above this many buckets and is never resized.
   size_t max_keys = 1'000'000;
+  // Most bytes of linked entries (header, state words and key bytes) at once:
+  // long keys hit this bound before max_keys does.
+  size_t max_bytes = 256u << 20;
   // Most registerReader() calls over the table's life (one per worker).
   size_t max_readers = 64;
   // sweep() leaves alone any entry used within this long of its now_ns.
@@ -123,6 +128,7 @@ struct KeyTableOptions {
 // exactly while other threads work.
 struct KeyTableStats {
   size_t size = 0;              // linked entries (plus inserts in flight)
+  size_t bytes = 0;             // bytes of linked entries (header, state, key)
   uint64_t inserts = 0;         // new keys linked
   uint64_t replacements = 0;    // entries replaced because the state shape changed
   uint64_t idle_evictions = 0;  // entries unlinked by sweep()
@@ -263,7 +269,13 @@ class KeyTable {
   }
   Entry* insertSlow(uint64_t hash, uint32_t rule_id, std::string_view key, uint32_t state_words,
                     int64_t now_ns);
-  bool reserveSlot();
+  bool reserveSlot(size_t bytes);
+  static size_t entryBytes(size_t key_bytes, size_t state_words) {
+    return sizeof(Entry) + state_words * sizeof(std::atomic<uint64_t>) + key_bytes;
+  }
+  static size_t bytesOf(const Entry* entry) {
+    return entryBytes(entry->key_bytes_, entry->state_words_);
+  }
   void evictOne();
   void retire(std::span<Entry* const> entries);
   void reclaim();
@@ -277,6 +289,7 @@ class KeyTable {
   const size_t bucket_mask_;
   const size_t stripe_mask_;
   const size_t max_keys_;
+  const size_t max_bytes_;
   const size_t max_readers_;
   const int64_t sweep_min_idle_ns_;
   const size_t reclaim_threshold_;
@@ -289,6 +302,7 @@ class KeyTable {
   std::atomic<size_t> evict_cursor_{0};
 
   alignas(64) std::atomic<size_t> size_{0};
+  std::atomic<size_t> linked_bytes_{0};  // bytes of the entries counted in size_
   std::atomic<uint64_t> inserts_{0};
   std::atomic<uint64_t> replacements_{0};
   std::atomic<uint64_t> idle_evictions_{0};

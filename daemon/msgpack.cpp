@@ -254,11 +254,22 @@ bool Reader::readStrOrBin(std::string_view* value) {
 }
 
 bool Reader::skip(uint32_t max_depth, uint32_t max_items) {
+  SkipState state;
+  return skipResumable(&state, max_depth, max_items);
+}
+
+bool Reader::skipResumable(SkipState* state, uint32_t max_depth, uint32_t max_items) {
+  static_assert(sizeof(state->values_left) / sizeof(state->values_left[0]) == kMaxSkipDepth);
   if (max_depth > kMaxSkipDepth) max_depth = kMaxSkipDepth;
+  if (!state->started) {
+    *state = SkipState{};
+    state->started = true;
+    state->offset = offset_;
+    state->items_left = max_items;
+  }
+  offset_ = state->offset;
   // values_left[i]: values still to skip in the container open at depth i+1.
-  uint64_t values_left[kMaxSkipDepth];
-  uint32_t depth = 0;
-  uint64_t items_left = max_items;
+  uint64_t* values_left = state->values_left;
   for (;;) {
     Header header;
     if (!readHeader(&header)) return false;
@@ -270,18 +281,20 @@ bool Reader::skip(uint32_t max_depth, uint32_t max_items) {
         break;
       case Type::kArray:
       case Type::kMap:
-        if (depth >= max_depth) return fail(Status::kTooDeep);
-        if (header.length > items_left) return fail(Status::kTooLarge);
-        items_left -= header.length;
+        if (state->depth >= max_depth) return fail(Status::kTooDeep);
+        if (header.length > state->items_left) return fail(Status::kTooLarge);
+        state->items_left -= header.length;
         if (header.length != 0) {
-          values_left[depth++] = header.type == Type::kMap ? header.length * 2 : header.length;
+          values_left[state->depth++] =
+              header.type == Type::kMap ? header.length * 2 : header.length;
         }
         break;
       default: break;  // scalars are consumed by readHeader
     }
-    while (depth > 0 && values_left[depth - 1] == 0) --depth;
-    if (depth == 0) return true;
-    --values_left[depth - 1];
+    while (state->depth > 0 && values_left[state->depth - 1] == 0) --state->depth;
+    state->offset = offset_;
+    if (state->depth == 0) return true;
+    --values_left[state->depth - 1];
   }
 }
 

@@ -39,6 +39,18 @@ enum class Status {
 // The family of the next value, from its first byte.
 enum class Type { kNil, kBool, kInt, kFloat, kStr, kBin, kArray, kMap, kExt, kInvalid, kEnd };
 
+class Reader;
+
+// Progress of Reader::skipResumable() through one value, so that a frame
+// arriving a few bytes at a time is looked at once in all, not once per read.
+struct SkipState {
+  bool started = false;
+  size_t offset = 0;        // where the next value header starts
+  uint32_t depth = 0;       // containers open
+  uint64_t items_left = 0;  // of max_items
+  uint64_t values_left[128];  // per open container; 128 = Reader::kMaxSkipDepth
+};
+
 class Reader {
  public:
   // max_bytes bounds every declared length (a frame cannot be larger).
@@ -67,6 +79,12 @@ class Reader {
   // elements plus map entries in all fails with kTooLarge. max_depth is
   // capped at kMaxSkipDepth.
   bool skip(uint32_t max_depth, uint32_t max_items);
+
+  // skip() in steps: when the value is cut off (kIncomplete), `state` keeps
+  // how far it got, and a later call with a Reader over the same bytes plus
+  // more goes on from there. The Reader must start where the value starts.
+  // Returns true once the value is complete (offset() is then its end).
+  bool skipResumable(SkipState* state, uint32_t max_depth, uint32_t max_items);
 
   // The deepest nesting skip() walks (its stack is fixed, on the C++ stack).
   static constexpr uint32_t kMaxSkipDepth = 128;

@@ -1,15 +1,40 @@
 // Rules: the immutable rule set and the names of its enums.
 #include "rules.h"
 
+#include <algorithm>
+
 namespace sluice {
 
-RuleSet::RuleSet(std::vector<Rule> rules) : rules_(std::move(rules)) {
+RuleSet::RuleSet(std::vector<Rule> rules, uint32_t fallback_nodes) : rules_(std::move(rules)) {
+  int64_t nodes = std::max<uint32_t>(fallback_nodes, 1);
+  for (const Rule& rule : rules_) {
+    if (rule.scope != Scope::kGlobal) {
+      continue;
+    }
+    // Rounded down: the fleet's shares never add up to more than the limit,
+    // except where a share of 1 is the least that keeps a key usable.
+    Rule share = rule;
+    share.scope = Scope::kLocal;
+    share.id = rule.id | kFallbackIdBit;
+    for (Limit& limit : share.limits) {
+      limit.limit = std::max<int64_t>(limit.limit / nodes, 1);
+      limit.burst = std::max<int64_t>(limit.burst / nodes, 1);
+    }
+    shares_.push_back(std::move(share));
+  }
   by_name_.reserve(rules_.size());
-  by_id_.reserve(rules_.size());
+  by_id_.reserve(rules_.size() + shares_.size());
   for (const Rule& rule : rules_) {
     by_name_.emplace(rule.name, &rule);
     by_id_.emplace(rule.id, &rule);
   }
+  for (const Rule& share : shares_) {
+    by_id_.emplace(share.id, &share);
+  }
+}
+
+const Rule* RuleSet::fallbackShare(const Rule& rule) const {
+  return rule.scope == Scope::kGlobal ? findById(rule.id | kFallbackIdBit) : nullptr;
 }
 
 const Rule* RuleSet::find(std::string_view name) const {

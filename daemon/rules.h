@@ -60,15 +60,21 @@ struct Rule {
 
   // Stable identity of this rule's state in the key table. Reloading a file
   // keeps the id of a rule whose definition did not change, so its keys keep
-  // their state; a changed rule gets a new id and starts afresh.
+  // their state; a changed rule gets a new id and starts afresh. Ids of
+  // configured rules stay below kFallbackIdBit; a global rule's local share
+  // (RuleSet::fallbackShare) has the same id with that bit set.
   uint32_t id = 0;
 };
+
+constexpr uint32_t kFallbackIdBit = 0x8000'0000u;
 
 // All rules of one configuration, looked up by name. Immutable.
 class RuleSet {
  public:
   RuleSet() = default;
-  explicit RuleSet(std::vector<Rule> rules);
+  // `fallback_nodes` is the number of nodes a global rule's limit is shared
+  // by while Redis is unreachable (the last known N, or expected_nodes).
+  explicit RuleSet(std::vector<Rule> rules, uint32_t fallback_nodes = 1);
   // The name index points into rules_, so a RuleSet is never copied.
   RuleSet(const RuleSet&) = delete;
   RuleSet& operator=(const RuleSet&) = delete;
@@ -79,10 +85,16 @@ class RuleSet {
   const Rule* findById(uint32_t id) const;
   const std::vector<Rule>& rules() const { return rules_; }
 
+  // The local share of a global rule (DESIGN.md, "Fallback"): the same rule
+  // with every limit and burst divided by the number of nodes (at least 1),
+  // scope local, its own id. nullptr for a local rule.
+  const Rule* fallbackShare(const Rule& rule) const;
+
  private:
   std::vector<Rule> rules_;
+  std::vector<Rule> shares_;  // one per global rule, built once
   std::unordered_map<std::string_view, const Rule*> by_name_;
-  std::unordered_map<uint32_t, const Rule*> by_id_;
+  std::unordered_map<uint32_t, const Rule*> by_id_;  // rules and shares
 };
 
 using RuleSetPtr = std::shared_ptr<const RuleSet>;

@@ -82,6 +82,9 @@ Server::Server(Config config)
     : config_(std::move(config)), metrics_(workerCount(config_.daemon.workers)) {
   KeyTableOptions key_options;
   key_options.max_keys = config_.keys.max_keys;
+  key_options.max_bytes = config_.keys.max_memory;
+  key_options.max_readers = workerCount(config_.daemon.workers);
+  redis_configured_ = config_.redis.has_value();
   keys_ = std::make_unique<KeyTable>(key_options);
 }
 
@@ -92,6 +95,14 @@ Server::~Server() {
 }
 
 int64_t Server::uptimeMs() const { return (monotonicNowNs() / 1'000'000) - started_ms_; }
+
+size_t Server::connections() const {
+  size_t open = 0;
+  for (const auto& worker : workers_) {
+    open += worker->connections();
+  }
+  return open;
+}
 
 bool Server::isAdmin(const Peer& peer) const { return peer.uid == 0 || peer.uid == geteuid(); }
 
@@ -251,6 +262,11 @@ void Server::onSignal(int signum) {
 
 bool Server::reload(std::string* error) {
   std::lock_guard<std::mutex> lock(reload_mutex_);
+  // Once stopping, workers close their queues: nothing may be posted to them.
+  if (stopping_) {
+    *error = "the daemon is stopping";
+    return false;
+  }
   ConfigResult result = loadConfigFile(config_.path);
   if (!result.ok()) {
     *error = result.error;
@@ -258,10 +274,17 @@ bool Server::reload(std::string* error) {
   }
   Config& fresh = *result.config;
   // Rules change live; the rest needs a restart, so say so instead of
-  // silently ignoring it.
-  if (fresh.daemon.workers != config_.daemon.workers ||
-      fresh.keys.max_keys != config_.keys.max_keys) {
-    spdlog::warn("reload: changes to [daemon] workers and [keys] take effect at the next restart");
+  // silently ignoring it. The socket may have come from --socket.
+  fresh.daemon.socket_path = config_.daemon.socket_path;
+  for (auto [section, changed] :
+       {std::pair{"[daemon]", !(fresh.daemon == config_.daemon)},
+        {"[limits]", !(fresh.limits == config_.limits)},
+        {"[keys]", !(fresh.keys == config_.keys)},
+        {"[redis]", fresh.redis != config_.redis}}) {
+    if (changed) {
+      spdlog::warn("reload: {} changed; only rules change on reload, the rest at the next restart",
+                   section);
+    }
   }
   config_.rules = fresh.rules;
   for (auto& worker : workers_) {
@@ -291,10 +314,13 @@ void Server::sweepKeys() {
 }
 
 void Server::beginStop() {
-  if (stopping_) {
-    return;
+  {
+    std::lock_guard<std::mutex> lock(reload_mutex_);
+    if (stopping_) {
+      return;
+    }
+    stopping_ = true;
   }
-  stopping_ = true;
   uv_close(reinterpret_cast<uv_handle_t*>(&listener_), nullptr);
   ::close(listen_fd_);
   listen_fd_ = -1;

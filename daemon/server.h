@@ -42,6 +42,8 @@ class Server : public DaemonStatus {
   int64_t uptimeMs() const override;
   size_t workers() const override { return workers_.size(); }
   MetricsSnapshot metrics() const override { return metrics_.snapshot(); }
+  size_t connections() const override;
+  bool redisConfigured() const override { return redis_configured_; }
   bool reload(std::string* error) override;
   bool isAdmin(const Peer& peer) const override;
 
@@ -58,6 +60,7 @@ class Server : public DaemonStatus {
   Metrics metrics_;
   std::vector<std::unique_ptr<Worker>> workers_;
   int64_t started_ms_ = 0;
+  bool redis_configured_ = false;
 
   uv_loop_t loop_;
   int listen_fd_ = -1;
@@ -66,7 +69,7 @@ class Server : public DaemonStatus {
   uv_signal_t sigint_;
   uv_signal_t sighup_;
   uv_timer_t key_sweep_;
-  bool stopping_ = false;
+  bool stopping_ = false;  // guarded by reload_mutex_
 };
 
 // Number of workers for a configured value (0: one per core).

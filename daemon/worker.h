@@ -48,7 +48,7 @@ class Worker {
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
 
-  // Starts the thread. Returns once its loop is running.
+  // Starts the thread that runs the loop; messages posted before it runs wait.
   void start();
   // Thread-safe: hands an accepted socket to this worker.
   void adopt(int fd, const Peer& peer);

@@ -85,20 +85,27 @@ shadow = true
 class Daemon:
     """A sluiced process on a private socket, stopped when the test ends."""
 
-    def __init__(self, idle="5m", partial="10s"):
+    def __init__(self, idle="5m", partial="10s", extra=""):
         self.dir = tempfile.mkdtemp(prefix="sl.", dir="/tmp")
         self.socket = os.path.join(self.dir, "s.sock")
         self.config = os.path.join(self.dir, "sluice.toml")
         with open(self.config, "w") as f:
-            f.write(BASE_CONFIG.format(socket=self.socket, idle=idle, partial=partial))
+            f.write(BASE_CONFIG.format(socket=self.socket, idle=idle, partial=partial) + extra)
         self.log = open(os.path.join(self.dir, "log"), "w+")
+        self.clients = []
         self.proc = subprocess.Popen([SLUICED, "--config", self.config],
                                      stdout=self.log, stderr=subprocess.STDOUT)
+        # The socket file appears at bind(), a moment before listen(): wait
+        # until a connection is accepted.
         deadline = time.monotonic() + 10
-        while not os.path.exists(self.socket):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("sluiced did not start: " + self.logs())
-            time.sleep(0.01)
+        while True:
+            try:
+                Client(self.socket).close()
+                break
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("sluiced did not start: " + self.logs())
+                time.sleep(0.01)
 
     def logs(self):
         self.log.flush()
@@ -106,9 +113,13 @@ class Daemon:
         return self.log.read()
 
     def connect(self):
-        return Client(self.socket)
+        client = Client(self.socket)
+        self.clients.append(client)
+        return client
 
     def stop(self):
+        for client in self.clients:
+            client.close()
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
@@ -389,6 +400,79 @@ class ProtocolTest(unittest.TestCase):
         finally:
             for c in extra:
                 c.close()
+
+
+GLOBAL_RULES = """
+[redis]
+url = "redis://127.0.0.1:1"
+expected_nodes = 4
+
+[[rule]]
+name = "shared"
+algorithm = "token_bucket"
+limit = 8
+period = "1h"
+scope = "global"
+on_redis_down = "local"
+
+[[rule]]
+name = "fail_open"
+limit = 8
+period = "1h"
+scope = "global"
+on_redis_down = "open"
+
+[[rule]]
+name = "fail_closed"
+limit = 8
+period = "1h"
+scope = "global"
+on_redis_down = "closed"
+"""
+
+
+class GlobalRulesWithoutRedisTest(unittest.TestCase):
+    """Until the lease path lands, global rules run on their Redis-down policy."""
+
+    def setUp(self):
+        self.daemon = Daemon(extra=GLOBAL_RULES)
+        self.client = self.daemon.connect()
+
+    def tearDown(self):
+        self.daemon.stop()
+
+    # Verifies policy "local" decides on the node's share: limit / expected_nodes.
+    def test_local_policy_uses_the_nodes_share(self):
+        results = [self.client.result("acquire", "shared", "k") for _ in range(5)]
+        self.assertEqual([r["allowed"] for r in results], [True, True, False, False, False])
+        self.assertTrue(all(r["mode"] == "fallback" for r in results))
+        self.assertEqual(results[0]["limit"], 2)
+
+    # Verifies policies "open" and "closed" answer without spending.
+    def test_open_and_closed_policies(self):
+        for _ in range(10):
+            self.assertTrue(self.client.result("acquire", "fail_open", "k")["allowed"])
+        closed = self.client.result("acquire", "fail_closed", "k")
+        self.assertFalse(closed["allowed"])
+        self.assertEqual(closed["mode"], "closed")
+        self.assertGreater(closed["retry_after_ms"], 0)
+
+    # Verifies acquire_all honours the policies: a closed item denies the
+    # group and nothing is spent elsewhere; an open item does not deny.
+    def test_acquire_all_honours_policies(self):
+        result = self.client.result("acquire_all", [["five", "a", 1], ["fail_closed", "a", 1]])
+        self.assertFalse(result["allowed"])
+        self.assertEqual([r["mode"] for r in result["results"]], ["local", "closed"])
+        self.assertEqual(self.client.result("peek", "five", "a")["remaining"], 5)
+        result = self.client.result("acquire_all", [["five", "a", 1], ["fail_open", "a", 1]])
+        self.assertTrue(result["allowed"])
+        self.assertEqual(self.client.result("peek", "five", "a")["remaining"], 4)
+
+    # Verifies health says the daemon is degraded while Redis is unreachable.
+    def test_health_is_degraded(self):
+        health = self.client.result("health")
+        self.assertEqual(health["status"], "degraded")
+        self.assertEqual(health["redis"], "down")
 
 
 class TimeoutTest(unittest.TestCase):

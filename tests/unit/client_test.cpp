@@ -933,6 +933,49 @@ TEST_F(ClientTest, MalformedResponsesAreProtocolErrors) {
   }
 }
 
+// Verifies that sluice_recv, which decodes responses in one pass, waits out
+// a frame arriving one byte at a time, gives a well-framed answer of the
+// wrong shape its own SLUICE_EPROTO status and keeps the connection, and
+// refuses an oversized frame.
+TEST_F(ClientTest, RecvDecodesFramesCutAnywhereAndKeepsShapeErrorsPerResponse) {
+  FakeServer s(path_, [](Conn& conn, int) {
+    while (auto req = conn.read()) {
+      msgpack::sbuffer buf;
+      msgpack::packer<msgpack::sbuffer> pk(buf);
+      std::string reply;
+      if (req->key == "no-allowed") {
+        pk.pack_array(4).pack(1).pack(req->msgid).pack_nil().pack_map(1).pack(std::string("limit")).pack(5);
+        reply.assign(buf.data(), buf.size());
+      } else if (req->key == "huge") {
+        pk.pack_array(4).pack(1).pack(req->msgid).pack_nil().pack_str(SLUICE_MAX_RESPONSE_BYTES);
+        reply.assign(buf.data(), buf.size());
+      } else {
+        Decision d;
+        d.remaining = 7;
+        reply = decisionReply(req->msgid, d);
+      }
+      for (char byte : reply) {
+        conn.send(std::string(1, byte));
+      }
+    }
+  });
+  connect();
+  uint32_t first = 0, second = 0;
+  ASSERT_EQ(sluice_send_acquire(client_, "api", "no-allowed", 10, 1, &first), 0);
+  ASSERT_EQ(sluice_send_acquire(client_, "api", "k", 1, 1, &second), 0);
+  sluice_response r;
+  ASSERT_EQ(sluice_recv(client_, kTimeoutMs, &r), 0);
+  EXPECT_EQ(r.msgid, first);
+  EXPECT_EQ(r.status, SLUICE_EPROTO);
+  ASSERT_EQ(sluice_recv(client_, kTimeoutMs, &r), 0);
+  EXPECT_EQ(r.msgid, second);
+  EXPECT_EQ(r.status, 0);
+  EXPECT_EQ(r.decision.remaining, 7);
+  ASSERT_EQ(sluice_send_acquire(client_, "api", "huge", 4, 1, nullptr), 0);
+  EXPECT_EQ(sluice_recv(client_, -1, &r), SLUICE_ETOOLARGE);
+  EXPECT_EQ(sluice_in_flight(client_), 0u);
+}
+
 // Verifies that bad arguments are refused before anything is sent.
 TEST_F(ClientTest, BadArgumentsAreRefused) {
   FakeServer* server = nullptr;

@@ -324,7 +324,7 @@ const Refusal kRefusals[] = {
     {"unknown_key_suggests", "[limits]\nmax_conections = 5\n", "2:1",
      "unknown key \"max_conections\" in [limits]; did you mean \"max_connections\"?"},
     {"unknown_key_lists_keys", "[keys]\nfoo = 1\n", "2:1",
-     "remove it (the keys of [keys] are max_keys, sweep_interval)"},
+     "remove it (the keys of [keys] are max_keys, max_memory, sweep_interval)"},
     {"unknown_section_suggests", "[limit]\nmax_depth = 4\n", "1:2", "did you mean [limits]?"},
     {"option_outside_section", "workers = 2\n", "1:1", "move it under [daemon]"},
     {"unknown_rule_key_suggests",

@@ -185,6 +185,26 @@ TEST(KeyTable, SizeNeverExceedsMaxKeys) {
   EXPECT_EQ(table.stats().forced_evictions, 900u);
 }
 
+// Verifies that long keys are bounded by max_bytes, not only by max_keys:
+// the table evicts to stay within its byte budget.
+TEST(KeyTable, LongKeysStayWithinTheByteBudget) {
+  KeyTableOptions opts = options(1000);
+  opts.max_bytes = 64 * 1024;
+  KeyTable table(opts);
+  KeyTable::ReadGuard guard(table, table.registerReader());
+  const std::string padding(4000, 'x');
+  for (int i = 0; i < 200; ++i) {
+    ASSERT_NE(table.findOrInsert(1, padding + std::to_string(i), 1, i * kMs), nullptr) << i;
+    ASSERT_LE(table.stats().bytes, opts.max_bytes);
+  }
+  EXPECT_LE(table.size(), 16u);
+  EXPECT_GE(table.stats().forced_evictions, 184u);
+  // The newest key is still there, whole.
+  KeyTable::Entry* newest = table.find(1, padding + "199");
+  ASSERT_NE(newest, nullptr);
+  EXPECT_EQ(newest->key(), padding + "199");
+}
+
 // Verifies that a table that can hold nothing answers nullptr (OVERLOADED).
 TEST(KeyTable, TableWithNothingToEvictReturnsNull) {
   KeyTable table(options(0));

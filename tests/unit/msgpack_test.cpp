@@ -302,6 +302,27 @@ TEST(MsgpackTest, EveryPrefixOfAValidValueIsIncomplete) {
   }
 }
 
+// Verifies that skipResumable, fed one more byte at a time, keeps its place:
+// it is incomplete until the last byte, never goes backwards, and ends exactly
+// where skip() ends, so a trickling frame is walked once, not once per byte.
+TEST(MsgpackTest, SkipResumableFedByteByByteEndsWhereSkipEnds) {
+  const Bytes bytes = everyEncoding();
+  SkipState state;
+  size_t last_offset = 0;
+  for (size_t length = 0; length < bytes.size(); ++length) {
+    const Bytes prefix(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(length));
+    Reader reader = readerOf(prefix);
+    ASSERT_FALSE(reader.skipResumable(&state, 3, 100)) << length;
+    ASSERT_EQ(reader.status(), Status::kIncomplete) << length;
+    EXPECT_GE(state.offset, last_offset) << length;
+    last_offset = state.offset;
+  }
+  EXPECT_GT(last_offset, bytes.size() / 2);  // progress was kept, not redone
+  Reader reader = readerOf(bytes);
+  ASSERT_TRUE(reader.skipResumable(&state, 3, 100));
+  EXPECT_EQ(reader.offset(), bytes.size());
+}
+
 // Verifies that every strict prefix of each scalar encoding is kIncomplete
 // for the typed reads too.
 TEST(MsgpackTest, EveryPrefixOfAScalarIsIncompleteForTypedReads) {
