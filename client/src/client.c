@@ -6,7 +6,10 @@
  * received bytes; in.data[in_pos, in.len) is not yet decoded. A response
  * frame has no length prefix: it ends where its MessagePack value ends, and
  * mp_frame_size() finds that end without trusting any length beyond the
- * SLUICE_MAX_RESPONSE_BYTES cap.
+ * SLUICE_MAX_RESPONSE_BYTES cap. sluice_recv() skips that pre-scan on its hot
+ * path: it decodes the response straight from `in`, every read bounded by the
+ * buffered bytes and the cap, and only when that fails (a frame not all here
+ * yet, or not shaped like a response) asks mp_frame_size() which it is.
  *
  * Reconnection (the rule in sluice.h): `resend_safe()` is true when every
  * request in flight is still wholly unwritten in `out`, i.e. the daemon
@@ -117,13 +120,22 @@ static int64_t now_ms(void) {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* A deadline in monotonic ms, or -1 for none (negative timeout). */
-static int64_t deadline_after(int timeout_ms) { return timeout_ms < 0 ? -1 : now_ms() + timeout_ms; }
+/* Deadlines are monotonic ms, or one of these (both negative, never a time). */
+#define SLUICE_DEADLINE_NONE (-1) /* wait as long as it takes */
+#define SLUICE_DEADLINE_NOW (-2)  /* a 0-ms timeout: passed already, no clock read */
+
+/* The deadline for a timeout: none when negative, now when 0. */
+static int64_t deadline_after(int timeout_ms) {
+  if (timeout_ms <= 0) {
+    return timeout_ms < 0 ? SLUICE_DEADLINE_NONE : SLUICE_DEADLINE_NOW;
+  }
+  return now_ms() + timeout_ms;
+}
 
 /* Milliseconds left for poll(): -1 without a deadline, 0 once it passed. */
 static int ms_left(int64_t deadline_ms) {
   if (deadline_ms < 0) {
-    return -1;
+    return deadline_ms == SLUICE_DEADLINE_NONE ? -1 : 0;
   }
   int64_t left = deadline_ms - now_ms();
   return left <= 0 ? 0 : (int)left;
@@ -384,6 +396,15 @@ static int flush_until(sluice_client* c, int64_t deadline_ms) {
   return 0;
 }
 
+/* Marks the next `size` bytes of `in` decoded. */
+static void consume_input(sluice_client* c, size_t size) {
+  c->in_pos += size;
+  if (c->in_pos == c->in.len) {
+    c->in_pos = 0;
+    c->in.len = 0;
+  }
+}
+
 /* The next complete response frame from `in`, reading as needed. The frame
  * stays valid until the next read on the handle. */
 static int next_frame(sluice_client* c, int64_t deadline_ms, const uint8_t** frame, size_t* len) {
@@ -394,11 +415,7 @@ static int next_frame(sluice_client* c, int64_t deadline_ms, const uint8_t** fra
     if (rc == 1) {
       *frame = start;
       *len = size;
-      c->in_pos += size;
-      if (c->in_pos == c->in.len) {
-        c->in_pos = 0;
-        c->in.len = 0;
-      }
+      consume_input(c, size);
       return 0;
     }
     if (rc == -1) {
@@ -430,12 +447,15 @@ static void copy_text(char* dst, size_t cap, const uint8_t* src, uint32_t len) {
   dst[n] = '\0';
 }
 
+/* A method name as two arguments, the name and its length; the "" makes
+ * anything but a string literal a compile error, so sizeof is its length. */
+#define SLUICE_METHOD(name) ("" name), (sizeof("" name) - 1)
+
 /* Reserves room for a request whose parameters take at most params_bytes,
  * writes [0, msgid, method, and returns where the parameters go (NULL when
  * memory ran out). finish_request() completes it. */
-static uint8_t* begin_request(sluice_client* c, const char* method, size_t params_bytes,
-                              uint32_t* msgid) {
-  size_t method_len = strlen(method);
+static uint8_t* begin_request(sluice_client* c, const char* method, size_t method_len,
+                              size_t params_bytes, uint32_t* msgid) {
   uint8_t* p = sluice_buf_reserve(&c->out, SLUICE_REQUEST_OVERHEAD_BYTES + method_len + params_bytes);
   if (p == NULL) {
     c->out.failed = 0;
@@ -463,34 +483,37 @@ static uint8_t* put_key(uint8_t* p, const void* key, size_t key_len) {
   return mp_put_bin(p, key, (uint32_t)key_len);
 }
 
-static int item_valid(const char* rule, const void* key, size_t key_len) {
+/* Item checks and encoding take the rule's length, measured once per item. */
+static int item_valid(const char* rule, size_t rule_len, const void* key, size_t key_len) {
   return rule != NULL && (key != NULL || key_len == 0) && key_len <= UINT32_MAX &&
-         strlen(rule) <= UINT32_MAX;
+         rule_len <= UINT32_MAX;
 }
 
-static size_t item_bytes(const char* rule, size_t key_len) {
-  return 4 * MP_MAX_HEADER + strlen(rule) + key_len;
+static size_t item_bytes(size_t rule_len, size_t key_len) {
+  return 4 * MP_MAX_HEADER + rule_len + key_len;
 }
 
 /* [rule, key] or [rule, key, cost] */
-static uint8_t* put_item(uint8_t* p, const char* rule, const void* key, size_t key_len, int with_cost,
-                         uint32_t cost) {
+static uint8_t* put_item(uint8_t* p, const char* rule, size_t rule_len, const void* key,
+                         size_t key_len, int with_cost, uint32_t cost) {
   p = mp_put_array(p, with_cost ? 3 : 2);
-  p = mp_put_str(p, rule, (uint32_t)strlen(rule));
+  p = mp_put_str(p, rule, (uint32_t)rule_len);
   p = put_key(p, key, key_len);
   return with_cost ? mp_put_uint(p, cost) : p;
 }
 
-static int queue_item_request(sluice_client* c, const char* method, const char* rule, const void* key,
-                              size_t key_len, int with_cost, uint32_t cost, uint32_t* msgid) {
-  if (c == NULL || !item_valid(rule, key, key_len)) {
+static int queue_item_request(sluice_client* c, const char* method, size_t method_len,
+                              const char* rule, const void* key, size_t key_len, int with_cost,
+                              uint32_t cost, uint32_t* msgid) {
+  size_t rule_len = rule != NULL ? strlen(rule) : 0;
+  if (c == NULL || !item_valid(rule, rule_len, key, key_len)) {
     return SLUICE_EINVAL;
   }
-  uint8_t* p = begin_request(c, method, item_bytes(rule, key_len), msgid);
+  uint8_t* p = begin_request(c, method, method_len, item_bytes(rule_len, key_len), msgid);
   if (p == NULL) {
     return SLUICE_ENOMEM;
   }
-  finish_request(c, put_item(p, rule, key, key_len, with_cost, cost));
+  finish_request(c, put_item(p, rule, rule_len, key, key_len, with_cost, cost));
   return 0;
 }
 
@@ -540,9 +563,9 @@ static int parse_response(sluice_client* c, const uint8_t* frame, size_t len, mp
       return SLUICE_EPROTO;
     }
     int is_text = field.type == MP_STR || field.type == MP_BIN;
-    if (is_text && mp_bytes_equal(key, key_len, "code")) {
+    if (is_text && MP_BYTES_ARE(key, key_len, "code")) {
       copy_text(c->error_code, sizeof c->error_code, field.v.bytes.ptr, field.v.bytes.len);
-    } else if (is_text && mp_bytes_equal(key, key_len, "message")) {
+    } else if (is_text && MP_BYTES_ARE(key, key_len, "message")) {
       copy_text(c->error_message, sizeof c->error_message, field.v.bytes.ptr, field.v.bytes.len);
     } else {
       r->p = field_start;
@@ -554,13 +577,49 @@ static int parse_response(sluice_client* c, const uint8_t* frame, size_t len, mp
   return 0;
 }
 
+/* The mode a wire name stands for. The names (mode_names) start with six
+ * different letters, so the first byte picks the one candidate. */
 static sluice_mode mode_from_name(const uint8_t* name, uint32_t len) {
-  for (size_t i = 1; i < sizeof mode_names / sizeof mode_names[0]; i++) {
-    if (mp_bytes_equal(name, len, mode_names[i])) {
-      return (sluice_mode)i;
-    }
+#define SLUICE_MODE_IF_(text, mode) (MP_BYTES_ARE(name, len, text) ? (mode) : SLUICE_MODE_UNKNOWN)
+  switch (len > 0 ? name[0] : 0) {
+    case 'n': return SLUICE_MODE_IF_("normal", SLUICE_MODE_NORMAL);
+    case 'f': return SLUICE_MODE_IF_("fallback", SLUICE_MODE_FALLBACK);
+    case 'o': return SLUICE_MODE_IF_("open", SLUICE_MODE_OPEN);
+    case 'c': return SLUICE_MODE_IF_("closed", SLUICE_MODE_CLOSED);
+    case 's': return SLUICE_MODE_IF_("shadow", SLUICE_MODE_SHADOW);
+    case 'l': return SLUICE_MODE_IF_("local", SLUICE_MODE_LOCAL);
+    default: return SLUICE_MODE_UNKNOWN;
   }
-  return SLUICE_MODE_UNKNOWN;
+#undef SLUICE_MODE_IF_
+}
+
+/* The decision map's keys: the hot loop below tells them apart by length
+ * first (no two kinds share one but the two *_after_ms), then by bytes. */
+enum decision_key { KEY_OTHER, KEY_NUMBER, KEY_ALLOWED, KEY_MODE };
+
+static enum decision_key decision_key(const uint8_t* key, uint32_t len, sluice_decision* d,
+                                      int64_t** number) {
+  switch (len) {
+    case sizeof "mode" - 1:
+      return MP_BYTES_ARE(key, len, "mode") ? KEY_MODE : KEY_OTHER;
+    case sizeof "limit" - 1:
+      *number = &d->limit;
+      return MP_BYTES_ARE(key, len, "limit") ? KEY_NUMBER : KEY_OTHER;
+    case sizeof "allowed" - 1:
+      return MP_BYTES_ARE(key, len, "allowed") ? KEY_ALLOWED : KEY_OTHER;
+    case sizeof "remaining" - 1:
+      *number = &d->remaining;
+      return MP_BYTES_ARE(key, len, "remaining") ? KEY_NUMBER : KEY_OTHER;
+    case sizeof "reset_after_ms" - 1: /* == sizeof "retry_after_ms" - 1 */
+      if (MP_BYTES_ARE(key, len, "reset_after_ms")) {
+        *number = &d->reset_after_ms;
+        return KEY_NUMBER;
+      }
+      *number = &d->retry_after_ms;
+      return MP_BYTES_ARE(key, len, "retry_after_ms") ? KEY_NUMBER : KEY_OTHER;
+    default:
+      return KEY_OTHER;
+  }
 }
 
 /* Reads a decision map; keys this library does not know are skipped. */
@@ -578,27 +637,19 @@ static int parse_decision(mp_reader* r, sluice_decision* d) {
       return SLUICE_EPROTO;
     }
     int64_t* number = NULL;
-    if (mp_bytes_equal(key, key_len, "remaining")) {
-      number = &d->remaining;
-    } else if (mp_bytes_equal(key, key_len, "limit")) {
-      number = &d->limit;
-    } else if (mp_bytes_equal(key, key_len, "reset_after_ms")) {
-      number = &d->reset_after_ms;
-    } else if (mp_bytes_equal(key, key_len, "retry_after_ms")) {
-      number = &d->retry_after_ms;
-    }
-    if (number != NULL) {
+    enum decision_key kind = decision_key(key, key_len, d, &number);
+    if (kind == KEY_NUMBER) {
       if (mp_read_int(r, number) != 0) {
         return SLUICE_EPROTO;
       }
-    } else if (mp_bytes_equal(key, key_len, "allowed")) {
+    } else if (kind == KEY_ALLOWED) {
       mp_value b;
       if (mp_read(r, &b) != 0 || b.type != MP_BOOL) {
         return SLUICE_EPROTO;
       }
       d->allowed = b.v.boolean;
       saw_allowed = 1;
-    } else if (mp_bytes_equal(key, key_len, "mode")) {
+    } else if (kind == KEY_MODE) {
       const uint8_t* name;
       uint32_t name_len;
       if (mp_read_bytes(r, &name, &name_len) != 0) {
@@ -649,14 +700,14 @@ static int sync_exchange(sluice_client* c, int64_t deadline_ms, uint32_t msgid, 
   return status;
 }
 
-static int sync_item_call(sluice_client* c, const char* method, const char* rule, const void* key,
-                          size_t key_len, int with_cost, uint32_t cost, int timeout_ms,
-                          mp_reader* r) {
+static int sync_item_call(sluice_client* c, const char* method, size_t method_len,
+                          const char* rule, const void* key, size_t key_len, int with_cost,
+                          uint32_t cost, int timeout_ms, mp_reader* r) {
   int64_t deadline_ms = deadline_after(timeout_ms);
   uint32_t msgid;
   int rc = sync_begin(c);
   if (rc == 0) {
-    rc = queue_item_request(c, method, rule, key, key_len, with_cost, cost, &msgid);
+    rc = queue_item_request(c, method, method_len, rule, key, key_len, with_cost, cost, &msgid);
   }
   return rc != 0 ? rc : sync_exchange(c, deadline_ms, msgid, r);
 }
@@ -667,7 +718,7 @@ int sluice_acquire(sluice_client* c, const char* rule, const void* key, size_t k
   if (out == NULL) {
     return SLUICE_EINVAL;
   }
-  int rc = sync_item_call(c, "acquire", rule, key, key_len, 1, cost, timeout_ms, &r);
+  int rc = sync_item_call(c, SLUICE_METHOD("acquire"), rule, key, key_len, 1, cost, timeout_ms, &r);
   return rc != 0 ? rc : parse_decision(&r, out);
 }
 
@@ -677,7 +728,7 @@ int sluice_peek(sluice_client* c, const char* rule, const void* key, size_t key_
   if (out == NULL) {
     return SLUICE_EINVAL;
   }
-  int rc = sync_item_call(c, "peek", rule, key, key_len, 0, 0, timeout_ms, &r);
+  int rc = sync_item_call(c, SLUICE_METHOD("peek"), rule, key, key_len, 0, 0, timeout_ms, &r);
   return rc != 0 ? rc : parse_decision(&r, out);
 }
 
@@ -685,7 +736,7 @@ int sluice_release(sluice_client* c, const char* rule, const void* key, size_t k
                    uint32_t cost, int timeout_ms, sluice_decision* out) {
   mp_reader r;
   sluice_decision ignored;
-  int rc = sync_item_call(c, "release", rule, key, key_len, 1, cost, timeout_ms, &r);
+  int rc = sync_item_call(c, SLUICE_METHOD("release"), rule, key, key_len, 1, cost, timeout_ms, &r);
   if (rc != 0) {
     return rc;
   }
@@ -708,24 +759,26 @@ int sluice_acquire_all(sluice_client* c, const sluice_item* items, size_t count,
   }
   size_t params_bytes = 2 * MP_MAX_HEADER;
   for (size_t i = 0; i < count; i++) {
-    if (!item_valid(items[i].rule, items[i].key, items[i].key_len)) {
+    size_t rule_len = items[i].rule != NULL ? strlen(items[i].rule) : 0;
+    if (!item_valid(items[i].rule, rule_len, items[i].key, items[i].key_len)) {
       return SLUICE_EINVAL;
     }
-    params_bytes += item_bytes(items[i].rule, items[i].key_len);
+    params_bytes += item_bytes(rule_len, items[i].key_len);
   }
   int rc = sync_begin(c);
   if (rc != 0) {
     return rc;
   }
   uint32_t msgid;
-  uint8_t* p = begin_request(c, "acquire_all", params_bytes, &msgid);
+  uint8_t* p = begin_request(c, SLUICE_METHOD("acquire_all"), params_bytes, &msgid);
   if (p == NULL) {
     return SLUICE_ENOMEM;
   }
   p = mp_put_array(p, 1);
   p = mp_put_array(p, (uint32_t)count);
   for (size_t i = 0; i < count; i++) {
-    p = put_item(p, items[i].rule, items[i].key, items[i].key_len, 1, items[i].cost);
+    p = put_item(p, items[i].rule, strlen(items[i].rule), items[i].key, items[i].key_len, 1,
+                 items[i].cost);
   }
   finish_request(c, p);
 
@@ -746,13 +799,13 @@ int sluice_acquire_all(sluice_client* c, const sluice_item* items, size_t count,
     if (mp_read_bytes(&r, &key, &key_len) != 0) {
       return SLUICE_EPROTO;
     }
-    if (mp_bytes_equal(key, key_len, "allowed")) {
+    if (MP_BYTES_ARE(key, key_len, "allowed")) {
       if (mp_read(&r, &field) != 0 || field.type != MP_BOOL) {
         return SLUICE_EPROTO;
       }
       *all_allowed = field.v.boolean;
       saw_allowed = 1;
-    } else if (mp_bytes_equal(key, key_len, "results")) {
+    } else if (MP_BYTES_ARE(key, key_len, "results")) {
       if (mp_read(&r, &field) != 0 || field.type != MP_ARRAY || field.v.count != count) {
         return SLUICE_EPROTO;
       }
@@ -780,7 +833,7 @@ static int sync_plain_call(sluice_client* c, const char* method, int timeout_ms,
     return rc;
   }
   uint32_t msgid;
-  uint8_t* p = begin_request(c, method, 1, &msgid);
+  uint8_t* p = begin_request(c, method, strlen(method), 1, &msgid);
   if (p == NULL) {
     return SLUICE_ENOMEM;
   }
@@ -810,8 +863,8 @@ int sluice_health(sluice_client* c, int timeout_ms, sluice_health_info* out) {
     if (mp_read_bytes(&r, &key, &key_len) != 0) {
       return SLUICE_EPROTO;
     }
-    char* field = mp_bytes_equal(key, key_len, "status")  ? out->status
-                  : mp_bytes_equal(key, key_len, "redis") ? out->redis
+    char* field = MP_BYTES_ARE(key, key_len, "status")  ? out->status
+                  : MP_BYTES_ARE(key, key_len, "redis") ? out->redis
                                                           : NULL;
     if (field == NULL) {
       if (mp_skip(&r) != 0) {
@@ -855,7 +908,7 @@ int sluice_call_json(sluice_client* c, const char* method, int timeout_ms, char*
 int sluice_send_acquire(sluice_client* c, const char* rule, const void* key, size_t key_len,
                         uint32_t cost, uint32_t* msgid_out) {
   uint32_t msgid;
-  int rc = queue_item_request(c, "acquire", rule, key, key_len, 1, cost, &msgid);
+  int rc = queue_item_request(c, SLUICE_METHOD("acquire"), rule, key, key_len, 1, cost, &msgid);
   if (rc == 0 && msgid_out != NULL) {
     *msgid_out = msgid;
   }
@@ -865,7 +918,7 @@ int sluice_send_acquire(sluice_client* c, const char* rule, const void* key, siz
 int sluice_send_peek(sluice_client* c, const char* rule, const void* key, size_t key_len,
                      uint32_t* msgid_out) {
   uint32_t msgid;
-  int rc = queue_item_request(c, "peek", rule, key, key_len, 0, 0, &msgid);
+  int rc = queue_item_request(c, SLUICE_METHOD("peek"), rule, key, key_len, 0, 0, &msgid);
   if (rc == 0 && msgid_out != NULL) {
     *msgid_out = msgid;
   }
@@ -883,33 +936,82 @@ int sluice_flush(sluice_client* c, int timeout_ms) {
   return rc;
 }
 
+/* Decodes a pipelined response, [1, msgid, error, result], from the start of
+ * data[0, len) into *out; on success returns the bytes it took (the frame's
+ * length, as every element is read whole), else 0: then the bytes are an
+ * incomplete frame, not MessagePack, too large, or a frame of another shape
+ * (`out` and the handle's error texts may hold a partial result). */
+static size_t decode_response(sluice_client* c, const uint8_t* data, size_t len,
+                              sluice_response* out) {
+  mp_reader r;
+  if (parse_response(c, data, len, &r, &out->msgid, &out->status) != 0) {
+    return 0;
+  }
+  memset(&out->decision, 0, sizeof out->decision);
+  if (out->status == 0 ? parse_decision(&r, &out->decision) != 0 : mp_skip(&r) != 0) {
+    return 0;
+  }
+  return (size_t)(r.p - data);
+}
+
+/* Takes the response at the head of `in` into *out. Returns 1 when one was
+ * complete, 0 when more bytes are needed, else SLUICE_EPROTO or
+ * SLUICE_ETOOLARGE (the connection is then unusable).
+ *
+ * One pass on the hot path: decode_response() reads the frame straight from
+ * `in`, bounded by the bytes buffered and by SLUICE_MAX_RESPONSE_BYTES, and
+ * where it succeeds the frame was complete and within the cap. Only when it
+ * fails does mp_frame_size() say why, with the exact rules of next_frame():
+ * incomplete, not MessagePack, too large (declared lengths included), or
+ * complete but shaped otherwise, which is decoded again within the frame to
+ * give that response its status, as a synchronous call would. */
+static int take_response(sluice_client* c, sluice_response* out) {
+  const uint8_t* start = c->in.data + c->in_pos;
+  size_t avail = c->in.len - c->in_pos;
+  size_t bound = avail < SLUICE_MAX_RESPONSE_BYTES ? avail : SLUICE_MAX_RESPONSE_BYTES;
+  sluice_response got;
+  size_t size = avail > 0 ? decode_response(c, start, bound, &got) : 0;
+  if (size == 0) {
+    int rc = mp_frame_size(start, avail, SLUICE_MAX_RESPONSE_BYTES, &size);
+    if (rc != 1) {
+      clear_server_error(c); /* a partial frame's error texts are no answer */
+      return rc == 0 ? 0 : rc == -1 ? SLUICE_EPROTO : SLUICE_ETOOLARGE;
+    }
+    mp_reader r;
+    if (parse_response(c, start, size, &r, &got.msgid, &got.status) != 0) {
+      return SLUICE_EPROTO;
+    }
+    memset(&got.decision, 0, sizeof got.decision);
+    if (got.status == 0) {
+      got.status = parse_decision(&r, &got.decision);
+    }
+  }
+  consume_input(c, size);
+  *out = got;
+  return 1;
+}
+
 int sluice_recv(sluice_client* c, int timeout_ms, sluice_response* out) {
-  int64_t deadline_ms = deadline_after(timeout_ms);
   if (c == NULL || out == NULL || c->in_flight == 0) {
     return SLUICE_EINVAL;
   }
   clear_server_error(c);
-  const uint8_t* frame;
-  size_t len;
-  mp_reader r;
-  int rc = flush_until(c, deadline_ms);
+  /* With nothing to write and an answer buffered: no clock read, no poll(). */
+  int rc = c->out_pos == c->out.len ? take_response(c, out) : 0;
   if (rc == 0) {
-    rc = next_frame(c, deadline_ms, &frame, &len);
-  }
-  if (rc == 0) {
-    rc = parse_response(c, frame, len, &r, &out->msgid, &out->status);
+    int64_t deadline_ms = deadline_after(timeout_ms);
+    rc = flush_until(c, deadline_ms);
+    while (rc == 0 && (rc = take_response(c, out)) == 0) {
+      rc = c->fd < 0 ? SLUICE_ECLOSED : pump(c, deadline_ms, 1);
+    }
   }
   if (rc == SLUICE_ETIMEDOUT) {
     return rc;
   }
-  if (rc != 0) {
+  if (rc != 1) {
     drop_connection(c);
     return rc;
   }
   c->in_flight--;
-  memset(&out->decision, 0, sizeof out->decision);
-  if (out->status == 0) {
-    out->status = parse_decision(&r, &out->decision);
-  }
   return 0;
 }

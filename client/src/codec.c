@@ -384,7 +384,14 @@ int mp_skip(mp_reader* r) {
   return 0;
 }
 
+/* The typed reads below first try the one-byte forms a decision is made of
+ * (positive fixint, fixstr), checked against the end like any other read. */
+
 int mp_read_int(mp_reader* r, int64_t* out) {
+  if (!r->error && r->p < r->end && *r->p <= 0x7f) {
+    *out = *r->p++;
+    return 0;
+  }
   const uint8_t* start = r->p;
   mp_value v;
   if (mp_read(r, &v) != 0) {
@@ -404,6 +411,10 @@ int mp_read_int(mp_reader* r, int64_t* out) {
 }
 
 int mp_read_uint(mp_reader* r, uint64_t* out) {
+  if (!r->error && r->p < r->end && *r->p <= 0x7f) {
+    *out = *r->p++;
+    return 0;
+  }
   const uint8_t* start = r->p;
   mp_value v;
   if (mp_read(r, &v) != 0) {
@@ -419,6 +430,13 @@ int mp_read_uint(mp_reader* r, uint64_t* out) {
 }
 
 int mp_read_bytes(mp_reader* r, const uint8_t** ptr, uint32_t* len) {
+  if (!r->error && r->p < r->end && (*r->p & 0xe0) == 0xa0 &&
+      (size_t)(r->end - r->p) > (size_t)(*r->p & 0x1f)) {
+    *len = *r->p & 0x1f; /* fixstr: the bytes follow the type byte */
+    *ptr = r->p + 1;
+    r->p += 1 + *len;
+    return 0;
+  }
   const uint8_t* start = r->p;
   mp_value v;
   if (mp_read(r, &v) != 0) {
@@ -432,11 +450,6 @@ int mp_read_bytes(mp_reader* r, const uint8_t** ptr, uint32_t* len) {
   r->p = start;
   r->error = 1;
   return -1;
-}
-
-int mp_bytes_equal(const uint8_t* ptr, uint32_t len, const char* text) {
-  size_t n = strlen(text);
-  return n == len && memcmp(ptr, text, n) == 0;
 }
 
 int mp_frame_size(const uint8_t* data, size_t len, size_t max_size, size_t* size) {

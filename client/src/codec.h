@@ -17,6 +17,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -106,8 +107,14 @@ int mp_read_int(mp_reader* r, int64_t* out);
 int mp_read_uint(mp_reader* r, uint64_t* out);
 /* A str or bin value. */
 int mp_read_bytes(mp_reader* r, const uint8_t** ptr, uint32_t* len);
-/* 1 when the value is a str or bin equal to `text`, 0 otherwise. */
-int mp_bytes_equal(const uint8_t* ptr, uint32_t len, const char* text);
+/* 1 when bytes ptr[0..len) spell the non-empty string literal `lit`, else 0
+ * (the "" makes anything but a literal a compile error). Its length is
+ * sizeof(lit) - 1, a compile-time constant, so the check costs a length
+ * compare, then a first-byte compare, and only when both match a fixed-size
+ * memcmp that the compiler inlines. */
+#define MP_BYTES_ARE(ptr, len, lit)                                    \
+  ((len) == sizeof("" lit) - 1 && (ptr)[0] == (uint8_t)(lit)[0] && \
+   memcmp((ptr), (lit), sizeof(lit) - 1) == 0)
 
 /* Where the first complete value in data[0..len) ends.
  * Returns 1 and *size when complete, 0 when more bytes are needed, -1 when
