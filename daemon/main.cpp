@@ -1,6 +1,7 @@
 // sluiced: command line, config loading and logging set-up; the daemon itself
 // is Server (server.h).
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <cstdio>
 #include <cstring>
@@ -122,6 +123,21 @@ int main(int argc, char** argv) {
 
   // A client that disconnects while we write must not kill the daemon.
   signal(SIGPIPE, SIG_IGN);
+
+  // Every connection is a descriptor: take all the kernel allows this process
+  // (the soft limit is often 1024), and say so when it is still too few.
+  rlimit files{};
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0) {
+    files.rlim_cur = files.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &files);
+    getrlimit(RLIMIT_NOFILE, &files);
+    constexpr rlim_t kSpareFiles = 64;  // listener, loops, logs, Redis
+    if (files.rlim_cur < config.limits.max_connections + kSpareFiles) {
+      spdlog::warn("open files limit {} is below [limits] max_connections {} + {}; "
+                   "raise LimitNOFILE or lower max_connections",
+                   files.rlim_cur, config.limits.max_connections, kSpareFiles);
+    }
+  }
 
   sluice::Server server(std::move(config));
   return server.run();

@@ -21,6 +21,8 @@ namespace sluice {
 namespace {
 
 constexpr int kListenBacklog = 1024;
+// How long accepting pauses when the process is out of file descriptors.
+constexpr uint64_t kAcceptPauseMs = 100;
 
 std::string errnoText(int err) { return std::strerror(err); }
 
@@ -183,11 +185,9 @@ int Server::run() {
 
   uv_poll_init(&loop_, &listener_, listen_fd_);
   listener_.data = this;
-  uv_poll_start(&listener_, UV_READABLE, [](uv_poll_t* handle, int status, int) {
-    if (status == 0) {
-      static_cast<Server*>(handle->data)->onAcceptable();
-    }
-  });
+  uv_timer_init(&loop_, &accept_pause_);
+  accept_pause_.data = this;
+  startAccepting();
   uv_timer_init(&loop_, &key_sweep_);
   key_sweep_.data = this;
   auto sweep_ms = static_cast<uint64_t>(config_.keys.sweep_interval_ms);
@@ -210,6 +210,14 @@ int Server::run() {
   return 0;
 }
 
+void Server::startAccepting() {
+  uv_poll_start(&listener_, UV_READABLE, [](uv_poll_t* handle, int status, int) {
+    if (status == 0) {
+      static_cast<Server*>(handle->data)->onAcceptable();
+    }
+  });
+}
+
 void Server::onAcceptable() {
   for (;;) {
     int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -217,8 +225,22 @@ void Server::onAcceptable() {
       if (errno == EINTR || errno == ECONNABORTED) {
         continue;
       }
-      if (errno != EAGAIN && errno != EWOULDBLOCK) {
-        // EMFILE and friends: log, and let the next readiness retry.
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        // Out of descriptors or memory: the listener stays readable, so
+        // polling on would spin. Pause accepting; clients wait in the backlog.
+        spdlog::warn("accept: {}; pausing accepts for {} ms", errnoText(errno),
+                     kAcceptPauseMs);
+        uv_poll_stop(&listener_);
+        uv_timer_start(
+            &accept_pause_,
+            [](uv_timer_t* t) {
+              auto* self = static_cast<Server*>(t->data);
+              if (!self->stopping_) {
+                self->startAccepting();
+              }
+            },
+            kAcceptPauseMs, 0);
+      } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
         spdlog::warn("accept: {}", errnoText(errno));
       }
       return;
@@ -322,6 +344,7 @@ void Server::beginStop() {
     stopping_ = true;
   }
   uv_close(reinterpret_cast<uv_handle_t*>(&listener_), nullptr);
+  uv_close(reinterpret_cast<uv_handle_t*>(&accept_pause_), nullptr);
   ::close(listen_fd_);
   listen_fd_ = -1;
   unlink(config_.daemon.socket_path.c_str());

@@ -49,6 +49,7 @@ class Server : public DaemonStatus {
 
  private:
   bool listen(std::string* error);
+  void startAccepting();
   void onAcceptable();
   void onSignal(int signum);
   void sweepKeys();
@@ -65,6 +66,7 @@ class Server : public DaemonStatus {
   uv_loop_t loop_;
   int listen_fd_ = -1;
   uv_poll_t listener_;
+  uv_timer_t accept_pause_;  // restarts accepting after running out of fds
   uv_signal_t sigterm_;
   uv_signal_t sigint_;
   uv_signal_t sighup_;

@@ -30,7 +30,7 @@ workers = 2
 log_level = "warn"
 
 [limits]
-max_connections = 16
+max_connections = {max_connections}
 max_frame_bytes = 65536
 max_output_bytes = 65536
 idle_timeout = "{idle}"
@@ -82,18 +82,26 @@ shadow = true
 """
 
 
+def cpu_seconds(pid):
+    """User plus system CPU time of a process, from /proc."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class Daemon:
     """A sluiced process on a private socket, stopped when the test ends."""
 
-    def __init__(self, idle="5m", partial="10s", extra=""):
+    def __init__(self, idle="5m", partial="10s", extra="", prefix=(), max_connections=16):
         self.dir = tempfile.mkdtemp(prefix="sl.", dir="/tmp")
         self.socket = os.path.join(self.dir, "s.sock")
         self.config = os.path.join(self.dir, "sluice.toml")
         with open(self.config, "w") as f:
-            f.write(BASE_CONFIG.format(socket=self.socket, idle=idle, partial=partial) + extra)
+            f.write(BASE_CONFIG.format(socket=self.socket, idle=idle, partial=partial,
+                                       max_connections=max_connections) + extra)
         self.log = open(os.path.join(self.dir, "log"), "w+")
         self.clients = []
-        self.proc = subprocess.Popen([SLUICED, "--config", self.config],
+        self.proc = subprocess.Popen([*prefix, SLUICED, "--config", self.config],
                                      stdout=self.log, stderr=subprocess.STDOUT)
         # The socket file appears at bind(), a moment before listen(): wait
         # until a connection is accepted.
@@ -508,6 +516,37 @@ class LifecycleTest(unittest.TestCase):
             self.assertEqual(sorted(r[1] for r in responses), list(range(50)))
             self.assertEqual(daemon.proc.wait(timeout=10), 0)
             self.assertFalse(os.path.exists(daemon.socket))
+        finally:
+            daemon.stop()
+
+    # Verifies that running out of file descriptors pauses accepting instead
+    # of spinning, and that clients are served again once descriptors free up.
+    def test_out_of_descriptors_does_not_spin(self):
+        daemon = Daemon(prefix=("prlimit", "--nofile=48:48"), max_connections=1000)
+        try:
+            clients = []
+            for _ in range(60):
+                try:
+                    clients.append(Client(daemon.socket))
+                except OSError:
+                    break
+            time.sleep(0.2)
+            before = cpu_seconds(daemon.proc.pid)
+            time.sleep(1.0)
+            self.assertLess(cpu_seconds(daemon.proc.pid) - before, 0.3)
+            for c in clients:
+                c.close()
+            deadline = time.monotonic() + 5
+            while True:
+                try:
+                    client = Client(daemon.socket)
+                    self.assertEqual(client.result("health")["status"], "ok")
+                    client.close()
+                    break
+                except (OSError, ConnectionError):
+                    self.assertLess(time.monotonic(), deadline)
+                    time.sleep(0.05)
+            self.assertIn("pausing accepts", daemon.logs())
         finally:
             daemon.stop()
 
