@@ -1,6 +1,7 @@
 // Fixed window: per-window counts, boundaries, retry hints, id aliasing and
 // clock oddities, on a simulated clock.
 #include "algorithms/fixed_window.h"
+#include "word_key.h"
 
 #include <gtest/gtest.h>
 
@@ -10,25 +11,10 @@
 namespace sluice {
 namespace {
 
-constexpr int64_t kMs = 1'000'000;
-constexpr int64_t kSecond = 1'000 * kMs;
-
-// One key's fixed-window word plus the limit it is judged by.
-struct Counter {
-  Limit limit;
-  uint64_t state = 0;
-
-  Decision acquire(int64_t now_ns, int64_t cost = 1) { return fixed_window::acquire(state, limit, now_ns, cost); }
-  Decision peek(int64_t now_ns, int64_t cost = 0) const {
-    uint64_t copy = state;
-    return fixed_window::acquire(copy, limit, now_ns, cost);
-  }
-  int64_t drain(int64_t now_ns) {
-    int64_t granted = 0;
-    while (acquire(now_ns).allowed) ++granted;
-    return granted;
-  }
-};
+using test::kMs;
+using test::kSecond;
+// One key's state word plus the limit it is judged by.
+using Counter = test::WordKey<fixed_window::acquire>;
 
 Counter counter(int64_t limit, int64_t period_ns) { return Counter{Limit{limit, period_ns, limit}}; }
 

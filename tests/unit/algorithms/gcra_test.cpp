@@ -1,6 +1,7 @@
 // GCRA: emission interval, burst tolerance, retry hints and clock oddities, on
 // a simulated clock.
 #include "algorithms/gcra.h"
+#include "word_key.h"
 
 #include <gtest/gtest.h>
 
@@ -10,25 +11,10 @@
 namespace sluice {
 namespace {
 
-constexpr int64_t kMs = 1'000'000;
-constexpr int64_t kSecond = 1'000 * kMs;
-
-// One key's GCRA state word plus the limit it is judged by.
-struct Cell {
-  Limit limit;
-  uint64_t state = 0;
-
-  Decision acquire(int64_t now_ns, int64_t cost = 1) { return gcra::acquire(state, limit, now_ns, cost); }
-  Decision peek(int64_t now_ns, int64_t cost = 0) const {
-    uint64_t copy = state;
-    return gcra::acquire(copy, limit, now_ns, cost);
-  }
-  int64_t drain(int64_t now_ns) {
-    int64_t granted = 0;
-    while (acquire(now_ns).allowed) ++granted;
-    return granted;
-  }
-};
+using test::kMs;
+using test::kSecond;
+// One key's state word plus the limit it is judged by.
+using Cell = test::WordKey<gcra::acquire>;
 
 Cell cell(int64_t limit, int64_t period_ns, int64_t burst) { return Cell{Limit{limit, period_ns, burst}}; }
 

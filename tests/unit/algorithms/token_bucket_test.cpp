@@ -1,6 +1,7 @@
 // Token bucket: refill rate, capacity, retry hints and clock oddities, on a
 // simulated clock.
 #include "algorithms/token_bucket.h"
+#include "word_key.h"
 
 #include <gtest/gtest.h>
 
@@ -10,25 +11,10 @@
 namespace sluice {
 namespace {
 
-constexpr int64_t kMs = 1'000'000;
-constexpr int64_t kSecond = 1'000 * kMs;
-
-// One key's bucket: the state word plus the limit it is judged by.
-struct Bucket {
-  Limit limit;
-  uint64_t state = 0;
-
-  Decision acquire(int64_t now_ns, int64_t cost = 1) { return token_bucket::acquire(state, limit, now_ns, cost); }
-  Decision peek(int64_t now_ns, int64_t cost = 0) const {
-    uint64_t copy = state;
-    return token_bucket::acquire(copy, limit, now_ns, cost);
-  }
-  int64_t drain(int64_t now_ns) {
-    int64_t granted = 0;
-    while (acquire(now_ns).allowed) ++granted;
-    return granted;
-  }
-};
+using test::kMs;
+using test::kSecond;
+// One key's state word plus the limit it is judged by.
+using Bucket = test::WordKey<token_bucket::acquire>;
 
 Bucket bucket(int64_t limit, int64_t period_ns, int64_t burst) { return Bucket{Limit{limit, period_ns, burst}}; }
 
