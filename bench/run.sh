@@ -8,14 +8,31 @@
 # blobs the size of real responses), then measures both with BUILD_DIR/bench/load
 # and prints one markdown table, also saved to bench/results/latest.md.
 #
+# Placement. A sync request is one wake-up of the server and one of the
+# client, so its latency depends mostly on where the two run: on a VM,
+# waking a thread on another CPU can cost far more than the work itself, and
+# an unpinned run lands the client and the server on the same CPU or on
+# different ones at random. The sync rows (sluiced and echo alike) are
+# therefore measured in fixed placements, and a sync row is only ever
+# compared with the echo measured in the same placement:
+#   same-cpu    every server thread and the client pinned to CPU 0
+#   split-cpus  every server thread pinned to CPU 0, the client to CPU 1
+#   unpinned    no pinning (the pipelined rows, which are throughput with
+#               several connections and threads, always run this way)
+#
 # The machine is shared, so every row is measured ROUNDS times, sluiced and
 # echo interleaved, and the table shows the median round (by rate for
 # pipelined rows, by p50 for sync rows) with the spread over the rounds.
 #
-# Knobs (environment): BENCH_SECONDS per measurement (2), BENCH_ROUNDS (3),
-# BENCH_CONNECTIONS pipelined connections (2), BENCH_WINDOW requests in flight
-# per connection (64), BENCH_KEYS distinct keys (1000000), BENCH_WORKERS
-# threads of both servers (nproc), BENCH_PLACEMENT=0 skips the taskset pass.
+# Knobs (environment): BENCH_SECONDS per pipelined measurement (2),
+# BENCH_SYNC_SECONDS per sync measurement (1: even split-cpus gets thousands
+# of samples), BENCH_ROUNDS (3), BENCH_SYNC_ROUNDS rounds of the sync rows (5:
+# they are short, and a shared machine flips their latency between rounds),
+# BENCH_CONNECTIONS pipelined connections (2),
+# BENCH_WINDOW requests in flight per connection (64), BENCH_KEYS distinct
+# keys (1000000), BENCH_WORKERS threads of both servers (nproc),
+# BENCH_PLACEMENTS the placements of the sync rows ("same-cpu split-cpus";
+# BENCH_PLACEMENT=0, the old knob, means "unpinned").
 set -euo pipefail
 
 if [ $# -ne 1 ] || [ ! -x "$1/daemon/sluiced" ] || [ ! -x "$1/bench/load" ]; then
@@ -25,12 +42,37 @@ fi
 build=$(cd "$1" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
 seconds=${BENCH_SECONDS:-2}
+sync_seconds=${BENCH_SYNC_SECONDS:-1}
 rounds=${BENCH_ROUNDS:-3}
+sync_rounds=${BENCH_SYNC_ROUNDS:-5}
 conns=${BENCH_CONNECTIONS:-2}
 window=${BENCH_WINDOW:-64}
 nkeys=${BENCH_KEYS:-1000000}
 workers=${BENCH_WORKERS:-$(nproc)}
-placement=${BENCH_PLACEMENT:-1}
+if [ "${BENCH_PLACEMENT:-1}" = 0 ]; then
+  placements=${BENCH_PLACEMENTS:-unpinned}
+else
+  placements=${BENCH_PLACEMENTS:-same-cpu split-cpus}
+fi
+for p in $placements; do
+  case $p in
+    same-cpu | unpinned) ;;
+    split-cpus)
+      if [ "$(nproc)" -lt 2 ]; then
+        echo "bench: split-cpus needs 2 CPUs; set BENCH_PLACEMENTS=same-cpu" >&2
+        exit 2
+      fi
+      ;;
+    *)
+      echo "bench: unknown placement '$p' (same-cpu, split-cpus, unpinned)" >&2
+      exit 2
+      ;;
+  esac
+  if [ "$p" != unpinned ] && ! command -v taskset >/dev/null; then
+    echo "bench: placement $p needs taskset (util-linux); set BENCH_PLACEMENTS=unpinned" >&2
+    exit 2
+  fi
+done
 load="$build/bench/load"
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 
@@ -124,48 +166,101 @@ measure() {  # ROW ROUND SERVER_PID COMMAND...
   echo "bench: $row round $round: $out" >&2
 }
 
-for round in $(seq "$rounds"); do
-  measure sync-hot "$round" "$daemon_pid" "$load" sync "$sock" bench hot "$seconds"
-  measure echo-sync "$round" "$echo_pid" "$load" echo-sync "$echo_sock" "$req_bytes" "$resp_bytes" "$seconds"
-  measure sync-1M-keys "$round" "$daemon_pid" "$load" sync "$sock" bench "$nkeys" "$seconds"
-  measure pipelined-hot "$round" "$daemon_pid" "$load" pipelined "$sock" bench hot "$conns" "$window" "$seconds"
-  measure echo-pipelined "$round" "$echo_pid" "$load" echo-pipelined "$echo_sock" "$req_bytes" "$resp_bytes" \
-    "$conns" "$window" "$seconds"
-  measure pipelined-1M-keys "$round" "$daemon_pid" "$load" pipelined "$sock" bench "$nkeys" "$conns" "$window" "$seconds"
-done
-measure sync-denied 1 "$daemon_pid" "$load" sync "$sock" deny hot "$seconds"
-measure pipelined-denied 1 "$daemon_pid" "$load" pipelined "$sock" deny hot "$conns" "$window" "$seconds"
-
-# Placement pass: sync, hot key, each server pinned to CPU 0 with all its
-# threads, the client on the same CPU or on the other one.
-placement_rows=
-if [ "$placement" = 1 ] && command -v taskset >/dev/null && [ "$(nproc)" -ge 2 ]; then
-  taskset -a -p -c 0 "$daemon_pid" >/dev/null
-  taskset -a -p -c 0 "$echo_pid" >/dev/null
-  for cpu in 0 1; do
-    name=$([ "$cpu" = 0 ] && echo same-cpu || echo split-cpus)
-    measure "sync-hot/$name" 1 "$daemon_pid" taskset -c "$cpu" "$load" sync "$sock" bench hot "$seconds"
-    measure "echo-sync/$name" 1 "$echo_pid" taskset -c "$cpu" "$load" echo-sync "$echo_sock" "$req_bytes" \
-      "$resp_bytes" "$seconds"
+# The CPUs this script may use: what the servers go back to when unpinned.
+all_cpus=$(taskset -c -p $$ 2>/dev/null | sed 's/.*: *//' || true)
+# Pins every thread of both servers to CPU list $1 ("" = unpin). Threads the
+# servers start later inherit their creator's affinity.
+place_servers() {
+  command -v taskset >/dev/null || return 0
+  local cpus=${1:-$all_cpus} pid
+  [ -n "$cpus" ] || return 0
+  for pid in $daemon_pid $echo_pid; do
+    taskset -a -p -c "$cpus" "$pid" >/dev/null
   done
-  taskset -a -p -c "0-$(($(nproc) - 1))" "$daemon_pid" >/dev/null
-  taskset -a -p -c "0-$(($(nproc) - 1))" "$echo_pid" >/dev/null
-  placement_rows=1
-fi
+}
+# Warns when a thread of server $1 may run elsewhere than CPU list $2.
+check_affinity() {
+  local status allowed
+  for status in /proc/"$1"/task/*/status; do
+    allowed=$(awk '/^Cpus_allowed_list:/ { print $2 }' "$status" 2>/dev/null) || continue
+    [ -z "$allowed" ] || [ "$allowed" = "$2" ] ||
+      echo "bench: warning: thread ${status%/status} may run on CPUs $allowed, not $2" >&2
+  done
+}
+# Sets `client` (the command prefix of load) and pins the servers for
+# placement $1.
+client=()
+place() {
+  case $1 in
+    same-cpu) place_servers 0; client=(taskset -c 0) ;;
+    split-cpus) place_servers 0; client=(taskset -c 1) ;;
+    unpinned) place_servers ""; client=() ;;
+  esac
+  if [ "$1" != unpinned ]; then
+    check_affinity "$daemon_pid" 0
+    check_affinity "$echo_pid" 0
+  fi
+}
+
+# Rows are named ROW@PLACEMENT. In every round, each placement's sync rows,
+# then the (unpinned) pipelined rows; sluiced and echo interleaved throughout.
+# The sync rows get the first sync_rounds rounds, the pipelined rows the
+# first `rounds`.
+for round in $(seq "$((rounds > sync_rounds ? rounds : sync_rounds))"); do
+  for p in $placements; do
+    [ "$round" -le "$sync_rounds" ] || break
+    place "$p"
+    measure "sync-hot@$p" "$round" "$daemon_pid" "${client[@]}" "$load" sync "$sock" bench hot "$sync_seconds"
+    measure "echo-sync@$p" "$round" "$echo_pid" "${client[@]}" "$load" echo-sync "$echo_sock" \
+      "$req_bytes" "$resp_bytes" "$sync_seconds"
+    measure "sync-1M-keys@$p" "$round" "$daemon_pid" "${client[@]}" "$load" sync "$sock" bench "$nkeys" \
+      "$sync_seconds"
+  done
+  place unpinned
+  [ "$round" -le "$rounds" ] || continue
+  measure pipelined-hot@unpinned "$round" "$daemon_pid" "$load" pipelined "$sock" bench hot "$conns" "$window" \
+    "$seconds"
+  measure echo-pipelined@unpinned "$round" "$echo_pid" "$load" echo-pipelined "$echo_sock" "$req_bytes" \
+    "$resp_bytes" "$conns" "$window" "$seconds"
+  measure pipelined-1M-keys@unpinned "$round" "$daemon_pid" "$load" pipelined "$sock" bench "$nkeys" "$conns" \
+    "$window" "$seconds"
+done
+# Denials: one round each; the sync one in every sync placement, so that its
+# latency can be read next to sync-hot's.
+for p in $placements; do
+  place "$p"
+  measure "sync-denied@$p" 1 "$daemon_pid" "${client[@]}" "$load" sync "$sock" deny hot "$sync_seconds"
+done
+place unpinned
+measure pipelined-denied@unpinned 1 "$daemon_pid" "$load" pipelined "$sock" deny hot "$conns" "$window" "$seconds"
 
 stats=$("$build/client/sluicectl" --socket "$sock" --json stats 2>/dev/null || true)
 key_count=$(grep -o '"count": *[0-9]*' <<<"$stats" | grep -o '[0-9]*$' || echo "?")
 evictions=$(grep -o '"forced_evictions": *[0-9]*' <<<"$stats" | grep -o '[0-9]*$' || echo "?")
 
 # The table. awk picks each row's median round and computes the ratios.
+placement_text() {
+  case $1 in
+    same-cpu) echo "**same-cpu** = every thread of the server (sluiced or echo_server) and the client (load) pinned to CPU 0" ;;
+    split-cpus) echo "**split-cpus** = every thread of the server pinned to CPU 0, the client to CPU 1" ;;
+    unpinned) echo "**unpinned** = no pinning, the scheduler places client and server threads" ;;
+  esac
+}
 report() {
+  local p legend=
+  for p in $placements unpinned; do
+    case " $legend " in *"$(placement_text "$p")"*) continue ;; esac
+    legend="${legend:+$legend; }$(placement_text "$p")"
+  done
   echo "## sluice local-path benchmark"
   echo
   echo "$(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -srm), $(nproc) CPUs ($(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1))," \
     "load average before: $load_before."
-  echo "sluiced and echo_server: $workers worker threads each; client and servers unpinned." \
-    "Each measurement: 0.5 s warm-up, then ${seconds} s; median of $rounds interleaved rounds" \
-    "(spread = min..max of the headline figure over the rounds)."
+  echo "sluiced and echo_server: $workers worker threads each." \
+    "Each measurement: 0.5 s warm-up, then ${sync_seconds} s (sync rows) or ${seconds} s (pipelined rows);" \
+    "median of $sync_rounds (sync rows) or $rounds (pipelined rows) interleaved rounds" \
+    "(spread = min..max of the headline figure over the rounds;" \
+    "denial rows: one round)."
   echo "Rule \`bench\`: token bucket, limit 1e9 per 1s, burst 1e9 (every request allowed)." \
     "Pipelined: $conns connections x $window in flight, one thread each." \
     "Keys are 8 bytes; an acquire request is $req_bytes B and its response $resp_bytes B;" \
@@ -173,13 +268,23 @@ report() {
   echo "CPUs client+server: CPU-seconds per second that load and the server got during the measurement" \
     "(at most $(nproc)); per CPU-second = decisions/s divided by that, which is what the figures would be" \
     "per core if nothing else ran."
+  echo
+  echo "**Placement** (column 2): $legend." \
+    "A sync request costs a wake-up of the server and one of the client, which on this kind of VM is" \
+    "far cheaper on one CPU than across two, so each sync row is compared only with echo-sync in the" \
+    "same placement. Pipelined rows are throughput over $conns connections and run unpinned."
+  case " $placements " in *" unpinned "*)
+    echo
+    echo "**Warning: sync rows ran unpinned (BENCH_PLACEMENTS=$placements): each measurement put client and" \
+      "server on one CPU or on two by chance, so their p50s and the sync verdicts depend on luck.**" ;;
+  esac
   if awk -v l="${load_before%% *}" -v n="$(nproc)" 'BEGIN { exit !(l > n / 2) }'; then
     echo
     echo "**Warning: the machine was busy before the run (1-min load average ${load_before%% *} on $(nproc) CPUs);" \
       "rates are lower bounds and vary between rounds: compare rows through the CPU and per-CPU-second columns.**"
   fi
   echo
-  awk -v rounds="$rounds" '
+  awk -v rounds="$rounds" -v placements="$placements" '
     function val(line, key,   i, n, parts, kv) {
       n = split(line, parts, " ")
       for (i = 3; i <= n; i++) { split(parts[i], kv, "="); if (kv[1] == key) return kv[2] }
@@ -210,42 +315,36 @@ report() {
     { row = $1; count[row]++; line[row, count[row]] = $0; if (!(row in seen)) { order[++rows] = row; seen[row] = 1 } }
     END {
       for (r = 1; r <= rows; r++) med[order[r]] = median_line(order[r])
-      es_p50 = val(med["echo-sync"], "p50_us"); ep_rate = val(med["echo-pipelined"], "rate_per_s")
-      print "| row | decisions/s | p50 µs | p99 µs | p999 µs | spread | CPUs client+server | per CPU-second | vs echo | target |"
-      print "|---|---:|---:|---:|---:|---|---:|---:|---:|---|"
-      for (r = 1; r <= rows; r++) {
-        row = order[r]; m = med[row]
-        if (row ~ /\//) continue
-        rate = val(m, "rate_per_s"); vs = ""; target = ""
-        if (row ~ /^sync-(hot|1M)/ && es_p50 > 0) {
+      # Print the rows grouped by placement: the sync placements in the order
+      # asked for, then unpinned; within one, sync rows before pipelined ones,
+      # each in the order first measured.
+      np = split(placements, place, " ")
+      if (placements !~ /(^| )unpinned( |$)/) place[++np] = "unpinned"
+      print "| row | placement | decisions/s | p50 µs | p99 µs | p999 µs | spread | CPUs client+server | per CPU-second | vs echo (same placement) | target |"
+      print "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---|"
+      for (q = 1; q <= np; q++) for (pass = 1; pass <= 2; pass++) for (r = 1; r <= rows; r++) {
+        row = order[r]; split(row, part, "@"); name = part[1]; pl = part[2]
+        if (pl != place[q] || (pass == 1) == (name ~ /pipelined/)) continue
+        m = med[row]; rate = val(m, "rate_per_s"); vs = ""; target = ""
+        es_p50 = val(med["echo-sync@" pl], "p50_us"); ep_rate = val(med["echo-pipelined@" pl], "rate_per_s")
+        if (name ~ /^sync-(hot|1M)/ && es_p50 > 0) {
           ratio = val(m, "p50_us") / es_p50
           vs = sprintf("p50 %.2fx", ratio)
-          target = sprintf("p50 <= 1.5x echo: %s", ratio <= 1.5 ? "PASS" : "MISS")
+          verdict = ratio <= 1.5 ? "PASS" : "MISS"
+          target = sprintf("p50 <= 1.5x echo: %s", verdict)
+          summary[pl] = summary[pl] sprintf("%s%s %.2fx %s", summary[pl] == "" ? "" : ", ", name, ratio, verdict)
         }
-        if (row ~ /^pipelined-(hot|1M)/ && ep_rate > 0) {
+        if (name ~ /^pipelined-(hot|1M)/ && ep_rate > 0) {
           ratio = rate / ep_rate
           vs = sprintf("%.0f%% of rate", 100 * ratio)
           target = sprintf(">= 1M/s: %s; >= 50%% of echo: %s", rate >= 1e6 ? "PASS" : "MISS", ratio >= 0.5 ? "PASS" : "MISS")
         }
-        if (row ~ /denied/) target = (val(m, "allowed") == 0 && val(m, "errors") == 0) ? "(every answer a denial)" : sprintf("(%s allowed, %s errors!)", val(m, "allowed"), val(m, "errors"))
-        printf "| %s | %.0f | %s | %s | %s | %s | %s | %s | %s | %s |\n", row, rate, us(val(m, "p50_us")), us(val(m, "p99_us")), us(val(m, "p999_us")), spread(row), cpus(m), per_cpu(m), vs, target
+        if (name ~ /denied/) target = (val(m, "allowed") == 0 && val(m, "errors") == 0) ? "(every answer a denial)" : sprintf("(%s allowed, %s errors!)", val(m, "allowed"), val(m, "errors"))
+        printf "| %s | %s | %.0f | %s | %s | %s | %s | %s | %s | %s | %s |\n", name, pl, rate, us(val(m, "p50_us")), us(val(m, "p99_us")), us(val(m, "p999_us")), spread(row), cpus(m), per_cpu(m), vs, target
       }
-      placed = 0
-      for (r = 1; r <= rows; r++) if (order[r] ~ /\//) placed = 1
-      if (placed) {
-        print ""
-        print "Placement (sync, hot key, one round; each server pinned to CPU 0, the client on CPU 0 = same-cpu or CPU 1 = split-cpus):"
-        print ""
-        print "| row | decisions/s | p50 µs | p99 µs | p999 µs | CPUs client+server | p50 vs echo |"
-        print "|---|---:|---:|---:|---:|---:|---:|"
-        for (r = 1; r <= rows; r++) {
-          row = order[r]; if (row !~ /\//) continue
-          m = med[row]; split(row, part, "/")
-          ref = med["echo-sync/" part[2]]; vs = ""
-          if (part[1] == "sync-hot" && val(ref, "p50_us") > 0) vs = sprintf("%.2fx", val(m, "p50_us") / val(ref, "p50_us"))
-          printf "| %s | %.0f | %s | %s | %s | %s | %s |\n", row, val(m, "rate_per_s"), us(val(m, "p50_us")), us(val(m, "p99_us")), us(val(m, "p999_us")), cpus(m), vs
-        }
-      }
+      line_out = ""
+      for (q = 1; q <= np; q++) if (place[q] in summary) line_out = line_out sprintf("%s**%s**: %s", line_out == "" ? "" : "; ", place[q], summary[place[q]])
+      if (line_out != "") { print ""; print "Sync target (p50 <= 1.5x the p50 of echo-sync in the same placement): " line_out "." }
     }' "$results"
   echo
   local per_key=$(((rss_after - rss_before) * 1024 / nkeys))
@@ -256,9 +355,11 @@ report() {
     "($((nkeys + nkeys / 10 + 16))) is allocated at start and counts in 'before'." \
     "Keys held at the end: $key_count, forced evictions: $evictions."
   echo
-  echo "Reproduce: \`make bench\`, or \`BENCH_SECONDS=$seconds BENCH_ROUNDS=$rounds BENCH_CONNECTIONS=$conns" \
-    "BENCH_WINDOW=$window BENCH_KEYS=$nkeys bench/run.sh build-release\`;" \
-    "one row by hand: \`build-release/bench/load pipelined SOCKET bench hot $conns $window $seconds\`."
+  echo "Reproduce: \`make bench\`, or \`BENCH_SECONDS=$seconds BENCH_SYNC_SECONDS=$sync_seconds BENCH_ROUNDS=$rounds BENCH_SYNC_ROUNDS=$sync_rounds" \
+    "BENCH_CONNECTIONS=$conns BENCH_WINDOW=$window BENCH_KEYS=$nkeys BENCH_PLACEMENTS='$placements'" \
+    "bench/run.sh build-release\`; one row by hand: \`build-release/bench/load pipelined SOCKET bench hot $conns" \
+    "$window $seconds\`, or for split-cpus: \`taskset -a -p -c 0 SERVER_PID; taskset -c 1" \
+    "build-release/bench/load sync SOCKET bench hot $sync_seconds\`."
 }
 
 mkdir -p "$here/results"
