@@ -59,7 +59,7 @@ test-tsan: deps
 	cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j $(JOBS)
 
 bench: deps
-	$(call configure,build-release,Release,)
+	$(call configure,build-release,Release,-DSLUICE_BUILD_TESTS=OFF)
 	./bench/run.sh build-release
 
 clean:
