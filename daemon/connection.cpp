@@ -73,22 +73,39 @@ void Connection::checkTimeouts(int64_t now_ms) {
 
 void Connection::onAlloc(uv_handle_t* handle, size_t /*suggested*/, uv_buf_t* buf) {
   auto* self = static_cast<Connection*>(handle->data);
+  if (self->input_used_ == 0) {
+    // Nothing pending: read into the worker's scratch buffer, so an idle
+    // connection holds no input buffer of its own.
+    std::span<uint8_t> scratch = self->worker_.readScratch();
+    self->reading_into_scratch_ = true;
+    *buf = uv_buf_init(reinterpret_cast<char*>(scratch.data()),
+                       static_cast<unsigned int>(scratch.size()));
+    return;
+  }
+  // A frame is unfinished: append to it. parseRequest bounds the frame size,
+  // so the buffer never exceeds max_frame_bytes + kReadChunkBytes.
+  self->reading_into_scratch_ = false;
   if (self->input_.size() - self->input_used_ < kReadChunkBytes) {
-    // Grows only while a frame is unfinished; parse() bounds the frame size,
-    // so the buffer never exceeds max_frame_bytes + kReadChunkBytes.
     self->input_.resize(self->input_used_ + kReadChunkBytes);
   }
   *buf = uv_buf_init(reinterpret_cast<char*>(self->input_.data() + self->input_used_),
                      static_cast<unsigned int>(self->input_.size() - self->input_used_));
 }
 
-void Connection::onRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t* /*buf*/) {
+void Connection::onRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf) {
   auto* self = static_cast<Connection*>(stream->data);
   if (nread > 0) {
-    self->input_used_ += static_cast<size_t>(nread);
-    self->new_bytes_ = static_cast<size_t>(nread);
     self->last_active_ms_ = static_cast<int64_t>(uv_now(self->worker_.loop()));
-    self->consume();
+    if (self->reading_into_scratch_) {
+      self->consume({reinterpret_cast<const uint8_t*>(buf->base), static_cast<size_t>(nread)},
+                    true);
+    } else {
+      self->input_used_ += static_cast<size_t>(nread);
+      // Walk on through the unfinished frame; parse only once it is whole.
+      if (self->partialFrameReady()) {
+        self->consume({self->input_.data(), self->input_used_}, false);
+      }
+    }
   } else if (nread == UV_EOF) {
     // The client has finished sending; answer what it sent, then close.
     self->drain_reason_ = CloseReason::kPeerClosed;
@@ -98,10 +115,10 @@ void Connection::onRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t* /*bu
   }
 }
 
-// Whether the unfinished frame at the start of the buffer is now complete
-// (or broken, which parseRequest will say). A frame that trickles in is walked
-// once in all, resuming where the last read stopped, instead of re-parsed from
-// its first byte on every read.
+// Whether the unfinished frame in input_ is now complete (or broken, which
+// parseRequest will say). A frame that trickles in is walked once in all,
+// resuming where the last read stopped, instead of re-parsed from its first
+// byte on every read.
 bool Connection::partialFrameReady() {
   const rpc::Limits& limits = worker_.options().protocol;
   if (!scan_) {
@@ -117,18 +134,14 @@ bool Connection::partialFrameReady() {
   return true;
 }
 
-void Connection::consume() {
+void Connection::consume(std::span<const uint8_t> bytes, bool from_scratch) {
   const WorkerOptions& options = worker_.options();
-  if (input_used_ > new_bytes_ && scan_ && scan_->started && !partialFrameReady()) {
-    return;  // still waiting for the rest of the first frame
-  }
   KeyTable::ReadGuard guard(worker_.keys(), worker_.readerSlot());
   int64_t now_ns = monotonicNowNs();
   size_t offset = 0;
   bool fatal = false;
-  while (offset < input_used_ && !fatal) {
-    std::span<const uint8_t> frame(input_.data() + offset, input_used_ - offset);
-    rpc::ParseResult result = rpc::parseRequest(frame, options.protocol, &request_);
+  while (offset < bytes.size() && !fatal) {
+    rpc::ParseResult result = rpc::parseRequest(bytes.subspan(offset), options.protocol, &request_);
     if (result.status == rpc::ParseStatus::kIncomplete) {
       break;
     }
@@ -147,32 +160,34 @@ void Connection::consume() {
       return;
     }
   }
-
-  int64_t now_ms = last_active_ms_;
-  if (offset > 0) {
-    std::memmove(input_.data(), input_.data() + offset, input_used_ - offset);
-    input_used_ -= offset;
-    partial_since_ms_ = now_ms;  // a new frame starts with what is left
-  } else if (input_used_ > 0 && partial_since_ms_ == 0) {
-    partial_since_ms_ = now_ms;
-  }
-  if (input_used_ == 0) {
-    partial_since_ms_ = 0;
-    if (input_.size() > 4 * kReadChunkBytes) {
-      std::vector<uint8_t>().swap(input_);  // give back a large frame's buffer
-    }
-  } else if (!fatal) {
-    // Remember how far the unfinished frame got, for the next read.
-    if (scan_) {
-      scan_->started = false;
-    }
-    partialFrameReady();
-  }
-
   if (fatal) {
     drain_reason_ = CloseReason::kUnreadable;
     drain();
     return;
+  }
+
+  // Keep the unfinished frame, if any, in input_ for the next read.
+  size_t left = bytes.size() - offset;
+  if (left == 0) {
+    input_used_ = 0;
+    partial_since_ms_ = 0;
+    if (input_.capacity() > kReadChunkBytes) {
+      std::vector<uint8_t>().swap(input_);  // give back a large frame's buffer
+    }
+  } else {
+    if (from_scratch) {
+      input_.assign(bytes.begin() + static_cast<std::ptrdiff_t>(offset), bytes.end());
+    } else if (offset > 0) {
+      std::memmove(input_.data(), input_.data() + offset, left);
+    }
+    input_used_ = left;
+    if (from_scratch || offset > 0) {
+      partial_since_ms_ = last_active_ms_;  // a new frame starts with what is left
+      if (scan_) {
+        scan_->started = false;
+      }
+      partialFrameReady();  // remember how far the unfinished frame got
+    }
   }
   flush();
 }
@@ -192,7 +207,7 @@ void Connection::flush() {
   // Most batches fit in the socket buffer: write them now, without a request.
   int written = uv_try_write(stream, &buf, 1);
   if (written == static_cast<int>(writing_.size())) {
-    writing_.clear();
+    releaseWriting();
     return;
   }
   if (written < 0 && written != UV_EAGAIN) {
@@ -211,7 +226,7 @@ void Connection::flush() {
 void Connection::onWrite(uv_write_t* req, int status) {
   auto* self = static_cast<Connection*>(req->data);
   self->write_in_flight_ = false;
-  self->writing_.clear();
+  self->releaseWriting();
   if (self->closing_) {
     return;  // cancelled by close()
   }
@@ -222,6 +237,16 @@ void Connection::onWrite(uv_write_t* req, int status) {
   self->flush();
   if (self->draining_ && !self->write_in_flight_ && self->output_.empty()) {
     self->close(self->drain_reason_);
+  }
+}
+
+void Connection::releaseWriting() {
+  // A burst of answers may have grown the buffer to max_output_bytes; do not
+  // keep that much per connection once it is written.
+  if (writing_.capacity() > kReadChunkBytes) {
+    std::string().swap(writing_);
+  } else {
+    writing_.clear();
   }
 }
 

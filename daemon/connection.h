@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -62,8 +63,12 @@ class Connection {
   static void onWrite(uv_write_t* req, int status);
   static void onClose(uv_handle_t* handle);
 
-  void consume();
+  // Parses and answers every whole frame of `bytes`, keeping the unfinished
+  // rest in input_. `bytes` is the worker's scratch buffer (from_scratch) or
+  // input_ itself.
+  void consume(std::span<const uint8_t> bytes, bool from_scratch);
   bool partialFrameReady();
+  void releaseWriting();
   void flush();
   size_t unsentBytes() const;
 
@@ -72,12 +77,14 @@ class Connection {
   uv_pipe_t pipe_;
   uv_write_t write_req_;
 
-  std::vector<uint8_t> input_;  // bytes read; [0, input_used_) are valid
+  // An unfinished frame; [0, input_used_) are valid. Empty (no memory) while
+  // nothing is pending: whole frames are parsed in the worker's scratch buffer.
+  std::vector<uint8_t> input_;
   size_t input_used_ = 0;
+  bool reading_into_scratch_ = false;  // where the read in progress lands
   std::string output_;          // responses not yet handed to a write
   std::string writing_;         // responses of the write in flight
   bool write_in_flight_ = false;
-  size_t new_bytes_ = 0;        // bytes of the last read
   // How far the unfinished frame at the start of input_ has been walked;
   // allocated the first time a frame arrives in pieces.
   std::unique_ptr<msgpack::SkipState> scan_;

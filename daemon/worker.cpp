@@ -12,6 +12,10 @@ namespace sluice {
 
 namespace {
 
+// The most one read takes: enough for a pipelining client's burst, answered
+// then in one write.
+constexpr size_t kReadScratchBytes = 64 * 1024;
+
 // Bad-input lines logged per worker per second; the rest are counted.
 constexpr int kBadInputLogsPerSecond = 5;
 
@@ -30,7 +34,8 @@ Worker::Worker(size_t index, const WorkerOptions& options, KeyTable& keys, Metri
       keys_(keys),
       metrics_(metrics),
       dispatcher_(keys, metrics, status),
-      reader_slot_(keys.registerReader()) {
+      reader_slot_(keys.registerReader()),
+      read_scratch_(kReadScratchBytes) {
   dispatcher_.setRules(std::move(rules));
   uv_loop_init(&loop_);
   uv_async_init(&loop_, &wakeup_, [](uv_async_t* handle) {

@@ -69,6 +69,9 @@ class Worker {
   MetricsShard& metrics() { return metrics_; }
   KeyTable& keys() { return keys_; }
   KeyTable::ReaderId readerSlot() const { return reader_slot_; }
+  // One read's landing space, shared by the worker's connections: a read is
+  // parsed before the next one starts, so one buffer serves them all.
+  std::span<uint8_t> readScratch() { return read_scratch_; }
   void onConnectionClosed(Connection* connection);
   // Logs a request that could not be parsed, at most a few lines a second.
   void logBadInput(const rpc::ParseResult& result);
@@ -107,6 +110,7 @@ class Worker {
   std::vector<Message> taken_;      // loop thread only
 
   std::vector<Connection*> connections_;  // loop thread only
+  std::vector<uint8_t> read_scratch_;     // loop thread only
   std::atomic<size_t> connection_count_{0};
   bool stopping_ = false;
 
