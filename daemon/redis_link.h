@@ -1,0 +1,240 @@
+// RedisLink: the daemon's one connection to Redis, driven by the control
+// thread's libuv loop. It connects (TCP or Unix socket), authenticates,
+// selects the database, loads the Lua scripts, and from then on runs commands
+// with a deadline each; when the connection fails it fails every pending
+// command at once and reconnects forever, with capped, jittered exponential
+// backoff, until close().
+//
+// Invariant: every command accepted by command() or evalsha() gets its
+// callback called exactly once, with a reply, a Redis error reply, a timeout
+// or `disconnected`. A call that fails (returns false) never calls its
+// callback, as in libuv. A command is only accepted while the link is up
+// (connected() is true): nothing is ever queued into a dead link.
+//
+// Threads: none of this is thread-safe. Construct, call and close a RedisLink
+// on the thread that runs its loop (the control thread); every callback runs
+// on that thread, from inside the loop.
+//
+// Lifetime: the link owns its handles (two timers and the poll handle of the
+// current socket) and frees their memory only in their close callbacks. Call
+// close() once, always, even if start() was never called; its callback runs
+// after every handle is closed, and only then may the RedisLink be destroyed.
+// After it, uv_loop_close() on the loop returns 0.
+//
+// Deadlines and order: Redis answers in order, so a stalled server stalls
+// every command behind the first. A command that passes its deadline gets
+// `timeout` at once, and the connection is dropped: every other pending
+// command gets `disconnected` at once and a reconnect starts. Commands issued
+// in one loop tick go out in one write (pipelining).
+//
+// Units and clocks: durations are milliseconds of the loop's clock
+// (uv_now, the time of the current tick: a command issued late in a long
+// tick gets that much less time); round-trip times are microseconds of
+// uv_hrtime, from the call to the answer, so they include time queued behind
+// earlier commands.
+//
+// A host name in the config is resolved with a blocking getaddrinfo() on each
+// connection attempt (hiredis 0.14); configure an address to avoid that.
+#pragma once
+
+#include <uv.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <list>
+#include <map>
+#include <memory>
+#include <random>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "config.h"
+
+struct redisAsyncContext;
+
+namespace sluice {
+
+// A read-only view of one Redis reply. Valid only during the callback that
+// received it; copy what you need out of it.
+class RedisReply {
+ public:
+  enum class Kind { kString, kArray, kInteger, kNil, kStatus, kError };
+
+  explicit RedisReply(const void* hiredis_reply) : reply_(hiredis_reply) {}
+
+  Kind kind() const;
+  int64_t integer() const;      // kInteger; 0 otherwise
+  std::string_view str() const;  // kString, kStatus, kError; "" otherwise
+  size_t size() const;           // kArray: number of elements; 0 otherwise
+  RedisReply operator[](size_t i) const;  // kArray, i < size()
+
+ private:
+  const void* reply_;
+};
+
+enum class RedisStatus {
+  kOk,            // `reply` holds the answer (which is never an error reply)
+  kRedisError,    // Redis answered with an error reply; `error` is its text
+  kTimeout,       // no answer before the command's deadline
+  kDisconnected,  // the connection failed or the link closed before the answer
+};
+
+std::string_view toString(RedisStatus status);
+
+struct RedisResult {
+  RedisStatus status;
+  // kOk and kRedisError: the reply (valid only during the callback);
+  // nullptr otherwise.
+  const RedisReply* reply;
+  // kRedisError: the error reply's text; kTimeout, kDisconnected: why.
+  std::string_view error;
+  // Microseconds from the call to the answer (kOk, kRedisError); 0 otherwise.
+  uint64_t rtt_us;
+};
+
+using RedisCallback = std::function<void(const RedisResult&)>;
+
+// Knobs that the config file does not (yet) carry.
+struct RedisLinkOptions {
+  // From the start of a connection attempt to the end of its handshake
+  // (AUTH, SELECT, SCRIPT LOADs, PING).
+  int64_t connect_timeout_ms = 1000;
+  // Delay before reconnect attempt n (n = 0, 1, ...):
+  // min(initial * 2^n, max), then scaled by a random factor in
+  // [1 - jitter, 1 + jitter]. Reset to the first step by a completed handshake.
+  int64_t backoff_initial_ms = 50;
+  int64_t backoff_max_ms = 2000;
+  double backoff_jitter = 0.2;
+};
+
+class RedisLink {
+ public:
+  using ScriptId = size_t;
+
+  // Connects to `config`'s address (unix_path when set, else host:port), with
+  // its username/password and db. Initializes the link's timers on `loop`;
+  // does not connect before start().
+  RedisLink(uv_loop_t* loop, RedisConfig config, RedisLinkOptions options = {});
+  ~RedisLink();  // aborts unless close()'s callback has run
+  RedisLink(const RedisLink&) = delete;
+  RedisLink& operator=(const RedisLink&) = delete;
+
+  // Observers; set before start(). on_connected runs when a handshake
+  // completes; on_disconnected runs when a connection attempt fails or an
+  // established connection is lost (not on close()), with the reason.
+  // on_latency gets the round-trip time of every answered command.
+  void onConnected(std::function<void()> callback) { on_connected_ = std::move(callback); }
+  void onDisconnected(std::function<void(std::string_view reason)> callback) {
+    on_disconnected_ = std::move(callback);
+  }
+  void onLatency(std::function<void(uint64_t rtt_us)> callback) {
+    on_latency_ = std::move(callback);
+  }
+
+  // Registers a Lua script, loaded with SCRIPT LOAD on every (re)connect.
+  // Only before start(). `name` is for logs.
+  ScriptId registerScript(std::string name, std::string source);
+
+  // Starts connecting (at once) and keeps the link up until close().
+  void start();
+
+  // Closes the link: every pending callback gets `disconnected`, the
+  // connection and all handles are closed, then `on_closed` runs (from the
+  // loop, never from inside close()). Call exactly once.
+  void close(std::function<void()> on_closed);
+
+  // True while a connection is established and its handshake is done.
+  bool connected() const { return state_ == State::kConnected; }
+  // The SHA1 the server returned for a script on the current connection, or
+  // "" before it is loaded (or when it did not load).
+  const std::string& scriptSha(ScriptId id) const { return scripts_.at(id).sha; }
+
+  // Sends one command (binary-safe arguments). Returns false, without calling
+  // `callback`, when the link is not connected, or for commands answered more
+  // than once (SUBSCRIBE and friends, MONITOR). `timeout_ms` >= 1.
+  [[nodiscard]] bool command(std::span<const std::string_view> argv, RedisCallback callback,
+                             int64_t timeout_ms);
+  [[nodiscard]] bool command(std::initializer_list<std::string_view> argv,
+                             RedisCallback callback, int64_t timeout_ms) {
+    return command(std::span<const std::string_view>(argv.begin(), argv.size()),
+                   std::move(callback), timeout_ms);
+  }
+
+  // EVALSHA of a registered script. On a NOSCRIPT reply the script is loaded
+  // again and the call retried once, within the same deadline. When the
+  // script failed to load on this connection, it is sent with EVAL instead,
+  // so the callback gets Redis's own compile error. Returns false, without
+  // calling `callback`, when the link is not connected.
+  [[nodiscard]] bool evalsha(ScriptId script, std::span<const std::string_view> keys,
+                             std::span<const std::string_view> args, RedisCallback callback,
+                             int64_t timeout_ms);
+
+ private:
+  enum class State { kIdle, kConnecting, kHandshaking, kConnected, kBackoff, kClosing, kClosed };
+  struct Request;
+  struct Script {
+    std::string name;
+    std::string source;
+    std::string sha;  // from SCRIPT LOAD on the current connection
+  };
+
+  static void onReplyThunk(redisAsyncContext* ac, void* reply, void* privdata);
+  static void onConnectThunk(const redisAsyncContext* ac, int status);
+  static void onDisconnectThunk(const redisAsyncContext* ac, int status);
+
+  void connectNow();
+  void sendHandshake();
+  // Both return nullptr when hiredis took the request, else the request.
+  std::unique_ptr<Request> send(std::span<const std::string_view> argv,
+                                std::unique_ptr<Request> request);
+  std::unique_ptr<Request> sendEval(std::unique_ptr<Request> request);
+  void onReply(Request* request, const void* reply, const char* errstr);
+  void finish(Request* request, const RedisResult& result);
+  void forget(Request* request);
+  void loseConnection(const std::string& reason, bool free_context, bool deadline_passed);
+  void scheduleReconnect();
+  void armDeadlineTimer();
+  void onDeadlineTimer();
+  void onHandleClosed();
+  std::string address() const;  // for logs
+  bool logAllowed();             // rate limit for connection-failure logs
+
+  uv_loop_t* loop_;
+  RedisConfig config_;
+  RedisLinkOptions options_;
+  State state_ = State::kIdle;
+  bool closing_ = false;
+
+  redisAsyncContext* context_ = nullptr;  // the current connection, if any
+  uint64_t connect_deadline_ms_ = 0;      // 0: no attempt in progress
+  std::string drop_reason_;               // set: drop the connection on the next timer tick
+  int reconnect_attempt_ = 0;
+  std::minstd_rand random_;  // backoff jitter
+  uint64_t log_window_start_ms_ = 0;
+  int logs_in_window_ = 0;
+  uint64_t logs_suppressed_ = 0;
+
+  // Commands in flight on the current connection, in the order sent, and
+  // their deadlines. Both hold the same Requests; hiredis owns their memory.
+  std::list<Request*> in_flight_;
+  std::multimap<uint64_t, Request*> deadlines_;
+
+  std::vector<Script> scripts_;
+
+  uv_timer_t retry_timer_;     // reconnect backoff
+  uv_timer_t deadline_timer_;  // the earliest connect or command deadline
+  int open_handles_ = 0;       // ours plus poll handles of sockets not yet closed
+  std::function<void()> on_closed_;
+
+  std::function<void()> on_connected_;
+  std::function<void(std::string_view)> on_disconnected_;
+  std::function<void(uint64_t)> on_latency_;
+
+  friend struct RedisPoll;
+};
+
+}  // namespace sluice

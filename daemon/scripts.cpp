@@ -1,0 +1,106 @@
+// Scripts: the embedded Lua sources and their argument lists (see scripts.h).
+#include "scripts.h"
+
+#include <array>
+
+namespace sluice::scripts {
+namespace {
+
+// kLua_<name>: lua/<name>.lua's bytes, written by daemon/embed_lua.cmake.
+#include "lua_sources.inc"
+
+constexpr std::array<ScriptSource, 6> kScripts = {{
+    {Script::kTokenBucket, "token_bucket.lua", kLua_token_bucket},
+    {Script::kGcra, "gcra.lua", kLua_gcra},
+    {Script::kFixedWindow, "fixed_window.lua", kLua_fixed_window},
+    {Script::kSlidingWindow, "sliding_window.lua", kLua_sliding_window},
+    {Script::kConcurrency, "concurrency.lua", kLua_concurrency},
+    {Script::kHeartbeat, "heartbeat.lua", kLua_heartbeat},
+}};
+
+constexpr int64_t kNsPerMs = 1'000'000;
+
+int64_t ceilMs(int64_t ns) { return ns <= 0 ? 0 : (ns - 1) / kNsPerMs + 1; }
+
+}  // namespace
+
+std::span<const ScriptSource> all() { return kScripts; }
+
+const ScriptSource& get(Script script) { return kScripts[static_cast<size_t>(script)]; }
+
+std::optional<Script> forAlgorithm(Algorithm algorithm) {
+  switch (algorithm) {
+    case Algorithm::kTokenBucket: return Script::kTokenBucket;
+    case Algorithm::kGcra: return Script::kGcra;
+    case Algorithm::kFixedWindow: return Script::kFixedWindow;
+    case Algorithm::kSlidingWindow: return Script::kSlidingWindow;
+    case Algorithm::kConcurrency: return Script::kConcurrency;
+    case Algorithm::kSlidingLog: return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+std::string_view opName(Op op) {
+  switch (op) {
+    case Op::kLease: return "lease";
+    case Op::kReturn: return "return";
+    case Op::kDebit: return "debit";
+    case Op::kPeek: return "peek";
+    case Op::kRenew: return "renew";
+  }
+  return "peek";
+}
+
+std::string_view heartbeatOpName(HeartbeatOp op) {
+  switch (op) {
+    case HeartbeatOp::kBeat: return "beat";
+    case HeartbeatOp::kLeave: return "leave";
+    case HeartbeatOp::kPeek: return "peek";
+  }
+  return "peek";
+}
+
+std::vector<std::string> rateArgv(Op op, int64_t n, int64_t need, const Limit& limit, int64_t now_us) {
+  return {std::string(opName(op)),
+          std::to_string(n),
+          std::to_string(need),
+          std::to_string(limit.limit),
+          std::to_string(ceilMs(limit.period_ns)),
+          std::to_string(limit.burst),
+          std::to_string(now_us)};
+}
+
+std::vector<std::string> concurrencyArgv(Op op, int64_t n, int64_t need, const Limit& limit, int64_t lease_ttl_ms,
+                                         std::string_view node_id, int64_t now_us) {
+  return {std::string(opName(op)),
+          std::to_string(n),
+          std::to_string(need),
+          std::to_string(limit.limit),
+          std::to_string(lease_ttl_ms),
+          std::string(node_id),
+          std::to_string(now_us)};
+}
+
+std::vector<std::string> heartbeatArgv(HeartbeatOp op, std::string_view node_id, int64_t ttl_ms, int64_t now_us) {
+  return {std::string(heartbeatOpName(op)), std::string(node_id), std::to_string(ttl_ms), std::to_string(now_us)};
+}
+
+std::optional<LeaseReply> parseLeaseReply(std::span<const int64_t> values) {
+  if (values.size() != 5 && values.size() != 6) return std::nullopt;
+  LeaseReply r;
+  r.granted = values[0];
+  r.remaining = values[1];
+  r.never = values[2] < 0;
+  r.retry_after_ms = r.never ? 0 : values[2];
+  r.reset_after_ms = values[3];
+  r.now_ms = values[4];
+  if (values.size() == 6) r.held = values[5];
+  return r;
+}
+
+std::optional<HeartbeatReply> parseHeartbeatReply(std::span<const int64_t> values) {
+  if (values.size() != 2) return std::nullopt;
+  return HeartbeatReply{values[0], values[1]};
+}
+
+}  // namespace sluice::scripts

@@ -1,0 +1,101 @@
+// Scripts: the Lua scripts of the lease path (lua/*.lua), embedded in the
+// daemon at build time, and the one place that knows the order of their ARGV
+// and of the integers they return, so the lease manager and the tests agree.
+//
+// Each script's contract (KEYS, ARGV, return, units, TTLs) is written at the
+// top of its .lua file; this header restates only what a caller must build.
+// Every script takes exactly one key, KEYS[1], named by the caller: scripts
+// never build key names. Scripts read Redis's clock (TIME) in microseconds;
+// the trailing ARGV now_us overrides it when not 0, which only tests do.
+//
+// Pure values and functions with no I/O; any thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "rules.h"
+
+namespace sluice::scripts {
+
+enum class Script {
+  kTokenBucket,    // lua/token_bucket.lua
+  kGcra,           // lua/gcra.lua
+  kFixedWindow,    // lua/fixed_window.lua
+  kSlidingWindow,  // lua/sliding_window.lua
+  kConcurrency,    // lua/concurrency.lua
+  kHeartbeat,      // lua/heartbeat.lua
+};
+
+struct ScriptSource {
+  Script script;
+  std::string_view name;    // the file name, e.g. "token_bucket.lua"
+  std::string_view source;  // the file's exact bytes, for SCRIPT LOAD
+};
+
+// Every script, in the order of the enum.
+std::span<const ScriptSource> all();
+const ScriptSource& get(Script script);
+
+// The lease script of a global rule's algorithm; nullopt for sliding_log,
+// which has no lease form.
+std::optional<Script> forAlgorithm(Algorithm algorithm);
+
+// The operations of the lease scripts (ARGV[1]).
+//  - kLease:  take up to n units into the node's slice when at least `need`
+//             are available; otherwise nothing, and retry_after_ms says when.
+//  - kReturn: give n unused units back (never beyond a full bucket/window).
+//  - kDebit:  take n units unconditionally (units admitted in fallback); the
+//             global state may go into debt. Rate scripts only.
+//  - kPeek:   take nothing, report the state (retry_after_ms for `need`).
+//  - kRenew:  extend the node's holding to now + lease TTL. Concurrency only.
+enum class Op { kLease, kReturn, kDebit, kPeek, kRenew };
+std::string_view opName(Op op);
+
+// ARGV of token_bucket, gcra, fixed_window and sliding_window:
+// {op, n, need, limit, period_ms, burst, now_us}. period_ms is
+// limit.period_ns in whole ms, rounded up (config periods are whole ms).
+// need is 1..n for kLease and 0..burst for kPeek; n is ignored by kPeek.
+std::vector<std::string> rateArgv(Op op, int64_t n, int64_t need, const Limit& limit, int64_t now_us = 0);
+
+// ARGV of concurrency: {op, n, need, limit, lease_ttl_ms, node_id, now_us}.
+// lease_ttl_ms is how long the node's holding lives unless renewed (not
+// limit.period_ns, which bounds how long one caller holds a unit locally).
+std::vector<std::string> concurrencyArgv(Op op, int64_t n, int64_t need, const Limit& limit, int64_t lease_ttl_ms,
+                                         std::string_view node_id, int64_t now_us = 0);
+
+enum class HeartbeatOp { kBeat, kLeave, kPeek };
+std::string_view heartbeatOpName(HeartbeatOp op);
+
+// ARGV of heartbeat: {op, node_id, ttl_ms, now_us}.
+std::vector<std::string> heartbeatArgv(HeartbeatOp op, std::string_view node_id, int64_t ttl_ms, int64_t now_us = 0);
+
+// What a lease script returned: five integers, six for concurrency.
+struct LeaseReply {
+  int64_t granted = 0;         // units moved into the node's slice
+  int64_t remaining = 0;       // units left in the global state now
+  int64_t retry_after_ms = 0;  // until `need` units are there; 0 when granted
+  int64_t reset_after_ms = 0;  // until the global state is full/fresh again
+  int64_t now_ms = 0;          // Redis's clock, ms since the Unix epoch
+  int64_t held = 0;            // concurrency: units this node holds now
+  bool never = false;          // need exceeds the limit/burst: retrying cannot help
+};
+
+// Parses a lease script's reply; nullopt when it is not 5 (rate) or 6
+// (concurrency) integers.
+std::optional<LeaseReply> parseLeaseReply(std::span<const int64_t> values);
+
+struct HeartbeatReply {
+  int64_t live = 0;    // live nodes, N
+  int64_t now_ms = 0;  // Redis's clock, ms since the Unix epoch
+};
+
+// Parses heartbeat's reply; nullopt when it is not 2 integers.
+std::optional<HeartbeatReply> parseHeartbeatReply(std::span<const int64_t> values);
+
+}  // namespace sluice::scripts

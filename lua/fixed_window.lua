@@ -1,0 +1,150 @@
+-- fixed_window.lua: the lease form of the fixed window, the global state of
+-- one (rule, key) in Redis. The maths is daemon/algorithms/fixed_window.h in
+-- integer microseconds of Redis's clock: leasing one unit at a time admits
+-- exactly what fixed_window::acquire admits, with the same remaining,
+-- retry_after_ms and reset_after_ms.
+--
+-- KEYS[1]  the state: a hash {w = window id, n = units counted in it}, where
+--          window id = floor(now_us / period_us). An absent key counts 0.
+--          A count above `limit` is debt (see "debit"): each window that
+--          passes pays `limit` of it off, so the excess is carried into the
+--          following windows instead of vanishing at the window's end.
+--          A stored window later than now's (Redis's clock stepped back) is
+--          used as it is, so nothing is granted twice.
+-- ARGV[1]  op: "lease"  take up to n units when at least `need` are left;
+--              "return" give n unused units back to the current window (a
+--                       window that has ended has nothing to give back to);
+--              "debit"  count n units unconditionally: units admitted while
+--                       Redis was unreachable;
+--              "peek"   take nothing, report the state.
+-- ARGV[2]  n: units (lease: at most; return, debit: exactly; peek: ignored).
+-- ARGV[3]  need: lease: the fewest units worth granting, 1 <= need <= n;
+--          peek: report retry_after_ms for this many units (0 is allowed).
+-- ARGV[4]  limit: units per window, >= 1.
+-- ARGV[5]  period_ms: the window's length, >= 1.
+-- ARGV[6]  burst: unused (pass limit); kept so every rate script takes the
+--          same ARGV.
+-- ARGV[7]  now_us: "0" reads Redis TIME, which is what the daemon always
+--          passes; any other value is the time to use (µs). A test seam only.
+--
+-- Returns five integers {granted, remaining, retry_after_ms, reset_after_ms,
+-- now_ms}:
+--   granted         units moved into the caller's slice (lease), else 0;
+--   remaining       limit - count after this call (0 in debt);
+--   retry_after_ms  0 when the lease granted (or a peek of `need` would);
+--                   otherwise until the window in which `need` units are
+--                   left begins, rounded up; -1 when need > limit;
+--   reset_after_ms  until the count (and any debt) is gone, rounded up; 0
+--                   when nothing is counted;
+--   now_ms          Redis's time (floor of now_us / 1000), for clock offsets.
+--
+-- The key's TTL is reset_after_ms, so it is at most one period, plus one
+-- period per `limit` units of debt.
+
+local MAX_SPAN_US = 2 ^ 50
+
+local function fail(msg)
+  return redis.error_reply('ERR sluice fixed_window.lua: ' .. msg)
+end
+
+-- ARGV[i] as an integer within [lo, hi], or nil.
+local function int_arg(i, lo, hi)
+  local v = tonumber(ARGV[i])
+  if v == nil or v ~= math.floor(v) or v < lo or v > hi then return nil end
+  return v
+end
+
+-- floor(a / b) exactly, for integers 0 <= a < 2^53 and b >= 1.
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+
+-- A wait in µs as whole ms, rounded up; 0 for waits that are over.
+local function ceil_ms(us)
+  if us <= 0 then return 0 end
+  return idiv(us + 999, 1000)
+end
+
+local op = ARGV[1]
+local n = int_arg(2, 0, 2 ^ 40)
+local need = int_arg(3, 0, 2 ^ 40)
+local limit = int_arg(4, 1, 2 ^ 40)
+local period_ms = int_arg(5, 1, MAX_SPAN_US / 1000)
+local now = int_arg(7, 0, 2 ^ 53)
+if not (n and need and limit and period_ms and now) then
+  return fail('ARGV must be op, n, need, limit, period_ms, burst, now_us (integers)')
+end
+if op == 'lease' and (need < 1 or need > n) then
+  return fail('lease needs 1 <= need <= n')
+end
+if now == 0 then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local period = period_ms * 1000
+local now_id = idiv(now, period)
+
+-- The window this call applies to and its count, debt carried forward.
+local id, count = now_id, 0
+local stored = redis.call('HMGET', KEYS[1], 'w', 'n')
+if stored[1] and stored[2] then
+  local stored_id, stored_count = tonumber(stored[1]), tonumber(stored[2])
+  if stored_id >= now_id then
+    id, count = stored_id, stored_count
+  else
+    count = math.max(0, stored_count - limit * (now_id - stored_id))
+  end
+end
+
+-- The start of the window `k` windows after id, as a wait from now in ms.
+local function ms_until_window(k)
+  return ceil_ms((id + k) * period - now)
+end
+
+local function store()
+  if count == 0 then
+    redis.call('DEL', KEYS[1])
+  else
+    redis.call('HSET', KEYS[1], 'w', string.format('%d', id), 'n', string.format('%d', count))
+    redis.call('PEXPIRE', KEYS[1], ms_until_window(math.ceil(count / limit)))
+  end
+end
+
+local granted = 0
+if op == 'lease' then
+  if need <= limit and count + need <= limit then
+    granted = math.min(n, limit - count)
+    count = count + granted
+    store()
+  end
+elseif op == 'return' then
+  if count > 0 then
+    count = count - math.min(n, count)
+    store()
+  end
+elseif op == 'debit' then
+  count = count + n
+  store()
+elseif op ~= 'peek' then
+  return fail('op must be lease, return, debit or peek')
+end
+
+local retry_ms = 0
+if op == 'lease' or op == 'peek' then
+  if need > limit then
+    retry_ms = -1
+  elseif granted == 0 and count + need > limit then
+    -- The first window after id whose carried count leaves `need` units.
+    retry_ms = ms_until_window(math.ceil((count + need - limit) / limit))
+  end
+end
+local reset_ms = 0
+if count > 0 then reset_ms = ms_until_window(math.ceil(count / limit)) end
+return {granted, math.max(0, limit - count), retry_ms, reset_ms, math.floor(now / 1000)}

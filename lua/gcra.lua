@@ -1,0 +1,144 @@
+-- gcra.lua: the lease form of GCRA, the global state of one (rule, key) in
+-- Redis. The maths is daemon/algorithms/gcra.h in integer microseconds of
+-- Redis's clock: leasing one unit at a time admits exactly what gcra::acquire
+-- admits, with the same remaining, retry_after_ms and reset_after_ms.
+--
+-- KEYS[1]  the state: a string holding TAT, the theoretical arrival time (µs,
+--          Redis clock). interval = ceil(period_us / limit). c units conform
+--          at now when max(TAT, now) + c*interval <= now + burst*interval.
+--          An absent key is a fresh key (TAT in the past).
+-- ARGV[1]  op: "lease"  take up to n units when at least `need` conform;
+--              "return" give n unused units back (TAT moves back, never
+--                       before now);
+--              "debit"  take n units unconditionally: units admitted while
+--                       Redis was unreachable. TAT may pass the tolerance:
+--                       that is debt, and the next lease waits for it;
+--              "peek"   take nothing, report the state.
+-- ARGV[2]  n: units (lease: at most; return, debit: exactly; peek: ignored).
+-- ARGV[3]  need: lease: the fewest units worth granting, 1 <= need <= n;
+--          peek: report retry_after_ms for this many units (0 is allowed).
+-- ARGV[4]  limit: units per period, >= 1.
+-- ARGV[5]  period_ms: >= 1.
+-- ARGV[6]  burst: units a fresh key may take at once, >= 0.
+-- ARGV[7]  now_us: "0" reads Redis TIME, which is what the daemon always
+--          passes; any other value is the time to use (µs). A test seam only.
+--
+-- Returns five integers {granted, remaining, retry_after_ms, reset_after_ms,
+-- now_ms}:
+--   granted         units moved into the caller's slice (lease), else 0;
+--   remaining       whole units that would still conform at once now;
+--   retry_after_ms  0 when the lease granted (or a peek of `need` would);
+--                   otherwise until `need` units conform, rounded up; -1 when
+--                   need > burst, which can never be granted;
+--   reset_after_ms  until TAT, when the key is back to a fresh burst;
+--   now_ms          Redis's time (floor of now_us / 1000), for clock offsets.
+--
+-- The key's TTL is reset_after_ms (the state matters until TAT; a TAT at or
+-- before now deletes the key), so it is at most burst * interval +
+-- outstanding debt, rounded up to ms.
+-- Lua numbers are doubles: every quantity is an integer below 2^53. Times
+-- near 2^50.6 µs (now) plus burst * interval <= 2^50 stay exact; debt
+-- saturates at 2^50 µs past now.
+
+local MAX_SPAN_US = 2 ^ 50
+
+local function fail(msg)
+  return redis.error_reply('ERR sluice gcra.lua: ' .. msg)
+end
+
+-- ARGV[i] as an integer within [lo, hi], or nil.
+local function int_arg(i, lo, hi)
+  local v = tonumber(ARGV[i])
+  if v == nil or v ~= math.floor(v) or v < lo or v > hi then return nil end
+  return v
+end
+
+-- floor(a / b) exactly, for integers 0 <= a < 2^53 and b >= 1.
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+
+-- A wait in µs as whole ms, rounded up; 0 for waits that are over.
+local function ceil_ms(us)
+  if us <= 0 then return 0 end
+  return idiv(us + 999, 1000)
+end
+
+local op = ARGV[1]
+local n = int_arg(2, 0, MAX_SPAN_US)
+local need = int_arg(3, 0, MAX_SPAN_US)
+local limit = int_arg(4, 1, MAX_SPAN_US)
+local period_ms = int_arg(5, 1, MAX_SPAN_US / 1000)
+local burst = int_arg(6, 0, MAX_SPAN_US)
+local now = int_arg(7, 0, 2 ^ 53)
+if not (n and need and limit and period_ms and burst and now) then
+  return fail('ARGV must be op, n, need, limit, period_ms, burst, now_us (integers)')
+end
+if op == 'lease' and (need < 1 or need > n) then
+  return fail('lease needs 1 <= need <= n')
+end
+if now == 0 then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local interval = idiv(period_ms * 1000 + limit - 1, limit)
+if burst * interval > MAX_SPAN_US or n * interval > MAX_SPAN_US or need * interval > MAX_SPAN_US then
+  return fail('burst * period / limit must stay below 2^50 us')
+end
+local tolerance_end = now + burst * interval
+
+-- TAT as it applies now: a TAT in the past is a fresh key.
+local stored = redis.call('GET', KEYS[1])
+local tat = now
+if stored then tat = math.max(tonumber(stored), now) end
+
+-- Whole units that fit between `t` and the tolerance edge.
+local function units_at(t)
+  if t >= tolerance_end then return 0 end
+  return idiv(tolerance_end - t, interval)
+end
+
+local function store(t)
+  if t <= now then
+    redis.call('DEL', KEYS[1])
+  else
+    redis.call('SET', KEYS[1], string.format('%d', t), 'PX', ceil_ms(t - now))
+  end
+end
+
+local granted = 0
+if op == 'lease' then
+  if need <= burst and units_at(tat) >= need then
+    granted = math.min(n, units_at(tat))
+    tat = tat + granted * interval
+    store(tat)
+  end
+elseif op == 'return' then
+  if stored then
+    tat = tonumber(stored) - n * interval
+    store(tat)
+    tat = math.max(tat, now)
+  end
+elseif op == 'debit' then
+  tat = math.min(tat + n * interval, now + MAX_SPAN_US)
+  store(tat)
+elseif op ~= 'peek' then
+  return fail('op must be lease, return, debit or peek')
+end
+
+local retry_ms = 0
+if op == 'lease' or op == 'peek' then
+  if need > burst then
+    retry_ms = -1
+  elseif granted == 0 and units_at(tat) < need then
+    retry_ms = ceil_ms(tat + need * interval - tolerance_end)
+  end
+end
+return {granted, units_at(tat), retry_ms, ceil_ms(tat - now), math.floor(now / 1000)}

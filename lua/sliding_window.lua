@@ -1,0 +1,223 @@
+-- sliding_window.lua: the lease form of the sliding-window counter, the
+-- global state of one (rule, key) in Redis. The maths is
+-- daemon/algorithms/sliding_window.h in integer microseconds of Redis's
+-- clock: leasing one unit at a time admits exactly what
+-- sliding_window::acquire admits, with the same remaining, retry_after_ms and
+-- reset_after_ms.
+--
+--   estimate(now) = prev * (period - elapsed) / period + cur
+--
+-- where elapsed = now - start of the current window; c units pass when
+-- estimate + c <= limit, compared exactly in integers.
+--
+-- KEYS[1]  the state: a hash {w = window id, c = cur, p = prev}, where window
+--          id = floor(now_us / period_us), cur the units counted in window w
+--          and prev those in window w - 1. An absent key counts 0.
+--          A cur above `limit` is debt (see "debit"): moving on by one
+--          window makes prev = min(cur, limit) and cur = cur - limit, so the
+--          excess is carried into the following windows instead of
+--          vanishing. A stored window later than now's (Redis's clock
+--          stepped back) is judged as at its start, where the estimate is
+--          largest, so nothing is granted twice.
+-- ARGV[1]  op: "lease"  take up to n units when at least `need` fit;
+--              "return" give n unused units back to the current window's
+--                       count (a window that has ended keeps its count);
+--              "debit"  count n units unconditionally: units admitted while
+--                       Redis was unreachable;
+--              "peek"   take nothing, report the state.
+-- ARGV[2]  n: units (lease: at most; return, debit: exactly; peek: ignored).
+-- ARGV[3]  need: lease: the fewest units worth granting, 1 <= need <= n;
+--          peek: report retry_after_ms for this many units (0 is allowed).
+-- ARGV[4]  limit: units per sliding period, 1 <= limit < 2^26.
+-- ARGV[5]  period_ms: the window's length, >= 1.
+-- ARGV[6]  burst: unused (pass limit); kept so every rate script takes the
+--          same ARGV.
+-- ARGV[7]  now_us: "0" reads Redis TIME, which is what the daemon always
+--          passes; any other value is the time to use (µs). A test seam only.
+--
+-- Returns five integers {granted, remaining, retry_after_ms, reset_after_ms,
+-- now_ms}:
+--   granted         units moved into the caller's slice (lease), else 0;
+--   remaining       floor(limit - estimate) after this call (0 in debt);
+--   retry_after_ms  0 when the lease granted (or a peek of `need` would);
+--                   otherwise the first time `need` units fit (the estimate
+--                   only falls while nothing is taken), rounded up; -1 when
+--                   need > limit;
+--   reset_after_ms  until the estimate is 0: the end of the next window when
+--                   cur > 0 (plus a window per `limit` units of debt), else
+--                   the end of this window when prev > 0, else 0;
+--   now_ms          Redis's time (floor of now_us / 1000), for clock offsets.
+--
+-- The key's TTL is reset_after_ms, so it is at most two periods, plus one
+-- period per `limit` units of debt.
+-- Lua numbers are doubles, and units * period_us can pass 2^53 (2^20 units
+-- per day is 2^56), so those products are compared as two 26-bit limbs
+-- (wide() below); limit < 2^26 keeps every limb exact.
+
+local MAX_SPAN_US = 2 ^ 50
+local LIMB = 2 ^ 26
+
+local function fail(msg)
+  return redis.error_reply('ERR sluice sliding_window.lua: ' .. msg)
+end
+
+-- ARGV[i] as an integer within [lo, hi], or nil.
+local function int_arg(i, lo, hi)
+  local v = tonumber(ARGV[i])
+  if v == nil or v ~= math.floor(v) or v < lo or v > hi then return nil end
+  return v
+end
+
+-- floor(a / b) exactly, for integers 0 <= a < 2^53 and b >= 1.
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+
+-- A wait in µs as whole ms, rounded up; 0 for waits that are over.
+local function ceil_ms(us)
+  if us <= 0 then return 0 end
+  return idiv(us + 999, 1000)
+end
+
+-- units * t as {high, low} with low < 2^26, exact for 0 <= units <= 2^26 and
+-- 0 <= t < 2^53.
+local function wide(units, t)
+  local t_high = math.floor(t / LIMB)
+  local high = units * t_high
+  local low = units * (t - t_high * LIMB)
+  local carry = math.floor(low / LIMB)
+  return high + carry, low - carry * LIMB
+end
+
+-- a_units * a_t <= b_units * b_t, exactly.
+local function wide_le(a_units, a_t, b_units, b_t)
+  local ah, al = wide(a_units, a_t)
+  local bh, bl = wide(b_units, b_t)
+  return ah < bh or (ah == bh and al <= bl)
+end
+
+-- ceil(units * t / period) exactly, for 0 <= t <= period.
+local function ceil_fraction(units, t, period)
+  local q = math.ceil(units * t / period)
+  if q > 0 and wide_le(units, t, q - 1, period) then q = q - 1 end
+  if not wide_le(units, t, q, period) then q = q + 1 end
+  return q
+end
+
+local op = ARGV[1]
+local n = int_arg(2, 0, 2 ^ 40)
+local need = int_arg(3, 0, 2 ^ 40)
+local limit = int_arg(4, 1, LIMB - 1)
+local period_ms = int_arg(5, 1, MAX_SPAN_US / 1000)
+local now = int_arg(7, 0, 2 ^ 53)
+if not (n and need and limit and period_ms and now) then
+  return fail('ARGV must be op, n, need, limit (< 2^26), period_ms, burst, now_us (integers)')
+end
+if op == 'lease' and (need < 1 or need > n) then
+  return fail('lease needs 1 <= need <= n')
+end
+if now == 0 then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local period = period_ms * 1000
+local now_id = idiv(now, period)
+
+-- The count of a window `k` >= 1 windows after one that counted `cur`, and
+-- that window's prev: debt is paid off `limit` per window.
+local function carried(cur, k)
+  return math.max(0, cur - limit * k), math.min(limit, math.max(0, cur - limit * (k - 1)))
+end
+
+-- The window this call applies to, its counts and the time it is judged at.
+local id, cur, prev, at = now_id, 0, 0, now
+local stored = redis.call('HMGET', KEYS[1], 'w', 'c', 'p')
+if stored[1] and stored[2] and stored[3] then
+  local stored_id = tonumber(stored[1])
+  if stored_id == now_id then
+    cur, prev = tonumber(stored[2]), tonumber(stored[3])
+  elseif stored_id > now_id then
+    id, cur, prev, at = stored_id, tonumber(stored[2]), tonumber(stored[3]), stored_id * period
+  else
+    cur, prev = carried(tonumber(stored[2]), now_id - stored_id)
+  end
+end
+local start = id * period
+local elapsed = at - start
+
+-- Whether `units` more fit at `at`: prev * (period - elapsed) + (cur + units)
+-- * period <= limit * period.
+local function fits(units)
+  local budget = limit - cur - units
+  return budget >= 0 and wide_le(prev, period - elapsed, budget, period)
+end
+
+-- The first offset e in [0, period] into a window whose prev is `p` at which
+-- p * (period - e) <= budget * period (budget >= 0).
+local function first_fit_offset(p, budget)
+  if budget >= p then return 0 end
+  -- floor(budget * period / p) exactly, as budget * floor(period / p) plus
+  -- the remainder's share; every product stays below 2^53.
+  local whole = idiv(period, p)
+  local allowed = budget * whole + idiv(budget * (period - whole * p), p)
+  return period - allowed
+end
+
+local function reset_ms()
+  if cur > 0 then return ceil_ms(start + (math.ceil(cur / limit) + 1) * period - now) end
+  if prev > 0 then return ceil_ms(start + period - now) end
+  return 0
+end
+
+local function store()
+  if cur == 0 and prev == 0 then
+    redis.call('DEL', KEYS[1])
+  else
+    redis.call('HSET', KEYS[1], 'w', string.format('%d', id), 'c', string.format('%d', cur),
+      'p', string.format('%d', prev))
+    redis.call('PEXPIRE', KEYS[1], reset_ms())
+  end
+end
+
+local granted = 0
+if op == 'lease' then
+  if need <= limit and fits(need) then
+    -- The largest grant that fits: everything the estimate leaves.
+    granted = math.min(n, limit - cur - ceil_fraction(prev, period - elapsed, period))
+    cur = cur + granted
+    store()
+  end
+elseif op == 'return' then
+  if cur > 0 then
+    cur = cur - math.min(n, cur)
+    store()
+  end
+elseif op == 'debit' then
+  cur = cur + n
+  store()
+elseif op ~= 'peek' then
+  return fail('op must be lease, return, debit or peek')
+end
+
+local retry_ms = 0
+if op == 'lease' or op == 'peek' then
+  if need > limit then
+    retry_ms = -1
+  elseif granted == 0 and not fits(need) then
+    -- The first window whose carried cur leaves room for `need`, then the
+    -- moment in it at which its prev has decayed enough.
+    local k = math.max(0, math.ceil((cur + need - limit) / limit))
+    local cur_k, prev_k = cur, prev
+    if k > 0 then cur_k, prev_k = carried(cur, k) end
+    retry_ms = ceil_ms(start + k * period + first_fit_offset(prev_k, limit - cur_k - need) - now)
+  end
+end
+local remaining = math.max(0, limit - cur - ceil_fraction(prev, period - elapsed, period))
+return {granted, remaining, retry_ms, reset_ms(), math.floor(now / 1000)}

@@ -1,0 +1,558 @@
+// Lua scripts of the lease path (lua/*.lua through daemon/scripts.h), run on a
+// real redis-server with SCRIPT LOAD and EVALSHA: cross-tested against the C++
+// algorithms of the same name, plus batch leases, returns, debts, TTLs, binary
+// keys, NOSCRIPT, concurrency leases and heartbeats. Time comes from the
+// scripts' now_us test seam, never from sleeping.
+#include "scripts.h"
+
+#include <gtest/gtest.h>
+#include <hiredis/hiredis.h>
+
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "algorithms/fixed_window.h"
+#include "algorithms/gcra.h"
+#include "algorithms/sliding_window.h"
+#include "algorithms/token_bucket.h"
+#include "redis_server.h"
+
+namespace sluice {
+namespace {
+
+using scripts::Op;
+using scripts::Script;
+
+// A plausible Redis TIME in µs (late 2023), a whole number of seconds so
+// that windows of whole seconds start on it.
+constexpr int64_t kBaseUs = 1'700'000'000'000'000;
+constexpr int64_t kMsUs = 1'000;
+constexpr int64_t kSecondUs = 1'000'000;
+
+using ReplyPtr = std::unique_ptr<redisReply, decltype(&freeReplyObject)>;
+
+// One synchronous hiredis connection; binary-safe commands.
+class Redis {
+ public:
+  explicit Redis(const test::RedisServer& server) : ctx_(redisConnect(server.host().c_str(), server.port())) {
+    if (ctx_ == nullptr || ctx_->err != 0) throw std::runtime_error("cannot connect to redis-server");
+  }
+  ~Redis() { redisFree(ctx_); }
+  Redis(const Redis&) = delete;
+  Redis& operator=(const Redis&) = delete;
+
+  ReplyPtr command(const std::vector<std::string>& args) {
+    std::vector<const char*> argv;
+    std::vector<size_t> lens;
+    for (const auto& arg : args) {
+      argv.push_back(arg.data());
+      lens.push_back(arg.size());
+    }
+    auto* reply = static_cast<redisReply*>(redisCommandArgv(ctx_, static_cast<int>(args.size()), argv.data(), lens.data()));
+    if (reply == nullptr) throw std::runtime_error("redis connection lost");
+    return ReplyPtr(reply, freeReplyObject);
+  }
+
+  int64_t integer(const std::vector<std::string>& args) {
+    ReplyPtr reply = command(args);
+    EXPECT_EQ(reply->type, REDIS_REPLY_INTEGER) << (reply->str ? reply->str : "");
+    return reply->integer;
+  }
+
+ private:
+  redisContext* ctx_;
+};
+
+class LuaTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { server_ = new test::RedisServer(); }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+
+  void SetUp() override {
+    redis_ = std::make_unique<Redis>(*server_);
+    redis_->command({"FLUSHALL"});
+    for (const auto& script : scripts::all()) {
+      ReplyPtr reply = redis_->command({"SCRIPT", "LOAD", std::string(script.source)});
+      ASSERT_EQ(reply->type, REDIS_REPLY_STRING) << script.name << ": " << (reply->str ? reply->str : "");
+      sha_[static_cast<size_t>(script.script)] = std::string(reply->str, reply->len);
+    }
+  }
+
+  // EVALSHA of `script` on `key`; the reply must be an array of integers.
+  // With `persist`, the key's TTL is removed in the same transaction: TTLs are
+  // relative to the script's (test seam) clock but run out on Redis's real
+  // one, so a test that steps its own time by less than the real time it
+  // takes would see state vanish that still matters at its simulated time.
+  // Tests of the maths persist; tests of TTLs use Redis's own clock.
+  std::vector<int64_t> eval(Script script, const std::string& key, const std::vector<std::string>& argv,
+                            bool persist = false) {
+    std::vector<std::string> args = {"EVALSHA", sha_[static_cast<size_t>(script)], "1", key};
+    args.insert(args.end(), argv.begin(), argv.end());
+    ReplyPtr exec(nullptr, freeReplyObject);
+    const redisReply* reply = nullptr;
+    if (persist) {
+      redis_->command({"MULTI"});
+      redis_->command(args);
+      redis_->command({"PERSIST", key});
+      exec = redis_->command({"EXEC"});
+      if (exec->type != REDIS_REPLY_ARRAY || exec->elements != 2) {
+        ADD_FAILURE() << "EXEC failed";
+        return {};
+      }
+      reply = exec->element[0];
+    } else {
+      exec = redis_->command(args);
+      reply = exec.get();
+    }
+    std::vector<int64_t> values;
+    if (reply->type != REDIS_REPLY_ARRAY) {
+      ADD_FAILURE() << scripts::get(script).name << " answered " << (reply->str ? reply->str : "a non-array");
+      return values;
+    }
+    for (size_t i = 0; i < reply->elements; ++i) {
+      EXPECT_EQ(reply->element[i]->type, REDIS_REPLY_INTEGER);
+      values.push_back(reply->element[i]->integer);
+    }
+    return values;
+  }
+
+  scripts::LeaseReply rate(Script script, const std::string& key, Op op, int64_t n, int64_t need, const Limit& limit,
+                           int64_t now_us, bool persist = false) {
+    auto reply = scripts::parseLeaseReply(eval(script, key, scripts::rateArgv(op, n, need, limit, now_us), persist));
+    if (!reply) throw std::runtime_error("malformed lease reply");
+    return *reply;
+  }
+
+  scripts::LeaseReply conc(const std::string& key, Op op, int64_t n, int64_t need, const Limit& limit,
+                           int64_t lease_ttl_ms, const std::string& node, int64_t now_us) {
+    auto reply = scripts::parseLeaseReply(
+        eval(Script::kConcurrency, key, scripts::concurrencyArgv(op, n, need, limit, lease_ttl_ms, node, now_us)));
+    if (!reply) throw std::runtime_error("malformed lease reply");
+    return *reply;
+  }
+
+  scripts::HeartbeatReply beat(const std::string& key, scripts::HeartbeatOp op, const std::string& node,
+                               int64_t ttl_ms, int64_t now_us) {
+    auto reply = scripts::parseHeartbeatReply(eval(Script::kHeartbeat, key, scripts::heartbeatArgv(op, node, ttl_ms, now_us)));
+    if (!reply) throw std::runtime_error("malformed heartbeat reply");
+    return *reply;
+  }
+
+  static test::RedisServer* server_;
+  std::unique_ptr<Redis> redis_;
+  std::string sha_[6];
+};
+
+test::RedisServer* LuaTest::server_ = nullptr;
+
+// ---------------------------------------------------------------------------
+// Embedding and argument lists.
+
+// Verifies that every embedded script is byte for byte its file in lua/, so
+// the .lua files really are the single source of truth.
+TEST(Scripts, EmbedsEachLuaFileExactly) {
+  ASSERT_EQ(scripts::all().size(), 6u);
+  for (const auto& script : scripts::all()) {
+    std::ifstream in(std::string(SLUICE_SOURCE_DIR) + "/lua/" + std::string(script.name), std::ios::binary);
+    ASSERT_TRUE(in) << script.name;
+    std::ostringstream text;
+    text << in.rdbuf();
+    EXPECT_EQ(text.str(), script.source) << script.name;
+    EXPECT_EQ(&scripts::get(script.script), &script);
+  }
+}
+
+// Verifies the ARGV order the scripts document, and that periods go over in ms.
+TEST(Scripts, BuildsArgvInTheDocumentedOrder) {
+  const Limit limit{100, 60'000'000'000, 20};
+  EXPECT_EQ(scripts::rateArgv(Op::kLease, 10, 1, limit),
+            (std::vector<std::string>{"lease", "10", "1", "100", "60000", "20", "0"}));
+  EXPECT_EQ(scripts::concurrencyArgv(Op::kRenew, 0, 0, Limit{5, 0, 5}, 30'000, "node-a", 42),
+            (std::vector<std::string>{"renew", "0", "0", "5", "30000", "node-a", "42"}));
+  EXPECT_EQ(scripts::heartbeatArgv(scripts::HeartbeatOp::kBeat, "node-a", 15'000),
+            (std::vector<std::string>{"beat", "node-a", "15000", "0"}));
+  EXPECT_EQ(scripts::forAlgorithm(Algorithm::kGcra), Script::kGcra);
+  EXPECT_EQ(scripts::forAlgorithm(Algorithm::kSlidingLog), std::nullopt);
+}
+
+// Verifies that a -1 retry (a need no limit can ever meet) parses as `never`.
+TEST(Scripts, ParsesNeverAndRejectsWrongArity) {
+  const int64_t never[] = {0, 3, -1, 10, 5};
+  auto reply = scripts::parseLeaseReply(never);
+  ASSERT_TRUE(reply);
+  EXPECT_TRUE(reply->never);
+  EXPECT_EQ(reply->retry_after_ms, 0);
+  const int64_t short_reply[] = {1, 2, 3};
+  EXPECT_FALSE(scripts::parseLeaseReply(short_reply));
+}
+
+// ---------------------------------------------------------------------------
+// Cross-tests: script and C++ algorithm on the same times and costs.
+//
+// Every shape's emission interval (period / limit) is a whole number of
+// microseconds, so the script's µs maths and the C++ ns maths describe the
+// same instants exactly; times are converted with ns = µs * 1000.
+
+using AcquireFn = Decision (*)(uint64_t&, const Limit&, int64_t, int64_t);
+
+struct CrossCase {
+  const char* name;
+  Script script;
+  AcquireFn acquire;
+  Limit limit;  // period_ns a whole number of ms
+};
+
+std::ostream& operator<<(std::ostream& os, const CrossCase& c) { return os << c.name; }
+
+class LuaCrossTest : public LuaTest, public ::testing::WithParamInterface<CrossCase> {};
+
+// Verifies identical decisions over a deterministic schedule of bursts,
+// gaps, window boundaries, costs above 1 (and above the limit) and time
+// stepping backwards: granted == cost exactly when the C++ algorithm allows,
+// the same remaining, retry_after_ms and reset_after_ms.
+TEST_P(LuaCrossTest, LeasingMatchesTheCppAlgorithmStepByStep) {
+  const CrossCase c = GetParam();
+  const int64_t period_us = c.limit.period_ns / 1000;
+  const int64_t interval_us = period_us / c.limit.limit;
+  const int64_t capacity = std::max(c.limit.burst, c.limit.limit);
+  std::mt19937_64 rng(20240611);
+  auto uniform = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+
+  uint64_t state = 0;
+  int64_t now_us = kBaseUs + 3 * kMsUs;
+  int allowed = 0;
+  int denied = 0;
+  for (int step = 0; step < 1500; ++step) {
+    const int64_t action = uniform(0, 99);
+    if (action < 35) {
+      // Burst: the same instant again.
+    } else if (action < 60) {
+      now_us += uniform(1, interval_us);
+    } else if (action < 70) {
+      now_us += uniform(2 * period_us, 5 * period_us);
+    } else if (action < 85) {
+      // A window boundary (for the buckets: a refill instant) or next to it.
+      now_us = (now_us / period_us + 1) * period_us + uniform(-1, 1);
+    } else {
+      now_us -= uniform(1, period_us / 2);
+    }
+    const int64_t cost = uniform(0, 9) < 8 ? 1 : uniform(2, capacity + 1);
+    const Decision want = c.acquire(state, c.limit, now_us * 1000, cost);
+    const scripts::LeaseReply got = rate(c.script, "k", Op::kLease, cost, cost, c.limit, now_us, /*persist=*/true);
+    const std::string where = "step " + std::to_string(step) + " at +" + std::to_string(now_us - kBaseUs) +
+                              " us, cost " + std::to_string(cost);
+    ASSERT_EQ(got.granted, want.allowed ? cost : 0) << where;
+    ASSERT_EQ(got.remaining, want.remaining) << where;
+    ASSERT_EQ(got.never, want.cost_exceeds_limit) << where;
+    ASSERT_EQ(got.retry_after_ms, want.retry_after_ms) << where;
+    ASSERT_EQ(got.reset_after_ms, want.reset_after_ms) << where;
+    ASSERT_EQ(got.now_ms, now_us / 1000) << where;
+    (want.allowed ? allowed : denied) += 1;
+  }
+  // The schedule must exercise both answers, or the test proves little.
+  EXPECT_GT(allowed, 100);
+  EXPECT_GT(denied, 100);
+}
+
+constexpr int64_t kMsNs = 1'000'000;
+
+INSTANTIATE_TEST_SUITE_P(
+    AllRateScripts, LuaCrossTest,
+    ::testing::Values(
+        CrossCase{"TokenBucket5PerSecondBurst5", Script::kTokenBucket, token_bucket::acquire, {5, 1000 * kMsNs, 5}},
+        CrossCase{"TokenBucket1000PerSecondBurst50", Script::kTokenBucket, token_bucket::acquire,
+                  {1000, 1000 * kMsNs, 50}},
+        CrossCase{"TokenBucket8PerSecondBurst3", Script::kTokenBucket, token_bucket::acquire, {8, 1000 * kMsNs, 3}},
+        CrossCase{"TokenBucket250PerMsBurst20", Script::kTokenBucket, token_bucket::acquire, {250, kMsNs, 20}},
+        CrossCase{"Gcra5PerSecondBurst5", Script::kGcra, gcra::acquire, {5, 1000 * kMsNs, 5}},
+        CrossCase{"Gcra3PerMinuteBurst10", Script::kGcra, gcra::acquire, {3, 60'000 * kMsNs, 10}},
+        CrossCase{"Gcra8PerSecondBurst1", Script::kGcra, gcra::acquire, {8, 1000 * kMsNs, 1}},
+        CrossCase{"FixedWindow5PerSecond", Script::kFixedWindow, fixed_window::acquire, {5, 1000 * kMsNs, 5}},
+        CrossCase{"FixedWindow40Per7Ms", Script::kFixedWindow, fixed_window::acquire, {40, 7 * kMsNs, 40}},
+        CrossCase{"SlidingWindow5PerSecond", Script::kSlidingWindow, sliding_window::acquire,
+                  {5, 1000 * kMsNs, 5}},
+        CrossCase{"SlidingWindow7Per3Seconds", Script::kSlidingWindow, sliding_window::acquire,
+                  {7, 3000 * kMsNs, 7}},
+        CrossCase{"SlidingWindow100Per10Ms", Script::kSlidingWindow, sliding_window::acquire,
+                  {100, 10 * kMsNs, 100}}),
+    [](const ::testing::TestParamInfo<CrossCase>& info) { return std::string(info.param.name); });
+
+// Verifies that the sliding window's exact 2-limb products agree with the
+// C++ 128-bit maths where units * period_us passes 2^53: with limit L =
+// 1000003 and a period P of 72333217 ms, P - 1 = L * e, so one unit fits at e
+// into the window after a full one exactly when L * (P - e) <= (L - 1) * P,
+// and the two sides differ by 1 near 2^56, where plain doubles round them
+// equal and would grant a unit too early.
+TEST_F(LuaTest, SlidingWindowStaysExactWhereProductsPass2To53) {
+  const Limit limit{1'000'003, 72'333'217 * kMsNs, 1'000'003};
+  const int64_t period_us = limit.period_ns / 1000;
+  const int64_t fit_us = (period_us - 1) / limit.limit;
+  const int64_t start_us = (kBaseUs / period_us + 1) * period_us;
+  uint64_t state = 0;
+  struct Step {
+    int64_t at_us;
+    int64_t cost;
+  };
+  const Step steps[] = {{start_us, limit.limit},
+                        {start_us + period_us + fit_us - 1, 1},
+                        {start_us + period_us + fit_us, 1},
+                        {start_us + period_us + fit_us + 1, 1},
+                        {start_us + period_us + fit_us + 2 * fit_us, 3}};
+  for (const Step& step : steps) {
+    const Decision want = sliding_window::acquire(state, limit, step.at_us * 1000, step.cost);
+    const scripts::LeaseReply got =
+        rate(Script::kSlidingWindow, "k", Op::kLease, step.cost, step.cost, limit, step.at_us, /*persist=*/true);
+    const std::string where = "at +" + std::to_string(step.at_us - start_us) + " us";
+    EXPECT_EQ(got.granted, want.allowed ? step.cost : 0) << where;
+    EXPECT_EQ(got.remaining, want.remaining) << where;
+    EXPECT_EQ(got.retry_after_ms, want.retry_after_ms) << where;
+    EXPECT_EQ(got.reset_after_ms, want.reset_after_ms) << where;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Batch leases, returns, debts and peeks, on every rate script.
+
+struct BatchCase {
+  const char* name;
+  Script script;
+  // The wait after `debit 8` on a fresh 5-per-second key at a window start
+  // until one unit may be leased again.
+  int64_t debt_retry_ms;
+};
+
+class LuaBatchTest : public LuaTest, public ::testing::WithParamInterface<BatchCase> {};
+
+const Limit kFivePerSecond{5, 1000 * kMsNs, 5};
+
+// Verifies that `lease 10` grants what is there (5) and nothing more, and
+// that a dry key then says how long until the next unit.
+TEST_P(LuaBatchTest, LeaseGrantsAtMostWhatIsAvailable) {
+  const Script script = GetParam().script;
+  auto first = rate(script, "k", Op::kLease, 10, 1, kFivePerSecond, kBaseUs);
+  EXPECT_EQ(first.granted, 5);
+  EXPECT_EQ(first.remaining, 0);
+  EXPECT_EQ(first.retry_after_ms, 0);
+  auto second = rate(script, "k", Op::kLease, 10, 1, kFivePerSecond, kBaseUs);
+  EXPECT_EQ(second.granted, 0);
+  EXPECT_GT(second.retry_after_ms, 0);
+  auto later = rate(script, "k", Op::kLease, 10, 1, kFivePerSecond, kBaseUs + second.retry_after_ms * kMsUs);
+  EXPECT_GE(later.granted, 1);
+}
+
+// Verifies that a lease grants nothing when fewer than `need` units are there.
+TEST_P(LuaBatchTest, LeaseGrantsNothingBelowNeed) {
+  const Script script = GetParam().script;
+  EXPECT_EQ(rate(script, "k", Op::kLease, 3, 3, kFivePerSecond, kBaseUs).granted, 3);
+  auto short_lease = rate(script, "k", Op::kLease, 10, 3, kFivePerSecond, kBaseUs);
+  EXPECT_EQ(short_lease.granted, 0);
+  EXPECT_EQ(short_lease.remaining, 2);
+  EXPECT_GT(short_lease.retry_after_ms, 0);
+  auto impossible = rate(script, "k", Op::kPeek, 0, 6, kFivePerSecond, kBaseUs);
+  EXPECT_TRUE(impossible.never);
+}
+
+// Verifies that returned units can be leased again and never lift the state
+// above its limit, and that peeking spends nothing.
+TEST_P(LuaBatchTest, ReturnGivesUnitsBackUpToTheLimit) {
+  const Script script = GetParam().script;
+  EXPECT_EQ(rate(script, "k", Op::kLease, 5, 1, kFivePerSecond, kBaseUs).granted, 5);
+  rate(script, "k", Op::kReturn, 2, 0, kFivePerSecond, kBaseUs);
+  EXPECT_EQ(rate(script, "k", Op::kPeek, 0, 1, kFivePerSecond, kBaseUs).remaining, 2);
+  EXPECT_EQ(rate(script, "k", Op::kPeek, 0, 1, kFivePerSecond, kBaseUs).remaining, 2);
+  rate(script, "k", Op::kReturn, 100, 0, kFivePerSecond, kBaseUs);
+  EXPECT_EQ(rate(script, "k", Op::kPeek, 0, 1, kFivePerSecond, kBaseUs).remaining, 5);
+  // Back to full is back to fresh: nothing left in Redis.
+  EXPECT_EQ(redis_->integer({"EXISTS", "k"}), 0);
+  EXPECT_EQ(rate(script, "k", Op::kLease, 10, 1, kFivePerSecond, kBaseUs).granted, 5);
+}
+
+// Verifies that peeking a fresh key reports a full limit and writes nothing.
+TEST_P(LuaBatchTest, PeekSpendsNothingAndWritesNothing) {
+  const Script script = GetParam().script;
+  auto peek = rate(script, "k", Op::kPeek, 0, 1, kFivePerSecond, kBaseUs);
+  EXPECT_EQ(peek.granted, 0);
+  EXPECT_EQ(peek.remaining, 5);
+  EXPECT_EQ(peek.retry_after_ms, 0);
+  EXPECT_EQ(peek.reset_after_ms, 0);
+  EXPECT_EQ(redis_->integer({"EXISTS", "k"}), 0);
+}
+
+// Verifies that a debit beyond the limit leaves debt: nothing can be leased
+// until it has been paid off, exactly when the script said, not a ms sooner.
+TEST_P(LuaBatchTest, DebitOverdrawsAndTheNextLeaseWaitsForTheDebt) {
+  const BatchCase c = GetParam();
+  auto debit = rate(c.script, "k", Op::kDebit, 8, 0, kFivePerSecond, kBaseUs);
+  EXPECT_EQ(debit.granted, 0);
+  EXPECT_EQ(debit.remaining, 0);
+  auto denied = rate(c.script, "k", Op::kLease, 1, 1, kFivePerSecond, kBaseUs);
+  EXPECT_EQ(denied.granted, 0);
+  EXPECT_EQ(denied.retry_after_ms, c.debt_retry_ms);
+  const int64_t ready_us = kBaseUs + c.debt_retry_ms * kMsUs;
+  EXPECT_EQ(rate(c.script, "k", Op::kLease, 1, 1, kFivePerSecond, ready_us - kMsUs).granted, 0);
+  EXPECT_EQ(rate(c.script, "k", Op::kLease, 1, 1, kFivePerSecond, ready_us).granted, 1);
+}
+
+// Verifies that every key a lease or a debit writes expires, no later than
+// the state stops mattering (TIME from Redis itself, no override).
+TEST_P(LuaBatchTest, WrittenKeysExpireWithinTheirDocumentedBound) {
+  const BatchCase c = GetParam();
+  // Full after burst * interval (buckets), after one window (fixed) or two
+  // (sliding): 1 s or 2 s for 5 per second; each 5 units of debt add 1 s.
+  const int64_t bound_ms = c.script == Script::kSlidingWindow ? 2000 : 1000;
+  rate(c.script, "k", Op::kLease, 1, 1, kFivePerSecond, 0);
+  int64_t ttl_ms = redis_->integer({"PTTL", "k"});
+  EXPECT_GT(ttl_ms, 0);
+  EXPECT_LE(ttl_ms, bound_ms);
+  rate(c.script, "k", Op::kDebit, 9, 0, kFivePerSecond, 0);
+  ttl_ms = redis_->integer({"PTTL", "k"});
+  EXPECT_GT(ttl_ms, bound_ms / 2);
+  EXPECT_LE(ttl_ms, bound_ms + 1000);
+}
+
+// Verifies that keys are opaque bytes: NUL, braces and 1 KiB all work.
+TEST_P(LuaBatchTest, BinaryKeysWork) {
+  const Script script = GetParam().script;
+  std::string key("a\0{tag}\xff", 8);
+  for (int i = 0; key.size() < 1024; ++i) key.push_back(static_cast<char>(i));
+  EXPECT_EQ(rate(script, key, Op::kLease, 2, 1, kFivePerSecond, kBaseUs).granted, 2);
+  EXPECT_EQ(rate(script, key, Op::kPeek, 0, 1, kFivePerSecond, kBaseUs).remaining, 3);
+  EXPECT_EQ(redis_->integer({"EXISTS", key}), 1);
+  EXPECT_GT(redis_->integer({"PTTL", key}), 0);
+  EXPECT_EQ(redis_->integer({"DBSIZE"}), 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllRateScripts, LuaBatchTest,
+                         ::testing::Values(
+                             // 3 units of debt and 1 to lease, 200 ms each.
+                             BatchCase{"TokenBucket", Script::kTokenBucket, 800},
+                             BatchCase{"Gcra", Script::kGcra, 800},
+                             // 8 counted: the next window carries 3, leaving 2.
+                             BatchCase{"FixedWindow", Script::kFixedWindow, 1000},
+                             // Next window: cur 3, prev 5; 1 more fits once
+                             // prev's weight falls to 1 unit, 800 ms into it.
+                             BatchCase{"SlidingWindow", Script::kSlidingWindow, 1800}),
+                         [](const ::testing::TestParamInfo<BatchCase>& info) { return std::string(info.param.name); });
+
+// Verifies that a script flushed from Redis answers NOSCRIPT, the error text
+// the link matches to reload it.
+TEST_F(LuaTest, EvalshaAfterScriptFlushAnswersNoscript) {
+  redis_->command({"SCRIPT", "FLUSH"});
+  std::vector<std::string> args = {"EVALSHA", sha_[static_cast<size_t>(Script::kGcra)], "1", "k"};
+  for (auto& arg : scripts::rateArgv(Op::kLease, 1, 1, kFivePerSecond)) args.push_back(arg);
+  ReplyPtr reply = redis_->command(args);
+  ASSERT_EQ(reply->type, REDIS_REPLY_ERROR);
+  EXPECT_EQ(std::string(reply->str, reply->len).rfind("NOSCRIPT", 0), 0u) << reply->str;
+}
+
+// Verifies that bad arguments are an error reply naming the script, not a
+// silent grant.
+TEST_F(LuaTest, BadArgumentsAreAnErrorReply) {
+  std::vector<std::string> args = {"EVALSHA", sha_[static_cast<size_t>(Script::kTokenBucket)], "1", "k",
+                                   "lease", "5", "0", "5", "1000", "5", "0"};
+  ReplyPtr reply = redis_->command(args);
+  ASSERT_EQ(reply->type, REDIS_REPLY_ERROR);
+  EXPECT_NE(std::string(reply->str).find("token_bucket.lua"), std::string::npos) << reply->str;
+  EXPECT_EQ(redis_->integer({"EXISTS", "k"}), 0);
+}
+
+// ---------------------------------------------------------------------------
+// Concurrency leases.
+
+const Limit kFiveAtOnce{5, 0, 5};
+constexpr int64_t kLeaseTtlMs = 1000;
+
+// Verifies that two nodes together hold at most the limit, that a return
+// frees units for the other, and that a dry node learns when units expire.
+TEST_F(LuaTest, ConcurrencyLeasesUpToTheLimitAcrossNodes) {
+  auto a = conc("c", Op::kLease, 3, 1, kFiveAtOnce, kLeaseTtlMs, "node-a", kBaseUs);
+  EXPECT_EQ(a.granted, 3);
+  EXPECT_EQ(a.held, 3);
+  EXPECT_EQ(a.remaining, 2);
+  auto b = conc("c", Op::kLease, 5, 1, kFiveAtOnce, kLeaseTtlMs, "node-b", kBaseUs + 100 * kMsUs);
+  EXPECT_EQ(b.granted, 2);
+  EXPECT_EQ(b.held, 2);
+  EXPECT_EQ(b.remaining, 0);
+  auto dry = conc("c", Op::kLease, 1, 1, kFiveAtOnce, kLeaseTtlMs, "node-b", kBaseUs + 200 * kMsUs);
+  EXPECT_EQ(dry.granted, 0);
+  EXPECT_EQ(dry.held, 2);
+  EXPECT_EQ(dry.retry_after_ms, 800);  // node-a's holding expires at +1000 ms
+  auto back = conc("c", Op::kReturn, 2, 0, kFiveAtOnce, kLeaseTtlMs, "node-a", kBaseUs + 300 * kMsUs);
+  EXPECT_EQ(back.held, 1);
+  EXPECT_EQ(back.remaining, 2);
+  auto more = conc("c", Op::kLease, 3, 2, kFiveAtOnce, kLeaseTtlMs, "node-b", kBaseUs + 300 * kMsUs);
+  EXPECT_EQ(more.granted, 2);
+  EXPECT_EQ(more.held, 4);
+  EXPECT_TRUE(conc("c", Op::kPeek, 0, 6, kFiveAtOnce, kLeaseTtlMs, "node-b", kBaseUs + 300 * kMsUs).never);
+}
+
+// Verifies that a crashed node's units come free when its lease TTL passes,
+// while a node that renews keeps its own, and that the crashed node learns
+// it holds nothing when it comes back.
+TEST_F(LuaTest, ConcurrencyUnitsOfACrashedNodeExpire) {
+  EXPECT_EQ(conc("c", Op::kLease, 3, 1, kFiveAtOnce, kLeaseTtlMs, "node-a", kBaseUs).granted, 3);
+  EXPECT_EQ(conc("c", Op::kLease, 2, 1, kFiveAtOnce, kLeaseTtlMs, "node-b", kBaseUs).granted, 2);
+  auto renewed = conc("c", Op::kRenew, 0, 0, kFiveAtOnce, kLeaseTtlMs, "node-b", kBaseUs + 600 * kMsUs);
+  EXPECT_EQ(renewed.held, 2);
+  auto before = conc("c", Op::kLease, 1, 1, kFiveAtOnce, kLeaseTtlMs, "node-b", kBaseUs + 999 * kMsUs);
+  EXPECT_EQ(before.granted, 0);
+  EXPECT_EQ(before.retry_after_ms, 1);
+  auto after = conc("c", Op::kLease, 5, 1, kFiveAtOnce, kLeaseTtlMs, "node-b", kBaseUs + 1000 * kMsUs);
+  EXPECT_EQ(after.granted, 3);
+  EXPECT_EQ(after.held, 5);
+  EXPECT_EQ(redis_->integer({"HEXISTS", "c", "node-a"}), 0);
+  auto back = conc("c", Op::kRenew, 0, 0, kFiveAtOnce, kLeaseTtlMs, "node-a", kBaseUs + 1100 * kMsUs);
+  EXPECT_EQ(back.held, 0);
+  EXPECT_EQ(back.remaining, 0);
+}
+
+// Verifies that the concurrency key expires within one lease TTL and is gone
+// once every unit is returned.
+TEST_F(LuaTest, ConcurrencyKeyExpiresWithinTheLeaseTtl) {
+  conc("c", Op::kLease, 2, 1, kFiveAtOnce, kLeaseTtlMs, "node-a", 0);
+  const int64_t ttl_ms = redis_->integer({"PTTL", "c"});
+  EXPECT_GT(ttl_ms, 0);
+  EXPECT_LE(ttl_ms, kLeaseTtlMs);
+  conc("c", Op::kReturn, 5, 0, kFiveAtOnce, kLeaseTtlMs, "node-a", 0);
+  EXPECT_EQ(redis_->integer({"EXISTS", "c"}), 0);
+}
+
+// ---------------------------------------------------------------------------
+// Heartbeats.
+
+// Verifies that N counts the nodes that beat within their TTL, that expired
+// ones drop out and that leaving counts at once.
+TEST_F(LuaTest, HeartbeatCountsLiveNodesAndDropsExpiredOnes) {
+  using scripts::HeartbeatOp;
+  EXPECT_EQ(beat("m", HeartbeatOp::kBeat, "node-a", 3000, kBaseUs).live, 1);
+  auto two = beat("m", HeartbeatOp::kBeat, "node-b", 3000, kBaseUs + 1000 * kMsUs);
+  EXPECT_EQ(two.live, 2);
+  EXPECT_EQ(two.now_ms, kBaseUs / 1000 + 1000);
+  EXPECT_EQ(beat("m", HeartbeatOp::kPeek, "node-c", 3000, kBaseUs + 2999 * kMsUs).live, 2);
+  EXPECT_EQ(beat("m", HeartbeatOp::kPeek, "node-c", 3000, kBaseUs + 3000 * kMsUs).live, 1);
+  EXPECT_EQ(beat("m", HeartbeatOp::kBeat, "node-a", 3000, kBaseUs + 3500 * kMsUs).live, 2);
+  EXPECT_EQ(beat("m", HeartbeatOp::kLeave, "node-b", 3000, kBaseUs + 3600 * kMsUs).live, 1);
+  EXPECT_EQ(redis_->integer({"ZCARD", "m"}), 1);
+}
+
+// Verifies that the members key expires within one TTL of the last beat.
+TEST_F(LuaTest, HeartbeatKeyExpiresWithinTheTtl) {
+  auto reply = beat("m", scripts::HeartbeatOp::kBeat, "node-a", 3000, 0);
+  EXPECT_EQ(reply.live, 1);
+  EXPECT_GT(reply.now_ms, kBaseUs / 1000);
+  const int64_t ttl_ms = redis_->integer({"PTTL", "m"});
+  EXPECT_GT(ttl_ms, 0);
+  EXPECT_LE(ttl_ms, 3000);
+}
+
+}  // namespace
+}  // namespace sluice

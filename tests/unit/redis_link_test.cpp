@@ -1,0 +1,603 @@
+// Tests for RedisLink against a real redis-server per test (RedisServer
+// fixture). Each test runs its own loop, waits on conditions with a guard
+// timer (never a sleep), and ends by closing the link and checking that the
+// loop closes with no handle left open.
+#include "redis_link.h"
+
+#include <gtest/gtest.h>
+#include <uv.h>
+
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "redis_server.h"
+#include "test_support.h"
+
+namespace sluice {
+namespace {
+
+// Timing bounds are what the link promises plus room for a loaded machine:
+// a detection that hangs for seconds still fails. Sanitizers slow everything.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr uint64_t kSlackMs = 400;
+#else
+constexpr uint64_t kSlackMs = 100;
+#endif
+
+using test::RedisServer;
+
+uint64_t nowMs() { return uv_hrtime() / 1'000'000; }
+
+// What one callback saw, copied out of the (callback-scoped) reply.
+struct Seen {
+  RedisStatus status = RedisStatus::kOk;
+  std::string text;     // string/status reply, or the error/reason
+  int64_t integer = 0;
+  uint64_t at_ms = 0;   // when the callback ran (uv_hrtime)
+  int calls = 0;
+};
+
+RedisCallback record(Seen& seen) {
+  return [&seen](const RedisResult& result) {
+    seen.calls++;
+    seen.status = result.status;
+    seen.at_ms = nowMs();
+    if (result.reply != nullptr) {
+      seen.text = std::string(result.reply->str());
+      seen.integer = result.reply->integer();
+    } else {
+      seen.text = std::string(result.error);
+    }
+  };
+}
+
+class RedisLinkTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_EQ(uv_loop_init(&loop_), 0); }
+  // A test that stopped early (a failed ASSERT) still closes what it opened.
+  void TearDown() override {
+    if (!loop_closed_) closeAll();
+  }
+
+  // Runs the loop until `done()` holds or timeout_ms passes; returns done().
+  bool runUntil(const std::function<bool()>& done, int timeout_ms = 5000) {
+    bool expired = false;
+    uv_timer_t guard;
+    uv_timer_init(&loop_, &guard);
+    guard.data = &expired;
+    uv_timer_start(
+        &guard, [](uv_timer_t* timer) { *static_cast<bool*>(timer->data) = true; },
+        static_cast<uint64_t>(timeout_ms), 0);
+    while (!done() && !expired) uv_run(&loop_, UV_RUN_ONCE);
+    bool closed = false;
+    guard.data = &closed;
+    uv_close(reinterpret_cast<uv_handle_t*>(&guard),
+             [](uv_handle_t* handle) { *static_cast<bool*>(handle->data) = true; });
+    while (!closed) uv_run(&loop_, UV_RUN_NOWAIT);
+    return done();
+  }
+
+  RedisConfig configFor(const RedisServer& server) {
+    RedisConfig config;
+    config.host = server.host();
+    config.port = static_cast<uint16_t>(server.port());
+    return config;
+  }
+
+  // Creates the link with counting observers and starts it.
+  RedisLink& startLink(RedisConfig config, RedisLinkOptions options = {},
+                       const std::function<void(RedisLink&)>& before_start = {}) {
+    link_ = std::make_unique<RedisLink>(&loop_, std::move(config), options);
+    link_->onConnected([this] { connects_++; });
+    link_->onDisconnected([this](std::string_view reason) {
+      disconnects_++;
+      last_reason_ = std::string(reason);
+      disconnect_times_ms_.push_back(nowMs());
+    });
+    link_->onLatency([this](uint64_t rtt_us) { latencies_us_.push_back(rtt_us); });
+    if (before_start) before_start(*link_);
+    link_->start();
+    return *link_;
+  }
+
+  bool waitConnected(int timeout_ms = 5000) {
+    return runUntil([&] { return link_->connected(); }, timeout_ms);
+  }
+
+  // Sends one command and waits for its answer.
+  Seen roundTrip(std::initializer_list<std::string_view> argv, int64_t timeout_ms = 2000) {
+    Seen seen;
+    EXPECT_TRUE(link_->command(argv, record(seen), timeout_ms));
+    EXPECT_TRUE(runUntil([&] { return seen.calls > 0; }));
+    return seen;
+  }
+
+  // Closes the link and the loop; every handle must be closed.
+  void closeAll() {
+    loop_closed_ = true;  // once, even when it fails
+    if (link_) {
+      bool closed = false;
+      link_->close([&] { closed = true; });
+      bool ok = runUntil([&] { return closed; });
+      EXPECT_TRUE(ok) << "close() callback never ran";
+      if (!ok) {
+        (void)link_.release();  // leak it rather than abort in its destructor
+        return;
+      }
+      link_.reset();
+    }
+    uv_run(&loop_, UV_RUN_NOWAIT);
+    EXPECT_EQ(uv_loop_close(&loop_), 0);
+  }
+
+  uv_loop_t loop_;
+  bool loop_closed_ = false;
+  std::unique_ptr<RedisLink> link_;
+  int connects_ = 0;
+  int disconnects_ = 0;
+  std::string last_reason_;
+  std::vector<uint64_t> disconnect_times_ms_;
+  std::vector<uint64_t> latencies_us_;
+};
+
+// Verifies that PING is answered with PONG and its round-trip time is reported.
+TEST_F(RedisLinkTest, AnswersPingWithPongAndReportsItsRoundTripTime) {
+  RedisServer server;
+  startLink(configFor(server));
+  ASSERT_TRUE(waitConnected());
+  EXPECT_EQ(connects_, 1);
+  latencies_us_.clear();
+
+  Seen seen = roundTrip({"PING"});
+  EXPECT_EQ(seen.status, RedisStatus::kOk);
+  EXPECT_EQ(seen.text, "PONG");
+  EXPECT_EQ(seen.calls, 1);
+  ASSERT_EQ(latencies_us_.size(), 1u);
+  EXPECT_GT(latencies_us_[0], 0u);
+  EXPECT_LT(latencies_us_[0], 1'000'000u);
+  closeAll();
+}
+
+// Verifies that keys and values with NUL bytes, braces and 1 KiB of every byte
+// value reach Redis and come back unchanged.
+TEST_F(RedisLinkTest, KeepsKeysAndValuesBinarySafe) {
+  RedisServer server;
+  startLink(configFor(server));
+  ASSERT_TRUE(waitConnected());
+
+  std::string key("sluice:{tenant}\0key", 19);
+  std::string value;
+  for (int i = 0; i < 1024; i++) value.push_back(static_cast<char>(i % 256));
+  EXPECT_EQ(roundTrip({"SET", key, value}).status, RedisStatus::kOk);
+  Seen got = roundTrip({"GET", key});
+  EXPECT_EQ(got.status, RedisStatus::kOk);
+  EXPECT_EQ(got.text, value);
+  EXPECT_EQ(roundTrip({"STRLEN", key}).integer, 1024);
+  // Only the exact key holds the value: the NUL did not truncate it.
+  EXPECT_EQ(roundTrip({"EXISTS", std::string("sluice:{tenant}")}).integer, 0);
+  closeAll();
+}
+
+// Verifies that 1,000 commands issued in one loop tick are all answered, in
+// the order they were issued.
+TEST_F(RedisLinkTest, AnswersAThousandPipelinedCommandsInOrder) {
+  RedisServer server;
+  startLink(configFor(server));
+  ASSERT_TRUE(waitConnected());
+
+  std::vector<int64_t> answers;
+  for (int i = 0; i < 1000; i++) {
+    ASSERT_TRUE(link_->command(
+        {"INCR", "counter"},
+        [&](const RedisResult& result) {
+          answers.push_back(result.status == RedisStatus::kOk ? result.reply->integer() : -1);
+        },
+        5000));
+  }
+  ASSERT_TRUE(runUntil([&] { return answers.size() == 1000; }));
+  for (int i = 0; i < 1000; i++) ASSERT_EQ(answers[i], i + 1);
+  closeAll();
+}
+
+// Verifies that a refused connection is reported within 100 ms, that commands
+// are refused (without a callback) while the link is down, and that attempts
+// are repeated with a jittered, doubling backoff.
+TEST_F(RedisLinkTest, ReportsARefusedConnectionQuicklyAndRetriesWithBackoff) {
+  RedisConfig config;
+  config.host = "127.0.0.1";
+  config.port = static_cast<uint16_t>(test::freeLoopbackPort());
+  uint64_t started_ms = nowMs();
+  startLink(config);
+
+  ASSERT_TRUE(runUntil([&] { return disconnects_ >= 1; }, 1000));
+  EXPECT_LT(disconnect_times_ms_[0] - started_ms, kSlackMs);
+  std::cout << "measured: refusal reported " << disconnect_times_ms_[0] - started_ms
+            << " ms after start()\n";
+  EXPECT_NE(last_reason_.find("refused"), std::string::npos) << last_reason_;
+  Seen never;
+  EXPECT_FALSE(link_->command({"PING"}, record(never), 100));
+
+  // Delays 50, 100, 200 ms, each +-20 %; the attempt itself takes ~0 ms.
+  ASSERT_TRUE(runUntil([&] { return disconnects_ >= 4; }, 2000));
+  for (int i = 1; i < 4; i++) {
+    double expected_ms = 50.0 * (1 << (i - 1));
+    auto gap_ms = static_cast<double>(disconnect_times_ms_[i] - disconnect_times_ms_[i - 1]);
+    EXPECT_GE(gap_ms, expected_ms * 0.8 - 2) << "attempt " << i;
+    EXPECT_LE(gap_ms, expected_ms * 1.2 + kSlackMs / 2) << "attempt " << i;
+  }
+  EXPECT_EQ(connects_, 0);
+  EXPECT_EQ(never.calls, 0);
+  closeAll();
+}
+
+// Verifies that when Redis is SIGKILLed, a pending command reports
+// `disconnected` within 100 ms and the loss is reported to the observer.
+TEST_F(RedisLinkTest, FailsAPendingCommandQuicklyWhenRedisIsKilled) {
+  RedisServer server;
+  startLink(configFor(server));
+  ASSERT_TRUE(waitConnected());
+
+  Seen seen;
+  ASSERT_TRUE(link_->command({"BLPOP", "nothing", "10"}, record(seen), 10'000));
+  ASSERT_TRUE(runUntil([&] { return server.cli({"CLIENT", "LIST"}).find("cmd=blpop") !=
+                                    std::string::npos; }));
+  uint64_t killed_ms = nowMs();
+  server.kill();
+  ASSERT_TRUE(runUntil([&] { return seen.calls > 0; }, 2000));
+  EXPECT_EQ(seen.status, RedisStatus::kDisconnected);
+  EXPECT_EQ(seen.calls, 1);
+  EXPECT_LT(seen.at_ms - killed_ms, kSlackMs) << seen.text;
+  std::cout << "measured: kill detected " << seen.at_ms - killed_ms << " ms after SIGKILL\n";
+  EXPECT_EQ(disconnects_, 1);
+  EXPECT_FALSE(link_->connected());
+  closeAll();
+}
+
+// Verifies that when a stopped Redis is SIGKILLed with our command unread in
+// its socket (so the kernel answers with a reset, which hiredis 0.14's own
+// libuv adapter never reports), the pending command reports `disconnected`
+// within 100 ms.
+TEST_F(RedisLinkTest, FailsAPendingCommandQuicklyWhenTheConnectionIsReset) {
+  RedisServer server;
+  startLink(configFor(server));
+  ASSERT_TRUE(waitConnected());
+
+  server.stop();
+  Seen seen;
+  ASSERT_TRUE(link_->command({"PING"}, record(seen), 10'000));
+  // Two loop turns without waiting: the socket is writable, so the PING is
+  // written in the first.
+  uv_run(&loop_, UV_RUN_NOWAIT);
+  uv_run(&loop_, UV_RUN_NOWAIT);
+  uint64_t killed_ms = nowMs();
+  server.kill();
+  ASSERT_TRUE(runUntil([&] { return seen.calls > 0; }, 2000));
+  EXPECT_EQ(seen.status, RedisStatus::kDisconnected);
+  EXPECT_NE(seen.text.find("reset"), std::string::npos) << seen.text;
+  EXPECT_LT(seen.at_ms - killed_ms, kSlackMs) << seen.text;
+  std::cout << "measured: reset detected " << seen.at_ms - killed_ms << " ms after SIGKILL\n";
+  closeAll();
+}
+
+// Verifies that when Redis is SIGSTOPped, a command reports `timeout` at its
+// deadline, a command queued behind it reports `disconnected` at the same
+// moment, and after SIGCONT the link reconnects and works again.
+TEST_F(RedisLinkTest, TimesOutAtTheDeadlineWhenRedisIsStoppedAndRecoversAfterResume) {
+  RedisServer server;
+  startLink(configFor(server), RedisLinkOptions{.connect_timeout_ms = 300});
+  ASSERT_TRUE(waitConnected());
+
+  server.stop();
+  Seen first;
+  Seen second;
+  uv_update_time(&loop_);
+  uint64_t sent_ms = nowMs();
+  ASSERT_TRUE(link_->command({"PING"}, record(first), 200));
+  ASSERT_TRUE(link_->command({"PING"}, record(second), 5000));
+  ASSERT_TRUE(runUntil([&] { return first.calls > 0 && second.calls > 0; }, 2000));
+  EXPECT_EQ(first.status, RedisStatus::kTimeout);
+  EXPECT_EQ(second.status, RedisStatus::kDisconnected);
+  EXPECT_GE(first.at_ms - sent_ms, 195u);
+  EXPECT_LE(first.at_ms - sent_ms, 200 + kSlackMs);
+  std::cout << "measured: 200 ms deadline reported after " << first.at_ms - sent_ms << " ms\n";
+  EXPECT_LE(second.at_ms - first.at_ms, 5u);
+  EXPECT_FALSE(link_->connected());
+
+  // Reconnect attempts time out in their handshake while Redis is stopped.
+  ASSERT_TRUE(runUntil([&] { return disconnects_ >= 2; }, 2000));
+  EXPECT_NE(last_reason_.find("connect"), std::string::npos) << last_reason_;
+  EXPECT_EQ(connects_, 1);
+
+  server.resume();
+  ASSERT_TRUE(runUntil([&] { return connects_ == 2; }, 5000));
+  EXPECT_EQ(roundTrip({"PING"}).text, "PONG");
+  closeAll();
+}
+
+// Verifies that a command stalled by CLIENT PAUSE reports `timeout` at its
+// deadline instead of waiting for the pause to end.
+TEST_F(RedisLinkTest, TimesOutAtTheDeadlineDuringClientPause) {
+  RedisServer server;
+  startLink(configFor(server));
+  ASSERT_TRUE(waitConnected());
+
+  ASSERT_EQ(server.cli({"CLIENT", "PAUSE", "2000"}), "OK");
+  Seen seen;
+  uv_update_time(&loop_);
+  uint64_t sent_ms = nowMs();
+  ASSERT_TRUE(link_->command({"PING"}, record(seen), 200));
+  ASSERT_TRUE(runUntil([&] { return seen.calls > 0; }, 3000));
+  EXPECT_EQ(seen.status, RedisStatus::kTimeout);
+  EXPECT_GE(seen.at_ms - sent_ms, 195u);
+  EXPECT_LE(seen.at_ms - sent_ms, 200 + kSlackMs);
+  closeAll();
+}
+
+// Verifies that the shortest deadline wins even when its command was issued
+// last: it reports `timeout`, and the earlier command `disconnected`.
+TEST_F(RedisLinkTest, TimesOutAtTheEarliestDeadlineWhateverTheOrderOfCommands) {
+  RedisServer server;
+  startLink(configFor(server));
+  ASSERT_TRUE(waitConnected());
+
+  ASSERT_EQ(server.cli({"CLIENT", "PAUSE", "2000"}), "OK");
+  Seen slow;
+  Seen quick;
+  uv_update_time(&loop_);
+  uint64_t sent_ms = nowMs();
+  ASSERT_TRUE(link_->command({"PING"}, record(slow), 5000));
+  ASSERT_TRUE(link_->command({"PING"}, record(quick), 100));
+  ASSERT_TRUE(runUntil([&] { return slow.calls > 0 && quick.calls > 0; }, 3000));
+  EXPECT_EQ(quick.status, RedisStatus::kTimeout);
+  EXPECT_EQ(slow.status, RedisStatus::kDisconnected);
+  EXPECT_GE(quick.at_ms - sent_ms, 95u);
+  EXPECT_LE(quick.at_ms - sent_ms, 100 + kSlackMs);
+  closeAll();
+}
+
+// Verifies that a server that accepts the connection but never answers the
+// handshake is given up at the connect deadline.
+TEST_F(RedisLinkTest, GivesUpAConnectionAttemptAtTheConnectDeadline) {
+  RedisServer server;
+  server.stop();  // the kernel still accepts connections; nobody answers
+  uint64_t started_ms = nowMs();
+  startLink(configFor(server), RedisLinkOptions{.connect_timeout_ms = 300});
+  ASSERT_TRUE(runUntil([&] { return disconnects_ >= 1; }, 2000));
+  EXPECT_NE(last_reason_.find("no answer within 300 ms"), std::string::npos) << last_reason_;
+  EXPECT_GE(disconnect_times_ms_[0] - started_ms, 295u);
+  EXPECT_LE(disconnect_times_ms_[0] - started_ms, 300 + kSlackMs);
+  EXPECT_EQ(connects_, 0);
+  server.resume();
+  ASSERT_TRUE(waitConnected());
+  closeAll();
+}
+
+// Verifies that a link configured with the password of `--requirepass`
+// authenticates and works.
+TEST_F(RedisLinkTest, AuthenticatesWithRequirepass) {
+  RedisServer server({"--requirepass", "s3cret"});
+  RedisConfig config = configFor(server);
+  config.password = "s3cret";
+  startLink(config);
+  ASSERT_TRUE(waitConnected());
+  EXPECT_EQ(roundTrip({"SET", "k", "v"}).status, RedisStatus::kOk);
+  closeAll();
+}
+
+// Verifies that a wrong password is reported as a failed handshake and the
+// link never comes up.
+TEST_F(RedisLinkTest, ReportsAWrongPasswordAndStaysDown) {
+  RedisServer server({"--requirepass", "s3cret"});
+  RedisConfig config = configFor(server);
+  config.password = "wrong";
+  startLink(config);
+  ASSERT_TRUE(runUntil([&] { return disconnects_ >= 2; }));
+  EXPECT_NE(last_reason_.find("AUTH"), std::string::npos) << last_reason_;
+  EXPECT_NE(last_reason_.find("WRONGPASS"), std::string::npos) << last_reason_;
+  EXPECT_EQ(connects_, 0);
+  EXPECT_FALSE(link_->connected());
+  closeAll();
+}
+
+// Verifies that a link without a password to a server that requires one is
+// reported (the handshake's PING gets NOAUTH) instead of looking healthy.
+TEST_F(RedisLinkTest, ReportsAMissingPassword) {
+  RedisServer server({"--requirepass", "s3cret"});
+  startLink(configFor(server));
+  ASSERT_TRUE(runUntil([&] { return disconnects_ >= 1; }));
+  EXPECT_NE(last_reason_.find("NOAUTH"), std::string::npos) << last_reason_;
+  EXPECT_EQ(connects_, 0);
+  closeAll();
+}
+
+// Verifies that an ACL user (username + password) authenticates as that user.
+TEST_F(RedisLinkTest, AuthenticatesAsAnAclUser) {
+  RedisServer server;
+  ASSERT_EQ(server.cli({"ACL", "SETUSER", "lease", "on", ">pw", "~sluice:*", "+@all"}), "OK");
+  RedisConfig config = configFor(server);
+  config.username = "lease";
+  config.password = "pw";
+  startLink(config);
+  ASSERT_TRUE(waitConnected());
+  EXPECT_EQ(roundTrip({"ACL", "WHOAMI"}).text, "lease");
+  EXPECT_EQ(roundTrip({"SET", "sluice:k", "v"}).status, RedisStatus::kOk);
+  Seen denied = roundTrip({"SET", "other", "v"});
+  EXPECT_EQ(denied.status, RedisStatus::kRedisError);
+  EXPECT_NE(denied.text.find("NOPERM"), std::string::npos) << denied.text;
+  closeAll();
+}
+
+// Verifies that the configured db is selected before any command runs.
+TEST_F(RedisLinkTest, SelectsTheConfiguredDb) {
+  RedisServer server;
+  RedisConfig config = configFor(server);
+  config.db = 3;
+  startLink(config);
+  ASSERT_TRUE(waitConnected());
+  EXPECT_EQ(roundTrip({"SET", "where", "db3"}).status, RedisStatus::kOk);
+  EXPECT_EQ(server.cli({"-n", "3", "GET", "where"}), "db3");
+  EXPECT_EQ(server.cli({"-n", "0", "EXISTS", "where"}), "0");
+  closeAll();
+}
+
+// Verifies that a registered script runs by SHA, and that after SCRIPT FLUSH
+// the next call reloads it and succeeds.
+TEST_F(RedisLinkTest, RunsScriptsBySha1AndReloadsThemAfterScriptFlush) {
+  RedisServer server;
+  RedisLink::ScriptId echo = 0;
+  startLink(configFor(server), {}, [&](RedisLink& link) {
+    echo = link.registerScript("echo", "return KEYS[1] .. '=' .. ARGV[1]");
+  });
+  ASSERT_TRUE(waitConnected());
+  std::string sha = link_->scriptSha(echo);
+  ASSERT_EQ(sha.size(), 40u);
+  EXPECT_EQ(server.cli({"SCRIPT", "EXISTS", sha}), "1");
+
+  std::string_view keys[] = {"k"};
+  std::string_view args[] = {"v"};
+  Seen first;
+  ASSERT_TRUE(link_->evalsha(echo, keys, args, record(first), 2000));
+  ASSERT_TRUE(runUntil([&] { return first.calls > 0; }));
+  EXPECT_EQ(first.status, RedisStatus::kOk);
+  EXPECT_EQ(first.text, "k=v");
+
+  ASSERT_EQ(server.cli({"SCRIPT", "FLUSH"}), "OK");
+  Seen second;
+  ASSERT_TRUE(link_->evalsha(echo, keys, args, record(second), 2000));
+  ASSERT_TRUE(runUntil([&] { return second.calls > 0; }));
+  EXPECT_EQ(second.status, RedisStatus::kOk) << second.text;
+  EXPECT_EQ(second.text, "k=v");
+  EXPECT_EQ(second.calls, 1);
+  EXPECT_EQ(server.cli({"SCRIPT", "EXISTS", sha}), "1");
+  // One NOSCRIPT, one reload, one retry: loaded at connect and once more.
+  std::string stats = server.cli({"INFO", "commandstats"});
+  EXPECT_NE(stats.find("cmdstat_evalsha:calls=3,"), std::string::npos) << stats;
+  EXPECT_NE(stats.find("cmdstat_script|load:calls=2,"), std::string::npos) << stats;
+  closeAll();
+}
+
+// Verifies that a script that fails returns its error reply once, without
+// being retried, and that a script that does not compile reports Redis's
+// compile error through evalsha.
+TEST_F(RedisLinkTest, ReturnsAScriptsErrorReplyWithoutRetrying) {
+  RedisServer server;
+  RedisLink::ScriptId failing = 0;
+  RedisLink::ScriptId broken = 0;
+  startLink(configFor(server), {}, [&](RedisLink& link) {
+    failing = link.registerScript("failing", "return redis.error_reply('LIMIT exceeded')");
+    broken = link.registerScript("broken", "return (");
+  });
+  ASSERT_TRUE(waitConnected());
+  EXPECT_EQ(link_->scriptSha(failing).size(), 40u);
+  EXPECT_EQ(link_->scriptSha(broken), "");
+
+  Seen seen;
+  ASSERT_TRUE(link_->evalsha(failing, {}, {}, record(seen), 2000));
+  ASSERT_TRUE(runUntil([&] { return seen.calls > 0; }));
+  EXPECT_EQ(seen.status, RedisStatus::kRedisError);
+  EXPECT_EQ(seen.text, "LIMIT exceeded");
+
+  Seen compile;
+  ASSERT_TRUE(link_->evalsha(broken, {}, {}, record(compile), 2000));
+  ASSERT_TRUE(runUntil([&] { return compile.calls > 0; }));
+  EXPECT_EQ(compile.status, RedisStatus::kRedisError);
+  EXPECT_NE(compile.text.find("compiling"), std::string::npos) << compile.text;
+
+  // Let any stray retry arrive before counting.
+  EXPECT_EQ(roundTrip({"PING"}).text, "PONG");
+  EXPECT_EQ(seen.calls, 1);
+  EXPECT_EQ(compile.calls, 1);
+  std::string stats = server.cli({"INFO", "commandstats"});
+  EXPECT_NE(stats.find("cmdstat_evalsha:calls=1,"), std::string::npos) << stats;
+  closeAll();
+}
+
+// Verifies that after Redis restarts (losing its script cache) the link
+// reconnects on its own, loads the scripts again, and evalsha works.
+TEST_F(RedisLinkTest, ReconnectsAndReloadsScriptsAfterARestart) {
+  RedisServer server;
+  RedisLink::ScriptId incr = 0;
+  startLink(configFor(server), {}, [&](RedisLink& link) {
+    incr = link.registerScript("incr", "return redis.call('INCR', KEYS[1])");
+  });
+  ASSERT_TRUE(waitConnected());
+  std::string sha = link_->scriptSha(incr);
+
+  server.restart();
+  ASSERT_TRUE(runUntil([&] { return connects_ == 2; }, 5000));
+  EXPECT_GE(disconnects_, 1);
+  EXPECT_EQ(link_->scriptSha(incr), sha);
+  EXPECT_EQ(server.cli({"SCRIPT", "EXISTS", sha}), "1");
+
+  std::string_view keys[] = {"sluice:n"};
+  Seen seen;
+  ASSERT_TRUE(link_->evalsha(incr, keys, {}, record(seen), 2000));
+  ASSERT_TRUE(runUntil([&] { return seen.calls > 0; }));
+  EXPECT_EQ(seen.status, RedisStatus::kOk) << seen.text;
+  EXPECT_EQ(seen.integer, 1);
+  closeAll();
+}
+
+// Verifies that the link also connects over a Unix socket.
+TEST_F(RedisLinkTest, ConnectsOverAUnixSocket) {
+  test::TempDir dir;
+  std::string path = dir.file("redis.sock");
+  RedisServer server({"--unixsocket", path});
+  RedisConfig config;
+  config.unix_path = path;
+  startLink(config);
+  ASSERT_TRUE(waitConnected());
+  EXPECT_EQ(roundTrip({"PING"}).text, "PONG");
+  closeAll();
+}
+
+// Verifies that close() with commands pending calls each callback exactly
+// once with `disconnected`, refuses later commands, and leaves no handle open.
+TEST_F(RedisLinkTest, CloseFailsEveryPendingCommandOnceAndLeavesNoHandleOpen) {
+  RedisServer server;
+  startLink(configFor(server));
+  ASSERT_TRUE(waitConnected());
+
+  std::vector<Seen> seen(3);
+  for (Seen& one : seen) {
+    ASSERT_TRUE(link_->command({"BLPOP", "nothing", "10"}, record(one), 10'000));
+  }
+  bool closed = false;
+  link_->close([&] { closed = true; });
+  for (const Seen& one : seen) {
+    EXPECT_EQ(one.calls, 1);
+    EXPECT_EQ(one.status, RedisStatus::kDisconnected);
+  }
+  EXPECT_FALSE(closed);  // never from inside close()
+  Seen late;
+  EXPECT_FALSE(link_->command({"PING"}, record(late), 100));
+  ASSERT_TRUE(runUntil([&] { return closed; }));
+  for (const Seen& one : seen) EXPECT_EQ(one.calls, 1);
+  EXPECT_EQ(late.calls, 0);
+  EXPECT_EQ(disconnects_, 0);  // closing is not a failure
+  link_.reset();
+  closeAll();
+}
+
+// Verifies that a link closed from inside a command's callback closes cleanly.
+TEST_F(RedisLinkTest, ClosesFromInsideACallback) {
+  RedisServer server;
+  startLink(configFor(server));
+  ASSERT_TRUE(waitConnected());
+  Seen other;
+  bool closed = false;
+  ASSERT_TRUE(link_->command(
+      {"PING"}, [&](const RedisResult&) { link_->close([&] { closed = true; }); }, 2000));
+  ASSERT_TRUE(link_->command({"PING"}, record(other), 2000));
+  ASSERT_TRUE(runUntil([&] { return closed; }));
+  EXPECT_EQ(other.calls, 1);
+  EXPECT_EQ(other.status, RedisStatus::kDisconnected);
+  link_.reset();
+  closeAll();
+}
+
+}  // namespace
+}  // namespace sluice
