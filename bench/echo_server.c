@@ -11,6 +11,18 @@
  * real acquire response.
  *
  *   echo_server SOCKET_PATH REQUEST_BYTES RESPONSE_BYTES WORKERS
+ *   echo_server --rpc SOCKET_PATH RESPONSE_HEX WORKERS
+ *
+ * --rpc (the `rpc-echo` reference): the client is libsluice, as for sluiced,
+ * and for every complete MessagePack-RPC request frame read the server writes
+ * back RESPONSE_HEX, a real acquire response of sluiced ([1, msgid, nil,
+ * decision map], as `load sizes` prints it), with the request's msgid bytes
+ * spliced in: both ends encode a msgid in its shortest form, so the answer
+ * has exactly the size and bytes sluiced would send. Finding a frame's end
+ * and its msgid is a minimal, bounded MessagePack walk of the one shape the
+ * bench sends, [0, msgid, method, fixarray of scalars or strings]; anything
+ * else, or a frame over MAX_FRAME_BYTES, closes the connection. No hashing,
+ * no tables, no allocation per request: this is a floor, not a second daemon.
  *
  * Thread model: the main thread owns the listening socket and pushes accepted
  * descriptors onto a worker's inbox (guarded by the worker's mutex) and wakes
@@ -32,6 +44,9 @@
 
 #define READ_CHUNK_BYTES (64 * 1024)
 #define INBOX_CAPACITY 1024
+/* --rpc: the longest request frame; one that straddles two reads is gathered
+ * in a buffer of this size. */
+#define MAX_FRAME_BYTES 512
 
 typedef struct buffer {
   char* data;
@@ -47,6 +62,8 @@ typedef struct connection {
   worker* owner;
   char input[READ_CHUNK_BYTES];
   size_t partial_bytes; /* bytes of an unfinished request blob */
+  unsigned char carry[MAX_FRAME_BYTES]; /* --rpc: an unfinished request frame */
+  size_t carry_len;
   buffer output;        /* answers gathered while a write is in flight */
   buffer writing;       /* the answers of the write in flight */
   int write_in_flight;
@@ -65,6 +82,11 @@ struct worker {
 
 static size_t request_bytes;
 static size_t response_bytes;
+/* --rpc: the canned answer is 0x94 0x01, the request's msgid, then rpc_tail
+ * (nil, the decision map). */
+static int rpc_mode;
+static unsigned char* rpc_tail;
+static size_t rpc_tail_len;
 static worker* workers;
 static size_t worker_count;
 static int listen_fd;
@@ -153,11 +175,148 @@ static void on_alloc(uv_handle_t* handle, size_t suggested, uv_buf_t* buf) {
   *buf = uv_buf_init(c->input, sizeof c->input);
 }
 
+/* --rpc: the size of the scalar or string at p: > 0, 0 when it does not
+ * fully fit before `end` yet, -1 when it is none the bench sends. */
+static long item_len(const unsigned char* p, const unsigned char* end) {
+  if (p >= end) {
+    return 0;
+  }
+  unsigned char b = p[0];
+  long len;
+  if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3) {
+    len = 1; /* fixint, nil, bool */
+  } else if (b >= 0xa0 && b <= 0xbf) {
+    len = 1 + (b & 0x1f); /* fixstr */
+  } else if (b == 0xcc || b == 0xd0) {
+    len = 2;
+  } else if (b == 0xcd || b == 0xd1) {
+    len = 3;
+  } else if (b == 0xce || b == 0xd2) {
+    len = 5;
+  } else if (b == 0xcf || b == 0xd3) {
+    len = 9;
+  } else if (b == 0xd9 || b == 0xc4) { /* str 8, bin 8 */
+    if (end - p < 2) {
+      return 0;
+    }
+    len = 2 + p[1];
+  } else if (b == 0xda || b == 0xc5) { /* str 16, bin 16 */
+    if (end - p < 3) {
+      return 0;
+    }
+    len = 3 + ((long)p[1] << 8 | p[2]);
+  } else {
+    return -1;
+  }
+  if (len > MAX_FRAME_BYTES) {
+    return -1;
+  }
+  return end - p >= len ? len : 0;
+}
+
+/* --rpc: the length of the request frame at p (0: not all there yet; -1: not
+ * a frame of the bench's shape), and where its msgid is. */
+static long frame_len(const unsigned char* p, const unsigned char* end,
+                      const unsigned char** msgid, long* msgid_len) {
+  const unsigned char* q = p + 2;
+  long n;
+  if (end - p < 2) {
+    return 0;
+  }
+  if (p[0] != 0x94 || p[1] != 0x00) { /* [0, ... */
+    return -1;
+  }
+  if ((n = item_len(q, end)) <= 0) {
+    return n;
+  }
+  if (q[0] > 0x7f && (q[0] < 0xcc || q[0] > 0xcf)) { /* msgid: an unsigned int */
+    return -1;
+  }
+  *msgid = q;
+  *msgid_len = n;
+  q += n;
+  if ((n = item_len(q, end)) <= 0) { /* method */
+    return n;
+  }
+  q += n;
+  if (q >= end) {
+    return 0;
+  }
+  if ((q[0] & 0xf0) != 0x90) { /* params: a fixarray */
+    return -1;
+  }
+  for (unsigned count = *q++ & 0x0f; count > 0; count--) {
+    if ((n = item_len(q, end)) <= 0) {
+      return n;
+    }
+    q += n;
+  }
+  return q - p;
+}
+
+/* --rpc: queues the canned answer to the request with this msgid. */
+static void rpc_answer(connection* c, const unsigned char* msgid, long msgid_len) {
+  buffer_grow(&c->output, 2 + (size_t)msgid_len + rpc_tail_len);
+  char* out = c->output.data + c->output.len;
+  out[0] = (char)0x94;
+  out[1] = 0x01;
+  memcpy(out + 2, msgid, (size_t)msgid_len);
+  memcpy(out + 2 + msgid_len, rpc_tail, rpc_tail_len);
+  c->output.len += 2 + (size_t)msgid_len + rpc_tail_len;
+}
+
+/* --rpc: answers every complete frame of this read; a frame cut by the end of
+ * the read waits in c->carry for the rest. */
+static void rpc_on_read(connection* c, const unsigned char* in, size_t len) {
+  const unsigned char* p = in;
+  const unsigned char* end = in + len;
+  const unsigned char* msgid;
+  long msgid_len, n;
+  size_t before = c->output.len;
+  if (c->carry_len > 0) {
+    size_t take = len < MAX_FRAME_BYTES - c->carry_len ? len : MAX_FRAME_BYTES - c->carry_len;
+    memcpy(c->carry + c->carry_len, in, take);
+    n = frame_len(c->carry, c->carry + c->carry_len + take, &msgid, &msgid_len);
+    if (n < 0 || (n == 0 && c->carry_len + take == MAX_FRAME_BYTES)) {
+      connection_close(c);
+      return;
+    }
+    if (n == 0) {
+      c->carry_len += take;
+      return;
+    }
+    rpc_answer(c, msgid, msgid_len);
+    p += (size_t)n - c->carry_len;
+    c->carry_len = 0;
+  }
+  while (p < end) {
+    n = frame_len(p, end, &msgid, &msgid_len);
+    if (n < 0 || (n == 0 && end - p >= MAX_FRAME_BYTES)) {
+      connection_close(c);
+      return;
+    }
+    if (n == 0) {
+      memcpy(c->carry, p, (size_t)(end - p));
+      c->carry_len = (size_t)(end - p);
+      break;
+    }
+    rpc_answer(c, msgid, msgid_len);
+    p += n;
+  }
+  if (c->output.len > before) {
+    connection_flush(c);
+  }
+}
+
 static void on_read(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf) {
   (void)buf;
   connection* c = stream->data;
   if (nread < 0) {
     connection_close(c);
+    return;
+  }
+  if (rpc_mode) {
+    rpc_on_read(c, (const unsigned char*)c->input, (size_t)nread);
     return;
   }
   c->partial_bytes += (size_t)nread;
@@ -232,16 +391,55 @@ static void on_acceptable(uv_poll_t* handle, int status, int events) {
   }
 }
 
+/* --rpc: splits a real response, [1, msgid, nil, result] in hex, into what
+ * goes before and after the msgid; 0 when it has another shape. */
+static int rpc_template(const char* hex) {
+  size_t len = strlen(hex) / 2;
+  unsigned char* bytes = malloc(len + 1);
+  if (bytes == NULL || strlen(hex) % 2 != 0) {
+    return 0;
+  }
+  for (size_t i = 0; i < len; i++) {
+    unsigned value;
+    if (sscanf(hex + 2 * i, "%2x", &value) != 1) {
+      return 0;
+    }
+    bytes[i] = (unsigned char)value;
+  }
+  if (len < 4 || bytes[0] != 0x94 || bytes[1] != 0x01) {
+    return 0;
+  }
+  long msgid_len = item_len(bytes + 2, bytes + len);
+  if (msgid_len <= 0 || 2 + (size_t)msgid_len >= len || bytes[2 + msgid_len] != 0xc0) {
+    return 0;
+  }
+  rpc_tail = bytes + 2 + msgid_len;
+  rpc_tail_len = len - 2 - (size_t)msgid_len;
+  response_bytes = len;
+  return 1;
+}
+
 int main(int argc, char** argv) {
+  rpc_mode = argc > 1 && strcmp(argv[1], "--rpc") == 0;
   if (argc != 5) {
-    fprintf(stderr, "usage: echo_server SOCKET_PATH REQUEST_BYTES RESPONSE_BYTES WORKERS\n");
+    fprintf(stderr,
+            "usage: echo_server SOCKET_PATH REQUEST_BYTES RESPONSE_BYTES WORKERS\n"
+            "       echo_server --rpc SOCKET_PATH RESPONSE_HEX WORKERS\n");
     return 2;
   }
   /* A client that goes away mid-write must not kill the server. */
   signal(SIGPIPE, SIG_IGN);
-  const char* path = argv[1];
-  request_bytes = strtoul(argv[2], NULL, 10);
-  response_bytes = strtoul(argv[3], NULL, 10);
+  const char* path = argv[1 + rpc_mode];
+  if (rpc_mode) {
+    request_bytes = 1; /* unused */
+    if (!rpc_template(argv[3])) {
+      fprintf(stderr, "echo_server: RESPONSE_HEX is not a [1, msgid, nil, result] response\n");
+      return 2;
+    }
+  } else {
+    request_bytes = strtoul(argv[2], NULL, 10);
+    response_bytes = strtoul(argv[3], NULL, 10);
+  }
   worker_count = strtoul(argv[4], NULL, 10);
   struct sockaddr_un addr;
   memset(&addr, 0, sizeof addr);
@@ -279,8 +477,13 @@ int main(int argc, char** argv) {
   uv_loop_init(&loop);
   uv_poll_init(&loop, &listener, listen_fd);
   uv_poll_start(&listener, UV_READABLE, on_acceptable);
-  printf("echo_server: serving %s (%zu -> %zu bytes, %zu workers)\n", path, request_bytes,
-         response_bytes, worker_count);
+  if (rpc_mode) {
+    printf("echo_server: serving %s (rpc: each request frame -> a %zu-byte acquire response, %zu workers)\n",
+           path, response_bytes, worker_count);
+  } else {
+    printf("echo_server: serving %s (%zu -> %zu bytes, %zu workers)\n", path, request_bytes,
+           response_bytes, worker_count);
+  }
   fflush(stdout);
   return uv_run(&loop, UV_RUN_DEFAULT);
 }

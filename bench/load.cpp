@@ -2,10 +2,11 @@
 // the echo reference (bench/echo_server.c) that it is compared with.
 //
 //   load sizes SOCKET RULE
-//       Prints "request_bytes=R response_bytes=S": R is what libsluice writes
-//       for one acquire of an 8-byte key (captured on a socket of our
-//       own, at a msgid past 65535 as in a long run), S what the daemon on
-//       SOCKET answers to exactly those bytes.
+//       Prints "request_bytes=R response_bytes=S response_hex=H": R is what
+//       libsluice writes for one acquire of an 8-byte key (captured on a
+//       socket of our own, at a msgid past 65535 as in a long run), S what
+//       the daemon on SOCKET answers to exactly those bytes, H that answer
+//       (the canned response of `echo_server --rpc`).
 //   load sync SOCKET RULE KEYS [SECONDS]
 //       One connection, one sluice_acquire at a time; every latency recorded.
 //   load pipelined SOCKET RULE KEYS CONNECTIONS WINDOW [SECONDS]
@@ -16,7 +17,9 @@
 //   load echo-sync SOCKET R S [SECONDS]
 //   load echo-pipelined SOCKET R S CONNECTIONS WINDOW [SECONDS]
 //       The same two shapes against echo_server with raw read()/write():
-//       R-byte requests, S-byte answers.
+//       R-byte requests, S-byte answers. (`echo_server --rpc`, which answers
+//       real requests with real responses, is driven by sync and pipelined,
+//       like the daemon.)
 //
 // KEYS is "hot" (one key) or a count N of distinct keys, visited in a fixed
 // pseudo-random order that covers all N before repeating. Every key is
@@ -266,7 +269,11 @@ int runSizes(const std::string& socket_path, const std::string& rule) {
   }
   close(fd);
   if (response_len == 0) fail("sizes: no answer from " + socket_path);
-  std::printf("request_bytes=%zu response_bytes=%zu\n", request_len, response_len);
+  std::printf("request_bytes=%zu response_bytes=%zu response_hex=", request_len, response_len);
+  for (size_t i = 0; i < response_len; ++i) {
+    std::printf("%02x", static_cast<unsigned>(static_cast<unsigned char>(response[i])));
+  }
+  std::printf("\n");
   return 0;
 }
 
