@@ -174,6 +174,7 @@ enum class OptionType {
   kSocketPath,  // absolute path of at most max bytes
   kChoice,      // one of `choices`
   kRedisUrl,    // redis://[user:password@]host[:port][/db] or unix:///path
+  kText,        // printable string of min..max bytes
 };
 
 constexpr std::array<std::string_view, 7> kLogLevels = {"trace", "debug", "info", "warn",
@@ -188,7 +189,7 @@ struct Option {
   std::span<const std::string_view> choices = {};
   std::string_view doc;
   // Integer-valued options (kCount, kBytes, kDuration, kFileMode) use these two;
-  // string-valued ones (kSocketPath, kChoice, kRedisUrl) the other two. The
+  // string-valued ones (kSocketPath, kChoice, kRedisUrl, kText) the other two. The
   // default is read from a default-constructed Config (config.h).
   int64_t (*get_int)(const Config&) = nullptr;
   void (*set_int)(Config&, int64_t) = nullptr;
@@ -213,7 +214,7 @@ constexpr int64_t kFrameOverheadBytes = 256;
 // sun_path holds the path and its terminating NUL.
 constexpr int64_t kMaxSocketPathBytes = sizeof(sockaddr_un::sun_path) - 1;
 
-const std::array<Option, 18> kOptions = {{
+const std::array<Option, 23> kOptions = {{
     {.section = "daemon", .key = "socket", .type = OptionType::kSocketPath,
      .max = kMaxSocketPathBytes, .doc = "path of the Unix socket clients connect to",
      SLUICE_STR_FIELD(daemon.socket_path)},
@@ -266,6 +267,11 @@ const std::array<Option, 18> kOptions = {{
     {.section = "redis", .key = "url", .type = OptionType::kRedisUrl,
      .doc = "where Redis is: redis://[user:password@]host[:port][/db] or unix:///path",
      SLUICE_STR_FIELD(redis->url)},
+    {.section = "redis", .key = "key_prefix", .type = OptionType::kText, .min = 0, .max = 64,
+     .doc = "prefix of every Redis key sluice writes", SLUICE_STR_FIELD(redis->key_prefix)},
+    {.section = "redis", .key = "node_id", .type = OptionType::kText, .min = 0, .max = 256,
+     .doc = "this daemon's name in the members set; \"\": <hostname>:<pid>",
+     SLUICE_STR_FIELD(redis->node_id)},
     {.section = "redis", .key = "expected_nodes", .type = OptionType::kCount, .min = 1,
      .max = 100'000, .doc = "nodes assumed to share global limits until heartbeats say otherwise",
      SLUICE_INT_FIELD(redis->expected_nodes)},
@@ -273,6 +279,17 @@ const std::array<Option, 18> kOptions = {{
      .max = 10 * kSecond,
      .doc = "longest wait for Redis to answer a lease; a cold key waits at most this long",
      SLUICE_INT_FIELD(redis->lease_timeout_ms)},
+    {.section = "redis", .key = "health_interval", .type = OptionType::kDuration,
+     .min = 10 * kMs, .max = 10 * kSecond, .doc = "how often Redis is sent a PING",
+     SLUICE_INT_FIELD(redis->health_interval_ms)},
+    {.section = "redis", .key = "health_timeout", .type = OptionType::kDuration, .min = 10 * kMs,
+     .max = 10 * kSecond,
+     .doc = "a PING or heartbeat unanswered this long marks Redis down",
+     SLUICE_INT_FIELD(redis->health_timeout_ms)},
+    {.section = "redis", .key = "heartbeat_interval", .type = OptionType::kDuration,
+     .min = 100 * kMs, .max = kMinute,
+     .doc = "how often this node renews its membership; it expires after 3 intervals",
+     SLUICE_INT_FIELD(redis->heartbeat_interval_ms)},
 }};
 
 #undef SLUICE_INT_FIELD
@@ -314,7 +331,8 @@ std::string defaultText(const Option& option) {
     case OptionType::kFileMode: return quote(formatMode(option.get_int(c)));
     case OptionType::kSocketPath:
     case OptionType::kChoice:
-    case OptionType::kRedisUrl: return quote(option.get_str(c));
+    case OptionType::kRedisUrl:
+    case OptionType::kText: return quote(option.get_str(c));
   }
   return "";
 }
@@ -590,6 +608,19 @@ void applyOption(const Option& option, const toml::node& node, Config* config) {
                          "; " + std::string(kRedisUrlHint));
       }
       option.set_str(*config, url);
+      return;
+    }
+    case OptionType::kText: {
+      const std::string& text = stringValue(node, what, example);
+      if (static_cast<int64_t>(text.size()) > option.max) {
+        refuse(node, what + " is " + std::to_string(text.size()) + " bytes long; write at most " +
+                         std::to_string(option.max) + " bytes");
+      }
+      if (std::any_of(text.begin(), text.end(),
+                      [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; })) {
+        refuse(node, what + " has a control character; write printable text, e.g. " + example);
+      }
+      option.set_str(*config, text);
       return;
     }
   }

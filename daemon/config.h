@@ -73,8 +73,18 @@ struct RedisConfig {
   std::string username;   // "" when the url has none (AUTH with password only)
   std::string password;   // "" when the url has none; percent-decoded
   uint32_t db = 0;
+  std::string key_prefix = "sluice:";  // every Redis key sluice writes starts with it
+  // This daemon's name among the members; "" means "<hostname>:<pid>" (see
+  // control.h), so two daemons on one host and a restarted daemon differ.
+  std::string node_id;
   uint32_t expected_nodes = 1;    // live nodes assumed before heartbeats arrive
   int64_t lease_timeout_ms = 50;  // longest wait for one lease answer
+  // Health and membership (control.h): a PING every health_interval_ms; a
+  // PING or heartbeat unanswered after health_timeout_ms means Redis is down,
+  // so a stall is noticed within health_interval_ms + health_timeout_ms.
+  int64_t health_interval_ms = 100;
+  int64_t health_timeout_ms = 250;
+  int64_t heartbeat_interval_ms = 1000;  // membership heartbeat; TTL 3 intervals
 
   bool operator==(const RedisConfig&) const = default;
 };

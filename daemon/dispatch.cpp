@@ -61,8 +61,11 @@ Dispatcher::Route Dispatcher::route(const Rule& rule) const {
   if (rule.scope == Scope::kLocal) {
     return {&rule, shadow_or};
   }
-  // This daemon has no Redis link yet, so a global rule always answers as its
-  // on_redis_down policy says (DESIGN.md, "Fallback").
+  // There are no leases yet (the lease path is the next step), so a global
+  // rule always answers as its on_redis_down policy says (DESIGN.md,
+  // "Fallback"), even while the control thread reports Redis up: the mode says
+  // so ("fallback", "open", "closed", never "normal"). What Redis already
+  // changes is N, the number of nodes the local share divides by.
   switch (rule.on_redis_down) {
     case RedisDownPolicy::kLocal:
       return {rules_->fallbackShare(rule), rule.shadow ? Mode::kShadow : Mode::kFallback};
@@ -225,16 +228,22 @@ void Dispatcher::acquireAll(const rpc::Request& request, int64_t now_ns, std::st
 }
 
 void Dispatcher::writeHealth(uint32_t msgid, std::string* out) {
-  // Without a Redis link, a daemon configured for Redis runs every global
-  // rule on its fallback policy: degraded.
-  bool redis = status_.redisConfigured();
+  RedisHealth redis = status_.redisHealth();
   rpc::writeResultHeader(out, msgid);
   msgpack::Writer w(out);
-  w.writeMapHeader(6);
+  w.writeMapHeader(8);
   w.writeStr("status");
-  w.writeStr(redis ? "degraded" : "ok");
+  w.writeStr(redis.configured && !redis.up ? "degraded" : "ok");
   w.writeStr("redis");
-  w.writeStr(redis ? "down" : "none");
+  w.writeStr(!redis.configured ? "none" : redis.up ? "up" : "down");
+  w.writeStr("nodes");
+  w.writeUint(redis.nodes);
+  w.writeStr("clock_offset_ms");
+  if (redis.clock_offset_ms) {
+    w.writeInt(*redis.clock_offset_ms);
+  } else {
+    w.writeNil();
+  }
   w.writeStr("version");
   w.writeStr(kVersion);
   w.writeStr("uptime_ms");

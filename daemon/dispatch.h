@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -79,6 +80,16 @@ class Dispatcher {
   std::string message_;
 };
 
+// What `health` says about Redis (control.h owns the facts).
+struct RedisHealth {
+  bool configured = false;  // the config has a [redis] section
+  bool up = false;
+  uint32_t nodes = 1;       // live nodes N, or expected_nodes before heartbeats
+  // Redis's TIME minus this host's wall clock, from the heartbeats; nullopt
+  // before the first heartbeat answers (and without Redis).
+  std::optional<int64_t> clock_offset_ms;
+};
+
 // What health, stats and reload need from the daemon as a whole. Implemented
 // by the server; every method may be called from any worker thread.
 class DaemonStatus {
@@ -89,8 +100,8 @@ class DaemonStatus {
   virtual MetricsSnapshot metrics() const = 0;
   // Open client connections.
   virtual size_t connections() const = 0;
-  // True when the config has a [redis] section.
-  virtual bool redisConfigured() const = 0;
+  // Redis as the control thread last saw it.
+  virtual RedisHealth redisHealth() const = 0;
   // Re-reads the config file and installs its rules on every worker. Returns
   // false with a message when the file is refused (the old rules stay).
   virtual bool reload(std::string* error) = 0;

@@ -5,8 +5,9 @@
 
 namespace sluice {
 
-RuleSet::RuleSet(std::vector<Rule> rules, uint32_t fallback_nodes) : rules_(std::move(rules)) {
-  int64_t nodes = std::max<uint32_t>(fallback_nodes, 1);
+RuleSet::RuleSet(std::vector<Rule> rules, uint32_t fallback_nodes)
+    : rules_(std::move(rules)), fallback_nodes_(std::max<uint32_t>(fallback_nodes, 1)) {
+  int64_t nodes = fallback_nodes_;
   for (const Rule& rule : rules_) {
     if (rule.scope != Scope::kGlobal) {
       continue;

@@ -84,6 +84,8 @@ class RuleSet {
   // Returns nullptr when no rule has this id.
   const Rule* findById(uint32_t id) const;
   const std::vector<Rule>& rules() const { return rules_; }
+  // The node count the fallback shares divide by (at least 1).
+  uint32_t fallbackNodes() const { return fallback_nodes_; }
 
   // The local share of a global rule (DESIGN.md, "Fallback"): the same rule
   // with every limit and burst divided by the number of nodes (at least 1),
@@ -92,6 +94,7 @@ class RuleSet {
 
  private:
   std::vector<Rule> rules_;
+  uint32_t fallback_nodes_ = 1;
   std::vector<Rule> shares_;  // one per global rule, built once
   std::unordered_map<std::string_view, const Rule*> by_name_;
   std::unordered_map<uint32_t, const Rule*> by_id_;  // rules and shares

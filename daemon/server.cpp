@@ -86,8 +86,11 @@ Server::Server(Config config)
   key_options.max_keys = config_.keys.max_keys;
   key_options.max_bytes = config_.keys.max_memory;
   key_options.max_readers = workerCount(config_.daemon.workers);
-  redis_configured_ = config_.redis.has_value();
   keys_ = std::make_unique<KeyTable>(key_options);
+  if (config_.redis) {
+    control_ = std::make_unique<Control>(*config_.redis);
+    control_->onNodesChanged([this](uint32_t nodes) { onNodesChanged(nodes); });
+  }
 }
 
 Server::~Server() {
@@ -104,6 +107,22 @@ size_t Server::connections() const {
     open += worker->connections();
   }
   return open;
+}
+
+RedisHealth Server::redisHealth() const {
+  RedisHealth health;
+  if (!control_) return health;
+  ControlSnapshot snapshot = control_->snapshot();
+  health.configured = true;
+  health.up = snapshot.redis_up;
+  health.nodes = snapshot.nodes;
+  if (snapshot.clock_offset_us) {
+    // The estimate is against the monotonic clock; an operator compares
+    // clocks by wall time, and on one host this is about 0.
+    int64_t wall_us = *snapshot.clock_offset_us - realtimeMinusMonotonicUs();
+    health.clock_offset_ms = (wall_us >= 0 ? wall_us + 500 : wall_us - 500) / 1000;
+  }
+  return health;
 }
 
 bool Server::isAdmin(const Peer& peer) const { return peer.uid == 0 || peer.uid == geteuid(); }
@@ -197,10 +216,20 @@ int Server::run() {
 
   spdlog::info("sluiced {} serving {} with {} workers, {} rules", SLUICE_VERSION,
                config_.daemon.socket_path, count, config_.rules->rules().size());
+  // Last: from here on the control thread may replace config_.rules (under
+  // reload_mutex_), as a reload from a worker may.
+  if (control_) {
+    spdlog::info("node id {}; {} nodes assumed until heartbeats count them", control_->nodeId(),
+                 config_.redis->expected_nodes);
+    control_->start();
+  }
   uv_run(&loop_, UV_RUN_DEFAULT);
 
   for (auto& worker : workers_) {
     worker->join();
+  }
+  if (control_) {
+    control_->join();
   }
   int rc = uv_loop_close(&loop_);
   if (rc != 0) {
@@ -308,12 +337,34 @@ bool Server::reload(std::string* error) {
                    section);
     }
   }
-  config_.rules = fresh.rules;
-  for (auto& worker : workers_) {
-    worker->setRules(fresh.rules);
+  RuleSetPtr rules = fresh.rules;
+  // The fresh file's shares divide by expected_nodes; once heartbeats have
+  // counted the nodes, N decides.
+  uint32_t nodes = control_ ? control_->snapshot().nodes : rules->fallbackNodes();
+  if (nodes != rules->fallbackNodes()) {
+    rules = std::make_shared<const RuleSet>(std::vector<Rule>(rules->rules()), nodes);
   }
-  spdlog::info("reloaded {}: {} rules", config_.path, fresh.rules->rules().size());
+  installRules(rules);
+  spdlog::info("reloaded {}: {} rules", config_.path, rules->rules().size());
   return true;
+}
+
+void Server::installRules(RuleSetPtr rules) {
+  config_.rules = rules;
+  for (auto& worker : workers_) {
+    worker->setRules(rules);
+  }
+}
+
+void Server::onNodesChanged(uint32_t nodes) {
+  std::lock_guard<std::mutex> lock(reload_mutex_);
+  // Once stopping, workers close their queues: nothing may be posted to them.
+  if (stopping_ || nodes == config_.rules->fallbackNodes()) {
+    return;
+  }
+  // Same rules, so the same ids: keys keep their state under the new share.
+  installRules(std::make_shared<const RuleSet>(std::vector<Rule>(config_.rules->rules()), nodes));
+  spdlog::info("global rules' fallback shares are now 1/{} of their limits", nodes);
 }
 
 void Server::sweepKeys() {
@@ -354,6 +405,9 @@ void Server::beginStop() {
   uv_close(reinterpret_cast<uv_handle_t*>(&key_sweep_), nullptr);
   for (auto& worker : workers_) {
     worker->stop();
+  }
+  if (control_) {
+    control_->stop();
   }
 }
 

@@ -6,9 +6,15 @@
 // sweeps idle keys out of the key table. The thread model is written down in
 // worker.h.
 //
+// With a [redis] section the server also runs the control thread (control.h):
+// it starts after the workers, and when it reports a new number of live nodes
+// the server rebuilds the rule set's fallback shares and hands it to every
+// worker, as a reload does.
+//
 // Stopping: stop accepting and remove the socket file, let every worker
 // answer what it has read and close its connections (bounded by
-// shutdown_timeout_ms), join them, close every handle, exit 0.
+// shutdown_timeout_ms), and let the control thread leave the members set
+// (bounded by kLeaveTimeoutMs); join them, close every handle, exit 0.
 #pragma once
 
 #include <uv.h>
@@ -20,6 +26,7 @@
 #include <vector>
 
 #include "config.h"
+#include "control.h"
 #include "dispatch.h"
 #include "key_table.h"
 #include "metrics.h"
@@ -43,7 +50,7 @@ class Server : public DaemonStatus {
   size_t workers() const override { return workers_.size(); }
   MetricsSnapshot metrics() const override { return metrics_.snapshot(); }
   size_t connections() const override;
-  bool redisConfigured() const override { return redis_configured_; }
+  RedisHealth redisHealth() const override;
   bool reload(std::string* error) override;
   bool isAdmin(const Peer& peer) const override;
 
@@ -54,6 +61,10 @@ class Server : public DaemonStatus {
   void onSignal(int signum);
   void sweepKeys();
   void beginStop();
+  // Control thread: N changed; rebuilds the fallback shares.
+  void onNodesChanged(uint32_t nodes);
+  // Installs `rules` on every worker; the caller holds reload_mutex_.
+  void installRules(RuleSetPtr rules);
 
   Config config_;           // guarded by reload_mutex_ after run() starts
   std::mutex reload_mutex_;
@@ -61,7 +72,9 @@ class Server : public DaemonStatus {
   Metrics metrics_;
   std::vector<std::unique_ptr<Worker>> workers_;
   int64_t started_ms_ = 0;
-  bool redis_configured_ = false;
+  // Set in the constructor when the config has [redis], never replaced: any
+  // thread may read its snapshot().
+  std::unique_ptr<Control> control_;
 
   uv_loop_t loop_;
   int listen_fd_ = -1;

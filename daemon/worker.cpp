@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <ctime>
 
 #include <spdlog/spdlog.h>
 
@@ -20,12 +19,6 @@ constexpr size_t kReadScratchBytes = 64 * 1024;
 constexpr int kBadInputLogsPerSecond = 5;
 
 }  // namespace
-
-int64_t monotonicNowNs() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-}
 
 Worker::Worker(size_t index, const WorkerOptions& options, KeyTable& keys, MetricsShard& metrics,
                DaemonStatus& status, RuleSetPtr rules)

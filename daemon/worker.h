@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "clock.h"
 #include "config.h"
 #include "connection.h"
 #include "dispatch.h"
@@ -118,9 +119,5 @@ class Worker {
   int log_lines_ = 0;             // bad-input lines logged in that window
   uint64_t log_suppressed_ = 0;   // lines not logged since the last one
 };
-
-// Monotonic time in nanoseconds (CLOCK_MONOTONIC through the vDSO: no system
-// call), the clock every decision uses.
-int64_t monotonicNowNs();
 
 }  // namespace sluice

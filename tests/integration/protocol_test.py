@@ -141,7 +141,11 @@ class Client:
     def __init__(self, path):
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(5)
-        self.sock.connect(path)
+        try:
+            self.sock.connect(path)
+        except OSError:
+            self.sock.close()
+            raise
         self.unpacker = msgpack.Unpacker(raw=False)
         self.msgid = 0
 
@@ -342,6 +346,8 @@ class ProtocolTest(unittest.TestCase):
         health = self.client.result("health")
         self.assertEqual(health["status"], "ok")
         self.assertEqual(health["redis"], "none")
+        self.assertEqual(health["nodes"], 1)
+        self.assertIsNone(health["clock_offset_ms"])
         self.client.result("acquire", "five", "h")
         stats = self.client.result("stats")
         self.assertGreaterEqual(stats["decisions"], 1)
@@ -476,11 +482,164 @@ class GlobalRulesWithoutRedisTest(unittest.TestCase):
         self.assertTrue(result["allowed"])
         self.assertEqual(self.client.result("peek", "five", "a")["remaining"], 4)
 
-    # Verifies health says the daemon is degraded while Redis is unreachable.
+    # Verifies health says the daemon is degraded while Redis is unreachable,
+    # with expected_nodes standing in for the live count.
     def test_health_is_degraded(self):
         health = self.client.result("health")
         self.assertEqual(health["status"], "degraded")
         self.assertEqual(health["redis"], "down")
+        self.assertEqual(health["nodes"], 4)
+        self.assertIsNone(health["clock_offset_ms"])
+
+
+REDIS_SERVER = os.environ.get("REDIS_SERVER", "/usr/bin/redis-server")
+
+
+def free_port():
+    """A loopback TCP port nothing listens on at the moment of the call."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Redis:
+    """A real redis-server on a free loopback port, in its own temp dir."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="rd.", dir="/tmp")
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", self.dir],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while self.command(b"PING") != b"+PONG\r\n":
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("redis-server did not start on port %d" % self.port)
+            time.sleep(0.01)
+
+    def command(self, *words):
+        """Sends one inline command; returns the raw reply, or None when unreachable."""
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=2) as s:
+                s.sendall(b" ".join(words) + b"\r\n")
+                return s.recv(65536)
+        except OSError:
+            return None
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self):
+        self.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+REDIS_RULES = """
+[redis]
+url = "redis://127.0.0.1:{port}"
+expected_nodes = 1
+heartbeat_interval = "100ms"
+
+[[rule]]
+name = "shared"
+algorithm = "token_bucket"
+limit = 8
+period = "1h"
+scope = "global"
+on_redis_down = "local"
+"""
+
+
+def wait_for(predicate, timeout):
+    """Polls predicate every 10 ms; returns its last value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.01)
+
+
+class RedisHealthTest(unittest.TestCase):
+    """The daemon's control thread talks to a real Redis: health and membership.
+
+    There are no leases yet, so global rules still answer on their
+    on_redis_down policy ("fallback") while Redis is up; what Redis changes
+    is health and N, the number the fallback share divides by.
+    """
+
+    def setUp(self):
+        self.redis = Redis()
+        self.daemons = []
+
+    def tearDown(self):
+        for daemon in self.daemons:
+            daemon.stop()
+        self.redis.stop()
+
+    def start_daemon(self):
+        daemon = Daemon(extra=REDIS_RULES.format(port=self.redis.port))
+        self.daemons.append(daemon)
+        return daemon, daemon.connect()
+
+    # Verifies health says redis "up" with a live Redis, and "down" with
+    # status "degraded" within a second of Redis being killed.
+    def test_health_follows_redis_up_and_down(self):
+        daemon, client = self.start_daemon()
+        self.assertTrue(wait_for(lambda: client.result("health")["redis"] == "up", 5),
+                        daemon.logs())
+        self.assertTrue(wait_for(
+            lambda: client.result("health")["clock_offset_ms"] is not None, 5))
+        health = client.result("health")
+        self.assertEqual(health["status"], "ok")
+        self.assertEqual(health["nodes"], 1)
+        self.assertLessEqual(abs(health["clock_offset_ms"]), 50)  # one host, one clock
+        result = client.result("acquire", "shared", "k")
+        self.assertEqual(result["mode"], "fallback")  # no leases yet
+
+        killed = time.monotonic()
+        self.redis.kill()
+        self.assertTrue(wait_for(lambda: client.result("health")["redis"] == "down", 2))
+        elapsed = time.monotonic() - killed
+        print("\nmeasured: health said down %.0f ms after SIGKILL" % (elapsed * 1000))
+        self.assertLess(elapsed, 1.0)
+        health = client.result("health")
+        self.assertEqual(health["status"], "degraded")
+        self.assertEqual(health["nodes"], 1)  # the last known N stays
+        self.assertEqual(client.result("acquire", "shared", "k")["mode"], "fallback")
+
+    # Verifies the fallback share follows N: two daemons on one Redis with
+    # expected_nodes 1 each give a global rule of limit 8 a share of 4 once
+    # both heartbeat, and 8 again once one stops gracefully (it leaves).
+    def test_fallback_share_follows_live_nodes(self):
+        first, a = self.start_daemon()
+        second, b = self.start_daemon()
+        for client in (a, b):
+            self.assertTrue(wait_for(lambda: client.result("health")["nodes"] == 2, 5),
+                            first.logs() + second.logs())
+        for client in (a, b):
+            # Health publishes N a moment before the workers get the rebuilt
+            # rule set; peek spends nothing.
+            self.assertTrue(wait_for(
+                lambda: client.result("peek", "shared", "four")["limit"] == 4, 2))
+            results = [client.result("acquire", "shared", "four") for _ in range(10)]
+            self.assertEqual(results[0]["limit"], 4)
+            self.assertEqual(sum(r["allowed"] for r in results), 4)
+            self.assertTrue(all(r["mode"] == "fallback" for r in results))
+
+        # A reload rebuilds the rules from the file (expected_nodes 1) but
+        # keeps dividing by the live N.
+        self.assertEqual(a.result("reload"), {"reloaded": True})
+        self.assertEqual(a.result("peek", "shared", "four")["limit"], 4)
+
+        second.proc.send_signal(signal.SIGTERM)
+        self.assertEqual(second.proc.wait(timeout=5), 0, second.logs())
+        self.assertTrue(wait_for(lambda: a.result("health")["nodes"] == 1, 2), first.logs())
+        self.assertTrue(wait_for(lambda: a.result("peek", "shared", "eight")["limit"] == 8, 2))
+        self.assertEqual(self.redis.command(b"ZCARD", b"sluice:members"), b":1\r\n")
 
 
 class TimeoutTest(unittest.TestCase):

@@ -217,6 +217,11 @@ TEST(ConfigTest, RedisSectionEnablesGlobalRules) {
 url = "redis://app:p%40ss@cache.local:6380/2"
 expected_nodes = 12
 lease_timeout = "20ms"
+key_prefix = "rl:{eu}:"
+node_id = "web-7"
+health_interval = "50ms"
+health_timeout = "300ms"
+heartbeat_interval = "2s"
 [[rule]]
 name = "g"
 limit = 5
@@ -232,6 +237,11 @@ on_redis_down = "closed"
   EXPECT_EQ(config.redis->db, 2u);
   EXPECT_EQ(config.redis->expected_nodes, 12u);
   EXPECT_EQ(config.redis->lease_timeout_ms, 20);
+  EXPECT_EQ(config.redis->key_prefix, "rl:{eu}:");
+  EXPECT_EQ(config.redis->node_id, "web-7");
+  EXPECT_EQ(config.redis->health_interval_ms, 50);
+  EXPECT_EQ(config.redis->health_timeout_ms, 300);
+  EXPECT_EQ(config.redis->heartbeat_interval_ms, 2000);
   const Rule* rule = config.rules->find("g");
   EXPECT_EQ(rule->scope, Scope::kGlobal);
   EXPECT_EQ(rule->on_redis_down, RedisDownPolicy::kClosed);
@@ -319,6 +329,8 @@ TEST_P(ConfigRefusalTest, NamesFileLineAndFix) {
   EXPECT_NE(error.find(refusal.fix), std::string::npos) << "no fix in: " << error;
 }
 
+// A node id one byte over its limit (256), as a whole file.
+const std::string kLongNodeIdFile = "[redis]\nnode_id = \"" + std::string(257, 'n') + "\"\n";
 
 const Refusal kRefusals[] = {
     {"unknown_key_suggests", "[limits]\nmax_conections = 5\n", "2:1",
@@ -445,6 +457,12 @@ const Refusal kRefusals[] = {
      "must be absolute (three slashes)"},
     {"redis_unknown_key", "[redis]\nurl = \"redis://h\"\nexpected_node = 3\n", "3:1",
      "did you mean \"expected_nodes\"?"},
+    {"redis_node_id_control_character", "[redis]\nnode_id = \"a\\tb\"\n", "2:11",
+     "[redis] node_id has a control character; write printable text"},
+    {"redis_node_id_too_long", kLongNodeIdFile.c_str(), "2:11",
+     "[redis] node_id is 257 bytes long; write at most 256 bytes"},
+    {"redis_health_timeout_too_short", "[redis]\nhealth_timeout = \"1ms\"\n", "2:18",
+     "below the minimum \"10ms\""},
 };
 
 INSTANTIATE_TEST_SUITE_P(Refusals, ConfigRefusalTest, testing::ValuesIn(kRefusals),

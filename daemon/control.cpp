@@ -1,0 +1,232 @@
+// Control: the control thread's health checks, heartbeats and clock offset;
+// see control.h.
+#include "control.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "scripts.h"
+
+namespace sluice {
+
+namespace {
+
+int64_t monotonicNowUs() { return monotonicNowNs() / 1000; }
+
+}  // namespace
+
+std::string defaultNodeId() {
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0') {
+    std::snprintf(host, sizeof(host), "unknown");
+  }
+  return std::string(host) + ":" + std::to_string(getpid());
+}
+
+Control::Control(RedisConfig config, RedisLinkOptions link_options)
+    : config_(std::move(config)),
+      link_options_(link_options),
+      node_id_(config_.node_id.empty() ? defaultNodeId() : config_.node_id),
+      members_key_(config_.key_prefix + "members"),
+      nodes_(std::max<uint32_t>(config_.expected_nodes, 1)) {}
+
+Control::~Control() {
+  stop();
+  join();
+}
+
+void Control::start() {
+  uv_loop_init(&loop_);
+  uv_async_init(&loop_, &wakeup_, [](uv_async_t* handle) {
+    static_cast<Control*>(handle->data)->onWakeup();
+  });
+  wakeup_.data = this;
+  uv_timer_init(&loop_, &health_timer_);
+  health_timer_.data = this;
+  uv_timer_init(&loop_, &heartbeat_timer_);
+  heartbeat_timer_.data = this;
+
+  link_ = std::make_unique<RedisLink>(&loop_, config_, link_options_);
+  const scripts::ScriptSource& heartbeat = scripts::get(scripts::Script::kHeartbeat);
+  heartbeat_script_ =
+      link_->registerScript(std::string(heartbeat.name), std::string(heartbeat.source));
+  link_->onConnected([this] { onConnected(); });
+  link_->onDisconnected([this](std::string_view reason) { setUp(false, reason); });
+
+  // The thread is created after everything above, so it sees it all; a
+  // stop() that came first has set the flag, and the wakeup's first run
+  // finds it.
+  thread_ = std::thread([this] { run(); });
+  uv_async_send(&wakeup_);
+}
+
+void Control::stop() {
+  if (stop_requested_.exchange(true, std::memory_order_acq_rel)) return;
+  if (thread_.joinable()) uv_async_send(&wakeup_);
+}
+
+bool Control::join() {
+  if (thread_.joinable()) thread_.join();
+  return loop_close_rc_ == 0;
+}
+
+ControlSnapshot Control::snapshot() const {
+  ControlSnapshot snapshot;
+  snapshot.redis_up = up_.load(std::memory_order_acquire);
+  snapshot.nodes = nodes_.load(std::memory_order_acquire);
+  int64_t offset_us = clock_offset_us_.load(std::memory_order_acquire);
+  if (offset_us != kNoOffset) snapshot.clock_offset_us = offset_us;
+  return snapshot;
+}
+
+void Control::run() {
+  link_->start();
+  auto every = [](int64_t ms) { return static_cast<uint64_t>(ms); };
+  uv_timer_start(
+      &health_timer_, [](uv_timer_t* timer) { static_cast<Control*>(timer->data)->ping(); },
+      every(config_.health_interval_ms), every(config_.health_interval_ms));
+  uv_timer_start(
+      &heartbeat_timer_, [](uv_timer_t* timer) { static_cast<Control*>(timer->data)->beat(); },
+      every(config_.heartbeat_interval_ms), every(config_.heartbeat_interval_ms));
+  uv_run(&loop_, UV_RUN_DEFAULT);
+  // Every handle is closed by now (beginStop), so the loop closes.
+  link_.reset();
+  loop_close_rc_ = uv_loop_close(&loop_);
+  if (loop_close_rc_ != 0) {
+    spdlog::error("control: loop closed with handles still open ({})",
+                  uv_strerror(loop_close_rc_));
+  }
+}
+
+void Control::onWakeup() {
+  if (stop_requested_.load(std::memory_order_acquire)) beginStop();
+}
+
+void Control::onConnected() {
+  if (stopping_) return;
+  setUp(true, "");
+  // Count ourselves in at once, then every interval from now.
+  uv_timer_start(
+      &heartbeat_timer_, [](uv_timer_t* timer) { static_cast<Control*>(timer->data)->beat(); }, 0,
+      static_cast<uint64_t>(config_.heartbeat_interval_ms));
+}
+
+void Control::setUp(bool up, std::string_view reason) {
+  if (up_.load(std::memory_order_relaxed) == up) return;
+  up_.store(up, std::memory_order_release);
+  if (up) {
+    spdlog::info("control: redis is up");
+  } else {
+    spdlog::warn("control: redis is down ({}); global rules follow their on_redis_down policy",
+                 reason);
+  }
+}
+
+void Control::ping() {
+  if (stopping_ || ping_in_flight_ || !link_->connected()) return;
+  ping_in_flight_ = link_->command(
+      {"PING"},
+      [this](const RedisResult& result) {
+        ping_in_flight_ = false;
+        // A timeout or a lost connection reaches setUp through the link's
+        // onDisconnected; here only what a live connection answered counts.
+        if (result.status == RedisStatus::kOk) {
+          setUp(true, "");
+        } else if (result.status == RedisStatus::kRedisError) {
+          setUp(false, "PING answered " + std::string(result.error));
+        }
+      },
+      config_.health_timeout_ms);
+}
+
+void Control::beat() {
+  if (stopping_ || beat_in_flight_ || !link_->connected()) return;
+  std::vector<std::string> argv = scripts::heartbeatArgv(
+      scripts::HeartbeatOp::kBeat, node_id_, kHeartbeatTtlIntervals * config_.heartbeat_interval_ms);
+  std::vector<std::string_view> args(argv.begin(), argv.end());
+  std::string_view keys[] = {members_key_};
+  int64_t sent_us = monotonicNowUs();
+  beat_in_flight_ = link_->evalsha(
+      heartbeat_script_, keys, args,
+      [this, sent_us](const RedisResult& result) { onHeartbeat(result, sent_us); },
+      config_.health_timeout_ms);
+}
+
+void Control::onHeartbeat(const RedisResult& result, int64_t sent_us) {
+  int64_t received_us = monotonicNowUs();
+  beat_in_flight_ = false;
+  if (result.status != RedisStatus::kOk) {
+    // Timeouts and disconnects are the link's to report (and mark Redis down);
+    // an error reply means Redis is there but refuses the script.
+    if (result.status == RedisStatus::kRedisError && result.error != last_heartbeat_error_) {
+      last_heartbeat_error_ = std::string(result.error);
+      spdlog::error("control: heartbeat failed: {}", result.error);
+    }
+    return;
+  }
+  const RedisReply& reply = *result.reply;
+  std::vector<int64_t> values;
+  for (size_t i = 0; i < reply.size(); i++) values.push_back(reply[i].integer());
+  std::optional<scripts::HeartbeatReply> beat = scripts::parseHeartbeatReply(values);
+  if (!beat || beat->live < 1) {
+    std::string error = "heartbeat.lua answered something else than {live, now_ms}";
+    if (error != last_heartbeat_error_) {
+      last_heartbeat_error_ = error;
+      spdlog::error("control: {}", error);
+    }
+    return;
+  }
+  last_heartbeat_error_.clear();
+
+  clock_.addSample(sent_us, received_us, beat->now_ms);
+  clock_offset_us_.store(*clock_.offsetUs(), std::memory_order_release);
+
+  auto live = static_cast<uint32_t>(std::min<int64_t>(beat->live, UINT32_MAX));
+  uint32_t was = nodes_.load(std::memory_order_relaxed);
+  if (live == was) return;
+  nodes_.store(live, std::memory_order_release);
+  spdlog::info("control: {} live nodes (was {})", live, was);
+  if (on_nodes_changed_) on_nodes_changed_(live);
+}
+
+void Control::beginStop() {
+  if (stopping_) return;
+  stopping_ = true;
+  for (uv_timer_t* timer : {&health_timer_, &heartbeat_timer_}) {
+    uv_close(reinterpret_cast<uv_handle_t*>(timer), nullptr);
+  }
+  uv_close(reinterpret_cast<uv_handle_t*>(&wakeup_), nullptr);
+  if (!link_->connected()) {
+    closeLink();
+    return;
+  }
+  std::vector<std::string> argv = scripts::heartbeatArgv(
+      scripts::HeartbeatOp::kLeave, node_id_, kHeartbeatTtlIntervals * config_.heartbeat_interval_ms);
+  std::vector<std::string_view> args(argv.begin(), argv.end());
+  std::string_view keys[] = {members_key_};
+  bool sent = link_->evalsha(
+      heartbeat_script_, keys, args,
+      [this](const RedisResult& result) {
+        if (result.status != RedisStatus::kOk) {
+          spdlog::warn("control: could not leave the members set ({}: {}); this node drops out "
+                       "when its heartbeat expires",
+                       toString(result.status), result.error);
+        }
+        closeLink();
+      },
+      kLeaveTimeoutMs);
+  if (!sent) closeLink();
+}
+
+void Control::closeLink() {
+  if (link_closed_) return;
+  link_closed_ = true;
+  link_->close([] {});
+}
+
+}  // namespace sluice

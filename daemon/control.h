@@ -1,0 +1,155 @@
+// Control: the control thread. It owns the daemon's connection to Redis
+// (RedisLink) and learns three things for the rest of the daemon: whether
+// Redis is up, how many nodes are alive (N), and how far Redis's clock is
+// from our monotonic clock. The lease path will run on this thread too.
+// A Server has a Control only when its config has a [redis] section.
+//
+// Thread model (the daemon's is in worker.h; this is the control thread's):
+//  - One thread, one libuv loop, started by start(). The loop, its handles,
+//    the RedisLink and the clock estimator belong to that thread; nothing
+//    else touches them.
+//  - Other threads read what it learns only through snapshot(): three
+//    atomics, each published on its own (release) and read on its own
+//    (acquire). They are independent facts, so no lock ties them together.
+//  - Other threads reach it only through stop(): an atomic flag plus a
+//    uv_async_t that wakes the loop.
+//  - The onNodesChanged callback runs on the control thread.
+//
+// Health: Redis is up from the moment the link's handshake completes (it ends
+// with a PING) until the link reports a lost connection, or a PING is answered
+// with an error (up again at the next PING answered without one). A PING goes
+// out every health_interval_ms; any command of ours (PING, heartbeat) that is
+// unanswered after health_timeout_ms makes the link drop the connection. So a
+// dead Redis is noticed at once (the socket closes) and a stalled one within
+// health_interval_ms + health_timeout_ms. After a loss, the link reconnects
+// with backoff (up to 2 s between attempts); the next completed handshake is
+// the probe that brings Redis back up.
+//
+// Membership: every heartbeat_interval_ms, and at once on each (re)connect,
+// lua/heartbeat.lua "beat" puts this node into the sorted set
+// <key_prefix>members for kHeartbeatTtlIntervals intervals and returns the
+// live count N. N starts as expected_nodes and changes only when a heartbeat
+// answers, so while Redis is down the last known N stays in force.
+//
+// Clock: each heartbeat reply carries Redis's TIME in ms; ClockOffsetEstimator
+// (clock.h, which documents the method) keeps redis_time - monotonic_time.
+//
+// Stopping: stop() asks the thread to stop its timers, remove this node from
+// the members (heartbeat "leave", with a deadline of kLeaveTimeoutMs, sent
+// only while connected, so a dead Redis costs nothing and a stalled one at
+// most that long), close the link and every handle. The loop then ends and
+// closes with nothing open, and the thread exits; join() waits for it.
+//
+// Units: durations in ms of the loop's clock; clock offsets in µs.
+#pragma once
+
+#include <uv.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+
+#include "clock.h"
+#include "config.h"
+#include "redis_link.h"
+
+namespace sluice {
+
+// A heartbeat keeps this node counted for this many heartbeat intervals, so
+// one or two lost beats do not drop it.
+constexpr int64_t kHeartbeatTtlIntervals = 3;
+// The longest a graceful stop waits for Redis to answer "leave".
+constexpr int64_t kLeaveTimeoutMs = 200;
+
+// What the control thread has published; see Control::snapshot().
+struct ControlSnapshot {
+  bool redis_up = false;
+  uint32_t nodes = 1;  // live nodes N (expected_nodes until a heartbeat answers)
+  // redis_time - monotonic_time in µs; nullopt until a heartbeat answers.
+  std::optional<int64_t> clock_offset_us;
+};
+
+class Control {
+ public:
+  // Nothing runs before start(). `link_options` are the link's own knobs
+  // (connect timeout, backoff).
+  explicit Control(RedisConfig config, RedisLinkOptions link_options = {});
+  // Stops and joins the thread when the owner has not.
+  ~Control();
+  Control(const Control&) = delete;
+  Control& operator=(const Control&) = delete;
+
+  // Called on the control thread whenever N changes, with the new N; set
+  // before start().
+  void onNodesChanged(std::function<void(uint32_t nodes)> callback) {
+    on_nodes_changed_ = std::move(callback);
+  }
+
+  // Starts the thread. Once only.
+  void start();
+  // Any thread, any number of times: begins the graceful stop described above.
+  void stop();
+  // Waits for the thread to end (after stop()); returns at once when start()
+  // never ran. Returns false when the loop still had handles open at the end
+  // (a defect, also logged).
+  bool join();
+
+  // Any thread, lock-free.
+  ControlSnapshot snapshot() const;
+  // This node's id in the members set, and that set's key. Immutable.
+  const std::string& nodeId() const { return node_id_; }
+  const std::string& membersKey() const { return members_key_; }
+
+ private:
+  static constexpr int64_t kNoOffset = std::numeric_limits<int64_t>::min();
+
+  void run();
+  void onWakeup();
+  void onConnected();
+  void setUp(bool up, std::string_view reason);
+  void ping();
+  void beat();
+  void onHeartbeat(const RedisResult& result, int64_t sent_us);
+  void beginStop();
+  void closeLink();
+
+  const RedisConfig config_;
+  const RedisLinkOptions link_options_;
+  const std::string node_id_;
+  const std::string members_key_;
+  std::function<void(uint32_t)> on_nodes_changed_;
+
+  // Control thread only (set up by start() before the thread exists).
+  uv_loop_t loop_;
+  uv_async_t wakeup_;
+  uv_timer_t health_timer_;
+  uv_timer_t heartbeat_timer_;
+  std::unique_ptr<RedisLink> link_;
+  RedisLink::ScriptId heartbeat_script_ = 0;
+  ClockOffsetEstimator clock_;
+  bool ping_in_flight_ = false;
+  bool beat_in_flight_ = false;
+  bool stopping_ = false;
+  bool link_closed_ = false;
+  std::string last_heartbeat_error_;  // logged once until it changes
+
+  std::thread thread_;  // the owner's thread: start(), join()
+  int loop_close_rc_ = 0;  // written by the control thread before it ends
+
+  // Published by the control thread, read by any.
+  std::atomic<bool> stop_requested_{false};
+  std::atomic<bool> up_{false};
+  std::atomic<uint32_t> nodes_;
+  std::atomic<int64_t> clock_offset_us_{kNoOffset};
+};
+
+// "<hostname>:<pid>", the node id when the config sets none.
+std::string defaultNodeId();
+
+}  // namespace sluice
