@@ -888,6 +888,20 @@ class RuleReader {
         refuse(*burst_node, prefix_ + "burst " + std::to_string(limit.burst) + " is out of " +
                                 "range; write a burst from 1 to " + std::to_string(most));
       }
+      // The lease scripts (lua/token_bucket.lua, lua/gcra.lua) refuse a state
+      // spanning more than 2^50 us: burst * interval, interval = ceil(period_us
+      // / limit) with the period in whole ms, as they compute it.
+      constexpr int64_t kMaxSpanUs = int64_t{1} << 50;
+      const int64_t period_us = (limit.period_ns + 999'999) / 1'000'000 * 1'000;
+      const int64_t interval_us = (period_us + limit.limit - 1) / limit.limit;
+      if (interval_us > 0 && limit.burst > kMaxSpanUs / interval_us) {
+        refuse(*burst_node, prefix_ + "burst " + std::to_string(limit.burst) + " at " +
+                                std::to_string(limit.limit) + " per " +
+                                quote(formatDuration(limit.period_ns)) +
+                                " takes longer than 2^50 us (about 35 years) to refill; write " +
+                                "a burst up to " + std::to_string(kMaxSpanUs / interval_us) +
+                                ", or a shorter period");
+      }
     }
     return limit;
   }

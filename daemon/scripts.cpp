@@ -70,6 +70,18 @@ std::vector<std::string> rateArgv(Op op, int64_t n, int64_t need, const Limit& l
           std::to_string(now_us)};
 }
 
+int64_t leaseWindow(int64_t lease_now_ms, const Limit& limit) {
+  const int64_t period_ms = ceilMs(limit.period_ns);
+  if (period_ms <= 0 || lease_now_ms < 0) return 0;
+  return lease_now_ms / period_ms;
+}
+
+std::vector<std::string> returnArgv(int64_t n, const Limit& limit, int64_t lease_window, int64_t now_us) {
+  std::vector<std::string> argv = rateArgv(Op::kReturn, n, 0, limit, now_us);
+  argv.push_back(std::to_string(lease_window));
+  return argv;
+}
+
 std::vector<std::string> concurrencyArgv(Op op, int64_t n, int64_t need, const Limit& limit, int64_t lease_ttl_ms,
                                          std::string_view node_id, int64_t now_us) {
   return {std::string(opName(op)),

@@ -8,6 +8,11 @@
 // never build key names. Scripts read Redis's clock (TIME) in microseconds;
 // the trailing ARGV now_us overrides it when not 0, which only tests do.
 //
+// Redis >= 5 is required: every script reads TIME and then writes, which
+// takes effects replication (the default from Redis 5.0, the only mode from
+// 7.0); each script also calls redis.replicate_commands() before TIME where
+// that function exists.
+//
 // Pure values and functions with no I/O; any thread.
 #pragma once
 
@@ -50,6 +55,11 @@ std::optional<Script> forAlgorithm(Algorithm algorithm);
 //  - kLease:  take up to n units into the node's slice when at least `need`
 //             are available; otherwise nothing, and retry_after_ms says when.
 //  - kReturn: give n unused units back (never beyond a full bucket/window).
+//             Build it with returnArgv: the window scripts need the window the
+//             units were leased in, and ignore a return for a window that
+//             has ended (fixed_window) or for one before the previous one
+//             (sliding_window), so a late return never refunds units other
+//             nodes leased in a newer window.
 //  - kDebit:  take n units unconditionally (units admitted in fallback); the
 //             global state may go into debt. Rate scripts only.
 //  - kPeek:   take nothing, report the state (retry_after_ms for `need`).
@@ -61,7 +71,25 @@ std::string_view opName(Op op);
 // {op, n, need, limit, period_ms, burst, now_us}. period_ms is
 // limit.period_ns in whole ms, rounded up (config periods are whole ms).
 // need is 1..n for kLease and 0..burst for kPeek; n is ignored by kPeek.
+// For kLease, kDebit and kPeek; a kReturn built here (without a window) is
+// an error reply from fixed_window and sliding_window: use returnArgv.
 std::vector<std::string> rateArgv(Op op, int64_t n, int64_t need, const Limit& limit, int64_t now_us = 0);
+
+// The id of the window a lease counted its units in: floor(now_ms /
+// period_ms), where now_ms is the granting lease's LeaseReply::now_ms and
+// period_ms is as in rateArgv. Exact: the scripts' window id is floor(now_us /
+// period_us) with period_us a whole number of ms. A daemon whose slice holds
+// units of several leases returns each window's units with its own call (or
+// only the newest lease's, up to what that lease granted).
+int64_t leaseWindow(int64_t lease_now_ms, const Limit& limit);
+
+// ARGV of a kReturn on any rate script: {"return", n, "0", limit, period_ms,
+// burst, now_us, lease_window}, lease_window from leaseWindow. fixed_window
+// lowers its count only when lease_window is its stored, still current
+// window; sliding_window lowers cur for the current window, prev for the
+// previous one and ignores anything older; neither goes below 0. The
+// buckets ignore lease_window.
+std::vector<std::string> returnArgv(int64_t n, const Limit& limit, int64_t lease_window, int64_t now_us = 0);
 
 // ARGV of concurrency: {op, n, need, limit, lease_ttl_ms, node_id, now_us}.
 // lease_ttl_ms is how long the node's holding lives unless renewed (not

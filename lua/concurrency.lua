@@ -25,6 +25,10 @@
 -- ARGV[7]  now_us: "0" reads Redis TIME, which is what the daemon always
 --          passes; any other value is the time to use (µs). A test seam only.
 --
+-- Needs Redis >= 5: the script writes after TIME, which takes effects
+-- replication (the default from 5.0, the only mode from 7.0); it asks for it
+-- with redis.replicate_commands() where that exists.
+--
 -- Returns six integers {granted, remaining, retry_after_ms, reset_after_ms,
 -- now_ms, held}:
 --   granted         units added to this node's holding (lease), else 0;
@@ -86,6 +90,8 @@ if op ~= 'lease' and op ~= 'return' and op ~= 'renew' and op ~= 'peek' then
   return fail('op must be lease, return, renew or peek')
 end
 if now == 0 then
+  -- Writes after TIME need effects replication (Redis < 5 does not default to it).
+  if redis.replicate_commands then redis.replicate_commands() end
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end

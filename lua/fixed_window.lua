@@ -11,9 +11,18 @@
 --          following windows instead of vanishing at the window's end.
 --          A stored window later than now's (Redis's clock stepped back) is
 --          used as it is, so nothing is granted twice.
+--          Debt is capped: the count never exceeds limit * floor(2^50 /
+--          period_us) (nor 2^52), so paying it off takes at most 2^50 µs and
+--          every key written gets a valid TTL.
 -- ARGV[1]  op: "lease"  take up to n units when at least `need` are left;
---              "return" give n unused units back to the current window (a
---                       window that has ended has nothing to give back to);
+--              "return" give n unused units back to the window they were
+--                       leased in, ARGV[8]. Only a return for the stored
+--                       window, while it is still the current one, lowers the
+--                       count (never below 0); a return for any other window
+--                       (one that has ended, whose count the new window does
+--                       not include, or one that was never stored) changes
+--                       nothing, so units leased by other nodes in a newer
+--                       window are never refunded;
 --              "debit"  count n units unconditionally: units admitted while
 --                       Redis was unreachable;
 --              "peek"   take nothing, report the state.
@@ -26,6 +35,18 @@
 --          same ARGV.
 -- ARGV[7]  now_us: "0" reads Redis TIME, which is what the daemon always
 --          passes; any other value is the time to use (µs). A test seam only.
+-- ARGV[8]  window: return only (required there, ignored otherwise): the id of
+--          the window the returned units were leased in, floor(now_ms /
+--          period_ms) of the now_ms that the granting lease replied (the
+--          lease counted them in exactly that window: period_us is a whole
+--          number of ms). Units leased in different windows are returned
+--          with one call per window. If Redis's clock had stepped back, the
+--          lease may have counted them in a later stored window; such a
+--          return is ignored, which errs towards admitting less.
+--
+-- Needs Redis >= 5: the script writes after TIME, which takes effects
+-- replication (the default from 5.0, the only mode from 7.0); it asks for it
+-- with redis.replicate_commands() where that exists. Multi-field HSET needs 4.0.
 --
 -- Returns five integers {granted, remaining, retry_after_ms, reset_after_ms,
 -- now_ms}:
@@ -39,7 +60,8 @@
 --   now_ms          Redis's time (floor of now_us / 1000), for clock offsets.
 --
 -- The key's TTL is reset_after_ms, so it is at most one period, plus one
--- period per `limit` units of debt.
+-- period per `limit` units of debt, and never above 2^50 µs (rounded up to
+-- ms) past the window's start.
 
 local MAX_SPAN_US = 2 ^ 50
 
@@ -83,21 +105,34 @@ end
 if op == 'lease' and (need < 1 or need > n) then
   return fail('lease needs 1 <= need <= n')
 end
+local lease_window = nil
+if op == 'return' then
+  lease_window = int_arg(8, 0, 2 ^ 53)
+  if not lease_window then
+    return fail('return needs ARGV[8], the window id the units were leased in')
+  end
+end
 if now == 0 then
+  -- Writes after TIME need effects replication (Redis < 5 does not default to it).
+  if redis.replicate_commands then redis.replicate_commands() end
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
 local period = period_ms * 1000
 local now_id = idiv(now, period)
+-- The most a count may reach: its debt is paid off within 2^50 µs, and it
+-- stays an exact integer (limit * windows may itself pass 2^53).
+local max_count = math.min(limit * idiv(MAX_SPAN_US, period), 2 ^ 52)
 
 -- The window this call applies to and its count, debt carried forward.
 local id, count = now_id, 0
+local current = false  -- whether the stored window is the one that applies
 local stored = redis.call('HMGET', KEYS[1], 'w', 'n')
 if stored[1] and stored[2] then
-  local stored_id, stored_count = tonumber(stored[1]), tonumber(stored[2])
+  local stored_id, stored_count = tonumber(stored[1]), math.min(tonumber(stored[2]), max_count)
   if stored_id >= now_id then
-    id, count = stored_id, stored_count
+    id, count, current = stored_id, stored_count, true
   else
     count = math.max(0, stored_count - limit * (now_id - stored_id))
   end
@@ -112,8 +147,9 @@ local function store()
   if count == 0 then
     redis.call('DEL', KEYS[1])
   else
+    local ttl_ms = ms_until_window(math.ceil(count / limit))
     redis.call('HSET', KEYS[1], 'w', string.format('%d', id), 'n', string.format('%d', count))
-    redis.call('PEXPIRE', KEYS[1], ms_until_window(math.ceil(count / limit)))
+    redis.call('PEXPIRE', KEYS[1], ttl_ms)
   end
 end
 
@@ -125,12 +161,12 @@ if op == 'lease' then
     store()
   end
 elseif op == 'return' then
-  if count > 0 then
+  if current and lease_window == id and count > 0 and n > 0 then
     count = count - math.min(n, count)
     store()
   end
 elseif op == 'debit' then
-  count = count + n
+  count = math.min(count + n, max_count)
   store()
 elseif op ~= 'peek' then
   return fail('op must be lease, return, debit or peek')

@@ -14,6 +14,10 @@
 -- ARGV[4]  now_us: "0" reads Redis TIME, which is what the daemon always
 --          passes; any other value is the time to use (µs). A test seam only.
 --
+-- Needs Redis >= 5: the script writes after TIME, which takes effects
+-- replication (the default from 5.0, the only mode from 7.0); it asks for it
+-- with redis.replicate_commands() where that exists.
+--
 -- Returns two integers {live, now_ms}:
 --   live    members alive after this call (this node included after "beat");
 --   now_ms  Redis's time (floor of now_us / 1000), for clock offsets.
@@ -37,6 +41,8 @@ if op ~= 'beat' and op ~= 'leave' and op ~= 'peek' then
   return fail('op must be beat, leave or peek')
 end
 if now == 0 then
+  -- Writes after TIME need effects replication (Redis < 5 does not default to it).
+  if redis.replicate_commands then redis.replicate_commands() end
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end

@@ -19,9 +19,17 @@
 --          vanishing. A stored window later than now's (Redis's clock
 --          stepped back) is judged as at its start, where the estimate is
 --          largest, so nothing is granted twice.
+--          Debt is capped: cur never exceeds limit * floor(2^50 / period_us)
+--          (nor 2^52), so paying it off takes at most 2^50 µs and every key
+--          written gets a valid TTL.
 -- ARGV[1]  op: "lease"  take up to n units when at least `need` fit;
---              "return" give n unused units back to the current window's
---                       count (a window that has ended keeps its count);
+--              "return" give n unused units back to the window they were
+--                       leased in, ARGV[8]: units of the current window come
+--                       off cur, units of the previous window off prev (which
+--                       is where they are counted now), each never below 0;
+--                       a return for any older window (or one never stored)
+--                       changes nothing, so units other nodes leased in a
+--                       newer window are never refunded;
 --              "debit"  count n units unconditionally: units admitted while
 --                       Redis was unreachable;
 --              "peek"   take nothing, report the state.
@@ -34,6 +42,18 @@
 --          same ARGV.
 -- ARGV[7]  now_us: "0" reads Redis TIME, which is what the daemon always
 --          passes; any other value is the time to use (µs). A test seam only.
+-- ARGV[8]  window: return only (required there, ignored otherwise): the id of
+--          the window the returned units were leased in, floor(now_ms /
+--          period_ms) of the now_ms that the granting lease replied (the
+--          lease counted them in exactly that window: period_us is a whole
+--          number of ms). Units leased in different windows are returned
+--          with one call per window. If Redis's clock had stepped back, the
+--          lease may have counted them in a later stored window; such a
+--          return is ignored, which errs towards admitting less.
+--
+-- Needs Redis >= 5: the script writes after TIME, which takes effects
+-- replication (the default from 5.0, the only mode from 7.0); it asks for it
+-- with redis.replicate_commands() where that exists. Multi-field HSET needs 4.0.
 --
 -- Returns five integers {granted, remaining, retry_after_ms, reset_after_ms,
 -- now_ms}:
@@ -49,7 +69,8 @@
 --   now_ms          Redis's time (floor of now_us / 1000), for clock offsets.
 --
 -- The key's TTL is reset_after_ms, so it is at most two periods, plus one
--- period per `limit` units of debt.
+-- period per `limit` units of debt, and never above 2^50 µs + one period
+-- (rounded up to ms) past the window's start.
 -- Lua numbers are doubles, and units * period_us can pass 2^53 (2^20 units
 -- per day is 2^56), so those products are compared as two 26-bit limbs
 -- (wide() below); limit < 2^26 keeps every limb exact.
@@ -122,13 +143,25 @@ end
 if op == 'lease' and (need < 1 or need > n) then
   return fail('lease needs 1 <= need <= n')
 end
+local lease_window = nil
+if op == 'return' then
+  lease_window = int_arg(8, 0, 2 ^ 53)
+  if not lease_window then
+    return fail('return needs ARGV[8], the window id the units were leased in')
+  end
+end
 if now == 0 then
+  -- Writes after TIME need effects replication (Redis < 5 does not default to it).
+  if redis.replicate_commands then redis.replicate_commands() end
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
 local period = period_ms * 1000
 local now_id = idiv(now, period)
+-- The most cur may reach: its debt is paid off within 2^50 µs, and it stays
+-- an exact integer (limit * windows may itself pass 2^53).
+local max_cur = math.min(limit * idiv(MAX_SPAN_US, period), 2 ^ 52)
 
 -- The count of a window `k` >= 1 windows after one that counted `cur`, and
 -- that window's prev: debt is paid off `limit` per window.
@@ -137,16 +170,30 @@ local function carried(cur, k)
 end
 
 -- The window this call applies to, its counts and the time it is judged at.
+-- A return applies to the stored counts before they are carried forward:
+-- units of window w come off c, units of window w - 1 off p, and only while
+-- that window is the current or the previous one at the time that applies.
 local id, cur, prev, at = now_id, 0, 0, now
+local returned = false
 local stored = redis.call('HMGET', KEYS[1], 'w', 'c', 'p')
 if stored[1] and stored[2] and stored[3] then
   local stored_id = tonumber(stored[1])
+  local stored_cur, stored_prev = math.min(tonumber(stored[2]), max_cur), tonumber(stored[3])
+  if lease_window and n > 0 and lease_window >= math.max(stored_id, now_id) - 1 then
+    if lease_window == stored_id and stored_cur > 0 then
+      stored_cur = stored_cur - math.min(n, stored_cur)
+      returned = true
+    elseif lease_window == stored_id - 1 and stored_prev > 0 then
+      stored_prev = stored_prev - math.min(n, stored_prev)
+      returned = true
+    end
+  end
   if stored_id == now_id then
-    cur, prev = tonumber(stored[2]), tonumber(stored[3])
+    cur, prev = stored_cur, stored_prev
   elseif stored_id > now_id then
-    id, cur, prev, at = stored_id, tonumber(stored[2]), tonumber(stored[3]), stored_id * period
+    id, cur, prev, at = stored_id, stored_cur, stored_prev, stored_id * period
   else
-    cur, prev = carried(tonumber(stored[2]), now_id - stored_id)
+    cur, prev = carried(stored_cur, now_id - stored_id)
   end
 end
 local start = id * period
@@ -180,9 +227,10 @@ local function store()
   if cur == 0 and prev == 0 then
     redis.call('DEL', KEYS[1])
   else
+    local ttl_ms = reset_ms()
     redis.call('HSET', KEYS[1], 'w', string.format('%d', id), 'c', string.format('%d', cur),
       'p', string.format('%d', prev))
-    redis.call('PEXPIRE', KEYS[1], reset_ms())
+    redis.call('PEXPIRE', KEYS[1], ttl_ms)
   end
 end
 
@@ -195,12 +243,9 @@ if op == 'lease' then
     store()
   end
 elseif op == 'return' then
-  if cur > 0 then
-    cur = cur - math.min(n, cur)
-    store()
-  end
+  if returned then store() end
 elseif op == 'debit' then
-  cur = cur + n
+  cur = math.min(cur + n, max_cur)
   store()
 elseif op ~= 'peek' then
   return fail('op must be lease, return, debit or peek')

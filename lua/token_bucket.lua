@@ -22,6 +22,12 @@
 -- ARGV[6]  burst: the bucket's capacity in units, >= 0.
 -- ARGV[7]  now_us: "0" reads Redis TIME, which is what the daemon always
 --          passes; any other value is the time to use (µs). A test seam only.
+-- ARGV[8]  window: ignored; fixed_window's and sliding_window's return
+--          needs it, and every rate script takes the same ARGV.
+--
+-- Needs Redis >= 5: the script writes after TIME, which takes effects
+-- replication (the default from 5.0, the only mode from 7.0); it asks for it
+-- with redis.replicate_commands() where that exists.
 --
 -- Returns five integers {granted, remaining, retry_after_ms, reset_after_ms,
 -- now_ms}:
@@ -84,6 +90,8 @@ if op == 'lease' and (need < 1 or need > n) then
   return fail('lease needs 1 <= need <= n')
 end
 if now == 0 then
+  -- Writes after TIME need effects replication (Redis < 5 does not default to it).
+  if redis.replicate_commands then redis.replicate_commands() end
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end

@@ -416,6 +416,10 @@ const Refusal kRefusals[] = {
      "burst applies only to token_bucket and gcra, and this rule is fixed_window; remove burst"},
     {"rule_burst_zero", "[[rule]]\nname = \"r\"\nlimit = 5\nperiod = \"1s\"\nburst = 0\n", "5:9",
      "write a burst from 1 to 1000000000"},
+    {"rule_burst_spans_beyond_2_to_50_us",
+     "[[rule]]\nname = \"r\"\nlimit = 10\nperiod = \"1d\"\nburst = 1000000\n", "5:9",
+     "rule \"r\": burst 1000000 at 10 per \"1d\" takes longer than 2^50 us (about 35 years) to "
+     "refill; write a burst up to 130312, or a shorter period"},
     {"rule_both_limit_and_limits",
      "[[rule]]\nname = \"r\"\nlimit = 5\nlimits = [{ limit = 1, period = \"1s\" }]\n", "3:9",
      "limit and limits = [...] cannot both be given"},

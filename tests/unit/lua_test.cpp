@@ -132,6 +132,19 @@ class LuaTest : public ::testing::Test {
     return *reply;
   }
 
+  // A return of n units leased in window `lease_window` (scripts::leaseWindow).
+  scripts::LeaseReply giveBack(Script script, const std::string& key, int64_t n, const Limit& limit,
+                               int64_t lease_window, int64_t now_us, bool persist = false) {
+    auto reply = scripts::parseLeaseReply(eval(script, key, scripts::returnArgv(n, limit, lease_window, now_us), persist));
+    if (!reply) throw std::runtime_error("malformed lease reply");
+    return *reply;
+  }
+
+  std::string field(const std::string& key, const std::string& name) {
+    ReplyPtr reply = redis_->command({"HGET", key, name});
+    return reply->type == REDIS_REPLY_STRING ? std::string(reply->str, reply->len) : std::string("(nil)");
+  }
+
   scripts::LeaseReply conc(const std::string& key, Op op, int64_t n, int64_t need, const Limit& limit,
                            int64_t lease_ttl_ms, const std::string& node, int64_t now_us) {
     auto reply = scripts::parseLeaseReply(
@@ -176,6 +189,12 @@ TEST(Scripts, BuildsArgvInTheDocumentedOrder) {
   const Limit limit{100, 60'000'000'000, 20};
   EXPECT_EQ(scripts::rateArgv(Op::kLease, 10, 1, limit),
             (std::vector<std::string>{"lease", "10", "1", "100", "60000", "20", "0"}));
+  EXPECT_EQ(scripts::returnArgv(3, limit, 28'333'333, 42),
+            (std::vector<std::string>{"return", "3", "0", "100", "60000", "20", "42", "28333333"}));
+  // The window of a lease replied at now_ms: floor(now_ms / period_ms).
+  EXPECT_EQ(scripts::leaseWindow(1'700'000'059'999, limit), 28'333'334);
+  EXPECT_EQ(scripts::leaseWindow(1'700'000'040'000, limit), 28'333'334);
+  EXPECT_EQ(scripts::leaseWindow(1'700'000'039'999, limit), 28'333'333);
   EXPECT_EQ(scripts::concurrencyArgv(Op::kRenew, 0, 0, Limit{5, 0, 5}, 30'000, "node-a", 42),
             (std::vector<std::string>{"renew", "0", "0", "5", "30000", "node-a", "42"}));
   EXPECT_EQ(scripts::heartbeatArgv(scripts::HeartbeatOp::kBeat, "node-a", 15'000),
@@ -365,11 +384,13 @@ TEST_P(LuaBatchTest, LeaseGrantsNothingBelowNeed) {
 // above its limit, and that peeking spends nothing.
 TEST_P(LuaBatchTest, ReturnGivesUnitsBackUpToTheLimit) {
   const Script script = GetParam().script;
-  EXPECT_EQ(rate(script, "k", Op::kLease, 5, 1, kFivePerSecond, kBaseUs).granted, 5);
-  rate(script, "k", Op::kReturn, 2, 0, kFivePerSecond, kBaseUs);
+  auto lease = rate(script, "k", Op::kLease, 5, 1, kFivePerSecond, kBaseUs);
+  EXPECT_EQ(lease.granted, 5);
+  const int64_t window = scripts::leaseWindow(lease.now_ms, kFivePerSecond);
+  giveBack(script, "k", 2, kFivePerSecond, window, kBaseUs);
   EXPECT_EQ(rate(script, "k", Op::kPeek, 0, 1, kFivePerSecond, kBaseUs).remaining, 2);
   EXPECT_EQ(rate(script, "k", Op::kPeek, 0, 1, kFivePerSecond, kBaseUs).remaining, 2);
-  rate(script, "k", Op::kReturn, 100, 0, kFivePerSecond, kBaseUs);
+  giveBack(script, "k", 100, kFivePerSecond, window, kBaseUs);
   EXPECT_EQ(rate(script, "k", Op::kPeek, 0, 1, kFivePerSecond, kBaseUs).remaining, 5);
   // Back to full is back to fresh: nothing left in Redis.
   EXPECT_EQ(redis_->integer({"EXISTS", "k"}), 0);
@@ -442,6 +463,183 @@ INSTANTIATE_TEST_SUITE_P(AllRateScripts, LuaBatchTest,
                              // prev's weight falls to 1 unit, 800 ms into it.
                              BatchCase{"SlidingWindow", Script::kSlidingWindow, 1800}),
                          [](const ::testing::TestParamInfo<BatchCase>& info) { return std::string(info.param.name); });
+
+// ---------------------------------------------------------------------------
+// Returns after the window ended, and capped debt, on the window scripts.
+
+// Verifies the review's case: limit 5 per second, node A leases 5 at 0.9 s,
+// node B leases 3 at 1.1 s, A returns its 5 at 1.2 s. A's units were counted
+// in a window that has ended, so the return changes nothing and B can lease
+// only the 2 that are left; returns for B's (current) window still count.
+TEST_F(LuaTest, FixedWindowIgnoresAReturnForAWindowThatHasEnded) {
+  const Script fw = Script::kFixedWindow;
+  auto a = rate(fw, "k", Op::kLease, 5, 1, kFivePerSecond, kBaseUs + 900 * kMsUs, /*persist=*/true);
+  ASSERT_EQ(a.granted, 5);
+  const int64_t a_window = scripts::leaseWindow(a.now_ms, kFivePerSecond);
+  auto b = rate(fw, "k", Op::kLease, 3, 1, kFivePerSecond, kBaseUs + 1100 * kMsUs, /*persist=*/true);
+  ASSERT_EQ(b.granted, 3);
+  const int64_t b_window = scripts::leaseWindow(b.now_ms, kFivePerSecond);
+  ASSERT_EQ(b_window, a_window + 1);
+
+  auto late = giveBack(fw, "k", 5, kFivePerSecond, a_window, kBaseUs + 1200 * kMsUs, /*persist=*/true);
+  EXPECT_EQ(late.granted, 0);
+  EXPECT_EQ(late.remaining, 2);
+  EXPECT_EQ(field("k", "n"), "3");
+  // A return for a window that was never counted (a later one) is ignored too.
+  EXPECT_EQ(giveBack(fw, "k", 5, kFivePerSecond, b_window + 1, kBaseUs + 1200 * kMsUs, true).remaining, 2);
+  auto more = rate(fw, "k", Op::kLease, 5, 1, kFivePerSecond, kBaseUs + 1300 * kMsUs, /*persist=*/true);
+  EXPECT_EQ(more.granted, 2);  // the bug let B lease 5 more: 8 in one window
+
+  EXPECT_EQ(giveBack(fw, "k", 1, kFivePerSecond, b_window, kBaseUs + 1400 * kMsUs, true).remaining, 1);
+  EXPECT_EQ(giveBack(fw, "k", 100, kFivePerSecond, b_window, kBaseUs + 1400 * kMsUs, true).remaining, 5);
+  EXPECT_EQ(redis_->integer({"EXISTS", "k"}), 0);
+  // Once B's window has ended, its return is ignored as well.
+  EXPECT_EQ(rate(fw, "k", Op::kLease, 4, 1, kFivePerSecond, kBaseUs + 1500 * kMsUs, true).granted, 4);
+  auto after = giveBack(fw, "k", 4, kFivePerSecond, b_window, kBaseUs + 2100 * kMsUs, true);
+  EXPECT_EQ(after.remaining, 5);
+  EXPECT_EQ(field("k", "w"), std::to_string(b_window));
+  EXPECT_EQ(field("k", "n"), "4");
+}
+
+// Verifies that a sliding-window return takes units of the previous window
+// off prev (where they are counted now), units of the current one off cur,
+// ignores anything older and never goes below 0.
+TEST_F(LuaTest, SlidingWindowReturnsTheUnitsToTheWindowTheyWereLeasedIn) {
+  const Script sw = Script::kSlidingWindow;
+  auto a = rate(sw, "k", Op::kLease, 5, 1, kFivePerSecond, kBaseUs + 900 * kMsUs, /*persist=*/true);
+  ASSERT_EQ(a.granted, 5);
+  const int64_t a_window = scripts::leaseWindow(a.now_ms, kFivePerSecond);
+  // Half-way into the next window A's 5 weigh 2.5: 2 fit.
+  auto b = rate(sw, "k", Op::kLease, 5, 1, kFivePerSecond, kBaseUs + 1500 * kMsUs, /*persist=*/true);
+  ASSERT_EQ(b.granted, 2);
+  const int64_t b_window = scripts::leaseWindow(b.now_ms, kFivePerSecond);
+  ASSERT_EQ(b_window, a_window + 1);
+
+  // A gives 2 back at 1.6 s: prev 5 -> 3, B's cur untouched. (The bug took
+  // them off cur: cur 0, prev 5, remaining 3.)
+  auto back = giveBack(sw, "k", 2, kFivePerSecond, a_window, kBaseUs + 1600 * kMsUs, /*persist=*/true);
+  EXPECT_EQ(field("k", "c"), "2");
+  EXPECT_EQ(field("k", "p"), "3");
+  EXPECT_EQ(back.remaining, 1);  // 5 - 2 - ceil(3 * 0.4)
+
+  // At 2.3 s A's window is two back: its return is ignored, nothing written.
+  auto old = giveBack(sw, "k", 3, kFivePerSecond, a_window, kBaseUs + 2300 * kMsUs, /*persist=*/true);
+  EXPECT_EQ(old.remaining, 3);  // prev 2 (B's), 5 - ceil(2 * 0.7)
+  EXPECT_EQ(field("k", "w"), std::to_string(b_window));
+  EXPECT_EQ(field("k", "c"), "2");
+  EXPECT_EQ(field("k", "p"), "3");
+  // A return for a window never counted (the current one, still empty) too.
+  EXPECT_EQ(giveBack(sw, "k", 3, kFivePerSecond, b_window + 1, kBaseUs + 2300 * kMsUs, true).remaining, 3);
+
+  // B's window is now the previous one: its units come off prev.
+  auto b_back = giveBack(sw, "k", 1, kFivePerSecond, b_window, kBaseUs + 2300 * kMsUs, /*persist=*/true);
+  EXPECT_EQ(b_back.remaining, 4);  // prev 1, 5 - ceil(0.7)
+  EXPECT_EQ(field("k", "w"), std::to_string(b_window + 1));
+  EXPECT_EQ(field("k", "c"), "0");
+  EXPECT_EQ(field("k", "p"), "1");
+  EXPECT_EQ(giveBack(sw, "k", 100, kFivePerSecond, b_window, kBaseUs + 2300 * kMsUs, true).remaining, 5);
+  EXPECT_EQ(redis_->integer({"EXISTS", "k"}), 0);
+
+  // And a return for the current window comes off cur, never below 0.
+  auto c = rate(sw, "k", Op::kLease, 3, 1, kFivePerSecond, kBaseUs + 2400 * kMsUs, /*persist=*/true);
+  ASSERT_EQ(c.granted, 3);
+  const int64_t c_window = scripts::leaseWindow(c.now_ms, kFivePerSecond);
+  EXPECT_EQ(giveBack(sw, "k", 1, kFivePerSecond, c_window, kBaseUs + 2500 * kMsUs, true).remaining, 3);
+  EXPECT_EQ(giveBack(sw, "k", 9, kFivePerSecond, c_window, kBaseUs + 2500 * kMsUs, true).remaining, 5);
+  EXPECT_EQ(redis_->integer({"EXISTS", "k"}), 0);
+}
+
+// Verifies that a window script refuses a return that does not say which
+// window the units were leased in, rather than guessing.
+TEST_F(LuaTest, WindowReturnWithoutTheLeaseWindowIsAnErrorReply) {
+  for (Script script : {Script::kFixedWindow, Script::kSlidingWindow}) {
+    std::vector<std::string> args = {"EVALSHA", sha_[static_cast<size_t>(script)], "1", "k"};
+    for (auto& arg : scripts::rateArgv(Op::kReturn, 1, 0, kFivePerSecond, kBaseUs)) args.push_back(arg);
+    ReplyPtr reply = redis_->command(args);
+    ASSERT_EQ(reply->type, REDIS_REPLY_ERROR) << scripts::get(script).name;
+    EXPECT_NE(std::string(reply->str).find("ARGV[8]"), std::string::npos) << reply->str;
+  }
+}
+
+struct DebtCase {
+  const char* name;
+  Script script;
+  const char* count_field;
+  const char* extra_fields[2];  // the other state fields when seeding
+  int64_t extra_periods;        // sliding: the window after the debt too
+};
+
+std::ostream& operator<<(std::ostream& os, const DebtCase& c) { return os << c.name; }
+
+class LuaDebtTest : public LuaTest, public ::testing::WithParamInterface<DebtCase> {};
+
+// 5 per second: debt is capped at 5 * floor(2^50 us / 1 s) units, paid off
+// in floor(2^50 / 10^6) windows.
+constexpr int64_t kWindowsIn2To50Us = (int64_t{1} << 50) / kSecondUs;
+constexpr int64_t kMaxDebtUnits = 5 * kWindowsIn2To50Us;
+
+// Verifies that repeated debits stop at the cap and the key's TTL stays
+// within 2^50 us (plus sliding's extra window) of the window's start.
+TEST_P(LuaDebtTest, RepeatedDebitsAreCappedAndTheKeyKeepsAValidTtl) {
+  const DebtCase c = GetParam();
+  const int64_t bound_ms = (kWindowsIn2To50Us + c.extra_periods) * 1000;
+  scripts::LeaseReply debit;
+  for (int i = 0; i < 10; ++i) {
+    debit = rate(c.script, "k", Op::kDebit, int64_t{1} << 40, 0, kFivePerSecond, kBaseUs);
+  }
+  EXPECT_EQ(field("k", c.count_field), std::to_string(kMaxDebtUnits));
+  EXPECT_EQ(debit.remaining, 0);
+  EXPECT_EQ(debit.reset_after_ms, bound_ms);
+  const int64_t ttl_ms = redis_->integer({"PTTL", "k"});
+  EXPECT_GT(ttl_ms, bound_ms - 60'000);
+  EXPECT_LE(ttl_ms, bound_ms);
+  // The debt is paid off as documented: nothing until the cap has passed.
+  auto denied = rate(c.script, "k", Op::kLease, 1, 1, kFivePerSecond, kBaseUs);
+  EXPECT_EQ(denied.granted, 0);
+  EXPECT_GE(denied.retry_after_ms, (kWindowsIn2To50Us - 1) * 1000);
+  EXPECT_LE(denied.retry_after_ms, bound_ms);
+}
+
+// Verifies the overflow the cap prevents: a key already holding absurd debt
+// (written by an older script, or by hand) gets a valid TTL on the next
+// debit instead of an HSET that sticks after a failing PEXPIRE.
+TEST_P(LuaDebtTest, AbsurdStoredDebtStillGetsAValidTtl) {
+  const DebtCase c = GetParam();
+  const int64_t bound_ms = (kWindowsIn2To50Us + c.extra_periods) * 1000;
+  const std::string window = std::to_string(kBaseUs / kSecondUs);
+  std::vector<std::string> seed = {"HSET", "k", "w", window, c.count_field, "1000000000000000000000"};
+  if (c.extra_fields[0] != nullptr) {
+    seed.push_back(c.extra_fields[0]);
+    seed.push_back(c.extra_fields[1]);
+  }
+  redis_->command(seed);
+  ASSERT_EQ(redis_->integer({"PTTL", "k"}), -1);
+  auto debit = rate(c.script, "k", Op::kDebit, 1, 0, kFivePerSecond, kBaseUs);
+  EXPECT_EQ(debit.reset_after_ms, bound_ms);
+  EXPECT_EQ(field("k", c.count_field), std::to_string(kMaxDebtUnits));
+  const int64_t ttl_ms = redis_->integer({"PTTL", "k"});
+  EXPECT_GT(ttl_ms, 0);
+  EXPECT_LE(ttl_ms, bound_ms);
+}
+
+// Verifies the cap where limit * windows passes 2^53: a 1 ms window of 2^40
+// units caps at 2^52 (fixed_window; sliding_window's limit is below 2^26),
+// still an exact integer with a TTL.
+TEST_F(LuaTest, FixedWindowDebtCapStaysExactForHugeLimits) {
+  const Limit huge{int64_t{1} << 40, kMsNs, int64_t{1} << 40};
+  redis_->command({"HSET", "k", "w", std::to_string(kBaseUs / kMsUs), "n", "1e300"});
+  auto debit = rate(Script::kFixedWindow, "k", Op::kDebit, int64_t{1} << 40, 0, huge, kBaseUs);
+  EXPECT_EQ(field("k", "n"), std::to_string(int64_t{1} << 52));
+  EXPECT_EQ(debit.reset_after_ms, (int64_t{1} << 12));  // 2^52 / 2^40 windows of 1 ms
+  const int64_t ttl_ms = redis_->integer({"PTTL", "k"});
+  EXPECT_GT(ttl_ms, 0);
+  EXPECT_LE(ttl_ms, int64_t{1} << 12);
+}
+
+INSTANTIATE_TEST_SUITE_P(WindowScripts, LuaDebtTest,
+                         ::testing::Values(DebtCase{"FixedWindow", Script::kFixedWindow, "n", {nullptr, nullptr}, 0},
+                                           DebtCase{"SlidingWindow", Script::kSlidingWindow, "c", {"p", "0"}, 1}),
+                         [](const ::testing::TestParamInfo<DebtCase>& info) { return std::string(info.param.name); });
 
 // Verifies that a script flushed from Redis answers NOSCRIPT, the error text
 // the link matches to reload it.
