@@ -209,7 +209,12 @@ SLUICE_API int sluice_flush(sluice_client* client, int timeout_ms);
  * SLUICE_ETIMEDOUT when none arrived in time (nothing is lost, call again);
  * SLUICE_EINVAL when no request is in flight; or a connection error. A
  * response whose error map or result is malformed is returned with
- * out->status set, and the other responses keep flowing. */
+ * out->status set, and the other responses keep flowing. A response whose
+ * msgid is not in flight (unknown, or answered already) returns
+ * SLUICE_EPROTO with out->msgid set: it is discarded, the connection stays
+ * open and sluice_in_flight is unchanged. Notifications ([2, method,
+ * params]) are skipped. Responses that arrived before the connection failed
+ * are all returned before the error is. */
 SLUICE_API int sluice_recv(sluice_client* client, int timeout_ms, sluice_response* out);
 /* Requests sent (queued or written) and not yet answered. */
 SLUICE_API size_t sluice_in_flight(const sluice_client* client);

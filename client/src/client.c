@@ -52,6 +52,14 @@ struct sluice_client {
   size_t in_pos;
   uint32_t next_msgid;
   size_t in_flight;
+  /* Which msgids are in flight: bit i of pending[] stands for msgid
+   * pending_base + i (mod 2^32). Msgids are handed out in order, so the
+   * window spans the oldest unanswered one to next_msgid; it grows like the
+   * buffers do, then sending and receiving allocate nothing. */
+  uint64_t* pending;
+  size_t pending_cap;   /* words allocated */
+  size_t pending_words; /* words that may hold a set bit */
+  uint32_t pending_base;
   char error_code[64];
   char error_message[512];
 };
@@ -210,13 +218,86 @@ static void close_socket(sluice_client* c) {
   c->in_pos = 0;
 }
 
+/* ---- msgids in flight ------------------------------------------------------------ */
+
+/* Forgets every msgid in flight. */
+static void clear_in_flight(sluice_client* c) {
+  if (c->pending_words > 0) {
+    memset(c->pending, 0, c->pending_words * sizeof c->pending[0]);
+  }
+  c->pending_words = 0;
+  c->pending_base = c->next_msgid & ~(uint32_t)63;
+  c->in_flight = 0;
+}
+
+/* Makes room in the window for msgid next_msgid: drops leading words with
+ * no msgid in flight, and grows the array when that frees less than half of
+ * it (so a slide, which costs a memmove, comes at most once per cap*32
+ * requests). Returns 0, or SLUICE_ENOMEM with the window unchanged. */
+static int pending_make_room(sluice_client* c) {
+  size_t word = (uint32_t)(c->next_msgid - c->pending_base) / 64;
+  if (word < c->pending_cap) {
+    return 0;
+  }
+  size_t skip = 0;
+  while (skip < c->pending_words && c->pending[skip] == 0) {
+    skip++;
+  }
+  if (skip > 0) {
+    memmove(c->pending, c->pending + skip, (c->pending_words - skip) * sizeof c->pending[0]);
+    memset(c->pending + (c->pending_words - skip), 0, skip * sizeof c->pending[0]);
+    c->pending_words -= skip;
+    c->pending_base += (uint32_t)(skip * 64);
+    word -= skip;
+  }
+  if (word < c->pending_cap && c->pending_words <= c->pending_cap / 2) {
+    return 0;
+  }
+  size_t cap = c->pending_cap < 4 ? 4 : c->pending_cap * 2;
+  while (cap <= word) {
+    cap *= 2;
+  }
+  uint64_t* grown = (uint64_t*)realloc(c->pending, cap * sizeof *grown);
+  if (grown == NULL) {
+    return word < c->pending_cap ? 0 : SLUICE_ENOMEM;
+  }
+  memset(grown + c->pending_cap, 0, (cap - c->pending_cap) * sizeof *grown);
+  c->pending = grown;
+  c->pending_cap = cap;
+  return 0;
+}
+
+/* Marks msgid in flight; pending_make_room() made room for it. */
+static void pending_add(sluice_client* c, uint32_t msgid) {
+  size_t bit = (uint32_t)(msgid - c->pending_base);
+  c->pending[bit / 64] |= (uint64_t)1 << (bit % 64);
+  if (bit / 64 >= c->pending_words) {
+    c->pending_words = bit / 64 + 1;
+  }
+  c->in_flight++;
+}
+
+/* Marks msgid answered. Returns 0, or -1 when it was not in flight. */
+static int pending_take(sluice_client* c, uint32_t msgid) {
+  size_t bit = (uint32_t)(msgid - c->pending_base);
+  uint64_t mask = (uint64_t)1 << (bit % 64);
+  if (bit / 64 >= c->pending_words || (c->pending[bit / 64] & mask) == 0) {
+    return -1;
+  }
+  c->pending[bit / 64] &= ~mask;
+  if (--c->in_flight == 0) {
+    clear_in_flight(c);
+  }
+  return 0;
+}
+
 /* Closes the socket and drops every request in flight, written or not. */
 static void drop_connection(sluice_client* c) {
   close_socket(c);
   c->out.len = 0;
   c->out_pos = 0;
   c->queued = 0;
-  c->in_flight = 0;
+  clear_in_flight(c);
 }
 
 static int resend_safe(const sluice_client* c) { return c->out_pos == 0 && c->in_flight == c->queued; }
@@ -263,6 +344,7 @@ void sluice_destroy(sluice_client* c) {
   close_socket(c);
   sluice_buf_free(&c->out);
   sluice_buf_free(&c->in);
+  free(c->pending);
   free(c->socket_path);
   free(c);
 }
@@ -396,6 +478,33 @@ static int flush_until(sluice_client* c, int64_t deadline_ms) {
   return 0;
 }
 
+/* Writes what the socket takes now, without waiting, reconnecting (once per
+ * call, counted in *reconnects_left) when that is safe. */
+static int write_now(sluice_client* c, int64_t deadline_ms, int* reconnects_left) {
+  if (c->out_pos == c->out.len) {
+    return 0;
+  }
+  if (c->fd < 0) {
+    if (!resend_safe(c) || (*reconnects_left)-- <= 0) {
+      return SLUICE_ECLOSED;
+    }
+    int rc = reconnect(c, deadline_ms);
+    if (rc != 0) {
+      return rc;
+    }
+  }
+  for (;;) {
+    int rc = write_some(c);
+    if (rc == SLUICE_ECLOSED && resend_safe(c) && (*reconnects_left)-- > 0) {
+      rc = reconnect(c, deadline_ms);
+      if (rc == 0) {
+        continue;
+      }
+    }
+    return rc;
+  }
+}
+
 /* Marks the next `size` bytes of `in` decoded. */
 static void consume_input(sluice_client* c, size_t size) {
   c->in_pos += size;
@@ -456,6 +565,9 @@ static void copy_text(char* dst, size_t cap, const uint8_t* src, uint32_t len) {
  * memory ran out). finish_request() completes it. */
 static uint8_t* begin_request(sluice_client* c, const char* method, size_t method_len,
                               size_t params_bytes, uint32_t* msgid) {
+  if (pending_make_room(c) != 0) {
+    return NULL;
+  }
   uint8_t* p = sluice_buf_reserve(&c->out, SLUICE_REQUEST_OVERHEAD_BYTES + method_len + params_bytes);
   if (p == NULL) {
     c->out.failed = 0;
@@ -468,10 +580,10 @@ static uint8_t* begin_request(sluice_client* c, const char* method, size_t metho
   return mp_put_str(p, method, (uint32_t)method_len);
 }
 
-static void finish_request(sluice_client* c, uint8_t* end) {
+static void finish_request(sluice_client* c, uint8_t* end, uint32_t msgid) {
   c->out.len = (size_t)(end - c->out.data);
   c->queued++;
-  c->in_flight++;
+  pending_add(c, msgid);
 }
 
 /* A key goes out as str when it is UTF-8 (what most MessagePack libraries
@@ -513,11 +625,22 @@ static int queue_item_request(sluice_client* c, const char* method, size_t metho
   if (p == NULL) {
     return SLUICE_ENOMEM;
   }
-  finish_request(c, put_item(p, rule, rule_len, key, key_len, with_cost, cost));
+  finish_request(c, put_item(p, rule, rule_len, key, key_len, with_cost, cost), *msgid);
   return 0;
 }
 
 /* ---- responses ------------------------------------------------------------------ */
+
+/* Whether a frame is a notification, [2, method, params]: nothing answers
+ * a request with one, so the handle skips it. */
+static int is_notification(const uint8_t* frame, size_t len) {
+  mp_reader r;
+  mp_value v;
+  uint64_t type;
+  mp_reader_init(&r, frame, len);
+  return mp_read(&r, &v) == 0 && v.type == MP_ARRAY && v.v.count == 3 &&
+         mp_read_uint(&r, &type) == 0 && type == 2;
+}
 
 /* Decodes [1, msgid, error, result] up to the result, which `r` is left at.
  * *status is 0, or SLUICE_ESERVER with the error map copied into the handle.
@@ -683,8 +806,9 @@ static int sync_exchange(sluice_client* c, int64_t deadline_ms, uint32_t msgid, 
   uint32_t got_id;
   int status = 0;
   int rc = flush_until(c, deadline_ms);
-  if (rc == 0) {
-    rc = next_frame(c, deadline_ms, &frame, &len);
+  while (rc == 0 && (rc = next_frame(c, deadline_ms, &frame, &len)) == 0 &&
+         is_notification(frame, len)) {
+    continue; /* not an answer: wait for the one to this request */
   }
   if (rc == 0) {
     rc = parse_response(c, frame, len, r, &got_id, &status);
@@ -696,7 +820,7 @@ static int sync_exchange(sluice_client* c, int64_t deadline_ms, uint32_t msgid, 
     drop_connection(c);
     return rc;
   }
-  c->in_flight = 0;
+  clear_in_flight(c);
   return status;
 }
 
@@ -780,7 +904,7 @@ int sluice_acquire_all(sluice_client* c, const sluice_item* items, size_t count,
     p = put_item(p, items[i].rule, strlen(items[i].rule), items[i].key, items[i].key_len, 1,
                  items[i].cost);
   }
-  finish_request(c, p);
+  finish_request(c, p, msgid);
 
   mp_reader r;
   rc = sync_exchange(c, deadline_ms, msgid, &r);
@@ -837,7 +961,7 @@ static int sync_plain_call(sluice_client* c, const char* method, int timeout_ms,
   if (p == NULL) {
     return SLUICE_ENOMEM;
   }
-  finish_request(c, mp_put_array(p, 0));
+  finish_request(c, mp_put_array(p, 0), msgid);
   return sync_exchange(c, deadline_ms, msgid, r);
 }
 
@@ -966,16 +1090,23 @@ static size_t decode_response(sluice_client* c, const uint8_t* data, size_t len,
  * complete but shaped otherwise, which is decoded again within the frame to
  * give that response its status, as a synchronous call would. */
 static int take_response(sluice_client* c, sluice_response* out) {
-  const uint8_t* start = c->in.data + c->in_pos;
+  const uint8_t* start;
+  size_t size;
+  sluice_response got;
+next:
+  start = c->in.data + c->in_pos;
   size_t avail = c->in.len - c->in_pos;
   size_t bound = avail < SLUICE_MAX_RESPONSE_BYTES ? avail : SLUICE_MAX_RESPONSE_BYTES;
-  sluice_response got;
-  size_t size = avail > 0 ? decode_response(c, start, bound, &got) : 0;
+  size = avail > 0 ? decode_response(c, start, bound, &got) : 0;
   if (size == 0) {
     int rc = mp_frame_size(start, avail, SLUICE_MAX_RESPONSE_BYTES, &size);
     if (rc != 1) {
       clear_server_error(c); /* a partial frame's error texts are no answer */
       return rc == 0 ? 0 : rc == -1 ? SLUICE_EPROTO : SLUICE_ETOOLARGE;
+    }
+    if (is_notification(start, size)) {
+      consume_input(c, size);
+      goto next;
     }
     mp_reader r;
     if (parse_response(c, start, size, &r, &got.msgid, &got.status) != 0) {
@@ -991,27 +1122,65 @@ static int take_response(sluice_client* c, sluice_response* out) {
   return 1;
 }
 
+/* Reads what has already arrived, without waiting: after a failed write,
+ * the daemon's last answers may still be waiting in the socket. */
+static void drain_input(sluice_client* c) {
+  while (c->fd >= 0 && c->in.len - c->in_pos < SLUICE_MAX_BUFFERED_INPUT_BYTES) {
+    size_t before = c->in.len - c->in_pos;
+    if (read_some(c) != 0 || c->in.len - c->in_pos == before) {
+      return;
+    }
+  }
+}
+
+/* The loop hands out every complete response already buffered before it
+ * writes, waits or reports a connection error: it reads only while nothing
+ * complete is buffered (so `in` holds at most one partial frame plus a
+ * read), and then reads without limit, so the daemon, blocked on sending
+ * answers, always gets to take more requests. Writes never wait on their
+ * own; poll() waits for either direction. */
 int sluice_recv(sluice_client* c, int timeout_ms, sluice_response* out) {
   if (c == NULL || out == NULL || c->in_flight == 0) {
     return SLUICE_EINVAL;
   }
   clear_server_error(c);
-  /* With nothing to write and an answer buffered: no clock read, no poll(). */
-  int rc = c->out_pos == c->out.len ? take_response(c, out) : 0;
-  if (rc == 0) {
-    int64_t deadline_ms = deadline_after(timeout_ms);
-    rc = flush_until(c, deadline_ms);
-    while (rc == 0 && (rc = take_response(c, out)) == 0) {
+  int64_t deadline_ms = 0;
+  int have_deadline = 0;
+  int reconnects_left = 1;
+  int failed = 0; /* a connection error, reported once nothing is buffered */
+  for (;;) {
+    int rc = take_response(c, out);
+    if (rc == 1) {
+      if (pending_take(c, out->msgid) != 0) {
+        /* Answers nothing in flight (unknown or duplicate): only this reply
+         * is wrong, the connection and the requests in flight are fine. */
+        clear_server_error(c);
+        return SLUICE_EPROTO;
+      }
+      return 0;
+    }
+    if (rc == 0 && failed != 0) {
+      rc = failed;
+    }
+    if (rc != 0) {
+      drop_connection(c);
+      return rc;
+    }
+    if (!have_deadline) {
+      /* With an answer buffered the loop got no further: no clock read. */
+      deadline_ms = deadline_after(timeout_ms);
+      have_deadline = 1;
+    }
+    rc = write_now(c, deadline_ms, &reconnects_left);
+    if (rc == 0) {
       rc = c->fd < 0 ? SLUICE_ECLOSED : pump(c, deadline_ms, 1);
     }
+    if (rc == SLUICE_ETIMEDOUT) {
+      return rc;
+    }
+    if (rc != 0) {
+      drain_input(c);
+      failed = rc;
+    }
   }
-  if (rc == SLUICE_ETIMEDOUT) {
-    return rc;
-  }
-  if (rc != 1) {
-    drop_connection(c);
-    return rc;
-  }
-  c->in_flight--;
-  return 0;
 }

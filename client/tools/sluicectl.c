@@ -25,6 +25,7 @@ static const char usage_text[] =
     "  health                   the daemon's health\n"
     "  stats                    the daemon's counters\n"
     "  rules                    the rules the daemon enforces\n"
+    "  reload                   make the daemon re-read its config (root or its user)\n"
     "\n"
     "options:\n"
     "  --socket PATH  daemon socket (default: $SLUICE_SOCKET, else " SLUICE_DEFAULT_SOCKET ")\n"
@@ -80,6 +81,41 @@ static void print_decision(const sluice_decision* d, int json) {
            d->allowed ? "allowed" : "denied", d->remaining, d->limit, d->reset_after_ms,
            d->retry_after_ms, sluice_mode_name(d->mode));
   }
+}
+
+/* Whether compact JSON (as libsluice writes it) is an object whose "status"
+ * is "ok": the key is looked for at the top level only. */
+static int health_is_ok(const char* json) {
+  static const char want[] = "\"status\":\"ok\"";
+  int depth = 0;
+  char prev = 0;
+  for (const char* p = json; *p != '\0'; p++) {
+    if (*p == '"') {
+      if (depth == 1 && (prev == '{' || prev == ',') && strncmp(p, want, sizeof want - 1) == 0) {
+        char after = p[sizeof want - 1];
+        if (after == ',' || after == '}') {
+          return 1;
+        }
+      }
+      for (p++; *p != '"'; p++) {
+        if (*p == '\0') {
+          return 0;
+        }
+        if (*p == '\\' && p[1] != '\0') {
+          p++;
+        }
+      }
+      prev = '"';
+      continue;
+    }
+    if (*p == '{' || *p == '[') {
+      depth++;
+    } else if (*p == '}' || *p == ']') {
+      depth--;
+    }
+    prev = *p;
+  }
+  return 0;
 }
 
 /* Prints compact JSON (as libsluice writes it) indented, two spaces a level. */
@@ -184,7 +220,7 @@ int main(int argc, char** argv) {
   int is_item = strcmp(command, "acquire") == 0 || strcmp(command, "release") == 0;
   int is_peek = strcmp(command, "peek") == 0;
   int is_plain = strcmp(command, "health") == 0 || strcmp(command, "stats") == 0 ||
-                 strcmp(command, "rules") == 0;
+                 strcmp(command, "rules") == 0 || strcmp(command, "reload") == 0;
   uint32_t cost = 1;
   if (is_item) {
     if (nargs < 2 || nargs > 3) {
@@ -227,14 +263,11 @@ int main(int argc, char** argv) {
       status = d.allowed ? EXIT_OK : EXIT_DENIED;
     }
   } else {
+    /* One request: health's exit status comes from the JSON it prints. */
     char* text = NULL;
-    if (strcmp(command, "health") == 0) {
-      sluice_health_info health;
-      rc = sluice_health(client, timeout_ms, &health);
-      status = strcmp(health.status, "ok") == 0 ? EXIT_OK : EXIT_DENIED;
-    }
-    if (rc == 0) {
-      rc = sluice_call_json(client, command, timeout_ms, &text);
+    rc = sluice_call_json(client, command, timeout_ms, &text);
+    if (rc == 0 && strcmp(command, "health") == 0 && !health_is_ok(text)) {
+      status = EXIT_DENIED;
     }
     if (rc == 0) {
       if (json) {

@@ -991,6 +991,169 @@ TEST_F(ClientTest, BadArgumentsAreRefused) {
   EXPECT_TRUE(s.requests().empty());
 }
 
+std::string notification() {
+  msgpack::sbuffer buf;
+  msgpack::packer<msgpack::sbuffer> pk(buf);
+  pk.pack_array(3).pack(2).pack(std::string("event")).pack_array(0);
+  return std::string(buf.data(), buf.size());
+}
+
+// Verifies that a pipeline far deeper than both sockets' buffers completes
+// against a daemon that answers each request with a blocking write before it
+// reads the next: the client must keep reading answers while it writes, or
+// each side waits on the other forever.
+TEST_F(ClientTest, DeepPipelineAgainstABlockingServerDeliversEveryReply) {
+  constexpr uint32_t kCount = 400000;
+  FakeServer s(path_, [](Conn& conn, int) {
+    while (auto req = conn.read()) {
+      conn.send(decisionReply(req->msgid));
+    }
+  });
+  connect();
+  for (uint32_t i = 0; i < kCount; i++) {
+    ASSERT_EQ(sluice_send_peek(client_, "api", "k", 1, nullptr), 0);
+  }
+  std::vector<bool> seen(kCount + 1, false);
+  uint32_t got = 0;
+  while (sluice_in_flight(client_) > 0) {
+    sluice_response r;
+    int rc = sluice_recv(client_, kTimeoutMs, &r);
+    ASSERT_EQ(rc, 0) << sluice_err_name(rc) << " after " << got << " replies";
+    ASSERT_EQ(r.status, 0);
+    ASSERT_TRUE(r.msgid >= 1 && r.msgid <= kCount && !seen[r.msgid]) << r.msgid;
+    seen[r.msgid] = true;
+    got++;
+  }
+  EXPECT_EQ(got, kCount);
+}
+
+// Verifies that answers which arrived before the daemon closed the
+// connection are handed out even though requests were still being written
+// (the write fails with EPIPE), and only then the connection error.
+TEST_F(ClientTest, AnswersReceivedBeforeTheServerClosesAreDeliveredFirst) {
+  constexpr int kCount = 200000;  // megabytes: far more than a socket buffers
+  constexpr int kAnswered = 3;
+  FakeServer s(path_, [](Conn& conn, int index) {
+    if (index > 0) {
+      return;
+    }
+    for (int i = 0; i < kAnswered; i++) {
+      auto req = conn.read();
+      if (!req) {
+        return;
+      }
+      conn.send(decisionReply(req->msgid));
+    }
+    // Returning closes the connection with most requests unread.
+  });
+  connect();
+  for (int i = 0; i < kCount; i++) {
+    ASSERT_EQ(sluice_send_peek(client_, "api", "k", 1, nullptr), 0);
+  }
+  for (uint32_t i = 1; i <= kAnswered; i++) {
+    sluice_response r;
+    ASSERT_EQ(sluice_recv(client_, kTimeoutMs, &r), 0) << i;
+    EXPECT_EQ(r.msgid, i);
+    EXPECT_EQ(r.status, 0);
+    EXPECT_TRUE(r.decision.allowed);
+  }
+  sluice_response r;
+  EXPECT_EQ(sluice_recv(client_, kTimeoutMs, &r), SLUICE_ECLOSED);
+  EXPECT_EQ(sluice_in_flight(client_), 0u);
+}
+
+// Verifies that notifications are skipped (pipelined and synchronous), and
+// that a reply whose msgid is not in flight (unknown, or a duplicate) is a
+// protocol error for that reply alone: the count stays right, the
+// connection stays open and the real answers still arrive.
+TEST_F(ClientTest, NotificationsAreSkippedAndStrayRepliesDoNotCountAsAnswers) {
+  FakeServer s(path_, [](Conn& conn, int) {
+    while (auto req = conn.read()) {
+      std::string reply = decisionReply(req->msgid);
+      if (req->key == "noisy") {
+        conn.send(notification() + decisionReply(req->msgid + 1000) + reply + reply);
+      } else {
+        conn.send(notification() + reply);
+      }
+    }
+  });
+  connect();
+  uint32_t noisy, quiet;
+  ASSERT_EQ(sluice_send_peek(client_, "api", "noisy", 5, &noisy), 0);
+  ASSERT_EQ(sluice_send_peek(client_, "api", "quiet", 5, &quiet), 0);
+  sluice_response r;
+  ASSERT_EQ(sluice_recv(client_, kTimeoutMs, &r), SLUICE_EPROTO);  // unknown msgid
+  EXPECT_EQ(r.msgid, noisy + 1000);
+  EXPECT_EQ(sluice_in_flight(client_), 2u);
+  ASSERT_EQ(sluice_recv(client_, kTimeoutMs, &r), 0);
+  EXPECT_EQ(r.msgid, noisy);
+  EXPECT_EQ(r.status, 0);
+  EXPECT_EQ(sluice_in_flight(client_), 1u);
+  ASSERT_EQ(sluice_recv(client_, kTimeoutMs, &r), SLUICE_EPROTO);  // its duplicate
+  EXPECT_EQ(r.msgid, noisy);
+  EXPECT_EQ(sluice_in_flight(client_), 1u);
+  ASSERT_EQ(sluice_recv(client_, kTimeoutMs, &r), 0);
+  EXPECT_EQ(r.msgid, quiet);
+  EXPECT_EQ(sluice_in_flight(client_), 0u);
+  EXPECT_EQ(sluice_recv(client_, kTimeoutMs, &r), SLUICE_EINVAL);
+
+  // The same connection serves a synchronous call, its notification skipped.
+  sluice_decision d;
+  ASSERT_EQ(sluice_peek(client_, "api", "quiet", 5, kTimeoutMs, &d), 0);
+  EXPECT_TRUE(d.allowed);
+  ASSERT_EQ(sluice_send_peek(client_, "api", "quiet", 5, &quiet), 0);
+  ASSERT_EQ(sluice_recv(client_, kTimeoutMs, &r), 0);
+  EXPECT_EQ(r.msgid, quiet);
+}
+
+// Verifies that the window of msgids in flight slides and grows correctly:
+// answers in any order, over many rounds, with a straggler held back.
+TEST_F(ClientTest, MsgidWindowTracksOutOfOrderAnswersAcrossRounds) {
+  FakeServer s(path_, [](Conn& conn, int) {
+    std::vector<uint32_t> held;
+    while (auto req = conn.read()) {
+      if (req->key == "later") {
+        held.push_back(req->msgid);
+      } else if (req->key == "now") {
+        conn.send(decisionReply(req->msgid));
+      } else {  // "flush": answer it, then everything held, newest first
+        std::string out = decisionReply(req->msgid);
+        for (auto it = held.rbegin(); it != held.rend(); ++it) {
+          out += decisionReply(*it);
+        }
+        held.clear();
+        conn.send(out);
+      }
+    }
+  });
+  connect();
+  std::set<uint32_t> outstanding;
+  for (int round = 0; round < 20; round++) {
+    for (int i = 0; i < 300; i++) {
+      uint32_t id;
+      const char* key = i == 0 ? "later" : (i % 3 == 0 ? "later" : "now");
+      ASSERT_EQ(sluice_send_peek(client_, "api", key, strlen(key), &id), 0);
+      outstanding.insert(id);
+    }
+    if (round % 4 == 3) {
+      uint32_t id;
+      ASSERT_EQ(sluice_send_peek(client_, "api", "flush", 5, &id), 0);
+      outstanding.insert(id);
+    }
+    // Take the answers that come now; held ones stay in flight.
+    while (sluice_in_flight(client_) > 0) {
+      sluice_response r;
+      int rc = sluice_recv(client_, round % 4 == 3 ? kTimeoutMs : 20, &r);
+      if (rc == SLUICE_ETIMEDOUT) {
+        break;
+      }
+      ASSERT_EQ(rc, 0) << sluice_err_name(rc);
+      ASSERT_EQ(outstanding.erase(r.msgid), 1u) << r.msgid;
+    }
+    EXPECT_EQ(sluice_in_flight(client_), outstanding.size());
+  }
+}
+
 // ---- sluicectl --------------------------------------------------------------------
 
 struct RunResult {
@@ -1046,6 +1209,53 @@ TEST_F(ClientTest, SluicectlPrintsDecisionsAndExitsByOutcome) {
   EXPECT_EQ(runSluicectl("--socket " + path_ + " acquire api k notanumber").exit_code, 2);
   EXPECT_EQ(runSluicectl("--socket " + dir_.file("absent") + " health").exit_code, 3);
   EXPECT_EQ(runSluicectl("--help").exit_code, 0);
+}
+
+// Verifies `sluicectl reload` (0 on success, 3 with the daemon's error) and
+// that `health` costs one request, its exit status read from what it prints.
+TEST_F(ClientTest, SluicectlReloadsAndChecksHealthInOneRequest) {
+  FakeServer* server = nullptr;
+  FakeServer s(path_, [&server](Conn& conn, int index) {
+    while (auto req = conn.read()) {
+      server->record(*req);
+      msgpack::sbuffer buf;
+      msgpack::packer<msgpack::sbuffer> pk(buf);
+      if (req->method == "reload" && index == 1) {
+        conn.send(errorReply(req->msgid, "FORBIDDEN", "reload needs root"));
+        continue;
+      }
+      pk.pack_array(4).pack(1).pack(req->msgid).pack_nil();
+      if (req->method == "reload") {
+        pk.pack_map(1).pack(std::string("rules")).pack(3);
+      } else {
+        // A nested "status" must not count; the top-level one decides.
+        pk.pack_map(2).pack(std::string("redis")).pack_map(1);
+        pk.pack(std::string("status")).pack(std::string("ok"));
+        pk.pack(std::string("status")).pack(std::string(index == 2 ? "ok" : "degraded"));
+      }
+      conn.send(std::string(buf.data(), buf.size()));
+    }
+  });
+  server = &s;
+  RunResult ok = runSluicectl("--socket " + path_ + " --json reload");
+  EXPECT_EQ(ok.exit_code, 0);
+  EXPECT_EQ(ok.out, "{\"rules\":3}\n");
+  RunResult forbidden = runSluicectl("--socket " + path_ + " reload");
+  EXPECT_EQ(forbidden.exit_code, 3);
+  EXPECT_EQ(forbidden.out, "sluicectl: FORBIDDEN: reload needs root\n");
+  RunResult healthy = runSluicectl("--socket " + path_ + " --json health");
+  EXPECT_EQ(healthy.exit_code, 0);
+  EXPECT_EQ(healthy.out, "{\"redis\":{\"status\":\"ok\"},\"status\":\"ok\"}\n");
+  RunResult degraded = runSluicectl("--socket " + path_ + " --json health");
+  EXPECT_EQ(degraded.exit_code, 1);
+  EXPECT_EQ(degraded.out, "{\"redis\":{\"status\":\"ok\"},\"status\":\"degraded\"}\n");
+  EXPECT_EQ(runSluicectl("--socket " + path_ + " reload now").exit_code, 2);
+  s.stop();
+  std::vector<std::string> methods;
+  for (const auto& req : s.requests()) {
+    methods.push_back(req.method);
+  }
+  EXPECT_EQ(methods, (std::vector<std::string>{"reload", "reload", "health", "health"}));
 }
 
 }  // namespace
