@@ -214,7 +214,7 @@ constexpr int64_t kFrameOverheadBytes = 256;
 // sun_path holds the path and its terminating NUL.
 constexpr int64_t kMaxSocketPathBytes = sizeof(sockaddr_un::sun_path) - 1;
 
-const std::array<Option, 23> kOptions = {{
+const std::array<Option, 24> kOptions = {{
     {.section = "daemon", .key = "socket", .type = OptionType::kSocketPath,
      .max = kMaxSocketPathBytes, .doc = "path of the Unix socket clients connect to",
      SLUICE_STR_FIELD(daemon.socket_path)},
@@ -279,6 +279,11 @@ const std::array<Option, 23> kOptions = {{
      .max = 10 * kSecond,
      .doc = "longest wait for Redis to answer a lease; a cold key waits at most this long",
      SLUICE_INT_FIELD(redis->lease_timeout_ms)},
+    {.section = "redis", .key = "lease_interval", .type = OptionType::kDuration, .min = 1 * kMs,
+     .max = 60 * kSecond,
+     .doc = "a lease covers about this much of a key's demand: longer means fewer Redis calls, "
+            "more units held per node",
+     SLUICE_INT_FIELD(redis->lease_interval_ms)},
     {.section = "redis", .key = "health_interval", .type = OptionType::kDuration,
      .min = 10 * kMs, .max = 10 * kSecond, .doc = "how often Redis is sent a PING",
      SLUICE_INT_FIELD(redis->health_interval_ms)},

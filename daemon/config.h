@@ -79,6 +79,8 @@ struct RedisConfig {
   std::string node_id;
   uint32_t expected_nodes = 1;    // live nodes assumed before heartbeats arrive
   int64_t lease_timeout_ms = 50;  // longest wait for one lease answer
+  // A lease covers about this much of a key's local demand (lease.h).
+  int64_t lease_interval_ms = 100;
   // Health and membership (control.h): a PING every health_interval_ms; a
   // PING or heartbeat unanswered after health_timeout_ms means Redis is down,
   // so a stall is noticed within health_interval_ms + health_timeout_ms.

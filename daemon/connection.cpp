@@ -54,9 +54,27 @@ void Connection::drain() {
   draining_ = true;
   uv_read_stop(reinterpret_cast<uv_stream_t*>(&pipe_));
   flush();
-  if (!closing_ && !write_in_flight_ && output_.empty()) {
+  closeIfDrained();
+}
+
+void Connection::closeIfDrained() {
+  if (draining_ && !closing_ && !write_in_flight_ && output_.empty() && deferred_ == 0) {
     close(drain_reason_);
   }
+}
+
+void Connection::deliver(std::string_view response) {
+  --deferred_;
+  if (closing_) {
+    return;
+  }
+  output_.append(response);
+  if (unsentBytes() > worker_.options().max_output_bytes) {
+    close(CloseReason::kOutputCap);
+    return;
+  }
+  flush();
+  closeIfDrained();
 }
 
 void Connection::checkTimeouts(int64_t now_ms) {
@@ -140,13 +158,17 @@ void Connection::consume(std::span<const uint8_t> bytes, bool from_scratch) {
   int64_t now_ns = monotonicNowNs();
   size_t offset = 0;
   bool fatal = false;
+  size_t deferred_before = deferred_;
   while (offset < bytes.size() && !fatal) {
     rpc::ParseResult result = rpc::parseRequest(bytes.subspan(offset), options.protocol, &request_);
     if (result.status == rpc::ParseStatus::kIncomplete) {
       break;
     }
     if (result.status == rpc::ParseStatus::kOk) {
-      worker_.dispatcher().handle(request_, peer_, now_ns, &output_);
+      if (worker_.dispatcher().handle(request_, peer_, now_ns, &output_, this,
+                                      bytes.subspan(offset, result.consumed))) {
+        ++deferred_;
+      }
     } else {
       worker_.dispatcher().handleParseError(result, &output_);
       worker_.logBadInput(result);
@@ -159,6 +181,9 @@ void Connection::consume(std::span<const uint8_t> bytes, bool from_scratch) {
       close(CloseReason::kOutputCap);
       return;
     }
+  }
+  if (deferred_ != deferred_before) {
+    worker_.armLeaseTimer();
   }
   if (fatal) {
     drain_reason_ = CloseReason::kUnreadable;
@@ -235,9 +260,7 @@ void Connection::onWrite(uv_write_t* req, int status) {
     return;
   }
   self->flush();
-  if (self->draining_ && !self->write_in_flight_ && self->output_.empty()) {
-    self->close(self->drain_reason_);
-  }
+  self->closeIfDrained();
 }
 
 void Connection::releaseWriting() {

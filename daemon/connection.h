@@ -54,6 +54,9 @@ class Connection {
 
   bool closing() const { return closing_; }
 
+  // The answer to a request the dispatcher deferred (it waited for a lease).
+  void deliver(std::string_view response);
+
   // Index in the worker's connection list (kept by the worker).
   size_t index = 0;
 
@@ -70,6 +73,8 @@ class Connection {
   bool partialFrameReady();
   void releaseWriting();
   void flush();
+  // Closes a draining connection once nothing is left to answer or write.
+  void closeIfDrained();
   size_t unsentBytes() const;
 
   Worker& worker_;
@@ -92,6 +97,7 @@ class Connection {
 
   int64_t last_active_ms_ = 0;
   int64_t partial_since_ms_ = 0;  // when the unfinished frame's first byte came
+  size_t deferred_ = 0;  // requests deferred and not answered yet
   bool draining_ = false;
   CloseReason drain_reason_ = CloseReason::kShutdown;  // counted when draining ends
   bool closing_ = false;

@@ -55,6 +55,10 @@ void Control::start() {
   const scripts::ScriptSource& heartbeat = scripts::get(scripts::Script::kHeartbeat);
   heartbeat_script_ =
       link_->registerScript(std::string(heartbeat.name), std::string(heartbeat.source));
+  if (lease_context_.keys != nullptr) {
+    leases_ = std::make_unique<LeaseManager>(*link_, config_, lease_context_);
+    lease_context_.broker->setWakeup(&wakeup_);
+  }
   link_->onConnected([this] { onConnected(); });
   link_->onDisconnected([this](std::string_view reason) { setUp(false, reason); });
 
@@ -95,6 +99,7 @@ void Control::run() {
       every(config_.heartbeat_interval_ms), every(config_.heartbeat_interval_ms));
   uv_run(&loop_, UV_RUN_DEFAULT);
   // Every handle is closed by now (beginStop), so the loop closes.
+  leases_.reset();
   link_.reset();
   loop_close_rc_ = uv_loop_close(&loop_);
   if (loop_close_rc_ != 0) {
@@ -104,11 +109,16 @@ void Control::run() {
 }
 
 void Control::onWakeup() {
-  if (stop_requested_.load(std::memory_order_acquire)) beginStop();
+  if (stop_requested_.load(std::memory_order_acquire)) {
+    beginStop();
+  } else if (leases_) {
+    leases_->onWakeup();
+  }
 }
 
 void Control::onConnected() {
   if (stopping_) return;
+  connected_at_us_ = monotonicNowUs();
   setUp(true, "");
   // Count ourselves in at once, then every interval from now.
   uv_timer_start(
@@ -124,6 +134,13 @@ void Control::setUp(bool up, std::string_view reason) {
   } else {
     spdlog::warn("control: redis is down ({}); global rules follow their on_redis_down policy",
                  reason);
+  }
+  if (leases_ && !stopping_) {
+    if (up) {
+      leases_->onUp();
+    } else {
+      leases_->onDown();
+    }
   }
 }
 
@@ -189,6 +206,12 @@ void Control::onHeartbeat(const RedisResult& result, int64_t sent_us) {
   auto live = static_cast<uint32_t>(std::min<int64_t>(beat->live, UINT32_MAX));
   uint32_t was = nodes_.load(std::memory_order_relaxed);
   if (live == was) return;
+  // After an outage longer than a heartbeat's TTL the members set is empty
+  // and refills as the nodes reconnect, each on its own backoff: a smaller
+  // count then means "not back yet", not "gone". Until every node has had a
+  // TTL to beat again, N only grows.
+  int64_t settle_us = kHeartbeatTtlIntervals * config_.heartbeat_interval_ms * 1000;
+  if (live < was && received_us - connected_at_us_ < settle_us) return;
   nodes_.store(live, std::memory_order_release);
   spdlog::info("control: {} live nodes (was {})", live, was);
   if (on_nodes_changed_) on_nodes_changed_(live);
@@ -200,7 +223,16 @@ void Control::beginStop() {
   for (uv_timer_t* timer : {&health_timer_, &heartbeat_timer_}) {
     uv_close(reinterpret_cast<uv_handle_t*>(timer), nullptr);
   }
+  if (leases_) lease_context_.broker->setWakeup(nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&wakeup_), nullptr);
+  if (leases_ && link_->connected()) {
+    leases_->returnAll(kLeaveTimeoutMs, [this] { leave(); });
+  } else {
+    leave();
+  }
+}
+
+void Control::leave() {
   if (!link_->connected()) {
     closeLink();
     return;

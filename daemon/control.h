@@ -1,7 +1,8 @@
 // Control: the control thread. It owns the daemon's connection to Redis
 // (RedisLink) and learns three things for the rest of the daemon: whether
 // Redis is up, how many nodes are alive (N), and how far Redis's clock is
-// from our monotonic clock. The lease path will run on this thread too.
+// from our monotonic clock. With a lease context it also runs the lease path
+// (lease_manager.h), whose breaker follows the health described below.
 // A Server has a Control only when its config has a [redis] section.
 //
 // Thread model (the daemon's is in worker.h; this is the control thread's):
@@ -29,12 +30,15 @@
 // lua/heartbeat.lua "beat" puts this node into the sorted set
 // <key_prefix>members for kHeartbeatTtlIntervals intervals and returns the
 // live count N. N starts as expected_nodes and changes only when a heartbeat
-// answers, so while Redis is down the last known N stays in force.
+// answers, so while Redis is down the last known N stays in force; for one
+// heartbeat TTL after each (re)connect N may grow but not shrink, as the
+// other nodes may not have beaten again yet.
 //
 // Clock: each heartbeat reply carries Redis's TIME in ms; ClockOffsetEstimator
 // (clock.h, which documents the method) keeps redis_time - monotonic_time.
 //
-// Stopping: stop() asks the thread to stop its timers, remove this node from
+// Stopping: stop() asks the thread to stop its timers, return every slice's
+// unused units (bounded by kLeaveTimeoutMs), remove this node from
 // the members (heartbeat "leave", with a deadline of kLeaveTimeoutMs, sent
 // only while connected, so a dead Redis costs nothing and a stalled one at
 // most that long), close the link and every handle. The loop then ends and
@@ -57,6 +61,7 @@
 
 #include "clock.h"
 #include "config.h"
+#include "lease_manager.h"
 #include "redis_link.h"
 
 namespace sluice {
@@ -91,6 +96,10 @@ class Control {
     on_nodes_changed_ = std::move(callback);
   }
 
+  // Runs the lease path (lease_manager.h) on this thread; call before
+  // start(). Without it the thread only checks health and counts nodes.
+  void attachLeases(LeaseContext context) { lease_context_ = std::move(context); }
+
   // Starts the thread. Once only.
   void start();
   // Any thread, any number of times: begins the graceful stop described above.
@@ -117,6 +126,7 @@ class Control {
   void beat();
   void onHeartbeat(const RedisResult& result, int64_t sent_us);
   void beginStop();
+  void leave();
   void closeLink();
 
   const RedisConfig config_;
@@ -131,8 +141,11 @@ class Control {
   uv_timer_t health_timer_;
   uv_timer_t heartbeat_timer_;
   std::unique_ptr<RedisLink> link_;
+  LeaseContext lease_context_;            // set before start()
+  std::unique_ptr<LeaseManager> leases_;  // with a lease context only
   RedisLink::ScriptId heartbeat_script_ = 0;
   ClockOffsetEstimator clock_;
+  int64_t connected_at_us_ = 0;  // the last completed handshake (monotonic)
   bool ping_in_flight_ = false;
   bool beat_in_flight_ = false;
   bool stopping_ = false;

@@ -39,8 +39,13 @@ constexpr std::string_view kTableFull =
 
 }  // namespace
 
-Dispatcher::Dispatcher(KeyTable& keys, MetricsShard& metrics, DaemonStatus& status)
-    : keys_(keys), metrics_(metrics), status_(status) {}
+Dispatcher::Dispatcher(KeyTable& keys, MetricsShard& metrics, DaemonStatus& status,
+                       LeaseBroker* broker, int64_t lease_timeout_ns)
+    : keys_(keys),
+      metrics_(metrics),
+      status_(status),
+      broker_(broker),
+      lease_timeout_ns_(lease_timeout_ns) {}
 
 void Dispatcher::error(uint32_t msgid, rpc::ErrorCode code, std::string_view message,
                        std::string* out) {
@@ -61,11 +66,9 @@ Dispatcher::Route Dispatcher::route(const Rule& rule) const {
   if (rule.scope == Scope::kLocal) {
     return {&rule, shadow_or};
   }
-  // There are no leases yet (the lease path is the next step), so a global
-  // rule always answers as its on_redis_down policy says (DESIGN.md,
-  // "Fallback"), even while the control thread reports Redis up: the mode says
-  // so ("fallback", "open", "closed", never "normal"). What Redis already
-  // changes is N, the number of nodes the local share divides by.
+  // A global rule that is not deciding on leases right now (Redis down, the
+  // key's lease failed or timed out, or the rule has no lease form) answers
+  // as its on_redis_down policy says (DESIGN.md, "Fallback").
   switch (rule.on_redis_down) {
     case RedisDownPolicy::kLocal:
       return {rules_->fallbackShare(rule), rule.shadow ? Mode::kShadow : Mode::kFallback};
@@ -87,21 +90,24 @@ void Dispatcher::count(const Decision& decision, Mode mode) {
   }
 }
 
-void Dispatcher::handle(const rpc::Request& request, const Peer& peer, int64_t now_ns,
-                        std::string* out) {
+bool Dispatcher::handle(const rpc::Request& request, const Peer& peer, int64_t now_ns,
+                        std::string* out, void* owner, std::span<const uint8_t> frame) {
   metrics_.requests.add();
   // A notification gets no answer: answer into a scratch buffer and drop it,
-  // so a notified acquire or release still takes effect.
+  // so a notified acquire or release still takes effect. It never waits.
   std::string* target = out;
   if (request.notification) {
     message_.clear();
     target = &message_;
   }
+  DeferTo defer_to{owner, frame, now_ns + lease_timeout_ns_};
+  const DeferTo* defer = owner != nullptr && !request.notification ? &defer_to : nullptr;
+  bool deferred = false;
   switch (request.method) {
     case rpc::Method::kAcquire:
     case rpc::Method::kPeek:
-    case rpc::Method::kRelease: acquireOne(request, now_ns, target); break;
-    case rpc::Method::kAcquireAll: acquireAll(request, now_ns, target); break;
+    case rpc::Method::kRelease: deferred = acquireOne(request, now_ns, target, defer); break;
+    case rpc::Method::kAcquireAll: deferred = acquireAll(request, now_ns, target, defer); break;
     case rpc::Method::kHealth: writeHealth(request.msgid, target); break;
     case rpc::Method::kStats: writeStats(request.msgid, target); break;
     case rpc::Method::kRules: writeRules(request.msgid, target); break;
@@ -113,6 +119,58 @@ void Dispatcher::handle(const rpc::Request& request, const Peer& peer, int64_t n
   if (request.notification) {
     message_.clear();
   }
+  return deferred;
+}
+
+bool Dispatcher::defer(const DeferTo* to) {
+  if (to == nullptr || deferred_.size() >= kMaxDeferred) return false;
+  if (to->frame.data() != nullptr) {
+    // A first deferral: keep the frame (the read buffer will be reused).
+    metrics_.lease_deferred.add();
+    deferred_.push_back({to->owner,
+                         std::string(reinterpret_cast<const char*>(to->frame.data()),
+                                     to->frame.size()),
+                         to->deadline_ns});
+  }
+  return true;
+}
+
+void Dispatcher::retryDeferred(int64_t now_ns, bool all) {
+  if (deferred_.empty()) return;
+  retrying_.clear();
+  for (Deferred& deferred : deferred_) retrying_.push_back(std::move(deferred));
+  deferred_.clear();
+  // The frame parsed once already; parse it again with bounds that admit it.
+  rpc::Limits limits;
+  limits.max_depth = msgpack::Reader::kMaxSkipDepth;
+  limits.max_items = UINT32_MAX;
+  std::string response;
+  for (Deferred& deferred : retrying_) {
+    auto bytes = std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(deferred.frame.data()),
+                                          deferred.frame.size());
+    limits.max_frame_bytes = bytes.size();
+    limits.max_key_bytes = bytes.size();
+    rpc::ParseResult parsed = rpc::parseRequest(bytes, limits, &retry_request_);
+    if (parsed.status != rpc::ParseStatus::kOk) continue;  // cannot happen: it parsed before
+    bool expired = all || now_ns >= deferred.deadline_ns;
+    if (expired) metrics_.lease_deferred_expired.add();
+    // A retry keeps its place (the frame stays in `deferred`) when it waits on.
+    DeferTo again{deferred.owner, {}, deferred.deadline_ns};
+    response.clear();
+    bool waits = retry_request_.method == rpc::Method::kAcquireAll
+                     ? acquireAll(retry_request_, now_ns, &response, expired ? nullptr : &again)
+                     : acquireOne(retry_request_, now_ns, &response, expired ? nullptr : &again);
+    if (waits) {
+      deferred_.push_back(std::move(deferred));
+    } else if (deliver_) {
+      deliver_(deferred.owner, response);
+    }
+  }
+  retrying_.clear();
+}
+
+void Dispatcher::forget(void* owner) {
+  std::erase_if(deferred_, [owner](const Deferred& deferred) { return deferred.owner == owner; });
 }
 
 std::span<std::atomic<uint64_t>> Dispatcher::freshState(const Rule& rule) {
@@ -126,40 +184,132 @@ std::span<std::atomic<uint64_t>> Dispatcher::freshState(const Rule& rule) {
   return {fresh_.data(), words};
 }
 
-void Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::string* out) {
+std::optional<Decision> Dispatcher::acquireShare(const Rule& share, std::string_view key,
+                                                 int64_t now_ns, int64_t cost,
+                                                 bool count_undebited) {
+  KeyTable::Entry* entry = keys_.findOrInsert(share.id, key, entryWords(share), now_ns);
+  if (entry == nullptr) return std::nullopt;
+  Decision decision = acquire(share, entry->state().first(stateWords(share)), now_ns, cost);
+  if (count_undebited && decision.allowed && !decision.shadow_denied) {
+    noteFallbackSpend(share, key, entry->state(), cost);
+  }
+  return decision;
+}
+
+void Dispatcher::noteFallbackSpend(const Rule& share, std::string_view key,
+                                   std::span<std::atomic<uint64_t>> words, int64_t cost) {
+  const Rule* global = rules_->findById(share.id & ~kFallbackIdBit);
+  if (broker_ == nullptr || global == nullptr || !leasable(*global)) return;
+  if (broker_->leasing()) {
+    // Redis is up but this key could not lease (its lease failed or was
+    // late): debit the units now rather than at the next outage's end.
+    LeaseRequest debit;
+    debit.kind = LeaseRequest::Kind::kDebit;
+    debit.rule_id = global->id;
+    debit.key = std::string(key);
+    debit.n = cost;
+    broker_->submit(std::move(debit));
+    return;
+  }
+  words[undebitedWord(share)].fetch_add(static_cast<uint64_t>(cost), std::memory_order_acq_rel);
+}
+
+void Dispatcher::requestLease(const Rule& rule, std::string_view key,
+                              std::span<std::atomic<uint64_t>> words, int64_t now_ns,
+                              int64_t cost) {
+  slice::Batch batch = slice::nextBatch(words, now_ns, cost, leaseCapacity(rule.limits.front()),
+                                        rules_->fallbackNodes(), broker_->leaseIntervalNs());
+  LeaseRequest request;
+  request.rule_id = rule.id;
+  request.key = std::string(key);
+  request.n = batch.n;
+  request.need = batch.need;
+  broker_->submit(std::move(request));
+}
+
+namespace {
+
+int64_t ceilMs(int64_t ns) { return ns <= 0 ? 0 : (ns + 999'999) / 1'000'000; }
+
+// A decision made on a slice (normal mode).
+Decision sliceDecision(const Rule& rule, const slice::TakeResult& taken, int64_t now_ns) {
+  const Limit& limit = rule.limits.front();
+  Decision decision;
+  decision.limit = limit.limit;
+  decision.allowed = taken.outcome == slice::Outcome::kTaken;
+  decision.remaining = decision.allowed ? taken.left : 0;
+  if (taken.outcome == slice::Outcome::kDenied) {
+    decision.retry_after_ms = std::max<int64_t>(ceilMs(taken.until_ns - now_ns), 1);
+  }
+  // Until the global state is full again, as far as this node can tell.
+  int64_t missing = std::max<int64_t>(leaseCapacity(limit) - decision.remaining, 0);
+  double period_ms = static_cast<double>(limit.period_ns) / 1e6;
+  decision.reset_after_ms = std::max(
+      decision.retry_after_ms,
+      static_cast<int64_t>(static_cast<double>(missing) * period_ms / static_cast<double>(limit.limit) + 0.999));
+  return decision;
+}
+
+Decision exceedsCapacity(const Rule& rule) {
+  Decision decision;
+  decision.limit = rule.limits.front().limit;
+  decision.cost_exceeds_limit = true;
+  return decision;
+}
+
+void applyShadow(const Rule& rule, Decision* decision) {
+  if (rule.shadow && !decision->allowed) {
+    decision->allowed = true;
+    decision->shadow_denied = true;
+    decision->retry_after_ms = 0;
+  }
+}
+
+}  // namespace
+
+bool Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::string* out,
+                            const DeferTo* defer_to) {
   const rpc::Item& item = request.items.front();
   const Rule* configured = rules_->find(item.rule);
   if (configured == nullptr) {
     error(request.msgid, rpc::ErrorCode::kUnknownRule, unknownRule(item.rule), out);
-    return;
+    return false;
+  }
+  bool spends = request.method == rpc::Method::kAcquire && item.cost > 0;
+  if (leasing(*configured)) {
+    if (spends) return acquireLeased(request, *configured, now_ns, out, defer_to);
+    peekLeased(request, *configured, now_ns, out);
+    return false;
   }
   auto [rule, mode] = route(*configured);
-  bool spends = request.method == rpc::Method::kAcquire && item.cost > 0;
   if (rule == nullptr) {
     Decision decision = policyDecision(*configured, mode);
     if (spends) {
       count(decision, mode);
     }
     rpc::writeDecision(out, request.msgid, decision, mode);
-    return;
+    return false;
   }
 
   Decision decision;
   if (spends) {
-    KeyTable::Entry* entry = keys_.findOrInsert(rule->id, item.key, stateWords(*rule), now_ns);
+    KeyTable::Entry* entry = keys_.findOrInsert(rule->id, item.key, entryWords(*rule), now_ns);
     if (entry == nullptr) {
       error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
-      return;
+      return false;
     }
-    decision = acquire(*rule, entry->state(), now_ns, item.cost);
+    decision = acquire(*rule, entry->state().first(stateWords(*rule)), now_ns, item.cost);
+    if (rule != configured && decision.allowed && !decision.shadow_denied) {
+      noteFallbackSpend(*rule, item.key, entry->state(), item.cost);
+    }
     count(decision, mode);
   } else {
     // peek, release and cost 0 never create a key: an absent key is fresh.
     KeyTable::Entry* entry = keys_.find(rule->id, item.key);
-    if (entry != nullptr && entry->state().size() != stateWords(*rule)) {
+    if (entry != nullptr && entry->state().size() != entryWords(*rule)) {
       entry = nullptr;  // state of the rule's old shape, before a reload
     }
-    auto state = entry != nullptr ? entry->state() : freshState(*rule);
+    auto state = entry != nullptr ? entry->state().first(stateWords(*rule)) : freshState(*rule);
     if (request.method == rpc::Method::kRelease && entry != nullptr) {
       entry->touch(now_ns);
       decision = release(*rule, state, now_ns, item.cost);
@@ -168,41 +318,207 @@ void Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::st
     }
   }
   rpc::writeDecision(out, request.msgid, decision, mode);
+  return false;
 }
 
-void Dispatcher::acquireAll(const rpc::Request& request, int64_t now_ns, std::string* out) {
+bool Dispatcher::acquireLeased(const rpc::Request& request, const Rule& rule, int64_t now_ns,
+                               std::string* out, const DeferTo* defer_to) {
+  const rpc::Item& item = request.items.front();
+  Mode mode = rule.shadow ? Mode::kShadow : Mode::kNormal;
+  Decision decision;
+  if (item.cost > leaseCapacity(rule.limits.front())) {
+    decision = exceedsCapacity(rule);
+  } else {
+    KeyTable::Entry* entry = keys_.findOrInsert(rule.id, item.key, slice::kWords, now_ns);
+    if (entry == nullptr) {
+      error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
+      return false;
+    }
+    auto words = entry->state();
+    slice::TakeResult taken = slice::take(words, now_ns, item.cost);
+    if (taken.dropped > 0) metrics_.lease_units_dropped.add(static_cast<uint64_t>(taken.dropped));
+    if (taken.must_request) requestLease(rule, item.key, words, now_ns, item.cost);
+    switch (taken.outcome) {
+      case slice::Outcome::kTaken: {
+        decision = sliceDecision(rule, taken, now_ns);
+        if (broker_->learning(rule, now_ns)) {
+          // Redis came back without the fleet's state: hold to the share too.
+          std::optional<Decision> share =
+              acquireShare(*rules_->fallbackShare(rule), item.key, now_ns, item.cost, false);
+          if (!share || !share->allowed || share->shadow_denied) {
+            slice::refund(words, item.cost);
+            if (!share) {
+              error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
+              return false;
+            }
+            decision = *share;
+            decision.allowed = false;
+            decision.shadow_denied = false;
+            break;
+          }
+        }
+        metrics_.lease_units_spent.add(static_cast<uint64_t>(item.cost));
+        break;
+      }
+      case slice::Outcome::kDenied:
+        metrics_.lease_negative_hits.add();
+        decision = sliceDecision(rule, taken, now_ns);
+        break;
+      case slice::Outcome::kEmpty:
+        if (defer(defer_to)) return true;
+        [[fallthrough]];
+      case slice::Outcome::kFallback: {
+        // No lease in time, or the key's lease failed: the policy decides.
+        auto [share, policy_mode] = route(rule);
+        if (share == nullptr) {
+          decision = policyDecision(rule, policy_mode);
+        } else {
+          std::optional<Decision> shared = acquireShare(*share, item.key, now_ns, item.cost, true);
+          if (!shared) {
+            error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
+            return false;
+          }
+          decision = *shared;
+        }
+        count(decision, policy_mode);
+        rpc::writeDecision(out, request.msgid, decision, policy_mode);
+        return false;
+      }
+    }
+  }
+  applyShadow(rule, &decision);
+  count(decision, mode);
+  rpc::writeDecision(out, request.msgid, decision, mode);
+  return false;
+}
+
+void Dispatcher::peekLeased(const rpc::Request& request, const Rule& rule, int64_t now_ns,
+                            std::string* out) {
+  const rpc::Item& item = request.items.front();
+  Mode mode = rule.shadow ? Mode::kShadow : Mode::kNormal;
+  Decision decision;
+  KeyTable::Entry* entry = keys_.find(rule.id, item.key);
+  if (item.cost > leaseCapacity(rule.limits.front())) {
+    decision = exceedsCapacity(rule);
+  } else if (entry == nullptr || entry->state().size() != slice::kWords) {
+    // No slice: report a fresh key, as a local rule does.
+    decision = peek(rule, freshState(rule), now_ns, item.cost);
+  } else {
+    slice::TakeResult looked = slice::look(entry->state(), now_ns, item.cost);
+    if (looked.outcome == slice::Outcome::kEmpty) {
+      // Nothing held here, and Redis has not said no: a lease would be asked for.
+      looked.outcome = slice::Outcome::kTaken;
+      looked.left = 0;
+    }
+    decision = sliceDecision(rule, looked, now_ns);
+  }
+  applyShadow(rule, &decision);
+  rpc::writeDecision(out, request.msgid, decision, mode);
+}
+
+bool Dispatcher::acquireAll(const rpc::Request& request, int64_t now_ns, std::string* out,
+                            const DeferTo* defer_to) {
   items_.clear();
   modes_.clear();
   decisions_.clear();
-  // Items a policy answers ("open", "closed") are decided here and spend
-  // nothing; the rest go to the limiter, all or nothing.
-  bool policy_denied = false;
+  taken_.clear();
+  slices_.clear();
+  shares_.clear();
+  // Gives back what this request took from slices so far.
+  auto refund = [&] {
+    for (size_t i = 0; i < taken_.size(); ++i) {
+      if (taken_[i] > 0) slice::refund(slices_[i], taken_[i]);
+    }
+  };
+  // Items a policy answers ("open", "closed") and slice denials are decided
+  // here and spend nothing; slices are taken from; the rest go to the
+  // limiter, all or nothing.
+  bool denied = false;
   for (const rpc::Item& item : request.items) {
     const Rule* configured = rules_->find(item.rule);
     if (configured == nullptr) {
+      refund();
       error(request.msgid, rpc::ErrorCode::kUnknownRule, unknownRule(item.rule), out);
-      return;
+      return false;
     }
-    auto [rule, mode] = route(*configured);
-    modes_.push_back(mode);
     AcquireItem acquire_item;
     acquire_item.cost = item.cost;
-    if (rule == nullptr) {
-      acquire_item.decision = policyDecision(*configured, mode);
-      policy_denied = policy_denied || !acquire_item.decision.allowed;
-    } else {
-      KeyTable::Entry* entry = keys_.findOrInsert(rule->id, item.key, stateWords(*rule), now_ns);
-      if (entry == nullptr) {
-        error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
-        return;
+    int64_t taken_units = 0;
+    std::span<std::atomic<uint64_t>> slice_words;
+    const Rule* share_rule = nullptr;  // spent in fallback: count for debit
+    Mode mode = Mode::kLocal;
+    bool decided = false;
+    if (leasing(*configured) && item.cost > 0) {
+      mode = configured->shadow ? Mode::kShadow : Mode::kNormal;
+      if (item.cost > leaseCapacity(configured->limits.front())) {
+        acquire_item.decision = exceedsCapacity(*configured);
+        applyShadow(*configured, &acquire_item.decision);
+        denied = denied || !acquire_item.decision.allowed;
+        decided = true;
+      } else {
+        KeyTable::Entry* entry =
+            keys_.findOrInsert(configured->id, item.key, slice::kWords, now_ns);
+        if (entry == nullptr) {
+          refund();
+          error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
+          return false;
+        }
+        slice_words = entry->state();
+        slice::TakeResult taken = slice::take(slice_words, now_ns, item.cost);
+        if (taken.dropped > 0) metrics_.lease_units_dropped.add(static_cast<uint64_t>(taken.dropped));
+        if (taken.must_request) requestLease(*configured, item.key, slice_words, now_ns, item.cost);
+        if (taken.outcome == slice::Outcome::kEmpty && defer(defer_to)) {
+          refund();
+          return true;
+        }
+        if (taken.outcome == slice::Outcome::kTaken || taken.outcome == slice::Outcome::kDenied) {
+          if (taken.outcome == slice::Outcome::kTaken) taken_units = item.cost;
+          if (taken.outcome == slice::Outcome::kDenied) metrics_.lease_negative_hits.add();
+          acquire_item.decision = sliceDecision(*configured, taken, now_ns);
+          applyShadow(*configured, &acquire_item.decision);
+          denied = denied || !acquire_item.decision.allowed;
+          decided = true;
+          if (taken_units > 0 && broker_->learning(*configured, now_ns)) {
+            // Learning: the share must allow it too (the limiter decides it).
+            decided = false;
+            share_rule = rules_->fallbackShare(*configured);
+          }
+        }
       }
-      acquire_item.rule = rule;
-      acquire_item.state = entry->state();
+    }
+    if (!decided && share_rule == nullptr) {
+      auto [rule, route_mode] = route(*configured);
+      mode = route_mode;
+      if (rule == nullptr) {
+        acquire_item.decision = policyDecision(*configured, mode);
+        denied = denied || !acquire_item.decision.allowed;
+        decided = true;
+      } else {
+        share_rule = rule;
+      }
+    }
+    if (!decided) {
+      KeyTable::Entry* entry = keys_.findOrInsert(share_rule->id, item.key, entryWords(*share_rule), now_ns);
+      if (entry == nullptr) {
+        refund();
+        error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
+        return false;
+      }
+      acquire_item.rule = share_rule;
+      acquire_item.state = entry->state().first(stateWords(*share_rule));
+      // Spent in fallback (not learning): counted for the debit afterwards.
+      bool counts = share_rule != configured && taken_units == 0;
+      shares_.push_back(counts ? entry->state() : std::span<std::atomic<uint64_t>>());
+    } else {
+      shares_.push_back({});
     }
     items_.push_back(acquire_item);
+    modes_.push_back(mode);
+    taken_.push_back(taken_units);
+    slices_.push_back(slice_words);
   }
 
-  // The limiter's items are the ones with a rule; a policy denial means none
+  // The limiter's items are the ones with a rule; a denial above means none
   // of them may spend, so they are only looked at.
   limited_.clear();
   for (AcquireItem& item : items_) {
@@ -210,32 +526,53 @@ void Dispatcher::acquireAll(const rpc::Request& request, int64_t now_ns, std::st
       limited_.push_back(item);
     }
   }
-  bool allowed = !policy_denied;
-  if (policy_denied) {
+  bool allowed = !denied;
+  if (denied) {
     for (AcquireItem& item : limited_) {
       item.decision = peek(*item.rule, item.state, now_ns, item.cost);
     }
   } else {
     allowed = sluice::acquireAll(limited_, now_ns);
   }
+  if (!allowed) refund();
   for (size_t i = 0, next = 0; i < items_.size(); ++i) {
-    const Decision& decision =
-        items_[i].rule != nullptr ? limited_[next++].decision : items_[i].decision;
+    Decision decision = items_[i].decision;
+    if (items_[i].rule != nullptr) {
+      const Decision& limited = limited_[next++].decision;
+      // A learning item keeps its slice's answer unless the share said no.
+      if (taken_[i] == 0 || !limited.allowed) decision = limited;
+      if (taken_[i] > 0 && !limited.allowed) decision.allowed = false;
+    }
+    if (allowed && taken_[i] > 0) metrics_.lease_units_spent.add(static_cast<uint64_t>(taken_[i]));
+    if (allowed && !shares_[i].empty() && !decision.shadow_denied) {
+      noteFallbackSpend(*items_[i].rule, request.items[i].key, shares_[i], items_[i].cost);
+    }
     decisions_.push_back(decision);
     count(decision, modes_[i]);
   }
   rpc::writeDecisions(out, request.msgid, allowed, decisions_, modes_);
+  return false;
 }
 
 void Dispatcher::writeHealth(uint32_t msgid, std::string* out) {
   RedisHealth redis = status_.redisHealth();
   rpc::writeResultHeader(out, msgid);
   msgpack::Writer w(out);
-  w.writeMapHeader(8);
+  w.writeMapHeader(11);
   w.writeStr("status");
   w.writeStr(redis.configured && !redis.up ? "degraded" : "ok");
   w.writeStr("redis");
   w.writeStr(!redis.configured ? "none" : redis.up ? "up" : "down");
+  w.writeStr("breaker");
+  if (redis.configured) {
+    w.writeStr(breakerName(redis.breaker));
+  } else {
+    w.writeNil();
+  }
+  w.writeStr("learning");
+  w.writeBool(redis.learning);
+  w.writeStr("leased_units");
+  w.writeInt(redis.leased_units);
   w.writeStr("nodes");
   w.writeUint(redis.nodes);
   w.writeStr("clock_offset_ms");
@@ -256,9 +593,37 @@ void Dispatcher::writeHealth(uint32_t msgid, std::string* out) {
 
 void Dispatcher::writeStats(uint32_t msgid, std::string* out) {
   MetricsSnapshot s = status_.metrics();
+  LeaseStats leases = status_.leaseStats();
   rpc::writeResultHeader(out, msgid);
   msgpack::Writer w(out);
-  w.writeMapHeader(9);
+  w.writeMapHeader(10);
+  w.writeStr("leases");
+  std::pair<std::string_view, uint64_t> lease_fields[] = {
+      {"requested", leases.requested},
+      {"granted", leases.granted},
+      {"empty", leases.empty},
+      {"failed", leases.failed},
+      {"granted_units", leases.granted_units},
+      {"spent_units", s.lease_units_spent},
+      {"returned_units", leases.returned_units},
+      {"dropped_units", s.lease_units_dropped},
+      {"debited_units", leases.debited_units},
+      {"negative_cache_hits", s.lease_negative_hits},
+      {"deferred", s.lease_deferred},
+      {"deferred_expired", s.lease_deferred_expired},
+      {"latency_us_avg", leases.requested - leases.failed > 0
+                             ? leases.latency_us_sum / (leases.requested - leases.failed)
+                             : 0},
+      {"latency_us_max", leases.latency_us_max},
+      {"fallback_entries", leases.fallback_entries},
+      {"fallback_ms", leases.fallback_ms},
+      {"learning_entries", leases.learning_entries},
+  };
+  w.writeMapHeader(static_cast<uint32_t>(std::size(lease_fields)));
+  for (auto [name, value] : lease_fields) {
+    w.writeStr(name);
+    w.writeUint(value);
+  }
   w.writeStr("decisions");
   w.writeUint(s.decisions());
   w.writeStr("requests");

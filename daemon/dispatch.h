@@ -6,17 +6,31 @@
 // response to the connection's output. On a warm key it allocates nothing:
 // its scratch vectors keep their capacity between requests.
 //
-// The caller must hold a KeyTable::ReadGuard around handle(), so that the
-// entries it looks up stay alive until the decision is made.
+// The caller must hold a KeyTable::ReadGuard around handle() and
+// retryDeferred(), so that the entries they look up stay alive until the
+// decision is made.
+//
+// Global rules (with a LeaseBroker): while the breaker is closed, a leasable
+// rule's acquire spends from the key's slice (lease.h). A key whose slice is
+// empty while its lease is on the way is deferred: handle() keeps a copy of
+// the request's frame and answers it later, from retryDeferred(), when a
+// lease reply has arrived (the worker is woken) or, at the latest,
+// lease_timeout after it was read, by the rule's on_redis_down policy. Other
+// requests on the same loop are served meanwhile. Answers to deferred
+// requests go to the deliver callback, with the owner (the connection) that
+// handle() was given.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "key_table.h"
+#include "lease.h"
 #include "limiter.h"
 #include "metrics.h"
 #include "rpc.h"
@@ -34,23 +48,71 @@ struct Peer {
   gid_t gid = static_cast<gid_t>(-1);
 };
 
+// Most requests one worker keeps deferred at once; beyond it, cold keys are
+// answered at once by their on_redis_down policy.
+constexpr size_t kMaxDeferred = 65'536;
+
 class Dispatcher {
  public:
-  Dispatcher(KeyTable& keys, MetricsShard& metrics, DaemonStatus& status);
+  // `broker` is null without Redis; lease_timeout_ns bounds a deferral.
+  Dispatcher(KeyTable& keys, MetricsShard& metrics, DaemonStatus& status,
+             LeaseBroker* broker = nullptr, int64_t lease_timeout_ns = 50'000'000);
 
   // Installs the rule set that later requests see (after a reload).
   void setRules(RuleSetPtr rules) { rules_ = std::move(rules); }
 
+  // Where answers to deferred requests go: (owner, encoded response).
+  using Deliver = std::function<void(void* owner, std::string_view response)>;
+  void onDeliver(Deliver deliver) { deliver_ = std::move(deliver); }
+
   // Answers `request` into `out` (nothing for a notification). now_ns is the
-  // monotonic time of the read that carried the request.
-  void handle(const rpc::Request& request, const Peer& peer, int64_t now_ns, std::string* out);
+  // monotonic time of the read that carried the request. With an owner and
+  // the request's frame, a request waiting for a lease may be deferred:
+  // handle() then writes nothing and returns true.
+  bool handle(const rpc::Request& request, const Peer& peer, int64_t now_ns, std::string* out,
+              void* owner = nullptr, std::span<const uint8_t> frame = {});
+
+  // Answers the deferred requests that can be answered now: their lease has
+  // come, or their deadline has passed, or `all` (the worker is stopping).
+  void retryDeferred(int64_t now_ns, bool all);
+  // Drops the deferred requests of an owner that has gone away.
+  void forget(void* owner);
+  bool hasDeferred() const { return !deferred_.empty(); }
+  // The earliest deadline of a deferred request (hasDeferred() only).
+  int64_t nextDeadlineNs() const { return deferred_.front().deadline_ns; }
 
   // Answers a request that could not be parsed.
   void handleParseError(const rpc::ParseResult& result, std::string* out);
 
  private:
-  void acquireOne(const rpc::Request& request, int64_t now_ns, std::string* out);
-  void acquireAll(const rpc::Request& request, int64_t now_ns, std::string* out);
+  // A request that may wait for a lease: who to answer, and its bytes.
+  struct DeferTo {
+    void* owner;
+    std::span<const uint8_t> frame;
+    int64_t deadline_ns;
+  };
+  struct Deferred {
+    void* owner;
+    std::string frame;
+    int64_t deadline_ns;
+  };
+  // Both return true when they deferred the request (defer non-null only).
+  bool acquireOne(const rpc::Request& request, int64_t now_ns, std::string* out,
+                  const DeferTo* defer);
+  bool acquireAll(const rpc::Request& request, int64_t now_ns, std::string* out,
+                  const DeferTo* defer);
+  bool acquireLeased(const rpc::Request& request, const Rule& rule, int64_t now_ns,
+                     std::string* out, const DeferTo* defer);
+  void peekLeased(const rpc::Request& request, const Rule& rule, int64_t now_ns,
+                  std::string* out);
+  bool defer(const DeferTo* to);
+  // Sends a lease request for a key whose in-flight bit the caller claimed.
+  void requestLease(const Rule& rule, std::string_view key,
+                    std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t cost);
+  // Whether a global rule decides on leases right now.
+  bool leasing(const Rule& rule) const {
+    return broker_ != nullptr && leasable(rule) && broker_->leasing();
+  }
   void writeHealth(uint32_t msgid, std::string* out);
   void writeStats(uint32_t msgid, std::string* out);
   void writeRules(uint32_t msgid, std::string* out);
@@ -62,6 +124,14 @@ class Dispatcher {
     Mode mode;
   };
   Route route(const Rule& rule) const;
+  // A limiter decision on the share entry of a global rule; counts what
+  // fallback admits (undebited) when `count_undebited`. nullopt: table full.
+  std::optional<Decision> acquireShare(const Rule& share, std::string_view key, int64_t now_ns,
+                                       int64_t cost, bool count_undebited);
+  // Records units a share admitted for a leasable global rule: debited at
+  // once while Redis is up, else counted in the entry for the recovery.
+  void noteFallbackSpend(const Rule& share, std::string_view key,
+                         std::span<std::atomic<uint64_t>> words, int64_t cost);
   void error(uint32_t msgid, rpc::ErrorCode code, std::string_view message, std::string* out);
   void count(const Decision& decision, Mode mode);
   std::span<std::atomic<uint64_t>> freshState(const Rule& rule);
@@ -69,7 +139,18 @@ class Dispatcher {
   KeyTable& keys_;
   MetricsShard& metrics_;
   DaemonStatus& status_;
+  LeaseBroker* broker_;
+  const int64_t lease_timeout_ns_;
   RuleSetPtr rules_;
+  Deliver deliver_;
+  std::deque<Deferred> deferred_;  // in deadline order (one timeout for all)
+  std::vector<Deferred> retrying_;
+  rpc::Request retry_request_;
+  // acquire_all, per item: units taken from its slice, the slice's words,
+  // and the share entry's words when fallback spends on it (else empty).
+  std::vector<int64_t> taken_;
+  std::vector<std::span<std::atomic<uint64_t>>> slices_;
+  std::vector<std::span<std::atomic<uint64_t>>> shares_;
 
   // Scratch space reused between requests.
   std::vector<AcquireItem> items_;
@@ -84,6 +165,11 @@ class Dispatcher {
 struct RedisHealth {
   bool configured = false;  // the config has a [redis] section
   bool up = false;
+  Breaker breaker = Breaker::kOpen;
+  bool learning = false;    // some rule is in learning mode
+  // Leased units this node holds and has not spent (an estimate: granted
+  // minus returned minus spent).
+  int64_t leased_units = 0;
   uint32_t nodes = 1;       // live nodes N, or expected_nodes before heartbeats
   // Redis's TIME minus this host's wall clock, from the heartbeats; nullopt
   // before the first heartbeat answers (and without Redis).
@@ -102,6 +188,8 @@ class DaemonStatus {
   virtual size_t connections() const = 0;
   // Redis as the control thread last saw it.
   virtual RedisHealth redisHealth() const = 0;
+  // The lease path's counters (all zero without Redis).
+  virtual LeaseStats leaseStats() const = 0;
   // Re-reads the config file and installs its rules on every worker. Returns
   // false with a message when the file is refused (the old rules stay).
   virtual bool reload(std::string* error) = 0;

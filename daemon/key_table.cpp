@@ -324,6 +324,17 @@ size_t KeyTable::sweep(int64_t now_ns, const IdlePredicate& idle) {
   return unlinked.size();
 }
 
+void KeyTable::visit(const std::function<void(Entry&)>& visit) {
+  for (size_t b = 0; b <= bucket_mask_; ++b) {
+    if (buckets_[b].load(std::memory_order_relaxed) == nullptr) continue;
+    std::lock_guard lock(stripeOf(b));
+    for (Entry* entry = buckets_[b].load(std::memory_order_relaxed); entry != nullptr;
+         entry = entry->next_.load(std::memory_order_relaxed)) {
+      visit(*entry);
+    }
+  }
+}
+
 void KeyTable::retire(std::span<Entry* const> entries) {
   std::lock_guard lock(retire_mutex_);
   // Read after the unlinking stores (seq_cst), which is what the safety

@@ -26,7 +26,8 @@
 //    and call find() and findOrInsert() inside it. A ReaderId belongs to one
 //    thread; guards do not nest.
 //  - One maintenance thread (not a worker) calls sweep() periodically. It
-//    needs no guard: it only walks chains under their stripe lock.
+//    needs no guard: it only walks chains under their stripe lock. visit()
+//    walks the same way, from any thread.
 //  - stats() and size() may be called from any thread at any time.
 //  - The constructor and destructor run with no other call in progress and no
 //    guard alive.
@@ -210,7 +211,8 @@ class KeyTable {
     std::atomic<uint64_t>& slot_;
   };
 
-  using IdlePredicate = std::function<bool(const Entry&)>;
+  // May change the entry's state words (e.g. to hand leased units back).
+  using IdlePredicate = std::function<bool(Entry&)>;
 
   explicit KeyTable(const KeyTableOptions& options);
   // Frees every entry, linked or retired.
@@ -245,6 +247,12 @@ class KeyTable {
   // every second or so, from one maintenance thread only. Returns the number
   // of entries unlinked.
   size_t sweep(int64_t now_ns, const IdlePredicate& idle);
+
+  // Calls `visit` on every linked entry, each under its stripe mutex (so
+  // `visit` must not call back into the table). Walks the whole bucket array:
+  // for rare, whole-table work (returning leases at stop, debiting after a
+  // Redis outage). Any thread; needs no guard.
+  void visit(const std::function<void(Entry&)>& visit);
 
   // Thread-safe, relaxed.
   size_t size() const { return size_.load(std::memory_order_relaxed); }

@@ -42,6 +42,11 @@ MetricsSnapshot Metrics::snapshot() const {
     for (size_t i = 0; i < kCloseReasons; ++i) {
       sum.connections_closed[i] += shard.connections_closed[i].get();
     }
+    sum.lease_units_spent += shard.lease_units_spent.get();
+    sum.lease_units_dropped += shard.lease_units_dropped.get();
+    sum.lease_negative_hits += shard.lease_negative_hits.get();
+    sum.lease_deferred += shard.lease_deferred.get();
+    sum.lease_deferred_expired += shard.lease_deferred_expired.get();
   }
   sum.connections_refused = connections_refused_.get();
   return sum;

@@ -53,6 +53,12 @@ struct alignas(64) MetricsShard {
   std::array<Counter, kErrorCodes> errors;  // error responses by rpc::ErrorCode
   Counter connections_accepted;
   std::array<Counter, kCloseReasons> connections_closed;
+  // The lease path (global rules while leasing).
+  Counter lease_units_spent;     // units spent from slices
+  Counter lease_units_dropped;   // units whose window ended unspent
+  Counter lease_negative_hits;   // denials answered from the negative cache
+  Counter lease_deferred;        // requests that waited for a lease
+  Counter lease_deferred_expired;  // of those, answered by policy at their deadline
 };
 
 // Summed view of all shards at one moment.
@@ -65,6 +71,11 @@ struct MetricsSnapshot {
   uint64_t connections_accepted = 0;
   uint64_t connections_refused = 0;
   std::array<uint64_t, kCloseReasons> connections_closed{};
+  uint64_t lease_units_spent = 0;
+  uint64_t lease_units_dropped = 0;
+  uint64_t lease_negative_hits = 0;
+  uint64_t lease_deferred = 0;
+  uint64_t lease_deferred_expired = 0;
 
   uint64_t decisions() const;
 };

@@ -33,6 +33,7 @@ WorkerOptions workerOptions(const Config& config) {
   options.protocol.max_depth = config.limits.max_depth;
   options.protocol.max_items = config.limits.max_items;
   options.max_output_bytes = config.limits.max_output_bytes;
+  if (config.redis) options.lease_timeout_ms = config.redis->lease_timeout_ms;
   // 0 turns the timeouts off; a day is as good as never for a sweep timer.
   constexpr int64_t kNever = 24LL * 3600 * 1000;
   options.idle_timeout_ms = config.limits.idle_timeout_ms > 0 ? config.limits.idle_timeout_ms : kNever;
@@ -85,11 +86,24 @@ Server::Server(Config config)
   KeyTableOptions key_options;
   key_options.max_keys = config_.keys.max_keys;
   key_options.max_bytes = config_.keys.max_memory;
-  key_options.max_readers = workerCount(config_.daemon.workers);
+  // One reader per worker, and the control thread's.
+  key_options.max_readers = workerCount(config_.daemon.workers) + 1;
   keys_ = std::make_unique<KeyTable>(key_options);
   if (config_.redis) {
+    broker_ = std::make_unique<LeaseBroker>(config_.redis->lease_interval_ms * 1'000'000);
+    broker_->onReplies([this] {
+      for (auto& worker : workers_) worker->notifyLeases();
+    });
     control_ = std::make_unique<Control>(*config_.redis);
     control_->onNodesChanged([this](uint32_t nodes) { onNodesChanged(nodes); });
+    LeaseContext context;
+    context.keys = keys_.get();
+    context.broker = broker_.get();
+    context.rules = [this] {
+      std::lock_guard<std::mutex> lock(reload_mutex_);
+      return config_.rules;
+    };
+    control_->attachLeases(std::move(context));
   }
 }
 
@@ -116,6 +130,16 @@ RedisHealth Server::redisHealth() const {
   health.configured = true;
   health.up = snapshot.redis_up;
   health.nodes = snapshot.nodes;
+  int64_t now_ns = monotonicNowNs();
+  health.breaker = broker_->breaker();
+  health.learning = broker_->learningAny(now_ns);
+  LeaseStats leases = broker_->stats(now_ns);
+  MetricsSnapshot metrics = metrics_.snapshot();
+  health.leased_units = std::max<int64_t>(
+      static_cast<int64_t>(leases.granted_units) - static_cast<int64_t>(leases.returned_units) -
+          static_cast<int64_t>(metrics.lease_units_spent) -
+          static_cast<int64_t>(metrics.lease_units_dropped),
+      0);
   if (snapshot.clock_offset_us) {
     // The estimate is against the monotonic clock; an operator compares
     // clocks by wall time, and on one host this is about 0.
@@ -123,6 +147,10 @@ RedisHealth Server::redisHealth() const {
     health.clock_offset_ms = (wall_us >= 0 ? wall_us + 500 : wall_us - 500) / 1000;
   }
   return health;
+}
+
+LeaseStats Server::leaseStats() const {
+  return broker_ ? broker_->stats(monotonicNowNs()) : LeaseStats{};
 }
 
 bool Server::isAdmin(const Peer& peer) const { return peer.uid == 0 || peer.uid == geteuid(); }
@@ -196,7 +224,7 @@ int Server::run() {
   size_t count = workerCount(config_.daemon.workers);
   for (size_t i = 0; i < count; ++i) {
     workers_.push_back(std::make_unique<Worker>(i, options, *keys_, metrics_.shard(i), *this,
-                                                config_.rules));
+                                                config_.rules, broker_.get()));
   }
   for (auto& worker : workers_) {
     worker->start();
@@ -228,7 +256,10 @@ int Server::run() {
   for (auto& worker : workers_) {
     worker->join();
   }
+  // After the workers: nothing spends from slices any more, so the control
+  // thread returns what they hold, then leaves the members set.
   if (control_) {
+    control_->stop();
     control_->join();
   }
   int rc = uv_loop_close(&loop_);
@@ -375,11 +406,35 @@ void Server::sweepKeys() {
   }
   int64_t now_ns = monotonicNowNs();
   // A key is dropped when its rule is gone or its state is a fresh key's:
-  // dropping it then changes no future decision.
-  size_t evicted = keys_->sweep(now_ns, [&](const KeyTable::Entry& entry) {
+  // dropping it then changes no future decision. A global rule's idle slice
+  // gives its unused units back to Redis as it goes; a share entry stays
+  // while it holds units admitted in fallback that Redis has not been told of.
+  size_t evicted = keys_->sweep(now_ns, [&](KeyTable::Entry& entry) {
     const Rule* rule = rules->findById(entry.ruleId());
-    return rule == nullptr || entry.state().size() != stateWords(*rule) ||
-           isIdle(*rule, entry.state(), now_ns);
+    if (rule == nullptr || entry.state().size() != entryWords(*rule)) return true;
+    auto words = entry.state();
+    if ((rule->id & kFallbackIdBit) == 0 && leasable(*rule)) {
+      auto word = [&](slice::Word w) { return static_cast<int64_t>(words[w].load(std::memory_order_acquire)); };
+      if ((word(slice::kFlags) & slice::kInFlight) != 0 || now_ns < word(slice::kDenyUntil)) {
+        return false;
+      }
+      int64_t expires = word(slice::kExpires);
+      auto units = static_cast<int64_t>(words[slice::kUnits].exchange(0, std::memory_order_acq_rel));
+      if (units > 0 && broker_ && (expires == 0 || now_ns < expires)) {
+        LeaseRequest back;
+        back.kind = LeaseRequest::Kind::kReturn;
+        back.rule_id = rule->id;
+        back.key = std::string(entry.key());
+        back.n = units;
+        back.lease_now_ms = word(slice::kLeaseNowMs);
+        broker_->submit(std::move(back));
+      }
+      return true;
+    }
+    if ((rule->id & kFallbackIdBit) != 0 && words[undebitedWord(*rule)].load(std::memory_order_acquire) > 0) {
+      return false;
+    }
+    return isIdle(*rule, words.first(stateWords(*rule)), now_ns);
   });
   if (evicted > 0) {
     spdlog::debug("swept {} idle keys", evicted);
@@ -405,9 +460,6 @@ void Server::beginStop() {
   uv_close(reinterpret_cast<uv_handle_t*>(&key_sweep_), nullptr);
   for (auto& worker : workers_) {
     worker->stop();
-  }
-  if (control_) {
-    control_->stop();
   }
 }
 

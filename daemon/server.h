@@ -13,8 +13,9 @@
 //
 // Stopping: stop accepting and remove the socket file, let every worker
 // answer what it has read and close its connections (bounded by
-// shutdown_timeout_ms), and let the control thread leave the members set
-// (bounded by kLeaveTimeoutMs); join them, close every handle, exit 0.
+// shutdown_timeout_ms), then let the control thread return the slices'
+// unused units and leave the members set (bounded by kLeaveTimeoutMs each);
+// join them, close every handle, exit 0.
 #pragma once
 
 #include <uv.h>
@@ -51,6 +52,7 @@ class Server : public DaemonStatus {
   MetricsSnapshot metrics() const override { return metrics_.snapshot(); }
   size_t connections() const override;
   RedisHealth redisHealth() const override;
+  LeaseStats leaseStats() const override;
   bool reload(std::string* error) override;
   bool isAdmin(const Peer& peer) const override;
 
@@ -73,7 +75,8 @@ class Server : public DaemonStatus {
   std::vector<std::unique_ptr<Worker>> workers_;
   int64_t started_ms_ = 0;
   // Set in the constructor when the config has [redis], never replaced: any
-  // thread may read its snapshot().
+  // thread may read its snapshot() and the broker.
+  std::unique_ptr<LeaseBroker> broker_;
   std::unique_ptr<Control> control_;
 
   uv_loop_t loop_;

@@ -21,15 +21,18 @@ constexpr int kBadInputLogsPerSecond = 5;
 }  // namespace
 
 Worker::Worker(size_t index, const WorkerOptions& options, KeyTable& keys, MetricsShard& metrics,
-               DaemonStatus& status, RuleSetPtr rules)
+               DaemonStatus& status, RuleSetPtr rules, LeaseBroker* broker)
     : index_(index),
       options_(options),
       keys_(keys),
       metrics_(metrics),
-      dispatcher_(keys, metrics, status),
+      dispatcher_(keys, metrics, status, broker, options.lease_timeout_ms * 1'000'000),
       reader_slot_(keys.registerReader()),
       read_scratch_(kReadScratchBytes) {
   dispatcher_.setRules(std::move(rules));
+  dispatcher_.onDeliver([](void* owner, std::string_view response) {
+    static_cast<Connection*>(owner)->deliver(response);
+  });
   uv_loop_init(&loop_);
   uv_async_init(&loop_, &wakeup_, [](uv_async_t* handle) {
     static_cast<Worker*>(handle->data)->onMessages();
@@ -39,6 +42,8 @@ Worker::Worker(size_t index, const WorkerOptions& options, KeyTable& keys, Metri
   sweep_timer_.data = this;
   uv_timer_init(&loop_, &stop_timer_);
   stop_timer_.data = this;
+  uv_timer_init(&loop_, &lease_timer_);
+  lease_timer_.data = this;
 }
 
 Worker::~Worker() {
@@ -99,10 +104,44 @@ void Worker::setRules(RuleSetPtr rules) {
 
 void Worker::stop() { post(Message(Message::Kind::kStop)); }
 
+void Worker::notifyLeases() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (lease_news_ || wakeup_closed_) return;
+  lease_news_ = true;
+  uv_async_send(&wakeup_);
+}
+
+void Worker::retryDeferred() {
+  if (!dispatcher_.hasDeferred()) return;
+  {
+    KeyTable::ReadGuard guard(keys_, reader_slot_);
+    dispatcher_.retryDeferred(monotonicNowNs(), stopping_);
+  }
+  armLeaseTimer();
+}
+
+void Worker::armLeaseTimer() {
+  if (!dispatcher_.hasDeferred()) {
+    uv_timer_stop(&lease_timer_);
+    return;
+  }
+  int64_t wait_ns = dispatcher_.nextDeadlineNs() - monotonicNowNs();
+  auto wait_ms = static_cast<uint64_t>(std::max<int64_t>((wait_ns + 999'999) / 1'000'000, 0));
+  uv_timer_start(
+      &lease_timer_, [](uv_timer_t* t) { static_cast<Worker*>(t->data)->retryDeferred(); },
+      wait_ms, 0);
+}
+
 void Worker::onMessages() {
+  bool lease_news = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     taken_.swap(inbox_);
+    lease_news = lease_news_;
+    lease_news_ = false;
+  }
+  if (lease_news) {
+    retryDeferred();
   }
   for (Message& message : taken_) {
     switch (message.kind) {
@@ -136,6 +175,7 @@ void Worker::onSweep() {
 }
 
 void Worker::onConnectionClosed(Connection* connection) {
+  dispatcher_.forget(connection);
   size_t index = connection->index;
   connections_[index] = connections_.back();
   connections_[index]->index = index;
@@ -153,6 +193,8 @@ void Worker::beginStop() {
   }
   stopping_ = true;
   uv_timer_stop(&sweep_timer_);
+  // Requests waiting for a lease are answered now, by their policy.
+  retryDeferred();
   // Answer what was read, then close; a client that does not take its
   // answers within the shutdown timeout is cut off.
   std::vector<Connection*> open = connections_;
@@ -179,9 +221,14 @@ void Worker::finishIfDrained() {
   if (uv_is_closing(wakeup)) {
     return;
   }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    wakeup_closed_ = true;
+  }
   uv_close(wakeup, nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&sweep_timer_), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&stop_timer_), nullptr);
+  uv_close(reinterpret_cast<uv_handle_t*>(&lease_timer_), nullptr);
 }
 
 void Worker::logBadInput(const rpc::ParseResult& result) {

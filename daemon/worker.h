@@ -11,6 +11,10 @@
 //    guarded by a mutex, plus a uv_async_t that wakes the worker's loop. The
 //    mutex is taken once per accepted connection or reload, never per
 //    request.
+//  - The control thread (control.h) runs the lease path: workers hand it
+//    lease requests through the LeaseBroker's queue; it writes the answers
+//    into the keys' slices and wakes the workers through notifyLeases() (the
+//    same uv_async_t), so a request deferred for a lease is answered.
 #pragma once
 
 #include <uv.h>
@@ -39,12 +43,14 @@ struct WorkerOptions {
   int64_t idle_timeout_ms = 300'000;
   int64_t partial_frame_timeout_ms = 10'000;
   int64_t shutdown_timeout_ms = 5'000;
+  int64_t lease_timeout_ms = 50;  // longest a request waits for a lease
 };
 
 class Worker {
  public:
+  // `broker` is null without Redis.
   Worker(size_t index, const WorkerOptions& options, KeyTable& keys, MetricsShard& metrics,
-         DaemonStatus& status, RuleSetPtr rules);
+         DaemonStatus& status, RuleSetPtr rules, LeaseBroker* broker = nullptr);
   ~Worker();
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
@@ -59,6 +65,8 @@ class Worker {
   // the thread; join() waits for it.
   void stop();
   void join();
+  // Thread-safe: lease answers have arrived; deferred requests may go on.
+  void notifyLeases();
 
   // Number of open connections; any thread (relaxed).
   size_t connections() const { return connection_count_.load(std::memory_order_relaxed); }
@@ -74,6 +82,8 @@ class Worker {
   // parsed before the next one starts, so one buffer serves them all.
   std::span<uint8_t> readScratch() { return read_scratch_; }
   void onConnectionClosed(Connection* connection);
+  // Arms the timer that answers deferred requests at their deadline.
+  void armLeaseTimer();
   // Logs a request that could not be parsed, at most a few lines a second.
   void logBadInput(const rpc::ParseResult& result);
 
@@ -90,6 +100,8 @@ class Worker {
   void run();
   void onMessages();
   void onSweep();
+  // Answers the deferred requests that can be answered (all when stopping).
+  void retryDeferred();
   void beginStop();
   void finishIfDrained();
 
@@ -104,10 +116,13 @@ class Worker {
   uv_async_t wakeup_;
   uv_timer_t sweep_timer_;
   uv_timer_t stop_timer_;
+  uv_timer_t lease_timer_;  // the earliest deferred request's deadline
   std::thread thread_;
 
-  std::mutex mutex_;                // guards inbox_
+  std::mutex mutex_;                // guards inbox_, lease_news_, wakeup_closed_
   std::vector<Message> inbox_;
+  bool lease_news_ = false;         // notifyLeases() since the last wakeup
+  bool wakeup_closed_ = false;      // wakeup_ is closing: nothing may send to it
   std::vector<Message> taken_;      // loop thread only
 
   std::vector<Connection*> connections_;  // loop thread only

@@ -550,6 +550,15 @@ limit = 8
 period = "1h"
 scope = "global"
 on_redis_down = "local"
+
+# sliding_log has no lease form: a global sliding_log rule always decides on
+# the node's share, which shows the share following N.
+[[rule]]
+name = "share_only"
+algorithm = "sliding_log"
+limit = 8
+period = "1h"
+scope = "global"
 """
 
 
@@ -597,8 +606,10 @@ class RedisHealthTest(unittest.TestCase):
         self.assertEqual(health["status"], "ok")
         self.assertEqual(health["nodes"], 1)
         self.assertLessEqual(abs(health["clock_offset_ms"]), 50)  # one host, one clock
+        self.assertTrue(wait_for(lambda: client.result("health")["breaker"] == "closed", 2))
         result = client.result("acquire", "shared", "k")
-        self.assertEqual(result["mode"], "fallback")  # no leases yet
+        self.assertEqual(result["mode"], "normal")  # decided on a lease
+        self.assertTrue(result["allowed"])
 
         killed = time.monotonic()
         self.redis.kill()
@@ -608,12 +619,14 @@ class RedisHealthTest(unittest.TestCase):
         self.assertLess(elapsed, 1.0)
         health = client.result("health")
         self.assertEqual(health["status"], "degraded")
+        self.assertEqual(health["breaker"], "open")
         self.assertEqual(health["nodes"], 1)  # the last known N stays
         self.assertEqual(client.result("acquire", "shared", "k")["mode"], "fallback")
 
     # Verifies the fallback share follows N: two daemons on one Redis with
     # expected_nodes 1 each give a global rule of limit 8 a share of 4 once
-    # both heartbeat, and 8 again once one stops gracefully (it leaves).
+    # both heartbeat, and 8 again once one stops gracefully (it leaves). The
+    # rule is one that always decides on its share (no lease form).
     def test_fallback_share_follows_live_nodes(self):
         first, a = self.start_daemon()
         second, b = self.start_daemon()
@@ -624,8 +637,8 @@ class RedisHealthTest(unittest.TestCase):
             # Health publishes N a moment before the workers get the rebuilt
             # rule set; peek spends nothing.
             self.assertTrue(wait_for(
-                lambda: client.result("peek", "shared", "four")["limit"] == 4, 2))
-            results = [client.result("acquire", "shared", "four") for _ in range(10)]
+                lambda: client.result("peek", "share_only", "four")["limit"] == 4, 2))
+            results = [client.result("acquire", "share_only", "four") for _ in range(10)]
             self.assertEqual(results[0]["limit"], 4)
             self.assertEqual(sum(r["allowed"] for r in results), 4)
             self.assertTrue(all(r["mode"] == "fallback" for r in results))
@@ -633,12 +646,12 @@ class RedisHealthTest(unittest.TestCase):
         # A reload rebuilds the rules from the file (expected_nodes 1) but
         # keeps dividing by the live N.
         self.assertEqual(a.result("reload"), {"reloaded": True})
-        self.assertEqual(a.result("peek", "shared", "four")["limit"], 4)
+        self.assertEqual(a.result("peek", "share_only", "four")["limit"], 4)
 
         second.proc.send_signal(signal.SIGTERM)
         self.assertEqual(second.proc.wait(timeout=5), 0, second.logs())
         self.assertTrue(wait_for(lambda: a.result("health")["nodes"] == 1, 2), first.logs())
-        self.assertTrue(wait_for(lambda: a.result("peek", "shared", "eight")["limit"] == 8, 2))
+        self.assertTrue(wait_for(lambda: a.result("peek", "share_only", "eight")["limit"] == 8, 2))
         self.assertEqual(self.redis.command(b"ZCARD", b"sluice:members"), b":1\r\n")
 
 

@@ -1,0 +1,258 @@
+// Lease: slices in key-table entries and the broker; see lease.h.
+#include "lease.h"
+
+#include <algorithm>
+
+#include "limiter.h"
+
+namespace sluice {
+
+namespace {
+
+int64_t load(std::span<const std::atomic<uint64_t>> words, slice::Word word) {
+  return static_cast<int64_t>(words[word].load(std::memory_order_acquire));
+}
+
+bool isBucket(Algorithm algorithm) {
+  return algorithm == Algorithm::kTokenBucket || algorithm == Algorithm::kGcra;
+}
+
+// How long a rule's global state remembers what was admitted: a window, or
+// the time a bucket takes to refill from empty.
+int64_t memoryNs(const Rule& rule) {
+  const Limit& limit = rule.limits.front();
+  if (!isBucket(rule.algorithm)) return limit.period_ns;
+  double refill = static_cast<double>(limit.period_ns) * static_cast<double>(limit.burst) /
+                  static_cast<double>(limit.limit);
+  return std::max<int64_t>(limit.period_ns, static_cast<int64_t>(refill));
+}
+
+}  // namespace
+
+bool leasable(const Rule& rule) {
+  if (rule.scope != Scope::kGlobal || rule.limits.size() != 1) return false;
+  switch (rule.algorithm) {
+    case Algorithm::kTokenBucket:
+    case Algorithm::kGcra:
+    case Algorithm::kFixedWindow:
+    case Algorithm::kSlidingWindow: return true;
+    case Algorithm::kSlidingLog:
+    case Algorithm::kConcurrency: return false;
+  }
+  return false;
+}
+
+int64_t leaseCapacity(const Limit& limit) { return limit.burst > 0 ? limit.burst : limit.limit; }
+
+size_t undebitedWord(const Rule& share) { return stateWords(share); }
+
+size_t entryWords(const Rule& rule) {
+  if ((rule.id & kFallbackIdBit) != 0) return stateWords(rule) + 1;
+  if (leasable(rule)) return slice::kWords;
+  return stateWords(rule);
+}
+
+namespace slice {
+
+namespace {
+
+// Claims the in-flight bit; true when this caller got it.
+bool claim(std::span<std::atomic<uint64_t>> words) {
+  uint64_t flags = words[kFlags].load(std::memory_order_relaxed);
+  while ((flags & kInFlight) == 0) {
+    if (words[kFlags].compare_exchange_weak(flags, flags | kInFlight, std::memory_order_acq_rel)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// Units the slice holds at now_ns: none once they have expired.
+int64_t spendable(std::span<const std::atomic<uint64_t>> words, int64_t now_ns) {
+  int64_t expires = load(words, kExpires);
+  if (expires != 0 && now_ns >= expires) return 0;
+  return load(words, kUnits);
+}
+
+}  // namespace
+
+TakeResult look(std::span<const std::atomic<uint64_t>> words, int64_t now_ns, int64_t cost) {
+  TakeResult result;
+  result.cold = (words[kFlags].load(std::memory_order_acquire) & kWarm) == 0;
+  if (now_ns < load(words, kFallbackUntil)) {
+    result.outcome = Outcome::kFallback;
+    return result;
+  }
+  int64_t units = spendable(words, now_ns);
+  result.left = units;
+  if (units >= cost) {
+    result.outcome = Outcome::kTaken;
+    result.left = units - cost;
+    return result;
+  }
+  int64_t deny_until = load(words, kDenyUntil);
+  if (now_ns < deny_until) {
+    result.outcome = Outcome::kDenied;
+    result.until_ns = deny_until;
+  }
+  return result;
+}
+
+TakeResult take(std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t cost) {
+  TakeResult result;
+  uint64_t flags = words[kFlags].load(std::memory_order_acquire);
+  result.cold = (flags & kWarm) == 0;
+  if (now_ns < load(words, kFallbackUntil)) {
+    result.outcome = Outcome::kFallback;
+    return result;
+  }
+  // Demand counts every unit asked for, granted or not. A plain load and
+  // store: racing workers may lose an increment, which only makes the next
+  // batch a little smaller.
+  words[kDemand].store(words[kDemand].load(std::memory_order_relaxed) + static_cast<uint64_t>(cost),
+                       std::memory_order_relaxed);
+
+  int64_t expires = load(words, kExpires);
+  uint64_t units = words[kUnits].load(std::memory_order_acquire);
+  if (expires != 0 && now_ns >= expires && units != 0) {
+    // The units were counted in a window that has ended: spending them now
+    // would count them in no window at all. Drop them (the control thread
+    // counts nothing back: the window is over).
+    if (words[kUnits].compare_exchange_strong(units, 0, std::memory_order_acq_rel)) {
+      result.dropped = static_cast<int64_t>(units);
+    }
+    units = words[kUnits].load(std::memory_order_acquire);
+  }
+  while (static_cast<int64_t>(units) >= cost) {
+    if (words[kUnits].compare_exchange_weak(units, units - static_cast<uint64_t>(cost),
+                                            std::memory_order_acq_rel)) {
+      result.outcome = Outcome::kTaken;
+      result.left = static_cast<int64_t>(units) - cost;
+      // Refill below a quarter of the last batch, so the next lease lands
+      // before the slice runs dry.
+      int64_t low_water = std::max<int64_t>(load(words, kBatch) / 4, 1);
+      if (result.left < low_water && now_ns >= load(words, kDenyUntil)) {
+        result.must_request = claim(words);
+      }
+      return result;
+    }
+  }
+  int64_t deny_until = load(words, kDenyUntil);
+  if (now_ns < deny_until) {
+    result.outcome = Outcome::kDenied;
+    result.until_ns = deny_until;
+    return result;
+  }
+  result.outcome = Outcome::kEmpty;
+  result.must_request = claim(words);
+  return result;
+}
+
+void refund(std::span<std::atomic<uint64_t>> words, int64_t cost) {
+  words[kUnits].fetch_add(static_cast<uint64_t>(cost), std::memory_order_acq_rel);
+}
+
+Batch nextBatch(std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t cost,
+                int64_t capacity, uint32_t nodes, int64_t lease_interval_ns) {
+  int64_t demand = static_cast<int64_t>(words[kDemand].exchange(0, std::memory_order_relaxed));
+  int64_t since = load(words, kRequestedAt);
+  words[kRequestedAt].store(static_cast<uint64_t>(now_ns), std::memory_order_relaxed);
+  // Demand per lease interval, measured over at least one interval (a first
+  // request, or one after a pause, counts only what it asks for).
+  int64_t elapsed = since == 0 ? lease_interval_ns : std::max(now_ns - since, lease_interval_ns);
+  double per_interval = static_cast<double>(demand) * static_cast<double>(lease_interval_ns) /
+                        static_cast<double>(elapsed);
+  int64_t share = std::max<int64_t>(capacity / std::max<uint32_t>(nodes, 1), 1);
+  Batch batch;
+  batch.n = std::clamp<int64_t>(static_cast<int64_t>(per_interval + 0.999), 1, share);
+  batch.n = std::max(batch.n, cost);
+  // A warm key waits for a quarter batch rather than leasing units one by
+  // one as a spent bucket refills; a cold key takes what there is.
+  bool warm = (words[kFlags].load(std::memory_order_acquire) & kWarm) != 0;
+  batch.need = warm ? std::max(cost, batch.n / 4) : cost;
+  words[kBatch].store(static_cast<uint64_t>(batch.n), std::memory_order_relaxed);
+  return batch;
+}
+
+}  // namespace slice
+
+std::string_view breakerName(Breaker breaker) {
+  switch (breaker) {
+    case Breaker::kClosed: return "closed";
+    case Breaker::kOpen: return "open";
+    case Breaker::kHalfOpen: return "half_open";
+  }
+  return "unknown";
+}
+
+LeaseBroker::LeaseBroker(int64_t lease_interval_ns) : lease_interval_ns_(lease_interval_ns) {}
+
+bool LeaseBroker::learning(const Rule& rule, int64_t now_ns) const {
+  int64_t since = learning_since_ns_.load(std::memory_order_acquire);
+  return since != 0 && now_ns - since < memoryNs(rule);
+}
+
+bool LeaseBroker::learningAny(int64_t now_ns) const {
+  return now_ns < learning_until_ns_.load(std::memory_order_acquire);
+}
+
+void LeaseBroker::submit(LeaseRequest request) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  queue_.push_back(std::move(request));
+  if (wakeup_ != nullptr && queue_.size() == 1) uv_async_send(wakeup_);
+}
+
+void LeaseBroker::setBreaker(Breaker breaker, int64_t now_ns) {
+  auto was = static_cast<Breaker>(breaker_.exchange(static_cast<int>(breaker), std::memory_order_acq_rel));
+  if (was == breaker) return;
+  if (breaker == Breaker::kOpen) {
+    counters_.fallback_entries.fetch_add(1, std::memory_order_relaxed);
+    open_since_ns_.store(now_ns, std::memory_order_release);
+  } else if (was == Breaker::kOpen) {
+    int64_t since = open_since_ns_.exchange(0, std::memory_order_acq_rel);
+    if (since != 0) {
+      open_ns_total_.fetch_add(static_cast<uint64_t>(now_ns - since), std::memory_order_relaxed);
+    }
+  }
+}
+
+void LeaseBroker::startLearning(int64_t now_ns, int64_t longest_period_ns) {
+  counters_.learning_entries.fetch_add(1, std::memory_order_relaxed);
+  learning_since_ns_.store(now_ns, std::memory_order_release);
+  learning_until_ns_.store(now_ns + longest_period_ns, std::memory_order_release);
+}
+
+void LeaseBroker::takeRequests(std::vector<LeaseRequest>* out) {
+  out->clear();
+  std::lock_guard<std::mutex> lock(mutex_);
+  out->swap(queue_);
+}
+
+void LeaseBroker::setWakeup(uv_async_t* wakeup) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  wakeup_ = wakeup;
+  if (wakeup_ != nullptr && !queue_.empty()) uv_async_send(wakeup_);
+}
+
+LeaseStats LeaseBroker::stats(int64_t now_ns) const {
+  auto get = [](const std::atomic<uint64_t>& value) { return value.load(std::memory_order_relaxed); };
+  LeaseStats s;
+  s.requested = get(counters_.requested);
+  s.granted = get(counters_.granted);
+  s.empty = get(counters_.empty);
+  s.failed = get(counters_.failed);
+  s.granted_units = get(counters_.granted_units);
+  s.returned_units = get(counters_.returned_units);
+  s.debited_units = get(counters_.debited_units);
+  s.latency_us_sum = get(counters_.latency_us_sum);
+  s.latency_us_max = get(counters_.latency_us_max);
+  s.fallback_entries = get(counters_.fallback_entries);
+  s.learning_entries = get(counters_.learning_entries);
+  uint64_t open_ns = open_ns_total_.load(std::memory_order_relaxed);
+  int64_t since = open_since_ns_.load(std::memory_order_acquire);
+  if (since != 0 && now_ns > since) open_ns += static_cast<uint64_t>(now_ns - since);
+  s.fallback_ms = open_ns / 1'000'000;
+  return s;
+}
+
+}  // namespace sluice

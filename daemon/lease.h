@@ -1,0 +1,214 @@
+// Lease: the worker's half of the lease path (DESIGN.md, "The lease path").
+//
+// A global rule's key holds a slice: units this node has leased from the
+// rule's global state in Redis and may hand out on its own. The slice lives
+// in the key's key-table entry (rule id = the global rule's id) as
+// kSliceWords atomic words, so workers decide on it without a lock, exactly
+// as on a local rule's state:
+//
+//  - take() spends from the slice, or says why it cannot: the key is
+//    negatively cached ("nothing left in Redis until t"), a lease failed and
+//    the key follows its on_redis_down policy for a moment, or the slice is
+//    empty and a lease is on its way (the caller may wait for it).
+//  - At most one lease per key is in flight: the in-flight bit is claimed by
+//    compare-and-swap, and only the claimer sends a LeaseRequest.
+//  - A refill is asked for when the slice falls under its low-water mark (a
+//    quarter of the last batch), so a hot key does not run dry.
+//  - The batch adapts to demand: the units asked for since the previous
+//    lease, scaled to one lease interval, never more than the node's share
+//    (the rule's capacity / N) and never less than the cost asked for.
+//
+// The control thread (lease_manager.h) applies replies to the same words,
+// always through KeyTable::find() under its own ReadGuard, never through a
+// kept pointer.
+//
+// LeaseBroker is the meeting point of workers, the control thread and the
+// server: which mode global rules are in (leasing, learning), the queue of
+// lease and return requests, and the counters `stats` shows. Every method is
+// thread-safe.
+//
+// Time: monotonic ns of this host (clock.h) on the worker side.
+#pragma once
+
+#include <uv.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "rules.h"
+
+namespace sluice {
+
+// Whether a rule's keys lease from Redis: a global rule with one limit whose
+// algorithm has a lease script. Other global rules (several limits,
+// sliding_log, concurrency) always decide on the node's share.
+bool leasable(const Rule& rule);
+
+// Units of one limit the whole fleet may hold at once: burst for the
+// buckets, limit for the windows.
+int64_t leaseCapacity(const Limit& limit);
+
+// State words of a key-table entry of `rule`: the limiter's words; for a
+// global rule's share (id with kFallbackIdBit) one more, counting units
+// admitted in fallback and not yet debited to Redis (word undebitedWord());
+// for a leasable global rule itself, its slice (slice::kWords).
+size_t entryWords(const Rule& rule);
+size_t undebitedWord(const Rule& share);
+
+namespace slice {
+
+// The words of a slice entry.
+enum Word : size_t {
+  kUnits = 0,      // units held, spendable now (int64)
+  kFlags,          // kInFlight | kWarm
+  kDenyUntil,      // ns: Redis had nothing for us; deny locally until then
+  kDemand,         // units asked for since the last lease request (an estimate)
+  kRequestedAt,    // ns of the last lease request
+  kExpires,        // ns after which the units may not be spent (windows); 0: never
+  kFallbackUntil,  // ns: a lease failed; the key follows on_redis_down until then
+  kLeaseNowMs,     // Redis's clock (ms) at the last granting lease: its window
+  kBatch,          // units asked for by the last lease request
+  kWords
+};
+constexpr uint64_t kInFlight = 1;
+constexpr uint64_t kWarm = 2;  // a lease has granted units at least once
+
+enum class Outcome {
+  kTaken,     // spent; `left` units remain
+  kDenied,    // negatively cached until `until_ns`
+  kEmpty,     // nothing to spend; a lease is in flight (maybe claimed now)
+  kFallback,  // a lease failed lately: decide by on_redis_down
+};
+
+struct TakeResult {
+  Outcome outcome = Outcome::kEmpty;
+  int64_t left = 0;      // kTaken: units left in the slice
+  int64_t until_ns = 0;  // kDenied
+  // The caller claimed the in-flight bit and must send a LeaseRequest.
+  bool must_request = false;
+  bool cold = false;  // no lease has ever granted this key units
+  int64_t dropped = 0;  // units dropped because their window had ended
+};
+
+// Spends `cost` from the slice when it holds that many. Lock-free.
+TakeResult take(std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t cost);
+
+// Reports what take() would answer, spending and claiming nothing.
+TakeResult look(std::span<const std::atomic<uint64_t>> words, int64_t now_ns, int64_t cost);
+
+// Puts back units taken by take() (an all-or-nothing group that failed).
+void refund(std::span<std::atomic<uint64_t>> words, int64_t cost);
+
+// The size of the next lease, for a caller that has claimed the in-flight
+// bit: {n, need}. Resets the demand estimate.
+struct Batch {
+  int64_t n = 1;
+  int64_t need = 1;
+};
+Batch nextBatch(std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t cost,
+                int64_t capacity, uint32_t nodes, int64_t lease_interval_ns);
+
+}  // namespace slice
+
+// What a worker asks the control thread for.
+struct LeaseRequest {
+  // kDebit: units a share admitted while Redis was up but the key could not
+  // lease (its lease failed or came late).
+  enum class Kind { kLease, kReturn, kDebit };
+  Kind kind = Kind::kLease;
+  uint32_t rule_id = 0;
+  std::string key;
+  int64_t n = 0;     // kLease: at most; kReturn, kDebit: units
+  int64_t need = 0;  // kLease: the fewest worth granting
+  int64_t lease_now_ms = 0;  // kReturn: Redis's clock at the lease (its window)
+};
+
+// Counters of the lease path, for `stats` (each read on its own).
+struct LeaseStats {
+  uint64_t requested = 0;       // leases sent to Redis
+  uint64_t granted = 0;         // leases that granted units
+  uint64_t empty = 0;           // leases answered "nothing until t"
+  uint64_t failed = 0;          // leases that got an error, timeout or disconnect
+  uint64_t granted_units = 0;
+  uint64_t returned_units = 0;  // given back (idle keys, stop)
+  uint64_t debited_units = 0;   // admitted in fallback, debited on recovery
+  uint64_t latency_us_sum = 0;  // answered leases
+  uint64_t latency_us_max = 0;
+  uint64_t fallback_entries = 0;  // times the breaker opened
+  uint64_t fallback_ms = 0;       // time spent with the breaker open (so far)
+  uint64_t learning_entries = 0;  // times Redis came back without our state
+};
+
+// The breaker between the lease path and Redis (DESIGN.md, "Fallback").
+enum class Breaker {
+  kClosed,    // leasing
+  kOpen,      // Redis unreachable: global rules follow on_redis_down
+  kHalfOpen,  // reconnected: debiting what fallback admitted, then leasing
+};
+std::string_view breakerName(Breaker breaker);
+
+class LeaseBroker {
+ public:
+  // lease_interval_ns: a batch covers about this much demand.
+  explicit LeaseBroker(int64_t lease_interval_ns);
+  LeaseBroker(const LeaseBroker&) = delete;
+  LeaseBroker& operator=(const LeaseBroker&) = delete;
+
+  int64_t leaseIntervalNs() const { return lease_interval_ns_; }
+
+  // Workers: global rules lease while the breaker is closed.
+  bool leasing() const { return breaker() == Breaker::kClosed; }
+  Breaker breaker() const { return static_cast<Breaker>(breaker_.load(std::memory_order_acquire)); }
+  // Whether `rule` is in learning mode at now_ns: Redis came back without
+  // the fleet's state less than one of the rule's periods ago, so each node
+  // also holds itself to its share.
+  bool learning(const Rule& rule, int64_t now_ns) const;
+  bool learningAny(int64_t now_ns) const;
+
+  // Workers and the server's sweep: queue a request for the control thread.
+  void submit(LeaseRequest request);
+
+  // Control thread.
+  void setBreaker(Breaker breaker, int64_t now_ns);
+  void startLearning(int64_t now_ns, int64_t longest_period_ns);
+  // Takes every queued request.
+  void takeRequests(std::vector<LeaseRequest>* out);
+  // The handle submit() wakes (nullptr: none yet, requests wait).
+  void setWakeup(uv_async_t* wakeup);
+  // Wakes every worker with deferred requests (set by the server).
+  void onReplies(std::function<void()> notify) { notify_ = std::move(notify); }
+  void notifyWorkers() const {
+    if (notify_) notify_();
+  }
+
+  // Counters (control thread writes, anyone reads).
+  struct Counters {
+    std::atomic<uint64_t> requested{0}, granted{0}, empty{0}, failed{0}, granted_units{0},
+        returned_units{0}, debited_units{0}, latency_us_sum{0}, latency_us_max{0},
+        fallback_entries{0}, learning_entries{0};
+  };
+  Counters& counters() { return counters_; }
+  LeaseStats stats(int64_t now_ns) const;
+
+ private:
+  const int64_t lease_interval_ns_;
+  std::atomic<int> breaker_{static_cast<int>(Breaker::kOpen)};
+  std::atomic<int64_t> learning_since_ns_{0};  // 0: never
+  std::atomic<int64_t> learning_until_ns_{0};
+  std::atomic<int64_t> open_since_ns_{0};      // while open: since when
+  std::atomic<uint64_t> open_ns_total_{0};     // closed periods of fallback
+  Counters counters_;
+
+  std::mutex mutex_;  // guards queue_ and wakeup_
+  std::vector<LeaseRequest> queue_;
+  uv_async_t* wakeup_ = nullptr;
+  std::function<void()> notify_;  // set before any thread starts
+};
+
+}  // namespace sluice

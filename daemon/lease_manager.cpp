@@ -1,0 +1,387 @@
+// LeaseManager: leases, returns, debits and the breaker; see lease_manager.h.
+#include "lease_manager.h"
+
+#include <algorithm>
+#include <memory>
+
+#include <spdlog/spdlog.h>
+
+#include "clock.h"
+#include "limiter.h"
+
+namespace sluice {
+
+namespace {
+
+using Words = std::span<std::atomic<uint64_t>>;
+
+void store(Words words, slice::Word word, int64_t value) {
+  words[word].store(static_cast<uint64_t>(value), std::memory_order_release);
+}
+
+int64_t periodMs(const Limit& limit) { return (limit.period_ns + 999'999) / 1'000'000; }
+
+bool isWindow(Algorithm algorithm) {
+  return algorithm == Algorithm::kFixedWindow || algorithm == Algorithm::kSlidingWindow;
+}
+
+// The integers of a script's reply, or none when it is not an array of them.
+std::vector<int64_t> integers(const RedisReply& reply) {
+  std::vector<int64_t> values;
+  if (reply.kind() != RedisReply::Kind::kArray) return values;
+  for (size_t i = 0; i < reply.size(); i++) {
+    if (reply[i].kind() != RedisReply::Kind::kInteger) return {};
+    values.push_back(reply[i].integer());
+  }
+  return values;
+}
+
+}  // namespace
+
+LeaseManager::LeaseManager(RedisLink& link, const RedisConfig& config, LeaseContext context)
+    : link_(link),
+      config_(config),
+      context_(std::move(context)),
+      reader_(context_.keys->registerReader()) {
+  auto add = [&](scripts::Script script) {
+    const scripts::ScriptSource& source = scripts::get(script);
+    return link_.registerScript(std::string(source.name), std::string(source.source));
+  };
+  token_bucket_ = add(scripts::Script::kTokenBucket);
+  gcra_ = add(scripts::Script::kGcra);
+  fixed_window_ = add(scripts::Script::kFixedWindow);
+  sliding_window_ = add(scripts::Script::kSlidingWindow);
+}
+
+std::string LeaseManager::redisKey(std::string_view rule_name, std::string_view key) const {
+  std::string name = config_.key_prefix;
+  name += "q:";
+  name += std::to_string(rule_name.size());
+  name += ':';
+  name += rule_name;
+  name += ':';
+  name += key;
+  return name;
+}
+
+RedisLink::ScriptId LeaseManager::scriptFor(Algorithm algorithm) const {
+  switch (algorithm) {
+    case Algorithm::kGcra: return gcra_;
+    case Algorithm::kFixedWindow: return fixed_window_;
+    case Algorithm::kSlidingWindow: return sliding_window_;
+    default: return token_bucket_;
+  }
+}
+
+void LeaseManager::onWakeup() {
+  context_.broker->takeRequests(&taken_);
+  if (taken_.empty()) return;
+  RuleSetPtr rules = context_.rules();
+  for (const LeaseRequest& request : taken_) {
+    const Rule* rule = rules->findById(request.rule_id);
+    if (request.kind == LeaseRequest::Kind::kReturn) {
+      if (rule != nullptr && up_) {
+        sendReturn(*rule, request.key, request.n, request.lease_now_ms, config_.lease_timeout_ms,
+                   nullptr);
+      }
+      continue;
+    }
+    if (request.kind == LeaseRequest::Kind::kDebit) {
+      if (rule != nullptr && leasable(*rule) && up_) sendDebit(*rule, request.key, request.n, nullptr);
+      continue;
+    }
+    if (rule == nullptr || !leasable(*rule) || !up_ || !context_.broker->leasing()) {
+      // Not now: the workers decide by on_redis_down until the breaker closes.
+      finish(request.rule_id, request.key, nullptr);
+      continue;
+    }
+    sendLease(request, *rule);
+  }
+  taken_.clear();
+}
+
+void LeaseManager::sendLease(const LeaseRequest& request, const Rule& rule) {
+  const Limit& limit = rule.limits.front();
+  std::vector<std::string> argv = scripts::rateArgv(scripts::Op::kLease, request.n, request.need, limit);
+  std::vector<std::string_view> args(argv.begin(), argv.end());
+  std::string key = redisKey(rule.name, request.key);
+  std::string_view keys[] = {key};
+  context_.broker->counters().requested.fetch_add(1, std::memory_order_relaxed);
+  bool sent = link_.evalsha(
+      scriptFor(rule.algorithm), keys, args,
+      [this, request, algorithm = rule.algorithm, limit](const RedisResult& result) {
+        onLeaseReply(request, algorithm, limit, result);
+      },
+      config_.lease_timeout_ms);
+  if (!sent) {
+    context_.broker->counters().failed.fetch_add(1, std::memory_order_relaxed);
+    finish(request.rule_id, request.key, nullptr);
+  }
+}
+
+void LeaseManager::onLeaseReply(const LeaseRequest& request, Algorithm algorithm,
+                                const Limit& limit, const RedisResult& result) {
+  LeaseBroker::Counters& counters = context_.broker->counters();
+  int64_t now_ns = monotonicNowNs();
+  std::optional<scripts::LeaseReply> reply;
+  if (result.status == RedisStatus::kOk) {
+    std::vector<int64_t> values = integers(*result.reply);
+    reply = scripts::parseLeaseReply(values);
+  }
+  if (!reply) {
+    counters.failed.fetch_add(1, std::memory_order_relaxed);
+    // A timeout or a lost connection opens the breaker (the link reports
+    // it); an answer we cannot use sends this key to its policy for a while.
+    bool answered = result.status == RedisStatus::kOk || result.status == RedisStatus::kRedisError;
+    if (answered) {
+      std::string error = result.status == RedisStatus::kOk ? "a reply that is not a lease"
+                                                            : std::string(result.error);
+      if (error != last_error_) {  // logged once until it changes
+        spdlog::error("lease: redis answered {}; the key follows on_redis_down for {} ms", error,
+                      kLeaseErrorBackoffNs / 1'000'000);
+        last_error_ = error;
+      }
+    }
+    finish(request.rule_id, request.key, [&](Words words) {
+      if (answered) store(words, slice::kFallbackUntil, now_ns + kLeaseErrorBackoffNs);
+    });
+    return;
+  }
+  uint64_t rtt = result.rtt_us;
+  counters.latency_us_sum.fetch_add(rtt, std::memory_order_relaxed);
+  uint64_t max = counters.latency_us_max.load(std::memory_order_relaxed);
+  while (rtt > max && !counters.latency_us_max.compare_exchange_weak(max, rtt)) {
+  }
+  if (reply->granted == 0) {
+    counters.empty.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    counters.granted.fetch_add(1, std::memory_order_relaxed);
+    counters.granted_units.fetch_add(static_cast<uint64_t>(reply->granted), std::memory_order_relaxed);
+  }
+
+  bool applied = false;
+  finish(request.rule_id, request.key, [&](Words words) {
+    applied = true;
+    if (reply->granted == 0) {
+      // Nothing until retry_after_ms: deny locally until then, so an
+      // over-limit key costs Redis nothing. "Never" waits a period.
+      int64_t wait_ms = reply->never ? periodMs(limit) : std::max<int64_t>(reply->retry_after_ms, 1);
+      store(words, slice::kDenyUntil, now_ns + wait_ms * 1'000'000);
+      return;
+    }
+    if (isWindow(algorithm)) {
+      // The units count in the window the lease was granted in; they may
+      // be spent only until it ends. Units of an older window are dropped.
+      int64_t period_ms = periodMs(limit);
+      int64_t window_end_ms = (reply->now_ms / period_ms + 1) * period_ms;
+      int64_t old_window = scripts::leaseWindow(
+          static_cast<int64_t>(words[slice::kLeaseNowMs].load(std::memory_order_acquire)), limit);
+      if (old_window != scripts::leaseWindow(reply->now_ms, limit)) {
+        store(words, slice::kUnits, 0);
+      }
+      store(words, slice::kExpires, now_ns + (window_end_ms - reply->now_ms) * 1'000'000);
+    }
+    words[slice::kUnits].fetch_add(static_cast<uint64_t>(reply->granted), std::memory_order_acq_rel);
+    store(words, slice::kLeaseNowMs, reply->now_ms);
+    store(words, slice::kDenyUntil, 0);
+    words[slice::kFlags].fetch_or(slice::kWarm, std::memory_order_acq_rel);
+  });
+  if (!applied && reply->granted > 0) {
+    // The key was evicted while its lease was in flight: give the units back.
+    RuleSetPtr rules = context_.rules();
+    if (const Rule* rule = rules->findById(request.rule_id); rule != nullptr && up_) {
+      sendReturn(*rule, request.key, reply->granted, reply->now_ms, config_.lease_timeout_ms,
+                 nullptr);
+    }
+  }
+}
+
+void LeaseManager::finish(uint32_t rule_id, std::string_view key,
+                          const std::function<void(Words)>& apply) {
+  {
+    KeyTable::ReadGuard guard(*context_.keys, reader_);
+    KeyTable::Entry* entry = context_.keys->find(rule_id, key);
+    if (entry != nullptr && entry->state().size() == slice::kWords) {
+      Words words = entry->state();
+      if (apply) apply(words);
+      words[slice::kFlags].fetch_and(~slice::kInFlight, std::memory_order_acq_rel);
+    }
+  }
+  context_.broker->notifyWorkers();
+}
+
+void LeaseManager::sendReturn(const Rule& rule, std::string_view key, int64_t units,
+                              int64_t lease_now_ms, int64_t timeout_ms,
+                              std::function<void()> done) {
+  const Limit& limit = rule.limits.front();
+  std::vector<std::string> argv =
+      scripts::returnArgv(units, limit, scripts::leaseWindow(lease_now_ms, limit));
+  std::vector<std::string_view> args(argv.begin(), argv.end());
+  std::string name = redisKey(rule.name, key);
+  std::string_view keys[] = {name};
+  bool sent = link_.evalsha(
+      scriptFor(rule.algorithm), keys, args,
+      [this, units, done](const RedisResult& result) {
+        if (result.status == RedisStatus::kOk) {
+          context_.broker->counters().returned_units.fetch_add(static_cast<uint64_t>(units),
+                                                               std::memory_order_relaxed);
+        }
+        if (done) done();
+      },
+      timeout_ms);
+  if (!sent && done) done();
+}
+
+bool LeaseManager::sendDebit(const Rule& rule, std::string_view key, int64_t units,
+                             std::function<void()> done) {
+  std::vector<std::string> argv =
+      scripts::rateArgv(scripts::Op::kDebit, units, 0, rule.limits.front());
+  std::vector<std::string_view> args(argv.begin(), argv.end());
+  std::string name = redisKey(rule.name, key);
+  std::string_view keys[] = {name};
+  return link_.evalsha(
+      scriptFor(rule.algorithm), keys, args,
+      [this, units, done](const RedisResult& result) {
+        if (result.status == RedisStatus::kOk) {
+          context_.broker->counters().debited_units.fetch_add(static_cast<uint64_t>(units),
+                                                              std::memory_order_relaxed);
+        }
+        if (done) done();
+      },
+      config_.lease_timeout_ms + config_.health_timeout_ms);
+}
+
+void LeaseManager::onDown() {
+  up_ = false;
+  ++half_open_epoch_;
+  half_open_pending_ = 0;
+  context_.broker->setBreaker(Breaker::kOpen, monotonicNowNs());
+  spdlog::warn("lease: breaker open; global rules follow on_redis_down");
+  context_.broker->notifyWorkers();
+}
+
+void LeaseManager::onUp() {
+  up_ = true;
+  ++half_open_epoch_;
+  context_.broker->setBreaker(Breaker::kHalfOpen, monotonicNowNs());
+  startHalfOpen();
+}
+
+void LeaseManager::startHalfOpen() {
+  uint64_t epoch = half_open_epoch_;
+  half_open_pending_ = 1;  // INFO
+  auto answered = [this, epoch] {
+    if (epoch != half_open_epoch_) return;  // a newer transition owns the breaker
+    --half_open_pending_;
+    checkHalfOpenDone();
+  };
+
+  bool sent = link_.command(
+      {"INFO", "server"},
+      [this, answered](const RedisResult& result) {
+        if (result.status == RedisStatus::kOk) {
+          std::string_view text = result.reply->str();
+          size_t at = text.find("run_id:");
+          if (at != std::string_view::npos) {
+            std::string_view rest = text.substr(at + 7);
+            std::string run_id(rest.substr(0, rest.find_first_of("\r\n")));
+            if (!run_id_.empty() && run_id != run_id_) {
+              RuleSetPtr rules = context_.rules();
+              int64_t longest = 0;
+              for (const Rule& rule : rules->rules()) {
+                if (leasable(rule)) {
+                  const Limit& limit = rule.limits.front();
+                  longest = std::max(longest, std::max(limit.period_ns,
+                                                       limit.period_ns / limit.limit *
+                                                           leaseCapacity(limit)));
+                }
+              }
+              spdlog::warn("lease: redis run_id changed ({} -> {}): it restarted or failed over "
+                           "without the fleet's state; learning mode, each node also holds to "
+                           "its share for one period",
+                           run_id_, run_id);
+              context_.broker->startLearning(monotonicNowNs(), longest);
+            }
+            run_id_ = run_id;
+          }
+        }
+        answered();
+      },
+      config_.lease_timeout_ms + config_.health_timeout_ms);
+  if (!sent) {
+    --half_open_pending_;
+  }
+
+  // Debit what fallback admitted: each global rule's share entries count it.
+  RuleSetPtr rules = context_.rules();
+  struct Debit {
+    const Rule* rule;
+    std::string key;
+    int64_t units;
+  };
+  std::vector<Debit> debits;
+  context_.keys->visit([&](KeyTable::Entry& entry) {
+    if ((entry.ruleId() & kFallbackIdBit) == 0) return;
+    const Rule* share = rules->findById(entry.ruleId());
+    const Rule* global = rules->findById(entry.ruleId() & ~kFallbackIdBit);
+    if (share == nullptr || global == nullptr || !leasable(*global)) return;
+    size_t word = undebitedWord(*share);
+    if (entry.state().size() <= word) return;
+    auto units = static_cast<int64_t>(entry.state()[word].exchange(0, std::memory_order_acq_rel));
+    if (units > 0) debits.push_back({global, std::string(entry.key()), units});
+  });
+  for (const Debit& debit : debits) {
+    if (sendDebit(*debit.rule, debit.key, debit.units, answered)) ++half_open_pending_;
+  }
+  if (!debits.empty()) {
+    spdlog::info("lease: debiting {} keys' fallback admissions", debits.size());
+  }
+  checkHalfOpenDone();
+}
+
+void LeaseManager::checkHalfOpenDone() {
+  if (!up_ || half_open_pending_ > 0 || context_.broker->breaker() != Breaker::kHalfOpen) return;
+  context_.broker->setBreaker(Breaker::kClosed, monotonicNowNs());
+  spdlog::info("lease: breaker closed; global rules lease from redis");
+  context_.broker->notifyWorkers();
+}
+
+void LeaseManager::returnAll(int64_t timeout_ms, std::function<void()> done) {
+  RuleSetPtr rules = context_.rules();
+  struct Return {
+    const Rule* rule;
+    std::string key;
+    int64_t units;
+    int64_t lease_now_ms;
+  };
+  std::vector<Return> returns;
+  int64_t now_ns = monotonicNowNs();
+  context_.keys->visit([&](KeyTable::Entry& entry) {
+    const Rule* rule = rules->findById(entry.ruleId());
+    if (rule == nullptr || !leasable(*rule) || entry.state().size() != slice::kWords) return;
+    Words words = entry.state();
+    int64_t expires = static_cast<int64_t>(words[slice::kExpires].load(std::memory_order_acquire));
+    auto units = static_cast<int64_t>(words[slice::kUnits].exchange(0, std::memory_order_acq_rel));
+    if (units > 0 && (expires == 0 || now_ns < expires)) {
+      returns.push_back({rule, std::string(entry.key()),
+                         units,
+                         static_cast<int64_t>(words[slice::kLeaseNowMs].load(std::memory_order_acquire))});
+    }
+  });
+  if (!up_ || returns.empty()) {
+    done();
+    return;
+  }
+  auto pending = std::make_shared<size_t>(returns.size());
+  auto one_done = [pending, done] {
+    if (--*pending == 0) done();
+  };
+  size_t units = 0;
+  for (const Return& r : returns) {
+    units += static_cast<size_t>(r.units);
+    sendReturn(*r.rule, r.key, r.units, r.lease_now_ms, timeout_ms, one_done);
+  }
+  spdlog::info("lease: returning {} unused units of {} keys", units, returns.size());
+}
+
+}  // namespace sluice

@@ -1,0 +1,108 @@
+// LeaseManager: the control thread's half of the lease path. It turns the
+// workers' LeaseRequests into EVALSHA calls of the lease scripts, applies
+// the answers to the keys' slices (lease.h), and runs the breaker's
+// transitions (DESIGN.md, "Fallback"):
+//
+//   open ──(Redis up)──> half_open ──(debits and INFO answered)──> closed
+//     ^                      │                                       │
+//     └──────(Redis down: link lost, PING error, a command timed out)┘
+//
+//  - open: global rules follow on_redis_down; lease requests are dropped.
+//  - half_open: what the node admitted in fallback (counted per key in the
+//    share entries) is debited to the global state, so the fleet does not
+//    get a second budget for the same period; INFO's run_id is compared
+//    with the last one seen, and a changed run_id (Redis restarted, or
+//    failed over, without the fleet's state) starts learning mode.
+//  - closed: leasing.
+//
+// Redis keys: <key_prefix>q:<rule name length>:<rule name>:<key> holds one
+// (rule, key)'s global state; the length prefix keeps any two (rule, key)
+// pairs apart whatever bytes they contain.
+//
+// Thread model: every method runs on the control thread (control.h), which
+// owns the RedisLink; workers reach the manager only through the
+// LeaseBroker's queue. Entries are found again by (rule id, key) under the
+// manager's own ReadGuard for every reply: no entry pointer outlives a
+// guard.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "config.h"
+#include "key_table.h"
+#include "lease.h"
+#include "redis_link.h"
+#include "rules.h"
+#include "scripts.h"
+
+namespace sluice {
+
+// Where the manager finds what it needs; all outlive it.
+struct LeaseContext {
+  KeyTable* keys = nullptr;
+  LeaseBroker* broker = nullptr;
+  // The current rule set (any thread; the server's config lock inside).
+  std::function<RuleSetPtr()> rules;
+  // Live nodes N as the control thread last counted them.
+  std::function<uint32_t()> nodes;
+};
+
+// A key failing with a Redis error reply (not a timeout) follows its
+// on_redis_down policy this long before it leases again.
+constexpr int64_t kLeaseErrorBackoffNs = 1'000'000'000;
+
+class LeaseManager {
+ public:
+  // Registers the lease scripts on `link` (so before link.start()).
+  LeaseManager(RedisLink& link, const RedisConfig& config, LeaseContext context);
+  LeaseManager(const LeaseManager&) = delete;
+  LeaseManager& operator=(const LeaseManager&) = delete;
+
+  // The broker's queue has requests.
+  void onWakeup();
+  // Redis became reachable (handshake done, or PING answered again).
+  void onUp();
+  // Redis became unreachable.
+  void onDown();
+  // Graceful stop: returns every slice's unused units, then calls `done`
+  // (at once when Redis is down; otherwise when every return is answered or
+  // timed out after `timeout_ms`).
+  void returnAll(int64_t timeout_ms, std::function<void()> done);
+
+  // The Redis key of (rule, key).
+  std::string redisKey(std::string_view rule_name, std::string_view key) const;
+
+ private:
+  void sendLease(const LeaseRequest& request, const Rule& rule);
+  void sendReturn(const Rule& rule, std::string_view key, int64_t units, int64_t lease_now_ms,
+                  int64_t timeout_ms, std::function<void()> done);
+  // Sends a debit of `units`; false (and `done` not called) when not sent.
+  bool sendDebit(const Rule& rule, std::string_view key, int64_t units, std::function<void()> done);
+  void onLeaseReply(const LeaseRequest& request, Algorithm algorithm, const Limit& limit,
+                    const RedisResult& result);
+  // Clears the in-flight bit of (rule_id, key), after `apply` has run on its
+  // words (when the entry is still there); then wakes the workers.
+  void finish(uint32_t rule_id, std::string_view key,
+              const std::function<void(std::span<std::atomic<uint64_t>>)>& apply);
+  void startHalfOpen();
+  void checkHalfOpenDone();
+  RedisLink::ScriptId scriptFor(Algorithm algorithm) const;
+
+  RedisLink& link_;
+  const RedisConfig config_;
+  LeaseContext context_;
+  KeyTable::ReaderId reader_;
+  RedisLink::ScriptId token_bucket_ = 0, gcra_ = 0, fixed_window_ = 0, sliding_window_ = 0;
+
+  std::vector<LeaseRequest> taken_;
+  bool up_ = false;
+  uint64_t half_open_epoch_ = 0;  // bumped on every onUp/onDown
+  size_t half_open_pending_ = 0;  // debits and INFO not answered yet
+  std::string run_id_;            // of the Redis we last talked to
+  std::string last_error_;        // the last lease error logged
+};
+
+}  // namespace sluice
