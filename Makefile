@@ -4,6 +4,7 @@
 #   make run        build and run sluiced on conf/sluice.toml (local-only)
 #   make test       build with warnings as errors and run every test
 #   make test-asan  the same under AddressSanitizer + UndefinedBehaviorSanitizer
+#                   (without the timing-bound fleet tests, label `fleet`)
 #   make test-tsan  the same under ThreadSanitizer
 #   make bench      build optimised and print the benchmark figures
 #   make deps       install the Debian packages the build needs
@@ -52,11 +53,11 @@ test: build
 
 test-asan: deps
 	$(call configure,build-asan,Debug,-DSLUICE_ASAN=ON -DSLUICE_BUILD_BENCH=OFF)
-	cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS)
+	cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS) -LE fleet
 
 test-tsan: deps
 	$(call configure,build-tsan,RelWithDebInfo,-DSLUICE_TSAN=ON -DSLUICE_BUILD_BENCH=OFF)
-	cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j $(JOBS)
+	cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j $(JOBS) -LE fleet
 
 bench: deps
 	$(call configure,build-release,Release,-DSLUICE_BUILD_TESTS=OFF)

@@ -217,8 +217,8 @@ void Dispatcher::noteFallbackSpend(const Rule& share, std::string_view key,
 void Dispatcher::requestLease(const Rule& rule, std::string_view key,
                               std::span<std::atomic<uint64_t>> words, int64_t now_ns,
                               int64_t cost) {
-  slice::Batch batch = slice::nextBatch(words, now_ns, cost, leaseCapacity(rule.limits.front()),
-                                        rules_->fallbackNodes(), broker_->leaseIntervalNs());
+  slice::Batch batch = slice::nextBatch(words, now_ns, cost, rule, rules_->fallbackNodes(),
+                                        broker_->leaseIntervalNs());
   LeaseRequest request;
   request.rule_id = rule.id;
   request.key = std::string(key);

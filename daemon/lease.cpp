@@ -153,7 +153,9 @@ void refund(std::span<std::atomic<uint64_t>> words, int64_t cost) {
 }
 
 Batch nextBatch(std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t cost,
-                int64_t capacity, uint32_t nodes, int64_t lease_interval_ns) {
+                const Rule& rule, uint32_t nodes, int64_t lease_interval_ns) {
+  const Limit& limit = rule.limits.front();
+  int64_t capacity = leaseCapacity(limit);
   int64_t demand = static_cast<int64_t>(words[kDemand].exchange(0, std::memory_order_relaxed));
   int64_t since = load(words, kRequestedAt);
   words[kRequestedAt].store(static_cast<uint64_t>(now_ns), std::memory_order_relaxed);
@@ -166,10 +168,13 @@ Batch nextBatch(std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t 
   Batch batch;
   batch.n = std::clamp<int64_t>(static_cast<int64_t>(per_interval + 0.999), 1, share);
   batch.n = std::max(batch.n, cost);
-  // A warm key waits for a quarter batch rather than leasing units one by
-  // one as a spent bucket refills; a cold key takes what there is.
   bool warm = (words[kFlags].load(std::memory_order_acquire) & kWarm) != 0;
-  batch.need = warm ? std::max(cost, batch.n / 4) : cost;
+  batch.need = cost;
+  if (warm && isBucket(rule.algorithm)) {
+    double refill = static_cast<double>(limit.limit) * static_cast<double>(lease_interval_ns) /
+                    static_cast<double>(limit.period_ns);
+    batch.need = std::max(cost, std::min(batch.n / 4, static_cast<int64_t>(refill)));
+  }
   words[kBatch].store(static_cast<uint64_t>(batch.n), std::memory_order_relaxed);
   return batch;
 }

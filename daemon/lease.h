@@ -106,13 +106,16 @@ TakeResult look(std::span<const std::atomic<uint64_t>> words, int64_t now_ns, in
 void refund(std::span<std::atomic<uint64_t>> words, int64_t cost);
 
 // The size of the next lease, for a caller that has claimed the in-flight
-// bit: {n, need}. Resets the demand estimate.
+// bit of a key of `rule` (leasable): {n, need}. Resets the demand estimate.
+// A warm bucket key asks for at least a quarter batch, but never for more
+// than refills in one lease interval, so a spent bucket is not leased unit
+// by unit and a slow one is not left holding units no node may take.
 struct Batch {
   int64_t n = 1;
   int64_t need = 1;
 };
 Batch nextBatch(std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t cost,
-                int64_t capacity, uint32_t nodes, int64_t lease_interval_ns);
+                const Rule& rule, uint32_t nodes, int64_t lease_interval_ns);
 
 }  // namespace slice
 

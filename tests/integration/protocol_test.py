@@ -575,9 +575,8 @@ def wait_for(predicate, timeout):
 class RedisHealthTest(unittest.TestCase):
     """The daemon's control thread talks to a real Redis: health and membership.
 
-    There are no leases yet, so global rules still answer on their
-    on_redis_down policy ("fallback") while Redis is up; what Redis changes
-    is health and N, the number the fallback share divides by.
+    With Redis up, a leasable global rule decides on leases ("normal"); while
+    it is down, on its on_redis_down policy; N is what the share divides by.
     """
 
     def setUp(self):
@@ -653,6 +652,117 @@ class RedisHealthTest(unittest.TestCase):
         self.assertTrue(wait_for(lambda: a.result("health")["nodes"] == 1, 2), first.logs())
         self.assertTrue(wait_for(lambda: a.result("peek", "share_only", "eight")["limit"] == 8, 2))
         self.assertEqual(self.redis.command(b"ZCARD", b"sluice:members"), b":1\r\n")
+
+
+def evalsha_calls(redis):
+    """EVALSHA calls Redis has served, from INFO commandstats."""
+    text = redis.command(b"INFO", b"commandstats").decode()
+    for line in text.splitlines():
+        if line.startswith("cmdstat_evalsha:"):
+            return int(line.split("calls=")[1].split(",")[0])
+    return 0
+
+
+class LeasingTest(unittest.TestCase):
+    """Global rules lease from a real Redis: the bucket is the fleet's.
+
+    The rule "shared" is a token bucket of 8 per hour: nothing refills during
+    a test, so every unit a daemon admits, holds or gives back shows in what
+    another daemon can still get.
+    """
+
+    def setUp(self):
+        self.redis = Redis()
+        self.daemons = []
+
+    def tearDown(self):
+        for daemon in self.daemons:
+            daemon.stop()
+        self.redis.stop()
+
+    def start_daemon(self):
+        daemon = Daemon(extra=REDIS_RULES.format(port=self.redis.port))
+        self.daemons.append(daemon)
+        client = daemon.connect()
+        self.assertTrue(wait_for(lambda: client.result("health")["breaker"] == "closed", 5),
+                        daemon.logs())
+        return daemon, client
+
+    def acquire_many(self, client, key, count):
+        """Pipelines `count` acquires of one unit; returns the results."""
+        for i in range(count):
+            client.send([0, 1000 + i, "acquire", ["shared", key, 1]])
+        results = {}
+        while len(results) < count:
+            response = client.recv()
+            self.assertIsNone(response[2])
+            results[response[1]] = response[3]
+        return [results[1000 + i] for i in range(count)]
+
+    # Verifies a graceful stop gives back the units a daemon leased and did
+    # not spend: the next daemon gets exactly what the first did not admit.
+    def test_stop_returns_unused_units(self):
+        first, a = self.start_daemon()
+        results = self.acquire_many(a, "r", 6)
+        self.assertTrue(all(r["mode"] == "normal" for r in results), results)
+        admitted = sum(r["allowed"] for r in results)
+        leases = a.result("stats")["leases"]
+        self.assertGreater(leases["granted_units"], leases["spent_units"],
+                           "precondition: the daemon holds leased units")
+        self.assertEqual(leases["spent_units"], admitted)
+        first.proc.send_signal(signal.SIGTERM)
+        self.assertEqual(first.proc.wait(timeout=5), 0, first.logs())
+
+        second, b = self.start_daemon()
+        results = self.acquire_many(b, "r", 12)
+        self.assertEqual(sum(r["allowed"] for r in results), 8 - admitted,
+                         first.logs() + second.logs())
+
+    # Verifies the negative cache: once Redis said the bucket is empty, more
+    # denials cost Redis no command, and they say when to retry.
+    def test_over_limit_key_costs_redis_nothing(self):
+        daemon, client = self.start_daemon()
+        results = self.acquire_many(client, "hot", 20)
+        self.assertEqual(sum(r["allowed"] for r in results), 8)
+        before = evalsha_calls(self.redis)
+        results = self.acquire_many(client, "hot", 200)
+        self.assertFalse(any(r["allowed"] for r in results))
+        self.assertTrue(all(r["mode"] == "normal" for r in results))
+        self.assertTrue(all(r["retry_after_ms"] > 60_000 for r in results), results[0])
+        # Heartbeats (every 100 ms here) are EVALSHAs too; leases would be 200.
+        self.assertLessEqual(evalsha_calls(self.redis) - before, 10)
+        self.assertGreaterEqual(client.result("stats")["leases"]["negative_cache_hits"], 200)
+
+    # Verifies what a daemon admits while Redis is stalled is debited when it
+    # comes back, so the fleet does not get those units twice.
+    def test_fallback_admissions_are_debited_on_recovery(self):
+        first, a = self.start_daemon()
+        self.redis.proc.send_signal(signal.SIGSTOP)
+        try:
+            self.assertTrue(wait_for(lambda: a.result("health")["breaker"] == "open", 2))
+            results = [a.result("acquire", "shared", "d") for _ in range(3)]
+            self.assertTrue(all(r["allowed"] and r["mode"] == "fallback" for r in results),
+                            results)
+        finally:
+            self.redis.proc.send_signal(signal.SIGCONT)
+        self.assertTrue(wait_for(lambda: a.result("health")["breaker"] == "closed", 5),
+                        first.logs())
+        self.assertEqual(a.result("stats")["leases"]["debited_units"], 3)
+
+        second, b = self.start_daemon()
+        results = self.acquire_many(b, "d", 12)
+        self.assertEqual(sum(r["allowed"] for r in results), 5, second.logs())
+
+    # Verifies a request for a cold key waits for its first lease rather
+    # than being refused, and the answer comes from the lease.
+    def test_cold_key_waits_for_its_first_lease(self):
+        daemon, client = self.start_daemon()
+        result = client.result("acquire", "shared", "cold")
+        self.assertTrue(result["allowed"])
+        self.assertEqual(result["mode"], "normal")
+        stats = client.result("stats")["leases"]
+        self.assertGreaterEqual(stats["deferred"], 1)
+        self.assertEqual(stats["deferred_expired"], 0)
 
 
 class TimeoutTest(unittest.TestCase):

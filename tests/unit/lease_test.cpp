@@ -1,0 +1,214 @@
+// Slices (lease.h): spending leased units, the negative cache, the in-flight
+// claim, window expiry and batch sizing, on a fake clock.
+#include "lease.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <vector>
+
+namespace sluice {
+namespace {
+
+constexpr int64_t kMs = 1'000'000;
+constexpr int64_t kInterval = 100 * kMs;
+
+class SliceTest : public ::testing::Test {
+ protected:
+  std::span<std::atomic<uint64_t>> words() { return {words_.data(), words_.size()}; }
+  void grant(int64_t units) {
+    words_[slice::kUnits].fetch_add(static_cast<uint64_t>(units));
+    words_[slice::kFlags].fetch_or(slice::kWarm);
+    words_[slice::kFlags].fetch_and(~slice::kInFlight);
+  }
+  uint64_t flags() const { return words_[slice::kFlags].load(); }
+
+  std::vector<std::atomic<uint64_t>> words_ = std::vector<std::atomic<uint64_t>>(slice::kWords);
+};
+
+// Verifies a cold key has nothing to spend, and that exactly one caller
+// claims its lease until the answer clears the bit.
+TEST_F(SliceTest, ColdKeyIsEmptyAndOneCallerClaimsTheLease) {
+  slice::TakeResult first = slice::take(words(), 1 * kMs, 1);
+  EXPECT_EQ(first.outcome, slice::Outcome::kEmpty);
+  EXPECT_TRUE(first.cold);
+  EXPECT_TRUE(first.must_request);
+  slice::TakeResult second = slice::take(words(), 2 * kMs, 1);
+  EXPECT_EQ(second.outcome, slice::Outcome::kEmpty);
+  EXPECT_FALSE(second.must_request);  // in flight already
+  grant(10);
+  EXPECT_EQ(flags() & slice::kInFlight, 0u);
+}
+
+// Verifies units are spent exactly, all-or-nothing per cost, and refunds
+// put them back.
+TEST_F(SliceTest, SpendsExactlyWhatWasGranted) {
+  grant(5);
+  words_[slice::kBatch].store(4);  // low water: 1
+  EXPECT_EQ(slice::take(words(), kMs, 3).left, 2);
+  slice::TakeResult too_much = slice::take(words(), kMs, 3);
+  EXPECT_EQ(too_much.outcome, slice::Outcome::kEmpty);
+  EXPECT_EQ(words_[slice::kUnits].load(), 2u);  // nothing spent by the failure
+  slice::refund(words(), 3);
+  EXPECT_EQ(words_[slice::kUnits].load(), 5u);
+}
+
+// Verifies a refill is asked for once the slice falls under a quarter of
+// the last batch, and only once while it is in flight.
+TEST_F(SliceTest, RefillBelowLowWater) {
+  grant(40);
+  words_[slice::kBatch].store(40);  // low water 10
+  for (int i = 0; i < 30; ++i) {
+    EXPECT_FALSE(slice::take(words(), kMs, 1).must_request) << i;
+  }
+  slice::TakeResult at_low = slice::take(words(), kMs, 1);
+  EXPECT_EQ(at_low.left, 9);
+  EXPECT_TRUE(at_low.must_request);
+  EXPECT_FALSE(slice::take(words(), kMs, 1).must_request);
+}
+
+// Verifies the negative cache: after "nothing until t" the key is denied
+// locally until t, without claiming a lease, and may lease again after.
+TEST_F(SliceTest, NegativeCacheDeniesUntilItsTime) {
+  words_[slice::kDenyUntil].store(50 * kMs);
+  slice::TakeResult denied = slice::take(words(), 10 * kMs, 1);
+  EXPECT_EQ(denied.outcome, slice::Outcome::kDenied);
+  EXPECT_EQ(denied.until_ns, 50 * kMs);
+  EXPECT_FALSE(denied.must_request);
+  EXPECT_EQ(slice::look(words(), 10 * kMs, 1).outcome, slice::Outcome::kDenied);
+  slice::TakeResult later = slice::take(words(), 50 * kMs, 1);
+  EXPECT_EQ(later.outcome, slice::Outcome::kEmpty);
+  EXPECT_TRUE(later.must_request);
+}
+
+// Verifies a key whose lease failed follows its policy until the backoff
+// ends.
+TEST_F(SliceTest, FailedLeaseSendsTheKeyToItsPolicy) {
+  grant(3);
+  words_[slice::kFallbackUntil].store(20 * kMs);
+  EXPECT_EQ(slice::take(words(), 10 * kMs, 1).outcome, slice::Outcome::kFallback);
+  EXPECT_EQ(words_[slice::kUnits].load(), 3u);
+  EXPECT_EQ(slice::take(words(), 20 * kMs, 1).outcome, slice::Outcome::kTaken);
+}
+
+// Verifies units of an ended window are dropped, never spent in the next.
+TEST_F(SliceTest, WindowUnitsExpireWithTheirWindow) {
+  grant(5);
+  words_[slice::kExpires].store(100 * kMs);
+  EXPECT_EQ(slice::take(words(), 99 * kMs, 1).outcome, slice::Outcome::kTaken);
+  EXPECT_EQ(slice::look(words(), 100 * kMs, 1).outcome, slice::Outcome::kEmpty);
+  slice::TakeResult after = slice::take(words(), 100 * kMs, 1);
+  EXPECT_EQ(after.outcome, slice::Outcome::kEmpty);
+  EXPECT_EQ(after.dropped, 4);
+  EXPECT_EQ(words_[slice::kUnits].load(), 0u);
+}
+
+Rule bucketRule(int64_t limit, int64_t period_ns, int64_t burst) {
+  Rule rule;
+  rule.scope = Scope::kGlobal;
+  rule.algorithm = Algorithm::kTokenBucket;
+  rule.limits = {Limit{.limit = limit, .period_ns = period_ns, .burst = burst}};
+  return rule;
+}
+
+// Verifies the batch follows demand (about one lease interval of it),
+// never exceeds the node's share of the capacity, never goes below the
+// cost, and that a warm key waits for a quarter batch.
+TEST_F(SliceTest, BatchFollowsDemandWithinTheShare) {
+  Rule rule = bucketRule(10'000, 1'000 * kMs, 1000);  // 1000 refill per interval
+  // Cold: one request's cost.
+  slice::Batch cold = slice::nextBatch(words(), 1 * kMs, 1, rule, 2, kInterval);
+  EXPECT_EQ(cold.n, 1);
+  EXPECT_EQ(cold.need, 1);
+  grant(1);
+  // 200 units asked for over 200 ms: 100 per interval.
+  words_[slice::kDemand].store(200);
+  slice::Batch warm = slice::nextBatch(words(), 201 * kMs, 1, rule, 2, kInterval);
+  EXPECT_EQ(warm.n, 100);
+  EXPECT_EQ(warm.need, 25);
+  EXPECT_EQ(words_[slice::kDemand].load(), 0u);  // reset for the next estimate
+  // Far more demand than the share (1000 / 2 nodes).
+  words_[slice::kDemand].store(1'000'000);
+  EXPECT_EQ(slice::nextBatch(words(), 301 * kMs, 1, rule, 2, kInterval).n, 500);
+  // A cost above the demand estimate still gets a batch it can pay with.
+  EXPECT_EQ(slice::nextBatch(words(), 401 * kMs, 7, rule, 2, kInterval).n, 7);
+}
+
+// Verifies a slow bucket (8 an hour) never asks for more than one request's
+// cost, so its last units are not stranded in Redis; nor does a window,
+// whose units do not trickle back.
+TEST_F(SliceTest, SlowBucketsAndWindowsNeedOnlyTheCost) {
+  grant(1);
+  words_[slice::kDemand].store(400);
+  Rule slow = bucketRule(8, 3'600'000 * kMs, 8);
+  slice::Batch batch = slice::nextBatch(words(), 500 * kMs, 1, slow, 1, kInterval);
+  EXPECT_EQ(batch.n, 8);
+  EXPECT_EQ(batch.need, 1);
+  Rule window = slow;
+  window.algorithm = Algorithm::kFixedWindow;
+  words_[slice::kDemand].store(400);
+  EXPECT_EQ(slice::nextBatch(words(), 900 * kMs, 1, window, 1, kInterval).need, 1);
+}
+
+// Verifies which rules lease and what their capacity is.
+TEST(LeasableTest, OnlySingleLimitRateRulesLease) {
+  Rule rule;
+  rule.scope = Scope::kGlobal;
+  rule.limits = {Limit{.limit = 10, .period_ns = 1'000 * kMs, .burst = 20}};
+  for (Algorithm algorithm : {Algorithm::kTokenBucket, Algorithm::kGcra, Algorithm::kFixedWindow,
+                              Algorithm::kSlidingWindow}) {
+    rule.algorithm = algorithm;
+    EXPECT_TRUE(leasable(rule)) << algorithmName(algorithm);
+  }
+  rule.algorithm = Algorithm::kSlidingLog;
+  EXPECT_FALSE(leasable(rule));
+  rule.algorithm = Algorithm::kConcurrency;
+  EXPECT_FALSE(leasable(rule));
+  rule.algorithm = Algorithm::kTokenBucket;
+  rule.limits.push_back(rule.limits.front());
+  EXPECT_FALSE(leasable(rule));  // several limits decide on the share
+  rule.limits.pop_back();
+  rule.scope = Scope::kLocal;
+  EXPECT_FALSE(leasable(rule));
+  EXPECT_EQ(leaseCapacity(Limit{.limit = 10, .period_ns = kMs, .burst = 20}), 20);
+  EXPECT_EQ(leaseCapacity(Limit{.limit = 10, .period_ns = kMs, .burst = 0}), 10);
+}
+
+// Verifies learning mode lasts one of the rule's memory spans: a window,
+// or the time its bucket takes to refill.
+TEST(LeaseBrokerTest, LearningLastsOneRulePeriod) {
+  LeaseBroker broker(kInterval);
+  Rule window;
+  window.algorithm = Algorithm::kFixedWindow;
+  window.limits = {Limit{.limit = 10, .period_ns = 1'000 * kMs, .burst = 10}};
+  Rule bucket;
+  bucket.algorithm = Algorithm::kTokenBucket;
+  bucket.limits = {Limit{.limit = 10, .period_ns = 1'000 * kMs, .burst = 30}};  // 3 s to refill
+  EXPECT_FALSE(broker.learning(window, 5'000 * kMs));
+  broker.startLearning(5'000 * kMs, 3'000 * kMs);
+  EXPECT_TRUE(broker.learning(window, 5'999 * kMs));
+  EXPECT_FALSE(broker.learning(window, 6'000 * kMs));
+  EXPECT_TRUE(broker.learning(bucket, 7'999 * kMs));
+  EXPECT_FALSE(broker.learning(bucket, 8'000 * kMs));
+  EXPECT_TRUE(broker.learningAny(7'999 * kMs));
+  EXPECT_EQ(broker.stats(0).learning_entries, 1u);
+}
+
+// Verifies the breaker's bookkeeping: entries into fallback and the time
+// spent there.
+TEST(LeaseBrokerTest, BreakerCountsFallbackTime) {
+  LeaseBroker broker(kInterval);
+  EXPECT_FALSE(broker.leasing());  // open until Redis answers
+  broker.setBreaker(Breaker::kHalfOpen, 10 * kMs);
+  broker.setBreaker(Breaker::kClosed, 11 * kMs);
+  EXPECT_TRUE(broker.leasing());
+  broker.setBreaker(Breaker::kOpen, 100 * kMs);
+  EXPECT_FALSE(broker.leasing());
+  EXPECT_EQ(broker.stats(150 * kMs).fallback_ms, 50u);
+  broker.setBreaker(Breaker::kHalfOpen, 400 * kMs);
+  EXPECT_EQ(broker.stats(1'000 * kMs).fallback_ms, 300u);
+  EXPECT_EQ(broker.stats(1'000 * kMs).fallback_entries, 1u);
+}
+
+}  // namespace
+}  // namespace sluice
