@@ -7,11 +7,16 @@
 #                   (without the timing-bound fleet tests, label `fleet`)
 #   make test-tsan  the same under ThreadSanitizer
 #   make bench      build optimised and print the benchmark figures
+#   make fuzz       build the libFuzzer targets (clang) and run each for
+#                   FUZZ_SECONDS (default 60) on a copy of its corpus
 #   make deps       install the Debian packages the build needs
 
 PACKAGES := cmake make g++ pkg-config libuv1-dev libhiredis-dev libmsgpack-cxx-dev \
             libtomlplusplus-dev libspdlog-dev libfmt-dev googletest libgtest-dev \
             redis-server python3-msgpack
+FUZZ_PACKAGES := clang libclang-rt-14-dev
+FUZZ_TARGETS := rpc config lease_reply
+FUZZ_SECONDS ?= 60
 JOBS ?= $(shell nproc)
 WERROR ?= ON
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -22,18 +27,23 @@ RUN_DIR = $(shell if [ -w /run/sluice ] || mkdir -p /run/sluice 2>/dev/null; the
              elif [ -n "$$XDG_RUNTIME_DIR" ]; then echo $$XDG_RUNTIME_DIR/sluice; \
              else echo /tmp/sluice-$$(id -u); fi)
 
-.PHONY: all deps build run test test-asan test-tsan bench clean
+.PHONY: all deps build run test test-asan test-tsan bench fuzz clean
 
 all: build
 
-deps:
-	@missing=$$(for p in $(PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null \
+# $(call install,packages): installs those of the Debian packages that are missing.
+define install
+	@missing=$$(for p in $(1); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null \
 	    | grep -q 'install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:" $$missing; \
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
 	fi
+endef
+
+deps:
+	$(call install,$(PACKAGES))
 
 # build-<flavour>/ is configured once and rebuilt incrementally.
 define configure
@@ -63,5 +73,26 @@ bench: deps
 	$(call configure,build-release,Release,-DSLUICE_BUILD_TESTS=OFF)
 	./bench/run.sh build-release
 
+# Each fuzzer runs on build-fuzz/corpus/<target>, a copy of fuzz/corpus/<target>
+# that keeps what earlier runs found, so new inputs stay out of the tree; a
+# crash is saved in build-fuzz/artifacts/<target>/ and stops the run. Debug
+# keeps assertions on (the fuzz build adds -O1).
+fuzz: deps
+	$(call install,$(FUZZ_PACKAGES))
+	CC=clang CXX=clang++ $(call configure,build-fuzz,Debug,-DSLUICE_FUZZ=ON -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_BENCH=OFF)
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p build-fuzz/corpus/$$t build-fuzz/artifacts/$$t && \
+	  cp -r fuzz/corpus/$$t/. build-fuzz/corpus/$$t/ && \
+	  echo "fuzz_$$t: $(FUZZ_SECONDS) s on build-fuzz/corpus/$$t" && \
+	  if ! build-fuzz/fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -timeout=10 \
+	        -artifact_prefix=build-fuzz/artifacts/$$t/ build-fuzz/corpus/$$t \
+	        >build-fuzz/fuzz_$$t.log 2>&1; then \
+	    tail -n 40 build-fuzz/fuzz_$$t.log; \
+	    echo "fuzz_$$t failed; the input is in build-fuzz/artifacts/$$t/, the log in build-fuzz/fuzz_$$t.log"; \
+	    exit 1; \
+	  fi; \
+	  grep -E '^Done [0-9]+ runs' build-fuzz/fuzz_$$t.log | sed "s/^/fuzz_$$t: /"; \
+	done
+
 clean:
-	rm -rf build build-asan build-tsan build-release
+	rm -rf build build-asan build-tsan build-release build-fuzz
