@@ -186,10 +186,9 @@ void Control::onHeartbeat(const RedisResult& result, int64_t sent_us) {
     }
     return;
   }
-  const RedisReply& reply = *result.reply;
-  std::vector<int64_t> values;
-  for (size_t i = 0; i < reply.size(); i++) values.push_back(reply[i].integer());
-  std::optional<scripts::HeartbeatReply> beat = scripts::parseHeartbeatReply(values);
+  std::optional<std::vector<int64_t>> values = result.reply->integers();
+  std::optional<scripts::HeartbeatReply> beat;
+  if (values) beat = scripts::parseHeartbeatReply(*values);
   if (!beat || beat->live < 1) {
     std::string error = "heartbeat.lua answered something else than {live, now_ms}";
     if (error != last_heartbeat_error_) {

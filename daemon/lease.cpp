@@ -74,6 +74,16 @@ int64_t spendable(std::span<const std::atomic<uint64_t>> words, int64_t now_ns) 
   return load(words, kUnits);
 }
 
+// Reports a denial when Redis said "nothing until t" and t has not come.
+bool negativelyCached(std::span<const std::atomic<uint64_t>> words, int64_t now_ns,
+                      TakeResult* result) {
+  int64_t deny_until = load(words, kDenyUntil);
+  if (now_ns >= deny_until) return false;
+  result->outcome = Outcome::kDenied;
+  result->until_ns = deny_until;
+  return true;
+}
+
 }  // namespace
 
 TakeResult look(std::span<const std::atomic<uint64_t>> words, int64_t now_ns, int64_t cost) {
@@ -90,11 +100,7 @@ TakeResult look(std::span<const std::atomic<uint64_t>> words, int64_t now_ns, in
     result.left = units - cost;
     return result;
   }
-  int64_t deny_until = load(words, kDenyUntil);
-  if (now_ns < deny_until) {
-    result.outcome = Outcome::kDenied;
-    result.until_ns = deny_until;
-  }
+  negativelyCached(words, now_ns, &result);
   return result;
 }
 
@@ -137,12 +143,7 @@ TakeResult take(std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t 
       return result;
     }
   }
-  int64_t deny_until = load(words, kDenyUntil);
-  if (now_ns < deny_until) {
-    result.outcome = Outcome::kDenied;
-    result.until_ns = deny_until;
-    return result;
-  }
+  if (negativelyCached(words, now_ns, &result)) return result;
   result.outcome = Outcome::kEmpty;
   result.must_request = claim(words);
   return result;

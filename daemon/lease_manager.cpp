@@ -25,17 +25,6 @@ bool isWindow(Algorithm algorithm) {
   return algorithm == Algorithm::kFixedWindow || algorithm == Algorithm::kSlidingWindow;
 }
 
-// The integers of a script's reply, or none when it is not an array of them.
-std::vector<int64_t> integers(const RedisReply& reply) {
-  std::vector<int64_t> values;
-  if (reply.kind() != RedisReply::Kind::kArray) return values;
-  for (size_t i = 0; i < reply.size(); i++) {
-    if (reply[i].kind() != RedisReply::Kind::kInteger) return {};
-    values.push_back(reply[i].integer());
-  }
-  return values;
-}
-
 }  // namespace
 
 LeaseManager::LeaseManager(RedisLink& link, const RedisConfig& config, LeaseContext context)
@@ -125,8 +114,7 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, Algorithm algorithm
   int64_t now_ns = monotonicNowNs();
   std::optional<scripts::LeaseReply> reply;
   if (result.status == RedisStatus::kOk) {
-    std::vector<int64_t> values = integers(*result.reply);
-    reply = scripts::parseLeaseReply(values);
+    if (auto values = result.reply->integers()) reply = scripts::parseLeaseReply(*values);
   }
   if (!reply) {
     counters.failed.fetch_add(1, std::memory_order_relaxed);

@@ -46,8 +46,6 @@ struct LeaseContext {
   LeaseBroker* broker = nullptr;
   // The current rule set (any thread; the server's config lock inside).
   std::function<RuleSetPtr()> rules;
-  // Live nodes N as the control thread last counted them.
-  std::function<uint32_t()> nodes;
 };
 
 // A key failing with a Redis error reply (not a timeout) follows its

@@ -82,6 +82,18 @@ size_t RedisReply::size() const {
 
 RedisReply RedisReply::operator[](size_t i) const { return RedisReply(asHiredis(reply_)->element[i]); }
 
+std::optional<std::vector<int64_t>> RedisReply::integers() const {
+  if (kind() != Kind::kArray) return std::nullopt;
+  std::vector<int64_t> values;
+  values.reserve(size());
+  for (size_t i = 0; i < size(); i++) {
+    RedisReply element = (*this)[i];
+    if (element.kind() != Kind::kInteger) return std::nullopt;
+    values.push_back(element.integer());
+  }
+  return values;
+}
+
 std::string_view toString(RedisStatus status) {
   switch (status) {
     case RedisStatus::kOk: return "ok";

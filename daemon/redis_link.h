@@ -46,6 +46,7 @@
 #include <list>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -71,6 +72,9 @@ class RedisReply {
   std::string_view str() const;  // kString, kStatus, kError; "" otherwise
   size_t size() const;           // kArray: number of elements; 0 otherwise
   RedisReply operator[](size_t i) const;  // kArray, i < size()
+  // An array of integers (what the Lua scripts return) as its values;
+  // nullopt for anything else, an array with any other element included.
+  std::optional<std::vector<int64_t>> integers() const;
 
  private:
   const void* reply_;

@@ -55,30 +55,20 @@ uint64_t walk(const RedisReply& reply) {
   return digest;
 }
 
-// LeaseManager's conversion (integers() in lease_manager.cpp).
-std::vector<int64_t> leaseIntegers(const RedisReply& reply) {
-  std::vector<int64_t> values;
-  if (reply.kind() != RedisReply::Kind::kArray) return values;
-  for (size_t i = 0; i < reply.size(); i++) {
-    if (reply[i].kind() != RedisReply::Kind::kInteger) return {};
-    values.push_back(reply[i].integer());
-  }
-  return values;
-}
-
-// Control::onHeartbeat's conversion.
-std::vector<int64_t> heartbeatIntegers(const RedisReply& reply) {
-  std::vector<int64_t> values;
-  for (size_t i = 0; i < reply.size(); i++) values.push_back(reply[i].integer());
-  return values;
-}
-
 void check(const RedisReply& reply) {
   volatile uint64_t digest = walk(reply);
   (void)digest;
   if (reply.kind() == RedisReply::Kind::kError) return;
 
-  std::vector<int64_t> values = leaseIntegers(reply);
+  // The conversion the lease manager and the control thread both use.
+  bool all_integers = reply.kind() == RedisReply::Kind::kArray;
+  for (size_t i = 0; i < reply.size(); ++i) {
+    all_integers = all_integers && reply[i].kind() == RedisReply::Kind::kInteger;
+  }
+  std::optional<std::vector<int64_t>> converted = reply.integers();
+  FUZZ_CHECK(converted.has_value() == all_integers,
+             "integers() takes exactly the arrays of integers");
+  std::vector<int64_t> values = converted.value_or(std::vector<int64_t>{});
   std::optional<scripts::LeaseReply> lease = scripts::parseLeaseReply(values);
   FUZZ_CHECK(lease.has_value() == (values.size() == 5 || values.size() == 6),
              "a lease reply is 5 or 6 integers");
@@ -87,7 +77,6 @@ void check(const RedisReply& reply) {
     FUZZ_CHECK(lease->retry_after_ms >= 0, "retry_after_ms is never negative");
     FUZZ_CHECK(lease->held == (values.size() == 6 ? values[5] : 0), "held is the 6th integer");
   }
-  values = heartbeatIntegers(reply);
   std::optional<scripts::HeartbeatReply> beat = scripts::parseHeartbeatReply(values);
   FUZZ_CHECK(beat.has_value() == (values.size() == 2), "a heartbeat reply is 2 integers");
 }

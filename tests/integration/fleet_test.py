@@ -16,11 +16,9 @@ whether it was allowed and in which mode. From that:
 - the fallback bound: admissions in mode "fallback" never exceed each node's
   share (limit / N, burst / N) over the time it was in fallback.
 
-Assertions that need the lease path (mode "normal", health's `learning`,
-`leased_units`) are collected per test and checked in one place,
-assert_leasing(); until the lease manager lands they fail, and every other
-assertion must pass. SLUICE_FLEET_LEASING=report prints them instead of
-failing (for calibrating them while the lease path is being written).
+Assertions about the lease path (mode "normal", health's `breaker`,
+`learning`, `leased_units`) are collected per test and checked in one place,
+assert_leasing(), which prints each of them.
 
 Run by ctest (label `fleet`); SLUICED names the daemon binary, REDIS_SERVER
 the redis-server. Each test prints a summary line to stderr, and all of them
@@ -36,16 +34,16 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import unittest
 
 import msgpack
 
+from harness import (MADE_DIRS, STARTED_PROCS, Client, Redis, end_process, make_dir, spawn,
+                     wait_accepting, wait_for)
+
 SLUICED = os.environ.get("SLUICED", "build/daemon/sluiced")
-REDIS_SERVER = os.environ.get("REDIS_SERVER", "/usr/bin/redis-server")
-LEASING_REPORT_ONLY = os.environ.get("SLUICE_FLEET_LEASING") == "report"
 
 # The global rule every test shares. Python's msgpack is slow and the machine
 # small, so the rate is modest; 600 and 60 divide by 1, 2 and 3 nodes, so the
@@ -57,7 +55,7 @@ LEASE_TIMEOUT_MS = 50
 HEALTH_INTERVAL_MS = 100
 HEALTH_TIMEOUT_MS = 250
 HEARTBEAT_INTERVAL_MS = 200
-LEASE_INTERVAL_MS = 100  # written to the config only once sluiced accepts the key
+LEASE_INTERVAL_MS = 100
 
 # Margins for a shared 2-core CI machine: a Python client in a busy process
 # adds scheduling noise of tens of milliseconds.
@@ -89,7 +87,8 @@ heartbeat_interval = "{heartbeat}ms"
 health_interval = "{health_interval}ms"
 health_timeout = "{health_timeout}ms"
 lease_timeout = "{lease_timeout}ms"
-{lease_interval}
+lease_interval = "{lease_interval}ms"
+
 [[rule]]
 name = "shared"
 algorithm = "token_bucket"
@@ -100,114 +99,12 @@ scope = "global"
 on_redis_down = "local"
 """
 
-# Every process and temp dir a test made; tearDownModule checks none is left.
-STARTED_PROCS = []
-MADE_DIRS = []
 SUMMARY = []
-
-
-def make_dir(prefix):
-    """A short temp dir under /tmp (Unix socket paths are limited to 108 bytes)."""
-    path = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
-    MADE_DIRS.append(path)
-    return path
-
-
-def spawn(args, **kwargs):
-    proc = subprocess.Popen(args, **kwargs)
-    STARTED_PROCS.append(proc)
-    return proc
-
-
-def end_process(proc):
-    """SIGKILL (which also ends a SIGSTOPped process), reap, close its pipes."""
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
-    for pipe in (proc.stdin, proc.stdout):
-        if pipe is not None:
-            pipe.close()
 
 
 def read_text(path):
     with open(path) as f:
         return f.read()
-
-
-def free_port():
-    """A loopback TCP port nothing listens on at the moment of the call."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(predicate, timeout):
-    """Polls predicate every 10 ms; returns its last value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.01)
-
-
-_lease_interval_line = None
-
-
-def lease_interval_line():
-    """`lease_interval = ...` once sluiced knows the key, else nothing: the
-    config refuses unknown keys, and the key comes with the lease manager."""
-    global _lease_interval_line
-    if _lease_interval_line is None:
-        d = make_dir("fl.")
-        try:
-            path = os.path.join(d, "probe.toml")
-            with open(path, "w") as f:
-                f.write('[redis]\nurl = "redis://127.0.0.1:1"\nlease_interval = "%dms"\n'
-                        % LEASE_INTERVAL_MS)
-            probe = subprocess.run([SLUICED, "--check-config", path], capture_output=True)
-            _lease_interval_line = ('lease_interval = "%dms"\n' % LEASE_INTERVAL_MS
-                                    if probe.returncode == 0 else "")
-        finally:
-            shutil.rmtree(d, ignore_errors=True)
-    return _lease_interval_line
-
-
-class Client:
-    """A bare MessagePack-RPC client: send frames, read whole responses."""
-
-    def __init__(self, path):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(5)
-        try:
-            self.sock.connect(path)
-        except OSError:
-            self.sock.close()
-            raise
-        self.unpacker = msgpack.Unpacker(raw=False)
-        self.msgid = 0
-
-    def recv(self):
-        for obj in self.unpacker:
-            return obj
-        while True:
-            data = self.sock.recv(65536)
-            if not data:
-                raise ConnectionError("closed by the daemon")
-            self.unpacker.feed(data)
-            for obj in self.unpacker:
-                return obj
-
-    def result(self, method, *params):
-        self.msgid += 1
-        self.sock.sendall(msgpack.packb([0, self.msgid, method, list(params)], use_bin_type=True))
-        response = self.recv()
-        assert response[0] == 1 and response[1] == self.msgid, response
-        assert response[2] is None, response[2]
-        return response[3]
-
-    def close(self):
-        self.sock.close()
 
 
 class Daemon:
@@ -223,7 +120,7 @@ class Daemon:
                 socket=self.socket, port=redis_port, expected_nodes=expected_nodes, index=index,
                 heartbeat=HEARTBEAT_INTERVAL_MS, health_interval=HEALTH_INTERVAL_MS,
                 health_timeout=HEALTH_TIMEOUT_MS, lease_timeout=LEASE_TIMEOUT_MS,
-                lease_interval=lease_interval_line(), limit=LIMIT_PER_S, burst=BURST))
+                lease_interval=LEASE_INTERVAL_MS, limit=LIMIT_PER_S, burst=BURST))
         self.log = open(os.path.join(self.dir, "log"), "w+")
         self.proc = None
         self.client = None
@@ -231,17 +128,7 @@ class Daemon:
     def start(self):
         self.proc = spawn([SLUICED, "--config", self.config],
                           stdout=self.log, stderr=subprocess.STDOUT)
-        # The socket file appears at bind(), a moment before listen(): wait
-        # until a connection is accepted.
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                Client(self.socket).close()
-                break
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("sluiced did not start: " + self.logs())
-                time.sleep(0.01)
+        wait_accepting(self.socket, self.proc, self.logs)
         self.client = Client(self.socket)
 
     def health(self):
@@ -258,81 +145,6 @@ class Daemon:
         if self.proc is not None:
             end_process(self.proc)
         self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
-class Redis:
-    """A real redis-server on a loopback port, in its own temp dir, without
-    persistence: a restart on the same port starts with no data."""
-
-    def __init__(self, port=None):
-        self.dir = make_dir("rd.")
-        self.port = port or free_port()
-        self.proc = None
-
-    def start(self):
-        self.proc = spawn(
-            [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.dir],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while self.command("PING") != "PONG":
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("redis-server did not start on port %d" % self.port)
-            time.sleep(0.01)
-
-    def command(self, *words):
-        """One command on a fresh connection: the reply (str or int), None when
-        unreachable. Never call it while the server is SIGSTOPped."""
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=2) as s:
-                s.sendall(b"".join([b"*%d\r\n" % len(words)] + [
-                    b"$%d\r\n%s\r\n" % (len(w.encode()), w.encode()) for w in words]))
-                reply = b""
-                while b"\r\n" not in reply:
-                    chunk = s.recv(65536)
-                    if not chunk:
-                        return None
-                    reply += chunk
-                head, rest = reply.split(b"\r\n", 1)
-                kind, body = head[:1], head[1:].decode()
-                if kind == b"$":
-                    size = int(body)
-                    while len(rest) < size + 2:
-                        chunk = s.recv(65536)
-                        if not chunk:
-                            return None
-                        rest += chunk
-                    return rest[:size].decode()
-                if kind == b":":
-                    return int(body)
-                return body  # +status or -error
-        except OSError:
-            return None
-
-    def script_calls(self):
-        """Calls of EVALSHA and EVAL so far, from INFO commandstats."""
-        calls = 0
-        for line in (self.command("INFO", "commandstats") or "").splitlines():
-            name, _, fields = line.partition(":")
-            if name in ("cmdstat_evalsha", "cmdstat_eval"):
-                calls += int(dict(f.split("=") for f in fields.split(","))["calls"])
-        return calls
-
-    def kill(self):
-        if self.proc is not None:
-            end_process(self.proc)
-
-    def restart(self):
-        """Starts again on the same port; nothing was saved, so no data."""
-        self.kill()
-        self.start()
-
-    def signal(self, signum):
-        self.proc.send_signal(signum)
-
-    def stop(self):
-        self.kill()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -547,10 +359,8 @@ class FleetCase(unittest.TestCase):
         self.daemons = []
 
     def start_redis(self, start=True):
-        redis = Redis()
+        redis = Redis(start=start)
         self.addCleanup(redis.stop)
-        if start:
-            redis.start()
         return redis
 
     def start_daemons(self, count, port, expected_nodes=None):
@@ -686,14 +496,13 @@ class FleetCase(unittest.TestCase):
         return admitted, bound
 
     def assert_leasing(self, checks):
-        """The assertions that need the lease path, in one place per test:
-        checks is [(description, ok)]. Until the lease manager lands they fail
-        (every global decision is "fallback"); SLUICE_FLEET_LEASING=report
-        prints them instead."""
+        """The assertions about the lease path, in one place per test: checks
+        is [(description, ok)]; each is printed, and any that failed fail the
+        test."""
         failed = [what for what, ok in checks if not ok]
         for what, ok in checks:
             sys.stderr.write("  leasing: %s %s\n" % ("ok  " if ok else "FAIL", what))
-        if failed and not LEASING_REPORT_ONLY:
+        if failed:
             self.fail("leasing assertions failed:\n  " + "\n  ".join(failed))
 
 

@@ -11,13 +11,14 @@ Run by ctest; SLUICED names the daemon binary.
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 import unittest
 
 import msgpack
+
+from harness import Client, Redis, wait_accepting, wait_for
 
 SLUICED = os.environ.get("SLUICED", "build/daemon/sluiced")
 
@@ -103,17 +104,7 @@ class Daemon:
         self.clients = []
         self.proc = subprocess.Popen([*prefix, SLUICED, "--config", self.config],
                                      stdout=self.log, stderr=subprocess.STDOUT)
-        # The socket file appears at bind(), a moment before listen(): wait
-        # until a connection is accepted.
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                Client(self.socket).close()
-                break
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("sluiced did not start: " + self.logs())
-                time.sleep(0.01)
+        wait_accepting(self.socket, self.proc, self.logs)
 
     def logs(self):
         self.log.flush()
@@ -133,62 +124,6 @@ class Daemon:
             self.proc.wait()
         self.log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
-
-
-class Client:
-    """A bare MessagePack-RPC client: send frames, read whole responses."""
-
-    def __init__(self, path):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(5)
-        try:
-            self.sock.connect(path)
-        except OSError:
-            self.sock.close()
-            raise
-        self.unpacker = msgpack.Unpacker(raw=False)
-        self.msgid = 0
-
-    def send(self, obj):
-        self.sock.sendall(msgpack.packb(obj, use_bin_type=True))
-
-    def recv(self):
-        for obj in self.unpacker:
-            return obj
-        while True:
-            data = self.sock.recv(65536)
-            if not data:
-                raise ConnectionError("closed by the daemon")
-            self.unpacker.feed(data)
-            for obj in self.unpacker:
-                return obj
-
-    def call(self, method, *params):
-        self.msgid += 1
-        self.send([0, self.msgid, method, list(params)])
-        response = self.recv()
-        assert response[0] == 1 and response[1] == self.msgid, response
-        return response[2], response[3]
-
-    def result(self, method, *params):
-        error, result = self.call(method, *params)
-        assert error is None, error
-        return result
-
-    def closed_by_peer(self, timeout=5):
-        self.sock.settimeout(timeout)
-        try:
-            while True:
-                data = self.sock.recv(65536)
-                if not data:
-                    return True
-        except (ConnectionResetError, BrokenPipeError):
-            return True
-        except socket.timeout:
-            return False
-
-    def close(self):
-        self.sock.close()
 
 
 class ProtocolTest(unittest.TestCase):
@@ -492,51 +427,6 @@ class GlobalRulesWithoutRedisTest(unittest.TestCase):
         self.assertIsNone(health["clock_offset_ms"])
 
 
-REDIS_SERVER = os.environ.get("REDIS_SERVER", "/usr/bin/redis-server")
-
-
-def free_port():
-    """A loopback TCP port nothing listens on at the moment of the call."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Redis:
-    """A real redis-server on a free loopback port, in its own temp dir."""
-
-    def __init__(self):
-        self.dir = tempfile.mkdtemp(prefix="rd.", dir="/tmp")
-        self.port = free_port()
-        self.proc = subprocess.Popen(
-            [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.dir],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while self.command(b"PING") != b"+PONG\r\n":
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("redis-server did not start on port %d" % self.port)
-            time.sleep(0.01)
-
-    def command(self, *words):
-        """Sends one inline command; returns the raw reply, or None when unreachable."""
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=2) as s:
-                s.sendall(b" ".join(words) + b"\r\n")
-                return s.recv(65536)
-        except OSError:
-            return None
-
-    def kill(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-    def stop(self):
-        self.kill()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
 REDIS_RULES = """
 [redis]
 url = "redis://127.0.0.1:{port}"
@@ -562,22 +452,8 @@ scope = "global"
 """
 
 
-def wait_for(predicate, timeout):
-    """Polls predicate every 10 ms; returns its last value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.01)
-
-
-class RedisHealthTest(unittest.TestCase):
-    """The daemon's control thread talks to a real Redis: health and membership.
-
-    With Redis up, a leasable global rule decides on leases ("normal"); while
-    it is down, on its on_redis_down policy; N is what the share divides by.
-    """
+class RedisCase(unittest.TestCase):
+    """A real redis-server per test, and daemons on REDIS_RULES using it."""
 
     def setUp(self):
         self.redis = Redis()
@@ -592,6 +468,14 @@ class RedisHealthTest(unittest.TestCase):
         daemon = Daemon(extra=REDIS_RULES.format(port=self.redis.port))
         self.daemons.append(daemon)
         return daemon, daemon.connect()
+
+
+class RedisHealthTest(RedisCase):
+    """The daemon's control thread talks to a real Redis: health and membership.
+
+    With Redis up, a leasable global rule decides on leases ("normal"); while
+    it is down, on its on_redis_down policy; N is what the share divides by.
+    """
 
     # Verifies health says redis "up" with a live Redis, and "down" with
     # status "degraded" within a second of Redis being killed.
@@ -651,19 +535,10 @@ class RedisHealthTest(unittest.TestCase):
         self.assertEqual(second.proc.wait(timeout=5), 0, second.logs())
         self.assertTrue(wait_for(lambda: a.result("health")["nodes"] == 1, 2), first.logs())
         self.assertTrue(wait_for(lambda: a.result("peek", "share_only", "eight")["limit"] == 8, 2))
-        self.assertEqual(self.redis.command(b"ZCARD", b"sluice:members"), b":1\r\n")
+        self.assertEqual(self.redis.command("ZCARD", "sluice:members"), 1)
 
 
-def evalsha_calls(redis):
-    """EVALSHA calls Redis has served, from INFO commandstats."""
-    text = redis.command(b"INFO", b"commandstats").decode()
-    for line in text.splitlines():
-        if line.startswith("cmdstat_evalsha:"):
-            return int(line.split("calls=")[1].split(",")[0])
-    return 0
-
-
-class LeasingTest(unittest.TestCase):
+class LeasingTest(RedisCase):
     """Global rules lease from a real Redis: the bucket is the fleet's.
 
     The rule "shared" is a token bucket of 8 per hour: nothing refills during
@@ -671,19 +546,9 @@ class LeasingTest(unittest.TestCase):
     another daemon can still get.
     """
 
-    def setUp(self):
-        self.redis = Redis()
-        self.daemons = []
-
-    def tearDown(self):
-        for daemon in self.daemons:
-            daemon.stop()
-        self.redis.stop()
-
     def start_daemon(self):
-        daemon = Daemon(extra=REDIS_RULES.format(port=self.redis.port))
-        self.daemons.append(daemon)
-        client = daemon.connect()
+        """A daemon whose breaker has closed: it leases from here on."""
+        daemon, client = super().start_daemon()
         self.assertTrue(wait_for(lambda: client.result("health")["breaker"] == "closed", 5),
                         daemon.logs())
         return daemon, client
@@ -724,27 +589,27 @@ class LeasingTest(unittest.TestCase):
         daemon, client = self.start_daemon()
         results = self.acquire_many(client, "hot", 20)
         self.assertEqual(sum(r["allowed"] for r in results), 8)
-        before = evalsha_calls(self.redis)
+        before = self.redis.script_calls()
         results = self.acquire_many(client, "hot", 200)
         self.assertFalse(any(r["allowed"] for r in results))
         self.assertTrue(all(r["mode"] == "normal" for r in results))
         self.assertTrue(all(r["retry_after_ms"] > 60_000 for r in results), results[0])
         # Heartbeats (every 100 ms here) are EVALSHAs too; leases would be 200.
-        self.assertLessEqual(evalsha_calls(self.redis) - before, 10)
+        self.assertLessEqual(self.redis.script_calls() - before, 10)
         self.assertGreaterEqual(client.result("stats")["leases"]["negative_cache_hits"], 200)
 
     # Verifies what a daemon admits while Redis is stalled is debited when it
     # comes back, so the fleet does not get those units twice.
     def test_fallback_admissions_are_debited_on_recovery(self):
         first, a = self.start_daemon()
-        self.redis.proc.send_signal(signal.SIGSTOP)
+        self.redis.signal(signal.SIGSTOP)
         try:
             self.assertTrue(wait_for(lambda: a.result("health")["breaker"] == "open", 2))
             results = [a.result("acquire", "shared", "d") for _ in range(3)]
             self.assertTrue(all(r["allowed"] and r["mode"] == "fallback" for r in results),
                             results)
         finally:
-            self.redis.proc.send_signal(signal.SIGCONT)
+            self.redis.signal(signal.SIGCONT)
         self.assertTrue(wait_for(lambda: a.result("health")["breaker"] == "closed", 5),
                         first.logs())
         self.assertEqual(a.result("stats")["leases"]["debited_units"], 3)
