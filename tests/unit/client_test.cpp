@@ -35,6 +35,7 @@ namespace {
 using sluice::test::TempDir;
 
 constexpr int kTimeoutMs = 5000;
+constexpr int kSluicectlTimeoutMs = 20000;
 
 // ---- the fake daemon -----------------------------------------------------------
 
@@ -1161,10 +1162,13 @@ struct RunResult {
   std::string out;
 };
 
+// Runs sluicectl with `args` and a timeout generous enough for a loaded CI
+// machine (its default of 2 s is an interactive user's patience).
 RunResult runSluicectl(const std::string& args) {
   std::string tool = sluice::test::sluicectlPath();
   RunResult result;
-  FILE* pipe = ::popen((tool + " " + args + " 2>&1").c_str(), "r");
+  std::string command = tool + " --timeout " + std::to_string(kSluicectlTimeoutMs) + " " + args;
+  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
   if (pipe == nullptr) {
     return result;
   }
@@ -1195,15 +1199,15 @@ TEST_F(ClientTest, SluicectlPrintsDecisionsAndExitsByOutcome) {
     }
   });
   RunResult allowed = runSluicectl("--socket " + path_ + " acquire api user 1");
-  EXPECT_EQ(allowed.exit_code, 0);
+  EXPECT_EQ(allowed.exit_code, 0) << allowed.out;
   EXPECT_EQ(allowed.out, "allowed  remaining=4 limit=5 reset_after_ms=800 retry_after_ms=0 mode=local\n");
   RunResult denied = runSluicectl("--socket=" + path_ + " --json acquire api denied");
-  EXPECT_EQ(denied.exit_code, 1);
+  EXPECT_EQ(denied.exit_code, 1) << denied.out;
   EXPECT_EQ(denied.out,
             "{\"allowed\":false,\"remaining\":0,\"limit\":5,\"reset_after_ms\":800,"
             "\"retry_after_ms\":200,\"mode\":\"local\"}\n");
   RunResult error = runSluicectl("--socket " + path_ + " peek nope user");
-  EXPECT_EQ(error.exit_code, 3);
+  EXPECT_EQ(error.exit_code, 3) << error.out;
   EXPECT_EQ(error.out, "sluicectl: UNKNOWN_RULE: no such rule\n");
   EXPECT_EQ(runSluicectl("--socket " + path_ + " acquire api").exit_code, 2);
   EXPECT_EQ(runSluicectl("--socket " + path_ + " acquire api k notanumber").exit_code, 2);
@@ -1238,16 +1242,16 @@ TEST_F(ClientTest, SluicectlReloadsAndChecksHealthInOneRequest) {
   });
   server = &s;
   RunResult ok = runSluicectl("--socket " + path_ + " --json reload");
-  EXPECT_EQ(ok.exit_code, 0);
+  EXPECT_EQ(ok.exit_code, 0) << ok.out;
   EXPECT_EQ(ok.out, "{\"rules\":3}\n");
   RunResult forbidden = runSluicectl("--socket " + path_ + " reload");
-  EXPECT_EQ(forbidden.exit_code, 3);
+  EXPECT_EQ(forbidden.exit_code, 3) << forbidden.out;
   EXPECT_EQ(forbidden.out, "sluicectl: FORBIDDEN: reload needs root\n");
   RunResult healthy = runSluicectl("--socket " + path_ + " --json health");
-  EXPECT_EQ(healthy.exit_code, 0);
+  EXPECT_EQ(healthy.exit_code, 0) << healthy.out;
   EXPECT_EQ(healthy.out, "{\"redis\":{\"status\":\"ok\"},\"status\":\"ok\"}\n");
   RunResult degraded = runSluicectl("--socket " + path_ + " --json health");
-  EXPECT_EQ(degraded.exit_code, 1);
+  EXPECT_EQ(degraded.exit_code, 1) << degraded.out;
   EXPECT_EQ(degraded.out, "{\"redis\":{\"status\":\"ok\"},\"status\":\"degraded\"}\n");
   EXPECT_EQ(runSluicectl("--socket " + path_ + " reload now").exit_code, 2);
   s.stop();
