@@ -6,7 +6,9 @@
 #   make test-asan  the same under AddressSanitizer + UndefinedBehaviorSanitizer
 #                   (without the timing-bound fleet tests, label `fleet`)
 #   make test-tsan  the same under ThreadSanitizer
-#   make bench      build optimised and print the benchmark figures
+#   make bench      build optimised and print the benchmark figures: the
+#                   local path (bench/run.sh), then the global path against
+#                   a redis-server of its own (bench/global.sh)
 #   make fuzz       build the libFuzzer targets (clang) and run each for
 #                   FUZZ_SECONDS (default 60) on a copy of its corpus
 #   make deps       install the Debian packages the build needs
@@ -72,6 +74,7 @@ test-tsan: deps
 bench: deps
 	$(call configure,build-release,Release,-DSLUICE_BUILD_TESTS=OFF)
 	./bench/run.sh build-release
+	./bench/global.sh build-release
 
 # Each fuzzer runs on build-fuzz/corpus/<target>, a copy of fuzz/corpus/<target>
 # that keeps what earlier runs found, so new inputs stay out of the tree; a

@@ -20,6 +20,12 @@
 //       R-byte requests, S-byte answers. (`echo_server --rpc`, which answers
 //       real requests with real responses, is driven by sync and pipelined,
 //       like the daemon.)
+//   load evalsha-sync HOST:PORT SCRIPT LIMIT/PERIOD_MS/BURST KEYS [SECONDS]
+//   load evalsha-pipelined HOST:PORT SCRIPT LIMIT/PERIOD_MS/BURST KEYS
+//                          CONNECTIONS WINDOW [SECONDS]
+//       The baseline of the global-path benchmark (bench/global.sh): the same
+//       two shapes, each decision one EVALSHA of the rate script SCRIPT
+//       (lua/token_bucket.lua) straight to Redis, over hiredis.
 //
 // KEYS is "hot" (one key) or a count N of distinct keys, visited in a fixed
 // pseudo-random order that covers all N before repeating. Every key is
@@ -46,9 +52,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <hiredis/hiredis.h>
 
 #include "sluice.h"
 
@@ -158,18 +167,29 @@ class Keys {
   uint64_t count_;
 };
 
+// What became of one request.
+enum class Outcome { kAllowed, kDenied, kError };
+
+Outcome outcomeOf(int rc, const sluice_decision& d) {
+  if (rc != 0) return Outcome::kError;
+  return d.allowed ? Outcome::kAllowed : Outcome::kDenied;
+}
+
 struct Tally {
   uint64_t allowed = 0;
   uint64_t denied = 0;
   uint64_t errors = 0;
-  void add(int rc, const sluice_decision& d) {
-    if (rc != 0) {
-      ++errors;
-    } else if (d.allowed) {
-      ++allowed;
-    } else {
-      ++denied;
+  void add(Outcome o) {
+    switch (o) {
+      case Outcome::kAllowed: ++allowed; break;
+      case Outcome::kDenied: ++denied; break;
+      case Outcome::kError: ++errors; break;
     }
+  }
+  void add(const Tally& t) {
+    allowed += t.allowed;
+    denied += t.denied;
+    errors += t.errors;
   }
 };
 
@@ -279,42 +299,49 @@ int runSizes(const std::string& socket_path, const std::string& rule) {
 
 // --- sync --------------------------------------------------------------------
 
-int runSync(const std::string& socket_path, const std::string& rule, const Keys& keys,
-            double seconds) {
-  sluice_client* client = connectOrDie(socket_path);
-  char key[kKeyLen];
-  sluice_decision decision;
-  uint64_t i = 0;
-  Tally warm;
+// Calls `once` (one request, waiting for its answer) through the warm-up, then
+// for `seconds`, timing each call, and prints the line. 0 when none failed.
+int measureSync(double seconds, const std::function<Outcome()>& once) {
+  Tally tally;
   int64_t warm_end = nowNs() + static_cast<int64_t>(kWarmupSeconds * 1e9);
-  while (nowNs() < warm_end) {
-    keys.key(i++, key);
-    warm.add(sluice_acquire(client, rule.c_str(), key, kKeyLen, 1, -1, &decision), decision);
-  }
+  while (nowNs() < warm_end) tally.add(once());
   std::vector<uint32_t> latencies_ns;
   latencies_ns.reserve(static_cast<size_t>(seconds * 2e6));
-  Tally tally;
   CpuMeter cpu;
   cpu.start();
   int64_t start = nowNs();
   int64_t end = start + static_cast<int64_t>(seconds * 1e9);
   int64_t before = start;
   while (before < end) {
-    keys.key(i++, key);
-    int rc = sluice_acquire(client, rule.c_str(), key, kKeyLen, 1, -1, &decision);
+    tally.add(once());
     int64_t after = nowNs();
     latencies_ns.push_back(static_cast<uint32_t>(std::min<int64_t>(after - before, UINT32_MAX)));
-    tally.add(rc, decision);
-    if (rc != 0 && tally.errors == 1) {
-      std::fprintf(stderr, "load: acquire: %s %s\n", sluice_strerror(rc),
-                   sluice_server_error_message(client));
-    }
     before = after;
   }
   cpu.stop();
   printSync(static_cast<double>(before - start) / 1e9, latencies_ns, tally, cpu);
-  sluice_destroy(client);
   return tally.errors == 0 ? 0 : 1;
+}
+
+int runSync(const std::string& socket_path, const std::string& rule, const Keys& keys,
+            double seconds) {
+  sluice_client* client = connectOrDie(socket_path);
+  char key[kKeyLen];
+  sluice_decision decision;
+  uint64_t i = 0;
+  bool reported = false;
+  int status = measureSync(seconds, [&] {
+    keys.key(i++, key);
+    int rc = sluice_acquire(client, rule.c_str(), key, kKeyLen, 1, -1, &decision);
+    if (rc != 0 && !reported) {
+      reported = true;
+      std::fprintf(stderr, "load: acquire: %s %s\n", sluice_strerror(rc),
+                   sluice_server_error_message(client));
+    }
+    return outcomeOf(rc, decision);
+  });
+  sluice_destroy(client);
+  return status;
 }
 
 int runEchoSync(const std::string& socket_path, size_t request_bytes, size_t response_bytes,
@@ -322,7 +349,7 @@ int runEchoSync(const std::string& socket_path, size_t request_bytes, size_t res
   int fd = rawConnect(socket_path);
   std::vector<char> request(request_bytes, 'r');
   std::vector<char> response(64 * 1024);
-  auto once = [&] {
+  int status = measureSync(seconds, [&] {
     writeAll(fd, request.data(), request_bytes);
     size_t got = 0;
     while (got < response_bytes) {
@@ -331,28 +358,10 @@ int runEchoSync(const std::string& socket_path, size_t request_bytes, size_t res
       if (n <= 0) fail("echo read failed");
       got += static_cast<size_t>(n);
     }
-  };
-  int64_t warm_end = nowNs() + static_cast<int64_t>(kWarmupSeconds * 1e9);
-  while (nowNs() < warm_end) once();
-  std::vector<uint32_t> latencies_ns;
-  latencies_ns.reserve(static_cast<size_t>(seconds * 2e6));
-  CpuMeter cpu;
-  cpu.start();
-  int64_t start = nowNs();
-  int64_t end = start + static_cast<int64_t>(seconds * 1e9);
-  int64_t before = start;
-  while (before < end) {
-    once();
-    int64_t after = nowNs();
-    latencies_ns.push_back(static_cast<uint32_t>(std::min<int64_t>(after - before, UINT32_MAX)));
-    before = after;
-  }
-  cpu.stop();
-  Tally tally;
-  tally.allowed = latencies_ns.size();
-  printSync(static_cast<double>(before - start) / 1e9, latencies_ns, tally, cpu);
+    return Outcome::kAllowed;
+  });
   close(fd);
-  return 0;
+  return status;
 }
 
 // --- pipelined -----------------------------------------------------------------
@@ -406,7 +415,7 @@ void pipelinedThread(const std::string& socket_path, const std::string& rule, co
       int rc = sluice_recv(client, -1, &response);
       if (rc != 0) fail(std::string("recv: ") + sluice_strerror(rc));
       ++answered;
-      counter->tally.add(response.status, response.decision);
+      counter->tally.add(outcomeOf(response.status, response.decision));
     }
     done += answered;
     counter->done.store(done, std::memory_order_relaxed);
@@ -415,13 +424,15 @@ void pipelinedThread(const std::string& socket_path, const std::string& rule, co
   sluice_destroy(client);
 }
 
-int runPipelined(const std::string& socket_path, const std::string& rule, const Keys& keys,
-                 size_t connections, size_t window, double seconds) {
+// Runs `connections` threads, thread t as body(t, &run, &run.counters[t]):
+// lets them warm up, counts their answers for `seconds`, stops and joins
+// them, and prints the line. 0 when no answer was an error.
+int measurePipelined(size_t connections, double seconds,
+                     const std::function<void(size_t, Run*, Counter*)>& body) {
   Run run(connections);
   std::vector<std::thread> threads;
   for (size_t t = 0; t < connections; ++t) {
-    threads.emplace_back(pipelinedThread, socket_path, rule, std::cref(keys), window, t,
-                         connections, 0, &run, &run.counters[t]);
+    threads.emplace_back(body, t, &run, &run.counters[t]);
   }
   std::this_thread::sleep_for(std::chrono::duration<double>(kWarmupSeconds));
   CpuMeter cpu;
@@ -435,11 +446,7 @@ int runPipelined(const std::string& socket_path, const std::string& rule, const 
   run.stop = true;
   for (std::thread& t : threads) t.join();
   Tally sum;
-  for (const Counter& c : run.counters) {
-    sum.allowed += c.tally.allowed;
-    sum.denied += c.tally.denied;
-    sum.errors += c.tally.errors;
-  }
+  for (const Counter& c : run.counters) sum.add(c.tally);
   std::printf("rate_per_s=%.0f n=%llu allowed=%llu denied=%llu errors=%llu%s\n",
               static_cast<double>(last - first) * 1e9 / static_cast<double>(end - start),
               static_cast<unsigned long long>(last - first),
@@ -447,6 +454,13 @@ int runPipelined(const std::string& socket_path, const std::string& rule, const 
               static_cast<unsigned long long>(sum.errors),
               cpu.text(static_cast<double>(end - start) / 1e9).c_str());
   return sum.errors == 0 ? 0 : 1;
+}
+
+int runPipelined(const std::string& socket_path, const std::string& rule, const Keys& keys,
+                 size_t connections, size_t window, double seconds) {
+  return measurePipelined(connections, seconds, [&](size_t t, Run* run, Counter* counter) {
+    pipelinedThread(socket_path, rule, keys, window, t, connections, 0, run, counter);
+  });
 }
 
 int runWarm(const std::string& socket_path, const std::string& rule, const Keys& keys,
@@ -463,10 +477,7 @@ int runWarm(const std::string& socket_path, const std::string& rule, const Keys&
   }
   for (std::thread& t : threads) t.join();
   Tally sum;
-  for (const Counter& c : run.counters) {
-    sum.allowed += c.tally.allowed;
-    sum.errors += c.tally.errors;
-  }
+  for (const Counter& c : run.counters) sum.add(c.tally);
   std::printf("warmed=%llu seconds=%.2f errors=%llu\n", static_cast<unsigned long long>(run.total()),
               static_cast<double>(nowNs() - start) / 1e9, static_cast<unsigned long long>(sum.errors));
   return sum.errors == 0 ? 0 : 1;
@@ -498,34 +509,144 @@ void echoPipelinedThread(const std::string& socket_path, size_t request_bytes,
       answered = 0;
     }
   }
+  counter->tally.allowed = done;  // an echo cannot refuse
   close(fd);
 }
 
 int runEchoPipelined(const std::string& socket_path, size_t request_bytes, size_t response_bytes,
                      size_t connections, size_t window, double seconds) {
-  Run run(connections);
-  std::vector<std::thread> threads;
-  for (size_t t = 0; t < connections; ++t) {
-    threads.emplace_back(echoPipelinedThread, socket_path, request_bytes, response_bytes, window,
-                         &run, &run.counters[t]);
+  return measurePipelined(connections, seconds, [&](size_t, Run* run, Counter* counter) {
+    echoPipelinedThread(socket_path, request_bytes, response_bytes, window, run, counter);
+  });
+}
+
+// --- the per-decision EVALSHA baseline ------------------------------------------
+
+// What most Redis limiters do: one EVALSHA of a rate script per decision,
+// straight to Redis. The script is sluice's own lua/token_bucket.lua asked
+// for a lease of one unit ("lease", n = need = 1), so Redis does per decision
+// exactly the work that sluiced asks of it per lease.
+struct EvalshaTarget {
+  std::string host;
+  int port = 0;
+  std::string sha;
+  std::string limit, period_ms, burst;  // the rule, as the script's ARGV
+};
+
+redisContext* redisOrDie(const EvalshaTarget& target) {
+  redisContext* c = redisConnect(target.host.c_str(), target.port);
+  if (c == nullptr || c->err != 0) {
+    fail("cannot connect to Redis at " + target.host + ":" + std::to_string(target.port) +
+         (c != nullptr ? std::string(": ") + c->errstr : std::string()));
   }
-  std::this_thread::sleep_for(std::chrono::duration<double>(kWarmupSeconds));
-  CpuMeter cpu;
-  cpu.start();
-  uint64_t first = run.total();
-  int64_t start = nowNs();
-  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
-  uint64_t last = run.total();
-  int64_t end = nowNs();
-  cpu.stop();
-  run.stop = true;
-  for (std::thread& t : threads) t.join();
-  std::printf("rate_per_s=%.0f n=%llu allowed=%llu denied=0 errors=0%s\n",
-              static_cast<double>(last - first) * 1e9 / static_cast<double>(end - start),
-              static_cast<unsigned long long>(last - first),
-              static_cast<unsigned long long>(last - first),
-              cpu.text(static_cast<double>(end - start) / 1e9).c_str());
-  return 0;
+  return c;
+}
+
+// HOST:PORT SCRIPT_FILE LIMIT/PERIOD_MS/BURST: loads the script, checks the rule.
+EvalshaTarget evalshaTarget(const std::string& address, const std::string& script_file,
+                            const std::string& rule) {
+  EvalshaTarget t;
+  size_t colon = address.rfind(':');
+  if (colon == std::string::npos) fail("expected HOST:PORT, got " + address);
+  t.host = address.substr(0, colon);
+  t.port = std::atoi(address.c_str() + colon + 1);
+  size_t a = rule.find('/');
+  size_t b = a == std::string::npos ? a : rule.find('/', a + 1);
+  if (b == std::string::npos) fail("expected LIMIT/PERIOD_MS/BURST, got " + rule);
+  t.limit = rule.substr(0, a);
+  t.period_ms = rule.substr(a + 1, b - a - 1);
+  t.burst = rule.substr(b + 1);
+  FILE* f = std::fopen(script_file.c_str(), "r");
+  if (f == nullptr) fail("cannot read " + script_file);
+  std::string text;
+  char chunk[4096];
+  size_t n;
+  while ((n = std::fread(chunk, 1, sizeof chunk, f)) > 0) text.append(chunk, n);
+  std::fclose(f);
+  redisContext* c = redisOrDie(t);
+  auto* reply = static_cast<redisReply*>(redisCommand(c, "SCRIPT LOAD %b", text.data(), text.size()));
+  if (reply == nullptr || reply->type != REDIS_REPLY_STRING) {
+    fail("SCRIPT LOAD of " + script_file + " failed" +
+         (reply != nullptr && reply->type == REDIS_REPLY_ERROR ? std::string(": ") + reply->str
+                                                               : std::string()));
+  }
+  t.sha.assign(reply->str, reply->len);
+  freeReplyObject(reply);
+  redisFree(c);
+  return t;
+}
+
+void appendEvalsha(redisContext* c, const EvalshaTarget& t, const char* key) {
+  redisAppendCommand(c, "EVALSHA %s 1 bench:evalsha:%b lease 1 1 %s %s %s 0 0", t.sha.c_str(), key,
+                     kKeyLen, t.limit.c_str(), t.period_ms.c_str(), t.burst.c_str());
+}
+
+// The script answers {granted, remaining, retry_after_ms, reset_after_ms, now_ms}.
+Outcome evalshaOutcome(redisReply* reply) {
+  static std::atomic<bool> reported{false};
+  if (reply != nullptr && reply->type == REDIS_REPLY_ARRAY && reply->elements == 5 &&
+      reply->element[0]->type == REDIS_REPLY_INTEGER) {
+    return reply->element[0]->integer > 0 ? Outcome::kAllowed : Outcome::kDenied;
+  }
+  if (!reported.exchange(true)) {
+    std::fprintf(stderr, "load: EVALSHA: %s\n",
+                 reply == nullptr ? "no reply"
+                 : reply->type == REDIS_REPLY_ERROR ? reply->str
+                                                    : "an unexpected reply");
+  }
+  return Outcome::kError;
+}
+
+Outcome evalshaReply(redisContext* c) {
+  void* reply = nullptr;
+  if (redisGetReply(c, &reply) != REDIS_OK) fail(std::string("Redis: ") + c->errstr);
+  Outcome o = evalshaOutcome(static_cast<redisReply*>(reply));
+  freeReplyObject(reply);
+  return o;
+}
+
+int runEvalshaSync(const EvalshaTarget& target, const Keys& keys, double seconds) {
+  redisContext* c = redisOrDie(target);
+  char key[kKeyLen];
+  uint64_t i = 0;
+  int status = measureSync(seconds, [&] {
+    keys.key(i++, key);
+    appendEvalsha(c, target, key);
+    return evalshaReply(c);
+  });
+  redisFree(c);
+  return status;
+}
+
+// pipelinedThread's twin over hiredis: `window` EVALSHAs in flight; once half
+// a window of replies is in, as many new ones go out in one write.
+void evalshaPipelinedThread(const EvalshaTarget& target, const Keys& keys, size_t window,
+                            uint64_t first_key, uint64_t key_step, Run* run, Counter* counter) {
+  redisContext* c = redisOrDie(target);
+  char key[kKeyLen];
+  uint64_t next = first_key;
+  auto send = [&] {
+    keys.key(next, key);
+    next += key_step;
+    appendEvalsha(c, target, key);
+  };
+  const size_t refill = std::max<size_t>(1, window / 2);
+  for (size_t i = 0; i < window; ++i) send();
+  uint64_t done = 0;
+  while (!run->stop.load(std::memory_order_relaxed)) {
+    for (size_t i = 0; i < refill; ++i) counter->tally.add(evalshaReply(c));  // flushes, then reads
+    done += refill;
+    counter->done.store(done, std::memory_order_relaxed);
+    for (size_t i = 0; i < refill; ++i) send();
+  }
+  redisFree(c);
+}
+
+int runEvalshaPipelined(const EvalshaTarget& target, const Keys& keys, size_t connections,
+                        size_t window, double seconds) {
+  return measurePipelined(connections, seconds, [&](size_t t, Run* run, Counter* counter) {
+    evalshaPipelinedThread(target, keys, window, t, connections, run, counter);
+  });
 }
 
 [[noreturn]] void usage() {
@@ -536,6 +657,8 @@ int runEchoPipelined(const std::string& socket_path, size_t request_bytes, size_
                "       load warm SOCKET RULE KEYS CONNECTIONS WINDOW\n"
                "       load echo-sync SOCKET REQUEST_BYTES RESPONSE_BYTES [SECONDS]\n"
                "       load echo-pipelined SOCKET REQUEST_BYTES RESPONSE_BYTES CONNECTIONS WINDOW [SECONDS]\n"
+               "       load evalsha-sync HOST:PORT SCRIPT LIMIT/PERIOD_MS/BURST KEYS [SECONDS]\n"
+               "       load evalsha-pipelined HOST:PORT SCRIPT LIMIT/PERIOD_MS/BURST KEYS CONNECTIONS WINDOW [SECONDS]\n"
                "KEYS: hot, or a number of distinct keys\n");
   std::exit(2);
 }
@@ -579,6 +702,14 @@ int main(int argc, char** argv) {
   if (mode == "echo-pipelined" && (argc == 7 || argc == 8)) {
     return runEchoPipelined(socket_path, positive(argv[3]), positive(argv[4]), positive(argv[5]),
                             positive(argv[6]), secondsArg(argc, argv, 7));
+  }
+  if (mode == "evalsha-sync" && (argc == 6 || argc == 7)) {
+    return runEvalshaSync(evalshaTarget(argv[2], argv[3], argv[4]), Keys(argv[5]),
+                          secondsArg(argc, argv, 6));
+  }
+  if (mode == "evalsha-pipelined" && (argc == 8 || argc == 9)) {
+    return runEvalshaPipelined(evalshaTarget(argv[2], argv[3], argv[4]), Keys(argv[5]),
+                               positive(argv[6]), positive(argv[7]), secondsArg(argc, argv, 8));
   }
   usage();
 }

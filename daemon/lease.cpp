@@ -153,23 +153,46 @@ void refund(std::span<std::atomic<uint64_t>> words, int64_t cost) {
   words[kUnits].fetch_add(static_cast<uint64_t>(cost), std::memory_order_acq_rel);
 }
 
+void noteGrant(std::span<std::atomic<uint64_t>> words, int64_t granted, int64_t remaining) {
+  if (granted > 0 && remaining >= kRoomyFactor * granted) {
+    words[kFlags].fetch_or(kRoomy, std::memory_order_acq_rel);
+  } else {
+    words[kFlags].fetch_and(~kRoomy, std::memory_order_acq_rel);
+  }
+}
+
 Batch nextBatch(std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t cost,
                 const Rule& rule, uint32_t nodes, int64_t lease_interval_ns) {
   const Limit& limit = rule.limits.front();
   int64_t capacity = leaseCapacity(limit);
-  int64_t demand = static_cast<int64_t>(words[kDemand].exchange(0, std::memory_order_relaxed));
-  int64_t since = load(words, kRequestedAt);
-  words[kRequestedAt].store(static_cast<uint64_t>(now_ns), std::memory_order_relaxed);
-  // Demand per lease interval, measured over at least one interval (a first
-  // request, or one after a pause, counts only what it asks for).
-  int64_t elapsed = since == 0 ? lease_interval_ns : std::max(now_ns - since, lease_interval_ns);
-  double per_interval = static_cast<double>(demand) * static_cast<double>(lease_interval_ns) /
-                        static_cast<double>(elapsed);
+  // Demand per lease interval: the last full measurement (kRate), or what
+  // the one under way has seen already when that is more (a first request
+  // counts only what it asks for). A measurement that spans an interval or
+  // more becomes the rate; after a pause it spans the pause, so the rate
+  // falls with it.
+  int64_t demand = load(words, kDemand);
+  int64_t since = load(words, kDemandSince);
+  double per_interval = static_cast<double>(std::max(load(words, kRate), demand));
+  if (since == 0) {
+    words[kDemandSince].store(static_cast<uint64_t>(now_ns), std::memory_order_relaxed);
+  } else if (now_ns - since >= lease_interval_ns) {
+    demand = static_cast<int64_t>(words[kDemand].exchange(0, std::memory_order_relaxed));
+    per_interval = static_cast<double>(demand) * static_cast<double>(lease_interval_ns) /
+                   static_cast<double>(now_ns - since);
+    words[kRate].store(static_cast<uint64_t>(per_interval + 0.5), std::memory_order_relaxed);
+    words[kDemandSince].store(static_cast<uint64_t>(now_ns), std::memory_order_relaxed);
+  }
   int64_t share = std::max<int64_t>(capacity / std::max<uint32_t>(nodes, 1), 1);
+  // The caller holds the in-flight bit, so no reply changes kRoomy now.
+  uint64_t flags = words[kFlags].load(std::memory_order_acquire);
+  int boost = static_cast<int>((flags & kBoostMask) >> kBoostShift);
+  boost = (flags & kRoomy) != 0 ? std::min(boost + 1, kMaxBoost) : 0;
+  words[kFlags].fetch_and(~kBoostMask, std::memory_order_acq_rel);
+  words[kFlags].fetch_or(static_cast<uint64_t>(boost) << kBoostShift, std::memory_order_acq_rel);
   Batch batch;
-  batch.n = std::clamp<int64_t>(static_cast<int64_t>(per_interval + 0.999), 1, share);
+  batch.n = std::clamp<int64_t>(static_cast<int64_t>(per_interval * (1 << boost) + 0.999), 1, share);
   batch.n = std::max(batch.n, cost);
-  bool warm = (words[kFlags].load(std::memory_order_acquire) & kWarm) != 0;
+  bool warm = (flags & kWarm) != 0;
   batch.need = cost;
   if (warm && isBucket(rule.algorithm)) {
     double refill = static_cast<double>(limit.limit) * static_cast<double>(lease_interval_ns) /

@@ -14,9 +14,18 @@
 //    compare-and-swap, and only the claimer sends a LeaseRequest.
 //  - A refill is asked for when the slice falls under its low-water mark (a
 //    quarter of the last batch), so a hot key does not run dry.
-//  - The batch adapts to demand: the units asked for since the previous
-//    lease, scaled to one lease interval, never more than the node's share
-//    (the rule's capacity / N) and never less than the cost asked for.
+//  - The batch adapts to demand: the units asked for per lease interval,
+//    measured over at least one interval (a hot key leases every few ms, and
+//    the few units asked for since the last lease say nothing of its rate),
+//    never more than the node's share (the rule's capacity / N) and never
+//    less than the cost asked for.
+//  - While Redis has plenty left after each grant (kRoomyFactor times what
+//    it granted), the batch covers twice as many lease intervals each lease,
+//    up to 2^kMaxBoost; the first grant that leaves less resets it. An
+//    uncontended key then costs Redis one lease per 16 intervals instead of
+//    one per interval, which is what lets 10,000 busy keys lease at all; a
+//    contended one leases small batches, so no node sits on units another
+//    needs.
 //
 // The control thread (lease_manager.h) applies replies to the same words,
 // always through KeyTable::find() under its own ReadGuard, never through a
@@ -68,16 +77,24 @@ enum Word : size_t {
   kUnits = 0,      // units held, spendable now (int64)
   kFlags,          // kInFlight | kWarm
   kDenyUntil,      // ns: Redis had nothing for us; deny locally until then
-  kDemand,         // units asked for since the last lease request (an estimate)
-  kRequestedAt,    // ns of the last lease request
+  kDemand,         // units asked for since kDemandSince (an estimate)
+  kDemandSince,    // ns: start of the demand measurement under way; 0: none yet
   kExpires,        // ns after which the units may not be spent (windows); 0: never
   kFallbackUntil,  // ns: a lease failed; the key follows on_redis_down until then
   kLeaseNowMs,     // Redis's clock (ms) at the last granting lease: its window
   kBatch,          // units asked for by the last lease request
+  kRate,           // demand per lease interval, as last measured over one or more
   kWords
 };
 constexpr uint64_t kInFlight = 1;
-constexpr uint64_t kWarm = 2;  // a lease has granted units at least once
+constexpr uint64_t kWarm = 2;   // a lease has granted units at least once
+constexpr uint64_t kRoomy = 4;  // the last grant left Redis kRoomyFactor times as much
+// Bits 8..11 of kFlags: log2 of how many lease intervals of demand the last
+// batch covered.
+constexpr int kBoostShift = 8;
+constexpr uint64_t kBoostMask = uint64_t{0xF} << kBoostShift;
+constexpr int kMaxBoost = 4;
+constexpr int64_t kRoomyFactor = 4;
 
 enum class Outcome {
   kTaken,     // spent; `left` units remain
@@ -105,8 +122,14 @@ TakeResult look(std::span<const std::atomic<uint64_t>> words, int64_t now_ns, in
 // Puts back units taken by take() (an all-or-nothing group that failed).
 void refund(std::span<std::atomic<uint64_t>> words, int64_t cost);
 
+// Records what a granting lease left in Redis: whether the next batch may
+// grow (kRoomy). Called by the control thread while it holds the key's
+// in-flight bit.
+void noteGrant(std::span<std::atomic<uint64_t>> words, int64_t granted, int64_t remaining);
+
 // The size of the next lease, for a caller that has claimed the in-flight
-// bit of a key of `rule` (leasable): {n, need}. Resets the demand estimate.
+// bit of a key of `rule` (leasable): {n, need}. Once a measurement of demand
+// spans a lease interval, it becomes the key's rate and a new one starts.
 // A warm bucket key asks for at least a quarter batch, but never for more
 // than refills in one lease interval, so a spent bucket is not leased unit
 // by unit and a slow one is not left holding units no node may take.

@@ -21,6 +21,9 @@ void store(Words words, slice::Word word, int64_t value) {
 
 int64_t periodMs(const Limit& limit) { return (limit.period_ns + 999'999) / 1'000'000; }
 
+// The result of a call that never reached Redis.
+const RedisResult kNotSent{RedisStatus::kDisconnected, nullptr, "redis is down", 0};
+
 bool isWindow(Algorithm algorithm) {
   return algorithm == Algorithm::kFixedWindow || algorithm == Algorithm::kSlidingWindow;
 }
@@ -89,23 +92,50 @@ void LeaseManager::onWakeup() {
   taken_.clear();
 }
 
+void LeaseManager::callScript(const Rule& rule, std::string_view key, std::vector<std::string> argv,
+                              int64_t timeout_ms, RedisCallback on_result) {
+  waiting_.push_back({scriptFor(rule.algorithm), redisKey(rule.name, key), std::move(argv),
+                      timeout_ms, std::move(on_result)});
+  sendWaiting();
+}
+
+void LeaseManager::sendWaiting() {
+  while (in_flight_ < kMaxScriptsInFlight && !waiting_.empty()) {
+    ScriptCall call = std::move(waiting_.front());
+    waiting_.pop_front();
+    std::vector<std::string_view> args(call.argv.begin(), call.argv.end());
+    std::string_view keys[] = {call.key};
+    RedisCallback on_result = std::move(call.on_result);
+    ++in_flight_;
+    bool sent = link_.evalsha(
+        call.script, keys, args,
+        [this, on_result](const RedisResult& result) {
+          --in_flight_;
+          on_result(result);
+          sendWaiting();
+        },
+        call.timeout_ms);
+    if (!sent) {
+      --in_flight_;
+      on_result(kNotSent);
+    }
+  }
+}
+
+void LeaseManager::dropWaiting() {
+  std::deque<ScriptCall> dropped;
+  dropped.swap(waiting_);
+  for (ScriptCall& call : dropped) call.on_result(kNotSent);
+}
+
 void LeaseManager::sendLease(const LeaseRequest& request, const Rule& rule) {
   const Limit& limit = rule.limits.front();
-  std::vector<std::string> argv = scripts::rateArgv(scripts::Op::kLease, request.n, request.need, limit);
-  std::vector<std::string_view> args(argv.begin(), argv.end());
-  std::string key = redisKey(rule.name, request.key);
-  std::string_view keys[] = {key};
   context_.broker->counters().requested.fetch_add(1, std::memory_order_relaxed);
-  bool sent = link_.evalsha(
-      scriptFor(rule.algorithm), keys, args,
-      [this, request, algorithm = rule.algorithm, limit](const RedisResult& result) {
-        onLeaseReply(request, algorithm, limit, result);
-      },
-      config_.lease_timeout_ms);
-  if (!sent) {
-    context_.broker->counters().failed.fetch_add(1, std::memory_order_relaxed);
-    finish(request.rule_id, request.key, nullptr);
-  }
+  callScript(rule, request.key, scripts::rateArgv(scripts::Op::kLease, request.n, request.need, limit),
+             config_.lease_timeout_ms,
+             [this, request, algorithm = rule.algorithm, limit](const RedisResult& result) {
+               onLeaseReply(request, algorithm, limit, result);
+             });
 }
 
 void LeaseManager::onLeaseReply(const LeaseRequest& request, Algorithm algorithm,
@@ -150,6 +180,7 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, Algorithm algorithm
   bool applied = false;
   finish(request.rule_id, request.key, [&](Words words) {
     applied = true;
+    slice::noteGrant(words, reply->granted, reply->remaining);
     if (reply->granted == 0) {
       // Nothing until retry_after_ms: deny locally until then, so an
       // over-limit key costs Redis nothing. "Never" waits a period.
@@ -202,47 +233,34 @@ void LeaseManager::sendReturn(const Rule& rule, std::string_view key, int64_t un
                               int64_t lease_now_ms, int64_t timeout_ms,
                               std::function<void()> done) {
   const Limit& limit = rule.limits.front();
-  std::vector<std::string> argv =
-      scripts::returnArgv(units, limit, scripts::leaseWindow(lease_now_ms, limit));
-  std::vector<std::string_view> args(argv.begin(), argv.end());
-  std::string name = redisKey(rule.name, key);
-  std::string_view keys[] = {name};
-  bool sent = link_.evalsha(
-      scriptFor(rule.algorithm), keys, args,
-      [this, units, done](const RedisResult& result) {
-        if (result.status == RedisStatus::kOk) {
-          context_.broker->counters().returned_units.fetch_add(static_cast<uint64_t>(units),
-                                                               std::memory_order_relaxed);
-        }
-        if (done) done();
-      },
-      timeout_ms);
-  if (!sent && done) done();
+  callScript(rule, key, scripts::returnArgv(units, limit, scripts::leaseWindow(lease_now_ms, limit)),
+             timeout_ms, [this, units, done](const RedisResult& result) {
+               if (result.status == RedisStatus::kOk) {
+                 context_.broker->counters().returned_units.fetch_add(
+                     static_cast<uint64_t>(units), std::memory_order_relaxed);
+               }
+               if (done) done();
+             });
 }
 
-bool LeaseManager::sendDebit(const Rule& rule, std::string_view key, int64_t units,
+void LeaseManager::sendDebit(const Rule& rule, std::string_view key, int64_t units,
                              std::function<void()> done) {
-  std::vector<std::string> argv =
-      scripts::rateArgv(scripts::Op::kDebit, units, 0, rule.limits.front());
-  std::vector<std::string_view> args(argv.begin(), argv.end());
-  std::string name = redisKey(rule.name, key);
-  std::string_view keys[] = {name};
-  return link_.evalsha(
-      scriptFor(rule.algorithm), keys, args,
-      [this, units, done](const RedisResult& result) {
-        if (result.status == RedisStatus::kOk) {
-          context_.broker->counters().debited_units.fetch_add(static_cast<uint64_t>(units),
-                                                              std::memory_order_relaxed);
-        }
-        if (done) done();
-      },
-      config_.lease_timeout_ms + config_.health_timeout_ms);
+  callScript(rule, key, scripts::rateArgv(scripts::Op::kDebit, units, 0, rule.limits.front()),
+             config_.lease_timeout_ms + config_.health_timeout_ms,
+             [this, units, done](const RedisResult& result) {
+               if (result.status == RedisStatus::kOk) {
+                 context_.broker->counters().debited_units.fetch_add(
+                     static_cast<uint64_t>(units), std::memory_order_relaxed);
+               }
+               if (done) done();
+             });
 }
 
 void LeaseManager::onDown() {
   up_ = false;
   ++half_open_epoch_;
   half_open_pending_ = 0;
+  dropWaiting();
   context_.broker->setBreaker(Breaker::kOpen, monotonicNowNs());
   spdlog::warn("lease: breaker open; global rules follow on_redis_down");
   context_.broker->notifyWorkers();
@@ -318,9 +336,8 @@ void LeaseManager::startHalfOpen() {
     auto units = static_cast<int64_t>(entry.state()[word].exchange(0, std::memory_order_acq_rel));
     if (units > 0) debits.push_back({global, std::string(entry.key()), units});
   });
-  for (const Debit& debit : debits) {
-    if (sendDebit(*debit.rule, debit.key, debit.units, answered)) ++half_open_pending_;
-  }
+  half_open_pending_ += debits.size();  // before any answer: one may come at once
+  for (const Debit& debit : debits) sendDebit(*debit.rule, debit.key, debit.units, answered);
   if (!debits.empty()) {
     spdlog::info("lease: debiting {} keys' fallback admissions", debits.size());
   }

@@ -27,6 +27,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <string>
 #include <vector>
@@ -47,6 +48,15 @@ struct LeaseContext {
   // The current rule set (any thread; the server's config lock inside).
   std::function<RuleSetPtr()> rules;
 };
+
+// Script calls (leases, returns, debits) waiting on Redis at once; the rest
+// wait in the manager, in order. Redis runs scripts one at a time, so a
+// deeper pipeline adds only queueing delay: 10,000 keys going idle (or
+// starting) together would otherwise queue 10,000 scripts, whose last ones
+// wait longer than lease_timeout, and a command past its deadline makes the
+// link drop the connection as if Redis were dead. A call's deadline starts
+// when it is sent.
+constexpr size_t kMaxScriptsInFlight = 128;
 
 // A key failing with a Redis error reply (not a timeout) follows its
 // on_redis_down policy this long before it leases again.
@@ -77,8 +87,16 @@ class LeaseManager {
   void sendLease(const LeaseRequest& request, const Rule& rule);
   void sendReturn(const Rule& rule, std::string_view key, int64_t units, int64_t lease_now_ms,
                   int64_t timeout_ms, std::function<void()> done);
-  // Sends a debit of `units`; false (and `done` not called) when not sent.
-  bool sendDebit(const Rule& rule, std::string_view key, int64_t units, std::function<void()> done);
+  // Sends a debit of `units`; `done` runs once it is answered or failed.
+  void sendDebit(const Rule& rule, std::string_view key, int64_t units, std::function<void()> done);
+  // Sends (or queues: see kMaxScriptsInFlight) an EVALSHA of rule's lease
+  // script on (rule, key); `on_result` gets its result, kDisconnected when
+  // Redis went down before it could be sent.
+  void callScript(const Rule& rule, std::string_view key, std::vector<std::string> argv,
+                  int64_t timeout_ms, RedisCallback on_result);
+  void sendWaiting();
+  // Fails every queued call (Redis went down).
+  void dropWaiting();
   void onLeaseReply(const LeaseRequest& request, Algorithm algorithm, const Limit& limit,
                     const RedisResult& result);
   // Clears the in-flight bit of (rule_id, key), after `apply` has run on its
@@ -94,6 +112,16 @@ class LeaseManager {
   LeaseContext context_;
   KeyTable::ReaderId reader_;
   RedisLink::ScriptId token_bucket_ = 0, gcra_ = 0, fixed_window_ = 0, sliding_window_ = 0;
+
+  struct ScriptCall {
+    RedisLink::ScriptId script;
+    std::string key;
+    std::vector<std::string> argv;
+    int64_t timeout_ms;
+    RedisCallback on_result;
+  };
+  std::deque<ScriptCall> waiting_;  // in order; sent as in_flight_ allows
+  size_t in_flight_ = 0;            // script calls sent and not answered
 
   std::vector<LeaseRequest> taken_;
   bool up_ = false;

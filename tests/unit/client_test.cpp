@@ -96,13 +96,16 @@ Request describe(const msgpack::object& o) {
 // One accepted connection, as the server script sees it.
 class Conn {
  public:
-  explicit Conn(int fd) : fd_(fd) {}
+  // `seen` gets every request read (FakeServer records them).
+  Conn(int fd, std::function<void(const Request&)> seen) : fd_(fd), seen_(std::move(seen)) {}
   // The next request, or nullopt when the client closed the connection.
   std::optional<Request> read() {
     for (;;) {
       msgpack::object_handle handle;
       if (unpacker_.next(handle)) {
-        return describe(handle.get());
+        Request request = describe(handle.get());
+        seen_(request);
+        return request;
       }
       unpacker_.reserve_buffer(4096);
       ssize_t n = ::read(fd_, unpacker_.buffer(), unpacker_.buffer_capacity());
@@ -125,11 +128,13 @@ class Conn {
 
  private:
   int fd_;
+  std::function<void(const Request&)> seen_;
   msgpack::unpacker unpacker_;
 };
 
 // A MessagePack-RPC server on `path`: each accepted connection runs
 // `script(conn, index)` (index counts connections from 0), then is closed.
+// Every request a script reads is recorded, in order (requests()).
 // The destructor stops it, closing any open connection.
 class FakeServer {
  public:
@@ -170,10 +175,6 @@ class FakeServer {
     std::lock_guard<std::mutex> lock(mu_);
     return requests_;
   }
-  void record(const Request& r) {
-    std::lock_guard<std::mutex> lock(mu_);
-    requests_.push_back(r);
-  }
 
  private:
   void serve() {
@@ -187,7 +188,10 @@ class FakeServer {
         conn_fd_ = fd;
       }
       if (!stopping_) {
-        Conn conn(fd);
+        Conn conn(fd, [this](const Request& r) {
+          std::lock_guard<std::mutex> lock(mu_);
+          requests_.push_back(r);
+        });
         script_(conn, index);
       }
       std::lock_guard<std::mutex> lock(mu_);
@@ -263,11 +267,10 @@ std::string errorReply(uint32_t msgid, const std::string& code, const std::strin
   return std::string(buf.data(), buf.size());
 }
 
-// Answers every request with the same decision, recording it first.
-FakeServer::Script answerAll(FakeServer** server, Decision d = Decision()) {
-  return [server, d](Conn& conn, int) {
+// Answers every request with the same decision.
+FakeServer::Script answerAll(Decision d = Decision()) {
+  return [d](Conn& conn, int) {
     while (auto req = conn.read()) {
-      (*server)->record(*req);
       conn.send(decisionReply(req->msgid, d));
     }
   };
@@ -573,14 +576,12 @@ TEST_F(ClientTest, ConnectToMissingSocketFailsWithoutAHandle) {
 // Verifies a synchronous acquire: the request on the wire and the decision
 // decoded from the answer, with unknown keys skipped.
 TEST_F(ClientTest, SyncAcquireSendsRuleKeyCostAndReturnsTheDecision) {
-  FakeServer* server = nullptr;
   Decision canned;
   canned.remaining = 4;
   canned.limit = 5;
   canned.reset_after_ms = 800;
   canned.mode = "fallback";
-  FakeServer s(path_, answerAll(&server, canned));
-  server = &s;
+  FakeServer s(path_, answerAll(canned));
   connect();
   sluice_decision d;
   ASSERT_EQ(sluice_acquire(client_, "api", "user-1", 6, 2, kTimeoutMs, &d), 0);
@@ -601,9 +602,7 @@ TEST_F(ClientTest, SyncAcquireSendsRuleKeyCostAndReturnsTheDecision) {
 
 // Verifies that keys are sent byte-exact: NUL inside a str, non-UTF-8 as bin.
 TEST_F(ClientTest, KeysWithAnyBytesArriveUnchanged) {
-  FakeServer* server = nullptr;
-  FakeServer s(path_, answerAll(&server));
-  server = &s;
+  FakeServer s(path_, answerAll());
   connect();
   sluice_decision d;
   const std::string with_nul("a\0{b}", 5);
@@ -622,16 +621,13 @@ TEST_F(ClientTest, KeysWithAnyBytesArriveUnchanged) {
 
 // Verifies release's request and that a non-map result still means done.
 TEST_F(ClientTest, ReleaseAcceptsAnyResult) {
-  FakeServer* server = nullptr;
-  FakeServer s(path_, [&server](Conn& conn, int) {
+  FakeServer s(path_, [](Conn& conn, int) {
     while (auto req = conn.read()) {
-      server->record(*req);
       msgpack::sbuffer buf;
       msgpack::pack(buf, std::make_tuple(1, req->msgid, msgpack::type::nil_t(), true));
       conn.send(std::string(buf.data(), buf.size()));
     }
   });
-  server = &s;
   connect();
   sluice_decision d;
   ASSERT_EQ(sluice_release(client_, "conns", "db", 1, 3, kTimeoutMs, &d), 0);
@@ -645,10 +641,8 @@ TEST_F(ClientTest, ReleaseAcceptsAnyResult) {
 
 // Verifies acquire_all's nested parameters and its per-item results.
 TEST_F(ClientTest, AcquireAllSendsEveryItemAndReturnsEachDecision) {
-  FakeServer* server = nullptr;
-  FakeServer s(path_, [&server](Conn& conn, int) {
+  FakeServer s(path_, [](Conn& conn, int) {
     while (auto req = conn.read()) {
-      server->record(*req);
       msgpack::sbuffer buf;
       msgpack::packer<msgpack::sbuffer> pk(buf);
       pk.pack_array(4).pack(1).pack(req->msgid).pack_nil();
@@ -664,7 +658,6 @@ TEST_F(ClientTest, AcquireAllSendsEveryItemAndReturnsEachDecision) {
       conn.send(std::string(buf.data(), buf.size()));
     }
   });
-  server = &s;
   connect();
   const sluice_item items[] = {{"per_user", "u1", 2, 1}, {"per_ip", "10.0.0.1", 8, 4}};
   sluice_decision results[2];
@@ -843,16 +836,13 @@ TEST_F(ClientTest, RecvFlushesAndTimesOutWithoutLosingRequests) {
 
 // Verifies that after the daemon restarts, the next call reconnects and succeeds.
 TEST_F(ClientTest, ReconnectsAfterTheServerRestarts) {
-  FakeServer* server = nullptr;
-  auto first = std::make_unique<FakeServer>(path_, answerAll(&server));
-  server = first.get();
+  auto first = std::make_unique<FakeServer>(path_, answerAll());
   connect();
   sluice_decision d;
   ASSERT_EQ(sluice_acquire(client_, "api", "k", 1, 1, kTimeoutMs, &d), 0);
   first.reset();  // closes the client's connection and the listener
 
-  FakeServer second(path_, answerAll(&server));
-  server = &second;
+  FakeServer second(path_, answerAll());
   ASSERT_EQ(sluice_acquire(client_, "api", "k", 1, 1, kTimeoutMs, &d), 0);
   EXPECT_EQ(d.allowed, 1);
   EXPECT_EQ(second.requests().size(), 1u);
@@ -861,17 +851,14 @@ TEST_F(ClientTest, ReconnectsAfterTheServerRestarts) {
 // Verifies that a request the daemon received but never answered is reported
 // as a failure and not re-sent; the next call reconnects.
 TEST_F(ClientTest, RequestLostWithTheConnectionIsNotResent) {
-  FakeServer* server = nullptr;
-  FakeServer s(path_, [&server](Conn& conn, int index) {
+  FakeServer s(path_, [](Conn& conn, int index) {
     while (auto req = conn.read()) {
-      server->record(*req);
       if (index == 0) {
         return;  // the daemon "crashes" after reading the first request
       }
       conn.send(decisionReply(req->msgid));
     }
   });
-  server = &s;
   connect();
   sluice_decision d;
   EXPECT_EQ(sluice_acquire(client_, "api", "k", 1, 1, kTimeoutMs, &d), SLUICE_ECLOSED);
@@ -979,9 +966,7 @@ TEST_F(ClientTest, RecvDecodesFramesCutAnywhereAndKeepsShapeErrorsPerResponse) {
 
 // Verifies that bad arguments are refused before anything is sent.
 TEST_F(ClientTest, BadArgumentsAreRefused) {
-  FakeServer* server = nullptr;
-  FakeServer s(path_, answerAll(&server));
-  server = &s;
+  FakeServer s(path_, answerAll());
   connect();
   sluice_decision d;
   EXPECT_EQ(sluice_acquire(client_, nullptr, "k", 1, 1, kTimeoutMs, &d), SLUICE_EINVAL);
@@ -1218,10 +1203,8 @@ TEST_F(ClientTest, SluicectlPrintsDecisionsAndExitsByOutcome) {
 // Verifies `sluicectl reload` (0 on success, 3 with the daemon's error) and
 // that `health` costs one request, its exit status read from what it prints.
 TEST_F(ClientTest, SluicectlReloadsAndChecksHealthInOneRequest) {
-  FakeServer* server = nullptr;
-  FakeServer s(path_, [&server](Conn& conn, int index) {
+  FakeServer s(path_, [](Conn& conn, int index) {
     while (auto req = conn.read()) {
-      server->record(*req);
       msgpack::sbuffer buf;
       msgpack::packer<msgpack::sbuffer> pk(buf);
       if (req->method == "reload" && index == 1) {
@@ -1240,7 +1223,6 @@ TEST_F(ClientTest, SluicectlReloadsAndChecksHealthInOneRequest) {
       conn.send(std::string(buf.data(), buf.size()));
     }
   });
-  server = &s;
   RunResult ok = runSluicectl("--socket " + path_ + " --json reload");
   EXPECT_EQ(ok.exit_code, 0) << ok.out;
   EXPECT_EQ(ok.out, "{\"rules\":3}\n");

@@ -134,6 +134,58 @@ TEST_F(SliceTest, BatchFollowsDemandWithinTheShare) {
   EXPECT_EQ(slice::nextBatch(words(), 401 * kMs, 7, rule, 2, kInterval).n, 7);
 }
 
+// Verifies a key that leases every few milliseconds (a contended one: each
+// lease brings a few units) still sizes its batch by its rate over a whole
+// lease interval, not by the few units asked for since the last lease.
+TEST_F(SliceTest, FrequentLeasesMeasureDemandOverAWholeInterval) {
+  Rule rule = bucketRule(600, 1'000 * kMs, 600);
+  grant(1);
+  auto lease = [&](int64_t at_ms, int64_t asked_since_ms_ago) {
+    words_[slice::kDemand].fetch_add(static_cast<uint64_t>(asked_since_ms_ago));  // 1 a ms
+    return slice::nextBatch(words(), at_ms * kMs, 1, rule, 1, kInterval);
+  };
+  EXPECT_EQ(lease(1, 1).n, 1);  // the first: what it asks for
+  for (int64_t t = 6; t < 101; t += 5) {
+    lease(t, 5);  // within the first interval: at least what it has seen
+  }
+  EXPECT_EQ(lease(101, 5).n, 101);   // 101 units over 100 ms (from 1 to 101)
+  EXPECT_EQ(lease(106, 5).n, 101);   // the rate holds between measurements
+  EXPECT_EQ(lease(1'106, 50).n, 6);  // 55 units over the next 1,005 ms
+}
+
+// Verifies the batch doubles its span of demand after every grant that left
+// Redis plenty (kRoomyFactor times the grant), up to 2^kMaxBoost lease
+// intervals and never past the share, and falls back to one interval after
+// a grant that left little.
+TEST_F(SliceTest, RoomyGrantsGrowTheBatchAndATightOneResetsIt) {
+  Rule rule = bucketRule(1'000'000, 1'000 * kMs, 100'000);  // share 50,000 on 2 nodes
+  grant(1);
+  int64_t now = 0;
+  auto next = [&] {
+    words_[slice::kDemand].store(100);  // 100 per interval
+    now += kInterval;
+    return slice::nextBatch(words(), now, 1, rule, 2, kInterval).n;
+  };
+  EXPECT_EQ(next(), 100);  // no grant seen yet
+  std::vector<int64_t> sizes;
+  for (int i = 0; i < slice::kMaxBoost + 2; ++i) {
+    slice::noteGrant(words(), 100, 100 * slice::kRoomyFactor);  // plenty left
+    sizes.push_back(next());
+  }
+  EXPECT_EQ(sizes, (std::vector<int64_t>{200, 400, 800, 1600, 1600, 1600}));
+  slice::noteGrant(words(), 1600, 1600 * slice::kRoomyFactor - 1);  // tight
+  EXPECT_EQ(next(), 100);
+  slice::noteGrant(words(), 100, 1000);
+  EXPECT_EQ(next(), 200);
+  slice::noteGrant(words(), 0, 1000);  // nothing granted: no growth
+  EXPECT_EQ(next(), 100);
+  // The share still caps a grown batch.
+  words_[slice::kDemand].store(40'000);
+  slice::noteGrant(words(), 100, 1'000'000);
+  now += kInterval;
+  EXPECT_EQ(slice::nextBatch(words(), now, 1, rule, 2, kInterval).n, 50'000);
+}
+
 // Verifies a slow bucket (8 an hour) never asks for more than one request's
 // cost, so its last units are not stranded in Redis; nor does a window,
 // whose units do not trickle back.
