@@ -75,7 +75,7 @@ namespace slice {
 // The words of a slice entry.
 enum Word : size_t {
   kUnits = 0,      // units held, spendable now (int64)
-  kFlags,          // kInFlight | kWarm
+  kFlags,          // kInFlight | kWarm | kRoomy | the boost (kBoostMask)
   kDenyUntil,      // ns: Redis had nothing for us; deny locally until then
   kDemand,         // units asked for since kDemandSince (an estimate)
   kDemandSince,    // ns: start of the demand measurement under way; 0: none yet
@@ -123,8 +123,8 @@ TakeResult look(std::span<const std::atomic<uint64_t>> words, int64_t now_ns, in
 void refund(std::span<std::atomic<uint64_t>> words, int64_t cost);
 
 // Records what a granting lease left in Redis: whether the next batch may
-// grow (kRoomy). Called by the control thread while it holds the key's
-// in-flight bit.
+// grow (kRoomy). Called by the control thread with the reply, before it
+// clears the key's in-flight bit.
 void noteGrant(std::span<std::atomic<uint64_t>> words, int64_t granted, int64_t remaining);
 
 // The size of the next lease, for a caller that has claimed the in-flight

@@ -145,6 +145,7 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, Algorithm algorithm
   std::optional<scripts::LeaseReply> reply;
   if (result.status == RedisStatus::kOk) {
     if (auto values = result.reply->integers()) reply = scripts::parseLeaseReply(*values);
+    if (reply && reply->granted > request.n) reply.reset();  // more than asked: not our script
   }
   if (!reply) {
     counters.failed.fetch_add(1, std::memory_order_relaxed);

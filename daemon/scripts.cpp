@@ -1,7 +1,9 @@
 // Scripts: the embedded Lua sources and their argument lists (see scripts.h).
 #include "scripts.h"
 
+#include <algorithm>
 #include <array>
+#include <cstdint>
 
 namespace sluice::scripts {
 namespace {
@@ -99,12 +101,24 @@ std::vector<std::string> heartbeatArgv(HeartbeatOp op, std::string_view node_id,
 
 std::optional<LeaseReply> parseLeaseReply(std::span<const int64_t> values) {
   if (values.size() != 5 && values.size() != 6) return std::nullopt;
+  // Nothing our scripts return is negative (but a retry of -1) and no clock
+  // comes near 2^50 ms: such a reply is not from them, and a negative grant
+  // added to a slice would wrap around. Waits (huge after an absurd debt)
+  // are cut to 2^41 ms, 70 years, so that one in ns cannot overflow.
+  constexpr int64_t kMaxWaitMs = int64_t{1} << 41;
+  constexpr int64_t kMaxClockMs = int64_t{1} << 50;
+  auto bad = [](int64_t v, int64_t low, int64_t high) { return v < low || v > high; };
+  if (bad(values[0], 0, INT64_MAX / 2) || bad(values[2], -1, INT64_MAX) ||
+      bad(values[3], 0, INT64_MAX) || bad(values[4], 0, kMaxClockMs) ||
+      (values.size() == 6 && bad(values[5], 0, INT64_MAX / 2))) {
+    return std::nullopt;
+  }
   LeaseReply r;
   r.granted = values[0];
-  r.remaining = values[1];
+  r.remaining = std::max<int64_t>(values[1], 0);
   r.never = values[2] < 0;
-  r.retry_after_ms = r.never ? 0 : values[2];
-  r.reset_after_ms = values[3];
+  r.retry_after_ms = r.never ? 0 : std::min(values[2], kMaxWaitMs);
+  r.reset_after_ms = std::min(values[3], kMaxWaitMs);
   r.now_ms = values[4];
   if (values.size() == 6) r.held = values[5];
   return r;

@@ -115,7 +115,8 @@ struct LeaseReply {
 };
 
 // Parses a lease script's reply; nullopt when it is not 5 (rate) or 6
-// (concurrency) integers.
+// (concurrency) integers in the ranges the scripts return (a negative
+// remaining, which debt could give, reads as 0; waits are cut to 2^41 ms).
 std::optional<LeaseReply> parseLeaseReply(std::span<const int64_t> values);
 
 struct HeartbeatReply {

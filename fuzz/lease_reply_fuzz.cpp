@@ -70,12 +70,22 @@ void check(const RedisReply& reply) {
              "integers() takes exactly the arrays of integers");
   std::vector<int64_t> values = converted.value_or(std::vector<int64_t>{});
   std::optional<scripts::LeaseReply> lease = scripts::parseLeaseReply(values);
-  FUZZ_CHECK(lease.has_value() == (values.size() == 5 || values.size() == 6),
-             "a lease reply is 5 or 6 integers");
+  if (values.size() != 5 && values.size() != 6) {
+    FUZZ_CHECK(!lease, "a lease reply is 5 or 6 integers");
+  }
   if (lease) {
+    FUZZ_CHECK(lease->granted == values[0] && lease->granted >= 0, "granted is the 1st, never negative");
+    FUZZ_CHECK(lease->remaining >= 0, "remaining is never negative");
     FUZZ_CHECK(lease->never == (values[2] < 0), "a negative retry means never");
-    FUZZ_CHECK(lease->retry_after_ms >= 0, "retry_after_ms is never negative");
-    FUZZ_CHECK(lease->held == (values.size() == 6 ? values[5] : 0), "held is the 6th integer");
+    // Any wait, as a deadline in ns from now, fits in an int64.
+    constexpr int64_t kYearNs = 365LL * 24 * 3600 * 1'000'000'000;
+    FUZZ_CHECK(lease->retry_after_ms >= 0 && lease->retry_after_ms <= (INT64_MAX - kYearNs) / 1'000'000,
+               "retry_after_ms is never negative, nor so large its deadline overflows");
+    FUZZ_CHECK(lease->reset_after_ms >= 0 && lease->reset_after_ms <= (INT64_MAX - kYearNs) / 1'000'000,
+               "reset_after_ms is never negative, nor so large its deadline overflows");
+    FUZZ_CHECK(lease->now_ms >= 0, "Redis's clock is never negative");
+    FUZZ_CHECK(lease->held == (values.size() == 6 ? values[5] : 0) && lease->held >= 0,
+               "held is the 6th integer, never negative");
   }
   std::optional<scripts::HeartbeatReply> beat = scripts::parseHeartbeatReply(values);
   FUZZ_CHECK(beat.has_value() == (values.size() == 2), "a heartbeat reply is 2 integers");

@@ -214,6 +214,34 @@ TEST(Scripts, ParsesNeverAndRejectsWrongArity) {
   EXPECT_FALSE(scripts::parseLeaseReply(short_reply));
 }
 
+// Verifies replies no script sends are refused rather than applied (a
+// negative grant would wrap a slice's unit count), and that waits are cut
+// to 2^41 ms so that none overflows as a deadline in ns.
+TEST(Scripts, RejectsRepliesOutOfRange) {
+  constexpr int64_t kNowMs = 1'790'000'000'000;  // 2026
+  const int64_t good[] = {3, 5, 0, 10, kNowMs};
+  ASSERT_TRUE(scripts::parseLeaseReply(good));
+  const int64_t debt[] = {0, -4, 20, 10, kNowMs};
+  ASSERT_TRUE(scripts::parseLeaseReply(debt));
+  EXPECT_EQ(scripts::parseLeaseReply(debt)->remaining, 0);
+  for (int field : {0, 2, 3, 4}) {
+    int64_t negative[] = {3, 5, 0, 10, kNowMs};
+    negative[field] = field == 2 ? -2 : -1;
+    EXPECT_FALSE(scripts::parseLeaseReply(negative)) << field;
+    int64_t huge[] = {3, 5, 0, 10, kNowMs};
+    huge[field] = INT64_MAX;
+    auto reply = scripts::parseLeaseReply(huge);
+    if (field == 2 || field == 3) {
+      ASSERT_TRUE(reply) << field;
+      EXPECT_EQ(field == 2 ? reply->retry_after_ms : reply->reset_after_ms, int64_t{1} << 41);
+    } else {
+      EXPECT_FALSE(reply) << field;
+    }
+  }
+  const int64_t held_negative[] = {1, 2, 0, 10, kNowMs, -1};
+  EXPECT_FALSE(scripts::parseLeaseReply(held_negative));
+}
+
 // ---------------------------------------------------------------------------
 // Cross-tests: script and C++ algorithm on the same times and costs.
 //
