@@ -30,12 +30,10 @@
 # BENCH_WORKERS (nproc).
 set -euo pipefail
 
-if [ $# -ne 1 ] || [ ! -x "$1/daemon/sluiced" ] || [ ! -x "$1/bench/load" ]; then
-  echo "usage: bench/global.sh BUILD_DIR (a build with sluiced and bench/load built)" >&2
-  exit 2
-fi
-build=$(cd "$1" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=bench/common.sh
+source "$here/common.sh"
+bench_setup global.sh "$@"
 seconds=${BENCH_SECONDS:-2}
 rounds=${BENCH_ROUNDS:-3}
 conns=${BENCH_CONNECTIONS:-2}
@@ -44,7 +42,6 @@ workers=${BENCH_WORKERS:-$(nproc)}
 many_keys=10000
 load="$build/bench/load"
 script="$here/../lua/token_bucket.lua"
-load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 for tool in redis-server redis-cli; do
   command -v "$tool" >/dev/null || { echo "bench: $tool is missing (make deps installs it)" >&2; exit 2; }
 done
@@ -152,7 +149,6 @@ fallback_events() {
       print n
     }'
 }
-field() { sed -n "s/.*\\b$1=\\([^ ]*\\).*/\\1/p" <<<"$2"; }
 
 results="$tmp/results"
 : >"$results"
@@ -204,11 +200,7 @@ report() {
     "/ every decision answered (warm-up included)." \
     "Redis CPU: \`used_cpu_user + used_cpu_sys\` seconds per 100,000 decisions." \
     "Fallback: fallback entries plus answers in fallback mode during the row (0 = Redis never left the path)."
-  if awk -v l="${load_before%% *}" -v n="$(nproc)" 'BEGIN { exit !(l > n / 2) }'; then
-    echo
-    echo "**Warning: the machine was busy before the run (1-min load average ${load_before%% *} on $(nproc) CPUs);" \
-      "rates are lower bounds; the ratios, measured in the same rounds, are the figures to read.**"
-  fi
+  busy_warning "rates are lower bounds; the ratios, measured in the same rounds, are the figures to read."
   echo
   awk '
     function val(line, key,   i, n, parts, kv) {

@@ -45,12 +45,10 @@
 # BENCH_PLACEMENT=0, the old knob, means "unpinned").
 set -euo pipefail
 
-if [ $# -ne 1 ] || [ ! -x "$1/daemon/sluiced" ] || [ ! -x "$1/bench/load" ]; then
-  echo "usage: bench/run.sh BUILD_DIR (a build with sluiced and bench/load built)" >&2
-  exit 2
-fi
-build=$(cd "$1" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=bench/common.sh
+source "$here/common.sh"
+bench_setup run.sh "$@"
 seconds=${BENCH_SECONDS:-2}
 sync_seconds=${BENCH_SYNC_SECONDS:-1}
 rounds=${BENCH_ROUNDS:-3}
@@ -84,7 +82,6 @@ for p in $placements; do
   fi
 done
 load="$build/bench/load"
-load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 
 tmp=$(mktemp -d /tmp/slb.XXXXXX)  # short: a socket path has at most 107 bytes
 sock="$tmp/d.sock"
@@ -113,8 +110,6 @@ wait_for_socket() {
 
 rss_kb() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"; }
 
-# Value of key=... on a line of load's output.
-field() { sed -n "s/.*\\b$1=\\([^ ]*\\).*/\\1/p" <<<"$2"; }
 
 cat >"$tmp/bench.toml" <<EOF
 # Written by bench/run.sh.
@@ -313,11 +308,7 @@ report() {
     echo "**Warning: sync rows ran unpinned (BENCH_PLACEMENTS=$placements): each measurement put client and" \
       "server on one CPU or on two by chance, so their p50s and the sync verdicts depend on luck.**" ;;
   esac
-  if awk -v l="${load_before%% *}" -v n="$(nproc)" 'BEGIN { exit !(l > n / 2) }'; then
-    echo
-    echo "**Warning: the machine was busy before the run (1-min load average ${load_before%% *} on $(nproc) CPUs);" \
-      "rates are lower bounds and vary between rounds: compare rows through the CPU and per-CPU-second columns.**"
-  fi
+  busy_warning "rates are lower bounds and vary between rounds: compare rows through the CPU and per-CPU-second columns."
   echo
   awk -v rounds="$rounds" -v placements="$placements" '
     function val(line, key,   i, n, parts, kv) {
