@@ -120,7 +120,10 @@ struct RedisPoll {
     // for, so that its read or connect check meets the error and reports it.
     int ready = status < 0 ? poll->events : events;
     if (poll->context != nullptr && (ready & UV_READABLE)) redisAsyncHandleRead(poll->context);
-    if (poll->context != nullptr && (ready & UV_WRITABLE)) redisAsyncHandleWrite(poll->context);
+    if (poll->context != nullptr && (ready & UV_WRITABLE)) {
+      redisAsyncHandleWrite(poll->context);  // also sends what the connect callback queued
+      poll->link->startClocks();
+    }
   }
 
   void update() {
@@ -194,7 +197,7 @@ struct RedisLink::Request {
   Kind kind = Kind::kCommand;
   RedisCallback callback;  // kCommand, kEval
   int64_t timeout_ms = 0;
-  uint64_t deadline_ms = 0;  // loop time
+  uint64_t deadline_ms = 0;  // loop time: written + timeout_ms; 0 until written
   uint64_t started_ns = 0;   // uv_hrtime
   bool done = false;         // answered or failed; no longer listed
 
@@ -326,7 +329,6 @@ void RedisLink::sendHandshake() {
     request->link = this;
     request->kind = kind;
     request->timeout_ms = options_.connect_timeout_ms;
-    request->deadline_ms = connect_deadline_ms_;
     request->started_ns = uv_hrtime();
     return request;
   };
@@ -381,7 +383,6 @@ bool RedisLink::command(std::span<const std::string_view> argv, RedisCallback ca
   request->kind = Request::Kind::kCommand;
   request->callback = std::move(callback);
   request->timeout_ms = std::max<int64_t>(timeout_ms, 1);
-  request->deadline_ms = uv_now(loop_) + static_cast<uint64_t>(request->timeout_ms);
   request->started_ns = uv_hrtime();
   return send(argv, std::move(request)) == nullptr;
 }
@@ -395,7 +396,6 @@ bool RedisLink::evalsha(ScriptId script, std::span<const std::string_view> keys,
   request->kind = Request::Kind::kEval;
   request->callback = std::move(callback);
   request->timeout_ms = std::max<int64_t>(timeout_ms, 1);
-  request->deadline_ms = uv_now(loop_) + static_cast<uint64_t>(request->timeout_ms);
   request->started_ns = uv_hrtime();
   request->script = script;
   request->key_count = keys.size();
@@ -436,9 +436,29 @@ std::unique_ptr<RedisLink::Request> RedisLink::send(std::span<const std::string_
   }
   Request* sent = request.release();  // hiredis owns it now
   sent->in_flight_it = in_flight_.insert(in_flight_.end(), sent);
-  sent->deadline_it = deadlines_.emplace(sent->deadline_ms, sent);
-  if (sent->deadline_it == deadlines_.begin()) armDeadlineTimer();
+  unwritten_++;
   return nullptr;
+}
+
+// Commands issued in a tick go out when the loop next polls, which may be
+// long after they were issued (a busy tick, a descheduled thread): their
+// clocks start when they have been written, with fresh time.
+void RedisLink::startClocks() {
+  if (unwritten_ == 0) return;
+  uv_update_time(loop_);
+  uint64_t now_ms = uv_now(loop_);
+  uint64_t earliest_ms = std::numeric_limits<uint64_t>::max();
+  auto it = in_flight_.end();
+  for (; unwritten_ > 0; unwritten_--) {
+    Request* request = *--it;
+    request->deadline_ms = now_ms + static_cast<uint64_t>(request->timeout_ms);
+    request->deadline_it = deadlines_.emplace(request->deadline_ms, request);
+    earliest_ms = std::min(earliest_ms, request->deadline_ms);
+  }
+  // Commands already waiting can only be late later than they could be
+  // when the timer was armed; these may be due sooner.
+  bool armed = uv_is_active(reinterpret_cast<uv_handle_t*>(&deadline_timer_)) != 0;
+  if (!armed || earliest_ms < now_ms + uv_timer_get_due_in(&deadline_timer_)) armDeadlineTimer();
 }
 
 void RedisLink::onReplyThunk(redisAsyncContext* context, void* reply, void* privdata) {
@@ -452,7 +472,7 @@ void RedisLink::onReplyThunk(redisAsyncContext* context, void* reply, void* priv
 void RedisLink::forget(Request* request) {
   request->done = true;
   in_flight_.erase(request->in_flight_it);
-  deadlines_.erase(request->deadline_it);
+  if (request->deadline_ms != 0) deadlines_.erase(request->deadline_it);
 }
 
 void RedisLink::finish(Request* request, const RedisResult& result) {
@@ -468,6 +488,7 @@ void RedisLink::onReply(Request* request, const void* raw_reply, const char* err
     loseConnection(errstr, false, false);
     return;
   }
+  last_answer_ms_ = uv_now(loop_);
   uint64_t rtt_us = (uv_hrtime() - request->started_ns) / 1000;
   if (on_latency_) {
     on_latency_(rtt_us);
@@ -495,14 +516,12 @@ void RedisLink::onReply(Request* request, const void* raw_reply, const char* err
         load->kind = Request::Kind::kScriptLoad;
         load->script = request->script;
         load->timeout_ms = request->timeout_ms;
-        load->deadline_ms = request->deadline_ms;
         load->started_ns = uv_hrtime();
         auto retry = std::make_unique<Request>();
         retry->link = this;
         retry->kind = Request::Kind::kEval;
         retry->callback = std::move(request->callback);
         retry->timeout_ms = request->timeout_ms;
-        retry->deadline_ms = request->deadline_ms;
         retry->started_ns = request->started_ns;
         retry->script = request->script;
         retry->keys_and_args = std::move(request->keys_and_args);
@@ -580,6 +599,7 @@ void RedisLink::loseConnection(const std::string& reason, bool free_context,
   std::list<Request*> failed;
   failed.swap(in_flight_);
   deadlines_.clear();
+  unwritten_ = 0;
   for (Request* request : failed) request->done = true;
 
   if (!closing_) {
@@ -600,7 +620,7 @@ void RedisLink::loseConnection(const std::string& reason, bool free_context,
     if (!request->callback) continue;
     RedisCallback callback = std::move(request->callback);
     std::string timeout_reason;
-    if (deadline_passed && request->deadline_ms <= now_ms) {
+    if (deadline_passed && late(*request, now_ms)) {
       timeout_reason = "no answer within " + std::to_string(request->timeout_ms) + " ms";
       callback(RedisResult{RedisStatus::kTimeout, nullptr, timeout_reason, 0});
     } else {
@@ -631,7 +651,8 @@ void RedisLink::armDeadlineTimer() {
   uint64_t next_ms = std::numeric_limits<uint64_t>::max();
   if (!drop_reason_.empty()) next_ms = now_ms;
   if (connect_deadline_ms_ != 0) next_ms = std::min(next_ms, connect_deadline_ms_);
-  if (!deadlines_.empty()) next_ms = std::min(next_ms, deadlines_.begin()->first);
+  const Request* late_request = nullptr;
+  next_ms = std::min(next_ms, nextCommandDeadline(now_ms, &late_request));
   if (next_ms == std::numeric_limits<uint64_t>::max()) {
     uv_timer_stop(&deadline_timer_);
     return;
@@ -646,18 +667,55 @@ void RedisLink::onDeadlineTimer() {
   if (!drop_reason_.empty()) {
     std::string reason = drop_reason_;
     loseConnection(reason, true, false);
-  } else if (connect_deadline_ms_ != 0 && now_ms >= connect_deadline_ms_) {
+    return;
+  }
+  const Request* late_request = nullptr;
+  bool connect_late = connect_deadline_ms_ != 0 && now_ms >= connect_deadline_ms_;
+  nextCommandDeadline(now_ms, &late_request);
+  if ((connect_late || late_request != nullptr) && context_ != nullptr) {
+    // libuv runs timers before it polls: when this thread was busy or
+    // descheduled, the answers may be waiting in the socket. Read them
+    // before calling anything late.
+    redisAsyncContext* context = context_;
+    redisAsyncHandleRead(context);
+    if (context_ != context) return;  // the read lost the connection, or a callback closed the link
+  }
+  if (connect_deadline_ms_ != 0 && now_ms >= connect_deadline_ms_) {
     loseConnection("connect: no answer within " + std::to_string(options_.connect_timeout_ms) +
                        " ms",
                    true, false);
-  } else if (!deadlines_.empty() && deadlines_.begin()->first <= now_ms) {
-    const Request* late = deadlines_.begin()->second;
-    loseConnection("a command got no answer within " + std::to_string(late->timeout_ms) +
+  } else if (const Request* late_request = nullptr;
+             nextCommandDeadline(now_ms, &late_request), late_request != nullptr) {
+    loseConnection("a command got no answer within " + std::to_string(late_request->timeout_ms) +
                        " ms; dropping the connection",
                    true, true);
   } else {
     armDeadlineTimer();
   }
+}
+
+// A command is late once its timeout has passed both since it was written
+// and since Redis last answered anything: until then it is waiting its turn.
+bool RedisLink::late(const Request& request, uint64_t now_ms) const {
+  if (request.deadline_ms == 0) return false;  // not written yet
+  return now_ms >= std::max(request.deadline_ms,
+                            last_answer_ms_ + static_cast<uint64_t>(request.timeout_ms));
+}
+
+uint64_t RedisLink::nextCommandDeadline(uint64_t now_ms, const Request** late_request) const {
+  *late_request = nullptr;
+  uint64_t next_ms = std::numeric_limits<uint64_t>::max();
+  // Only commands whose sent + timeout has passed can be late now; for
+  // each of those, answers since have moved its deadline on.
+  for (const auto& [deadline_ms, request] : deadlines_) {
+    if (deadline_ms > now_ms) return std::min(next_ms, deadline_ms);
+    if (late(*request, now_ms)) {
+      *late_request = request;
+      return now_ms;
+    }
+    next_ms = std::min(next_ms, last_answer_ms_ + static_cast<uint64_t>(request->timeout_ms));
+  }
+  return next_ms;
 }
 
 void RedisLink::close(std::function<void()> on_closed) {

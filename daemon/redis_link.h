@@ -22,16 +22,22 @@
 // After it, uv_loop_close() on the loop returns 0.
 //
 // Deadlines and order: Redis answers in order, so a stalled server stalls
-// every command behind the first. A command that passes its deadline gets
-// `timeout` at once, and the connection is dropped: every other pending
-// command gets `disconnected` at once and a reconnect starts. Commands issued
-// in one loop tick go out in one write (pipelining).
+// every command behind the first, and a busy pipeline keeps a command waiting
+// behind the ones sent before it. A command's timeout therefore counts from
+// when it was written to the socket or from Redis's latest answer, whichever
+// is later: a command that waits its turn behind a pipeline Redis keeps
+// answering is not late; one that waits its timeout with no answer at all
+// is. Answers already in the socket are read before anything is called late
+// (this thread may have been busy or descheduled). A late command
+// gets `timeout` at once, and the connection is dropped: every other pending
+// command gets `disconnected` (or `timeout`, if late too) at once and a
+// reconnect starts. Commands issued in one loop tick go out in one write
+// (pipelining).
 //
 // Units and clocks: durations are milliseconds of the loop's clock
-// (uv_now, the time of the current tick: a command issued late in a long
-// tick gets that much less time); round-trip times are microseconds of
-// uv_hrtime, from the call to the answer, so they include time queued behind
-// earlier commands.
+// (uv_now, refreshed when commands are written); round-trip times are
+// microseconds of uv_hrtime, from the call to the answer, so they include
+// time queued behind earlier commands.
 //
 // A host name in the config is resolved with a blocking getaddrinfo() on each
 // connection attempt (hiredis 0.14); configure an address to avoid that.
@@ -201,8 +207,13 @@ class RedisLink {
   void forget(Request* request);
   void loseConnection(const std::string& reason, bool free_context, bool deadline_passed);
   void scheduleReconnect();
+  void startClocks();
   void armDeadlineTimer();
   void onDeadlineTimer();
+  bool late(const Request& request, uint64_t now_ms) const;
+  // The earliest moment a listed command can be late, and the first one
+  // late at `now_ms` (or nullptr).
+  uint64_t nextCommandDeadline(uint64_t now_ms, const Request** late_request) const;
   void onHandleClosed();
   std::string address() const;  // for logs
   bool logAllowed();             // rate limit for connection-failure logs
@@ -222,15 +233,21 @@ class RedisLink {
   int logs_in_window_ = 0;
   uint64_t logs_suppressed_ = 0;
 
-  // Commands in flight on the current connection, in the order sent, and
-  // their deadlines. Both hold the same Requests; hiredis owns their memory.
+  // Commands in flight on the current connection, in the order issued, and
+  // the written ones by the moment each would be late if Redis answered
+  // nothing (written + timeout). Both hold the same Requests; hiredis owns
+  // their memory.
   std::list<Request*> in_flight_;
   std::multimap<uint64_t, Request*> deadlines_;
+  // The last unwritten_ of in_flight_ are not written yet. Only answered
+  // commands leave in_flight_ one by one, and they leave from the front.
+  size_t unwritten_ = 0;
+  uint64_t last_answer_ms_ = 0;  // loop time of Redis's latest answer
 
   std::vector<Script> scripts_;
 
   uv_timer_t retry_timer_;     // reconnect backoff
-  uv_timer_t deadline_timer_;  // the earliest connect or command deadline
+  uv_timer_t deadline_timer_;  // the connect deadline, or when a command could be late
   int open_handles_ = 0;       // ours plus poll handles of sockets not yet closed
   std::function<void()> on_closed_;
 

@@ -7,10 +7,12 @@
 #include <gtest/gtest.h>
 #include <uv.h>
 
+#include <chrono>
 #include <functional>
 #include <iostream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "redis_server.h"
@@ -358,6 +360,93 @@ TEST_F(RedisLinkTest, TimesOutAtTheEarliestDeadlineWhateverTheOrderOfCommands) {
   EXPECT_EQ(slow.status, RedisStatus::kDisconnected);
   EXPECT_GE(quick.at_ms - sent_ms, 95u);
   EXPECT_LE(quick.at_ms - sent_ms, 100 + kSlackMs);
+  closeAll();
+}
+
+// Verifies that a command waiting its turn behind one Redis is still
+// running is not late while Redis keeps answering: sent 20 ms after a 200 ms
+// command, a 200 ms command with a 300 ms timeout is answered at about
+// 400 ms, past its send + timeout but within 300 ms of the first answer.
+// (Redis answers a batch read in one go, so each goes out in its own write.)
+TEST_F(RedisLinkTest, ACommandWaitingBehindAnAnsweredOneIsNotLate) {
+  RedisServer server;
+  startLink(configFor(server));
+  ASSERT_TRUE(waitConnected());
+
+  Seen first;
+  Seen second;
+  uv_update_time(&loop_);
+  uint64_t sent_ms = nowMs();
+  ASSERT_TRUE(link_->command({"DEBUG", "SLEEP", "0.2"}, record(first), 1000));
+  runUntil([] { return false; }, 20);  // the first goes out in a write of its own
+  ASSERT_TRUE(link_->command({"DEBUG", "SLEEP", "0.2"}, record(second), 300));
+  ASSERT_TRUE(runUntil([&] { return second.calls > 0; }, 3000));
+  EXPECT_EQ(first.status, RedisStatus::kOk) << first.text;
+  EXPECT_EQ(second.status, RedisStatus::kOk) << second.text;
+  EXPECT_GE(second.at_ms - sent_ms, 395u);
+  EXPECT_EQ(disconnects_, 0);
+  closeAll();
+}
+
+// Verifies that answers which arrived while the link's thread was busy are
+// read before a command is called late: libuv runs due timers before it
+// polls, so a thread that wakes after the deadline finds the timer first.
+TEST_F(RedisLinkTest, AnswersThatArrivedWhileTheThreadWasBusyAreNotLate) {
+  RedisServer server;
+  startLink(configFor(server));
+  ASSERT_TRUE(waitConnected());
+
+  Seen seen;
+  ASSERT_TRUE(link_->command({"PING"}, record(seen), 50));
+  uv_run(&loop_, UV_RUN_NOWAIT);  // writes the command
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));  // the answer waits unread
+  ASSERT_TRUE(runUntil([&] { return seen.calls > 0; }, 500));
+  EXPECT_EQ(seen.status, RedisStatus::kOk) << seen.text;
+  EXPECT_EQ(seen.text, "PONG");
+  EXPECT_EQ(disconnects_, 0);
+  closeAll();
+}
+
+// Verifies that a command's clock starts when it is written, not when it
+// was issued: a command issued early in a 150 ms tick goes out at its end
+// and is answered, though its 50 ms timeout ran out before the write.
+TEST_F(RedisLinkTest, AClockStartsWhenTheCommandIsWritten) {
+  RedisServer server;
+  startLink(configFor(server));
+  ASSERT_TRUE(waitConnected());
+
+  Seen seen;
+  uv_update_time(&loop_);
+  ASSERT_TRUE(link_->command({"PING"}, record(seen), 50));
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));  // the rest of a long tick
+  ASSERT_TRUE(runUntil([&] { return seen.calls > 0; }, 2000));
+  EXPECT_EQ(seen.status, RedisStatus::kOk) << seen.text;
+  EXPECT_EQ(seen.text, "PONG");
+  EXPECT_EQ(disconnects_, 0);
+  closeAll();
+}
+
+// Verifies that a stalled command's timeout counts from Redis's latest
+// answer when that came after the command was sent: behind a 100 ms
+// command, a 150 ms timeout runs out 150 ms after that command's answer.
+TEST_F(RedisLinkTest, ATimeoutCountsFromTheLatestAnswer) {
+  RedisServer server;
+  startLink(configFor(server));
+  ASSERT_TRUE(waitConnected());
+
+  Seen first;
+  Seen stalled;
+  ASSERT_TRUE(link_->command({"DEBUG", "SLEEP", "0.1"}, record(first), 1000));
+  runUntil([] { return false; }, 20);  // the first goes out in a write of its own
+  ASSERT_TRUE(link_->command({"DEBUG", "SLEEP", "1"}, record(stalled), 150));
+  ASSERT_TRUE(runUntil([&] { return stalled.calls > 0; }, 3000));
+  EXPECT_EQ(first.status, RedisStatus::kOk) << first.text;
+  EXPECT_EQ(stalled.status, RedisStatus::kTimeout) << stalled.text;
+  EXPECT_GE(stalled.at_ms - first.at_ms, 145u);
+  EXPECT_LE(stalled.at_ms - first.at_ms, 150 + kSlackMs);
+  std::cout << "measured: timeout reported " << stalled.at_ms - first.at_ms
+            << " ms after the previous answer\n";
+  EXPECT_FALSE(link_->connected());
   closeAll();
 }
 
