@@ -13,9 +13,9 @@
 #                   FUZZ_SECONDS (default 60) on a copy of its corpus
 #   make deps       install the Debian packages the build needs
 
-PACKAGES := cmake make g++ pkg-config libuv1-dev libhiredis-dev libmsgpack-cxx-dev \
+PACKAGES := cmake make g++ pkg-config libuv1-dev libhiredis-dev libmsgpack-cxx-dev libsystemd-dev \
             libtomlplusplus-dev libspdlog-dev libfmt-dev googletest libgtest-dev \
-            redis-server python3-msgpack
+            redis-server python3-msgpack systemd
 FUZZ_PACKAGES := clang libclang-rt-14-dev
 FUZZ_TARGETS := rpc config lease_reply
 FUZZ_SECONDS ?= 60

@@ -15,6 +15,7 @@
 #include <spdlog/spdlog.h>
 
 #include "limiter.h"
+#include "systemd.h"
 
 namespace sluice {
 
@@ -23,6 +24,8 @@ namespace {
 constexpr int kListenBacklog = 1024;
 // How long accepting pauses when the process is out of file descriptors.
 constexpr uint64_t kAcceptPauseMs = 100;
+// How often the status line is refreshed when no watchdog asks for more.
+constexpr uint64_t kStatusIntervalMs = 1000;
 
 std::string errnoText(int err) { return std::strerror(err); }
 
@@ -157,6 +160,23 @@ bool Server::isAdmin(const Peer& peer) const { return peer.uid == 0 || peer.uid 
 
 bool Server::listen(std::string* error) {
   const std::string& path = config_.daemon.socket_path;
+  int passed = -1;
+  std::string passed_path;
+  if (!systemd::takeListenSocket(&passed, &passed_path, error)) {
+    return false;
+  }
+  if (passed >= 0) {
+    listen_fd_ = passed;
+    socket_inherited_ = true;
+    serving_path_ = passed_path;
+    if (passed_path != path) {
+      spdlog::warn("serving the socket systemd passed, {}, not the config's {}; "
+                   "make ListenStream= and [daemon] socket the same path",
+                   passed_path, path);
+    }
+    return true;
+  }
+  serving_path_ = path;
   sockaddr_un addr{};
   if (path.size() >= sizeof(addr.sun_path)) {
     *error = "socket path " + path + " is longer than " +
@@ -242,8 +262,9 @@ int Server::run() {
       &key_sweep_, [](uv_timer_t* t) { static_cast<Server*>(t->data)->sweepKeys(); }, sweep_ms,
       sweep_ms);
 
-  spdlog::info("sluiced {} serving {} with {} workers, {} rules", SLUICE_VERSION,
-               config_.daemon.socket_path, count, config_.rules->rules().size());
+  spdlog::info("sluiced {} serving {}{} with {} workers, {} rules", SLUICE_VERSION, serving_path_,
+               socket_inherited_ ? " (passed by systemd)" : "", count,
+               config_.rules->rules().size());
   // Last: from here on the control thread may replace config_.rules (under
   // reload_mutex_), as a reload from a worker may.
   if (control_) {
@@ -251,6 +272,19 @@ int Server::run() {
                  config_.redis->expected_nodes);
     control_->start();
   }
+  watchdog_us_ = systemd::watchdogIntervalUs();
+  uint64_t status_ms = kStatusIntervalMs;
+  if (watchdog_us_ > 0) {
+    status_ms = std::clamp<uint64_t>(watchdog_us_ / 2000, 1, kStatusIntervalMs);
+    spdlog::info("systemd watchdog every {} ms; pinging every {} ms", watchdog_us_ / 1000, status_ms);
+  }
+  uv_timer_init(&loop_, &status_timer_);
+  status_timer_.data = this;
+  uv_timer_start(
+      &status_timer_, [](uv_timer_t* t) { static_cast<Server*>(t->data)->onStatusTimer(); },
+      status_ms, status_ms);
+  last_status_ = statusLine();
+  systemd::notifyReady(last_status_);
   uv_run(&loop_, UV_RUN_DEFAULT);
 
   for (auto& worker : workers_) {
@@ -343,6 +377,13 @@ void Server::onSignal(int signum) {
 }
 
 bool Server::reload(std::string* error) {
+  systemd::notifyReloading();
+  bool ok = reloadLocked(error);
+  systemd::notifyReady(ok ? "reloaded; " + statusLine() : "reload refused; " + statusLine());
+  return ok;
+}
+
+bool Server::reloadLocked(std::string* error) {
   std::lock_guard<std::mutex> lock(reload_mutex_);
   // Once stopping, workers close their queues: nothing may be posted to them.
   if (stopping_) {
@@ -453,7 +494,11 @@ void Server::beginStop() {
   uv_close(reinterpret_cast<uv_handle_t*>(&accept_pause_), nullptr);
   ::close(listen_fd_);
   listen_fd_ = -1;
-  unlink(config_.daemon.socket_path.c_str());
+  if (!socket_inherited_) {
+    unlink(config_.daemon.socket_path.c_str());
+  }
+  systemd::notifyStopping();
+  uv_close(reinterpret_cast<uv_handle_t*>(&status_timer_), nullptr);
   for (uv_signal_t* handle : {&sigterm_, &sigint_, &sighup_}) {
     uv_close(reinterpret_cast<uv_handle_t*>(handle), nullptr);
   }
@@ -461,6 +506,50 @@ void Server::beginStop() {
   for (auto& worker : workers_) {
     worker->stop();
   }
+}
+
+void Server::onStatusTimer() {
+  if (watchdog_us_ > 0) {
+    // A worker that has not answered the last ping is stuck (or very
+    // late): withhold WATCHDOG=1, so systemd restarts a daemon that stays so.
+    auto stuck = std::find_if(workers_.begin(), workers_.end(),
+                              [&](const auto& worker) { return worker->pong() != ping_seq_; });
+    if (stuck == workers_.end()) {
+      systemd::notifyWatchdog();
+      worker_stuck_ = false;
+    } else if (!worker_stuck_) {
+      worker_stuck_ = true;
+      spdlog::warn("worker {} has not answered the watchdog ping; withholding the watchdog",
+                   stuck - workers_.begin());
+    }
+    ++ping_seq_;
+    for (auto& worker : workers_) {
+      worker->ping(ping_seq_);
+    }
+  }
+  std::string status = statusLine();
+  if (status != last_status_) {
+    systemd::notifyStatus(status);
+    last_status_ = std::move(status);
+  }
+}
+
+std::string Server::statusLine() const {
+  if (!control_) {
+    return "normal: serving " + serving_path_ + ", local rules only";
+  }
+  RedisHealth health = redisHealth();
+  switch (health.breaker) {
+    case Breaker::kOpen:
+      return "fallback: Redis unreachable, global rules follow on_redis_down";
+    case Breaker::kHalfOpen:
+      return "recovering: Redis is back, debiting what fallback admitted";
+    case Breaker::kClosed: break;
+  }
+  if (health.learning) {
+    return "learning: Redis lost its state, leasing cautiously";
+  }
+  return "normal: leasing from Redis, " + std::to_string(health.nodes) + " live nodes";
 }
 
 }  // namespace sluice

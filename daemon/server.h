@@ -11,6 +11,13 @@
 // the server rebuilds the rule set's fallback shares and hands it to every
 // worker, as a reload does.
 //
+// Under systemd (systemd.h) it reports READY=1 once the socket listens and
+// the workers run, a STATUS= line whenever the mode changes (normal,
+// recovering, learning, fallback), RELOADING=1 around a reload and
+// STOPPING=1; it pings the watchdog only while every worker's loop answers
+// the main loop's pings. A socket passed by systemd is served as it is: its
+// mode and owner are systemd's, and stopping leaves it in place.
+//
 // Stopping: stop accepting and remove the socket file, let every worker
 // answer what it has read and close its connections (bounded by
 // shutdown_timeout_ms), then let the control thread return the slices'
@@ -58,11 +65,15 @@ class Server : public DaemonStatus {
 
  private:
   bool listen(std::string* error);
+  bool reloadLocked(std::string* error);
   void startAccepting();
   void onAcceptable();
   void onSignal(int signum);
   void sweepKeys();
   void beginStop();
+  // Every second (or half the watchdog interval): the watchdog and STATUS=.
+  void onStatusTimer();
+  std::string statusLine() const;
   // Control thread: N changed; rebuilds the fallback shares.
   void onNodesChanged(uint32_t nodes);
   // Installs `rules` on every worker; the caller holds reload_mutex_.
@@ -87,6 +98,13 @@ class Server : public DaemonStatus {
   uv_signal_t sigint_;
   uv_signal_t sighup_;
   uv_timer_t key_sweep_;
+  uv_timer_t status_timer_;
+  std::string serving_path_;       // the socket's path, as logged and reported
+  bool socket_inherited_ = false;  // systemd passed the socket; it is not ours to remove
+  uint64_t watchdog_us_ = 0;       // 0: no watchdog
+  uint64_t ping_seq_ = 0;          // the last ping sent to the workers
+  bool worker_stuck_ = false;      // a worker missed a ping; logged once until it answers
+  std::string last_status_;
   bool stopping_ = false;  // guarded by reload_mutex_
 };
 

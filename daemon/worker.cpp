@@ -104,6 +104,12 @@ void Worker::setRules(RuleSetPtr rules) {
 
 void Worker::stop() { post(Message(Message::Kind::kStop)); }
 
+void Worker::ping(uint64_t seq) {
+  Message message(Message::Kind::kPing);
+  message.seq = seq;
+  post(std::move(message));
+}
+
 void Worker::notifyLeases() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (lease_news_ || wakeup_closed_) return;
@@ -160,6 +166,7 @@ void Worker::onMessages() {
       }
       case Message::Kind::kRules: dispatcher_.setRules(std::move(message.rules)); break;
       case Message::Kind::kStop: beginStop(); break;
+      case Message::Kind::kPing: pong_.store(message.seq, std::memory_order_release); break;
     }
   }
   taken_.clear();

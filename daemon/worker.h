@@ -19,6 +19,7 @@
 
 #include <uv.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -67,6 +68,10 @@ class Worker {
   void join();
   // Thread-safe: lease answers have arrived; deferred requests may go on.
   void notifyLeases();
+  // Thread-safe: the loop stores `seq` as pong() once it gets to it, so the
+  // server's watchdog can tell a live loop from a stuck one.
+  void ping(uint64_t seq);
+  uint64_t pong() const { return pong_.load(std::memory_order_acquire); }
 
   // Number of open connections; any thread (relaxed).
   size_t connections() const { return connection_count_.load(std::memory_order_relaxed); }
@@ -89,12 +94,13 @@ class Worker {
 
  private:
   struct Message {
-    enum class Kind { kAdopt, kRules, kStop };
+    enum class Kind { kAdopt, kRules, kStop, kPing };
     explicit Message(Kind k) : kind(k) {}
     Kind kind;
     int fd = -1;
     Peer peer;
     RuleSetPtr rules;
+    uint64_t seq = 0;  // kPing
   };
   void post(Message message);
   void run();
@@ -128,6 +134,7 @@ class Worker {
   std::vector<Connection*> connections_;  // loop thread only
   std::vector<uint8_t> read_scratch_;     // loop thread only
   std::atomic<size_t> connection_count_{0};
+  std::atomic<uint64_t> pong_{0};
   bool stopping_ = false;
 
   int64_t log_window_ms_ = 0;     // start of the current one-second log window

@@ -1,0 +1,282 @@
+#!/usr/bin/python3
+"""sluiced under systemd, without a running systemd: readiness, status, reload,
+stop and watchdog notifications read from a NOTIFY_SOCKET the test binds, and
+socket activation through a listening socket the test (or
+systemd-socket-activate) holds and passes as fd 3, as systemd does.
+
+Needs SLUICED (the daemon binary) in the environment; run with /usr/bin/python3
+(python3-msgpack). Also checks `systemd-analyze security` of the shipped unit.
+"""
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import (MADE_DIRS, STARTED_PROCS, Client, Redis, end_process, free_port,  # noqa: E402
+                     make_dir, spawn, wait_for)
+
+SLUICED = os.environ.get("SLUICED", "sluiced")
+UNIT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "systemd",
+                    "sluiced.service")
+
+CONFIG = """
+[daemon]
+socket = "{socket}"
+workers = 2
+log_level = "info"
+
+[[rule]]
+name = "one"
+algorithm = "token_bucket"
+limit = 1
+period = "1h"
+"""
+
+REDIS = """
+[redis]
+url = "redis://127.0.0.1:{port}"
+expected_nodes = 1
+heartbeat_interval = "100ms"
+
+[[rule]]
+name = "shared"
+algorithm = "token_bucket"
+limit = 100
+period = "1h"
+scope = "global"
+"""
+
+
+class Notifications:
+    """A NOTIFY_SOCKET: the datagrams sluiced sends, as dicts of their fields."""
+
+    def __init__(self, directory):
+        self.path = os.path.join(directory, "notify")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+        self.seen = []
+
+    def next(self, timeout=5):
+        """The next message, or None after `timeout` seconds without one."""
+        self.sock.settimeout(timeout)
+        try:
+            data = self.sock.recv(4096)
+        except socket.timeout:
+            return None
+        fields = dict(line.split("=", 1) for line in data.decode().splitlines() if "=" in line)
+        self.seen.append(fields)
+        return fields
+
+    def wait(self, key, timeout=5):
+        """Reads until a message has `key`; returns that message or None."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            message = self.next(max(deadline - time.monotonic(), 0.01))
+            if message is not None and key in message:
+                return message
+        return None
+
+    def close(self):
+        self.sock.close()
+
+
+class SystemdCase(unittest.TestCase):
+    def setUp(self):
+        self.dir = make_dir("sd.")
+        self.socket = os.path.join(self.dir, "s.sock")
+        self.config = os.path.join(self.dir, "sluice.toml")
+        self.notify = Notifications(self.dir)
+        self.log = open(os.path.join(self.dir, "log"), "w+")
+        self.write_config("")
+
+    def tearDown(self):
+        self.notify.close()
+        self.log.close()
+
+    def write_config(self, extra):
+        with open(self.config, "w") as f:
+            f.write(CONFIG.format(socket=self.socket) + extra)
+
+    def logs(self):
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()
+
+    def start(self, watchdog_us=None, listen_fd=None, args=()):
+        """sluiced with NOTIFY_SOCKET (and WATCHDOG_USEC); with `listen_fd`,
+        that socket is passed as fd 3 with LISTEN_FDS=1, as systemd does."""
+        env = dict(os.environ, NOTIFY_SOCKET=self.notify.path)
+        if watchdog_us is not None:
+            env["WATCHDOG_USEC"] = str(watchdog_us)
+        command = [SLUICED, "--config", self.config, *args]
+        pass_fds = ()
+        if listen_fd is not None:
+            # LISTEN_PID must be the daemon's own pid: let the shell that
+            # becomes sluiced set it, and move the socket to fd 3.
+            command = ["/bin/sh", "-c",
+                       'LISTEN_PID=$$ LISTEN_FDS=1 exec "$0" "$@" 3<&%d' % listen_fd, *command]
+            pass_fds = (listen_fd,)
+        return spawn(command, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+                     pass_fds=pass_fds)
+
+    def stop(self, proc):
+        proc.send_signal(signal.SIGTERM)
+        self.assertEqual(proc.wait(timeout=10), 0, self.logs())
+
+
+class NotifyTest(SystemdCase):
+    # Verifies READY=1 comes once the socket accepts (not before), with a
+    # STATUS= line, then watchdog pings at half the interval, RELOADING=1 and
+    # READY=1 around a SIGHUP, and STOPPING=1 on SIGTERM.
+    def test_ready_watchdog_reload_and_stop(self):
+        proc = self.start(watchdog_us=200_000)
+        ready = self.notify.wait("READY", timeout=10)
+        self.assertIsNotNone(ready, self.logs())
+        # The first message is READY=1: nothing was announced before.
+        self.assertEqual(self.notify.seen[0].get("READY"), "1", self.notify.seen)
+        self.assertTrue(ready["STATUS"].startswith("normal:"), ready)
+        client = Client(self.socket)  # accepting at READY=1, without retrying
+        self.assertTrue(client.result("acquire", "one", "k")["allowed"])
+
+        started = time.monotonic()
+        pings = 0
+        while time.monotonic() - started < 1.0:
+            message = self.notify.next(timeout=1)
+            if message and message.get("WATCHDOG") == "1":
+                pings += 1
+        print("\nmeasured: %d watchdog pings in 1 s with WatchdogSec=200ms" % pings)
+        # One every 100 ms; a loaded machine (sanitizers, parallel tests) may
+        # delay some, but systemd would restart a daemon that missed two.
+        self.assertGreaterEqual(pings, 4)
+        self.assertLessEqual(pings, 12)
+
+        proc.send_signal(signal.SIGHUP)
+        self.assertIsNotNone(self.notify.wait("RELOADING"), self.notify.seen[-5:])
+        reloaded = self.notify.wait("READY")
+        self.assertIsNotNone(reloaded)
+        self.assertTrue(reloaded["STATUS"].startswith("reloaded;"), reloaded)
+
+        proc.send_signal(signal.SIGTERM)
+        self.assertIsNotNone(self.notify.wait("STOPPING"), self.notify.seen[-5:])
+        self.assertEqual(proc.wait(timeout=10), 0, self.logs())
+        client.close()
+        self.assertFalse(os.path.exists(self.socket))  # its own socket: removed
+
+    # Verifies a daemon whose config does not load never says READY=1.
+    def test_bad_config_never_says_ready(self):
+        self.write_config("[[rule]]\nname = 3\n")
+        proc = self.start()
+        self.assertEqual(proc.wait(timeout=10), 1)
+        self.assertIsNone(self.notify.next(timeout=0.2))
+        self.assertIn("sluice.toml", self.logs())
+
+    # Verifies STATUS= follows Redis: fallback while Redis is unreachable,
+    # normal once it answers, fallback again when it dies.
+    def test_status_follows_redis(self):
+        port = free_port()
+        self.write_config(REDIS.format(port=port))
+        proc = self.start()
+        ready = self.notify.wait("READY", timeout=10)
+        self.assertIsNotNone(ready, self.logs())
+        self.assertTrue(ready["STATUS"].startswith("fallback:"), ready)
+
+        redis = Redis(port=port)
+        try:
+            normal = self.notify.wait("STATUS", timeout=10)
+            while normal is not None and not normal["STATUS"].startswith("normal:"):
+                normal = self.notify.wait("STATUS", timeout=10)
+            self.assertIsNotNone(normal, self.notify.seen)
+            self.assertIn("1 live nodes", normal["STATUS"])
+            redis.kill()
+            fallback = self.notify.wait("STATUS", timeout=10)
+            self.assertIsNotNone(fallback, self.notify.seen)
+            self.assertTrue(fallback["STATUS"].startswith("fallback:"), fallback)
+        finally:
+            redis.stop()
+        self.stop(proc)
+
+
+class SocketActivationTest(SystemdCase):
+    def listening_socket(self):
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(self.socket)
+        os.chmod(self.socket, 0o660)
+        listener.listen(64)
+        return listener
+
+    # Verifies sluiced serves a socket passed as fd 3, leaves it in place when
+    # it stops, and that a client who connects while no daemon runs (systemd
+    # holds the socket) is answered by the next daemon: restarts lose nothing.
+    def test_passed_socket_survives_a_restart(self):
+        listener = self.listening_socket()
+        try:
+            first = self.start(listen_fd=listener.fileno())
+            self.assertIsNotNone(self.notify.wait("READY", timeout=10), self.logs())
+            client = Client(self.socket)
+            self.assertTrue(client.result("acquire", "one", "a")["allowed"])
+            client.close()
+            self.stop(first)
+            self.assertIn("passed by systemd", self.logs())
+            self.assertTrue(os.path.exists(self.socket))  # systemd's socket: left alone
+
+            waiting = Client(self.socket)  # no daemon: the connection waits in the backlog
+            waiting.send([0, 1, "acquire", ["one", "b", 1]])
+            second = self.start(listen_fd=listener.fileno())
+            response = waiting.recv()
+            self.assertIsNone(response[2], response)
+            self.assertTrue(response[3]["allowed"], response)
+            waiting.close()
+            self.stop(second)
+        finally:
+            listener.close()
+
+    # Verifies the real systemd-socket-activate starts sluiced on the first
+    # connection and sluiced answers it on the socket it was handed.
+    def test_systemd_socket_activate(self):
+        proc = spawn(["systemd-socket-activate", "-l", self.socket,
+                      "-E", "NOTIFY_SOCKET=" + self.notify.path,
+                      SLUICED, "--config", self.config],
+                     stdout=self.log, stderr=subprocess.STDOUT)
+        try:
+            self.assertTrue(wait_for(lambda: os.path.exists(self.socket), 10), self.logs())
+            client = Client(self.socket)
+            client.send([0, 7, "acquire", ["one", "c", 1]])
+            response = client.recv()
+            self.assertEqual(response[1], 7)
+            self.assertTrue(response[3]["allowed"], response)
+            self.assertIsNotNone(self.notify.wait("READY", timeout=10), self.logs())
+            client.close()
+            self.stop(proc)  # the same process: systemd-socket-activate execs sluiced
+            self.assertIn("passed by systemd", self.logs())
+        finally:
+            end_process(proc)
+
+
+class UnitTest(unittest.TestCase):
+    # Verifies the shipped unit's hardening scores at most 2.0 in
+    # `systemd-analyze security` (lower is safer; 10 is fully exposed).
+    def test_security_exposure_is_at_most_two(self):
+        result = subprocess.run(["systemd-analyze", "security", "--offline=yes", UNIT],
+                                capture_output=True, text=True)
+        match = re.search(r"Overall exposure level for sluiced\.service: ([0-9.]+)", result.stdout)
+        self.assertIsNotNone(match, result.stdout + result.stderr)
+        print("\nmeasured: systemd-analyze security: %s" % match.group(1))
+        self.assertLessEqual(float(match.group(1)), 2.0)
+
+
+def tearDownModule():
+    for proc in STARTED_PROCS:
+        end_process(proc)
+    for path in MADE_DIRS:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
