@@ -14,8 +14,9 @@
 #   make deps       install the Debian packages the build needs
 
 PACKAGES := cmake make g++ pkg-config libuv1-dev libhiredis-dev libmsgpack-cxx-dev libsystemd-dev \
+            libmicrohttpd-dev \
             libtomlplusplus-dev libspdlog-dev libfmt-dev googletest libgtest-dev \
-            redis-server python3-msgpack systemd
+            redis-server python3-msgpack systemd prometheus curl
 FUZZ_PACKAGES := clang libclang-rt-14-dev
 FUZZ_TARGETS := rpc config lease_reply
 FUZZ_SECONDS ?= 60

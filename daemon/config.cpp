@@ -20,6 +20,7 @@
 #include <sstream>
 #include <vector>
 
+#include <arpa/inet.h>
 #include <sys/un.h>
 
 #include <toml++/toml.h>
@@ -175,6 +176,7 @@ enum class OptionType {
   kChoice,      // one of `choices`
   kRedisUrl,    // redis://[user:password@]host[:port][/db] or unix:///path
   kText,        // printable string of min..max bytes
+  kListenAddress,  // "" or a numeric "HOST:PORT" (parseListenAddress)
 };
 
 constexpr std::array<std::string_view, 7> kLogLevels = {"trace", "debug", "info", "warn",
@@ -214,7 +216,7 @@ constexpr int64_t kFrameOverheadBytes = 256;
 // sun_path holds the path and its terminating NUL.
 constexpr int64_t kMaxSocketPathBytes = sizeof(sockaddr_un::sun_path) - 1;
 
-const std::array<Option, 24> kOptions = {{
+const std::array<Option, 25> kOptions = {{
     {.section = "daemon", .key = "socket", .type = OptionType::kSocketPath,
      .max = kMaxSocketPathBytes, .doc = "path of the Unix socket clients connect to",
      SLUICE_STR_FIELD(daemon.socket_path)},
@@ -226,6 +228,9 @@ const std::array<Option, 24> kOptions = {{
      SLUICE_INT_FIELD(daemon.workers)},
     {.section = "daemon", .key = "log_level", .type = OptionType::kChoice, .choices = kLogLevels,
      .doc = "least severe level logged to stderr", SLUICE_STR_FIELD(daemon.log_level)},
+    {.section = "daemon", .key = "metrics", .type = OptionType::kListenAddress,
+     .doc = "address of the Prometheus endpoint (GET /metrics); \"\" serves none",
+     SLUICE_STR_FIELD(daemon.metrics)},
 
     {.section = "limits", .key = "max_connections", .type = OptionType::kCount, .min = 1,
      .max = 1'000'000, .doc = "client connections open at once; more are refused",
@@ -337,7 +342,8 @@ std::string defaultText(const Option& option) {
     case OptionType::kSocketPath:
     case OptionType::kChoice:
     case OptionType::kRedisUrl:
-    case OptionType::kText: return quote(option.get_str(c));
+    case OptionType::kText:
+    case OptionType::kListenAddress: return quote(option.get_str(c));
   }
   return "";
 }
@@ -624,6 +630,18 @@ void applyOption(const Option& option, const toml::node& node, Config* config) {
       if (std::any_of(text.begin(), text.end(),
                       [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; })) {
         refuse(node, what + " has a control character; write printable text, e.g. " + example);
+      }
+      option.set_str(*config, text);
+      return;
+    }
+    case OptionType::kListenAddress: {
+      const std::string& text = stringValue(node, what, example);
+      std::string host;
+      uint16_t port = 0;
+      std::string problem;
+      if (!text.empty() && !parseListenAddress(text, &host, &port, &problem)) {
+        refuse(node, what + " " + quote(text) + " is not an address: " + problem +
+                         "; write e.g. \"127.0.0.1:9464\", or \"\" for none");
       }
       option.set_str(*config, text);
       return;
@@ -1027,6 +1045,38 @@ Config build(const toml::table& root, const std::string& source_name) {
 }
 
 }  // namespace
+
+bool parseListenAddress(std::string_view text, std::string* host, uint16_t* port,
+                        std::string* problem) {
+  size_t colon = text.rfind(':');
+  if (colon == std::string_view::npos) {
+    *problem = "no port";
+    return false;
+  }
+  std::string_view name = text.substr(0, colon);
+  std::string_view digits = text.substr(colon + 1);
+  bool bracketed = name.size() >= 2 && name.front() == '[' && name.back() == ']';
+  if (bracketed) name = name.substr(1, name.size() - 2);
+  in6_addr scratch6{};
+  in_addr scratch4{};
+  std::string name_text(name);
+  bool ipv6 = bracketed && inet_pton(AF_INET6, name_text.c_str(), &scratch6) == 1;
+  bool ipv4 = !bracketed && inet_pton(AF_INET, name_text.c_str(), &scratch4) == 1;
+  if (!ipv4 && !ipv6) {
+    *problem = "the host must be a numeric IPv4 address or a bracketed IPv6 one";
+    return false;
+  }
+  int value = 0;
+  if (digits.empty() || digits.size() > 5 ||
+      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }) ||
+      (value = std::stoi(std::string(digits))) < 1 || value > 65535) {
+    *problem = "the port must be a number from 1 to 65535";
+    return false;
+  }
+  *host = name_text;
+  *port = static_cast<uint16_t>(value);
+  return true;
+}
 
 std::optional<int64_t> parseDurationNs(std::string_view text) {
   if (text == "0") return 0;

@@ -35,6 +35,7 @@ struct DaemonConfig {
   uint32_t socket_mode = 0660;                           // permission bits
   uint32_t workers = 0;                                  // 0: one per core
   std::string log_level = "info";  // trace, debug, info, warn, error, critical, off
+  std::string metrics;             // Prometheus endpoint "HOST:PORT"; "" serves none
 
   bool operator==(const DaemonConfig&) const = default;
 };
@@ -113,6 +114,12 @@ ConfigResult loadConfigFile(const std::string& path);
 // Validates `text`; `source_name` stands for the file name in messages and
 // in Config::path.
 ConfigResult loadConfigString(std::string_view text, const std::string& source_name);
+
+// Splits a metrics address, "127.0.0.1:9464" or "[::1]:9464" (numeric hosts
+// only, port 1..65535), into host (IPv6 without brackets) and port; false
+// with `problem` saying what is wrong.
+bool parseListenAddress(std::string_view text, std::string* host, uint16_t* port,
+                        std::string* problem);
 
 // Parses a duration as written in the file ("500ms", "10s", "1m", "1h", "1d")
 // into nanoseconds; nullopt when it is not one. "0" (no unit) is zero. A

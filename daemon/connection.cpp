@@ -159,6 +159,7 @@ void Connection::consume(std::span<const uint8_t> bytes, bool from_scratch) {
   size_t offset = 0;
   bool fatal = false;
   size_t deferred_before = deferred_;
+  uint64_t answered = 0;  // requests answered in this read (not deferred)
   while (offset < bytes.size() && !fatal) {
     rpc::ParseResult result = rpc::parseRequest(bytes.subspan(offset), options.protocol, &request_);
     if (result.status == rpc::ParseStatus::kIncomplete) {
@@ -168,6 +169,8 @@ void Connection::consume(std::span<const uint8_t> bytes, bool from_scratch) {
       if (worker_.dispatcher().handle(request_, peer_, now_ns, &output_, this,
                                       bytes.subspan(offset, result.consumed))) {
         ++deferred_;
+      } else {
+        ++answered;
       }
     } else {
       worker_.dispatcher().handleParseError(result, &output_);
@@ -181,6 +184,12 @@ void Connection::consume(std::span<const uint8_t> bytes, bool from_scratch) {
       close(CloseReason::kOutputCap);
       return;
     }
+  }
+  if (answered > 0) {
+    // One clock read per read of the socket: each request of the batch
+    // counts the batch's time.
+    auto elapsed_ns = static_cast<uint64_t>(monotonicNowNs() - now_ns);
+    worker_.metrics().decision_latency.observe(elapsed_ns / 1000, answered);
   }
   if (deferred_ != deferred_before) {
     worker_.armLeaseTimer();

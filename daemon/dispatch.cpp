@@ -78,12 +78,26 @@ Dispatcher::Route Dispatcher::route(const Rule& rule) const {
   return {nullptr, Mode::kClosed};
 }
 
-void Dispatcher::count(const Decision& decision, Mode mode) {
+void Dispatcher::setRules(RuleSetPtr rules) {
+  rules_ = std::move(rules);
+  rule_shards_.clear();
+  if (metrics_.owner == nullptr) return;
+  for (const Rule& rule : rules_->rules()) {
+    rule_shards_.push_back(metrics_.owner->ruleShard(rule.name, metrics_.index));
+  }
+}
+
+void Dispatcher::count(const Rule& configured, const Decision& decision, Mode mode) {
   auto index = static_cast<size_t>(mode);
+  // `configured` is one of rules_->rules(): its position finds its counters.
+  auto position = static_cast<size_t>(&configured - rules_->rules().data());
+  RuleShard* by_rule = position < rule_shards_.size() ? rule_shards_[position] : nullptr;
   if (decision.allowed) {
     metrics_.allowed[index].add();
+    if (by_rule != nullptr) by_rule->allowed[index].add();
   } else {
     metrics_.denied[index].add();
+    if (by_rule != nullptr) by_rule->denied[index].add();
   }
   if (decision.shadow_denied) {
     metrics_.shadow_denied.add();
@@ -162,9 +176,12 @@ void Dispatcher::retryDeferred(int64_t now_ns, bool all) {
                      : acquireOne(retry_request_, now_ns, &response, expired ? nullptr : &again);
     if (waits) {
       deferred_.push_back(std::move(deferred));
-    } else if (deliver_) {
-      deliver_(deferred.owner, response);
+      continue;
     }
+    // It arrived lease_timeout before its deadline.
+    int64_t waited_ns = now_ns - (deferred.deadline_ns - lease_timeout_ns_);
+    metrics_.decision_latency.observe(static_cast<uint64_t>(std::max<int64_t>(waited_ns, 0)) / 1000);
+    if (deliver_) deliver_(deferred.owner, response);
   }
   retrying_.clear();
 }
@@ -285,7 +302,7 @@ bool Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::st
   if (rule == nullptr) {
     Decision decision = policyDecision(*configured, mode);
     if (spends) {
-      count(decision, mode);
+      count(*configured, decision, mode);
     }
     rpc::writeDecision(out, request.msgid, decision, mode);
     return false;
@@ -302,7 +319,7 @@ bool Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::st
     if (rule != configured && decision.allowed && !decision.shadow_denied) {
       noteFallbackSpend(*rule, item.key, entry->state(), item.cost);
     }
-    count(decision, mode);
+    count(*configured, decision, mode);
   } else {
     // peek, release and cost 0 never create a key: an absent key is fresh.
     KeyTable::Entry* entry = keys_.find(rule->id, item.key);
@@ -380,14 +397,14 @@ bool Dispatcher::acquireLeased(const rpc::Request& request, const Rule& rule, in
           }
           decision = *shared;
         }
-        count(decision, policy_mode);
+        count(rule, decision, policy_mode);
         rpc::writeDecision(out, request.msgid, decision, policy_mode);
         return false;
       }
     }
   }
   applyShadow(rule, &decision);
-  count(decision, mode);
+  count(rule, decision, mode);
   rpc::writeDecision(out, request.msgid, decision, mode);
   return false;
 }
@@ -420,6 +437,7 @@ bool Dispatcher::acquireAll(const rpc::Request& request, int64_t now_ns, std::st
                             const DeferTo* defer_to) {
   items_.clear();
   modes_.clear();
+  configured_.clear();
   decisions_.clear();
   taken_.clear();
   slices_.clear();
@@ -514,6 +532,7 @@ bool Dispatcher::acquireAll(const rpc::Request& request, int64_t now_ns, std::st
     }
     items_.push_back(acquire_item);
     modes_.push_back(mode);
+    configured_.push_back(configured);
     taken_.push_back(taken_units);
     slices_.push_back(slice_words);
   }
@@ -548,7 +567,7 @@ bool Dispatcher::acquireAll(const rpc::Request& request, int64_t now_ns, std::st
       noteFallbackSpend(*items_[i].rule, request.items[i].key, shares_[i], items_[i].cost);
     }
     decisions_.push_back(decision);
-    count(decision, modes_[i]);
+    count(*configured_[i], decision, modes_[i]);
   }
   rpc::writeDecisions(out, request.msgid, allowed, decisions_, modes_);
   return false;

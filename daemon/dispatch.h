@@ -59,7 +59,7 @@ class Dispatcher {
              LeaseBroker* broker = nullptr, int64_t lease_timeout_ns = 50'000'000);
 
   // Installs the rule set that later requests see (after a reload).
-  void setRules(RuleSetPtr rules) { rules_ = std::move(rules); }
+  void setRules(RuleSetPtr rules);
 
   // Where answers to deferred requests go: (owner, encoded response).
   using Deliver = std::function<void(void* owner, std::string_view response)>;
@@ -133,7 +133,8 @@ class Dispatcher {
   void noteFallbackSpend(const Rule& share, std::string_view key,
                          std::span<std::atomic<uint64_t>> words, int64_t cost);
   void error(uint32_t msgid, rpc::ErrorCode code, std::string_view message, std::string* out);
-  void count(const Decision& decision, Mode mode);
+  // Counts a decision on `configured`, the rule the request named.
+  void count(const Rule& configured, const Decision& decision, Mode mode);
   std::span<std::atomic<uint64_t>> freshState(const Rule& rule);
 
   KeyTable& keys_;
@@ -142,6 +143,7 @@ class Dispatcher {
   LeaseBroker* broker_;
   const int64_t lease_timeout_ns_;
   RuleSetPtr rules_;
+  std::vector<RuleShard*> rule_shards_;  // per-rule counters, by position in rules_
   Deliver deliver_;
   std::deque<Deferred> deferred_;  // in deadline order (one timeout for all)
   std::vector<Deferred> retrying_;
@@ -157,6 +159,7 @@ class Dispatcher {
   std::vector<AcquireItem> limited_;
   std::vector<Decision> decisions_;
   std::vector<Mode> modes_;
+  std::vector<const Rule*> configured_;  // acquire_all: the rule each item named
   std::vector<std::atomic<uint64_t>> fresh_;  // a fresh key's state, for peek
   std::string message_;
 };

@@ -50,6 +50,7 @@
 #include <string_view>
 #include <vector>
 
+#include "metrics.h"
 #include "rules.h"
 
 namespace sluice {
@@ -218,6 +219,7 @@ class LeaseBroker {
     std::atomic<uint64_t> requested{0}, granted{0}, empty{0}, failed{0}, granted_units{0},
         returned_units{0}, debited_units{0}, latency_us_sum{0}, latency_us_max{0},
         fallback_entries{0}, learning_entries{0};
+    Histogram latency;  // answered leases; the control thread is its one writer
   };
   Counters& counters() { return counters_; }
   LeaseStats stats(int64_t now_ns) const;

@@ -167,6 +167,7 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, Algorithm algorithm
     return;
   }
   uint64_t rtt = result.rtt_us;
+  counters.latency.observe(rtt);
   counters.latency_us_sum.fetch_add(rtt, std::memory_order_relaxed);
   uint64_t max = counters.latency_us_max.load(std::memory_order_relaxed);
   while (rtt > max && !counters.latency_us_max.compare_exchange_weak(max, rtt)) {

@@ -24,7 +24,38 @@ uint64_t MetricsSnapshot::decisions() const {
   return total;
 }
 
-Metrics::Metrics(size_t shards) : shards_(shards) {}
+Metrics::Metrics(size_t shards) : shards_(shards) {
+  for (size_t i = 0; i < shards; ++i) {
+    shards_[i].owner = this;
+    shards_[i].index = i;
+  }
+}
+
+RuleShard* Metrics::ruleShard(std::string_view name, size_t shard) {
+  std::lock_guard<std::mutex> lock(rules_mutex_);
+  auto it = rules_.find(name);
+  if (it == rules_.end()) {
+    it = rules_.emplace(std::string(name), std::make_unique<RuleShard[]>(shards_.size())).first;
+  }
+  return &it->second[shard];
+}
+
+std::vector<RuleSnapshot> Metrics::ruleSnapshots() const {
+  std::lock_guard<std::mutex> lock(rules_mutex_);
+  std::vector<RuleSnapshot> out;
+  out.reserve(rules_.size());
+  for (const auto& [name, shards] : rules_) {
+    RuleSnapshot& rule = out.emplace_back();
+    rule.name = name;
+    for (size_t s = 0; s < shards_.size(); ++s) {
+      for (size_t i = 0; i < kModes; ++i) {
+        rule.allowed[i] += shards[s].allowed[i].get();
+        rule.denied[i] += shards[s].denied[i].get();
+      }
+    }
+  }
+  return out;
+}
 
 MetricsSnapshot Metrics::snapshot() const {
   MetricsSnapshot sum;
@@ -47,6 +78,7 @@ MetricsSnapshot Metrics::snapshot() const {
     sum.lease_negative_hits += shard.lease_negative_hits.get();
     sum.lease_deferred += shard.lease_deferred.get();
     sum.lease_deferred_expired += shard.lease_deferred_expired.get();
+    sum.decision_latency.add(shard.decision_latency);
   }
   sum.connections_refused = connections_refused_.get();
   return sum;

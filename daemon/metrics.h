@@ -12,7 +12,12 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "decision.h"
 #include "rpc.h"
@@ -45,7 +50,45 @@ std::string_view closeReasonName(CloseReason reason);
 constexpr size_t kModes = 6;        // Mode values
 constexpr size_t kErrorCodes = 7;   // rpc::ErrorCode values
 
+// Upper bounds of the latency histograms' buckets, in microseconds (the
+// last bucket, +Inf, is implicit).
+constexpr std::array<uint64_t, 12> kLatencyBucketsUs = {10,     25,     50,      100,    250,
+                                                        500,    1'000,  2'500,   5'000,  10'000,
+                                                        25'000, 100'000};
+constexpr size_t kLatencyBuckets = kLatencyBucketsUs.size() + 1;
+
+// A latency histogram with a single writer (its counters are Counters).
+struct Histogram {
+  std::array<Counter, kLatencyBuckets> buckets;  // not cumulative
+  Counter sum_us;
+  void observe(uint64_t us, uint64_t count = 1) {
+    size_t i = 0;
+    while (i < kLatencyBucketsUs.size() && us > kLatencyBucketsUs[i]) ++i;
+    buckets[i].add(count);
+    sum_us.add(us * count);
+  }
+};
+struct HistogramSnapshot {
+  std::array<uint64_t, kLatencyBuckets> buckets{};  // not cumulative
+  uint64_t sum_us = 0;
+  void add(const Histogram& histogram) {
+    for (size_t i = 0; i < kLatencyBuckets; ++i) buckets[i] += histogram.buckets[i].get();
+    sum_us += histogram.sum_us.get();
+  }
+};
+
+class Metrics;
+
+// One rule's decisions on one worker, by result (allowed, denied) and Mode.
+struct alignas(64) RuleShard {
+  std::array<Counter, kModes> allowed;
+  std::array<Counter, kModes> denied;
+};
+
 struct alignas(64) MetricsShard {
+  // Set by Metrics: where per-rule counters live, and this shard's index.
+  Metrics* owner = nullptr;
+  size_t index = 0;
   std::array<Counter, kModes> allowed;  // by Mode
   std::array<Counter, kModes> denied;   // by Mode
   Counter shadow_denied;                // shadow rules that would have denied
@@ -59,6 +102,17 @@ struct alignas(64) MetricsShard {
   Counter lease_negative_hits;   // denials answered from the negative cache
   Counter lease_deferred;        // requests that waited for a lease
   Counter lease_deferred_expired;  // of those, answered by policy at their deadline
+  // Time from reading a request to its answer being written: each batch of
+  // one read counts its elapsed time once per request in it; a deferred
+  // request counts its own wait.
+  Histogram decision_latency;
+};
+
+// Decisions of one rule, summed over workers.
+struct RuleSnapshot {
+  std::string name;
+  std::array<uint64_t, kModes> allowed{};
+  std::array<uint64_t, kModes> denied{};
 };
 
 // Summed view of all shards at one moment.
@@ -76,6 +130,7 @@ struct MetricsSnapshot {
   uint64_t lease_negative_hits = 0;
   uint64_t lease_deferred = 0;
   uint64_t lease_deferred_expired = 0;
+  HistogramSnapshot decision_latency;
 
   uint64_t decisions() const;
 };
@@ -92,9 +147,18 @@ class Metrics {
 
   MetricsSnapshot snapshot() const;
 
+  // The counters of rule `name` on worker `shard`, created on first use and
+  // kept for the daemon's life (a reload that drops a rule keeps its totals,
+  // as Prometheus expects of counters). Takes a lock: call it when rules
+  // are installed, never per request.
+  RuleShard* ruleShard(std::string_view name, size_t shard);
+  std::vector<RuleSnapshot> ruleSnapshots() const;
+
  private:
   std::deque<MetricsShard> shards_;  // stable addresses, one per worker
   Counter connections_refused_;
+  mutable std::mutex rules_mutex_;
+  std::map<std::string, std::unique_ptr<RuleShard[]>, std::less<>> rules_;
 };
 
 }  // namespace sluice

@@ -240,6 +240,21 @@ int Server::run() {
     return 1;
   }
 
+  if (!config_.daemon.metrics.empty() &&
+      !metrics_endpoint_.start(config_.daemon.metrics, [this] { return renderPrometheus(metricsView()); },
+                               &error)) {
+    spdlog::critical("{}", error);
+    ::close(listen_fd_);
+    listen_fd_ = -1;
+    if (!socket_inherited_) unlink(config_.daemon.socket_path.c_str());
+    for (uv_signal_t* handle : {&sigterm_, &sigint_, &sighup_}) {
+      uv_close(reinterpret_cast<uv_handle_t*>(handle), nullptr);
+    }
+    uv_run(&loop_, UV_RUN_DEFAULT);
+    uv_loop_close(&loop_);
+    return 1;
+  }
+
   WorkerOptions options = workerOptions(config_);
   size_t count = workerCount(config_.daemon.workers);
   for (size_t i = 0; i < count; ++i) {
@@ -499,6 +514,7 @@ void Server::beginStop() {
   }
   systemd::notifyStopping();
   uv_close(reinterpret_cast<uv_handle_t*>(&status_timer_), nullptr);
+  metrics_endpoint_.stop();
   for (uv_signal_t* handle : {&sigterm_, &sigint_, &sighup_}) {
     uv_close(reinterpret_cast<uv_handle_t*>(handle), nullptr);
   }
@@ -532,6 +548,21 @@ void Server::onStatusTimer() {
     systemd::notifyStatus(status);
     last_status_ = std::move(status);
   }
+}
+
+MetricsView Server::metricsView() const {
+  MetricsView view;
+  view.totals = metrics_.snapshot();
+  view.rules = metrics_.ruleSnapshots();
+  view.connections = connections();
+  view.keys = keys_->stats();
+  view.uptime_ms = static_cast<uint64_t>(uptimeMs());
+  if (control_) {
+    view.redis = redisHealth();
+    view.leases = broker_->stats(monotonicNowNs());
+    view.lease_latency.add(broker_->counters().latency);
+  }
+  return view;
 }
 
 std::string Server::statusLine() const {

@@ -38,6 +38,7 @@
 #include "dispatch.h"
 #include "key_table.h"
 #include "metrics.h"
+#include "prometheus.h"
 #include "worker.h"
 
 namespace sluice {
@@ -74,6 +75,7 @@ class Server : public DaemonStatus {
   // Every second (or half the watchdog interval): the watchdog and STATUS=.
   void onStatusTimer();
   std::string statusLine() const;
+  MetricsView metricsView() const;  // any thread
   // Control thread: N changed; rebuilds the fallback shares.
   void onNodesChanged(uint32_t nodes);
   // Installs `rules` on every worker; the caller holds reload_mutex_.
@@ -99,6 +101,7 @@ class Server : public DaemonStatus {
   uv_signal_t sighup_;
   uv_timer_t key_sweep_;
   uv_timer_t status_timer_;
+  MetricsEndpoint metrics_endpoint_;
   std::string serving_path_;       // the socket's path, as logged and reported
   bool socket_inherited_ = false;  // systemd passed the socket; it is not ours to remove
   uint64_t watchdog_us_ = 0;       // 0: no watchdog

@@ -1,0 +1,290 @@
+// Prometheus exposition and its HTTP endpoint; see prometheus.h.
+#include "prometheus.h"
+
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+
+#include <cstring>
+#include <string_view>
+
+#include "config.h"
+#include "rpc.h"
+
+namespace sluice {
+
+namespace {
+
+constexpr std::string_view kContentType = "text/plain; version=0.0.4; charset=utf-8";
+constexpr unsigned kMaxScrapes = 8;          // connections served at once
+constexpr unsigned kScrapeTimeoutSeconds = 10;
+
+constexpr std::array<Mode, kModes> kAllModes = {Mode::kLocal,    Mode::kNormal, Mode::kFallback,
+                                                Mode::kOpen,     Mode::kClosed, Mode::kShadow};
+
+// Label values are escaped as the format asks: backslash, quote, newline.
+std::string escape(std::string_view value) {
+  std::string out;
+  out.reserve(value.size());
+  for (char c : value) {
+    if (c == '\\' || c == '"') {
+      out += '\\';
+      out += c;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+class Writer {
+ public:
+  // # HELP and # TYPE of a family; its samples follow.
+  void family(std::string_view name, std::string_view type, std::string_view help) {
+    out_ += "# HELP ";
+    out_ += name;
+    out_ += ' ';
+    out_ += help;
+    out_ += "\n# TYPE ";
+    out_ += name;
+    out_ += ' ';
+    out_ += type;
+    out_ += '\n';
+  }
+  void sample(std::string_view name, std::string_view labels, double value) {
+    out_ += name;
+    if (!labels.empty()) {
+      out_ += '{';
+      out_ += labels;
+      out_ += '}';
+    }
+    out_ += ' ';
+    char number[32];
+    std::snprintf(number, sizeof(number), "%.12g", value);
+    out_ += number;
+    out_ += '\n';
+  }
+  void sample(std::string_view name, std::string_view labels, uint64_t value) {
+    sample(name, labels, static_cast<double>(value));
+  }
+  // One metric: family header and a single unlabelled sample.
+  void single(std::string_view name, std::string_view type, std::string_view help, double value) {
+    family(name, type, help);
+    sample(name, "", value);
+  }
+  void histogram(std::string_view name, std::string_view help, const HistogramSnapshot& h) {
+    family(name, "histogram", help);
+    std::string bucket = std::string(name) + "_bucket";
+    uint64_t cumulative = 0;
+    for (size_t i = 0; i < kLatencyBucketsUs.size(); ++i) {
+      cumulative += h.buckets[i];
+      char le[48];
+      std::snprintf(le, sizeof(le), "le=\"%g\"", static_cast<double>(kLatencyBucketsUs[i]) / 1e6);
+      sample(bucket, le, cumulative);
+    }
+    cumulative += h.buckets.back();
+    sample(bucket, "le=\"+Inf\"", cumulative);
+    sample(std::string(name) + "_sum", "", static_cast<double>(h.sum_us) / 1e6);
+    sample(std::string(name) + "_count", "", cumulative);
+  }
+  std::string take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+};
+
+}  // namespace
+
+std::string renderPrometheus(const MetricsView& view) {
+  Writer w;
+  const MetricsSnapshot& t = view.totals;
+
+  w.family("sluice_decisions_total", "counter",
+           "Decisions on acquire requests, by rule, result and mode.");
+  for (const RuleSnapshot& rule : view.rules) {
+    std::string name = escape(rule.name);
+    for (Mode mode : kAllModes) {
+      auto i = static_cast<size_t>(mode);
+      for (auto [result, count] : {std::pair{"allowed", rule.allowed[i]}, {"denied", rule.denied[i]}}) {
+        if (count == 0) continue;
+        w.sample("sluice_decisions_total",
+                 "rule=\"" + name + "\",result=\"" + result + "\",mode=\"" +
+                     std::string(modeName(mode)) + "\"",
+                 count);
+      }
+    }
+  }
+  w.single("sluice_shadow_denials_total", "counter",
+           "Decisions of shadow rules that would have denied.", static_cast<double>(t.shadow_denied));
+  w.histogram("sluice_decision_duration_seconds",
+              "Time from reading a request to writing its answer, waits for leases included.",
+              t.decision_latency);
+  w.single("sluice_requests_total", "counter", "Requests and notifications read.",
+           static_cast<double>(t.requests));
+  w.family("sluice_protocol_errors_total", "counter", "Error responses, by error code.");
+  for (size_t i = 0; i < kErrorCodes; ++i) {
+    w.sample("sluice_protocol_errors_total",
+             "code=\"" + std::string(rpc::errorCodeName(static_cast<rpc::ErrorCode>(i))) + "\"",
+             t.errors[i]);
+  }
+
+  w.single("sluice_connections", "gauge", "Client connections open now.",
+           static_cast<double>(view.connections));
+  w.single("sluice_connections_accepted_total", "counter", "Client connections accepted.",
+           static_cast<double>(t.connections_accepted));
+  w.single("sluice_connections_refused_total", "counter",
+           "Client connections refused at once because max_connections were open.",
+           static_cast<double>(t.connections_refused));
+  w.family("sluice_connections_closed_total", "counter", "Client connections closed, by reason.");
+  for (size_t i = 0; i < kCloseReasons; ++i) {
+    w.sample("sluice_connections_closed_total",
+             "reason=\"" + std::string(closeReasonName(static_cast<CloseReason>(i))) + "\"",
+             t.connections_closed[i]);
+  }
+
+  w.single("sluice_keys", "gauge", "(rule, key) entries in the key table.",
+           static_cast<double>(view.keys.size));
+  w.single("sluice_key_table_bytes", "gauge", "Bytes of the key table's entries.",
+           static_cast<double>(view.keys.bytes));
+  w.family("sluice_key_evictions_total", "counter",
+           "Keys dropped from the table: idle ones by the sweep, others because it was full.");
+  w.sample("sluice_key_evictions_total", "reason=\"idle\"", view.keys.idle_evictions);
+  w.sample("sluice_key_evictions_total", "reason=\"full\"", view.keys.forced_evictions);
+  w.single("sluice_uptime_seconds", "gauge", "Seconds since the daemon started.",
+           static_cast<double>(view.uptime_ms) / 1e3);
+
+  if (view.redis) {
+    const RedisHealth& h = *view.redis;
+    const LeaseStats& l = view.leases;
+    w.single("sluice_redis_up", "gauge", "1 while the link to Redis is up.", h.up ? 1 : 0);
+    w.family("sluice_breaker_state", "gauge",
+             "The lease path's breaker: 1 for the state it is in (open: fallback).");
+    for (Breaker state : {Breaker::kClosed, Breaker::kOpen, Breaker::kHalfOpen}) {
+      w.sample("sluice_breaker_state", "state=\"" + std::string(breakerName(state)) + "\"",
+               h.breaker == state ? 1.0 : 0.0);
+    }
+    w.single("sluice_learning", "gauge", "1 while some rule leases cautiously (learning mode).",
+             h.learning ? 1 : 0);
+    w.single("sluice_fallback_entries_total", "counter", "Times the breaker opened.",
+             static_cast<double>(l.fallback_entries));
+    w.single("sluice_fallback_seconds_total", "counter", "Time spent with the breaker open.",
+             static_cast<double>(l.fallback_ms) / 1e3);
+    w.single("sluice_learning_entries_total", "counter",
+             "Times Redis came back without this fleet's state.",
+             static_cast<double>(l.learning_entries));
+    w.single("sluice_nodes", "gauge", "Live nodes N sharing the global limits.",
+             static_cast<double>(h.nodes));
+    if (h.clock_offset_ms) {
+      w.single("sluice_clock_offset_seconds", "gauge",
+               "Redis TIME minus this host's wall clock.",
+               static_cast<double>(*h.clock_offset_ms) / 1e3);
+    }
+    w.single("sluice_lease_requests_total", "counter", "Leases sent to Redis.",
+             static_cast<double>(l.requested));
+    w.family("sluice_leases_total", "counter", "Lease answers, by outcome.");
+    w.sample("sluice_leases_total", "outcome=\"granted\"", l.granted);
+    w.sample("sluice_leases_total", "outcome=\"empty\"", l.empty);
+    w.sample("sluice_leases_total", "outcome=\"failed\"", l.failed);
+    w.family("sluice_lease_units_total", "counter",
+             "Units moved between Redis and this node's slices, by direction.");
+    w.sample("sluice_lease_units_total", "direction=\"granted\"", l.granted_units);
+    w.sample("sluice_lease_units_total", "direction=\"returned\"", l.returned_units);
+    w.sample("sluice_lease_units_total", "direction=\"debited\"", l.debited_units);
+    w.single("sluice_leased_units", "gauge", "Leased units this node holds and has not spent.",
+             static_cast<double>(h.leased_units));
+    w.histogram("sluice_lease_duration_seconds", "Round trip of a lease script to Redis.",
+                view.lease_latency);
+    w.single("sluice_lease_deferred_total", "counter", "Requests that waited for a lease.",
+             static_cast<double>(t.lease_deferred));
+    w.single("sluice_lease_deferred_expired_total", "counter",
+             "Requests whose lease wait ran out; their policy answered.",
+             static_cast<double>(t.lease_deferred_expired));
+    w.single("sluice_lease_negative_cache_hits_total", "counter",
+             "Denials answered locally while Redis said the key is empty.",
+             static_cast<double>(t.lease_negative_hits));
+  }
+  return w.take();
+}
+
+// --- the endpoint -----------------------------------------------------------------
+
+MetricsEndpoint::~MetricsEndpoint() { stop(); }
+
+bool MetricsEndpoint::start(const std::string& address, std::function<std::string()> render,
+                            std::string* error) {
+  std::string host;
+  uint16_t port = 0;
+  std::string problem;
+  if (!parseListenAddress(address, &host, &port, &problem)) {
+    *error = "metrics address " + address + ": " + problem;
+    return false;
+  }
+  render_ = std::move(render);
+  sockaddr_storage storage{};
+  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL;
+  if (host.find(':') != std::string::npos) {
+    auto* addr = reinterpret_cast<sockaddr_in6*>(&storage);
+    addr->sin6_family = AF_INET6;
+    addr->sin6_port = htons(port);
+    inet_pton(AF_INET6, host.c_str(), &addr->sin6_addr);
+    flags |= MHD_USE_IPv6;
+  } else {
+    auto* addr = reinterpret_cast<sockaddr_in*>(&storage);
+    addr->sin_family = AF_INET;
+    addr->sin_port = htons(port);
+    inet_pton(AF_INET, host.c_str(), &addr->sin_addr);
+  }
+  auto handler = [](void* cls, MHD_Connection* connection, const char* url, const char* method,
+                    const char* /*version*/, const char* /*upload_data*/,
+                    size_t* upload_data_size, void** /*state*/) -> MHD_Result {
+    auto* self = static_cast<MetricsEndpoint*>(cls);
+    if (*upload_data_size != 0) {
+      *upload_data_size = 0;  // a body we do not read
+      return MHD_YES;
+    }
+    unsigned status = MHD_HTTP_OK;
+    std::string body;
+    if (std::strcmp(url, "/metrics") != 0) {
+      status = MHD_HTTP_NOT_FOUND;
+      body = "sluiced serves GET /metrics only\n";
+    } else if (std::strcmp(method, "GET") != 0 && std::strcmp(method, "HEAD") != 0) {
+      status = MHD_HTTP_METHOD_NOT_ALLOWED;
+      body = "GET /metrics\n";
+    } else {
+      body = self->render_();
+    }
+    MHD_Response* response =
+        MHD_create_response_from_buffer(body.size(), body.data(), MHD_RESPMEM_MUST_COPY);
+    if (response == nullptr) return MHD_NO;
+    MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE,
+                            status == MHD_HTTP_OK ? kContentType.data() : "text/plain");
+    if (status == MHD_HTTP_METHOD_NOT_ALLOWED) {
+      MHD_add_response_header(response, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
+    }
+    MHD_Result result = MHD_queue_response(connection, status, response);
+    MHD_destroy_response(response);
+    return result;
+  };
+  daemon_ = MHD_start_daemon(flags, port, nullptr, nullptr, handler, this,
+                             MHD_OPTION_SOCK_ADDR, reinterpret_cast<sockaddr*>(&storage),
+                             MHD_OPTION_CONNECTION_LIMIT, kMaxScrapes,
+                             MHD_OPTION_CONNECTION_TIMEOUT, kScrapeTimeoutSeconds,
+                             MHD_OPTION_END);
+  if (daemon_ == nullptr) {
+    *error = "cannot serve metrics on " + address + " (in use, or not an address of this host); "
+             "choose another [daemon] metrics address";
+    return false;
+  }
+  return true;
+}
+
+void MetricsEndpoint::stop() {
+  if (daemon_ != nullptr) {
+    MHD_stop_daemon(daemon_);
+    daemon_ = nullptr;
+  }
+}
+
+}  // namespace sluice
