@@ -24,6 +24,13 @@ STARTED_PROCS = []
 MADE_DIRS = []
 
 
+def redis_section(port):
+    """The [redis] section of a one-node test config: a real Redis on `port`,
+    heartbeats every 100 ms so that health and membership follow quickly."""
+    return ('\n[redis]\nurl = "redis://127.0.0.1:%d"\nexpected_nodes = 1\n'
+            'heartbeat_interval = "100ms"\n' % port)
+
+
 def make_dir(prefix):
     """A short temp dir under /tmp (Unix socket paths are limited to 108 bytes)."""
     path = tempfile.mkdtemp(prefix=prefix, dir="/tmp")

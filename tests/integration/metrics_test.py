@@ -19,7 +19,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import (MADE_DIRS, STARTED_PROCS, Client, Redis, end_process, free_port,  # noqa: E402
-                     make_dir, spawn, wait_accepting, wait_for)
+                     make_dir, redis_section, spawn, wait_accepting, wait_for)
 
 SLUICED = os.environ.get("SLUICED", "sluiced")
 
@@ -36,12 +36,8 @@ limit = 5
 period = "1h"
 """
 
-REDIS = """
-[redis]
-url = "redis://127.0.0.1:{port}"
-expected_nodes = 1
-heartbeat_interval = "100ms"
-
+# A global rule; the test prepends redis_section(port).
+REDIS_RULE = """
 [[rule]]
 name = "shared"
 algorithm = "token_bucket"
@@ -170,7 +166,7 @@ class RedisMetricsTest(MetricsCase):
     def test_lease_metrics(self):
         redis = Redis()
         try:
-            self.start(REDIS.format(port=redis.port))
+            self.start(redis_section(redis.port) + REDIS_RULE)
             client = Client(self.socket)
             self.assertTrue(wait_for(lambda: client.result("health")["breaker"] == "closed", 5))
             results = [client.result("acquire", "shared", SECRET) for _ in range(20)]

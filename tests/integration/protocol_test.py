@@ -19,7 +19,7 @@ import unittest
 
 import msgpack
 
-from harness import Client, Redis, wait_accepting, wait_for
+from harness import Client, Redis, redis_section, wait_accepting, wait_for
 
 SLUICED = os.environ.get("SLUICED", "build/daemon/sluiced")
 
@@ -428,12 +428,8 @@ class GlobalRulesWithoutRedisTest(unittest.TestCase):
         self.assertIsNone(health["clock_offset_ms"])
 
 
+# Rules of the Redis tests; start_daemon prepends redis_section(port).
 REDIS_RULES = """
-[redis]
-url = "redis://127.0.0.1:{port}"
-expected_nodes = 1
-heartbeat_interval = "100ms"
-
 [[rule]]
 name = "shared"
 algorithm = "token_bucket"
@@ -474,7 +470,7 @@ class RedisCase(unittest.TestCase):
         self.redis.stop()
 
     def start_daemon(self):
-        daemon = Daemon(extra=REDIS_RULES.format(port=self.redis.port))
+        daemon = Daemon(extra=redis_section(self.redis.port) + REDIS_RULES)
         self.daemons.append(daemon)
         return daemon, daemon.connect()
 

@@ -20,7 +20,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import (MADE_DIRS, STARTED_PROCS, Client, Redis, end_process, free_port,  # noqa: E402
-                     make_dir, spawn, wait_for)
+                     make_dir, redis_section, spawn, wait_for)
 
 SLUICED = os.environ.get("SLUICED", "sluiced")
 UNIT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "systemd",
@@ -39,12 +39,8 @@ limit = 1
 period = "1h"
 """
 
-REDIS = """
-[redis]
-url = "redis://127.0.0.1:{port}"
-expected_nodes = 1
-heartbeat_interval = "100ms"
-
+# A global rule; the test prepends redis_section(port).
+REDIS_RULE = """
 [[rule]]
 name = "shared"
 algorithm = "token_bucket"
@@ -181,7 +177,7 @@ class NotifyTest(SystemdCase):
     # normal once it answers, fallback again when it dies.
     def test_status_follows_redis(self):
         port = free_port()
-        self.write_config(REDIS.format(port=port))
+        self.write_config(redis_section(port) + REDIS_RULE)
         proc = self.start()
         ready = self.notify.wait("READY", timeout=10)
         self.assertIsNotNone(ready, self.logs())
