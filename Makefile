@@ -11,12 +11,21 @@
 #                   a redis-server of its own (bench/global.sh)
 #   make fuzz       build the libFuzzer targets (clang) and run each for
 #                   FUZZ_SECONDS (default 60) on a copy of its corpus
+#   make install    build optimised and install under PREFIX (default /usr,
+#                   where the systemd units look; DESTDIR stages it elsewhere)
+#   make package    build optimised and make the Debian package,
+#                   build-release/sluice_<version>_<arch>.deb (CPack)
 #   make deps       install the Debian packages the build needs
 
 PACKAGES := cmake make g++ pkg-config libuv1-dev libhiredis-dev libmsgpack-cxx-dev libsystemd-dev \
             libmicrohttpd-dev \
             libtomlplusplus-dev libspdlog-dev libfmt-dev googletest libgtest-dev \
             redis-server python3-msgpack systemd prometheus curl
+# node and npm for the Node example's test, looked for as commands rather than
+# packages: NodeSource's nodejs bundles npm and conflicts with Debian's npm.
+NODE_PACKAGES := nodejs npm
+# dpkg-shlibdeps (dpkg-dev) and file work out the package's Depends.
+PACKAGE_PACKAGES := dpkg-dev file
 FUZZ_PACKAGES := clang libclang-rt-14-dev
 FUZZ_TARGETS := rpc config lease_reply
 FUZZ_SECONDS ?= 60
@@ -30,7 +39,7 @@ RUN_DIR = $(shell if [ -w /run/sluice ] || mkdir -p /run/sluice 2>/dev/null; the
              elif [ -n "$$XDG_RUNTIME_DIR" ]; then echo $$XDG_RUNTIME_DIR/sluice; \
              else echo /tmp/sluice-$$(id -u); fi)
 
-.PHONY: all deps build run test test-asan test-tsan bench fuzz clean
+.PHONY: all deps build run test test-asan test-tsan bench install package fuzz clean
 
 all: build
 
@@ -47,6 +56,7 @@ endef
 
 deps:
 	$(call install,$(PACKAGES))
+	$(if $(shell command -v npm),,$(call install,$(NODE_PACKAGES)))
 
 # build-<flavour>/ is configured once and rebuilt incrementally.
 define configure
@@ -76,6 +86,23 @@ bench: deps
 	$(call configure,build-release,Release,-DSLUICE_BUILD_TESTS=OFF)
 	./bench/run.sh build-release
 	./bench/global.sh build-release
+
+# install and package share build-release with bench, configured for the
+# prefix /usr: the units name /usr/sbin/sluiced and /etc/sluice/sluice.toml,
+# and Debian's multiarch libdir follows from it. `make install PREFIX=/opt/x`
+# or `DESTDIR=/tmp/root make install` install elsewhere (README, "Install and
+# package"); root (sudo) is asked for only without DESTDIR.
+PREFIX ?= /usr
+RELEASE_ARGS := -DSLUICE_BUILD_TESTS=OFF -DCMAKE_INSTALL_PREFIX=/usr
+
+install: deps
+	$(call configure,build-release,Release,$(RELEASE_ARGS))
+	$(if $(DESTDIR),,$(SUDO)) env DESTDIR="$(DESTDIR)" cmake --install build-release --prefix "$(PREFIX)"
+
+package: deps
+	$(call install,$(PACKAGE_PACKAGES))
+	$(call configure,build-release,Release,$(RELEASE_ARGS))
+	cd build-release && cpack -G DEB
 
 # Each fuzzer runs on build-fuzz/corpus/<target>, a copy of fuzz/corpus/<target>
 # that keeps what earlier runs found, so new inputs stay out of the tree; a

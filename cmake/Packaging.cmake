@@ -1,0 +1,64 @@
+# The Debian package (`make package`): CPack's DEB generator over the install
+# rules, so the package holds exactly what `make install` installs.
+#
+# Files go under /usr whatever the build was configured with, because the
+# units in systemd/ name /usr/sbin/sluiced and /etc/sluice/sluice.toml.
+# CPACK_SET_DESTDIR makes CPack install with that prefix into a DESTDIR, which
+# is what the install-time rules for the config and sluice.pc need (they
+# read CMAKE_INSTALL_PREFIX). Configure with -DCMAKE_INSTALL_PREFIX=/usr, as
+# `make package` does, for Debian's multiarch libdir (lib/x86_64-linux-gnu).
+#
+# Control files from cmake/debian/: postinst (sysusers, daemon-reload; never
+# enables or starts a unit), prerm (stops the units on removal), postrm
+# (daemon-reload), triggers (ldconfig), and the generated conffiles.
+
+set(SLUICE_PACKAGE_MAINTAINER
+  "sluice maintainers <maintainers@users.noreply.a-seed-8f6cc3cf.example>"
+  CACHE STRING "The Maintainer field of the Debian package")
+
+set(CPACK_GENERATOR DEB)
+# Quotes and semicolons in the values below reach the package as written.
+set(CPACK_VERBATIM_VARIABLES ON)
+set(CPACK_PACKAGE_NAME sluice)
+set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
+set(CPACK_PACKAGE_CONTACT "${SLUICE_PACKAGE_MAINTAINER}")
+set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "per-host rate-limiting sidecar daemon")
+set(CPACK_PACKAGE_DESCRIPTION [[
+sluiced answers whether a key may spend units of a rule now, over a Unix
+socket in MessagePack-RPC, decided on lock-free counters in memory. Local
+rules are decided on the node alone; global rules share one limit across a
+fleet through leases from Redis.
+.
+This package holds the daemon, its systemd units (neither enabled nor
+started on install), sluicectl, and libsluice, the C client (shared and
+static library, header, pkg-config file).]])
+set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
+set(CPACK_DEBIAN_PACKAGE_SECTION net)
+set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
+# dpkg-shlibdeps turns the libraries the binaries load into Depends.
+set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
+set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS ON)
+set(CPACK_DEBIAN_PACKAGE_SUGGESTS "redis-server")
+set(CPACK_STRIP_FILES ON)
+
+set(CPACK_SET_DESTDIR ON)
+set(CPACK_INSTALL_PREFIX /usr)
+set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
+
+# The config is the one conffile: dpkg keeps an operator's edits on upgrade.
+# Its path follows the rule of the top-level install code for the prefix /usr.
+if(IS_ABSOLUTE "${CMAKE_INSTALL_SYSCONFDIR}")
+  set(_sluice_package_config "${CMAKE_INSTALL_SYSCONFDIR}/sluice/sluice.toml")
+else()
+  set(_sluice_package_config "/${CMAKE_INSTALL_SYSCONFDIR}/sluice/sluice.toml")
+endif()
+file(WRITE ${PROJECT_BINARY_DIR}/debian/conffiles "${_sluice_package_config}\n")
+set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA
+  ${PROJECT_BINARY_DIR}/debian/conffiles
+  ${PROJECT_SOURCE_DIR}/cmake/debian/postinst
+  ${PROJECT_SOURCE_DIR}/cmake/debian/prerm
+  ${PROJECT_SOURCE_DIR}/cmake/debian/postrm
+  ${PROJECT_SOURCE_DIR}/cmake/debian/triggers)
+set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION ON)
+
+include(CPack)
