@@ -21,6 +21,8 @@
 #include <vector>
 
 #include <arpa/inet.h>
+#include <grp.h>
+#include <pwd.h>
 #include <sys/un.h>
 
 #include <toml++/toml.h>
@@ -177,6 +179,9 @@ enum class OptionType {
   kRedisUrl,    // redis://[user:password@]host[:port][/db] or unix:///path
   kText,        // printable string of min..max bytes
   kListenAddress,  // "" or a numeric "HOST:PORT" (parseListenAddress)
+  kUsers,       // array of user names or uids
+  kGroups,      // array of group names or gids
+  kGroup,       // one group name or gid, or "" for none (stored as -1)
 };
 
 constexpr std::array<std::string_view, 7> kLogLevels = {"trace", "debug", "info", "warn",
@@ -190,13 +195,17 @@ struct Option {
   int64_t max = 0;
   std::span<const std::string_view> choices = {};
   std::string_view doc;
-  // Integer-valued options (kCount, kBytes, kDuration, kFileMode) use these two;
-  // string-valued ones (kSocketPath, kChoice, kRedisUrl, kText) the other two. The
-  // default is read from a default-constructed Config (config.h).
+  // Integer-valued options (kCount, kBytes, kDuration, kFileMode, kGroup) use
+  // get_int and set_int; string-valued ones (kSocketPath, kChoice, kRedisUrl,
+  // kText, kListenAddress) get_str and set_str; lists of ids (kUsers,
+  // kGroups) get_ids and set_ids. The default is read from a
+  // default-constructed Config (config.h).
   int64_t (*get_int)(const Config&) = nullptr;
   void (*set_int)(Config&, int64_t) = nullptr;
   const std::string& (*get_str)(const Config&) = nullptr;
   void (*set_str)(Config&, std::string) = nullptr;
+  const std::vector<uint32_t>& (*get_ids)(const Config&) = nullptr;
+  void (*set_ids)(Config&, std::vector<uint32_t>) = nullptr;
 };
 
 #define SLUICE_INT_FIELD(field)                                                 \
@@ -205,6 +214,9 @@ struct Option {
 #define SLUICE_STR_FIELD(field)                                          \
   .get_str = [](const Config& c) -> const std::string& { return c.field; }, \
   .set_str = [](Config& c, std::string v) { c.field = std::move(v); }
+#define SLUICE_IDS_FIELD(field)                                                      \
+  .get_ids = [](const Config& c) -> const std::vector<uint32_t>& { return c.field; }, \
+  .set_ids = [](Config& c, std::vector<uint32_t> v) { c.field = std::move(v); }
 
 constexpr int64_t kMs = 1;
 constexpr int64_t kSecond = 1000 * kMs;
@@ -216,7 +228,7 @@ constexpr int64_t kFrameOverheadBytes = 256;
 // sun_path holds the path and its terminating NUL.
 constexpr int64_t kMaxSocketPathBytes = sizeof(sockaddr_un::sun_path) - 1;
 
-const std::array<Option, 25> kOptions = {{
+const std::array<Option, 29> kOptions = {{
     {.section = "daemon", .key = "socket", .type = OptionType::kSocketPath,
      .max = kMaxSocketPathBytes, .doc = "path of the Unix socket clients connect to",
      SLUICE_STR_FIELD(daemon.socket_path)},
@@ -269,6 +281,21 @@ const std::array<Option, 25> kOptions = {{
      .max = kHour, .doc = "how often keys whose state is back to fresh are dropped",
      SLUICE_INT_FIELD(keys.sweep_interval_ms)},
 
+    {.section = "access", .key = "users", .type = OptionType::kUsers,
+     .doc = "users (names or uids) who may use the daemon besides root and its own user; "
+            "with groups also empty, anyone the socket's mode lets in",
+     SLUICE_IDS_FIELD(access.users)},
+    {.section = "access", .key = "groups", .type = OptionType::kGroups,
+     .doc = "groups (names or gids) whose members may use the daemon",
+     SLUICE_IDS_FIELD(access.groups)},
+    {.section = "access", .key = "admin_group", .type = OptionType::kGroup,
+     .doc = "group (name or gid) whose members may call admin methods (reload) besides root "
+            "and the daemon's user; \"\": none",
+     SLUICE_INT_FIELD(access.admin_group)},
+    {.section = "access", .key = "max_connections_per_user", .type = OptionType::kCount, .min = 0,
+     .max = 1'000'000, .doc = "client connections one uid holds open at once; more are refused; 0: no cap",
+     SLUICE_INT_FIELD(access.max_connections_per_user)},
+
     {.section = "redis", .key = "url", .type = OptionType::kRedisUrl,
      .doc = "where Redis is: redis://[user:password@]host[:port][/db] or unix:///path",
      SLUICE_STR_FIELD(redis->url)},
@@ -304,8 +331,10 @@ const std::array<Option, 25> kOptions = {{
 
 #undef SLUICE_INT_FIELD
 #undef SLUICE_STR_FIELD
+#undef SLUICE_IDS_FIELD
 
-constexpr std::array<std::string_view, 5> kSections = {"daemon", "limits", "keys", "redis", "rule"};
+constexpr std::array<std::string_view, 6> kSections = {"daemon", "limits", "keys",
+                                                       "access", "redis", "rule"};
 
 // A Config holding every default, including those of the optional [redis].
 const Config& defaults() {
@@ -344,6 +373,16 @@ std::string defaultText(const Option& option) {
     case OptionType::kRedisUrl:
     case OptionType::kText:
     case OptionType::kListenAddress: return quote(option.get_str(c));
+    case OptionType::kUsers:
+    case OptionType::kGroups: {
+      std::string text = "[";
+      for (uint32_t id : option.get_ids(c)) text += (text.size() > 1 ? ", " : "") + std::to_string(id);
+      return text + "]";
+    }
+    case OptionType::kGroup: {
+      int64_t gid = option.get_int(c);
+      return gid < 0 ? quote("") : std::to_string(gid);
+    }
   }
   return "";
 }
@@ -551,6 +590,56 @@ int64_t fileModeValue(const toml::node& node, const std::string& what, std::stri
                    "; write permission bits in octal, in quotes: " + std::string(example));
 }
 
+// --- users and groups -----------------------------------------------------------
+
+// Largest uid or gid; (uid_t)-1 means "none" to the kernel.
+constexpr int64_t kMaxId = 0xfffffffeLL;
+
+// The uid of user `name`, or the gid of group `name`, from the system's
+// databases (NSS); nullopt when there is no such name.
+std::optional<uint32_t> lookupId(const std::string& name, bool group) {
+  std::vector<char> buffer(16 * 1024);
+  for (;;) {
+    int rc = 0;
+    std::optional<uint32_t> id;
+    if (group) {
+      struct group entry{};
+      struct group* found = nullptr;
+      rc = getgrnam_r(name.c_str(), &entry, buffer.data(), buffer.size(), &found);
+      if (rc == 0 && found != nullptr) id = found->gr_gid;
+    } else {
+      passwd entry{};
+      passwd* found = nullptr;
+      rc = getpwnam_r(name.c_str(), &entry, buffer.data(), buffer.size(), &found);
+      if (rc == 0 && found != nullptr) id = found->pw_uid;
+    }
+    if (rc != ERANGE || buffer.size() >= (1u << 24)) return id;
+    buffer.resize(buffer.size() * 2);
+  }
+}
+
+// One user or group as written: a name known to this machine or a number.
+uint32_t idValue(const toml::node& node, const std::string& what, bool group) {
+  const char* kind = group ? "group" : "user";
+  const char* database = group ? "/etc/group" : "/etc/passwd";
+  if (const auto* number = node.as_integer()) {
+    if (number->get() < 0 || number->get() > kMaxId) {
+      refuse(node, what + " has " + std::to_string(number->get()) + ", which is not a " +
+                       (group ? "gid" : "uid") + "; write a number from 0 to " +
+                       std::to_string(kMaxId) + " or a " + kind + " name");
+    }
+    return static_cast<uint32_t>(number->get());
+  }
+  if (const auto* name = node.as_string()) {
+    if (auto id = lookupId(name->get(), group)) return *id;
+    refuse(node, what + ": there is no " + kind + " " + quote(name->get()) + " on this machine; " +
+                     "write a name from " + database + " (getent " +
+                     (group ? "group" : "passwd") + ") or a number without quotes");
+  }
+  refuse(node, what + " has " + std::string(describe(node)) + "; write a " + kind +
+                   " name in quotes or a number, e.g. " + (group ? "\"sluice\"" : "\"www-data\""));
+}
+
 // Positions of the options the file gave, for checks that involve two.
 using Given = std::map<std::string_view, const toml::node*>;
 
@@ -632,6 +721,26 @@ void applyOption(const Option& option, const toml::node& node, Config* config) {
         refuse(node, what + " has a control character; write printable text, e.g. " + example);
       }
       option.set_str(*config, text);
+      return;
+    }
+    case OptionType::kUsers:
+    case OptionType::kGroups: {
+      bool group = option.type == OptionType::kGroups;
+      const toml::array* list = node.as_array();
+      if (list == nullptr) {
+        refuse(node, what + " is " + std::string(describe(node)) + "; write a list in brackets, " +
+                         "e.g. " + std::string(option.key) +
+                         (group ? " = [\"sluice\", 1001]" : " = [\"www-data\", 1001]"));
+      }
+      std::vector<uint32_t> ids;
+      for (const toml::node& item : *list) ids.push_back(idValue(item, what, group));
+      option.set_ids(*config, std::move(ids));
+      return;
+    }
+    case OptionType::kGroup: {
+      const auto* text = node.as_string();
+      bool none = text != nullptr && text->get().empty();
+      option.set_int(*config, none ? int64_t{-1} : int64_t{idValue(node, what, true)});
       return;
     }
     case OptionType::kListenAddress: {
@@ -1025,7 +1134,7 @@ Config build(const toml::table& root, const std::string& source_name) {
   // Sections may come in any order, and [redis] only when present.
   if (root.contains("redis")) config.redis.emplace();
   std::map<std::string_view, Given> given;
-  for (std::string_view section : {"daemon", "limits", "keys", "redis"}) {
+  for (std::string_view section : {"daemon", "limits", "keys", "access", "redis"}) {
     if (const toml::node* node = root.get(section)) {
       given[section] = loadSection(asSection(*node, section), section, &config);
     }

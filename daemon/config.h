@@ -1,6 +1,6 @@
 // Config: the daemon's TOML configuration file, parsed and validated.
 //
-// Every option of [daemon], [limits], [keys] and [redis] is declared once, in
+// Every option of [daemon], [limits], [keys], [access] and [redis] is declared once, in
 // the option table in config.cpp (key, type, bounds, one-line doc); the
 // defaults are the member initializers below, and the table reads them from
 // here, so a default is written in exactly one place. conf/sluice.toml is the
@@ -14,8 +14,9 @@
 // "1d" and stored in milliseconds (fields ending in _ms) or, for rule
 // periods, nanoseconds (Limit::period_ns); sizes are bytes.
 //
-// Thread-safety: the load functions are pure (apart from reading the file)
-// and may be called from any thread; a Config is a plain value whose RuleSet
+// Thread-safety: the load functions are pure (apart from reading the file
+// and looking up the user and group names of [access]) and may be called from
+// any thread; a Config is a plain value whose RuleSet
 // is immutable and shared.
 #pragma once
 
@@ -63,6 +64,17 @@ struct KeysConfig {
   bool operator==(const KeysConfig&) const = default;
 };
 
+// [access]: who may use the socket and its admin methods (access.h). Names
+// in the file are looked up when it is loaded and kept as ids.
+struct AccessConfig {
+  std::vector<uint32_t> users;   // uids allowed besides root and the daemon's user
+  std::vector<uint32_t> groups;  // gids whose members are allowed
+  int64_t admin_group = -1;      // gid whose members may call admin methods; -1: none
+  uint32_t max_connections_per_user = 0;  // open at once per uid; 0: no cap
+
+  bool operator==(const AccessConfig&) const = default;
+};
+
 // [redis]: present only when the file has a [redis] section; without it the
 // daemon is local-only and global rules are refused.
 struct RedisConfig {
@@ -97,6 +109,7 @@ struct Config {
   DaemonConfig daemon;
   LimitsConfig limits;
   KeysConfig keys;
+  AccessConfig access;
   std::optional<RedisConfig> redis;
   RuleSetPtr rules;  // never null in a loaded Config; may hold no rules
 };
@@ -130,9 +143,9 @@ std::optional<int64_t> parseDurationNs(std::string_view text);
 // One option of the table, for documentation (e.g. a --help listing) and for
 // the test that the shipped conf/sluice.toml shows every option.
 struct ConfigOptionInfo {
-  std::string_view section;  // "daemon", "limits", "keys", "redis"
+  std::string_view section;  // "daemon", "limits", "keys", "access", "redis"
   std::string_view key;
-  std::string default_text;  // as written in the file: 4096, "5m", "0660"
+  std::string default_text;  // as written in the file: 4096, "5m", "0660", []
   std::string_view doc;      // one line
 };
 std::vector<ConfigOptionInfo> configOptions();

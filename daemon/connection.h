@@ -53,6 +53,7 @@ class Connection {
   void checkTimeouts(int64_t now_ms);
 
   bool closing() const { return closing_; }
+  const Peer& peer() const { return peer_; }
 
   // The answer to a request the dispatcher deferred (it waited for a lease).
   void deliver(std::string_view response);

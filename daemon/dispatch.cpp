@@ -114,6 +114,14 @@ bool Dispatcher::handle(const rpc::Request& request, const Peer& peer, int64_t n
     message_.clear();
     target = &message_;
   }
+  if (!peer.allowed) {
+    error(request.msgid, rpc::ErrorCode::kForbidden,
+          "uid " + std::to_string(peer.uid) + " may not use this daemon: it is neither root nor " +
+              "the daemon's user, not in [access] users and in none of [access] groups",
+          target);
+    message_.clear();  // a notification's answer is dropped
+    return false;
+  }
   DeferTo defer_to{owner, frame, now_ns + lease_timeout_ns_};
   const DeferTo* defer = owner != nullptr && !request.notification ? &defer_to : nullptr;
   bool deferred = false;
@@ -610,12 +618,46 @@ void Dispatcher::writeHealth(uint32_t msgid, std::string* out) {
   w.writeUint(keys_.size());
 }
 
+namespace {
+
+// A latency histogram for a person: how many, the mean, and the bucket bounds
+// that the median, p99 and p999 fall under (nil beyond the last bound).
+void writeLatency(msgpack::Writer& w, const HistogramSnapshot& latency) {
+  uint64_t count = latency.count();
+  w.writeMapHeader(5);
+  w.writeStr("count");
+  w.writeUint(count);
+  w.writeStr("mean_us");
+  w.writeUint(count > 0 ? latency.sum_us / count : 0);
+  for (auto [name, q] : {std::pair{"p50_us_le", 0.5}, {"p99_us_le", 0.99}, {"p999_us_le", 0.999}}) {
+    w.writeStr(name);
+    if (auto bound = latency.quantileBoundUs(q)) {
+      w.writeUint(*bound);
+    } else {
+      w.writeNil();
+    }
+  }
+}
+
+// Counts by mode, leaving out the modes with none.
+void writeNonZeroModes(msgpack::Writer& w, const std::array<uint64_t, kModes>& counts) {
+  w.writeMapHeader(static_cast<uint32_t>(std::count_if(counts.begin(), counts.end(),
+                                                       [](uint64_t n) { return n > 0; })));
+  for (size_t i = 0; i < kModes; ++i) {
+    if (counts[i] == 0) continue;
+    w.writeStr(modeName(static_cast<Mode>(i)));
+    w.writeUint(counts[i]);
+  }
+}
+
+}  // namespace
+
 void Dispatcher::writeStats(uint32_t msgid, std::string* out) {
   MetricsSnapshot s = status_.metrics();
   LeaseStats leases = status_.leaseStats();
   rpc::writeResultHeader(out, msgid);
   msgpack::Writer w(out);
-  w.writeMapHeader(10);
+  w.writeMapHeader(12);
   w.writeStr("leases");
   std::pair<std::string_view, uint64_t> lease_fields[] = {
       {"requested", leases.requested},
@@ -638,11 +680,13 @@ void Dispatcher::writeStats(uint32_t msgid, std::string* out) {
       {"fallback_ms", leases.fallback_ms},
       {"learning_entries", leases.learning_entries},
   };
-  w.writeMapHeader(static_cast<uint32_t>(std::size(lease_fields)));
+  w.writeMapHeader(static_cast<uint32_t>(std::size(lease_fields)) + 1);
   for (auto [name, value] : lease_fields) {
     w.writeStr(name);
     w.writeUint(value);
   }
+  w.writeStr("latency");
+  writeLatency(w, status_.leaseLatency());
   w.writeStr("decisions");
   w.writeUint(s.decisions());
   w.writeStr("requests");
@@ -661,6 +705,27 @@ void Dispatcher::writeStats(uint32_t msgid, std::string* out) {
   }
   w.writeStr("shadow_denied");
   w.writeUint(s.shadow_denied);
+  w.writeStr("decision_latency");
+  writeLatency(w, s.decision_latency);
+  // Only rules that have decided something: a reload keeps dropped rules'
+  // totals (metrics.h), and a person wants to see where traffic went.
+  std::vector<RuleSnapshot> rules = status_.ruleMetrics();
+  std::erase_if(rules, [](const RuleSnapshot& rule) {
+    auto none = [](const auto& counts) {
+      return std::all_of(counts.begin(), counts.end(), [](uint64_t n) { return n == 0; });
+    };
+    return none(rule.allowed) && none(rule.denied);
+  });
+  w.writeStr("rules");
+  w.writeMapHeader(static_cast<uint32_t>(rules.size()));
+  for (const RuleSnapshot& rule : rules) {
+    w.writeStr(rule.name);
+    w.writeMapHeader(2);
+    w.writeStr("allowed");
+    writeNonZeroModes(w, rule.allowed);
+    w.writeStr("denied");
+    writeNonZeroModes(w, rule.denied);
+  }
   w.writeStr("errors");
   w.writeMapHeader(kErrorCodes);
   for (size_t i = 0; i < kErrorCodes; ++i) {
@@ -668,11 +733,15 @@ void Dispatcher::writeStats(uint32_t msgid, std::string* out) {
     w.writeUint(s.errors[i]);
   }
   w.writeStr("connections");
-  w.writeMapHeader(3);
+  w.writeMapHeader(5);
   w.writeStr("accepted");
   w.writeUint(s.connections_accepted);
-  w.writeStr("refused");
-  w.writeUint(s.connections_refused);
+  w.writeStr("refused");  // over [limits] max_connections
+  w.writeUint(s.connections_refused[static_cast<size_t>(RefuseReason::kMaxConnections)]);
+  w.writeStr("refused_per_user");
+  w.writeUint(s.connections_refused[static_cast<size_t>(RefuseReason::kMaxPerUser)]);
+  w.writeStr("forbidden");
+  w.writeUint(s.connections_forbidden);
   w.writeStr("closed");
   w.writeMapHeader(kCloseReasons);
   for (size_t i = 0; i < kCloseReasons; ++i) {
@@ -730,8 +799,9 @@ void Dispatcher::writeRules(uint32_t msgid, std::string* out) {
 }
 
 void Dispatcher::reload(uint32_t msgid, const Peer& peer, std::string* out) {
-  if (!status_.isAdmin(peer)) {
-    error(msgid, rpc::ErrorCode::kForbidden, "reload is for root or the daemon's own user", out);
+  if (!peer.admin) {
+    error(msgid, rpc::ErrorCode::kForbidden,
+          "reload is for root, the daemon's user and members of [access] admin_group", out);
     return;
   }
   std::string message;

@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "access.h"
 #include "key_table.h"
 #include "lease.h"
 #include "limiter.h"
@@ -39,14 +40,6 @@
 namespace sluice {
 
 class DaemonStatus;
-
-// Who is on the other end of a connection (SO_PEERCRED).
-// Unknown credentials are (uid_t)-1, which is never an admin.
-struct Peer {
-  pid_t pid = 0;
-  uid_t uid = static_cast<uid_t>(-1);
-  gid_t gid = static_cast<gid_t>(-1);
-};
 
 // Most requests one worker keeps deferred at once; beyond it, cold keys are
 // answered at once by their on_redis_down policy.
@@ -193,11 +186,13 @@ class DaemonStatus {
   virtual RedisHealth redisHealth() const = 0;
   // The lease path's counters (all zero without Redis).
   virtual LeaseStats leaseStats() const = 0;
+  // Decisions of each rule, summed over workers.
+  virtual std::vector<RuleSnapshot> ruleMetrics() const = 0;
+  // Round trips of lease scripts to Redis (empty without Redis).
+  virtual HistogramSnapshot leaseLatency() const = 0;
   // Re-reads the config file and installs its rules on every worker. Returns
   // false with a message when the file is refused (the old rules stay).
   virtual bool reload(std::string* error) = 0;
-  // True when this peer may call admin methods (reload).
-  virtual bool isAdmin(const Peer& peer) const = 0;
 };
 
 }  // namespace sluice

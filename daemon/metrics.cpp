@@ -1,6 +1,8 @@
 // Metrics: per-worker counter shards and their sum.
 #include "metrics.h"
 
+#include <cmath>
+
 namespace sluice {
 
 std::string_view closeReasonName(CloseReason reason) {
@@ -14,6 +16,33 @@ std::string_view closeReasonName(CloseReason reason) {
     case CloseReason::kError: return "error";
   }
   return "unknown";
+}
+
+std::string_view refuseReasonName(RefuseReason reason) {
+  switch (reason) {
+    case RefuseReason::kMaxConnections: return "max_connections";
+    case RefuseReason::kMaxPerUser: return "max_connections_per_user";
+  }
+  return "unknown";
+}
+
+uint64_t HistogramSnapshot::count() const {
+  uint64_t total = 0;
+  for (uint64_t n : buckets) total += n;
+  return total;
+}
+
+std::optional<uint64_t> HistogramSnapshot::quantileBoundUs(double q) const {
+  uint64_t total = count();
+  if (total == 0) return std::nullopt;
+  // The smallest bucket whose cumulative count reaches ceil(q * total).
+  auto rank = static_cast<uint64_t>(std::ceil(q * static_cast<double>(total)));
+  uint64_t seen = 0;
+  for (size_t i = 0; i < kLatencyBucketsUs.size(); ++i) {
+    seen += buckets[i];
+    if (seen >= rank) return kLatencyBucketsUs[i];
+  }
+  return std::nullopt;
 }
 
 uint64_t MetricsSnapshot::decisions() const {
@@ -80,7 +109,10 @@ MetricsSnapshot Metrics::snapshot() const {
     sum.lease_deferred_expired += shard.lease_deferred_expired.get();
     sum.decision_latency.add(shard.decision_latency);
   }
-  sum.connections_refused = connections_refused_.get();
+  for (size_t i = 0; i < kRefuseReasons; ++i) {
+    sum.connections_refused[i] = connections_refused_[i].get();
+  }
+  sum.connections_forbidden = connections_forbidden_.get();
   return sum;
 }
 

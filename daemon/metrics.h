@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -47,6 +48,14 @@ enum class CloseReason {
 constexpr size_t kCloseReasons = 7;
 std::string_view closeReasonName(CloseReason reason);
 
+// Why the daemon closed a connection the moment it accepted it.
+enum class RefuseReason {
+  kMaxConnections,  // [limits] max_connections were open
+  kMaxPerUser,      // the peer's uid held [access] max_connections_per_user
+};
+constexpr size_t kRefuseReasons = 2;
+std::string_view refuseReasonName(RefuseReason reason);
+
 constexpr size_t kModes = 6;        // Mode values
 constexpr size_t kErrorCodes = 7;   // rpc::ErrorCode values
 
@@ -75,6 +84,11 @@ struct HistogramSnapshot {
     for (size_t i = 0; i < kLatencyBuckets; ++i) buckets[i] += histogram.buckets[i].get();
     sum_us += histogram.sum_us.get();
   }
+  uint64_t count() const;
+  // The upper bound of the bucket holding the q-quantile (0 < q <= 1), in
+  // microseconds: that fraction of the observations took at most this long.
+  // nullopt when it lies beyond the last bound, or nothing was observed.
+  std::optional<uint64_t> quantileBoundUs(double q) const;
 };
 
 class Metrics;
@@ -123,7 +137,8 @@ struct MetricsSnapshot {
   uint64_t requests = 0;
   std::array<uint64_t, kErrorCodes> errors{};
   uint64_t connections_accepted = 0;
-  uint64_t connections_refused = 0;
+  std::array<uint64_t, kRefuseReasons> connections_refused{};
+  uint64_t connections_forbidden = 0;
   std::array<uint64_t, kCloseReasons> connections_closed{};
   uint64_t lease_units_spent = 0;
   uint64_t lease_units_dropped = 0;
@@ -141,9 +156,12 @@ class Metrics {
   explicit Metrics(size_t shards);
 
   MetricsShard& shard(size_t index) { return shards_[index]; }
-  // Connections refused at accept (over max_connections); written by the
-  // acceptor thread only.
-  Counter& connectionsRefused() { return connections_refused_; }
+  // Connections refused at accept, and those accepted from peers that may
+  // not use the daemon (access.h); written by the acceptor thread only.
+  Counter& connectionsRefused(RefuseReason reason) {
+    return connections_refused_[static_cast<size_t>(reason)];
+  }
+  Counter& connectionsForbidden() { return connections_forbidden_; }
 
   MetricsSnapshot snapshot() const;
 
@@ -156,7 +174,8 @@ class Metrics {
 
  private:
   std::deque<MetricsShard> shards_;  // stable addresses, one per worker
-  Counter connections_refused_;
+  std::array<Counter, kRefuseReasons> connections_refused_;
+  Counter connections_forbidden_;
   mutable std::mutex rules_mutex_;
   std::map<std::string, std::unique_ptr<RuleShard[]>, std::less<>> rules_;
 };

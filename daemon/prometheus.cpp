@@ -134,9 +134,17 @@ std::string renderPrometheus(const MetricsView& view) {
            static_cast<double>(view.connections));
   w.single("sluice_connections_accepted_total", "counter", "Client connections accepted.",
            static_cast<double>(t.connections_accepted));
-  w.single("sluice_connections_refused_total", "counter",
-           "Client connections refused at once because max_connections were open.",
-           static_cast<double>(t.connections_refused));
+  w.family("sluice_connections_refused_total", "counter",
+           "Client connections closed the moment they were accepted, by the limit they hit.");
+  for (size_t i = 0; i < kRefuseReasons; ++i) {
+    w.sample("sluice_connections_refused_total",
+             "reason=\"" + std::string(refuseReasonName(static_cast<RefuseReason>(i))) + "\"",
+             t.connections_refused[i]);
+  }
+  w.single("sluice_connections_forbidden_total", "counter",
+           "Client connections from peers that [access] does not allow; their requests are "
+           "answered FORBIDDEN.",
+           static_cast<double>(t.connections_forbidden));
   w.family("sluice_connections_closed_total", "counter", "Client connections closed, by reason.");
   for (size_t i = 0; i < kCloseReasons; ++i) {
     w.sample("sluice_connections_closed_total",

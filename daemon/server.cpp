@@ -24,6 +24,9 @@ namespace {
 constexpr int kListenBacklog = 1024;
 // How long accepting pauses when the process is out of file descriptors.
 constexpr uint64_t kAcceptPauseMs = 100;
+// A peer that [access] refuses is logged at most this often, so a client
+// reconnecting in a loop cannot flood the log.
+constexpr int64_t kForbiddenLogIntervalMs = 10'000;
 // How often the status line is refreshed when no watchdog asks for more.
 constexpr uint64_t kStatusIntervalMs = 1000;
 
@@ -85,7 +88,10 @@ size_t workerCount(uint32_t configured) {
 }
 
 Server::Server(Config config)
-    : config_(std::move(config)), metrics_(workerCount(config_.daemon.workers)) {
+    : config_(std::move(config)),
+      access_(config_.access, geteuid()),
+      user_connections_(config_.access.max_connections_per_user),
+      metrics_(workerCount(config_.daemon.workers)) {
   KeyTableOptions key_options;
   key_options.max_keys = config_.keys.max_keys;
   key_options.max_bytes = config_.keys.max_memory;
@@ -156,7 +162,11 @@ LeaseStats Server::leaseStats() const {
   return broker_ ? broker_->stats(monotonicNowNs()) : LeaseStats{};
 }
 
-bool Server::isAdmin(const Peer& peer) const { return peer.uid == 0 || peer.uid == geteuid(); }
+HistogramSnapshot Server::leaseLatency() const {
+  HistogramSnapshot latency;
+  if (broker_) latency.add(broker_->counters().latency);
+  return latency;
+}
 
 bool Server::listen(std::string* error) {
   const std::string& path = config_.daemon.socket_path;
@@ -362,21 +372,36 @@ void Server::onAcceptable() {
         least = worker.get();
       }
     }
+    // Refused at once, so descriptors never run out.
     if (open >= config_.limits.max_connections) {
-      ::close(fd);  // refused at once, so descriptors never run out
-      metrics_.connectionsRefused().add();
+      ::close(fd);
+      metrics_.connectionsRefused(RefuseReason::kMaxConnections).add();
       continue;
     }
-    Peer peer;
-    ucred cred{};
-    socklen_t len = sizeof(cred);
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
-      peer.pid = cred.pid;
-      peer.uid = cred.uid;
-      peer.gid = cred.gid;
+    Peer peer = access_.admit(fd);
+    if (!user_connections_.take(&peer)) {
+      ::close(fd);
+      metrics_.connectionsRefused(RefuseReason::kMaxPerUser).add();
+      continue;
+    }
+    if (!peer.allowed) {
+      metrics_.connectionsForbidden().add();
+      logForbidden(peer);
     }
     least->adopt(fd, peer);
   }
+}
+
+void Server::logForbidden(const Peer& peer) {
+  auto now_ms = static_cast<int64_t>(uv_now(&loop_));
+  if (forbidden_logged_ms_ >= 0 && now_ms - forbidden_logged_ms_ < kForbiddenLogIntervalMs) {
+    return;
+  }
+  forbidden_logged_ms_ = now_ms;
+  spdlog::warn("uid {} (pid {}) connected but [access] does not allow it: its requests are "
+               "answered FORBIDDEN (logged at most every {} s; sluice_connections_forbidden_total "
+               "counts them all)",
+               peer.uid, peer.pid, kForbiddenLogIntervalMs / 1000);
 }
 
 void Server::onSignal(int signum) {
@@ -553,14 +578,14 @@ void Server::onStatusTimer() {
 MetricsView Server::metricsView() const {
   MetricsView view;
   view.totals = metrics_.snapshot();
-  view.rules = metrics_.ruleSnapshots();
+  view.rules = ruleMetrics();
   view.connections = connections();
   view.keys = keys_->stats();
   view.uptime_ms = static_cast<uint64_t>(uptimeMs());
   if (control_) {
     view.redis = redisHealth();
-    view.leases = broker_->stats(monotonicNowNs());
-    view.lease_latency.add(broker_->counters().latency);
+    view.leases = leaseStats();
+    view.lease_latency = leaseLatency();
   }
   return view;
 }

@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "access.h"
 #include "config.h"
 #include "control.h"
 #include "dispatch.h"
@@ -61,14 +62,16 @@ class Server : public DaemonStatus {
   size_t connections() const override;
   RedisHealth redisHealth() const override;
   LeaseStats leaseStats() const override;
+  std::vector<RuleSnapshot> ruleMetrics() const override { return metrics_.ruleSnapshots(); }
+  HistogramSnapshot leaseLatency() const override;
   bool reload(std::string* error) override;
-  bool isAdmin(const Peer& peer) const override;
 
  private:
   bool listen(std::string* error);
   bool reloadLocked(std::string* error);
   void startAccepting();
   void onAcceptable();
+  void logForbidden(const Peer& peer);
   void onSignal(int signum);
   void sweepKeys();
   void beginStop();
@@ -83,6 +86,11 @@ class Server : public DaemonStatus {
 
   Config config_;           // guarded by reload_mutex_ after run() starts
   std::mutex reload_mutex_;
+  // [access] as the daemon started (a reload warns that it needs a restart);
+  // the main loop decides each connection with them.
+  const Access access_;
+  UserConnections user_connections_;
+  int64_t forbidden_logged_ms_ = -1;  // when a refused peer was last logged
   std::unique_ptr<KeyTable> keys_;
   Metrics metrics_;
   std::vector<std::unique_ptr<Worker>> workers_;

@@ -154,6 +154,7 @@ void Worker::onMessages() {
       case Message::Kind::kAdopt: {
         if (stopping_) {
           ::close(message.fd);
+          UserConnections::release(message.peer);
           connection_count_.fetch_sub(1, std::memory_order_relaxed);
           break;
         }
@@ -187,6 +188,7 @@ void Worker::onConnectionClosed(Connection* connection) {
   connections_[index] = connections_.back();
   connections_[index]->index = index;
   connections_.pop_back();
+  UserConnections::release(connection->peer());
   delete connection;
   connection_count_.fetch_sub(1, std::memory_order_relaxed);
   if (stopping_) {

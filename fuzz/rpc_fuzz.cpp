@@ -55,7 +55,8 @@ class FuzzStatus final : public DaemonStatus {
   size_t connections() const override { return 1; }
   RedisHealth redisHealth() const override { return {}; }  // local-only
   LeaseStats leaseStats() const override { return {}; }
-  bool isAdmin(const Peer& peer) const override { return peer.uid == 0; }
+  std::vector<RuleSnapshot> ruleMetrics() const override { return metrics_.ruleSnapshots(); }
+  HistogramSnapshot leaseLatency() const override { return {}; }
   bool reload(std::string* error) override {
     if (reloads_++ % 2 == 1) {
       *error = "fuzz.toml:1:1: refused by the fuzz harness";
@@ -296,7 +297,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace sluice;
   static const rpc::Limits limits = fuzzLimits();
   std::unique_ptr<FuzzDaemon> daemon = makeDaemon();
-  const Peer peer{.pid = 1, .uid = 0, .gid = 0};
+  const Peer peer{.pid = 1, .uid = 0, .gid = 0, .allowed = true, .admin = true};
   rpc::Request request;
   request.items.reserve(limits.max_items);
   std::string out;

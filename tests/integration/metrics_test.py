@@ -111,7 +111,12 @@ class LocalMetricsTest(MetricsCase):
         self.assertEqual(sum(r["allowed"] for r in results), 5)
         client.call("acquire", "nope", "k")  # UNKNOWN_RULE
 
-        body = self.scrape()
+        # The probe connection of wait_accepting closes on a worker's own time.
+        def settled():
+            body = self.scrape()
+            return body if sample(body, "sluice_connections") == 1 else None
+        body = wait_for(settled, timeout=5)
+        self.assertIsNotNone(body, "a scrape never showed exactly this client's connection")
         self.assertEqual(sample(body, "sluice_decisions_total", rule="five", result="allowed",
                                 mode="local"), 5)
         self.assertEqual(sample(body, "sluice_decisions_total", rule="five", result="denied",
@@ -120,7 +125,9 @@ class LocalMetricsTest(MetricsCase):
         self.assertGreaterEqual(sample(body, "sluice_decision_duration_seconds_count"), 8)
         self.assertEqual(sample(body, "sluice_decision_duration_seconds_bucket", le="+Inf"),
                          sample(body, "sluice_decision_duration_seconds_count"))
-        self.assertEqual(sample(body, "sluice_connections"), 1)
+        self.assertEqual(sample(body, "sluice_connections_refused_total",
+                                reason="max_connections_per_user"), 0)
+        self.assertEqual(sample(body, "sluice_connections_forbidden_total"), 0)
         self.assertEqual(sample(body, "sluice_keys"), 1)
         self.assertNotIn(SECRET, body)
         self.assertIsNone(sample(body, "sluice_redis_up"))  # local-only: no lease families

@@ -277,17 +277,26 @@ class ProtocolTest(unittest.TestCase):
         result = self.client.result("peek", "five", "n")
         self.assertEqual(result["remaining"], 3)
 
-    # Verifies health, stats and rules answer with their documented shapes.
+    # Verifies health, stats and rules answer with their documented shapes,
+    # and stats split decisions by rule and mode and summarise their latency.
     def test_health_stats_and_rules(self):
         health = self.client.result("health")
         self.assertEqual(health["status"], "ok")
         self.assertEqual(health["redis"], "none")
         self.assertEqual(health["nodes"], 1)
         self.assertIsNone(health["clock_offset_ms"])
-        self.client.result("acquire", "five", "h")
+        self.assertEqual(self.client.result("stats")["rules"], {})  # a fresh daemon
+        for _ in range(7):
+            self.client.result("acquire", "five", "h")  # 5 allowed, 2 denied
         stats = self.client.result("stats")
-        self.assertGreaterEqual(stats["decisions"], 1)
-        self.assertGreaterEqual(stats["keys"]["count"], 1)
+        self.assertEqual(stats["decisions"], 7)
+        self.assertEqual(stats["keys"]["count"], 1)
+        # Only rules that decided something, and only modes that occurred.
+        self.assertEqual(stats["rules"], {"five": {"allowed": {"local": 5}, "denied": {"local": 2}}})
+        latency = stats["decision_latency"]
+        self.assertEqual(latency["count"], 9)  # every answer: health, stats, 7 acquires
+        self.assertLessEqual(latency["p50_us_le"], latency["p99_us_le"])
+        self.assertEqual(stats["leases"]["latency"]["count"], 0)  # local-only
         rules = self.client.result("rules")
         names = {rule["name"] for rule in rules}
         self.assertIn("two_limits", names)

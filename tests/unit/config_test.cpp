@@ -337,6 +337,7 @@ const Refusal kRefusals[] = {
      "unknown key \"max_conections\" in [limits]; did you mean \"max_connections\"?"},
     {"unknown_key_lists_keys", "[keys]\nfoo = 1\n", "2:1",
      "remove it (the keys of [keys] are max_keys, max_memory, sweep_interval)"},
+    {"unknown_access_key_suggests", "[access]\nuser = [0]\n", "2:1", "did you mean \"users\"?"},
     {"unknown_section_suggests", "[limit]\nmax_depth = 4\n", "1:2", "did you mean [limits]?"},
     {"option_outside_section", "workers = 2\n", "1:1", "move it under [daemon]"},
     {"unknown_rule_key_suggests",
@@ -467,12 +468,43 @@ const Refusal kRefusals[] = {
      "[redis] node_id is 257 bytes long; write at most 256 bytes"},
     {"redis_health_timeout_too_short", "[redis]\nhealth_timeout = \"1ms\"\n", "2:18",
      "below the minimum \"10ms\""},
+    {"access_unknown_user", "[access]\nusers = [0, \"no-such-user-x\"]\n", "2:13",
+     "there is no user \"no-such-user-x\" on this machine; write a name from /etc/passwd"},
+    {"access_unknown_admin_group", "[access]\nadmin_group = \"no-such-group-x\"\n", "2:15",
+     "there is no group \"no-such-group-x\" on this machine; write a name from /etc/group"},
+    {"access_negative_gid", "[access]\ngroups = [-1]\n", "2:11",
+     "-1, which is not a gid; write a number from 0 to 4294967294 or a group name"},
+    {"access_users_not_a_list", "[access]\nusers = \"www-data\"\n", "2:9",
+     "write a list in brackets, e.g. users = [\"www-data\", 1001]"},
+    {"access_admin_group_boolean", "[access]\nadmin_group = true\n", "2:15",
+     "write a group name in quotes or a number"},
 };
 
 INSTANTIATE_TEST_SUITE_P(Refusals, ConfigRefusalTest, testing::ValuesIn(kRefusals),
                          [](const testing::TestParamInfo<Refusal>& info) {
                            return std::string(info.param.what);
                          });
+
+// Verifies that [access] resolves user and group names to ids (root exists
+// on every machine) and keeps numbers as they are.
+TEST(ConfigTest, AccessNamesAreResolvedToIds) {
+  Config config = mustLoad(R"(
+[access]
+users = ["root", 1001]
+groups = ["root", 4242]
+admin_group = "root"
+max_connections_per_user = 3
+)");
+  EXPECT_EQ(config.access.users, (std::vector<uint32_t>{0, 1001}));
+  EXPECT_EQ(config.access.groups, (std::vector<uint32_t>{0, 4242}));
+  EXPECT_EQ(config.access.admin_group, 0);
+  EXPECT_EQ(config.access.max_connections_per_user, 3u);
+  EXPECT_EQ(mustLoad("[access]\nadmin_group = 50\n").access.admin_group, 50);
+  Config defaults = mustLoad("[access]\nadmin_group = \"\"\n");
+  EXPECT_EQ(defaults.access.admin_group, -1);
+  EXPECT_TRUE(defaults.access.users.empty());
+  EXPECT_EQ(defaults.access.max_connections_per_user, 0u);
+}
 
 // Verifies that a file given by path names that path in its errors.
 TEST(ConfigTest, FileErrorsNameThePath) {
