@@ -2,6 +2,7 @@
 // see control.h.
 #include "control.h"
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -89,6 +90,7 @@ ControlSnapshot Control::snapshot() const {
 }
 
 void Control::run() {
+  pthread_setname_np(pthread_self(), "sluice-control");
   link_->start();
   auto every = [](int64_t ms) { return static_cast<uint64_t>(ms); };
   uv_timer_start(

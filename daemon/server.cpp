@@ -557,6 +557,7 @@ void Server::onStatusTimer() {
                               [&](const auto& worker) { return worker->pong() != ping_seq_; });
     if (stuck == workers_.end()) {
       systemd::notifyWatchdog();
+      if (worker_stuck_) spdlog::info("every worker answers again; the watchdog is fed");
       worker_stuck_ = false;
     } else if (!worker_stuck_) {
       worker_stuck_ = true;

@@ -1,6 +1,7 @@
 // Worker: a thread with its own loop serving its own connections.
 #include "worker.h"
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -66,6 +67,8 @@ void Worker::start() {
 }
 
 void Worker::run() {
+  // Named for top -H, gdb and the watchdog test: "sluice-w0", "sluice-w1", ...
+  pthread_setname_np(pthread_self(), ("sluice-w" + std::to_string(index_)).c_str());
   uv_run(&loop_, UV_RUN_DEFAULT);
   // Every handle is closed by now (finishIfDrained), so the loop closes.
   int rc = uv_loop_close(&loop_);

@@ -8,6 +8,8 @@ Needs SLUICED (the daemon binary) in the environment; run with /usr/bin/python3
 (python3-msgpack). Also checks `systemd-analyze security` of the shipped unit.
 """
 
+import contextlib
+import ctypes
 import os
 import re
 import shutil
@@ -25,6 +27,39 @@ from harness import (MADE_DIRS, STARTED_PROCS, Client, Redis, end_process, free_
 SLUICED = os.environ.get("SLUICED", "sluiced")
 UNIT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "systemd",
                     "sluiced.service")
+
+# ptrace(2) requests that stop one thread without a signal, so the rest of
+# the process runs on (a SIGSTOP would stop every thread).
+PTRACE_DETACH = 17
+PTRACE_SEIZE = 0x4206
+PTRACE_INTERRUPT = 0x4207
+WAIT_ALL = 0x40000000  # __WALL: wait for a thread that is not the leader
+
+
+def thread_id(pid, name):
+    """The id of the thread of `pid` named `name` (its comm)."""
+    for tid in os.listdir("/proc/%d/task" % pid):
+        with open("/proc/%d/task/%s/comm" % (pid, tid)) as f:
+            if f.read().strip() == name:
+                return int(tid)
+    raise LookupError("no thread %s in %d" % (name, pid))
+
+
+@contextlib.contextmanager
+def frozen(tid):
+    """Holds thread `tid` stopped (ptrace seize + interrupt) for the body."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+    libc.ptrace.restype = ctypes.c_long
+    for request in (PTRACE_SEIZE, PTRACE_INTERRUPT):
+        if libc.ptrace(request, tid, None, None) != 0:
+            raise OSError(ctypes.get_errno(), "ptrace(%#x, %d)" % (request, tid))
+    os.waitpid(tid, WAIT_ALL)
+    try:
+        yield
+    finally:
+        libc.ptrace(PTRACE_DETACH, tid, None, None)
+
 
 CONFIG = """
 [daemon]
@@ -164,6 +199,27 @@ class NotifyTest(SystemdCase):
         self.assertEqual(proc.wait(timeout=10), 0, self.logs())
         client.close()
         self.assertFalse(os.path.exists(self.socket))  # its own socket: removed
+
+    # Verifies the watchdog is fed only while every worker's loop answers:
+    # with one worker thread held stopped, WATCHDOG=1 stops and the log says
+    # which worker; once it runs again, the pings come back.
+    def test_stuck_worker_withholds_the_watchdog(self):
+        proc = self.start(watchdog_us=200_000)
+        self.assertIsNotNone(self.notify.wait("READY", timeout=10), self.logs())
+        self.assertIsNotNone(self.notify.wait("WATCHDOG", timeout=2))
+        with frozen(thread_id(proc.pid, "sluice-w1")):
+            # A ping answered just before the freeze may still feed one round.
+            self.notify.wait("never", timeout=0.3)
+            pings = 0
+            started = time.monotonic()
+            while time.monotonic() - started < 1.0:
+                message = self.notify.next(timeout=0.1)
+                pings += bool(message and message.get("WATCHDOG") == "1")
+            self.assertEqual(pings, 0, "the watchdog was fed while worker 1 was stopped")
+        self.assertIsNotNone(self.notify.wait("WATCHDOG", timeout=2), self.logs())
+        self.stop(proc)
+        self.assertIn("worker 1 has not answered the watchdog ping", self.logs())
+        self.assertIn("every worker answers again", self.logs())
 
     # Verifies a daemon whose config does not load never says READY=1.
     def test_bad_config_never_says_ready(self):
