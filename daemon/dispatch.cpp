@@ -134,6 +134,7 @@ bool Dispatcher::handle(const rpc::Request& request, const Peer& peer, int64_t n
     case rpc::Method::kStats: writeStats(request.msgid, target); break;
     case rpc::Method::kRules: writeRules(request.msgid, target); break;
     case rpc::Method::kReload: reload(request.msgid, peer, target); break;
+    case rpc::Method::kReset: reset(request, peer, now_ns, target); break;
     case rpc::Method::kUnknown:
       error(request.msgid, rpc::ErrorCode::kUnknownMethod, "no such method", target);
       break;
@@ -814,6 +815,42 @@ void Dispatcher::reload(uint32_t msgid, const Peer& peer, std::string* out) {
   w.writeMapHeader(1);
   w.writeStr("reloaded");
   w.writeBool(true);
+}
+
+// An admin forgets a local key's state, so that its next request is a fresh
+// key's (a key blocked by mistake, a test account). The words are zeroed one
+// by one: an acquire racing with the reset sees the old state or the fresh
+// one (for a rule of several limits, each limit's), never more than a fresh
+// key may spend. A global rule's state lives in Redis, shared by the fleet,
+// so one node does not reset it. The answer is peek's on the fresh state.
+void Dispatcher::reset(const rpc::Request& request, const Peer& peer, int64_t now_ns,
+                       std::string* out) {
+  if (!peer.admin) {
+    error(request.msgid, rpc::ErrorCode::kForbidden,
+          "reset is for root, the daemon's user and members of [access] admin_group", out);
+    return;
+  }
+  const rpc::Item& item = request.items.front();
+  const Rule* rule = rules_->find(item.rule);
+  if (rule == nullptr) {
+    error(request.msgid, rpc::ErrorCode::kUnknownRule, unknownRule(item.rule), out);
+    return;
+  }
+  if (rule->scope != Scope::kLocal) {
+    error(request.msgid, rpc::ErrorCode::kBadRequest,
+          "reset applies to local rules; the state of global rule \"" + rule->name +
+              "\" lives in Redis, shared by every node",
+          out);
+    return;
+  }
+  KeyTable::Entry* entry = keys_.find(rule->id, item.key);
+  if (entry != nullptr && entry->state().size() == entryWords(*rule)) {
+    for (std::atomic<uint64_t>& word : entry->state().first(stateWords(*rule))) {
+      word.store(0, std::memory_order_relaxed);
+    }
+  }
+  rpc::writeDecision(out, request.msgid, peek(*rule, freshState(*rule), now_ns, 0),
+                     route(*rule).mode);
 }
 
 }  // namespace sluice

@@ -110,6 +110,7 @@ class Dispatcher {
   void writeStats(uint32_t msgid, std::string* out);
   void writeRules(uint32_t msgid, std::string* out);
   void reload(uint32_t msgid, const Peer& peer, std::string* out);
+  void reset(const rpc::Request& request, const Peer& peer, int64_t now_ns, std::string* out);
   // Which rule decides a configured rule's requests, and in which mode. A
   // null rule means the rule's Redis-down policy answers without state.
   struct Route {

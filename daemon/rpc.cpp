@@ -35,6 +35,7 @@ Method methodFromName(std::string_view name) {
   if (name == "stats") return Method::kStats;
   if (name == "rules") return Method::kRules;
   if (name == "reload") return Method::kReload;
+  if (name == "reset") return Method::kReset;
   return Method::kUnknown;
 }
 
@@ -56,6 +57,7 @@ constexpr std::string_view kBadParams = "params must be an array";
 constexpr std::string_view kBadAcquire = "acquire params must be [rule, key, cost] or [{\"rule\", \"key\", \"cost\"}]";
 constexpr std::string_view kBadRelease = "release params must be [rule, key, cost] or [{\"rule\", \"key\", \"cost\"}]";
 constexpr std::string_view kBadPeek = "peek params must be [rule, key] or [{\"rule\", \"key\"}]";
+constexpr std::string_view kBadReset = "reset params must be [rule, key] or [{\"rule\", \"key\"}]";
 constexpr std::string_view kBadAcquireAll = "acquire_all params must be [[[rule, key, cost], ...]]";
 constexpr std::string_view kBadItem = "acquire_all items must be [rule, key, cost] or {\"rule\", \"key\", \"cost\"}";
 constexpr std::string_view kNoItems = "acquire_all needs at least one item";
@@ -168,6 +170,7 @@ bool Parser::parseParams(uint32_t n) {
     case Method::kAcquire: return parseSingle(n, kCostDefaultOne, kBadAcquire);
     case Method::kRelease: return parseSingle(n, kCostDefaultOne, kBadRelease);
     case Method::kPeek: return parseSingle(n, kCostZero, kBadPeek);
+    case Method::kReset: return parseSingle(n, kCostZero, kBadReset);
     case Method::kAcquireAll: return parseAcquireAll(n);
     case Method::kHealth:
     case Method::kStats:

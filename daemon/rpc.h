@@ -44,6 +44,7 @@ enum class Method {
   kStats,
   kRules,
   kReload,
+  kReset,
   kUnknown,
 };
 Method methodFromName(std::string_view name);

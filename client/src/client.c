@@ -856,6 +856,16 @@ int sluice_peek(sluice_client* c, const char* rule, const void* key, size_t key_
   return rc != 0 ? rc : parse_decision(&r, out);
 }
 
+int sluice_reset(sluice_client* c, const char* rule, const void* key, size_t key_len,
+                 int timeout_ms, sluice_decision* out) {
+  mp_reader r;
+  if (out == NULL) {
+    return SLUICE_EINVAL;
+  }
+  int rc = sync_item_call(c, SLUICE_METHOD("reset"), rule, key, key_len, 0, 0, timeout_ms, &r);
+  return rc != 0 ? rc : parse_decision(&r, out);
+}
+
 int sluice_release(sluice_client* c, const char* rule, const void* key, size_t key_len,
                    uint32_t cost, int timeout_ms, sluice_decision* out) {
   mp_reader r;

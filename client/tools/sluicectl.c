@@ -22,10 +22,11 @@ static const char usage_text[] =
     "  acquire RULE KEY [COST]  spend COST units (default 1) of RULE for KEY\n"
     "  peek RULE KEY            show KEY's state under RULE without spending\n"
     "  release RULE KEY [COST]  give COST units (default 1) of a concurrency rule back\n"
+    "  reset RULE KEY           forget KEY's state under a local RULE (admins only)\n"
     "  health                   the daemon's health\n"
     "  stats                    the daemon's counters\n"
     "  rules                    the rules the daemon enforces\n"
-    "  reload                   make the daemon re-read its config (root or its user)\n"
+    "  reload                   make the daemon re-read its config (admins only)\n"
     "\n"
     "options:\n"
     "  --socket PATH  daemon socket (default: $SLUICE_SOCKET, else " SLUICE_DEFAULT_SOCKET ")\n"
@@ -218,7 +219,8 @@ int main(int argc, char** argv) {
   int nargs = argc - i;
   char** args = argv + i;
   int is_item = strcmp(command, "acquire") == 0 || strcmp(command, "release") == 0;
-  int is_peek = strcmp(command, "peek") == 0;
+  int is_reset = strcmp(command, "reset") == 0;
+  int is_peek = strcmp(command, "peek") == 0 || is_reset; /* both take RULE KEY */
   int is_plain = strcmp(command, "health") == 0 || strcmp(command, "stats") == 0 ||
                  strcmp(command, "rules") == 0 || strcmp(command, "reload") == 0;
   uint32_t cost = 1;
@@ -251,7 +253,9 @@ int main(int argc, char** argv) {
   if (is_item || is_peek) {
     sluice_decision d;
     size_t key_len = strlen(args[1]);
-    if (is_peek) {
+    if (is_reset) {
+      rc = sluice_reset(client, args[0], args[1], key_len, timeout_ms, &d);
+    } else if (is_peek) {
       rc = sluice_peek(client, args[0], args[1], key_len, timeout_ms, &d);
     } else if (command[0] == 'a') {
       rc = sluice_acquire(client, args[0], args[1], key_len, cost, timeout_ms, &d);

@@ -132,7 +132,7 @@ class AccessTest(unittest.TestCase):
 
     # Verifies who the lists let in: a listed uid, members of a listed group
     # by primary or supplementary group, and root; and that of those only
-    # admin_group's members and root may reload.
+    # admin_group's members and root may reload and reset.
     def test_listed_users_and_groups_are_allowed_and_only_admins_reload(self):
         self.start(LISTS)
         peers = {
@@ -146,11 +146,13 @@ class AccessTest(unittest.TestCase):
             result = client.result("acquire", "five", name)
             self.assertTrue(result["allowed"], name)
         for name in ("listed uid", "supplementary group", "primary group"):
-            error, _ = peers[name].call("reload")
-            self.assertEqual(error["code"], "FORBIDDEN", name)
-            self.assertIn("admin_group", error["message"])
+            for call in (("reload",), ("reset", "five", name)):
+                error, _ = peers[name].call(*call)
+                self.assertEqual(error["code"], "FORBIDDEN", (name, call))
+                self.assertIn("admin_group", error["message"])
         for name in ("admin group", "root"):
             self.assertEqual(peers[name].result("reload"), {"reloaded": True}, name)
+            self.assertEqual(peers[name].result("reset", "five", name)["remaining"], 5, name)
         for client in peers.values():
             client.close()
         self.assertEqual(self.stats()["connections"]["forbidden"], 0)

@@ -197,6 +197,27 @@ TEST_F(DaemonTest, SluicectlAcquireExitsByOutcome) {
   EXPECT_NE(output.find("UNKNOWN_RULE"), std::string::npos) << output;
 }
 
+// Verifies reset through libsluice and sluicectl (the test runs as root, an
+// admin): a spent key is fresh again, and other keys keep their state.
+TEST_F(DaemonTest, ResetMakesASpentKeyFreshAgain) {
+  acquire("slow", "spent");
+  acquire("slow", "spent");
+  acquire("slow", "other");
+  EXPECT_FALSE(acquire("slow", "spent").allowed);
+  sluice_decision fresh{};
+  ASSERT_EQ(sluice_reset(client_, "slow", "spent", 5, kTimeoutMs, &fresh), 0);
+  EXPECT_EQ(fresh.remaining, 2);
+  EXPECT_TRUE(acquire("slow", "spent").allowed);
+  EXPECT_EQ(acquire("slow", "other").remaining, 0);  // untouched: 1 + 1 of 2
+
+  std::string output;
+  EXPECT_EQ(sluicectl("--json reset slow other", &output), 0) << output;
+  EXPECT_NE(output.find("\"remaining\":2"), std::string::npos) << output;
+  EXPECT_TRUE(acquire("slow", "other").allowed);
+  EXPECT_EQ(sluicectl("reset nope k", &output), 3) << output;
+  EXPECT_NE(output.find("UNKNOWN_RULE"), std::string::npos) << output;
+}
+
 // Verifies sluicectl shows health, stats and rules from the daemon.
 TEST_F(DaemonTest, SluicectlShowsHealthStatsAndRules) {
   std::string output;

@@ -223,6 +223,22 @@ class ProtocolTest(unittest.TestCase):
         self.client.result("release", "uploads", "u", 1)
         self.assertTrue(self.client.result("acquire", "uploads", "u")["allowed"])
 
+    # Verifies reset (the test runs as root, an admin) frees a concurrency
+    # key's held units and answers the fresh state, by position or map; a
+    # missing key is fresh already, and a wrongly shaped reset is refused.
+    def test_reset_makes_a_key_fresh(self):
+        for _ in range(2):
+            self.client.result("acquire", "uploads", "u")
+        self.assertFalse(self.client.result("acquire", "uploads", "u")["allowed"])
+        fresh = self.client.result("reset", "uploads", "u")
+        self.assertEqual((fresh["allowed"], fresh["remaining"], fresh["mode"]), (True, 2, "local"))
+        self.assertTrue(self.client.result("acquire", "uploads", "u")["allowed"])
+        self.assertEqual(self.client.result("reset", {"rule": "five", "key": "never"})["remaining"],
+                         5)
+        error, _ = self.client.call("reset", "five")
+        self.assertEqual(error["code"], "BAD_REQUEST")
+        self.assertIn("reset params", error["message"])
+
     # Verifies a shadow rule always allows but says it is shadow.
     def test_shadow_rule_always_allows(self):
         results = [self.client.result("acquire", "dry", "s") for _ in range(3)]
@@ -406,6 +422,13 @@ class GlobalRulesWithoutRedisTest(unittest.TestCase):
         self.assertEqual([r["allowed"] for r in results], [True, True, False, False, False])
         self.assertTrue(all(r["mode"] == "fallback" for r in results))
         self.assertEqual(results[0]["limit"], 2)
+
+    # Verifies a global rule's key is not reset by one node: its state is
+    # Redis's, shared by the fleet.
+    def test_reset_refuses_global_rules(self):
+        error, _ = self.client.call("reset", "shared", "k")
+        self.assertEqual(error["code"], "BAD_REQUEST")
+        self.assertIn("global rule \"shared\" lives in Redis", error["message"])
 
     # Verifies policies "open" and "closed" answer without spending.
     def test_open_and_closed_policies(self):

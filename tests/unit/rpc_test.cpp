@@ -151,6 +151,8 @@ std::vector<ParseCase> validCases() {
       {"Stats", f().request(8, "stats", 0).bytes(), ParseStatus::kOk, Method::kStats, {}, 8},
       {"Rules", f().request(8, "rules", 0).bytes(), ParseStatus::kOk, Method::kRules, {}, 8},
       {"Reload", f().request(8, "reload", 0).bytes(), ParseStatus::kOk, Method::kReload, {}, 8},
+      {"Reset", f().request(8, "reset", 2).s("api").s("k").bytes(), ParseStatus::kOk, Method::kReset,
+       {{"api", "k", 0}}, 8},
       {"UnknownMethodParsesWithParamsSkipped",
        f().request(9, "frobnicate", 2).map(1).s("a").array(2).i(1).i(2).raw({0xc7, 2, 5, 0, 0}).bytes(),
        ParseStatus::kOk, Method::kUnknown, {}, 9},
@@ -263,6 +265,8 @@ std::vector<ParseCase> singleItemCases() {
        ParseStatus::kError, Method::kAcquire, {}, 7, ErrorCode::kTooLarge, "max_items", smallLimits()},
       {"PeekWithCost", f().request(7, "peek", 3).s("api").s("k").i(1).bytes(), ParseStatus::kError, Method::kPeek, {},
        7, ErrorCode::kBadRequest, "peek params must be [rule, key]"},
+      {"ResetWithCost", f().request(7, "reset", 3).s("api").s("k").i(1).bytes(), ParseStatus::kError,
+       Method::kReset, {}, 7, ErrorCode::kBadRequest, "reset params must be [rule, key]"},
       {"ReleaseFourParams", f().request(7, "release", 4).s("c").s("k").i(1).i(1).bytes(), ParseStatus::kError,
        Method::kRelease, {}, 7, ErrorCode::kBadRequest, "release params"},
       {"HealthParamsOverMaxItems", f().request(7, "health", 4).i(1).i(2).i(3).i(4).bytes(), ParseStatus::kError,
@@ -549,7 +553,8 @@ TEST(MethodFromNameTest, NamesEveryMethodExactly) {
   const std::pair<std::string_view, Method> cases[] = {
       {"acquire", Method::kAcquire}, {"acquire_all", Method::kAcquireAll}, {"peek", Method::kPeek},
       {"release", Method::kRelease}, {"health", Method::kHealth},          {"stats", Method::kStats},
-      {"rules", Method::kRules},     {"reload", Method::kReload},          {"Acquire", Method::kUnknown},
+      {"rules", Method::kRules},     {"reload", Method::kReload},          {"reset", Method::kReset},
+      {"Acquire", Method::kUnknown},
       {"acquire ", Method::kUnknown}, {"", Method::kUnknown},
   };
   for (const auto& [name, method] : cases) EXPECT_EQ(methodFromName(name), method) << name;
