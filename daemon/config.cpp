@@ -795,8 +795,9 @@ constexpr size_t kMaxRuleNameBytes = 128;
 // More limits than this on one rule is a mistake, not a policy.
 constexpr size_t kMaxLimitsPerRule = 8;
 
-constexpr std::array<std::string_view, 9> kRuleKeys = {
-    "name", "algorithm", "limit", "period", "burst", "limits", "scope", "on_redis_down", "shadow"};
+constexpr std::array<std::string_view, 11> kRuleKeys = {
+    "name",  "algorithm",     "limit",  "period",   "burst", "limits",
+    "scope", "on_redis_down", "shadow", "max_wait", "pace"};
 constexpr std::array<std::string_view, 3> kLimitKeys = {"limit", "period", "burst"};
 
 constexpr std::array<Algorithm, 6> kAlgorithms = {
@@ -878,6 +879,7 @@ class RuleReader {
       }
       rule.shadow = value->get();
     }
+    readShaping(&rule);
     return rule;
   }
 
@@ -904,6 +906,56 @@ class RuleReader {
       }
     }
     return name;
+  }
+
+  // max_wait and pace: bounded waiting, which token bucket and GCRA offer,
+  // on local rules (a global rule's units are leased, not reserved ahead).
+  void readShaping(Rule* rule) {
+    const toml::node* max_wait = table_.get("max_wait");
+    const toml::node* pace = table_.get("pace");
+    for (const toml::node* node : {max_wait, pace}) {
+      if (node == nullptr) continue;
+      const char* key = node == max_wait ? "max_wait" : "pace";
+      if (!hasBurst(rule->algorithm)) {
+        refuse(*node, prefix_ + key + " applies only to token_bucket and gcra (a window cannot " +
+                          "be reserved ahead), and this rule is " +
+                          std::string(algorithmName(rule->algorithm)) + "; remove " + key +
+                          ", or set algorithm = \"gcra\"");
+      }
+      if (rule->scope != Scope::kLocal) {
+        refuse(*node, prefix_ + key + " applies only to local rules for now; remove it, or set " +
+                          "scope = \"local\"");
+      }
+    }
+    if (max_wait != nullptr) {
+      rule->max_wait_ns = durationValue(*max_wait, prefix_ + "max_wait", "max_wait = \"200ms\"");
+      if (rule->max_wait_ns > kMaxWaitNs) {
+        refuse(*max_wait, prefix_ + "max_wait " + quote(*max_wait->value<std::string>()) +
+                              " is above the maximum; write a wait from \"0\" to " +
+                              quote(formatDuration(kMaxWaitNs)));
+      }
+    }
+    if (pace != nullptr) {
+      const auto* value = pace->as_boolean();
+      if (value == nullptr) {
+        refuse(*pace, prefix_ + "pace is " + std::string(describe(*pace)) +
+                          "; write pace = true or pace = false, without quotes");
+      }
+      rule->pace = value->get();
+      if (rule->pace) {
+        bool has_burst = table_.get("burst") != nullptr;
+        if (const toml::node* limits = table_.get("limits")) {
+          for (const toml::node& element : *limits->as_array()) {
+            has_burst = has_burst || element.as_table()->get("burst") != nullptr;
+          }
+        }
+        if (has_burst) {
+          refuse(*pace, prefix_ + "pace = true lets one unit through per interval, with no " +
+                            "burst; remove burst, or set pace = false");
+        }
+        for (Limit& limit : rule->limits) limit.burst = 1;
+      }
+    }
   }
 
   void readLimits(Rule* rule) {

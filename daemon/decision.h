@@ -44,6 +44,10 @@ struct Decision {
   // The cost can never pass (cost > limit or burst): retry_after_ms is 0, as
   // retrying cannot help.
   bool cost_exceeds_limit = false;
+  // Allowed on a reservation (bounded waiting, token bucket and GCRA): the
+  // units are spent now and become due this long from now; the caller answers
+  // then. 0 for an answer that holds at once.
+  int64_t wait_ns = 0;
 };
 
 }  // namespace sluice

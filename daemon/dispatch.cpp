@@ -159,6 +159,7 @@ bool Dispatcher::defer(const DeferTo* to) {
 }
 
 void Dispatcher::retryDeferred(int64_t now_ns, bool all) {
+  answerWaiters(now_ns, all);
   if (deferred_.empty()) return;
   retrying_.clear();
   for (Deferred& deferred : deferred_) retrying_.push_back(std::move(deferred));
@@ -197,6 +198,40 @@ void Dispatcher::retryDeferred(int64_t now_ns, bool all) {
 
 void Dispatcher::forget(void* owner) {
   std::erase_if(deferred_, [owner](const Deferred& deferred) { return deferred.owner == owner; });
+  if (std::erase_if(waiters_, [owner](const Waiter& waiter) { return waiter.owner == owner; }) > 0) {
+    std::make_heap(waiters_.begin(), waiters_.end());
+  }
+}
+
+int64_t Dispatcher::nextDeadlineNs() const {
+  int64_t next = INT64_MAX;
+  if (!deferred_.empty()) next = deferred_.front().deadline_ns;
+  if (!waiters_.empty()) next = std::min(next, waiters_.front().due_ns);
+  return next;
+}
+
+int64_t Dispatcher::maxWaitNs(const Rule& rule, const rpc::Item& item) const {
+  if (!canWait(rule)) return 0;
+  return item.max_wait_ms >= 0 ? item.max_wait_ms * 1'000'000 : rule.max_wait_ns;
+}
+
+void Dispatcher::answerWaiters(int64_t now_ns, bool all) {
+  std::string response;
+  while (!waiters_.empty() && (all || waiters_.front().due_ns <= now_ns)) {
+    std::pop_heap(waiters_.begin(), waiters_.end());
+    Waiter waiter = std::move(waiters_.back());
+    waiters_.pop_back();
+    Decision decision = waiter.decision;
+    if (waiter.due_ns > now_ns) {
+      // Stopping before its units are due: the normal denial.
+      decision.allowed = false;
+      decision.retry_after_ms = (waiter.due_ns - now_ns + 999'999) / 1'000'000;
+    }
+    response.clear();
+    rpc::writeDecision(&response, waiter.msgid, decision, waiter.mode,
+                       (std::min(now_ns, waiter.due_ns) - waiter.since_ns) / 1'000'000);
+    if (deliver_) deliver_(waiter.owner, response);
+  }
 }
 
 std::span<std::atomic<uint64_t>> Dispatcher::freshState(const Rule& rule) {
@@ -302,6 +337,14 @@ bool Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::st
     return false;
   }
   bool spends = request.method == rpc::Method::kAcquire && item.cost > 0;
+  if (item.max_wait_ms > 0 && !canWait(*configured)) {
+    error(request.msgid, rpc::ErrorCode::kBadRequest,
+          "max_wait_ms applies to local token_bucket and gcra rules, and rule \"" +
+              configured->name + "\" is " + std::string(scopeName(configured->scope)) + " " +
+              std::string(algorithmName(configured->algorithm)),
+          out);
+    return false;
+  }
   if (leasing(*configured)) {
     if (spends) return acquireLeased(request, *configured, now_ns, out, defer_to);
     peekLeased(request, *configured, now_ns, out);
@@ -324,11 +367,32 @@ bool Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::st
       error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
       return false;
     }
-    decision = acquire(*rule, entry->state().first(stateWords(*rule)), now_ns, item.cost);
+    auto state = entry->state().first(stateWords(*rule));
+    // Only a request that gets an answer may wait (not a notification).
+    int64_t max_wait_ns = defer_to != nullptr && rule == configured ? maxWaitNs(*rule, item) : 0;
+    if (max_wait_ns > 0 && waiters_.size() >= kMaxWaiters) {
+      decision = acquire(*rule, state, now_ns, item.cost);
+      if (!decision.allowed && !decision.cost_exceeds_limit &&
+          decision.retry_after_ms * 1'000'000 <= max_wait_ns) {
+        error(request.msgid, rpc::ErrorCode::kOverloaded,
+              "too many requests are waiting for units on this worker; retry later", out);
+        return false;
+      }
+    } else {
+      decision = acquire(*rule, state, now_ns, item.cost, max_wait_ns);
+    }
     if (rule != configured && decision.allowed && !decision.shadow_denied) {
       noteFallbackSpend(*rule, item.key, entry->state(), item.cost);
     }
     count(*configured, decision, mode);
+    if (decision.wait_ns > 0) {
+      waiters_.push_back({now_ns + decision.wait_ns, waiter_seq_++, now_ns, defer_to->owner,
+                          request.msgid, decision, mode});
+      std::push_heap(waiters_.begin(), waiters_.end());
+      return true;
+    }
+    rpc::writeDecision(out, request.msgid, decision, mode, max_wait_ns > 0 ? 0 : -1);
+    return false;
   } else {
     // peek, release and cost 0 never create a key: an absent key is fresh.
     KeyTable::Entry* entry = keys_.find(rule->id, item.key);
@@ -774,7 +838,7 @@ void Dispatcher::writeRules(uint32_t msgid, std::string* out) {
   const auto& rules = rules_->rules();
   w.writeArrayHeader(static_cast<uint32_t>(rules.size()));
   for (const Rule& rule : rules) {
-    w.writeMapHeader(6);
+    w.writeMapHeader(8);
     w.writeStr("name");
     w.writeStr(rule.name);
     w.writeStr("algorithm");
@@ -785,6 +849,10 @@ void Dispatcher::writeRules(uint32_t msgid, std::string* out) {
     w.writeStr(redisDownPolicyName(rule.on_redis_down));
     w.writeStr("shadow");
     w.writeBool(rule.shadow);
+    w.writeStr("max_wait_ms");
+    w.writeInt(rule.max_wait_ns / 1'000'000);
+    w.writeStr("pace");
+    w.writeBool(rule.pace);
     w.writeStr("limits");
     w.writeArrayHeader(static_cast<uint32_t>(rule.limits.size()));
     for (const Limit& limit : rule.limits) {

@@ -44,6 +44,10 @@ class DaemonStatus;
 // Most requests one worker keeps deferred at once; beyond it, cold keys are
 // answered at once by their on_redis_down policy.
 constexpr size_t kMaxDeferred = 65'536;
+// Most requests one worker holds waiting for reserved units (bounded
+// waiting); beyond it, a request that would have to wait is refused with
+// OVERLOADED. Per key, waiting is bounded by the rule's rate times max_wait.
+constexpr size_t kMaxWaiters = 65'536;
 
 class Dispatcher {
  public:
@@ -65,14 +69,17 @@ class Dispatcher {
   bool handle(const rpc::Request& request, const Peer& peer, int64_t now_ns, std::string* out,
               void* owner = nullptr, std::span<const uint8_t> frame = {});
 
-  // Answers the deferred requests that can be answered now: their lease has
-  // come, or their deadline has passed, or `all` (the worker is stopping).
+  // Answers the deferred requests that can be answered now: those waiting
+  // for a lease whose lease has come or whose deadline has passed, and those
+  // waiting for reserved units that are due. With `all` (the worker is
+  // stopping) every one is answered: a lease wait by its policy, a unit wait
+  // with a denial (retry_after_ms says when its units would have been due).
   void retryDeferred(int64_t now_ns, bool all);
   // Drops the deferred requests of an owner that has gone away.
   void forget(void* owner);
-  bool hasDeferred() const { return !deferred_.empty(); }
-  // The earliest deadline of a deferred request (hasDeferred() only).
-  int64_t nextDeadlineNs() const { return deferred_.front().deadline_ns; }
+  bool hasDeferred() const { return !deferred_.empty() || !waiters_.empty(); }
+  // The earliest deadline or due time of a deferred request (hasDeferred() only).
+  int64_t nextDeadlineNs() const;
 
   // Answers a request that could not be parsed.
   void handleParseError(const rpc::ParseResult& result, std::string* out);
@@ -89,6 +96,24 @@ class Dispatcher {
     std::string frame;
     int64_t deadline_ns;
   };
+  // A request allowed on a reservation, answered when its units are due.
+  struct Waiter {
+    int64_t due_ns;
+    uint64_t seq;  // arrival order, for requests due at the same time
+    int64_t since_ns;
+    void* owner;
+    uint32_t msgid;
+    Decision decision;
+    Mode mode;
+    // The heap's order: the earliest due first.
+    bool operator<(const Waiter& other) const {
+      return due_ns != other.due_ns ? due_ns > other.due_ns : seq > other.seq;
+    }
+  };
+  // How long a request on `rule` may wait for its units: its max_wait_ms,
+  // else the rule's max_wait; 0 when it cannot wait.
+  int64_t maxWaitNs(const Rule& rule, const rpc::Item& item) const;
+  void answerWaiters(int64_t now_ns, bool all);
   // Both return true when they deferred the request (defer non-null only).
   bool acquireOne(const rpc::Request& request, int64_t now_ns, std::string* out,
                   const DeferTo* defer);
@@ -140,6 +165,8 @@ class Dispatcher {
   std::vector<RuleShard*> rule_shards_;  // per-rule counters, by position in rules_
   Deliver deliver_;
   std::deque<Deferred> deferred_;  // in deadline order (one timeout for all)
+  std::vector<Waiter> waiters_;    // a heap (std::push_heap), earliest due on top
+  uint64_t waiter_seq_ = 0;
   std::vector<Deferred> retrying_;
   rpc::Request retry_request_;
   // acquire_all, per item: units taken from its slice, the slice's words,

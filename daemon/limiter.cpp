@@ -25,7 +25,8 @@ namespace {
 
 // One single-word algorithm's functions, so the CAS loops are written once.
 struct WordAlgorithm {
-  Decision (*acquire)(uint64_t& state, const Limit& limit, int64_t now_ns, int64_t cost);
+  Decision (*acquire)(uint64_t& state, const Limit& limit, int64_t now_ns, int64_t cost,
+                      int64_t max_wait_ns);
   uint64_t (*refund)(uint64_t state, const Limit& limit, int64_t now_ns, int64_t cost);
   bool (*is_idle)(uint64_t state, const Limit& limit, int64_t now_ns);
 };
@@ -34,9 +35,17 @@ struct WordAlgorithm {
 const WordAlgorithm* wordAlgorithm(Algorithm algorithm) {
   static constexpr WordAlgorithm kTokenBucket{token_bucket::acquire, token_bucket::refund, token_bucket::isIdle};
   static constexpr WordAlgorithm kGcra{gcra::acquire, gcra::refund, gcra::isIdle};
-  static constexpr WordAlgorithm kFixedWindow{fixed_window::acquire, fixed_window::refund, fixed_window::isIdle};
-  static constexpr WordAlgorithm kSlidingWindow{sliding_window::acquire, sliding_window::refund,
-                                                sliding_window::isIdle};
+  // The window algorithms answer at once: a window cannot be reserved ahead.
+  static constexpr WordAlgorithm kFixedWindow{
+      [](uint64_t& state, const Limit& limit, int64_t now_ns, int64_t cost, int64_t) {
+        return fixed_window::acquire(state, limit, now_ns, cost);
+      },
+      fixed_window::refund, fixed_window::isIdle};
+  static constexpr WordAlgorithm kSlidingWindow{
+      [](uint64_t& state, const Limit& limit, int64_t now_ns, int64_t cost, int64_t) {
+        return sliding_window::acquire(state, limit, now_ns, cost);
+      },
+      sliding_window::refund, sliding_window::isIdle};
   switch (algorithm) {
     case Algorithm::kTokenBucket: return &kTokenBucket;
     case Algorithm::kGcra: return &kGcra;
@@ -71,13 +80,13 @@ void forEachLimit(const Rule& rule, Words state, Fn&& fn) {
 }
 
 Decision acquireLimit(Algorithm algorithm, const Limit& limit, std::span<std::atomic<uint64_t>> words,
-                      int64_t now_ns, int64_t cost) {
+                      int64_t now_ns, int64_t cost, int64_t max_wait_ns) {
   if (const WordAlgorithm* alg = wordAlgorithm(algorithm)) {
     std::atomic<uint64_t>& word = words[0];
     uint64_t seen = word.load(std::memory_order_acquire);
     for (;;) {
       uint64_t next = seen;
-      const Decision d = alg->acquire(next, limit, now_ns, cost);
+      const Decision d = alg->acquire(next, limit, now_ns, cost, max_wait_ns);
       if (!d.allowed || next == seen) return d;
       if (word.compare_exchange_weak(seen, next, std::memory_order_acq_rel, std::memory_order_acquire)) return d;
     }
@@ -90,7 +99,7 @@ Decision peekLimit(Algorithm algorithm, const Limit& limit, std::span<const std:
                    int64_t now_ns, int64_t cost) {
   if (const WordAlgorithm* alg = wordAlgorithm(algorithm)) {
     uint64_t snapshot = words[0].load(std::memory_order_acquire);
-    return alg->acquire(snapshot, limit, now_ns, cost);
+    return alg->acquire(snapshot, limit, now_ns, cost, 0);
   }
   if (algorithm == Algorithm::kSlidingLog) return sliding_log::peek(words, limit, now_ns, cost);
   return concurrency::peek(words, limit, now_ns, cost);
@@ -159,26 +168,35 @@ Decision peekRule(const Rule& rule, std::span<const std::atomic<uint64_t>> state
 }
 
 // acquire() without the shadow conversion: spends on every limit or none.
-Decision acquireRule(const Rule& rule, std::span<std::atomic<uint64_t>> state, int64_t now_ns, int64_t cost) {
+// Waiting, each limit reserves its own units; the request is due when the
+// last of them is.
+Decision acquireRule(const Rule& rule, std::span<std::atomic<uint64_t>> state, int64_t now_ns, int64_t cost,
+                     int64_t max_wait_ns) {
   if (cost <= 0) return peekRule(rule, state, now_ns, 0);
   Decision kept;
   bool have = false;
   size_t spent = 0;
   bool denied = false;
+  int64_t wait_ns = 0;
   forEachLimit(rule, state, [&](const Limit& limit, std::span<std::atomic<uint64_t>> words) {
     // After a denial the remaining limits are only looked at, so the report
     // names the most restrictive of all of them.
     const Decision d = denied ? peekLimit(rule.algorithm, limit, words, now_ns, cost)
-                              : acquireLimit(rule.algorithm, limit, words, now_ns, cost);
+                              : acquireLimit(rule.algorithm, limit, words, now_ns, cost, max_wait_ns);
     if (!d.allowed) {
       denied = true;
     } else if (!denied) {
       ++spent;
+      wait_ns = std::max(wait_ns, d.wait_ns);
     }
     keepMostRestrictive(kept, have, d);
     return true;
   });
-  if (denied) refundLimits(rule, state, now_ns, cost, spent);
+  if (denied) {
+    refundLimits(rule, state, now_ns, cost, spent);
+  } else {
+    kept.wait_ns = wait_ns;
+  }
   return kept;
 }
 
@@ -190,8 +208,10 @@ size_t stateWords(const Rule& rule) {
   return words;
 }
 
-Decision acquire(const Rule& rule, std::span<std::atomic<uint64_t>> state, int64_t now_ns, int64_t cost) {
-  const Decision d = acquireRule(rule, state, now_ns, cost);
+Decision acquire(const Rule& rule, std::span<std::atomic<uint64_t>> state, int64_t now_ns, int64_t cost,
+                 int64_t max_wait_ns) {
+  // A shadow rule only observes: it never holds a request back.
+  const Decision d = acquireRule(rule, state, now_ns, cost, rule.shadow ? 0 : max_wait_ns);
   return applyShadow(rule, d);
 }
 

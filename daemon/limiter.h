@@ -32,8 +32,11 @@ size_t stateWords(const Rule& rule);
 
 // Spends `cost` units (cost >= 1) when every limit allows it. A cost of 0 or
 // less spends nothing and answers like peek(rule, state, now_ns, 0).
+// With max_wait_ns > 0, token bucket and GCRA limits may allow on a
+// reservation that is due decision.wait_ns from now (their headers); the
+// other algorithms, and shadow rules, answer at once.
 Decision acquire(const Rule& rule, std::span<std::atomic<uint64_t>> state, int64_t now_ns,
-                 int64_t cost);
+                 int64_t cost, int64_t max_wait_ns = 0);
 
 // Reports what acquiring `cost` units would answer now, spending nothing.
 // peek(rule, state, now, 0) is the wire method `peek`.

@@ -9,6 +9,8 @@
 // limits (kError, the connection goes on after the frame) or not (kFatal).
 #include "rpc.h"
 
+#include "rules.h"
+
 #include <cassert>
 
 namespace sluice::rpc {
@@ -54,7 +56,9 @@ constexpr std::string_view kBadType = "frame type must be 0 (request) or 2 (noti
 constexpr std::string_view kBadMsgid = "msgid must be an integer 0..4294967295";
 constexpr std::string_view kBadMethod = "method must be a str";
 constexpr std::string_view kBadParams = "params must be an array";
-constexpr std::string_view kBadAcquire = "acquire params must be [rule, key, cost] or [{\"rule\", \"key\", \"cost\"}]";
+constexpr std::string_view kBadAcquire =
+    "acquire params must be [rule, key, cost, max_wait_ms] (cost and max_wait_ms optional) or "
+    "[{\"rule\", \"key\", \"cost\", \"max_wait_ms\"}]";
 constexpr std::string_view kBadRelease = "release params must be [rule, key, cost] or [{\"rule\", \"key\", \"cost\"}]";
 constexpr std::string_view kBadPeek = "peek params must be [rule, key] or [{\"rule\", \"key\"}]";
 constexpr std::string_view kBadReset = "reset params must be [rule, key] or [{\"rule\", \"key\"}]";
@@ -66,6 +70,7 @@ constexpr std::string_view kBadRule = "rule must be a str";
 constexpr std::string_view kBadKey = "key must be a str or bin";
 constexpr std::string_view kKeyTooLong = "key is longer than max_key_bytes";
 constexpr std::string_view kBadCost = "cost must be an integer 0..1000000000";
+constexpr std::string_view kBadMaxWait = "max_wait_ms must be an integer 0..60000";
 constexpr std::string_view kMapNeedsRuleKey = "an item map needs \"rule\" and \"key\"";
 constexpr std::string_view kContainerTooLarge = "an array or map has more than max_items elements";
 constexpr std::string_view kTooDeep = "nesting deeper than max_depth";
@@ -73,12 +78,16 @@ constexpr std::string_view kNotMsgpack = "not MessagePack";
 constexpr std::string_view kFrameTooLarge = "frame larger than max_frame_bytes";
 
 // Whether the positional form may carry a cost, and what an absent one means.
+// Whether the request may also say how long it waits (acquire only), as a
+// fourth positional element or a "max_wait_ms" entry.
 struct CostRule {
   bool accepted;
   int64_t absent;
+  bool waits = false;
 };
 constexpr CostRule kCostDefaultOne{true, 1};
 constexpr CostRule kCostZero{false, 0};
+constexpr CostRule kAcquireCost{true, 1, true};
 
 // The first pass. Each step returns false on failure, always through bad(),
 // which records the first error; the reader may have failed too (a wrong
@@ -128,6 +137,7 @@ class Parser {
   bool parseMap(uint32_t depth, CostRule cost, Item* item);
   bool parseKey(std::string_view* key);
   bool parseCost(int64_t* cost);
+  bool parseMaxWait(int64_t* max_wait_ms);
 
   Reader reader_;
   const Limits& limits_;
@@ -167,7 +177,7 @@ bool Parser::parseFrame() {
 
 bool Parser::parseParams(uint32_t n) {
   switch (request_->method) {
-    case Method::kAcquire: return parseSingle(n, kCostDefaultOne, kBadAcquire);
+    case Method::kAcquire: return parseSingle(n, kAcquireCost, kBadAcquire);
     case Method::kRelease: return parseSingle(n, kCostDefaultOne, kBadRelease);
     case Method::kPeek: return parseSingle(n, kCostZero, kBadPeek);
     case Method::kReset: return parseSingle(n, kCostZero, kBadReset);
@@ -218,14 +228,17 @@ bool Parser::parseAcquireAll(uint32_t n) {
   return true;
 }
 
-// [rule, key] or, when the cost is accepted, [rule, key, cost]; the array
-// header (n fields) has been read.
+// [rule, key] or, when the cost is accepted, [rule, key, cost], and for
+// acquire [rule, key, cost, max_wait_ms]; the array header (n fields) has
+// been read.
 bool Parser::parsePositional(uint32_t n, CostRule cost, std::string_view message, Item* item) {
-  if (n != 2 && !(n == 3 && cost.accepted)) return bad(message);
+  if (n != 2 && !(n == 3 && cost.accepted) && !(n == 4 && cost.waits)) return bad(message);
   if (!reader_.readStr(&item->rule)) return readerBad(kBadRule);
   if (!parseKey(&item->key)) return false;
   item->cost = cost.absent;
-  return n == 2 || parseCost(&item->cost);
+  item->max_wait_ms = -1;
+  if (n >= 3 && !parseCost(&item->cost)) return false;
+  return n < 4 || parseMaxWait(&item->max_wait_ms);
 }
 
 // {"rule": ..., "key": ..., "cost": ...} held at `depth`.
@@ -236,6 +249,7 @@ bool Parser::parseMap(uint32_t depth, CostRule cost, Item* item) {
   bool has_rule = false;
   bool has_key = false;
   item->cost = cost.absent;
+  item->max_wait_ms = -1;
   for (uint32_t i = 0; i < n; ++i) {
     std::string_view name;
     const Type type = reader_.peekType();
@@ -252,6 +266,8 @@ bool Parser::parseMap(uint32_t depth, CostRule cost, Item* item) {
       has_key = true;
     } else if (name == "cost" && cost.accepted) {
       if (!parseCost(&item->cost)) return false;
+    } else if (name == "max_wait_ms" && cost.waits) {
+      if (!parseMaxWait(&item->max_wait_ms)) return false;
     } else if (!skipIn(depth)) {
       return false;
     }
@@ -267,6 +283,11 @@ bool Parser::parseKey(std::string_view* key) {
 bool Parser::parseCost(int64_t* cost) {
   if (!reader_.readInt(cost)) return readerBad(kBadCost);
   return (*cost >= 0 && *cost <= kMaxCost) || bad(kBadCost);
+}
+
+bool Parser::parseMaxWait(int64_t* max_wait_ms) {
+  if (!reader_.readInt(max_wait_ms)) return readerBad(kBadMaxWait);
+  return (*max_wait_ms >= 0 && *max_wait_ms <= kMaxWaitNs / 1'000'000) || bad(kBadMaxWait);
 }
 
 }  // namespace
@@ -331,8 +352,9 @@ void writeResponseStart(std::string* out, uint32_t msgid) {
   msgpack::Writer(out).writeUint(msgid);
 }
 
-void writeDecisionMap(msgpack::Writer& writer, std::string* out, const Decision& decision, Mode mode) {
-  writer.writeMapHeader(decision.cost_exceeds_limit ? 7 : 6);
+void writeDecisionMap(msgpack::Writer& writer, std::string* out, const Decision& decision, Mode mode,
+                      int64_t waited_ms = -1) {
+  writer.writeMapHeader(6 + (decision.cost_exceeds_limit ? 1 : 0) + (waited_ms >= 0 ? 1 : 0));
   appendLiteral(out, "\xa7" "allowed");
   writer.writeBool(decision.allowed);
   appendLiteral(out, "\xa9" "remaining");
@@ -349,6 +371,10 @@ void writeDecisionMap(msgpack::Writer& writer, std::string* out, const Decision&
     appendLiteral(out, "\xa6" "reason");
     writer.writeStr("cost exceeds limit");
   }
+  if (waited_ms >= 0) {
+    appendLiteral(out, "\xa9" "waited_ms");
+    writer.writeInt(waited_ms);
+  }
 }
 
 }  // namespace
@@ -364,10 +390,11 @@ void writeError(std::string* out, uint32_t msgid, ErrorCode code, std::string_vi
   writer.writeNil();
 }
 
-void writeDecision(std::string* out, uint32_t msgid, const Decision& decision, Mode mode) {
+void writeDecision(std::string* out, uint32_t msgid, const Decision& decision, Mode mode,
+                   int64_t waited_ms) {
   msgpack::Writer writer(out);
   writeResultHeader(out, msgid);
-  writeDecisionMap(writer, out, decision, mode);
+  writeDecisionMap(writer, out, decision, mode, waited_ms);
 }
 
 void writeDecisions(std::string* out, uint32_t msgid, bool all_allowed, std::span<const Decision> decisions,

@@ -69,6 +69,9 @@ struct Item {
   std::string_view rule;
   std::string_view key;
   int64_t cost = 1;  // peek: 0
+  // acquire: how long the request may wait for its units (bounded waiting);
+  // -1 when it does not say, and the rule's max_wait applies.
+  int64_t max_wait_ms = -1;
 };
 
 struct Request {
@@ -150,8 +153,10 @@ ParseResult parseRequest(std::span<const uint8_t> buffer, const Limits& limits, 
 void writeError(std::string* out, uint32_t msgid, ErrorCode code, std::string_view message);
 // [1, msgid, nil, <decision map>]; the map has, in this order, allowed,
 // remaining, limit, reset_after_ms, retry_after_ms, mode (modeName()), plus
-// "reason": "cost exceeds limit" when decision.cost_exceeds_limit.
-void writeDecision(std::string* out, uint32_t msgid, const Decision& decision, Mode mode);
+// "reason": "cost exceeds limit" when decision.cost_exceeds_limit, and
+// "waited_ms" when waited_ms >= 0 (a request that was allowed to wait).
+void writeDecision(std::string* out, uint32_t msgid, const Decision& decision, Mode mode,
+                   int64_t waited_ms = -1);
 // [1, msgid, nil, {"allowed": all_allowed, "results": [<decision map>...]}];
 // modes[i] is the mode of decisions[i] (the spans have the same size).
 void writeDecisions(std::string* out, uint32_t msgid, bool all_allowed,

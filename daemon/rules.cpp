@@ -55,6 +55,11 @@ int64_t maxLimit(Algorithm algorithm) {
   return 0;
 }
 
+bool canWait(const Rule& rule) {
+  return rule.scope == Scope::kLocal &&
+         (rule.algorithm == Algorithm::kTokenBucket || rule.algorithm == Algorithm::kGcra);
+}
+
 const Rule* RuleSet::findById(uint32_t id) const {
   auto it = by_id_.find(id);
   return it == by_id_.end() ? nullptr : it->second;

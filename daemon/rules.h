@@ -57,6 +57,11 @@ struct Rule {
   Scope scope = Scope::kLocal;
   RedisDownPolicy on_redis_down = RedisDownPolicy::kLocal;
   bool shadow = false;  // decide and count, always allow
+  // Bounded waiting (token bucket and GCRA, local rules): how long an acquire
+  // that does not say (max_wait_ms) may wait for its units; 0: it does not.
+  int64_t max_wait_ns = 0;
+  // Leaky-bucket shaping: burst 1, so units leave one interval apart.
+  bool pace = false;
 
   // Stable identity of this rule's state in the key table. Reloading a file
   // keeps the id of a rule whose definition did not change, so its keys keep
@@ -106,6 +111,14 @@ using RuleSetPtr = std::shared_ptr<const RuleSet>;
 // config loader refuses larger values. sliding_log and concurrency keep one
 // state word per unit, so they are for small limits only.
 int64_t maxLimit(Algorithm algorithm);
+
+// The longest any acquire may wait for its units (a rule's max_wait, a
+// request's max_wait_ms).
+constexpr int64_t kMaxWaitNs = 60'000'000'000;  // 60 s
+
+// Whether acquires on `rule` may wait for their units: token bucket and GCRA
+// reserve units ahead (a window cannot be), on local rules only so far.
+bool canWait(const Rule& rule);
 
 // Bounds on a limit's period, checked by the config loader.
 constexpr int64_t kMinPeriodNs = 1'000'000;                       // 1 ms

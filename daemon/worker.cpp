@@ -205,7 +205,8 @@ void Worker::beginStop() {
   }
   stopping_ = true;
   uv_timer_stop(&sweep_timer_);
-  // Requests waiting for a lease are answered now, by their policy.
+  // Requests waiting for a lease are answered now, by their policy, and
+  // those waiting for reserved units with a denial.
   retryDeferred();
   // Answer what was read, then close; a client that does not take its
   // answers within the shutdown timeout is cut off.

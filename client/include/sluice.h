@@ -146,6 +146,14 @@ SLUICE_API const char* sluice_server_error_message(const sluice_client* client);
 SLUICE_API int sluice_acquire(sluice_client* client, const char* rule, const void* key,
                               size_t key_len, uint32_t cost, int timeout_ms,
                               sluice_decision* out);
+/* Like sluice_acquire, but when the units will be there within max_wait_ms
+ * (local token_bucket and gcra rules), the daemon answers "allowed" once they
+ * are, instead of denying; *waited_ms (may be NULL) is how long it held the
+ * answer. timeout_ms must cover max_wait_ms. Other rules answer
+ * SLUICE_ESERVER (BAD_REQUEST) for a max_wait_ms above 0. */
+SLUICE_API int sluice_acquire_wait(sluice_client* client, const char* rule, const void* key,
+                                   size_t key_len, uint32_t cost, uint32_t max_wait_ms,
+                                   int timeout_ms, sluice_decision* out, int64_t* waited_ms);
 /* Like acquire with cost 0: reports the state, spends nothing. */
 SLUICE_API int sluice_peek(sluice_client* client, const char* rule, const void* key,
                            size_t key_len, int timeout_ms, sluice_decision* out);

@@ -602,21 +602,29 @@ static int item_valid(const char* rule, size_t rule_len, const void* key, size_t
 }
 
 static size_t item_bytes(size_t rule_len, size_t key_len) {
-  return 4 * MP_MAX_HEADER + rule_len + key_len;
+  return 5 * MP_MAX_HEADER + rule_len + key_len;
 }
 
-/* [rule, key] or [rule, key, cost] */
+/* No max_wait_ms in a request: the rule's own applies. */
+#define NO_WAIT_GIVEN (-1)
+
+/* [rule, key], [rule, key, cost] or, with max_wait_ms >= 0,
+ * [rule, key, cost, max_wait_ms] */
 static uint8_t* put_item(uint8_t* p, const char* rule, size_t rule_len, const void* key,
-                         size_t key_len, int with_cost, uint32_t cost) {
-  p = mp_put_array(p, with_cost ? 3 : 2);
+                         size_t key_len, int with_cost, uint32_t cost, int64_t max_wait_ms) {
+  int waits = with_cost && max_wait_ms >= 0;
+  p = mp_put_array(p, waits ? 4 : with_cost ? 3 : 2);
   p = mp_put_str(p, rule, (uint32_t)rule_len);
   p = put_key(p, key, key_len);
-  return with_cost ? mp_put_uint(p, cost) : p;
+  if (with_cost) {
+    p = mp_put_uint(p, cost);
+  }
+  return waits ? mp_put_uint(p, (uint64_t)max_wait_ms) : p;
 }
 
 static int queue_item_request(sluice_client* c, const char* method, size_t method_len,
                               const char* rule, const void* key, size_t key_len, int with_cost,
-                              uint32_t cost, uint32_t* msgid) {
+                              uint32_t cost, int64_t max_wait_ms, uint32_t* msgid) {
   size_t rule_len = rule != NULL ? strlen(rule) : 0;
   if (c == NULL || !item_valid(rule, rule_len, key, key_len)) {
     return SLUICE_EINVAL;
@@ -625,7 +633,7 @@ static int queue_item_request(sluice_client* c, const char* method, size_t metho
   if (p == NULL) {
     return SLUICE_ENOMEM;
   }
-  finish_request(c, put_item(p, rule, rule_len, key, key_len, with_cost, cost), *msgid);
+  finish_request(c, put_item(p, rule, rule_len, key, key_len, with_cost, cost, max_wait_ms), *msgid);
   return 0;
 }
 
@@ -745,8 +753,9 @@ static enum decision_key decision_key(const uint8_t* key, uint32_t len, sluice_d
   }
 }
 
-/* Reads a decision map; keys this library does not know are skipped. */
-static int parse_decision(mp_reader* r, sluice_decision* d) {
+/* Reads a decision map; keys this library does not know are skipped, and
+ * "waited_ms" is stored in *waited_ms when that is not NULL. */
+static int parse_waited_decision(mp_reader* r, sluice_decision* d, int64_t* waited_ms) {
   mp_value v;
   int saw_allowed = 0;
   memset(d, 0, sizeof *d);
@@ -761,6 +770,10 @@ static int parse_decision(mp_reader* r, sluice_decision* d) {
     }
     int64_t* number = NULL;
     enum decision_key kind = decision_key(key, key_len, d, &number);
+    if (waited_ms != NULL && MP_BYTES_ARE(key, key_len, "waited_ms")) {
+      kind = KEY_NUMBER;
+      number = waited_ms;
+    }
     if (kind == KEY_NUMBER) {
       if (mp_read_int(r, number) != 0) {
         return SLUICE_EPROTO;
@@ -784,6 +797,10 @@ static int parse_decision(mp_reader* r, sluice_decision* d) {
     }
   }
   return saw_allowed ? 0 : SLUICE_EPROTO;
+}
+
+static int parse_decision(mp_reader* r, sluice_decision* d) {
+  return parse_waited_decision(r, d, NULL);
 }
 
 /* ---- synchronous calls --------------------------------------------------------- */
@@ -826,12 +843,13 @@ static int sync_exchange(sluice_client* c, int64_t deadline_ms, uint32_t msgid, 
 
 static int sync_item_call(sluice_client* c, const char* method, size_t method_len,
                           const char* rule, const void* key, size_t key_len, int with_cost,
-                          uint32_t cost, int timeout_ms, mp_reader* r) {
+                          uint32_t cost, int64_t max_wait_ms, int timeout_ms, mp_reader* r) {
   int64_t deadline_ms = deadline_after(timeout_ms);
   uint32_t msgid;
   int rc = sync_begin(c);
   if (rc == 0) {
-    rc = queue_item_request(c, method, method_len, rule, key, key_len, with_cost, cost, &msgid);
+    rc = queue_item_request(c, method, method_len, rule, key, key_len, with_cost, cost,
+                            max_wait_ms, &msgid);
   }
   return rc != 0 ? rc : sync_exchange(c, deadline_ms, msgid, r);
 }
@@ -842,8 +860,22 @@ int sluice_acquire(sluice_client* c, const char* rule, const void* key, size_t k
   if (out == NULL) {
     return SLUICE_EINVAL;
   }
-  int rc = sync_item_call(c, SLUICE_METHOD("acquire"), rule, key, key_len, 1, cost, timeout_ms, &r);
+  int rc = sync_item_call(c, SLUICE_METHOD("acquire"), rule, key, key_len, 1, cost, NO_WAIT_GIVEN,
+                          timeout_ms, &r);
   return rc != 0 ? rc : parse_decision(&r, out);
+}
+
+int sluice_acquire_wait(sluice_client* c, const char* rule, const void* key, size_t key_len,
+                        uint32_t cost, uint32_t max_wait_ms, int timeout_ms, sluice_decision* out,
+                        int64_t* waited_ms) {
+  mp_reader r;
+  int64_t ignored = 0;
+  if (out == NULL) {
+    return SLUICE_EINVAL;
+  }
+  int rc = sync_item_call(c, SLUICE_METHOD("acquire"), rule, key, key_len, 1, cost, max_wait_ms,
+                          timeout_ms, &r);
+  return rc != 0 ? rc : parse_waited_decision(&r, out, waited_ms != NULL ? waited_ms : &ignored);
 }
 
 int sluice_peek(sluice_client* c, const char* rule, const void* key, size_t key_len,
@@ -852,7 +884,8 @@ int sluice_peek(sluice_client* c, const char* rule, const void* key, size_t key_
   if (out == NULL) {
     return SLUICE_EINVAL;
   }
-  int rc = sync_item_call(c, SLUICE_METHOD("peek"), rule, key, key_len, 0, 0, timeout_ms, &r);
+  int rc = sync_item_call(c, SLUICE_METHOD("peek"), rule, key, key_len, 0, 0, NO_WAIT_GIVEN,
+                          timeout_ms, &r);
   return rc != 0 ? rc : parse_decision(&r, out);
 }
 
@@ -862,7 +895,8 @@ int sluice_reset(sluice_client* c, const char* rule, const void* key, size_t key
   if (out == NULL) {
     return SLUICE_EINVAL;
   }
-  int rc = sync_item_call(c, SLUICE_METHOD("reset"), rule, key, key_len, 0, 0, timeout_ms, &r);
+  int rc = sync_item_call(c, SLUICE_METHOD("reset"), rule, key, key_len, 0, 0, NO_WAIT_GIVEN,
+                          timeout_ms, &r);
   return rc != 0 ? rc : parse_decision(&r, out);
 }
 
@@ -870,7 +904,8 @@ int sluice_release(sluice_client* c, const char* rule, const void* key, size_t k
                    uint32_t cost, int timeout_ms, sluice_decision* out) {
   mp_reader r;
   sluice_decision ignored;
-  int rc = sync_item_call(c, SLUICE_METHOD("release"), rule, key, key_len, 1, cost, timeout_ms, &r);
+  int rc = sync_item_call(c, SLUICE_METHOD("release"), rule, key, key_len, 1, cost, NO_WAIT_GIVEN,
+                          timeout_ms, &r);
   if (rc != 0) {
     return rc;
   }
@@ -912,7 +947,7 @@ int sluice_acquire_all(sluice_client* c, const sluice_item* items, size_t count,
   p = mp_put_array(p, (uint32_t)count);
   for (size_t i = 0; i < count; i++) {
     p = put_item(p, items[i].rule, strlen(items[i].rule), items[i].key, items[i].key_len, 1,
-                 items[i].cost);
+                 items[i].cost, NO_WAIT_GIVEN);
   }
   finish_request(c, p, msgid);
 
@@ -1042,7 +1077,8 @@ int sluice_call_json(sluice_client* c, const char* method, int timeout_ms, char*
 int sluice_send_acquire(sluice_client* c, const char* rule, const void* key, size_t key_len,
                         uint32_t cost, uint32_t* msgid_out) {
   uint32_t msgid;
-  int rc = queue_item_request(c, SLUICE_METHOD("acquire"), rule, key, key_len, 1, cost, &msgid);
+  int rc = queue_item_request(c, SLUICE_METHOD("acquire"), rule, key, key_len, 1, cost,
+                              NO_WAIT_GIVEN, &msgid);
   if (rc == 0 && msgid_out != NULL) {
     *msgid_out = msgid;
   }
@@ -1052,7 +1088,8 @@ int sluice_send_acquire(sluice_client* c, const char* rule, const void* key, siz
 int sluice_send_peek(sluice_client* c, const char* rule, const void* key, size_t key_len,
                      uint32_t* msgid_out) {
   uint32_t msgid;
-  int rc = queue_item_request(c, SLUICE_METHOD("peek"), rule, key, key_len, 0, 0, &msgid);
+  int rc = queue_item_request(c, SLUICE_METHOD("peek"), rule, key, key_len, 0, 0,
+                              NO_WAIT_GIVEN, &msgid);
   if (rc == 0 && msgid_out != NULL) {
     *msgid_out = msgid;
   }

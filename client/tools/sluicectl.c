@@ -14,6 +14,10 @@
 enum { EXIT_OK = 0, EXIT_DENIED = 1, EXIT_USAGE = 2, EXIT_FAILED = 3 };
 
 #define DEFAULT_TIMEOUT_MS 2000
+/* The longest wait the daemon accepts, and how much longer than the wait the
+ * call's timeout is at least. */
+#define MAX_WAIT_MS 60000
+#define WAIT_MARGIN_MS 1000
 
 static const char usage_text[] =
     "usage: sluicectl [--socket PATH] [--json] [--timeout MS] COMMAND [ARGS]\n"
@@ -31,7 +35,10 @@ static const char usage_text[] =
     "options:\n"
     "  --socket PATH  daemon socket (default: $SLUICE_SOCKET, else " SLUICE_DEFAULT_SOCKET ")\n"
     "  --json         print one JSON object instead of text\n"
-    "  --timeout MS   give up after MS milliseconds (default 2000)\n"
+    "  --timeout MS   give up after MS milliseconds (default 2000, and at least\n"
+    "                 1000 more than --wait)\n"
+    "  --wait MS      acquire: wait up to MS milliseconds for the units instead\n"
+    "                 of being denied (local token_bucket and gcra rules)\n"
     "  --help         print this help and exit\n"
     "  --version      print the version and exit\n"
     "\n"
@@ -70,17 +77,26 @@ static int fail(sluice_client* client, int rc) {
   return EXIT_FAILED;
 }
 
-static void print_decision(const sluice_decision* d, int json) {
+/* waited_ms < 0: the request could not wait, and nothing is printed of it. */
+static void print_decision(const sluice_decision* d, int64_t waited_ms, int json) {
   if (json) {
     printf("{\"allowed\":%s,\"remaining\":%" PRId64 ",\"limit\":%" PRId64
-           ",\"reset_after_ms\":%" PRId64 ",\"retry_after_ms\":%" PRId64 ",\"mode\":\"%s\"}\n",
+           ",\"reset_after_ms\":%" PRId64 ",\"retry_after_ms\":%" PRId64 ",\"mode\":\"%s\"",
            d->allowed ? "true" : "false", d->remaining, d->limit, d->reset_after_ms,
            d->retry_after_ms, sluice_mode_name(d->mode));
+    if (waited_ms >= 0) {
+      printf(",\"waited_ms\":%" PRId64, waited_ms);
+    }
+    puts("}");
   } else {
     printf("%-8s remaining=%" PRId64 " limit=%" PRId64 " reset_after_ms=%" PRId64
-           " retry_after_ms=%" PRId64 " mode=%s\n",
+           " retry_after_ms=%" PRId64 " mode=%s",
            d->allowed ? "allowed" : "denied", d->remaining, d->limit, d->reset_after_ms,
            d->retry_after_ms, sluice_mode_name(d->mode));
+    if (waited_ms >= 0) {
+      printf(" waited_ms=%" PRId64, waited_ms);
+    }
+    putchar('\n');
   }
 }
 
@@ -168,6 +184,9 @@ int main(int argc, char** argv) {
   const char* socket_path = getenv("SLUICE_SOCKET");
   int json = 0;
   int timeout_ms = DEFAULT_TIMEOUT_MS;
+  uint32_t wait_ms = 0;
+  int waits = 0; /* --wait given: acquire says max_wait_ms */
+  int64_t waited_ms = -1;
   int i = 1;
   if (socket_path == NULL || socket_path[0] == '\0') {
     socket_path = SLUICE_DEFAULT_SOCKET;
@@ -177,7 +196,8 @@ int main(int argc, char** argv) {
     const char* value = strchr(arg, '=');
     size_t name_len = value ? (size_t)(value - arg) : strlen(arg);
     int takes_value = (name_len == 8 && strncmp(arg, "--socket", 8) == 0) ||
-                      (name_len == 9 && strncmp(arg, "--timeout", 9) == 0);
+                      (name_len == 9 && strncmp(arg, "--timeout", 9) == 0) ||
+                      (name_len == 6 && strncmp(arg, "--wait", 6) == 0);
     if (takes_value) {
       if (value != NULL) {
         value++;
@@ -202,6 +222,11 @@ int main(int argc, char** argv) {
       json = 1;
     } else if (name_len == 8) {
       socket_path = value;
+    } else if (name_len == 6) {
+      if (parse_u32(value, &wait_ms) != 0 || wait_ms > MAX_WAIT_MS) {
+        return usage_error("--wait needs a number of milliseconds up to 60000");
+      }
+      waits = 1;
     } else if (name_len == 9) {
       uint32_t ms;
       if (parse_u32(value, &ms) != 0 || ms > INT32_MAX) {
@@ -258,12 +283,21 @@ int main(int argc, char** argv) {
     } else if (is_peek) {
       rc = sluice_peek(client, args[0], args[1], key_len, timeout_ms, &d);
     } else if (command[0] == 'a') {
-      rc = sluice_acquire(client, args[0], args[1], key_len, cost, timeout_ms, &d);
+      if (waits) {
+        if (timeout_ms < (int)wait_ms + WAIT_MARGIN_MS) {
+          timeout_ms = (int)wait_ms + WAIT_MARGIN_MS;
+        }
+        waited_ms = 0;
+        rc = sluice_acquire_wait(client, args[0], args[1], key_len, cost, wait_ms, timeout_ms, &d,
+                                 &waited_ms);
+      } else {
+        rc = sluice_acquire(client, args[0], args[1], key_len, cost, timeout_ms, &d);
+      }
     } else {
       rc = sluice_release(client, args[0], args[1], key_len, cost, timeout_ms, &d);
     }
     if (rc == 0) {
-      print_decision(&d, json);
+      print_decision(&d, waited_ms, json);
       status = d.allowed ? EXIT_OK : EXIT_DENIED;
     }
   } else {

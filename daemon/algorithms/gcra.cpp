@@ -17,7 +17,8 @@ int64_t unitsLeft(i128 tat_ns, i128 tolerance_end_ns, int64_t interval_ns) {
 
 }  // namespace
 
-Decision acquire(uint64_t& state, const Limit& limit, int64_t now_ns, int64_t cost) {
+Decision acquire(uint64_t& state, const Limit& limit, int64_t now_ns, int64_t cost,
+                 int64_t max_wait_ns) {
   const int64_t interval_ns = time_math::emissionIntervalNs(limit);
   const int64_t burst = std::max<int64_t>(limit.burst, 0);
   const i128 tolerance_end_ns = static_cast<i128>(now_ns) + static_cast<i128>(burst) * interval_ns;
@@ -30,9 +31,10 @@ Decision acquire(uint64_t& state, const Limit& limit, int64_t now_ns, int64_t co
   // it later, so such a cost can never pass (see gcra.h).
   if (cost > burst || next_tat_ns > time_math::kMaxTimeNs) {
     d.cost_exceeds_limit = true;
-  } else if (next_tat_ns <= tolerance_end_ns) {
+  } else if (next_tat_ns <= tolerance_end_ns + std::max<int64_t>(max_wait_ns, 0)) {
     d.allowed = true;
     if (cost > 0) state = time_math::encodeTime(static_cast<int64_t>(next_tat_ns));
+    d.wait_ns = next_tat_ns > tolerance_end_ns ? static_cast<int64_t>(next_tat_ns - tolerance_end_ns) : 0;
     d.remaining = unitsLeft(next_tat_ns, tolerance_end_ns, interval_ns);
     d.reset_after_ms = time_math::ceilMs(next_tat_ns - now_ns);
     return d;

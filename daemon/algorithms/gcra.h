@@ -15,6 +15,14 @@
 // reported as cost_exceeds_limit; only absurd rules (burst * interval of
 // centuries) get there.
 //
+//
+// Bounded waiting (max_wait_ns > 0): a request conforming within max_wait_ns,
+//   max(TAT, now) + c*interval - now <= burst*interval + max_wait_ns,
+// is allowed as a reservation: TAT advances now, and the answer is due after
+// wait_ns = the time until it conforms. Reservations on one key are due in
+// the order they were made; with burst = 1 they leave one interval apart
+// (pacing: a rule's `pace = true`).
+//
 // Pure functions of (state word, limit, now_ns, cost): no clock, no I/O, no
 // allocation; any thread. The caller publishes the new word with a CAS.
 //
@@ -38,9 +46,11 @@
 
 namespace sluice::gcra {
 
-// Decides on spending `cost` units at now_ns. When allowed and cost > 0,
-// `state` is replaced by the state after spending; otherwise it is unchanged.
-Decision acquire(uint64_t& state, const Limit& limit, int64_t now_ns, int64_t cost);
+// Decides on spending `cost` units at now_ns, waiting at most max_wait_ns
+// for them to conform. When allowed and cost > 0, `state` is replaced by the
+// state after spending; otherwise it is unchanged.
+Decision acquire(uint64_t& state, const Limit& limit, int64_t now_ns, int64_t cost,
+                 int64_t max_wait_ns = 0);
 
 // Returns `state` with `cost` units given back (TAT moved back, never before
 // now), for undoing a spend made at now_ns when a later limit denied.

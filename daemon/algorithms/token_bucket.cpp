@@ -28,7 +28,8 @@ uint64_t encodeEmpty(i128 empty_ns, i128 full_ns) {
 
 }  // namespace
 
-Decision acquire(uint64_t& state, const Limit& limit, int64_t now_ns, int64_t cost) {
+Decision acquire(uint64_t& state, const Limit& limit, int64_t now_ns, int64_t cost,
+                 int64_t max_wait_ns) {
   const int64_t interval_ns = time_math::emissionIntervalNs(limit);
   const int64_t burst = std::max<int64_t>(limit.burst, 0);
   const i128 full_ns = static_cast<i128>(now_ns) - static_cast<i128>(burst) * interval_ns;
@@ -41,10 +42,11 @@ Decision acquire(uint64_t& state, const Limit& limit, int64_t now_ns, int64_t co
   d.limit = limit.limit;
   if (cost > burst) {
     d.cost_exceeds_limit = true;
-  } else if (next_ns <= now_ns) {
+  } else if (next_ns <= static_cast<i128>(now_ns) + std::max<int64_t>(max_wait_ns, 0)) {
     d.allowed = true;
     if (cost > 0) state = encodeEmpty(next_ns, full_ns);
-    d.remaining = static_cast<int64_t>((now_ns - next_ns) / interval_ns);
+    d.wait_ns = next_ns > now_ns ? static_cast<int64_t>(next_ns - now_ns) : 0;
+    d.remaining = next_ns >= now_ns ? 0 : static_cast<int64_t>((now_ns - next_ns) / interval_ns);
     d.reset_after_ms = time_math::ceilMs(next_ns - full_ns);
     return d;
   } else {

@@ -8,8 +8,15 @@
 // whole ns, so the rate is exact when limit divides period_ns and otherwise a
 // hair slower, never faster (integer maths, no drift from per-spend rounding).
 // Spending c units moves T to max(T, now - burst*interval) + c*interval.
-// Invariant: a spend never moves T past now, so units are never overdrawn;
-// a full bucket is always stored as the zero word, so isIdle() is exact.
+// Invariant: a spend without waiting never moves T past now; a full bucket is
+// always stored as the zero word, so isIdle() is exact.
+//
+// Bounded waiting (max_wait_ns > 0): a spend whose new T lies up to
+// max_wait_ns past now is allowed as a reservation with wait_ns = T - now, the
+// time its units are refilled. T then stays ahead of now, the bucket reads as
+// empty and later spends queue behind it, so reservations on one key are due
+// in the order they were made (first come, first served) and at most
+// max_wait_ns worth of refill is ever promised.
 //
 // Pure functions of (state word, limit, now_ns, cost): no clock, no I/O, no
 // allocation; any thread. The caller publishes the new word with a CAS.
@@ -33,9 +40,11 @@
 
 namespace sluice::token_bucket {
 
-// Decides on spending `cost` units at now_ns. When allowed and cost > 0,
-// `state` is replaced by the state after spending; otherwise it is unchanged.
-Decision acquire(uint64_t& state, const Limit& limit, int64_t now_ns, int64_t cost);
+// Decides on spending `cost` units at now_ns, waiting at most max_wait_ns
+// for them. When allowed and cost > 0, `state` is replaced by the state after
+// spending; otherwise it is unchanged.
+Decision acquire(uint64_t& state, const Limit& limit, int64_t now_ns, int64_t cost,
+                 int64_t max_wait_ns = 0);
 
 // Returns `state` with `cost` units given back (never beyond a full bucket),
 // for undoing a spend made at now_ns when a later limit denied.

@@ -468,6 +468,20 @@ const Refusal kRefusals[] = {
      "[redis] node_id is 257 bytes long; write at most 256 bytes"},
     {"redis_health_timeout_too_short", "[redis]\nhealth_timeout = \"1ms\"\n", "2:18",
      "below the minimum \"10ms\""},
+    {"max_wait_on_window_rule",
+     "[[rule]]\nname = \"r\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1s\"\n"
+     "max_wait = \"1s\"\n",
+     "6:12", "max_wait applies only to token_bucket and gcra"},
+    {"max_wait_above_maximum",
+     "[[rule]]\nname = \"r\"\nlimit = 5\nperiod = \"1s\"\nmax_wait = \"2m\"\n", "5:12",
+     "write a wait from \"0\" to \"1m\""},
+    {"pace_with_burst",
+     "[[rule]]\nname = \"r\"\nlimit = 5\nperiod = \"1s\"\nburst = 3\npace = true\n", "6:8",
+     "pace = true lets one unit through per interval, with no burst; remove burst"},
+    {"pace_on_global_rule",
+     "[redis]\n[[rule]]\nname = \"r\"\nlimit = 5\nperiod = \"1s\"\nscope = \"global\"\n"
+     "pace = true\n",
+     "7:8", "pace applies only to local rules for now"},
     {"access_unknown_user", "[access]\nusers = [0, \"no-such-user-x\"]\n", "2:13",
      "there is no user \"no-such-user-x\" on this machine; write a name from /etc/passwd"},
     {"access_unknown_admin_group", "[access]\nadmin_group = \"no-such-group-x\"\n", "2:15",
@@ -504,6 +518,26 @@ max_connections_per_user = 3
   EXPECT_EQ(defaults.access.admin_group, -1);
   EXPECT_TRUE(defaults.access.users.empty());
   EXPECT_EQ(defaults.access.max_connections_per_user, 0u);
+}
+
+// Verifies bounded waiting's rule options: max_wait is stored, pace sets
+// every limit's burst to 1.
+TEST(ConfigTest, MaxWaitAndPaceAreStored) {
+  Config config = mustLoad(R"(
+[[rule]]
+name = "payments"
+algorithm = "gcra"
+limits = [{ limit = 10, period = "1s" }, { limit = 300, period = "1m" }]
+pace = true
+max_wait = "2s"
+)");
+  const Rule* rule = config.rules->find("payments");
+  ASSERT_NE(rule, nullptr);
+  EXPECT_TRUE(rule->pace);
+  EXPECT_EQ(rule->max_wait_ns, 2'000'000'000);
+  for (const Limit& limit : rule->limits) EXPECT_EQ(limit.burst, 1);
+  EXPECT_EQ(mustLoad("[[rule]]\nname = \"r\"\nlimit = 5\nperiod = \"1s\"\n").rules->find("r")->max_wait_ns,
+            0);
 }
 
 // Verifies that a file given by path names that path in its errors.

@@ -329,5 +329,40 @@ TEST(Limiter, ThreadsAcquiringAndReleasingNeverExceedTheLimit) {
   EXPECT_TRUE(isIdle(rule, key.state(), 0));
 }
 
+// --- bounded waiting --------------------------------------------------------------
+
+// Verifies that with several limits the request is due when the last limit's
+// reservation is, and a denial by one limit leaves no reservation behind.
+TEST(Limiter, WaitingOnSeveralLimitsIsDueWhenTheSlowestIs) {
+  Rule rule = makeRule(Algorithm::kGcra, {Limit{10, kSecond, 1}, Limit{4, kSecond, 1}});
+  Key key(rule);
+  EXPECT_EQ(acquire(rule, key.state(), 0, 1, kSecond).wait_ns, 0);
+  Decision second = acquire(rule, key.state(), 0, 1, kSecond);
+  ASSERT_TRUE(second.allowed);
+  EXPECT_EQ(second.wait_ns, 250 * kMs);  // 4/s is the slower
+  // Within 300 ms the 10/s limit could reserve again, the 4/s one cannot:
+  // denied, and the 10/s limit keeps only the two units above.
+  EXPECT_FALSE(acquire(rule, key.state(), 0, 1, 300 * kMs).allowed);
+  EXPECT_EQ(acquire(rule, key.state(), 0, 1, kSecond).wait_ns, 500 * kMs);
+}
+
+// Verifies that a shadow rule never holds a request back, and that the
+// window algorithms answer at once whatever the wait.
+TEST(Limiter, ShadowAndWindowRulesNeverWait) {
+  Rule shadow = makeRule(Algorithm::kGcra, {Limit{10, kSecond, 1}}, /*shadow=*/true);
+  Key shadow_key(shadow);
+  for (int i = 0; i < 3; ++i) {
+    Decision d = acquire(shadow, shadow_key.state(), 0, 1, kSecond);
+    EXPECT_TRUE(d.allowed);
+    EXPECT_EQ(d.wait_ns, 0);
+  }
+  Rule windowed = makeRule(Algorithm::kFixedWindow, {window(1, kSecond)});
+  Key window_key(windowed);
+  EXPECT_TRUE(acquire(windowed, window_key.state(), 0, 1, kSecond).allowed);
+  Decision second = acquire(windowed, window_key.state(), 0, 1, kSecond);
+  EXPECT_FALSE(second.allowed);
+  EXPECT_EQ(second.wait_ns, 0);
+}
+
 }  // namespace
 }  // namespace sluice

@@ -65,6 +65,7 @@ struct ExpectedItem {
   std::string rule;
   std::string key;
   int64_t cost;
+  int64_t max_wait_ms = -1;  // -1: not given
 };
 
 struct ParseCase {
@@ -114,6 +115,11 @@ std::vector<ParseCase> validCases() {
        {{"api", std::string(8, 'k'), 1}}, 2, ErrorCode::kBadRequest, "", smallLimits()},
       {"AcquireMapForm", f().request(3, "acquire", 1).map(3).s("rule").s("api").s("key").s("k").s("cost").i(4).bytes(),
        ParseStatus::kOk, Method::kAcquire, {{"api", "k", 4}}, 3},
+      {"AcquireWithMaxWait", f().request(3, "acquire", 4).s("api").s("k").i(1).i(250).bytes(), ParseStatus::kOk,
+       Method::kAcquire, {{"api", "k", 1, 250}}, 3},
+      {"AcquireMapFormWithMaxWait",
+       f().request(3, "acquire", 1).map(3).s("rule").s("api").s("key").s("k").s("max_wait_ms").i(60'000).bytes(),
+       ParseStatus::kOk, Method::kAcquire, {{"api", "k", 1, 60'000}}, 3},
       {"AcquireMapFormWithoutCostCostsOne", f().request(3, "acquire", 1).map(2).s("key").b("k").s("rule").s("api").bytes(),
        ParseStatus::kOk, Method::kAcquire, {{"api", "k", 1}}, 3},
       {"AcquireMapFormSkipsUnknownAndNonStrNames",
@@ -214,11 +220,16 @@ std::vector<ParseCase> singleItemCases() {
   const std::string long_key(9, 'k');  // smallLimits().max_key_bytes + 1
   return {
       {"AcquireNoParams", f().request(7, "acquire", 0).bytes(), ParseStatus::kError, Method::kAcquire, {}, 7,
-       ErrorCode::kBadRequest, "acquire params must be [rule, key, cost]"},
+       ErrorCode::kBadRequest, "acquire params must be [rule, key, cost, max_wait_ms]"},
       {"AcquireRuleOnly", f().request(7, "acquire", 1).s("api").bytes(), ParseStatus::kError, Method::kAcquire, {}, 7,
        ErrorCode::kBadRequest, "acquire params"},
-      {"AcquireFourParams", f().request(7, "acquire", 4).s("api").s("k").i(1).i(2).bytes(), ParseStatus::kError,
+      {"AcquireFiveParams", f().request(7, "acquire", 5).s("api").s("k").i(1).i(2).i(3).bytes(), ParseStatus::kError,
        Method::kAcquire, {}, 7, ErrorCode::kBadRequest, "acquire params"},
+      {"AcquireMaxWaitTooLong", f().request(7, "acquire", 4).s("api").s("k").i(1).i(60'001).bytes(),
+       ParseStatus::kError, Method::kAcquire, {}, 7, ErrorCode::kBadRequest, "max_wait_ms must be an integer 0..60000"},
+      {"AcquireMaxWaitNegative",
+       f().request(7, "acquire", 1).map(3).s("rule").s("api").s("key").s("k").s("max_wait_ms").i(-1).bytes(),
+       ParseStatus::kError, Method::kAcquire, {}, 7, ErrorCode::kBadRequest, "max_wait_ms"},
       {"AcquireRuleInt", f().request(7, "acquire", 2).i(1).s("k").bytes(), ParseStatus::kError, Method::kAcquire, {},
        7, ErrorCode::kBadRequest, "rule"},
       {"AcquireRuleBin", f().request(7, "acquire", 2).b("api").s("k").bytes(), ParseStatus::kError, Method::kAcquire,
@@ -376,6 +387,7 @@ TEST_P(ParseRequestTest, ParsesAsExpected) {
       EXPECT_EQ(request.items[i].rule, c.items[i].rule) << i;
       EXPECT_EQ(request.items[i].key, c.items[i].key) << i;
       EXPECT_EQ(request.items[i].cost, c.items[i].cost) << i;
+      EXPECT_EQ(request.items[i].max_wait_ms, c.items[i].max_wait_ms) << i;
     }
   } else {
     if (c.status == ParseStatus::kError) {

@@ -157,5 +157,47 @@ TEST(Gcra, IsIdleOnceTheTheoreticalArrivalTimeHasPassed) {
   EXPECT_TRUE(gcra::isIdle(c.state, c.limit, 200 * kMs));
 }
 
+// --- bounded waiting --------------------------------------------------------------
+
+// Verifies pacing: at 10/s with burst 1, back-to-back requests that may wait
+// a second are allowed at once and due one interval apart in arrival order;
+// the one that would wait longer is denied, with the usual retry hint: until
+// its unit would pass without waiting.
+TEST(GcraWaiting, PacedRequestsAreDueOneIntervalApartInArrivalOrder) {
+  Cell c = cell(10, kSecond, 1);
+  const int64_t now_ns = 5 * kSecond;
+  for (int64_t i = 0; i <= 10; ++i) {
+    Decision d = c.reserve(now_ns, kSecond);
+    ASSERT_TRUE(d.allowed) << i;
+    EXPECT_EQ(d.wait_ns, i * 100 * kMs) << i;
+    EXPECT_EQ(d.retry_after_ms, 0);
+  }
+  Decision late = c.reserve(now_ns, kSecond);
+  EXPECT_FALSE(late.allowed);
+  EXPECT_EQ(late.wait_ns, 0);
+  EXPECT_EQ(late.retry_after_ms, 1100);
+}
+
+// Verifies that reservations come before later requests that do not wait,
+// and that the queue drains with time: each interval frees one unit.
+TEST(GcraWaiting, ReservationsHoldTheirPlaceAgainstRequestsThatDoNotWait) {
+  Cell c = cell(10, kSecond, 1);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(c.reserve(0, kSecond).allowed);
+  Decision now = c.acquire(0);
+  EXPECT_FALSE(now.allowed);
+  EXPECT_EQ(now.retry_after_ms, 500);
+  EXPECT_FALSE(c.acquire(450 * kMs).allowed);
+  EXPECT_TRUE(c.acquire(500 * kMs).allowed);
+}
+
+// Verifies that a wait of zero is the plain acquire, and that a burst is
+// spent at once before anything waits.
+TEST(GcraWaiting, BurstIsSpentAtOnceBeforeAnythingWaits) {
+  Cell c = cell(10, kSecond, 3);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(c.reserve(0, kSecond).wait_ns, 0) << i;
+  EXPECT_EQ(c.reserve(0, kSecond).wait_ns, 100 * kMs);
+  EXPECT_FALSE(c.reserve(0, 0).allowed);
+}
+
 }  // namespace
 }  // namespace sluice

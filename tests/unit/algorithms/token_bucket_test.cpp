@@ -170,5 +170,37 @@ TEST(TokenBucket, IsIdleExactlyWhenFull) {
   EXPECT_TRUE(token_bucket::isIdle(b.state, b.limit, 200 * kMs));
 }
 
+// --- bounded waiting --------------------------------------------------------------
+
+// Verifies that once the bucket is empty, requests that may wait are allowed
+// with waits one refill apart, in arrival order, up to max_wait.
+TEST(TokenBucketWaiting, EmptyBucketQueuesReservationsOneRefillApart) {
+  Bucket b = bucket(10, kSecond, 2);
+  const int64_t now_ns = 7 * kSecond;
+  EXPECT_EQ(b.reserve(now_ns, kSecond).wait_ns, 0);
+  EXPECT_EQ(b.reserve(now_ns, kSecond).wait_ns, 0);
+  for (int64_t i = 1; i <= 10; ++i) {
+    Decision d = b.reserve(now_ns, kSecond);
+    ASSERT_TRUE(d.allowed) << i;
+    EXPECT_EQ(d.wait_ns, i * 100 * kMs) << i;
+    EXPECT_EQ(d.remaining, 0);
+  }
+  Decision late = b.reserve(now_ns, kSecond);
+  EXPECT_FALSE(late.allowed);
+  EXPECT_EQ(late.retry_after_ms, 1100);  // until it would pass without waiting
+}
+
+// Verifies that a bucket in debt to reservations reads as empty to a request
+// that does not wait, and refills to full only after the debt is paid.
+TEST(TokenBucketWaiting, DebtIsPaidBeforeTheBucketRefills) {
+  Bucket b = bucket(10, kSecond, 5);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(b.acquire(0).allowed);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(b.reserve(0, kSecond).allowed);
+  EXPECT_FALSE(b.acquire(250 * kMs).allowed);
+  EXPECT_EQ(b.acquire(250 * kMs).retry_after_ms, 150);
+  EXPECT_FALSE(token_bucket::isIdle(b.state, b.limit, 700 * kMs));
+  EXPECT_TRUE(token_bucket::isIdle(b.state, b.limit, 800 * kMs));
+}
+
 }  // namespace
 }  // namespace sluice

@@ -1,0 +1,212 @@
+#!/usr/bin/python3
+"""Bounded waiting (shaping) on the real sluiced: an acquire that may wait
+for its units is answered "allowed" once they are due, in arrival order, with
+waited_ms; beyond its max_wait it is denied at once; a paced rule lets one
+unit through per interval; waiting never stalls other clients; a stopping
+daemon answers every waiter at once.
+
+Needs SLUICED (the daemon binary) in the environment; run with /usr/bin/python3
+(python3-msgpack).
+"""
+
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import unittest
+
+import msgpack
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import (MADE_DIRS, STARTED_PROCS, Client, end_process, make_dir,  # noqa: E402
+                     spawn, wait_accepting)
+
+SLUICED = os.environ.get("SLUICED", "sluiced")
+
+CONFIG = """
+[daemon]
+socket = "{socket}"
+workers = 2
+
+[[rule]]
+name = "paced"
+algorithm = "gcra"
+limit = 10
+period = "1s"
+pace = true
+max_wait = "15s"
+
+[[rule]]
+name = "bucket"
+algorithm = "token_bucket"
+limit = 10
+period = "1s"
+burst = 2
+
+[[rule]]
+name = "window"
+algorithm = "fixed_window"
+limit = 1000
+period = "1s"
+"""
+
+WAITERS = 100
+INTERVAL_S = 0.1  # 10 per second, paced
+# How far a release may stray from its ideal time (timers fire on whole
+# milliseconds), and the share of releases that must be that close: on a
+# shared 2-CPU machine a moment without CPU delays a few, which then catch up
+# (due times are absolute).
+RELEASE_TOLERANCE_S = 0.05
+RELEASES_ON_TIME = 0.9
+MEAN_DEVIATION_MAX_S = 0.02
+# The longest answer another client may wait while the waiters are held.
+OTHER_CLIENT_MAX_S = 0.05
+
+
+class ShapingTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = make_dir("sh.")
+        self.socket = os.path.join(self.dir, "s.sock")
+        self.log = open(os.path.join(self.dir, "log"), "w+")
+        config = os.path.join(self.dir, "sluice.toml")
+        with open(config, "w") as f:
+            f.write(CONFIG.format(socket=self.socket))
+        self.proc = spawn([SLUICED, "--config", config], stdout=self.log, stderr=subprocess.STDOUT)
+        wait_accepting(self.socket, self.proc, self.logs)
+        self.client = Client(self.socket)
+
+    def tearDown(self):
+        self.client.close()
+        end_process(self.proc)
+        self.log.close()
+
+    def logs(self):
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()
+
+    # Verifies the issue's pacing case: 100 waiters on a 10/s paced rule are
+    # released about 100 ms apart in arrival order, each told how long it
+    # waited, while another client's requests are answered at once.
+    def test_paced_waiters_leave_one_interval_apart_in_arrival_order(self):
+        frames = b"".join(msgpack.packb([0, i, "acquire", ["paced", "payments", 1]])
+                          for i in range(WAITERS))
+        sent = time.monotonic()
+        self.client.sock.sendall(frames)
+        other = Client(self.socket)
+        other.sock.setblocking(True)
+        released = []  # (msgid, seconds since sent, result)
+        other_worst = 0.0
+        self.client.sock.settimeout(0.02)
+        deadline = sent + WAITERS * INTERVAL_S + 5
+        while len(released) < WAITERS and time.monotonic() < deadline:
+            try:
+                response = self.client.recv()
+                released.append((response[1], time.monotonic() - sent, response[3]))
+            except TimeoutError:
+                pass
+            started = time.monotonic()
+            other.result("acquire", "window", "other")
+            other_worst = max(other_worst, time.monotonic() - started)
+        other.close()
+
+        self.assertEqual(len(released), WAITERS, "not every waiter was answered")
+        self.assertEqual([msgid for msgid, _, _ in released], list(range(WAITERS)))
+        self.assertTrue(all(result["allowed"] for _, _, result in released))
+        deviations = [abs(at - i * INTERVAL_S) for i, (_, at, _) in enumerate(released)]
+        waited_error = max(abs(result["waited_ms"] - i * INTERVAL_S * 1000)
+                           for i, (_, _, result) in enumerate(released))
+        print("\nmeasured: %d paced releases at 10/s: deviation from ideal mean %.1f ms, "
+              "worst %.1f ms; waited_ms off by at most %d ms; other client's slowest answer "
+              "%.1f ms" % (WAITERS, statistics.mean(deviations) * 1000, max(deviations) * 1000,
+                           waited_error, other_worst * 1000))
+        on_time = sum(d <= RELEASE_TOLERANCE_S for d in deviations) / WAITERS
+        self.assertGreaterEqual(on_time, RELEASES_ON_TIME, deviations)
+        self.assertLessEqual(statistics.mean(deviations), MEAN_DEVIATION_MAX_S)
+        self.assertLessEqual(waited_error, 2)
+        self.assertLessEqual(other_worst, OTHER_CLIENT_MAX_S)
+
+    # Verifies waiting on a token bucket: the burst passes at once, the next
+    # unit is answered when refilled (waited_ms about 100), and a request
+    # whose units would come after its max_wait_ms is denied at once.
+    def test_request_waits_within_its_max_wait_and_is_denied_beyond(self):
+        for _ in range(2):
+            self.assertEqual(self.client.result("acquire", "bucket", "k", 1, 500)["waited_ms"], 0)
+        started = time.monotonic()
+        waited = self.client.result("acquire", "bucket", "k", 1, 500)
+        took = time.monotonic() - started
+        self.assertTrue(waited["allowed"])
+        self.assertAlmostEqual(waited["waited_ms"], 100, delta=2)
+        self.assertGreaterEqual(took, 0.095)
+        started = time.monotonic()
+        denied = self.client.result("acquire", {"rule": "bucket", "key": "k", "max_wait_ms": 50})
+        self.assertLess(time.monotonic() - started, 0.05)
+        self.assertFalse(denied["allowed"])
+        self.assertGreater(denied["retry_after_ms"], 50)
+        self.assertNotIn("waited_ms", self.client.result("acquire", "bucket", "other"))
+
+    # Verifies a rule's max_wait applies when the request does not say, and
+    # max_wait_ms = 0 asks for an answer at once; `rules` shows both options.
+    def test_rule_max_wait_is_the_default(self):
+        paced = next(r for r in self.client.result("rules") if r["name"] == "paced")
+        self.assertEqual((paced["max_wait_ms"], paced["pace"], paced["limits"][0]["burst"]),
+                         (15000, True, 1))
+        self.client.result("acquire", "paced", "d")
+        now = self.client.result("acquire", "paced", "d", 1, 0)
+        self.assertFalse(now["allowed"])
+        self.assertNotIn("waited_ms", now)  # it could not wait
+        later = self.client.result("acquire", "paced", "d")
+        self.assertTrue(later["allowed"])
+        self.assertGreaterEqual(later["waited_ms"], 90)
+
+    # Verifies max_wait_ms on a rule that cannot wait is refused, naming the
+    # rule, and 0 is accepted anywhere.
+    def test_max_wait_on_a_window_rule_is_refused(self):
+        error, _ = self.client.call("acquire", "window", "k", 1, 100)
+        self.assertEqual(error["code"], "BAD_REQUEST")
+        self.assertIn('rule "window" is local fixed_window', error["message"])
+        self.assertTrue(self.client.result("acquire", "window", "k", 1, 0)["allowed"])
+
+    # Verifies a client that hangs up while waiting leaves nothing behind:
+    # the next waiter on the key is served as usual.
+    def test_waiter_that_hangs_up_is_forgotten(self):
+        leaver = Client(self.socket)
+        for i in range(3):
+            leaver.send([0, i, "acquire", ["paced", "gone", 1]])
+        leaver.recv()  # the first is due at once
+        leaver.close()
+        later = self.client.result("acquire", "paced", "gone", 1, 2000)
+        self.assertTrue(later["allowed"])
+        self.assertGreaterEqual(later["waited_ms"], 250)  # behind the two abandoned
+        self.assertEqual(self.proc.poll(), None)
+
+    # Verifies SIGTERM answers every waiter at once with the normal denial
+    # (retry_after_ms: until its units would have been due), then exits 0.
+    def test_stop_answers_waiters_with_a_denial(self):
+        for i in range(5):
+            self.client.send([0, i, "acquire", ["paced", "stop", 1]])
+        first = self.client.recv()
+        self.assertTrue(first[3]["allowed"])
+        time.sleep(0.05)  # the other four are held
+        self.proc.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        answers = [self.client.recv() for _ in range(4)]
+        self.assertLess(time.monotonic() - started, 1.0)
+        self.assertEqual(sorted(a[1] for a in answers), [1, 2, 3, 4])
+        for answer in answers:
+            self.assertFalse(answer[3]["allowed"], answer)
+            self.assertGreater(answer[3]["retry_after_ms"], 0)
+        self.assertEqual(self.proc.wait(timeout=10), 0, self.logs())
+
+
+def tearDownModule():
+    for proc in STARTED_PROCS:
+        end_process(proc)
+    for path in MADE_DIRS:
+        subprocess.run(["rm", "-rf", path])
+
+
+if __name__ == "__main__":
+    unittest.main()
