@@ -16,6 +16,7 @@
 #include <iomanip>
 #include <limits>
 #include <map>
+#include <set>
 #include <span>
 #include <sstream>
 #include <vector>
@@ -795,9 +796,15 @@ constexpr size_t kMaxRuleNameBytes = 128;
 // More limits than this on one rule is a mistake, not a policy.
 constexpr size_t kMaxLimitsPerRule = 8;
 
-constexpr std::array<std::string_view, 11> kRuleKeys = {
-    "name",  "algorithm",     "limit",  "period",   "burst", "limits",
-    "scope", "on_redis_down", "shadow", "max_wait", "pace"};
+constexpr std::array<std::string_view, 12> kRuleKeys = {
+    "name",          "algorithm", "limit",    "period", "burst",    "limits",
+    "scope",         "on_redis_down", "shadow", "max_wait", "pace", "overrides"};
+constexpr std::array<std::string_view, 7> kOverrideKeys = {"key",   "prefix", "glob",  "limit",
+                                                           "period", "burst",  "limits"};
+// Overrides per rule; those matched by prefix or glob are scanned when a
+// key's entry is created, so they are fewer.
+constexpr size_t kMaxOverridesPerRule = 100'000;
+constexpr size_t kMaxScannedOverridesPerRule = 256;
 constexpr std::array<std::string_view, 3> kLimitKeys = {"limit", "period", "burst"};
 
 constexpr std::array<Algorithm, 6> kAlgorithms = {
@@ -880,6 +887,7 @@ class RuleReader {
       rule.shadow = value->get();
     }
     readShaping(&rule);
+    readOverrides(&rule);
     return rule;
   }
 
@@ -958,6 +966,139 @@ class RuleReader {
     }
   }
 
+  // overrides = [{ prefix = "pro:", limit = 1000 }, { key = "acme", ... }]
+  void readOverrides(Rule* rule) {
+    const toml::node* node = table_.get("overrides");
+    if (node == nullptr) return;
+    const std::string example = "overrides = [{ prefix = \"pro:\", limit = 1000 }]";
+    const toml::array* array = node->as_array();
+    if (array == nullptr) {
+      refuse(*node, prefix_ + "overrides is " + std::string(describe(*node)) +
+                        "; write an array of tables, e.g. " + example);
+    }
+    bool one_word = rule->algorithm != Algorithm::kSlidingLog &&
+                    rule->algorithm != Algorithm::kConcurrency;
+    if (!one_word) {
+      refuse(*node, prefix_ + "overrides apply to token_bucket, gcra, fixed_window and " +
+                        "sliding_window rules, and this rule is " +
+                        std::string(algorithmName(rule->algorithm)) + "; remove overrides, or " +
+                        "give the keys their own rule");
+    }
+    if (rule->scope != Scope::kLocal) {
+      refuse(*node, prefix_ + "overrides apply only to local rules for now; remove them, or " +
+                        "set scope = \"local\"");
+    }
+    if (array->size() > kMaxOverridesPerRule) {
+      refuse(*node, prefix_ + "has " + std::to_string(array->size()) + " overrides; write at " +
+                        "most " + std::to_string(kMaxOverridesPerRule));
+    }
+    const std::string rule_prefix = prefix_;
+    size_t scanned = 0;
+    std::set<std::pair<Override::Match, std::string>> seen;
+    for (const toml::node& element : *array) {
+      const toml::table* entry = element.as_table();
+      if (entry == nullptr) {
+        refuse(element, rule_prefix + "an element of overrides is " +
+                            std::string(describe(element)) + "; write a table, e.g. { prefix = " +
+                            "\"pro:\", limit = 1000 }");
+      }
+      for (auto&& [key, value] : *entry) {
+        if (std::find(kOverrideKeys.begin(), kOverrideKeys.end(), key.str()) ==
+            kOverrideKeys.end()) {
+          refuseUnknownKey(key, rule_prefix, "overrides", kOverrideKeys);
+        }
+      }
+      Override override = readMatch(*entry, element, rule_prefix);
+      prefix_ = rule_prefix + "override " + quote(override.pattern) + ": ";
+      if (!seen.emplace(override.match, override.pattern).second) {
+        refuse(element, prefix_ + "is given twice; keep one");
+      }
+      if (override.match != Override::Match::kKey && ++scanned > kMaxScannedOverridesPerRule) {
+        refuse(element, prefix_ + "is one more prefix or glob than the " +
+                            std::to_string(kMaxScannedOverridesPerRule) + " a rule may have; " +
+                            "use exact keys, or fewer tiers");
+      }
+      override.limits = readOverrideLimits(*entry, element, *rule);
+      rule->overrides.push_back(std::move(override));
+    }
+    prefix_ = rule_prefix;
+  }
+
+  // The key, prefix or glob of one override: exactly one of them.
+  Override readMatch(const toml::table& entry, const toml::node& where,
+                     const std::string& rule_prefix) {
+    Override override;
+    const toml::node* found = nullptr;
+    for (auto [name, match] : {std::pair{"key", Override::Match::kKey},
+                               {"prefix", Override::Match::kPrefix},
+                               {"glob", Override::Match::kGlob}}) {
+      const toml::node* node = entry.get(name);
+      if (node == nullptr) continue;
+      if (found != nullptr) {
+        refuse(*node, rule_prefix + "an override matches by one of key, prefix or glob; " +
+                          "write only one of them");
+      }
+      found = node;
+      override.match = match;
+      override.pattern = stringValue(*node, rule_prefix + "override " + name,
+                                     std::string(name) + " = \"pro:\"");
+    }
+    if (found == nullptr) {
+      refuse(where, rule_prefix + "an override needs the keys it applies to: key = \"acme\" " +
+                        "(exactly), prefix = \"pro:\" or glob = \"*-eu\" (* any run, ? one byte)");
+    }
+    if (override.match == Override::Match::kPrefix && override.pattern.empty()) {
+      refuse(*found, rule_prefix + "an empty prefix matches every key; change the rule's own " +
+                         "limit instead");
+    }
+    return override;
+  }
+
+  // An override's limits: as many as the rule has. With one, `limit` (and
+  // `burst`, `period`) may be given alone, the period defaulting to the
+  // rule's; with several, `limits = [...]` gives them all.
+  std::vector<Limit> readOverrideLimits(const toml::table& entry, const toml::node& where,
+                                        const Rule& rule) {
+    std::vector<Limit> limits;
+    if (const toml::node* node = entry.get("limits")) {
+      const toml::array* array = node->as_array();
+      if (array == nullptr || array->size() != rule.limits.size()) {
+        refuse(*node, prefix_ + "limits must hold as many limits as the rule (" +
+                          std::to_string(rule.limits.size()) + "), so that every key keeps " +
+                          "the same state; write limits = [{ limit = ..., period = ... }, ...]");
+      }
+      for (const toml::node& element : *array) {
+        const toml::table* table = element.as_table();
+        if (table == nullptr) {
+          refuse(element, prefix_ + "an element of limits is " + std::string(describe(element)) +
+                              "; write a table, e.g. { limit = 1000, period = \"1m\" }");
+        }
+        limits.push_back(readLimit(*table, element, rule.algorithm));
+      }
+    } else {
+      if (rule.limits.size() != 1) {
+        refuse(where, prefix_ + "the rule has " + std::to_string(rule.limits.size()) +
+                          " limits; give the override as many: limits = [{ limit = ..., " +
+                          "period = ... }, ...]");
+      }
+      limits.push_back(readLimit(entry, where, rule.algorithm, rule.limits.front().period_ns));
+    }
+    if (rule.pace) {
+      bool has_burst = entry.contains("burst");
+      if (const toml::node* node = entry.get("limits")) {
+        for (const toml::node& element : *node->as_array()) {
+          has_burst = has_burst || element.as_table()->contains("burst");
+        }
+      }
+      if (has_burst) {
+        refuse(where, prefix_ + "the rule has pace = true, one unit per interval with no " +
+                          "burst; remove burst");
+      }
+      for (Limit& limit : limits) limit.burst = 1;
+    }
+    return limits;
+  }
+
   void readLimits(Rule* rule) {
     const toml::node* limits = table_.get("limits");
     if (limits != nullptr) {
@@ -1017,9 +1158,11 @@ class RuleReader {
     rule->limits.push_back(readLimit(table_, table_, rule->algorithm));
   }
 
-  // One limit from `table` (the rule itself or an element of limits); errors
-  // about a missing key point at `where`.
-  Limit readLimit(const toml::table& table, const toml::node& where, Algorithm algorithm) {
+  // One limit from `table` (the rule itself, an element of limits, or an
+  // override); errors about a missing key point at `where`. A missing period
+  // is `default_period_ns` when one is given (an override's, the rule's).
+  Limit readLimit(const toml::table& table, const toml::node& where, Algorithm algorithm,
+                  std::optional<int64_t> default_period_ns = std::nullopt) {
     const std::string alg = std::string(algorithmName(algorithm));
     const int64_t most = maxLimit(algorithm);
     Limit limit;
@@ -1041,7 +1184,9 @@ class RuleReader {
     }
 
     const toml::node* period_node = table.get("period");
-    if (period_node == nullptr) {
+    if (period_node == nullptr && default_period_ns) {
+      limit.period_ns = *default_period_ns;
+    } else if (period_node == nullptr) {
       if (algorithm != Algorithm::kConcurrency) {
         refuse(where, prefix_ + "limit " + std::to_string(limit.limit) + " has no period; write " +
                           "e.g. period = \"1m\" (" + std::string(kDurationHint.substr(6)) + ")");
@@ -1115,6 +1260,15 @@ uint32_t fingerprint(const Rule& rule) {
   mix(scopeName(rule.scope));
   mix(redisDownPolicyName(rule.on_redis_down));
   mix(rule.shadow ? "shadow" : "enforce");
+  for (const Override& override : rule.overrides) {
+    mix(std::to_string(static_cast<int>(override.match)));
+    mix(override.pattern);
+    for (const Limit& limit : override.limits) {
+      mix(std::to_string(limit.limit));
+      mix(std::to_string(limit.period_ns));
+      mix(std::to_string(limit.burst));
+    }
+  }
   return hash;
 }
 

@@ -367,11 +367,12 @@ bool Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::st
       error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
       return false;
     }
-    auto state = entry->state().first(stateWords(*rule));
+    const Rule& deciding = decidingRule(*rules_, *rule, item.key, entry->state());
+    auto state = entry->state().first(stateWords(deciding));
     // Only a request that gets an answer may wait (not a notification).
     int64_t max_wait_ns = defer_to != nullptr && rule == configured ? maxWaitNs(*rule, item) : 0;
     if (max_wait_ns > 0 && waiters_.size() >= kMaxWaiters) {
-      decision = acquire(*rule, state, now_ns, item.cost);
+      decision = acquire(deciding, state, now_ns, item.cost);
       if (!decision.allowed && !decision.cost_exceeds_limit &&
           decision.retry_after_ms * 1'000'000 <= max_wait_ns) {
         error(request.msgid, rpc::ErrorCode::kOverloaded,
@@ -379,7 +380,7 @@ bool Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::st
         return false;
       }
     } else {
-      decision = acquire(*rule, state, now_ns, item.cost, max_wait_ns);
+      decision = acquire(deciding, state, now_ns, item.cost, max_wait_ns);
     }
     if (rule != configured && decision.allowed && !decision.shadow_denied) {
       noteFallbackSpend(*rule, item.key, entry->state(), item.cost);
@@ -399,12 +400,16 @@ bool Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::st
     if (entry != nullptr && entry->state().size() != entryWords(*rule)) {
       entry = nullptr;  // state of the rule's old shape, before a reload
     }
-    auto state = entry != nullptr ? entry->state().first(stateWords(*rule)) : freshState(*rule);
+    const Rule& deciding =
+        entry != nullptr ? decidingRule(*rules_, *rule, item.key, entry->state())
+                         : rules_->variant(*rule, rules_->matchOverride(*rule, item.key));
+    auto state =
+        entry != nullptr ? entry->state().first(stateWords(deciding)) : freshState(deciding);
     if (request.method == rpc::Method::kRelease && entry != nullptr) {
       entry->touch(now_ns);
-      decision = release(*rule, state, now_ns, item.cost);
+      decision = release(deciding, state, now_ns, item.cost);
     } else {
-      decision = peek(*rule, state, now_ns, item.cost);
+      decision = peek(deciding, state, now_ns, item.cost);
     }
   }
   rpc::writeDecision(out, request.msgid, decision, mode);
@@ -595,8 +600,8 @@ bool Dispatcher::acquireAll(const rpc::Request& request, int64_t now_ns, std::st
         error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
         return false;
       }
-      acquire_item.rule = share_rule;
-      acquire_item.state = entry->state().first(stateWords(*share_rule));
+      acquire_item.rule = &decidingRule(*rules_, *share_rule, item.key, entry->state());
+      acquire_item.state = entry->state().first(stateWords(*acquire_item.rule));
       // Spent in fallback (not learning): counted for the debit afterwards.
       bool counts = share_rule != configured && taken_units == 0;
       shares_.push_back(counts ? entry->state() : std::span<std::atomic<uint64_t>>());
@@ -712,6 +717,19 @@ void writeNonZeroModes(msgpack::Writer& w, const std::array<uint64_t, kModes>& c
     if (counts[i] == 0) continue;
     w.writeStr(modeName(static_cast<Mode>(i)));
     w.writeUint(counts[i]);
+  }
+}
+
+void writeLimits(msgpack::Writer& w, const std::vector<Limit>& limits) {
+  w.writeArrayHeader(static_cast<uint32_t>(limits.size()));
+  for (const Limit& limit : limits) {
+    w.writeMapHeader(3);
+    w.writeStr("limit");
+    w.writeInt(limit.limit);
+    w.writeStr("period_ms");
+    w.writeInt(limit.period_ns / 1'000'000);
+    w.writeStr("burst");
+    w.writeInt(limit.burst);
   }
 }
 
@@ -838,7 +856,7 @@ void Dispatcher::writeRules(uint32_t msgid, std::string* out) {
   const auto& rules = rules_->rules();
   w.writeArrayHeader(static_cast<uint32_t>(rules.size()));
   for (const Rule& rule : rules) {
-    w.writeMapHeader(8);
+    w.writeMapHeader(9);
     w.writeStr("name");
     w.writeStr(rule.name);
     w.writeStr("algorithm");
@@ -854,15 +872,17 @@ void Dispatcher::writeRules(uint32_t msgid, std::string* out) {
     w.writeStr("pace");
     w.writeBool(rule.pace);
     w.writeStr("limits");
-    w.writeArrayHeader(static_cast<uint32_t>(rule.limits.size()));
-    for (const Limit& limit : rule.limits) {
-      w.writeMapHeader(3);
-      w.writeStr("limit");
-      w.writeInt(limit.limit);
-      w.writeStr("period_ms");
-      w.writeInt(limit.period_ns / 1'000'000);
-      w.writeStr("burst");
-      w.writeInt(limit.burst);
+    writeLimits(w, rule.limits);
+    w.writeStr("overrides");
+    w.writeArrayHeader(static_cast<uint32_t>(rule.overrides.size()));
+    for (const Override& override : rule.overrides) {
+      w.writeMapHeader(2);
+      w.writeStr(override.match == Override::Match::kKey      ? "key"
+                 : override.match == Override::Match::kPrefix ? "prefix"
+                                                              : "glob");
+      w.writeStr(override.pattern);
+      w.writeStr("limits");
+      writeLimits(w, override.limits);
     }
   }
 }
@@ -911,13 +931,15 @@ void Dispatcher::reset(const rpc::Request& request, const Peer& peer, int64_t no
           out);
     return;
   }
+  // The words after the state (which override decides the key) stay.
   KeyTable::Entry* entry = keys_.find(rule->id, item.key);
   if (entry != nullptr && entry->state().size() == entryWords(*rule)) {
     for (std::atomic<uint64_t>& word : entry->state().first(stateWords(*rule))) {
       word.store(0, std::memory_order_relaxed);
     }
   }
-  rpc::writeDecision(out, request.msgid, peek(*rule, freshState(*rule), now_ns, 0),
+  const Rule& deciding = rules_->variant(*rule, rules_->matchOverride(*rule, item.key));
+  rpc::writeDecision(out, request.msgid, peek(deciding, freshState(deciding), now_ns, 0),
                      route(*rule).mode);
 }
 

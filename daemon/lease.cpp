@@ -49,7 +49,21 @@ size_t undebitedWord(const Rule& share) { return stateWords(share); }
 size_t entryWords(const Rule& rule) {
   if ((rule.id & kFallbackIdBit) != 0) return stateWords(rule) + 1;
   if (leasable(rule)) return slice::kWords;
-  return stateWords(rule);
+  return stateWords(rule) + (rule.overrides.empty() ? 0 : 1);
+}
+
+const Rule& decidingRule(const RuleSet& rules, const Rule& rule, std::string_view key,
+                         std::span<std::atomic<uint64_t>> words) {
+  if (rule.overrides.empty()) return rule;
+  // Every variant has the rule's layout (rules.h), so the word follows it.
+  std::atomic<uint64_t>& which = words[stateWords(rule)];
+  uint64_t stored = which.load(std::memory_order_relaxed);
+  if (stored == 0) {
+    // Racing creators compute the same answer, so the last store is fine.
+    stored = rules.matchOverride(rule, key) + 1;
+    which.store(stored, std::memory_order_relaxed);
+  }
+  return rules.variant(rule, static_cast<uint32_t>(stored - 1));
 }
 
 namespace slice {

@@ -70,6 +70,13 @@ int64_t leaseCapacity(const Limit& limit);
 // for a leasable global rule itself, its slice (slice::kWords).
 size_t entryWords(const Rule& rule);
 size_t undebitedWord(const Rule& share);
+// A local rule with overrides keeps, after its state, one more word: which
+// override decides the key (RuleSet::matchOverride + 1; 0 until resolved).
+// decidingRule() reads it, resolving and recording it on first use, and
+// returns the rule that decides the key (the rule itself, or an override's
+// variant); `words` are the entry's, entryWords(rule) of them.
+const Rule& decidingRule(const RuleSet& rules, const Rule& rule, std::string_view key,
+                         std::span<std::atomic<uint64_t>> words);
 
 namespace slice {
 

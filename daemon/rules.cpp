@@ -7,6 +7,23 @@ namespace sluice {
 
 RuleSet::RuleSet(std::vector<Rule> rules, uint32_t fallback_nodes)
     : rules_(std::move(rules)), fallback_nodes_(std::max<uint32_t>(fallback_nodes, 1)) {
+  // Each override decides as the rule with its limits; only the rule's own
+  // id names key-table entries, so variants need no ids of their own.
+  for (Rule& rule : rules_) {
+    rule.first_variant = variants_.size();
+    for (const Override& override : rule.overrides) {
+      Rule variant = rule;
+      variant.overrides.clear();
+      variant.limits = override.limits;
+      variants_.push_back(std::move(variant));
+    }
+  }
+  for (const Rule& rule : rules_) {
+    for (uint32_t i = 0; i < rule.overrides.size(); ++i) {
+      const Override& override = rule.overrides[i];
+      if (override.match == Override::Match::kKey) exact_[rule.id].emplace(override.pattern, i + 1);
+    }
+  }
   int64_t nodes = fallback_nodes_;
   for (const Rule& rule : rules_) {
     if (rule.scope != Scope::kGlobal) {
@@ -36,6 +53,54 @@ RuleSet::RuleSet(std::vector<Rule> rules, uint32_t fallback_nodes)
 
 const Rule* RuleSet::fallbackShare(const Rule& rule) const {
   return rule.scope == Scope::kGlobal ? findById(rule.id | kFallbackIdBit) : nullptr;
+}
+
+uint32_t RuleSet::matchOverride(const Rule& rule, std::string_view key) const {
+  if (rule.overrides.empty()) return 0;
+  if (auto keys = exact_.find(rule.id); keys != exact_.end()) {
+    if (auto hit = keys->second.find(key); hit != keys->second.end()) return hit->second;
+  }
+  uint32_t best = 0;
+  size_t best_length = 0;
+  for (uint32_t i = 0; i < rule.overrides.size(); ++i) {
+    const Override& override = rule.overrides[i];
+    if (override.match == Override::Match::kPrefix && key.starts_with(override.pattern) &&
+        (best == 0 || override.pattern.size() > best_length)) {
+      best = i + 1;
+      best_length = override.pattern.size();
+    }
+  }
+  if (best != 0) return best;
+  for (uint32_t i = 0; i < rule.overrides.size(); ++i) {
+    const Override& override = rule.overrides[i];
+    if (override.match == Override::Match::kGlob && globMatch(override.pattern, key)) return i + 1;
+  }
+  return 0;
+}
+
+bool globMatch(std::string_view pattern, std::string_view key) {
+  // Greedy with one backtrack point, the last *: linear in practice, and at
+  // worst pattern x key steps, which only entry creation pays.
+  size_t p = 0;
+  size_t k = 0;
+  size_t star = std::string_view::npos;
+  size_t star_k = 0;
+  while (k < key.size()) {
+    if (p < pattern.size() && pattern[p] == '*') {
+      star = p++;
+      star_k = k;
+    } else if (p < pattern.size() && (pattern[p] == '?' || pattern[p] == key[k])) {
+      ++p;
+      ++k;
+    } else if (star != std::string_view::npos) {
+      p = star + 1;
+      k = ++star_k;
+    } else {
+      return false;
+    }
+  }
+  while (p < pattern.size() && pattern[p] == '*') ++p;
+  return p == pattern.size();
 }
 
 const Rule* RuleSet::find(std::string_view name) const {

@@ -50,6 +50,19 @@ struct Limit {
   int64_t burst = 0;
 };
 
+// Keys of a rule that get their own limits (tiers such as "pro:", or one
+// partner's key): the pattern is matched against the key's bytes.
+struct Override {
+  enum class Match {
+    kKey,     // the key is exactly `pattern`
+    kPrefix,  // the key starts with `pattern`
+    kGlob,    // `pattern` with * (any run of bytes) and ? (any one byte)
+  };
+  Match match = Match::kKey;
+  std::string pattern;
+  std::vector<Limit> limits;  // replace the rule's limits; never empty
+};
+
 struct Rule {
   std::string name;
   Algorithm algorithm = Algorithm::kTokenBucket;
@@ -62,6 +75,12 @@ struct Rule {
   int64_t max_wait_ns = 0;
   // Leaky-bucket shaping: burst 1, so units leave one interval apart.
   bool pace = false;
+  // Local rules of one-word algorithms (token bucket, GCRA, the windows)
+  // only, each with as many limits as the rule, so that every key of the
+  // rule has the same state layout. Which one applies to a key is worked out
+  // once, when its entry is created, and kept in the entry (lease.h,
+  // decidingRule); a reload that changes them changes the rule's id.
+  std::vector<Override> overrides;
 
   // Stable identity of this rule's state in the key table. Reloading a file
   // keeps the id of a rule whose definition did not change, so its keys keep
@@ -69,6 +88,9 @@ struct Rule {
   // configured rules stay below kFallbackIdBit; a global rule's local share
   // (RuleSet::fallbackShare) has the same id with that bit set.
   uint32_t id = 0;
+
+  // Set by RuleSet for a rule with overrides: where its variants start.
+  size_t first_variant = 0;
 };
 
 constexpr uint32_t kFallbackIdBit = 0x8000'0000u;
@@ -97,10 +119,25 @@ class RuleSet {
   // scope local, its own id. nullptr for a local rule.
   const Rule* fallbackShare(const Rule& rule) const;
 
+  // Which override of `rule` decides `key`: 0 for none (the rule itself),
+  // i + 1 for rule.overrides[i]. An exact key wins, then the longest
+  // prefix, then the first glob in the order written. Costs a hash lookup
+  // and a scan of the prefixes and globs: call it when a key's entry is
+  // created, not per request.
+  uint32_t matchOverride(const Rule& rule, std::string_view key) const;
+  // The rule that decides keys of `rule` matched by override `which` (0:
+  // `rule` itself): the rule with that override's limits.
+  const Rule& variant(const Rule& rule, uint32_t which) const {
+    return which == 0 ? rule : variants_[rule.first_variant + which - 1];
+  }
+
  private:
   std::vector<Rule> rules_;
   uint32_t fallback_nodes_ = 1;
   std::vector<Rule> shares_;  // one per global rule, built once
+  std::vector<Rule> variants_;  // one per override, by rule in order
+  // Exact-key overrides of each rule with any: key -> override index + 1.
+  std::unordered_map<uint32_t, std::unordered_map<std::string_view, uint32_t>> exact_;
   std::unordered_map<std::string_view, const Rule*> by_name_;
   std::unordered_map<uint32_t, const Rule*> by_id_;  // rules and shares
 };
@@ -119,6 +156,10 @@ constexpr int64_t kMaxWaitNs = 60'000'000'000;  // 60 s
 // Whether acquires on `rule` may wait for their units: token bucket and GCRA
 // reserve units ahead (a window cannot be), on local rules only so far.
 bool canWait(const Rule& rule);
+
+// Whether `key` matches the glob `pattern`: * is any run of bytes, ? any one
+// byte, everything else itself (no classes, no escapes).
+bool globMatch(std::string_view pattern, std::string_view key);
 
 // Bounds on a limit's period, checked by the config loader.
 constexpr int64_t kMinPeriodNs = 1'000'000;                       // 1 ms

@@ -515,7 +515,8 @@ void Server::sweepKeys() {
     if ((rule->id & kFallbackIdBit) != 0 && words[undebitedWord(*rule)].load(std::memory_order_acquire) > 0) {
       return false;
     }
-    return isIdle(*rule, words.first(stateWords(*rule)), now_ns);
+    const Rule& deciding = decidingRule(*rules, *rule, entry.key(), words);
+    return isIdle(deciding, words.first(stateWords(deciding)), now_ns);
   });
   if (evicted > 0) {
     spdlog::debug("swept {} idle keys", evicted);

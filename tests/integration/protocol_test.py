@@ -81,6 +81,23 @@ algorithm = "fixed_window"
 limit = 1
 period = "1h"
 shadow = true
+
+[[rule]]
+name = "tiers"
+limit = 2
+period = "1h"
+[[rule.overrides]]
+prefix = "pro:"
+limit = 5
+[[rule.overrides]]
+prefix = "pro:vip:"
+limit = 8
+[[rule.overrides]]
+key = "acme"
+limit = 10
+[[rule.overrides]]
+glob = "*-eu"
+limit = 3
 """
 
 
@@ -238,6 +255,22 @@ class ProtocolTest(unittest.TestCase):
         error, _ = self.client.call("reset", "five")
         self.assertEqual(error["code"], "BAD_REQUEST")
         self.assertIn("reset params", error["message"])
+
+    # Verifies overrides: each key gets its tier's limit (exact key, longest
+    # prefix, glob, else the rule's), peek on a key never seen shows the
+    # limit that will apply, and `rules` lists the overrides.
+    def test_overrides_give_each_tier_its_limit(self):
+        tiers = {"free:1": 2, "pro:1": 5, "pro:vip:1": 8, "acme": 10, "free:1-eu": 3,
+                 b"pro:\x00{}": 5}
+        for key, limit in tiers.items():
+            self.assertEqual(self.client.result("peek", "tiers", key)["limit"], limit, key)
+            allowed = [self.client.result("acquire", "tiers", key)["allowed"]
+                       for _ in range(limit + 2)]
+            self.assertEqual(allowed, [True] * limit + [False] * 2, key)
+        listed = next(r for r in self.client.result("rules") if r["name"] == "tiers")
+        self.assertEqual([o.get("prefix") or o.get("key") or o.get("glob")
+                          for o in listed["overrides"]], ["pro:", "pro:vip:", "acme", "*-eu"])
+        self.assertEqual(listed["overrides"][2]["limits"][0]["limit"], 10)
 
     # Verifies a shadow rule always allows but says it is shadow.
     def test_shadow_rule_always_allows(self):
@@ -537,9 +570,10 @@ class RedisHealthTest(RedisCase):
         elapsed = time.monotonic() - killed
         print("\nmeasured: health said down %.0f ms after SIGKILL" % (elapsed * 1000))
         self.assertLess(elapsed, 1.0)
+        # The link's state and the breaker are published one after the other.
+        self.assertTrue(wait_for(lambda: client.result("health")["breaker"] == "open", 1))
         health = client.result("health")
         self.assertEqual(health["status"], "degraded")
-        self.assertEqual(health["breaker"], "open")
         self.assertEqual(health["nodes"], 1)  # the last known N stays
         self.assertEqual(client.result("acquire", "shared", "k")["mode"], "fallback")
 

@@ -482,6 +482,43 @@ const Refusal kRefusals[] = {
      "[redis]\n[[rule]]\nname = \"r\"\nlimit = 5\nperiod = \"1s\"\nscope = \"global\"\n"
      "pace = true\n",
      "7:8", "pace applies only to local rules for now"},
+    {"override_without_match",
+     "[[rule]]\nname = \"r\"\nlimit = 5\nperiod = \"1s\"\noverrides = [{ limit = 9 }]\n", "5:14",
+     "an override needs the keys it applies to: key = \"acme\""},
+    {"override_two_matches",
+     "[[rule]]\nname = \"r\"\nlimit = 5\nperiod = \"1s\"\n"
+     "overrides = [{ key = \"a\", prefix = \"b\", limit = 9 }]\n",
+     "5:36", "write only one of them"},
+    {"override_unknown_key",
+     "[[rule]]\nname = \"r\"\nlimit = 5\nperiod = \"1s\"\n"
+     "overrides = [{ prefix = \"p\", limt = 9 }]\n",
+     "5:30", "unknown key \"limt\" in overrides; did you mean \"limit\"?"},
+    {"override_empty_prefix",
+     "[[rule]]\nname = \"r\"\nlimit = 5\nperiod = \"1s\"\noverrides = [{ prefix = \"\", limit = 9 }]\n",
+     "5:25", "an empty prefix matches every key"},
+    {"override_given_twice",
+     "[[rule]]\nname = \"r\"\nlimit = 5\nperiod = \"1s\"\n"
+     "overrides = [{ prefix = \"p\", limit = 9 }, { prefix = \"p\", limit = 8 }]\n",
+     "5:43", "rule \"r\": override \"p\": is given twice"},
+    {"override_limits_count",
+     "[[rule]]\nname = \"r\"\nlimits = [{ limit = 5, period = \"1s\" }, { limit = 50, period = \"1m\" }]\n"
+     "overrides = [{ prefix = \"p\", limit = 9 }]\n",
+     "4:14", "the rule has 2 limits; give the override as many"},
+    {"override_bad_limit",
+     "[[rule]]\nname = \"r\"\nlimit = 5\nperiod = \"1s\"\noverrides = [{ prefix = \"p\", limit = 0 }]\n",
+     "5:38", "rule \"r\": override \"p\": limit 0 is below 1"},
+    {"override_on_concurrency_rule",
+     "[[rule]]\nname = \"r\"\nalgorithm = \"concurrency\"\nlimit = 5\n"
+     "overrides = [{ prefix = \"p\", limit = 9 }]\n",
+     "5:13", "overrides apply to token_bucket, gcra, fixed_window and sliding_window rules"},
+    {"override_on_global_rule",
+     "[redis]\n[[rule]]\nname = \"r\"\nlimit = 5\nperiod = \"1s\"\nscope = \"global\"\n"
+     "overrides = [{ prefix = \"p\", limit = 9 }]\n",
+     "7:13", "overrides apply only to local rules for now"},
+    {"override_burst_on_paced_rule",
+     "[[rule]]\nname = \"r\"\nalgorithm = \"gcra\"\nlimit = 5\nperiod = \"1s\"\npace = true\n"
+     "overrides = [{ prefix = \"p\", limit = 9, burst = 3 }]\n",
+     "7:14", "the rule has pace = true"},
     {"access_unknown_user", "[access]\nusers = [0, \"no-such-user-x\"]\n", "2:13",
      "there is no user \"no-such-user-x\" on this machine; write a name from /etc/passwd"},
     {"access_unknown_admin_group", "[access]\nadmin_group = \"no-such-group-x\"\n", "2:15",
@@ -538,6 +575,62 @@ max_wait = "2s"
   for (const Limit& limit : rule->limits) EXPECT_EQ(limit.burst, 1);
   EXPECT_EQ(mustLoad("[[rule]]\nname = \"r\"\nlimit = 5\nperiod = \"1s\"\n").rules->find("r")->max_wait_ns,
             0);
+}
+
+// Verifies overrides are stored with their match and limits, a single
+// limit's period defaults to the rule's, and the [[rule.overrides]] form
+// reads the same as the inline one.
+TEST(ConfigTest, OverridesAreStored) {
+  Config config = mustLoad(R"(
+[[rule]]
+name = "api"
+limit = 100
+period = "1m"
+burst = 20
+overrides = [
+  { prefix = "pro:", limit = 1000, burst = 200 },
+  { key = "acme", limit = 5000, period = "1s" },
+  { glob = "*-eu", limit = 50 },
+]
+
+[[rule]]
+name = "two"
+algorithm = "fixed_window"
+limits = [{ limit = 10, period = "1s" }, { limit = 100, period = "1m" }]
+[[rule.overrides]]
+prefix = "pro:"
+limits = [{ limit = 20, period = "1s" }, { limit = 500, period = "1m" }]
+)");
+  const Rule* api = config.rules->find("api");
+  ASSERT_NE(api, nullptr);
+  ASSERT_EQ(api->overrides.size(), 3u);
+  EXPECT_EQ(api->overrides[0].match, Override::Match::kPrefix);
+  EXPECT_EQ(api->overrides[0].pattern, "pro:");
+  EXPECT_EQ(api->overrides[0].limits[0].limit, 1000);
+  EXPECT_EQ(api->overrides[0].limits[0].burst, 200);
+  EXPECT_EQ(api->overrides[0].limits[0].period_ns, 60'000'000'000);
+  EXPECT_EQ(api->overrides[1].match, Override::Match::kKey);
+  EXPECT_EQ(api->overrides[1].limits[0].period_ns, 1'000'000'000);
+  EXPECT_EQ(api->overrides[2].match, Override::Match::kGlob);
+  EXPECT_EQ(api->overrides[2].limits[0].burst, 50);
+  const Rule* two = config.rules->find("two");
+  ASSERT_NE(two, nullptr);
+  ASSERT_EQ(two->overrides.size(), 1u);
+  EXPECT_EQ(two->overrides[0].limits[1].limit, 500);
+}
+
+// Verifies that changing an override changes the rule's id (its keys start
+// afresh), and an unchanged rule keeps it.
+TEST(ConfigTest, OverridesArePartOfTheRulesIdentity) {
+  auto idOf = [](const char* overrides) {
+    std::string text = std::string("[[rule]]\nname = \"api\"\nlimit = 10\nperiod = \"1m\"\n") +
+                       overrides;
+    return mustLoad(text).rules->find("api")->id;
+  };
+  uint32_t with = idOf("overrides = [{ prefix = \"pro:\", limit = 100 }]\n");
+  EXPECT_EQ(with, idOf("overrides = [{ prefix = \"pro:\", limit = 100 }]\n"));
+  EXPECT_NE(with, idOf("overrides = [{ prefix = \"pro:\", limit = 200 }]\n"));
+  EXPECT_NE(with, idOf(""));
 }
 
 // Verifies that a file given by path names that path in its errors.
