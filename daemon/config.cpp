@@ -796,9 +796,11 @@ constexpr size_t kMaxRuleNameBytes = 128;
 // More limits than this on one rule is a mistake, not a policy.
 constexpr size_t kMaxLimitsPerRule = 8;
 
-constexpr std::array<std::string_view, 12> kRuleKeys = {
-    "name",          "algorithm", "limit",    "period", "burst",    "limits",
-    "scope",         "on_redis_down", "shadow", "max_wait", "pace", "overrides"};
+constexpr std::array<std::string_view, 13> kRuleKeys = {
+    "name",   "algorithm", "limit",    "period", "burst",     "limits",  "scope",
+    "on_redis_down", "shadow", "max_wait", "pace", "overrides", "penalty"};
+constexpr std::array<std::string_view, 3> kPenaltyKeys = {"denials", "window", "block"};
+constexpr int64_t kMaxPenaltyDenials = 1'000'000;
 constexpr std::array<std::string_view, 7> kOverrideKeys = {"key",   "prefix", "glob",  "limit",
                                                            "period", "burst",  "limits"};
 // Overrides per rule; those matched by prefix or glob are scanned when a
@@ -888,6 +890,7 @@ class RuleReader {
     }
     readShaping(&rule);
     readOverrides(&rule);
+    readPenalty(&rule);
     return rule;
   }
 
@@ -964,6 +967,54 @@ class RuleReader {
         for (Limit& limit : rule->limits) limit.burst = 1;
       }
     }
+  }
+
+  // penalty = { denials = 5, window = "1m", block = "10m" }
+  void readPenalty(Rule* rule) {
+    const toml::node* node = table_.get("penalty");
+    if (node == nullptr) return;
+    const std::string example = "penalty = { denials = 5, window = \"1m\", block = \"10m\" }";
+    const toml::table* table = node->as_table();
+    if (table == nullptr) {
+      refuse(*node, prefix_ + "penalty is " + std::string(describe(*node)) + "; write " + example);
+    }
+    if (rule->scope != Scope::kLocal) {
+      refuse(*node, prefix_ + "penalty applies only to local rules for now; remove it, or set " +
+                        "scope = \"local\"");
+    }
+    for (auto&& [key, value] : *table) {
+      if (std::find(kPenaltyKeys.begin(), kPenaltyKeys.end(), key.str()) == kPenaltyKeys.end()) {
+        refuseUnknownKey(key, prefix_, "penalty", kPenaltyKeys);
+      }
+    }
+    for (std::string_view key : kPenaltyKeys) {
+      if (!table->contains(key)) {
+        refuse(*node, prefix_ + "penalty needs " + std::string(key) + "; write " + example);
+      }
+    }
+    Penalty penalty;
+    const toml::node& denials = *table->get("denials");
+    penalty.denials = integerValue(denials, prefix_ + "penalty denials", "denials = 5");
+    if (penalty.denials < 1 || penalty.denials > kMaxPenaltyDenials) {
+      refuse(denials, prefix_ + "penalty denials " + std::to_string(penalty.denials) +
+                          " is out of range; write a count from 1 to " +
+                          std::to_string(kMaxPenaltyDenials));
+    }
+    auto duration = [&](std::string_view key, int64_t most_ns) {
+      const toml::node& value = *table->get(key);
+      const std::string what = prefix_ + "penalty " + std::string(key);
+      int64_t ns = durationValue(value, what, std::string(key) + " = \"1m\"");
+      if (ns < kMinPeriodNs || ns > most_ns) {
+        refuse(value, what + " " + quote(*value.value<std::string>()) + " is out of range; " +
+                          "write a duration from " + quote(formatDuration(kMinPeriodNs)) +
+                          " to " + quote(formatDuration(most_ns)));
+      }
+      return ns;
+    };
+    constexpr int64_t kDayNs = 24LL * 3600 * 1'000'000'000;
+    penalty.window_ns = duration("window", kDayNs);
+    penalty.block_ns = duration("block", 366 * kDayNs);
+    rule->penalty = penalty;
   }
 
   // overrides = [{ prefix = "pro:", limit = 1000 }, { key = "acme", ... }]
@@ -1260,6 +1311,9 @@ uint32_t fingerprint(const Rule& rule) {
   mix(scopeName(rule.scope));
   mix(redisDownPolicyName(rule.on_redis_down));
   mix(rule.shadow ? "shadow" : "enforce");
+  // A penalty adds words to every key; tuning its numbers keeps the keys
+  // (a block under way keeps the end it was given).
+  mix(rule.penalty ? "penalty" : "no penalty");
   for (const Override& override : rule.overrides) {
     mix(std::to_string(static_cast<int>(override.match)));
     mix(override.pattern);

@@ -15,6 +15,7 @@ enum class Mode {
   kClosed,    // a global rule while Redis is down, policy "closed": denied
   kShadow,    // a shadow rule: decided and counted, always allowed
   kLocal,     // a local-only rule
+  kBlocked,   // a key blocked by its rule's penalty: denied until the block ends
 };
 
 inline std::string_view modeName(Mode mode) {
@@ -25,6 +26,7 @@ inline std::string_view modeName(Mode mode) {
     case Mode::kClosed: return "closed";
     case Mode::kShadow: return "shadow";
     case Mode::kLocal: return "local";
+    case Mode::kBlocked: return "blocked";
   }
   return "unknown";
 }

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "msgpack.h"
+#include "penalty.h"
 
 namespace sluice {
 
@@ -32,6 +33,20 @@ Decision policyDecision(const Rule& rule, Mode mode) {
 std::string unknownRule(std::string_view name) {
   // Built only on this error path, so the allocation does not matter.
   return "no rule named \"" + std::string(name) + "\"";
+}
+
+// A rule's penalty as it applies: a shadow rule only observes, so never.
+const Penalty* activePenalty(const Rule& rule) {
+  return rule.penalty && !rule.shadow ? &*rule.penalty : nullptr;
+}
+
+// The answer for a key blocked by its rule's penalty for `left_ns` more.
+Decision blockedDecision(const Rule& rule, int64_t left_ns) {
+  Decision decision;
+  decision.limit = rule.limits.front().limit;
+  decision.retry_after_ms = (left_ns + 999'999) / 1'000'000;
+  decision.reset_after_ms = decision.retry_after_ms;
+  return decision;
 }
 
 constexpr std::string_view kTableFull =
@@ -369,6 +384,15 @@ bool Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::st
     }
     const Rule& deciding = decidingRule(*rules_, *rule, item.key, entry->state());
     auto state = entry->state().first(stateWords(deciding));
+    const Penalty* penalty = activePenalty(*rule);
+    if (penalty != nullptr) {
+      if (int64_t left_ns = penalty::blockedFor(penaltyState(*rule, entry->state()), now_ns)) {
+        decision = blockedDecision(deciding, left_ns);
+        count(*configured, decision, Mode::kBlocked);
+        rpc::writeDecision(out, request.msgid, decision, Mode::kBlocked);
+        return false;
+      }
+    }
     // Only a request that gets an answer may wait (not a notification).
     int64_t max_wait_ns = defer_to != nullptr && rule == configured ? maxWaitNs(*rule, item) : 0;
     if (max_wait_ns > 0 && waiters_.size() >= kMaxWaiters) {
@@ -386,6 +410,10 @@ bool Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::st
       noteFallbackSpend(*rule, item.key, entry->state(), item.cost);
     }
     count(*configured, decision, mode);
+    if (penalty != nullptr && !decision.allowed && !decision.cost_exceeds_limit &&
+        penalty::recordDenial(*penalty, penaltyState(*rule, entry->state()), now_ns)) {
+      metrics_.penalty_blocks.add();
+    }
     if (decision.wait_ns > 0) {
       waiters_.push_back({now_ns + decision.wait_ns, waiter_seq_++, now_ns, defer_to->owner,
                           request.msgid, decision, mode});
@@ -405,9 +433,15 @@ bool Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::st
                          : rules_->variant(*rule, rules_->matchOverride(*rule, item.key));
     auto state =
         entry != nullptr ? entry->state().first(stateWords(deciding)) : freshState(deciding);
+    int64_t blocked_ns = entry != nullptr && activePenalty(*rule) != nullptr
+                             ? penalty::blockedFor(penaltyState(*rule, entry->state()), now_ns)
+                             : 0;
     if (request.method == rpc::Method::kRelease && entry != nullptr) {
       entry->touch(now_ns);
       decision = release(deciding, state, now_ns, item.cost);
+    } else if (blocked_ns > 0) {
+      decision = blockedDecision(deciding, blocked_ns);
+      mode = Mode::kBlocked;
     } else {
       decision = peek(deciding, state, now_ns, item.cost);
     }
@@ -600,11 +634,24 @@ bool Dispatcher::acquireAll(const rpc::Request& request, int64_t now_ns, std::st
         error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
         return false;
       }
-      acquire_item.rule = &decidingRule(*rules_, *share_rule, item.key, entry->state());
-      acquire_item.state = entry->state().first(stateWords(*acquire_item.rule));
-      // Spent in fallback (not learning): counted for the debit afterwards.
-      bool counts = share_rule != configured && taken_units == 0;
-      shares_.push_back(counts ? entry->state() : std::span<std::atomic<uint64_t>>());
+      const Rule& deciding = decidingRule(*rules_, *share_rule, item.key, entry->state());
+      int64_t blocked_ns =
+          activePenalty(*share_rule) != nullptr
+              ? penalty::blockedFor(penaltyState(*share_rule, entry->state()), now_ns)
+              : 0;
+      if (blocked_ns > 0) {
+        // A blocked key denies the group, as a closed policy does.
+        acquire_item.decision = blockedDecision(deciding, blocked_ns);
+        mode = Mode::kBlocked;
+        denied = true;
+        shares_.push_back({});
+      } else {
+        acquire_item.rule = &deciding;
+        acquire_item.state = entry->state().first(stateWords(deciding));
+        // Spent in fallback (not learning): counted for the debit afterwards.
+        bool counts = share_rule != configured && taken_units == 0;
+        shares_.push_back(counts ? entry->state() : std::span<std::atomic<uint64_t>>());
+      }
     } else {
       shares_.push_back({});
     }
@@ -740,7 +787,7 @@ void Dispatcher::writeStats(uint32_t msgid, std::string* out) {
   LeaseStats leases = status_.leaseStats();
   rpc::writeResultHeader(out, msgid);
   msgpack::Writer w(out);
-  w.writeMapHeader(12);
+  w.writeMapHeader(13);
   w.writeStr("leases");
   std::pair<std::string_view, uint64_t> lease_fields[] = {
       {"requested", leases.requested},
@@ -788,6 +835,8 @@ void Dispatcher::writeStats(uint32_t msgid, std::string* out) {
   }
   w.writeStr("shadow_denied");
   w.writeUint(s.shadow_denied);
+  w.writeStr("penalty_blocks");
+  w.writeUint(s.penalty_blocks);
   w.writeStr("decision_latency");
   writeLatency(w, s.decision_latency);
   // Only rules that have decided something: a reload keeps dropped rules'
@@ -856,7 +905,7 @@ void Dispatcher::writeRules(uint32_t msgid, std::string* out) {
   const auto& rules = rules_->rules();
   w.writeArrayHeader(static_cast<uint32_t>(rules.size()));
   for (const Rule& rule : rules) {
-    w.writeMapHeader(9);
+    w.writeMapHeader(10);
     w.writeStr("name");
     w.writeStr(rule.name);
     w.writeStr("algorithm");
@@ -873,6 +922,18 @@ void Dispatcher::writeRules(uint32_t msgid, std::string* out) {
     w.writeBool(rule.pace);
     w.writeStr("limits");
     writeLimits(w, rule.limits);
+    w.writeStr("penalty");
+    if (rule.penalty) {
+      w.writeMapHeader(3);
+      w.writeStr("denials");
+      w.writeInt(rule.penalty->denials);
+      w.writeStr("window_ms");
+      w.writeInt(rule.penalty->window_ns / 1'000'000);
+      w.writeStr("block_ms");
+      w.writeInt(rule.penalty->block_ns / 1'000'000);
+    } else {
+      w.writeNil();
+    }
     w.writeStr("overrides");
     w.writeArrayHeader(static_cast<uint32_t>(rule.overrides.size()));
     for (const Override& override : rule.overrides) {
@@ -931,10 +992,12 @@ void Dispatcher::reset(const rpc::Request& request, const Peer& peer, int64_t no
           out);
     return;
   }
-  // The words after the state (which override decides the key) stay.
+  // The state and the penalty's words (a block is lifted) start afresh;
+  // the word after them (which override decides the key) stays.
   KeyTable::Entry* entry = keys_.find(rule->id, item.key);
   if (entry != nullptr && entry->state().size() == entryWords(*rule)) {
-    for (std::atomic<uint64_t>& word : entry->state().first(stateWords(*rule))) {
+    for (std::atomic<uint64_t>& word :
+         entry->state().first(stateWords(*rule) + penaltyWords(*rule))) {
       word.store(0, std::memory_order_relaxed);
     }
   }

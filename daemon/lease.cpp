@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "limiter.h"
+#include "penalty.h"
 
 namespace sluice {
 
@@ -49,14 +50,21 @@ size_t undebitedWord(const Rule& share) { return stateWords(share); }
 size_t entryWords(const Rule& rule) {
   if ((rule.id & kFallbackIdBit) != 0) return stateWords(rule) + 1;
   if (leasable(rule)) return slice::kWords;
-  return stateWords(rule) + (rule.overrides.empty() ? 0 : 1);
+  return stateWords(rule) + penaltyWords(rule) + (rule.overrides.empty() ? 0 : 1);
+}
+
+size_t penaltyWords(const Rule& rule) { return rule.penalty ? size_t{penalty::kWords} : 0; }
+
+std::span<std::atomic<uint64_t>> penaltyState(const Rule& rule,
+                                              std::span<std::atomic<uint64_t>> words) {
+  return words.subspan(stateWords(rule), penaltyWords(rule));
 }
 
 const Rule& decidingRule(const RuleSet& rules, const Rule& rule, std::string_view key,
                          std::span<std::atomic<uint64_t>> words) {
   if (rule.overrides.empty()) return rule;
   // Every variant has the rule's layout (rules.h), so the word follows it.
-  std::atomic<uint64_t>& which = words[stateWords(rule)];
+  std::atomic<uint64_t>& which = words[stateWords(rule) + penaltyWords(rule)];
   uint64_t stored = which.load(std::memory_order_relaxed);
   if (stored == 0) {
     // Racing creators compute the same answer, so the last store is fine.

@@ -70,7 +70,13 @@ int64_t leaseCapacity(const Limit& limit);
 // for a leasable global rule itself, its slice (slice::kWords).
 size_t entryWords(const Rule& rule);
 size_t undebitedWord(const Rule& share);
-// A local rule with overrides keeps, after its state, one more word: which
+// A local rule with a penalty keeps, after its state, penalty::kWords words
+// (penalty.h); penaltyWords() is their number, 0 without a penalty, and
+// penaltyState() their span in an entry's words.
+size_t penaltyWords(const Rule& rule);
+std::span<std::atomic<uint64_t>> penaltyState(const Rule& rule,
+                                              std::span<std::atomic<uint64_t>> words);
+// A local rule with overrides keeps, after those, one more word: which
 // override decides the key (RuleSet::matchOverride + 1; 0 until resolved).
 // decidingRule() reads it, resolving and recording it on first use, and
 // returns the rule that decides the key (the rule itself, or an override's

@@ -56,7 +56,7 @@ enum class RefuseReason {
 constexpr size_t kRefuseReasons = 2;
 std::string_view refuseReasonName(RefuseReason reason);
 
-constexpr size_t kModes = 6;        // Mode values
+constexpr size_t kModes = 7;        // Mode values
 constexpr size_t kErrorCodes = 7;   // rpc::ErrorCode values
 
 // Upper bounds of the latency histograms' buckets, in microseconds (the
@@ -116,6 +116,7 @@ struct alignas(64) MetricsShard {
   Counter lease_negative_hits;   // denials answered from the negative cache
   Counter lease_deferred;        // requests that waited for a lease
   Counter lease_deferred_expired;  // of those, answered by policy at their deadline
+  Counter penalty_blocks;          // keys blocked by their rule's penalty
   // Time from reading a request to its answer being written: each batch of
   // one read counts its elapsed time once per request in it; a deferred
   // request counts its own wait.
@@ -145,6 +146,7 @@ struct MetricsSnapshot {
   uint64_t lease_negative_hits = 0;
   uint64_t lease_deferred = 0;
   uint64_t lease_deferred_expired = 0;
+  uint64_t penalty_blocks = 0;
   HistogramSnapshot decision_latency;
 
   uint64_t decisions() const;

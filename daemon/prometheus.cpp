@@ -19,8 +19,9 @@ constexpr std::string_view kContentType = "text/plain; version=0.0.4; charset=ut
 constexpr unsigned kMaxScrapes = 8;          // connections served at once
 constexpr unsigned kScrapeTimeoutSeconds = 10;
 
-constexpr std::array<Mode, kModes> kAllModes = {Mode::kLocal,    Mode::kNormal, Mode::kFallback,
-                                                Mode::kOpen,     Mode::kClosed, Mode::kShadow};
+constexpr std::array<Mode, kModes> kAllModes = {Mode::kLocal,  Mode::kNormal, Mode::kFallback,
+                                                Mode::kOpen,   Mode::kClosed, Mode::kShadow,
+                                                Mode::kBlocked};
 
 // Label values are escaped as the format asks: backslash, quote, newline.
 std::string escape(std::string_view value) {
@@ -116,6 +117,9 @@ std::string renderPrometheus(const MetricsView& view) {
       }
     }
   }
+  w.single("sluice_penalty_blocks_total", "counter",
+           "Keys blocked by their rule's penalty (repeat offenders).",
+           static_cast<double>(t.penalty_blocks));
   w.single("sluice_shadow_denials_total", "counter",
            "Decisions of shadow rules that would have denied.", static_cast<double>(t.shadow_denied));
   w.histogram("sluice_decision_duration_seconds",

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -63,6 +64,15 @@ struct Override {
   std::vector<Limit> limits;  // replace the rule's limits; never empty
 };
 
+// Repeat offenders: a key denied `denials` times within `window_ns` of the
+// first of them is blocked for `block_ns`: every acquire is denied, in mode
+// "blocked", until the block ends (or an admin resets the key).
+struct Penalty {
+  int64_t denials = 0;
+  int64_t window_ns = 0;
+  int64_t block_ns = 0;
+};
+
 struct Rule {
   std::string name;
   Algorithm algorithm = Algorithm::kTokenBucket;
@@ -81,6 +91,8 @@ struct Rule {
   // once, when its entry is created, and kept in the entry (lease.h,
   // decidingRule); a reload that changes them changes the rule's id.
   std::vector<Override> overrides;
+  // Local rules only, so far; a shadow rule never blocks.
+  std::optional<Penalty> penalty;
 
   // Stable identity of this rule's state in the key table. Reloading a file
   // keeps the id of a rule whose definition did not change, so its keys keep

@@ -15,6 +15,7 @@
 #include <spdlog/spdlog.h>
 
 #include "limiter.h"
+#include "penalty.h"
 #include "systemd.h"
 
 namespace sluice {
@@ -513,6 +514,10 @@ void Server::sweepKeys() {
       return true;
     }
     if ((rule->id & kFallbackIdBit) != 0 && words[undebitedWord(*rule)].load(std::memory_order_acquire) > 0) {
+      return false;
+    }
+    // A key blocked, or counting denials toward a block, is not fresh.
+    if (rule->penalty && !penalty::isIdle(*rule->penalty, penaltyState(*rule, words), now_ns)) {
       return false;
     }
     const Rule& deciding = decidingRule(*rules, *rule, entry.key(), words);

@@ -101,7 +101,8 @@ typedef enum sluice_mode {
   SLUICE_MODE_OPEN,        /* Redis down, rule fails open */
   SLUICE_MODE_CLOSED,      /* Redis down, rule fails closed */
   SLUICE_MODE_SHADOW,      /* shadow rule: decided and counted, always allowed */
-  SLUICE_MODE_LOCAL        /* local-only rule */
+  SLUICE_MODE_LOCAL,       /* local-only rule */
+  SLUICE_MODE_BLOCKED      /* key blocked by its rule's penalty */
 } sluice_mode;
 
 /* The wire name of a mode ("normal", ...); "unknown" for SLUICE_MODE_UNKNOWN. */

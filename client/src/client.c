@@ -103,7 +103,7 @@ const char* sluice_version(void) {
 int sluice_version_number(void) { return SLUICE_VERSION_NUMBER; }
 
 static const char* const mode_names[] = {"unknown", "normal", "fallback", "open",
-                                         "closed",  "shadow", "local"};
+                                         "closed",  "shadow", "local",    "blocked"};
 
 const char* sluice_mode_name(sluice_mode mode) {
   if ((int)mode < 0 || (size_t)mode >= sizeof mode_names / sizeof mode_names[0]) {
@@ -719,6 +719,7 @@ static sluice_mode mode_from_name(const uint8_t* name, uint32_t len) {
     case 'c': return SLUICE_MODE_IF_("closed", SLUICE_MODE_CLOSED);
     case 's': return SLUICE_MODE_IF_("shadow", SLUICE_MODE_SHADOW);
     case 'l': return SLUICE_MODE_IF_("local", SLUICE_MODE_LOCAL);
+    case 'b': return SLUICE_MODE_IF_("blocked", SLUICE_MODE_BLOCKED);
     default: return SLUICE_MODE_UNKNOWN;
   }
 #undef SLUICE_MODE_IF_

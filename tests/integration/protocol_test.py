@@ -83,6 +83,12 @@ period = "1h"
 shadow = true
 
 [[rule]]
+name = "abuse"
+limit = 1
+period = "1h"
+penalty = {{ denials = 3, window = "1m", block = "400ms" }}
+
+[[rule]]
 name = "tiers"
 limit = 2
 period = "1h"
@@ -271,6 +277,37 @@ class ProtocolTest(unittest.TestCase):
         self.assertEqual([o.get("prefix") or o.get("key") or o.get("glob")
                           for o in listed["overrides"]], ["pro:", "pro:vip:", "acme", "*-eu"])
         self.assertEqual(listed["overrides"][2]["limits"][0]["limit"], 10)
+
+    # Verifies a penalty: the third denial within the window blocks the key
+    # (mode "blocked", retry_after_ms the block's rest, peek and acquire_all
+    # too), other keys are untouched, stats count the block, it ends on its
+    # own, and reset lifts one early.
+    def test_repeat_offender_is_blocked_then_released(self):
+        self.assertTrue(self.client.result("acquire", "abuse", "bad")["allowed"])
+        denials = [self.client.result("acquire", "abuse", "bad") for _ in range(3)]
+        self.assertEqual([d["mode"] for d in denials], ["local"] * 3)
+        blocked = self.client.result("acquire", "abuse", "bad")
+        self.assertEqual((blocked["allowed"], blocked["mode"]), (False, "blocked"))
+        self.assertGreater(blocked["retry_after_ms"], 300)
+        self.assertLessEqual(blocked["retry_after_ms"], 400)
+        self.assertEqual(self.client.result("peek", "abuse", "bad")["mode"], "blocked")
+        group = self.client.result("acquire_all", [["five", "g", 1], ["abuse", "bad", 1]])
+        self.assertFalse(group["allowed"])
+        self.assertEqual(group["results"][1]["mode"], "blocked")
+        self.assertEqual(self.client.result("peek", "five", "g")["remaining"], 5)  # nothing spent
+        self.assertTrue(self.client.result("acquire", "abuse", "good")["allowed"])
+        stats = self.client.result("stats")
+        self.assertEqual(stats["penalty_blocks"], 1)
+        self.assertEqual(stats["rules"]["abuse"]["denied"]["blocked"], 2)
+        time.sleep(0.45)
+        after = self.client.result("acquire", "abuse", "bad")
+        self.assertEqual(after["mode"], "local")  # the block ended; the limit still holds
+        for _ in range(2):
+            self.client.result("acquire", "abuse", "bad")
+        self.assertEqual(self.client.result("acquire", "abuse", "bad")["mode"], "blocked")
+        fresh = self.client.result("reset", "abuse", "bad")
+        self.assertEqual((fresh["allowed"], fresh["mode"]), (True, "local"))
+        self.assertTrue(self.client.result("acquire", "abuse", "bad")["allowed"])
 
     # Verifies a shadow rule always allows but says it is shadow.
     def test_shadow_rule_always_allows(self):

@@ -519,6 +519,25 @@ const Refusal kRefusals[] = {
      "[[rule]]\nname = \"r\"\nalgorithm = \"gcra\"\nlimit = 5\nperiod = \"1s\"\npace = true\n"
      "overrides = [{ prefix = \"p\", limit = 9, burst = 3 }]\n",
      "7:14", "the rule has pace = true"},
+    {"penalty_missing_block",
+     "[[rule]]\nname = \"r\"\nlimit = 5\nperiod = \"1s\"\npenalty = { denials = 3, window = \"1m\" }\n",
+     "5:11", "penalty needs block; write penalty = { denials = 5"},
+    {"penalty_unknown_key",
+     "[[rule]]\nname = \"r\"\nlimit = 5\nperiod = \"1s\"\n"
+     "penalty = { denials = 3, window = \"1m\", blok = \"1m\" }\n",
+     "5:41", "unknown key \"blok\" in penalty; did you mean \"block\"?"},
+    {"penalty_zero_denials",
+     "[[rule]]\nname = \"r\"\nlimit = 5\nperiod = \"1s\"\n"
+     "penalty = { denials = 0, window = \"1m\", block = \"1m\" }\n",
+     "5:23", "penalty denials 0 is out of range; write a count from 1 to 1000000"},
+    {"penalty_window_too_long",
+     "[[rule]]\nname = \"r\"\nlimit = 5\nperiod = \"1s\"\n"
+     "penalty = { denials = 3, window = \"2d\", block = \"1m\" }\n",
+     "5:35", "penalty window \"2d\" is out of range; write a duration from \"1ms\" to \"1d\""},
+    {"penalty_on_global_rule",
+     "[redis]\n[[rule]]\nname = \"r\"\nlimit = 5\nperiod = \"1s\"\nscope = \"global\"\n"
+     "penalty = { denials = 3, window = \"1m\", block = \"1m\" }\n",
+     "7:11", "penalty applies only to local rules for now"},
     {"access_unknown_user", "[access]\nusers = [0, \"no-such-user-x\"]\n", "2:13",
      "there is no user \"no-such-user-x\" on this machine; write a name from /etc/passwd"},
     {"access_unknown_admin_group", "[access]\nadmin_group = \"no-such-group-x\"\n", "2:15",
@@ -631,6 +650,23 @@ TEST(ConfigTest, OverridesArePartOfTheRulesIdentity) {
   EXPECT_EQ(with, idOf("overrides = [{ prefix = \"pro:\", limit = 100 }]\n"));
   EXPECT_NE(with, idOf("overrides = [{ prefix = \"pro:\", limit = 200 }]\n"));
   EXPECT_NE(with, idOf(""));
+}
+
+// Verifies a penalty is stored in its units.
+TEST(ConfigTest, PenaltyIsStored) {
+  Config config = mustLoad(R"(
+[[rule]]
+name = "login"
+limit = 5
+period = "1m"
+penalty = { denials = 10, window = "1m", block = "15m" }
+)");
+  const Rule* rule = config.rules->find("login");
+  ASSERT_NE(rule, nullptr);
+  ASSERT_TRUE(rule->penalty.has_value());
+  EXPECT_EQ(rule->penalty->denials, 10);
+  EXPECT_EQ(rule->penalty->window_ns, 60'000'000'000);
+  EXPECT_EQ(rule->penalty->block_ns, 900'000'000'000);
 }
 
 // Verifies that a file given by path names that path in its errors.
