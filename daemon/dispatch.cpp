@@ -49,6 +49,9 @@ Decision blockedDecision(const Rule& rule, int64_t left_ns) {
   return decision;
 }
 
+// The most overrides of one rule that `rules` lists.
+constexpr size_t kMaxListedOverrides = 100;
+
 constexpr std::string_view kTableFull =
     "the key table is full and no key could be evicted; raise [keys] max_keys or max_memory";
 
@@ -905,7 +908,7 @@ void Dispatcher::writeRules(uint32_t msgid, std::string* out) {
   const auto& rules = rules_->rules();
   w.writeArrayHeader(static_cast<uint32_t>(rules.size()));
   for (const Rule& rule : rules) {
-    w.writeMapHeader(10);
+    w.writeMapHeader(11);
     w.writeStr("name");
     w.writeStr(rule.name);
     w.writeStr("algorithm");
@@ -934,9 +937,14 @@ void Dispatcher::writeRules(uint32_t msgid, std::string* out) {
     } else {
       w.writeNil();
     }
+    // A rule may have many exact-key overrides; the answer must stay far
+    // below max_output_bytes, so it lists the first ones and the count.
+    size_t listed = std::min(rule.overrides.size(), kMaxListedOverrides);
+    w.writeStr("override_count");
+    w.writeUint(rule.overrides.size());
     w.writeStr("overrides");
-    w.writeArrayHeader(static_cast<uint32_t>(rule.overrides.size()));
-    for (const Override& override : rule.overrides) {
+    w.writeArrayHeader(static_cast<uint32_t>(listed));
+    for (const Override& override : std::span(rule.overrides).first(listed)) {
       w.writeMapHeader(2);
       w.writeStr(override.match == Override::Match::kKey      ? "key"
                  : override.match == Override::Match::kPrefix ? "prefix"

@@ -277,6 +277,7 @@ class ProtocolTest(unittest.TestCase):
         self.assertEqual([o.get("prefix") or o.get("key") or o.get("glob")
                           for o in listed["overrides"]], ["pro:", "pro:vip:", "acme", "*-eu"])
         self.assertEqual(listed["overrides"][2]["limits"][0]["limit"], 10)
+        self.assertEqual(listed["override_count"], 4)
 
     # Verifies a penalty: the third denial within the window blocks the key
     # (mode "blocked", retry_after_ms the block's rest, peek and acquire_all
