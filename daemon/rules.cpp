@@ -11,9 +11,11 @@ RuleSet::RuleSet(std::vector<Rule> rules, uint32_t fallback_nodes)
   // id names key-table entries, so variants need no ids of their own.
   for (Rule& rule : rules_) {
     rule.first_variant = variants_.size();
+    if (rule.overrides.empty()) continue;
+    Rule base = rule;  // copied once: a rule may have many overrides
+    base.overrides.clear();
     for (const Override& override : rule.overrides) {
-      Rule variant = rule;
-      variant.overrides.clear();
+      Rule variant = base;
       variant.limits = override.limits;
       variants_.push_back(std::move(variant));
     }
@@ -21,7 +23,11 @@ RuleSet::RuleSet(std::vector<Rule> rules, uint32_t fallback_nodes)
   for (const Rule& rule : rules_) {
     for (uint32_t i = 0; i < rule.overrides.size(); ++i) {
       const Override& override = rule.overrides[i];
-      if (override.match == Override::Match::kKey) exact_[rule.id].emplace(override.pattern, i + 1);
+      if (override.match == Override::Match::kKey) {
+        exact_[rule.id].emplace(override.pattern, i + 1);
+      } else {
+        scanned_[rule.id].push_back(i);
+      }
     }
   }
   int64_t nodes = fallback_nodes_;
@@ -60,9 +66,11 @@ uint32_t RuleSet::matchOverride(const Rule& rule, std::string_view key) const {
   if (auto keys = exact_.find(rule.id); keys != exact_.end()) {
     if (auto hit = keys->second.find(key); hit != keys->second.end()) return hit->second;
   }
+  auto scanned = scanned_.find(rule.id);
+  if (scanned == scanned_.end()) return 0;
   uint32_t best = 0;
   size_t best_length = 0;
-  for (uint32_t i = 0; i < rule.overrides.size(); ++i) {
+  for (uint32_t i : scanned->second) {
     const Override& override = rule.overrides[i];
     if (override.match == Override::Match::kPrefix && key.starts_with(override.pattern) &&
         (best == 0 || override.pattern.size() > best_length)) {
@@ -71,7 +79,7 @@ uint32_t RuleSet::matchOverride(const Rule& rule, std::string_view key) const {
     }
   }
   if (best != 0) return best;
-  for (uint32_t i = 0; i < rule.overrides.size(); ++i) {
+  for (uint32_t i : scanned->second) {
     const Override& override = rule.overrides[i];
     if (override.match == Override::Match::kGlob && globMatch(override.pattern, key)) return i + 1;
   }

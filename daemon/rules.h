@@ -148,8 +148,10 @@ class RuleSet {
   uint32_t fallback_nodes_ = 1;
   std::vector<Rule> shares_;  // one per global rule, built once
   std::vector<Rule> variants_;  // one per override, by rule in order
-  // Exact-key overrides of each rule with any: key -> override index + 1.
+  // By rule id, of the rules with overrides: the exact keys (key ->
+  // override index + 1), and the indices of the prefixes and globs.
   std::unordered_map<uint32_t, std::unordered_map<std::string_view, uint32_t>> exact_;
+  std::unordered_map<uint32_t, std::vector<uint32_t>> scanned_;
   std::unordered_map<std::string_view, const Rule*> by_name_;
   std::unordered_map<uint32_t, const Rule*> by_id_;  // rules and shares
 };
