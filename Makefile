@@ -7,8 +7,12 @@
 #                   (without the timing-bound fleet tests, label `fleet`)
 #   make test-tsan  the same under ThreadSanitizer
 #   make bench      build optimised and print the benchmark figures: the
-#                   local path (bench/run.sh), then the global path against
-#                   a redis-server of its own (bench/global.sh)
+#                   local path (bench/run.sh), the global path against a
+#                   redis-server of its own (bench/global.sh), and the fleet
+#                   (bench/fleet.py: N daemons on one Redis under load shapes
+#                   and Redis faults), with PNG plots (bench/plots.py), into
+#                   bench/results/; BENCH_MODE=quick is a smoke run of under
+#                   a minute (its files end in -quick and are not kept)
 #   make fuzz       build the libFuzzer targets (clang) and run each for
 #                   FUZZ_SECONDS (default 60) on a copy of its corpus
 #   make install    build optimised and install under PREFIX (default /usr,
@@ -26,6 +30,8 @@ PACKAGES := cmake make g++ pkg-config libuv1-dev libhiredis-dev libmsgpack-cxx-d
 NODE_PACKAGES := nodejs npm
 # dpkg-shlibdeps (dpkg-dev) and file work out the package's Depends.
 PACKAGE_PACKAGES := dpkg-dev file
+# matplotlib draws the benchmark's plots.
+BENCH_PACKAGES := python3-matplotlib
 FUZZ_PACKAGES := clang libclang-rt-14-dev
 FUZZ_TARGETS := rpc config lease_reply
 FUZZ_SECONDS ?= 60
@@ -83,9 +89,12 @@ test-tsan: deps
 	cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j $(JOBS) -LE fleet
 
 bench: deps
+	$(call install,$(BENCH_PACKAGES))
 	$(call configure,build-release,Release,-DSLUICE_BUILD_TESTS=OFF)
 	./bench/run.sh build-release
 	./bench/global.sh build-release
+	/usr/bin/python3 bench/fleet.py build-release
+	/usr/bin/python3 bench/plots.py
 
 # install and package share build-release with bench, configured for the
 # prefix /usr: the units name /usr/sbin/sluiced and /etc/sluice/sluice.toml,

@@ -12,6 +12,33 @@ bench_setup() {  # SCRIPT_NAME "$@"
   fi
   build=$(cd "$1" && pwd)
   load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+  bench_mode_defaults
+}
+
+# BENCH_MODE=quick (the smoke run of `make bench`, bench/fleet.py's quick mode
+# too) shortens every measurement to BENCH_QUICK_SECONDS and measures one round,
+# over fewer keys; a knob set in the environment still wins. BENCH_MODE=full
+# (the default) leaves the scripts' own defaults.
+BENCH_QUICK_SECONDS=0.5
+BENCH_QUICK_KEYS=100000
+bench_mode_defaults() {
+  case ${BENCH_MODE:-full} in
+    full) ;;
+    quick)
+      : "${BENCH_SECONDS:=$BENCH_QUICK_SECONDS}" "${BENCH_SYNC_SECONDS:=$BENCH_QUICK_SECONDS}"
+      : "${BENCH_ROUNDS:=1}" "${BENCH_SYNC_ROUNDS:=1}" "${BENCH_KEYS:=$BENCH_QUICK_KEYS}"
+      ;;
+    *)
+      echo "bench: BENCH_MODE is quick or full, not '$BENCH_MODE'" >&2
+      exit 2
+      ;;
+  esac
+}
+
+# The file a script's table is saved in under bench/results/: NAME.md, or
+# NAME-quick.md for a smoke run (ignored by git, so the full run's stay).
+bench_result_name() {  # NAME
+  if [ "${BENCH_MODE:-full}" = quick ]; then echo "$1-quick.md"; else echo "$1.md"; fi
 }
 
 # Value of key=... on a line of load's output.

@@ -262,4 +262,4 @@ report() {
 }
 
 mkdir -p "$here/results"
-report | tee "$here/results/global.md"
+report | tee "$here/results/$(bench_result_name global)"

@@ -398,4 +398,4 @@ report() {
 }
 
 mkdir -p "$here/results"
-report | tee "$here/results/latest.md"
+report | tee "$here/results/$(bench_result_name latest)"
