@@ -216,6 +216,8 @@ class LeaseBroker {
 
   // Control thread.
   void setBreaker(Breaker breaker, int64_t now_ns);
+  // While the breaker is open: since when (monotonic ns); 0 otherwise.
+  int64_t openSinceNs() const { return open_since_ns_.load(std::memory_order_acquire); }
   void startLearning(int64_t now_ns, int64_t longest_period_ns);
   // Takes every queued request.
   void takeRequests(std::vector<LeaseRequest>* out);

@@ -79,7 +79,7 @@ void LeaseManager::onWakeup() {
       continue;
     }
     if (request.kind == LeaseRequest::Kind::kDebit) {
-      if (rule != nullptr && leasable(*rule) && up_) sendDebit(*rule, request.key, request.n, nullptr);
+      if (rule != nullptr && leasable(*rule) && up_) sendDebit(*rule, request.key, request.n, 0, nullptr);
       continue;
     }
     if (rule == nullptr || !leasable(*rule) || !up_ || !context_.broker->leasing()) {
@@ -246,8 +246,8 @@ void LeaseManager::sendReturn(const Rule& rule, std::string_view key, int64_t un
 }
 
 void LeaseManager::sendDebit(const Rule& rule, std::string_view key, int64_t units,
-                             std::function<void()> done) {
-  callScript(rule, key, scripts::rateArgv(scripts::Op::kDebit, units, 0, rule.limits.front()),
+                             int64_t span_ms, std::function<void()> done) {
+  callScript(rule, key, scripts::rateArgv(scripts::Op::kDebit, units, span_ms, rule.limits.front()),
              config_.lease_timeout_ms + config_.health_timeout_ms,
              [this, units, done](const RedisResult& result) {
                if (result.status == RedisStatus::kOk) {
@@ -271,7 +271,10 @@ void LeaseManager::onDown() {
 void LeaseManager::onUp() {
   up_ = true;
   ++half_open_epoch_;
-  context_.broker->setBreaker(Breaker::kHalfOpen, monotonicNowNs());
+  int64_t now_ns = monotonicNowNs();
+  int64_t opened_ns = context_.broker->openSinceNs();
+  fallback_began_ns_ = opened_ns != 0 ? opened_ns : now_ns;
+  context_.broker->setBreaker(Breaker::kHalfOpen, now_ns);
   startHalfOpen();
 }
 
@@ -339,9 +342,15 @@ void LeaseManager::startHalfOpen() {
     if (units > 0) debits.push_back({global, std::string(entry.key()), units});
   });
   half_open_pending_ += debits.size();  // before any answer: one may come at once
-  for (const Debit& debit : debits) sendDebit(*debit.rule, debit.key, debit.units, answered);
+  // The units were admitted over the whole fallback span, which the shares
+  // held to the limit: charged over it, they leave no debt for the span.
+  int64_t span_ms = std::max<int64_t>(monotonicNowNs() - fallback_began_ns_, 0) / 1'000'000;
+  for (const Debit& debit : debits) {
+    sendDebit(*debit.rule, debit.key, debit.units, span_ms, answered);
+  }
   if (!debits.empty()) {
-    spdlog::info("lease: debiting {} keys' fallback admissions", debits.size());
+    spdlog::info("lease: debiting {} keys' fallback admissions of the last {} ms", debits.size(),
+                 span_ms);
   }
   checkHalfOpenDone();
 }

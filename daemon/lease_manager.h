@@ -87,8 +87,10 @@ class LeaseManager {
   void sendLease(const LeaseRequest& request, const Rule& rule);
   void sendReturn(const Rule& rule, std::string_view key, int64_t units, int64_t lease_now_ms,
                   int64_t timeout_ms, std::function<void()> done);
-  // Sends a debit of `units`; `done` runs once it is answered or failed.
-  void sendDebit(const Rule& rule, std::string_view key, int64_t units, std::function<void()> done);
+  // Sends a debit of `units` admitted over the last `span_ms` (0: just now);
+  // `done` runs once it is answered or failed.
+  void sendDebit(const Rule& rule, std::string_view key, int64_t units, int64_t span_ms,
+                 std::function<void()> done);
   // Sends (or queues: see kMaxScriptsInFlight) an EVALSHA of rule's lease
   // script on (rule, key); `on_result` gets its result, kDisconnected when
   // Redis went down before it could be sent.
@@ -126,6 +128,7 @@ class LeaseManager {
   std::vector<LeaseRequest> taken_;
   bool up_ = false;
   uint64_t half_open_epoch_ = 0;  // bumped on every onUp/onDown
+  int64_t fallback_began_ns_ = 0;  // onUp: when the breaker last opened
   size_t half_open_pending_ = 0;  // debits and INFO not answered yet
   std::string run_id_;            // of the Redis we last talked to
   std::string last_error_;        // the last lease error logged

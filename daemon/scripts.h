@@ -60,8 +60,10 @@ std::optional<Script> forAlgorithm(Algorithm algorithm);
 //             has ended (fixed_window) or for one before the previous one
 //             (sliding_window), so a late return never refunds units other
 //             nodes leased in a newer window.
-//  - kDebit:  take n units unconditionally (units admitted in fallback); the
-//             global state may go into debt. Rate scripts only.
+//  - kDebit:  take n units unconditionally (units admitted in fallback),
+//             charged as spent over the last `need` ms (the fallback span;
+//             0: just now); the global state may go into debt. Rate scripts
+//             only.
 //  - kPeek:   take nothing, report the state (retry_after_ms for `need`).
 //  - kRenew:  extend the node's holding to now + lease TTL. Concurrency only.
 enum class Op { kLease, kReturn, kDebit, kPeek, kRenew };
@@ -70,7 +72,8 @@ std::string_view opName(Op op);
 // ARGV of token_bucket, gcra, fixed_window and sliding_window:
 // {op, n, need, limit, period_ms, burst, now_us}. period_ms is
 // limit.period_ns in whole ms, rounded up (config periods are whole ms).
-// need is 1..n for kLease and 0..burst for kPeek; n is ignored by kPeek.
+// need is 1..n for kLease, 0..burst for kPeek and the span in ms for
+// kDebit; n is ignored by kPeek.
 // For kLease, kDebit and kPeek; a kReturn built here (without a window) is
 // an error reply from fixed_window and sliding_window: use returnArgv.
 std::vector<std::string> rateArgv(Op op, int64_t n, int64_t need, const Limit& limit, int64_t now_us = 0);

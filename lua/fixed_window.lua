@@ -28,7 +28,11 @@
 --              "peek"   take nothing, report the state.
 -- ARGV[2]  n: units (lease: at most; return, debit: exactly; peek: ignored).
 -- ARGV[3]  need: lease: the fewest units worth granting, 1 <= need <= n;
---          peek: report retry_after_ms for this many units (0 is allowed).
+--          peek: report retry_after_ms for this many units (0 is allowed);
+--          debit: how long ago (ms) the units began to be admitted (the
+--          start of the fallback span; 0: just now). Only the share of them
+--          that falls in the window counting now is counted (spread evenly
+--          over the span); those of windows already over weigh nothing.
 -- ARGV[4]  limit: units per window, >= 1.
 -- ARGV[5]  period_ms: the window's length, >= 1.
 -- ARGV[6]  burst: unused (pass limit); kept so every rate script takes the
@@ -166,7 +170,12 @@ elseif op == 'return' then
     store()
   end
 elseif op == 'debit' then
-  count = math.min(count + n, max_count)
+  local units = n
+  if need > 0 then
+    local span = need * 1000
+    units = math.ceil(n * (math.min(span, math.max(now - now_id * period, 0)) / span))
+  end
+  count = math.min(count + units, max_count)
   store()
 elseif op ~= 'peek' then
   return fail('op must be lease, return, debit or peek')

@@ -16,7 +16,11 @@
 --              "peek"   take nothing, report the state.
 -- ARGV[2]  n: units (lease: at most; return, debit: exactly; peek: ignored).
 -- ARGV[3]  need: lease: the fewest units worth granting, 1 <= need <= n;
---          peek: report retry_after_ms for this many units (0 is allowed).
+--          peek: report retry_after_ms for this many units (0 is allowed);
+--          debit: how long ago (ms) the units began to be admitted (the
+--          start of the fallback span; 0: just now). They are charged as
+--          spent over that span, so a fleet that its fallback shares held
+--          to the limit leaves the state empty, not in debt for the span.
 -- ARGV[4]  limit: units per period, >= 1.
 -- ARGV[5]  period_ms: >= 1.
 -- ARGV[6]  burst: units a fresh key may take at once, >= 0.
@@ -135,8 +139,13 @@ elseif op == 'return' then
     tat = math.max(tat, now)
   end
 elseif op == 'debit' then
-  tat = math.min(tat + n * interval, now + MAX_SPAN_US)
+  -- Spent since `need` ms ago: the TAT as it was then, the cells spaced on.
+  local since = now - need * 1000
+  local from = since
+  if stored then from = math.max(tonumber(stored), since) end
+  tat = math.min(from + n * interval, now + MAX_SPAN_US)
   store(tat)
+  tat = math.max(tat, now)
 elseif op ~= 'peek' then
   return fail('op must be lease, return, debit or peek')
 end

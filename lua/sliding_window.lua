@@ -35,7 +35,11 @@
 --              "peek"   take nothing, report the state.
 -- ARGV[2]  n: units (lease: at most; return, debit: exactly; peek: ignored).
 -- ARGV[3]  need: lease: the fewest units worth granting, 1 <= need <= n;
---          peek: report retry_after_ms for this many units (0 is allowed).
+--          peek: report retry_after_ms for this many units (0 is allowed);
+--          debit: how long ago (ms) the units began to be admitted (the
+--          start of the fallback span; 0: just now). Only the share of them
+--          that falls in the sliding period ending now is counted (spread evenly
+--          over the span); those of windows already over weigh nothing.
 -- ARGV[4]  limit: units per sliding period, 1 <= limit < 2^26.
 -- ARGV[5]  period_ms: the window's length, >= 1.
 -- ARGV[6]  burst: unused (pass limit); kept so every rate script takes the
@@ -245,7 +249,12 @@ if op == 'lease' then
 elseif op == 'return' then
   if returned then store() end
 elseif op == 'debit' then
-  cur = math.min(cur + n, max_cur)
+  local units = n
+  if need > 0 then
+    local span = need * 1000
+    units = math.ceil(n * (math.min(span, period) / span))
+  end
+  cur = math.min(cur + units, max_cur)
   store()
 elseif op ~= 'peek' then
   return fail('op must be lease, return, debit or peek')

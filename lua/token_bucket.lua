@@ -16,7 +16,11 @@
 --              "peek"   take nothing, report the state.
 -- ARGV[2]  n: units (lease: at most; return, debit: exactly; peek: ignored).
 -- ARGV[3]  need: lease: the fewest units worth granting, 1 <= need <= n;
---          peek: report retry_after_ms for this many units (0 is allowed).
+--          peek: report retry_after_ms for this many units (0 is allowed);
+--          debit: how long ago (ms) the units began to be admitted (the
+--          start of the fallback span; 0: just now). They are charged as
+--          spent over that span, so a fleet that its fallback shares held
+--          to the limit leaves the state empty, not in debt for the span.
 -- ARGV[4]  limit: units refilled per period, >= 1.
 -- ARGV[5]  period_ms: >= 1.
 -- ARGV[6]  burst: the bucket's capacity in units, >= 0.
@@ -134,8 +138,13 @@ elseif op == 'return' then
     empty = math.max(empty, full)
   end
 elseif op == 'debit' then
-  empty = math.min(empty + n * interval, now + MAX_SPAN_US)
+  -- Spent since `need` ms ago: the bucket as it was then, refilled meanwhile.
+  local since_full = now - need * 1000 - burst * interval
+  local from = since_full
+  if stored then from = math.max(tonumber(stored), since_full) end
+  empty = math.min(from + n * interval, now + MAX_SPAN_US)
   store(empty)
+  empty = math.max(empty, full)
 elseif op ~= 'peek' then
   return fail('op must be lease, return, debit or peek')
 end

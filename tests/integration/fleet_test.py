@@ -68,6 +68,12 @@ SWITCH_BOUND_MS = 500 + SWITCH_MARGIN_MS
 # Reconnects back off up to 2 s with +-20% jitter: Redis is back within
 # 2.4 s of being reachable again, plus the margin.
 RECOVER_BOUND_MS = 2400 + 600
+# After Redis comes back with the fleet's state, the longest the fleet may go
+# without admitting anything: what fallback admitted is charged over the
+# fault, so it leaves no debt (before, a fault of T left about T of silence).
+# Checked after CLIENT PAUSE; after SIGSTOP a silence of about the fault's
+# length remains (see README, "the fleet benchmark").
+RESUME_GAP_MS = 500
 LEASE_STATS = ("requested", "granted", "failed", "returned_units", "debited_units",
                "negative_cache_hits", "deferred", "fallback_entries", "fallback_ms")
 # The accuracy lower bound: admitted >= this share of limit x T + burst.
@@ -573,11 +579,13 @@ class FleetFaultTest(FleetCase):
     """2-3 daemons under steady load at 2x the limit while Redis fails."""
 
     def fault_run(self, name, nodes, redis, port, duration, events, fault, recovery,
-                  learning=False):
+                  learning=False, resumes=False):
         """Drives the fleet through events and checks what every fault must
         keep true. `fault` and `recovery` name the events (None: before the
-        run starts, or never). Prints the summary; returns the run and the
-        leasing checks, for the caller to add its own and assert them."""
+        run starts, or never). With `resumes`, the fleet must go on admitting
+        within RESUME_GAP_MS of the recovery. Prints the summary; returns the
+        run and the leasing checks, for the caller to add its own and assert
+        them."""
         daemons = self.start_daemons(nodes, port)
         if redis is not None and redis.proc is not None:
             self.wait_fleet_up(daemons)
@@ -648,6 +656,11 @@ class FleetFaultTest(FleetCase):
             checks.append(("decisions back to normal within %d ms of recovery (took %s ms)"
                            % (RECOVER_BOUND_MS, fmt(ms(back_to_normal))),
                            back_to_normal is not None and ms(back_to_normal) <= RECOVER_BOUND_MS))
+        if resumes:
+            admitted = sorted(r.sent for r in run.all() if r.allowed and r.sent >= t_recovery)
+            gap = max((b - a for a, b in zip([t_recovery] + admitted, admitted)), default=math.inf)
+            checks.append(("admissions go on after the recovery: longest gap %s ms"
+                           % fmt(gap * 1000), gap * 1000 <= RESUME_GAP_MS))
         if learning:
             learned = [any(h.get("learning") is True for t, h in node
                            if t >= t_recovery and h["redis"] == "up") for node in run.health]
@@ -689,7 +702,8 @@ class FleetFaultTest(FleetCase):
         self.assert_leasing(checks)
 
     # Verifies CLIENT PAUSE 2000 (every command held for 2 s) is a fault like
-    # any other: no stall, fallback, normal again once the pause ends.
+    # any other: no stall, fallback, normal again once the pause ends, and
+    # the fleet goes on admitting at once (the debit leaves no debt).
     def test_redis_client_pause(self):
         redis = self.start_redis()
 
@@ -699,7 +713,7 @@ class FleetFaultTest(FleetCase):
         _, checks = self.fault_run(
             "c_pause", 2, redis, redis.port, duration=7.5,
             events=[(2.0, "pause", pause), (4.0, "unpaused", lambda: None)],
-            fault="pause", recovery="unpaused")
+            fault="pause", recovery="unpaused", resumes=True)
         self.assert_leasing(checks)
 
     # Verifies daemons started before their Redis run in fallback, then move to

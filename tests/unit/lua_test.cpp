@@ -459,6 +459,34 @@ TEST_P(LuaBatchTest, DebitOverdrawsAndTheNextLeaseWaitsForTheDebt) {
   EXPECT_EQ(rate(c.script, "k", Op::kLease, 1, 1, kFivePerSecond, ready_us).granted, 1);
 }
 
+// Verifies that a debit charged over its span (the fallback's) charges only
+// what went beyond the rate: on a bucket of 5/s, 15 units over 3 s leave it
+// full, 20 leave it empty (no debt), 25 leave one second of debt. The window
+// scripts count only the span's share in the window that counts now.
+TEST_P(LuaBatchTest, DebitOverItsSpanChargesOnlyBeyondTheRate) {
+  const BatchCase c = GetParam();
+  const int64_t span_ms = 3000;
+  const bool bucket = c.script == Script::kTokenBucket || c.script == Script::kGcra;
+  // Half a second into a window: a fixed window holds 1/6 of the span, a
+  // sliding window of 1 s a third.
+  const int64_t now_us = kBaseUs + 500 * kMsUs;
+  rate(c.script, "a", Op::kDebit, 15, span_ms, kFivePerSecond, now_us);
+  auto full = rate(c.script, "a", Op::kPeek, 0, 1, kFivePerSecond, now_us);
+  EXPECT_EQ(full.remaining, bucket ? 5 : c.script == Script::kFixedWindow ? 2 : 0);
+  rate(c.script, "b", Op::kDebit, 20, span_ms, kFivePerSecond, now_us);
+  auto empty = rate(c.script, "b", Op::kPeek, 0, 1, kFivePerSecond, now_us);
+  EXPECT_EQ(empty.remaining, c.script == Script::kFixedWindow ? 1 : 0);  // 4 of 20 counted
+  if (bucket) {
+    EXPECT_EQ(empty.retry_after_ms, 200);  // one refill, no debt
+    rate(c.script, "c", Op::kDebit, 25, span_ms, kFivePerSecond, now_us);
+    EXPECT_EQ(rate(c.script, "c", Op::kPeek, 0, 1, kFivePerSecond, now_us).retry_after_ms, 1200);
+  }
+  // A span of 0 is the old debit: everything charged now.
+  rate(c.script, "d", Op::kDebit, 8, 0, kFivePerSecond, kBaseUs);
+  EXPECT_EQ(rate(c.script, "d", Op::kLease, 1, 1, kFivePerSecond, kBaseUs).retry_after_ms,
+            c.debt_retry_ms);
+}
+
 // Verifies that every key a lease or a debit writes expires, no later than
 // the state stops mattering (TIME from Redis itself, no override).
 TEST_P(LuaBatchTest, WrittenKeysExpireWithinTheirDocumentedBound) {
