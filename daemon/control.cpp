@@ -57,6 +57,11 @@ void Control::start() {
   heartbeat_script_ =
       link_->registerScript(std::string(heartbeat.name), std::string(heartbeat.source));
   if (lease_context_.keys != nullptr) {
+    lease_context_.redis_now_us = [this]() -> std::optional<int64_t> {
+      int64_t offset_us = clock_offset_us_.load(std::memory_order_acquire);
+      if (offset_us == kNoOffset) return std::nullopt;
+      return monotonicNowUs() + offset_us;
+    };
     leases_ = std::make_unique<LeaseManager>(*link_, config_, lease_context_);
     lease_context_.broker->setWakeup(&wakeup_);
   }

@@ -131,7 +131,13 @@ void LeaseManager::dropWaiting() {
 void LeaseManager::sendLease(const LeaseRequest& request, const Rule& rule) {
   const Limit& limit = rule.limits.front();
   context_.broker->counters().requested.fetch_add(1, std::memory_order_relaxed);
-  callScript(rule, request.key, scripts::rateArgv(scripts::Op::kLease, request.n, request.need, limit),
+  int64_t deadline_us = 0;
+  if (context_.redis_now_us) {
+    if (std::optional<int64_t> now_us = context_.redis_now_us()) {
+      deadline_us = *now_us + std::max(kMinLeaseDeadlineUs, 2 * config_.lease_timeout_ms * 1000);
+    }
+  }
+  callScript(rule, request.key, scripts::leaseArgv(request.n, request.need, limit, deadline_us),
              config_.lease_timeout_ms,
              [this, request, algorithm = rule.algorithm, limit](const RedisResult& result) {
                onLeaseReply(request, algorithm, limit, result);

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,7 +48,16 @@ struct LeaseContext {
   LeaseBroker* broker = nullptr;
   // The current rule set (any thread; the server's config lock inside).
   std::function<RuleSetPtr()> rules;
+  // Redis's clock now (µs), from the control thread's estimate; nullopt
+  // before the first heartbeat. Set by Control.
+  std::function<std::optional<int64_t>()> redis_now_us;
 };
+
+// How long after it is built a lease may still grant: at least this, and at
+// least twice lease_timeout. Later, Redis runs it as a peek (a lease stuck in
+// a frozen Redis's socket), so it cannot take units before this node's
+// debit after the outage.
+constexpr int64_t kMinLeaseDeadlineUs = 1'000'000;
 
 // Script calls (leases, returns, debits) waiting on Redis at once; the rest
 // wait in the manager, in order. Redis runs scripts one at a time, so a

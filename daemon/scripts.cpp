@@ -78,6 +78,12 @@ int64_t leaseWindow(int64_t lease_now_ms, const Limit& limit) {
   return lease_now_ms / period_ms;
 }
 
+std::vector<std::string> leaseArgv(int64_t n, int64_t need, const Limit& limit, int64_t deadline_us) {
+  std::vector<std::string> argv = rateArgv(Op::kLease, n, need, limit);
+  argv.push_back(std::to_string(deadline_us));
+  return argv;
+}
+
 std::vector<std::string> returnArgv(int64_t n, const Limit& limit, int64_t lease_window, int64_t now_us) {
   std::vector<std::string> argv = rateArgv(Op::kReturn, n, 0, limit, now_us);
   argv.push_back(std::to_string(lease_window));

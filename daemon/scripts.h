@@ -86,6 +86,12 @@ std::vector<std::string> rateArgv(Op op, int64_t n, int64_t need, const Limit& l
 // only the newest lease's, up to what that lease granted).
 int64_t leaseWindow(int64_t lease_now_ms, const Limit& limit);
 
+// ARGV of a kLease on any rate script: rateArgv's, then deadline_us (Redis
+// clock, µs; 0: none): a lease that Redis runs after it grants nothing and
+// replies as a peek, so a lease the daemon gave up on (Redis frozen with it
+// in its socket) cannot take units that nobody will spend.
+std::vector<std::string> leaseArgv(int64_t n, int64_t need, const Limit& limit, int64_t deadline_us);
+
 // ARGV of a kReturn on any rate script: {"return", n, "0", limit, period_ms,
 // burst, now_us, lease_window}, lease_window from leaseWindow. fixed_window
 // lowers its count only when lease_window is its stored, still current

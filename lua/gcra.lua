@@ -26,8 +26,10 @@
 -- ARGV[6]  burst: units a fresh key may take at once, >= 0.
 -- ARGV[7]  now_us: "0" reads Redis TIME, which is what the daemon always
 --          passes; any other value is the time to use (µs). A test seam only.
--- ARGV[8]  window: ignored; fixed_window's and sliding_window's return
---          needs it, and every rate script takes the same ARGV.
+-- ARGV[8]  lease: its deadline (µs, Redis clock; 0 or absent: none): run
+--          later, the lease grants nothing and replies as a peek. Other
+--          ops ignore it (fixed_window's and sliding_window's return take
+--          the window there; every rate script takes the same ARGV).
 --
 -- Needs Redis >= 5: the script writes after TIME, which takes effects
 -- replication (the default from 5.0, the only mode from 7.0); it asks for it
@@ -98,6 +100,15 @@ if now == 0 then
   if redis.replicate_commands then redis.replicate_commands() end
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- A lease that runs after its deadline (ARGV[8]) was given up on by the
+-- daemon that sent it: Redis was frozen or slow with the call in its socket.
+-- Granting would take units nobody spends (and, after an outage, would run
+-- before that daemon's debit), so it only reports, as a peek does.
+if op == 'lease' then
+  local deadline = int_arg(8, 0, 2 ^ 53)
+  if deadline and deadline > 0 and now > deadline then op = 'peek' end
 end
 
 local interval = idiv(period_ms * 1000 + limit - 1, limit)

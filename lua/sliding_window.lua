@@ -46,7 +46,9 @@
 --          same ARGV.
 -- ARGV[7]  now_us: "0" reads Redis TIME, which is what the daemon always
 --          passes; any other value is the time to use (µs). A test seam only.
--- ARGV[8]  window: return only (required there, ignored otherwise): the id of
+-- ARGV[8]  lease: its deadline (µs, Redis clock; 0 or absent: none): run
+--          later, the lease grants nothing and replies as a peek.
+--          Return (required there): the window: the id of
 --          the window the returned units were leased in, floor(now_ms /
 --          period_ms) of the now_ms that the granting lease replied (the
 --          lease counted them in exactly that window: period_us is a whole
@@ -159,6 +161,15 @@ if now == 0 then
   if redis.replicate_commands then redis.replicate_commands() end
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- A lease that runs after its deadline (ARGV[8]) was given up on by the
+-- daemon that sent it: Redis was frozen or slow with the call in its socket.
+-- Granting would take units nobody spends (and, after an outage, would run
+-- before that daemon's debit), so it only reports, as a peek does.
+if op == 'lease' then
+  local deadline = int_arg(8, 0, 2 ^ 53)
+  if deadline and deadline > 0 and now > deadline then op = 'peek' end
 end
 
 local period = period_ms * 1000

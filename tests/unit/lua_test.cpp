@@ -487,6 +487,24 @@ TEST_P(LuaBatchTest, DebitOverItsSpanChargesOnlyBeyondTheRate) {
             c.debt_retry_ms);
 }
 
+// Verifies a lease's deadline: before it the lease grants, after it the
+// script grants nothing and leaves the state as it was (a peek), and 0 is
+// no deadline.
+TEST_P(LuaBatchTest, LeaseAfterItsDeadlineGrantsNothing) {
+  const BatchCase c = GetParam();
+  auto lease = [&](const char* key, int64_t deadline_us) {
+    std::vector<std::string> argv = scripts::leaseArgv(2, 1, kFivePerSecond, deadline_us);
+    argv[6] = std::to_string(kBaseUs);  // now_us: the test's clock
+    return *scripts::parseLeaseReply(eval(c.script, key, argv));
+  };
+  EXPECT_EQ(lease("in-time", kBaseUs + 1).granted, 2);
+  auto late = lease("late", kBaseUs - 1);
+  EXPECT_EQ(late.granted, 0);
+  EXPECT_EQ(late.remaining, 5);
+  EXPECT_EQ(redis_->integer({"EXISTS", "late"}), 0);
+  EXPECT_EQ(lease("none", 0).granted, 2);
+}
+
 // Verifies that every key a lease or a debit writes expires, no later than
 // the state stops mattering (TIME from Redis itself, no override).
 TEST_P(LuaBatchTest, WrittenKeysExpireWithinTheirDocumentedBound) {
