@@ -159,6 +159,7 @@ class RedisLink {
 
   // True while a connection is established and its handshake is done.
   bool connected() const { return state_ == State::kConnected; }
+  const RedisLinkOptions& options() const { return options_; }
   // The SHA1 the server returned for a script on the current connection, or
   // "" before it is loaded (or when it did not load).
   const std::string& scriptSha(ScriptId id) const { return scripts_.at(id).sha; }
