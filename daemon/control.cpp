@@ -125,6 +125,7 @@ void Control::onWakeup() {
 
 void Control::onConnected() {
   if (stopping_) return;
+  reconnected_ = connected_at_us_ != 0;
   connected_at_us_ = monotonicNowUs();
   setUp(true, "");
   // Count ourselves in at once, then every interval from now.
@@ -214,14 +215,15 @@ void Control::onHeartbeat(const RedisResult& result, int64_t sent_us) {
   if (live == was) return;
   // After an outage longer than a heartbeat's TTL the members set is empty
   // and refills as the nodes reconnect, each on its own backoff: a smaller
-  // count then means "not back yet", not "gone". Until every node can have
-  // reconnected (the backoff's cap, with its jitter) and beaten once more
-  // (a TTL), N only grows: a node that came back first and believed N = 1
-  // would lease the whole limit while the others still spend their shares.
+  // count then means "not back yet", not "gone". Until every node has had a
+  // TTL to beat again, N only grows; after a reconnect, also until every
+  // node can have reconnected (the backoff's cap, with its jitter): a node
+  // that came back first and believed N = 1 would lease the whole limit
+  // while the others still spend their shares.
   const RedisLinkOptions& link = link_->options();
-  auto settle_us = static_cast<int64_t>(
-      (kHeartbeatTtlIntervals * config_.heartbeat_interval_ms +
-       static_cast<double>(link.backoff_max_ms) * (1 + link.backoff_jitter)) * 1000);
+  double settle_ms = kHeartbeatTtlIntervals * config_.heartbeat_interval_ms;
+  if (reconnected_) settle_ms += static_cast<double>(link.backoff_max_ms) * (1 + link.backoff_jitter);
+  auto settle_us = static_cast<int64_t>(settle_ms * 1000);
   if (live < was && received_us - connected_at_us_ < settle_us) return;
   nodes_.store(live, std::memory_order_release);
   spdlog::info("control: {} live nodes (was {})", live, was);

@@ -146,6 +146,7 @@ class Control {
   RedisLink::ScriptId heartbeat_script_ = 0;
   ClockOffsetEstimator clock_;
   int64_t connected_at_us_ = 0;  // the last completed handshake (monotonic)
+  bool reconnected_ = false;     // that handshake followed an earlier one
   bool ping_in_flight_ = false;
   bool beat_in_flight_ = false;
   bool stopping_ = false;

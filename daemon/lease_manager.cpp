@@ -293,52 +293,61 @@ void LeaseManager::startHalfOpen() {
     checkHalfOpenDone();
   };
 
+  // Debits wait for INFO: a Redis that lost the fleet's state (a new
+  // run_id) gets none.
   bool sent = link_.command(
       {"INFO", "server"},
-      [this, answered](const RedisResult& result) {
+      [this, epoch, answered](const RedisResult& result) {
+        bool state_lost = false;
         if (result.status == RedisStatus::kOk) {
           std::string_view text = result.reply->str();
           size_t at = text.find("run_id:");
           if (at != std::string_view::npos) {
             std::string_view rest = text.substr(at + 7);
             std::string run_id(rest.substr(0, rest.find_first_of("\r\n")));
-            if (!run_id_.empty() && run_id != run_id_) {
-              RuleSetPtr rules = context_.rules();
-              int64_t longest = 0;
-              for (const Rule& rule : rules->rules()) {
-                if (leasable(rule)) {
-                  const Limit& limit = rule.limits.front();
-                  longest = std::max(longest, std::max(limit.period_ns,
-                                                       limit.period_ns / limit.limit *
-                                                           leaseCapacity(limit)));
-                }
-              }
-              // The other nodes come back each on its own reconnect backoff
-              // and spend their fallback shares until then: holding to its
-              // share until the last of them is back keeps the fleet's sum
-              // at the limit.
-              const RedisLinkOptions& link = link_.options();
-              auto spread_ns = static_cast<int64_t>(static_cast<double>(link.backoff_max_ms) *
-                                                    (1 + link.backoff_jitter) * 1e6);
-              longest = std::max(longest, spread_ns);
-              spdlog::warn("lease: redis run_id changed ({} -> {}): it restarted or failed over "
-                           "without the fleet's state; learning mode, each node also holds to "
-                           "its share for one period, and until every node can have "
-                           "reconnected",
-                           run_id_, run_id);
-              context_.broker->startLearning(monotonicNowNs(), longest);
-            }
+            state_lost = !run_id_.empty() && run_id != run_id_;
+            if (state_lost) startLearning(run_id);
             run_id_ = run_id;
           }
         }
+        if (epoch == half_open_epoch_) debitFallback(state_lost, answered);
         answered();
       },
       config_.lease_timeout_ms + config_.health_timeout_ms);
   if (!sent) {
     --half_open_pending_;
+    debitFallback(false, answered);
   }
+  checkHalfOpenDone();
+}
 
-  // Debit what fallback admitted: each global rule's share entries count it.
+void LeaseManager::startLearning(const std::string& run_id) {
+  RuleSetPtr rules = context_.rules();
+  int64_t longest = 0;
+  for (const Rule& rule : rules->rules()) {
+    if (leasable(rule)) {
+      const Limit& limit = rule.limits.front();
+      longest = std::max(longest, std::max(limit.period_ns,
+                                           limit.period_ns / limit.limit * leaseCapacity(limit)));
+    }
+  }
+  // The other nodes come back each on its own reconnect backoff and spend
+  // their fallback shares until then: holding to its share until the last of
+  // them is back keeps the fleet's sum at the limit.
+  const RedisLinkOptions& link = link_.options();
+  auto spread_ns = static_cast<int64_t>(static_cast<double>(link.backoff_max_ms) *
+                                        (1 + link.backoff_jitter) * 1e6);
+  longest = std::max(longest, spread_ns);
+  spdlog::warn("lease: redis run_id changed ({} -> {}): it restarted or failed over without "
+               "the fleet's state; learning mode, each node also holds to its share for one "
+               "period, and until every node can have reconnected; fallback admissions are "
+               "not debited to the new state",
+               run_id_, run_id);
+  context_.broker->startLearning(monotonicNowNs(), longest);
+}
+
+void LeaseManager::debitFallback(bool state_lost, const std::function<void()>& answered) {
+  // Each global rule's share entries count what fallback admitted.
   RuleSetPtr rules = context_.rules();
   struct Debit {
     const Rule* rule;
@@ -356,6 +365,10 @@ void LeaseManager::startHalfOpen() {
     auto units = static_cast<int64_t>(entry.state()[word].exchange(0, std::memory_order_acq_rel));
     if (units > 0) debits.push_back({global, std::string(entry.key()), units});
   });
+  // A Redis that lost the state starts full: the others' leases and the
+  // shares' spending since it came back already account for the time, and
+  // what was admitted before it came back has no state to be charged to.
+  if (state_lost || debits.empty()) return;
   half_open_pending_ += debits.size();  // before any answer: one may come at once
   // The units were admitted over the whole fallback span, which the shares
   // held to the limit: charged over it, they leave no debt for the span.
@@ -363,11 +376,8 @@ void LeaseManager::startHalfOpen() {
   for (const Debit& debit : debits) {
     sendDebit(*debit.rule, debit.key, debit.units, span_ms, answered);
   }
-  if (!debits.empty()) {
-    spdlog::info("lease: debiting {} keys' fallback admissions of the last {} ms", debits.size(),
-                 span_ms);
-  }
-  checkHalfOpenDone();
+  spdlog::info("lease: debiting {} keys' fallback admissions of the last {} ms", debits.size(),
+               span_ms);
 }
 
 void LeaseManager::checkHalfOpenDone() {

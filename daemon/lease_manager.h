@@ -101,6 +101,11 @@ class LeaseManager {
   // `done` runs once it is answered or failed.
   void sendDebit(const Rule& rule, std::string_view key, int64_t units, int64_t span_ms,
                  std::function<void()> done);
+  // Redis came back with a new run_id: learning mode (lease.h).
+  void startLearning(const std::string& run_id);
+  // Debits what the fallback shares admitted (nothing when Redis lost the
+  // state); each debit's answer calls `answered`.
+  void debitFallback(bool state_lost, const std::function<void()>& answered);
   // Sends (or queues: see kMaxScriptsInFlight) an EVALSHA of rule's lease
   // script on (rule, key); `on_result` gets its result, kDisconnected when
   // Redis went down before it could be sent.
