@@ -150,11 +150,17 @@ elseif op == 'return' then
     tat = math.max(tat, now)
   end
 elseif op == 'debit' then
-  -- Spent since `need` ms ago: the TAT as it was then, the cells spaced on.
-  local since = now - need * 1000
-  local from = since
-  if stored then from = math.max(tonumber(stored), since) end
-  tat = math.min(from + n * interval, now + MAX_SPAN_US)
+  if need == 0 then
+    -- Admitted just now, beside whatever the state saw: added to it.
+    tat = math.min(tat + n * interval, now + MAX_SPAN_US)
+  else
+    -- Admitted over the last `need` ms, while the node could not reach
+    -- Redis: the cells spaced on from then. What the state saw over the same
+    -- span ran beside them under the same shares, so the later TAT stands,
+    -- not their sum (see token_bucket.lua).
+    local spent = now - need * 1000 + n * interval
+    tat = math.min(math.max(tat, spent), now + MAX_SPAN_US)
+  end
   store(tat)
   tat = math.max(tat, now)
 elseif op ~= 'peek' then

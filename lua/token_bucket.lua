@@ -149,11 +149,19 @@ elseif op == 'return' then
     empty = math.max(empty, full)
   end
 elseif op == 'debit' then
-  -- Spent since `need` ms ago: the bucket as it was then, refilled meanwhile.
-  local since_full = now - need * 1000 - burst * interval
-  local from = since_full
-  if stored then from = math.max(tonumber(stored), since_full) end
-  empty = math.min(from + n * interval, now + MAX_SPAN_US)
+  if need == 0 then
+    -- Admitted just now, beside whatever the state saw: added to it.
+    empty = math.min(empty + n * interval, now + MAX_SPAN_US)
+  else
+    -- Admitted over the last `need` ms, while the node could not reach
+    -- Redis: spent from the bucket as it was then, refilled meanwhile. What
+    -- the state saw over the same span (nodes that were back sooner) ran
+    -- beside it under the same shares, so the later of the two stands, not
+    -- their sum. (A node cut off alone while the others leased on is not
+    -- charged its share of the span: that share is the overshoot bound.)
+    local spent = now - need * 1000 - burst * interval + n * interval
+    empty = math.min(math.max(empty, spent), now + MAX_SPAN_US)
+  end
   store(empty)
   empty = math.max(empty, full)
 elseif op ~= 'peek' then

@@ -480,6 +480,11 @@ TEST_P(LuaBatchTest, DebitOverItsSpanChargesOnlyBeyondTheRate) {
     EXPECT_EQ(empty.retry_after_ms, 200);  // one refill, no debt
     rate(c.script, "c", Op::kDebit, 25, span_ms, kFivePerSecond, now_us);
     EXPECT_EQ(rate(c.script, "c", Op::kPeek, 0, 1, kFivePerSecond, now_us).retry_after_ms, 1200);
+    // Emptied meanwhile by a node that was back sooner: the span's 10 units
+    // ran beside those leases, so nothing is added to the empty bucket.
+    EXPECT_EQ(rate(c.script, "e", Op::kLease, 5, 5, kFivePerSecond, now_us).granted, 5);
+    rate(c.script, "e", Op::kDebit, 10, span_ms, kFivePerSecond, now_us);
+    EXPECT_EQ(rate(c.script, "e", Op::kPeek, 0, 1, kFivePerSecond, now_us).retry_after_ms, 200);
   }
   // A span of 0 is the old debit: everything charged now.
   rate(c.script, "d", Op::kDebit, 8, 0, kFivePerSecond, kBaseUs);
