@@ -167,6 +167,8 @@ bool Dispatcher::defer(const DeferTo* to) {
   if (to == nullptr || deferred_.size() >= kMaxDeferred) return false;
   if (to->frame.data() != nullptr) {
     // A first deferral: keep the frame (the read buffer will be reused).
+    if (deferred_bytes_ + to->frame.size() > kMaxDeferredBytes) return false;
+    deferred_bytes_ += to->frame.size();
     metrics_.lease_deferred.add();
     deferred_.push_back({to->owner,
                          std::string(reinterpret_cast<const char*>(to->frame.data()),
@@ -182,6 +184,7 @@ void Dispatcher::retryDeferred(int64_t now_ns, bool all) {
   retrying_.clear();
   for (Deferred& deferred : deferred_) retrying_.push_back(std::move(deferred));
   deferred_.clear();
+  deferred_bytes_ = 0;  // counted again for those that wait on
   // The frame parsed once already; parse it again with bounds that admit it.
   rpc::Limits limits;
   limits.max_depth = msgpack::Reader::kMaxSkipDepth;
@@ -203,6 +206,7 @@ void Dispatcher::retryDeferred(int64_t now_ns, bool all) {
                      ? acquireAll(retry_request_, now_ns, &response, expired ? nullptr : &again)
                      : acquireOne(retry_request_, now_ns, &response, expired ? nullptr : &again);
     if (waits) {
+      deferred_bytes_ += deferred.frame.size();
       deferred_.push_back(std::move(deferred));
       continue;
     }
@@ -215,7 +219,11 @@ void Dispatcher::retryDeferred(int64_t now_ns, bool all) {
 }
 
 void Dispatcher::forget(void* owner) {
-  std::erase_if(deferred_, [owner](const Deferred& deferred) { return deferred.owner == owner; });
+  std::erase_if(deferred_, [&](const Deferred& deferred) {
+    if (deferred.owner != owner) return false;
+    deferred_bytes_ -= deferred.frame.size();
+    return true;
+  });
   if (std::erase_if(waiters_, [owner](const Waiter& waiter) { return waiter.owner == owner; }) > 0) {
     std::make_heap(waiters_.begin(), waiters_.end());
   }

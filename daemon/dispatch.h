@@ -41,9 +41,12 @@ namespace sluice {
 
 class DaemonStatus;
 
-// Most requests one worker keeps deferred at once; beyond it, cold keys are
-// answered at once by their on_redis_down policy.
+// Most requests one worker keeps deferred at once, and most bytes of their
+// frames (a frame may be up to max_frame_bytes, padded with entries the
+// parser skips); beyond either, cold keys are answered at once by their
+// on_redis_down policy.
 constexpr size_t kMaxDeferred = 65'536;
+constexpr size_t kMaxDeferredBytes = 16u << 20;
 // Most requests one worker holds waiting for reserved units (bounded
 // waiting); beyond it, a request that would have to wait is refused with
 // OVERLOADED. Per key, waiting is bounded by the rule's rate times max_wait.
@@ -165,6 +168,7 @@ class Dispatcher {
   std::vector<RuleShard*> rule_shards_;  // per-rule counters, by position in rules_
   Deliver deliver_;
   std::deque<Deferred> deferred_;  // in deadline order (one timeout for all)
+  size_t deferred_bytes_ = 0;      // of deferred_'s frames
   std::vector<Waiter> waiters_;    // a heap (std::push_heap), earliest due on top
   uint64_t waiter_seq_ = 0;
   std::vector<Deferred> retrying_;

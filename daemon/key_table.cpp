@@ -30,6 +30,14 @@ constexpr size_t kEvictionProbeBuckets = 16;
 constexpr size_t kEvictionMaxProbeBuckets = 4096;
 constexpr size_t kEvictionSampleEntries = 5;
 
+// The insert path reclaims once max_keys / 16 more retired entries, or
+// max_bytes / 16 more of their bytes, wait than the last reclaim kept (but
+// never for fewer than these). A reclaim frees what was retired before the
+// previous one, so about an eighth of the budget waits beyond max_bytes at
+// most, and there is one reclaim per that many evictions.
+constexpr size_t kMinReclaimEntries = 64;
+constexpr size_t kMinReclaimBytes = 64 * 1024;
+
 // An insert into a full table tries this many times to evict and reserve a
 // slot before answering "full": other inserters may take the freed slot.
 constexpr int kReserveAttempts = 8;
@@ -117,12 +125,14 @@ KeyTable::KeyTable(const KeyTableOptions& options)
       max_bytes_(options.max_bytes),
       max_readers_(options.max_readers),
       sweep_min_idle_ns_(options.sweep_min_idle_ns),
-      reclaim_threshold_(std::max<size_t>(64, options.max_keys / 16)),
+      reclaim_threshold_(std::max(kMinReclaimEntries, options.max_keys / 16)),
+      reclaim_threshold_bytes_(std::max(kMinReclaimBytes, options.max_bytes / 16)),
       buckets_(new std::atomic<Entry*>[bucket_mask_ + 1]),
       stripes_(new Stripe[kStripes]),
       readers_(new ReaderSlot[options.max_readers]) {
   // std::atomic value-initialises (C++20), so every bucket starts empty.
   reclaim_at_.store(reclaim_threshold_, std::memory_order_relaxed);
+  reclaim_at_bytes_.store(reclaim_threshold_bytes_, std::memory_order_relaxed);
 }
 
 KeyTable::~KeyTable() {
@@ -184,7 +194,10 @@ KeyTable::Entry* KeyTable::findOrInsert(uint32_t rule_id, std::string_view key,
 KeyTable::Entry* KeyTable::insertSlow(uint64_t hash, uint32_t rule_id, std::string_view key,
                                       uint32_t state_words, int64_t now_ns) {
   const size_t bytes = entryBytes(key.size(), state_words);
-  if (!reserveSlot(bytes)) return nullptr;
+  if (!reserveSlot(bytes)) {
+    reclaimIfBacklogged();  // the failed attempts may have evicted
+    return nullptr;
+  }
   // Allocate before taking the stripe lock to keep it short; the entry is
   // thrown away in the rare case another thread inserted the key first.
   Entry* fresh = create(hash, rule_id, key, state_words, now_ns);
@@ -231,43 +244,67 @@ KeyTable::Entry* KeyTable::insertSlow(uint64_t hash, uint32_t rule_id, std::stri
   } else {
     inserts_.fetch_add(1, std::memory_order_relaxed);
   }
-  if (retired_count_.load(std::memory_order_relaxed) > reclaim_at_.load(std::memory_order_relaxed)) {
-    reclaim();
-  }
+  reclaimIfBacklogged();
   return fresh;
 }
 
+void KeyTable::reclaimIfBacklogged() {
+  if (retired_count_.load(std::memory_order_relaxed) > reclaim_at_.load(std::memory_order_relaxed) ||
+      retired_bytes_.load(std::memory_order_relaxed) >
+          reclaim_at_bytes_.load(std::memory_order_relaxed)) {
+    reclaim();
+  }
+}
+
 bool KeyTable::reserveSlot(size_t bytes) {
+  // A slot freed by our own eviction stays counted in size_ and is ours: were
+  // it freed for anyone, racing inserters could take it each time before we
+  // got to it, and a full table would refuse us.
+  bool holding = false;
   for (int attempt = 0; attempt < kReserveAttempts; ++attempt) {
-    size_t size = size_.load(std::memory_order_relaxed);
     // The byte check and the add are not one atomic step, so racing inserters
     // may overshoot max_bytes by one entry each: a bound, not an exact cap.
-    while (size < max_keys_ &&
-           linked_bytes_.load(std::memory_order_relaxed) + bytes <= max_bytes_) {
-      if (size_.compare_exchange_weak(size, size + 1, std::memory_order_relaxed)) {
+    if (holding) {
+      if (linked_bytes_.load(std::memory_order_relaxed) + bytes <= max_bytes_) {
         linked_bytes_.fetch_add(bytes, std::memory_order_relaxed);
         return true;
       }
+    } else {
+      size_t size = size_.load(std::memory_order_relaxed);
+      while (size < max_keys_ &&
+             linked_bytes_.load(std::memory_order_relaxed) + bytes <= max_bytes_) {
+        if (size_.compare_exchange_weak(size, size + 1, std::memory_order_relaxed)) {
+          linked_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+          return true;
+        }
+      }
     }
-    evictOne();
+    if (!evictOne()) continue;
+    // A long key may need several victims' bytes; only one slot is ours.
+    if (holding) size_.fetch_sub(1, std::memory_order_relaxed);
+    holding = true;
   }
+  if (holding) size_.fetch_sub(1, std::memory_order_relaxed);
   return false;
 }
 
-// Evicts the least recently used entry among a few found from the cursor on.
+// Evicts the least recently used entry among a few found from the cursor on;
+// returns whether it did. The victim's bytes leave linked_bytes_, but its
+// slot stays counted in size_: the caller takes it over or gives it back.
 // Runs inside the caller's ReadGuard, so the sampled entries stay readable
 // even if another thread unlinks them meanwhile; the victim is re-found under
 // its stripe lock before it is unlinked.
-void KeyTable::evictOne() {
+bool KeyTable::evictOne() {
   size_t start = evict_cursor_.fetch_add(kEvictionProbeBuckets, std::memory_order_relaxed);
   Entry* victim = nullptr;
   int64_t oldest_ns = std::numeric_limits<int64_t>::max();
   size_t sampled = 0;
   size_t probes = std::min(kEvictionMaxProbeBuckets, bucket_mask_ + 1);
-  for (size_t i = 0; i < probes && sampled < kEvictionSampleEntries &&
-                     (i < kEvictionProbeBuckets || sampled == 0);
-       ++i) {
-    for (Entry* entry = buckets_[(start + i) & bucket_mask_].load(std::memory_order_seq_cst);
+  size_t probed = 0;
+  for (; probed < probes && sampled < kEvictionSampleEntries &&
+         (probed < kEvictionProbeBuckets || sampled == 0);
+       ++probed) {
+    for (Entry* entry = buckets_[(start + probed) & bucket_mask_].load(std::memory_order_seq_cst);
          entry != nullptr && sampled < kEvictionSampleEntries;
          entry = entry->next_.load(std::memory_order_seq_cst)) {
       ++sampled;
@@ -277,7 +314,15 @@ void KeyTable::evictOne() {
       }
     }
   }
-  if (victim == nullptr) return;
+  // In a sparse table the walk went past its kEvictionProbeBuckets: move the
+  // cursor past all it walked. Left behind, the cursor would fall further
+  // behind the entries each eviction removes ahead of it, until whole walks
+  // found only emptied buckets and inserts failed (OVERLOADED) in a table
+  // that had entries to evict.
+  if (probed > kEvictionProbeBuckets) {
+    evict_cursor_.fetch_add(probed - kEvictionProbeBuckets, std::memory_order_relaxed);
+  }
+  if (victim == nullptr) return false;
   {
     std::lock_guard lock(stripeOf(victim->hash_));
     std::atomic<Entry*>* link = &buckets_[victim->hash_ & bucket_mask_];
@@ -286,13 +331,13 @@ void KeyTable::evictOne() {
       link = &entry->next_;
       entry = link->load(std::memory_order_relaxed);
     }
-    if (entry == nullptr) return;  // already unlinked by someone else
+    if (entry == nullptr) return false;  // already unlinked by someone else
     link->store(victim->next_.load(std::memory_order_relaxed), std::memory_order_seq_cst);
   }
-  size_.fetch_sub(1, std::memory_order_relaxed);
   linked_bytes_.fetch_sub(bytesOf(victim), std::memory_order_relaxed);
   forced_evictions_.fetch_add(1, std::memory_order_relaxed);
   retire({&victim, 1});
+  return true;
 }
 
 size_t KeyTable::sweep(int64_t now_ns, const IdlePredicate& idle) {
@@ -340,8 +385,13 @@ void KeyTable::retire(std::span<Entry* const> entries) {
   // Read after the unlinking stores (seq_cst), which is what the safety
   // argument in key_table.h needs; one read covers every entry passed in.
   uint64_t epoch = epoch_.load(std::memory_order_seq_cst);
-  for (Entry* entry : entries) retired_.push_back({entry, epoch});
+  size_t bytes = 0;
+  for (Entry* entry : entries) {
+    retired_.push_back({entry, epoch});
+    bytes += bytesOf(entry);
+  }
   retired_count_.store(retired_.size(), std::memory_order_relaxed);
+  retired_bytes_.fetch_add(bytes, std::memory_order_relaxed);
 }
 
 void KeyTable::reclaim() {
@@ -358,11 +408,19 @@ void KeyTable::reclaim() {
   auto keep = std::partition(retired_.begin(), retired_.end(), [&](const Retired& retired) {
     return retired.epoch >= oldest_active;
   });
-  for (auto it = keep; it != retired_.end(); ++it) destroy(it->entry);
+  size_t freed_bytes = 0;
+  for (auto it = keep; it != retired_.end(); ++it) {
+    freed_bytes += bytesOf(it->entry);
+    destroy(it->entry);
+  }
   retired_.erase(keep, retired_.end());
   retired_count_.store(retired_.size(), std::memory_order_relaxed);
+  // Only retire() and reclaim() change it, both under retire_mutex_.
+  size_t kept_bytes = retired_bytes_.load(std::memory_order_relaxed) - freed_bytes;
+  retired_bytes_.store(kept_bytes, std::memory_order_relaxed);
   // Entries still pinned by a long guard are not rescanned on every insert.
   reclaim_at_.store(retired_.size() + reclaim_threshold_, std::memory_order_relaxed);
+  reclaim_at_bytes_.store(kept_bytes + reclaim_threshold_bytes_, std::memory_order_relaxed);
 }
 
 KeyTableStats KeyTable::stats() const {
@@ -374,6 +432,7 @@ KeyTableStats KeyTable::stats() const {
   stats.idle_evictions = idle_evictions_.load(std::memory_order_relaxed);
   stats.forced_evictions = forced_evictions_.load(std::memory_order_relaxed);
   stats.retired = retired_count_.load(std::memory_order_relaxed);
+  stats.retired_bytes = retired_bytes_.load(std::memory_order_relaxed);
   return stats;
 }
 

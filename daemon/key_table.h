@@ -50,7 +50,8 @@
 // and re-check the chain under it. Capacity is reserved before that lock by
 // incrementing size_ below max_keys; when the table is full, the inserter
 // evicts the least recently used entry of a small sample (a few buckets at a
-// moving cursor, never the whole table). Two threads inserting the same new
+// moving cursor, never the whole table) and takes over that entry's slot, so
+// racing inserters cannot take it first. Two threads inserting the same new
 // key into a full table, or a key replaced because its rule changed shape,
 // may therefore evict one entry more than strictly needed (rare paths).
 //
@@ -62,7 +63,10 @@
 //    look up; on exit store 0 (release).
 //  - Unlinking stores the new pointer (seq_cst), then reads the epoch E
 //    (seq_cst) and retires the entry tagged with E.
-//  - Reclaiming (in sweep(), and on the insert path when many entries wait)
+//  - Reclaiming (in sweep(), and on the insert path when many entries or
+//    many bytes wait: max_keys / 16 entries or max_bytes / 16 bytes more
+//    than the last reclaim kept, so that unlinked long keys hold at most
+//    about an eighth of max_bytes beyond it)
 //    advances the epoch, reads every slot (seq_cst) and frees the entries
 //    tagged E when every slot is 0 or holds an epoch greater than E.
 //  Why this is safe: every operation above is seq_cst, hence in one total
@@ -135,6 +139,7 @@ struct KeyTableStats {
   uint64_t idle_evictions = 0;  // entries unlinked by sweep()
   uint64_t forced_evictions = 0;  // entries unlinked because the table was full
   size_t retired = 0;           // unlinked entries not yet freed
+  size_t retired_bytes = 0;     // their bytes (header, state, key)
 };
 
 class KeyTable {
@@ -284,8 +289,10 @@ class KeyTable {
   static size_t bytesOf(const Entry* entry) {
     return entryBytes(entry->key_bytes_, entry->state_words_);
   }
-  void evictOne();
+  bool evictOne();
   void retire(std::span<Entry* const> entries);
+  // Reclaims when more than the thresholds of entries or bytes wait.
+  void reclaimIfBacklogged();
   void reclaim();
   static Entry* create(uint64_t hash, uint32_t rule_id, std::string_view key,
                        uint32_t state_words, int64_t now_ns);
@@ -301,6 +308,7 @@ class KeyTable {
   const size_t max_readers_;
   const int64_t sweep_min_idle_ns_;
   const size_t reclaim_threshold_;
+  const size_t reclaim_threshold_bytes_;
   std::unique_ptr<std::atomic<Entry*>[]> buckets_;
   std::unique_ptr<Stripe[]> stripes_;
   std::unique_ptr<ReaderSlot[]> readers_;
@@ -316,8 +324,10 @@ class KeyTable {
   std::atomic<uint64_t> idle_evictions_{0};
   std::atomic<uint64_t> forced_evictions_{0};
   std::atomic<size_t> retired_count_{0};
-  // The insert path reclaims when more entries than this wait.
+  std::atomic<size_t> retired_bytes_{0};
+  // The insert path reclaims when more entries, or more bytes, than these wait.
   std::atomic<size_t> reclaim_at_{0};
+  std::atomic<size_t> reclaim_at_bytes_{0};
 
   std::mutex retire_mutex_;
   std::vector<Retired> retired_;  // guarded by retire_mutex_

@@ -205,6 +205,55 @@ TEST(KeyTable, LongKeysStayWithinTheByteBudget) {
   EXPECT_EQ(newest->key(), padding + "199");
 }
 
+// Verifies that entries evicted to make room for long keys are freed by
+// their bytes (a sixteenth of max_bytes waiting starts a reclaim), not only
+// by their count (a sixteenth of max_keys): 4 KB keys evicted from a full
+// table used to wait, unfreed, until max_keys / 16 of them had piled up
+// beyond max_bytes, twice over (here 512 of them, 2 MB past a 1 MiB budget;
+// with the default max_keys, 256 to 512 MB past max_memory). One guard per
+// insert, as a worker holds one per read.
+TEST(KeyTable, EvictedLongKeysWaitingToBeFreedStayWithinAnEighthOfTheBudget) {
+  KeyTableOptions opts = options(4096);
+  opts.max_bytes = 1 << 20;
+  KeyTable table(opts);
+  KeyTable::ReaderId reader = table.registerReader();
+  const std::string padding(4000, 'x');
+  // An entry's bytes: its 40-byte header, one state word and the key.
+  const size_t entry_bytes = 40 + 8 + padding.size() + 4;
+  // A reclaim starts once the backlog passes max_bytes / 16 beyond what the
+  // last one kept (by up to one entry), and frees what was retired before
+  // the last one (a grace period): two sixteenths and an entry or two.
+  const size_t backlog_bound = opts.max_bytes / 8 + 2 * entry_bytes;
+  for (int i = 0; i < 2000; ++i) {
+    KeyTable::ReadGuard guard(table, reader);
+    ASSERT_NE(table.findOrInsert(1, padding + std::to_string(1000 + i), 1, i * kMs), nullptr);
+    KeyTableStats stats = table.stats();
+    ASSERT_LE(stats.retired * entry_bytes, backlog_bound) << "after insert " << i;
+    ASSERT_LE(stats.bytes, opts.max_bytes);
+  }
+  EXPECT_GE(table.stats().forced_evictions, 1700u);
+}
+
+// Verifies that a sparse table (long keys fill max_bytes while the bucket
+// array, sized for max_keys, stays nearly empty) keeps evicting: every insert
+// into the full table succeeds. The eviction cursor used to advance by 16
+// buckets per eviction while each eviction removed the first entry hundreds
+// of buckets ahead, so after a few hundred evictions every walk found only
+// emptied buckets and inserts failed.
+TEST(KeyTable, SparseTableOfLongKeysKeepsEvicting) {
+  KeyTableOptions opts = options(100'000);
+  opts.max_bytes = 1 << 20;
+  KeyTable table(opts);
+  KeyTable::ReaderId reader = table.registerReader();
+  const std::string padding(4000, 'x');
+  for (int i = 0; i < 5000; ++i) {
+    KeyTable::ReadGuard guard(table, reader);
+    ASSERT_NE(table.findOrInsert(1, padding + std::to_string(i), 1, i * kMs), nullptr)
+        << "insert " << i << " with " << table.size() << " keys held";
+  }
+  EXPECT_GE(table.stats().forced_evictions, 4700u);
+}
+
 // Verifies that a table that can hold nothing answers nullptr (OVERLOADED).
 TEST(KeyTable, TableWithNothingToEvictReturnsNull) {
   KeyTable table(options(0));
@@ -377,6 +426,35 @@ TEST(KeyTable, ConcurrentWritersAndSweeperKeepCountsOfBusyKeys) {
 
 // Verifies that concurrent inserts into a small full table keep the size at
 // the cap and evict safely while a sweeper reclaims.
+// Verifies that an insert into a full table always gets a slot while other
+// threads insert too: the slot an insert frees by evicting is its own. It
+// used to be freed for anyone, so another inserter could take it before the
+// evicting thread got to it, eight times running (a thread preempted, or
+// asleep on the retire mutex), and a full table answered OVERLOADED.
+TEST(KeyTable, InsertsRacingIntoAFullTableNeverFail) {
+  constexpr int kThreads = 4;
+  constexpr int kIterations = 50'000;
+  constexpr size_t kMaxKeys = 1000;
+  KeyTable table(options(kMaxKeys));
+  std::atomic<int> failed{0};
+  std::vector<std::thread> writers;
+  for (int t = 0; t < kThreads; ++t) {
+    writers.emplace_back([&, t] {
+      KeyTable::ReaderId reader = table.registerReader();
+      for (int i = 0; i < kIterations; ++i) {
+        KeyTable::ReadGuard guard(table, reader);
+        // Every key is new: each insert into the full table must evict.
+        std::string key = std::to_string(t) + ":" + std::to_string(i);
+        if (table.findOrInsert(1, key, 2, i * kMs) == nullptr) failed.fetch_add(1);
+      }
+    });
+  }
+  for (std::thread& writer : writers) writer.join();
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_EQ(table.size(), kMaxKeys);
+  EXPECT_EQ(table.stats().forced_evictions, kThreads * kIterations - kMaxKeys);
+}
+
 TEST(KeyTable, ConcurrentInsertsIntoAFullTableEvictSafely) {
   constexpr int kThreads = 4;
   constexpr int kIterations = 20'000;
