@@ -290,7 +290,7 @@ const std::array<Option, 29> kOptions = {{
      .doc = "groups (names or gids) whose members may use the daemon",
      SLUICE_IDS_FIELD(access.groups)},
     {.section = "access", .key = "admin_group", .type = OptionType::kGroup,
-     .doc = "group (name or gid) whose members may call admin methods (reload) besides root "
+     .doc = "group (name or gid) whose members may call admin methods (reload, reset) besides root "
             "and the daemon's user; \"\": none",
      SLUICE_INT_FIELD(access.admin_group)},
     {.section = "access", .key = "max_connections_per_user", .type = OptionType::kCount, .min = 0,

@@ -444,6 +444,7 @@ bool Server::reloadLocked(std::string* error) {
        {std::pair{"[daemon]", !(fresh.daemon == config_.daemon)},
         {"[limits]", !(fresh.limits == config_.limits)},
         {"[keys]", !(fresh.keys == config_.keys)},
+        {"[access]", !(fresh.access == config_.access)},
         {"[redis]", fresh.redis != config_.redis}}) {
     if (changed) {
       spdlog::warn("reload: {} changed; only rules change on reload, the rest at the next restart",
