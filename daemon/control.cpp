@@ -220,9 +220,8 @@ void Control::onHeartbeat(const RedisResult& result, int64_t sent_us) {
   // node can have reconnected (the backoff's cap, with its jitter): a node
   // that came back first and believed N = 1 would lease the whole limit
   // while the others still spend their shares.
-  const RedisLinkOptions& link = link_->options();
   double settle_ms = kHeartbeatTtlIntervals * config_.heartbeat_interval_ms;
-  if (reconnected_) settle_ms += static_cast<double>(link.backoff_max_ms) * (1 + link.backoff_jitter);
+  if (reconnected_) settle_ms += link_->options().longestBackoffMs();
   auto settle_us = static_cast<int64_t>(settle_ms * 1000);
   if (live < was && received_us - connected_at_us_ < settle_us) return;
   nodes_.store(live, std::memory_order_release);

@@ -334,10 +334,7 @@ void LeaseManager::startLearning(const std::string& run_id) {
   // The other nodes come back each on its own reconnect backoff and spend
   // their fallback shares until then: holding to its share until the last of
   // them is back keeps the fleet's sum at the limit.
-  const RedisLinkOptions& link = link_.options();
-  auto spread_ns = static_cast<int64_t>(static_cast<double>(link.backoff_max_ms) *
-                                        (1 + link.backoff_jitter) * 1e6);
-  longest = std::max(longest, spread_ns);
+  longest = std::max(longest, static_cast<int64_t>(link_.options().longestBackoffMs() * 1e6));
   spdlog::warn("lease: redis run_id changed ({} -> {}): it restarted or failed over without "
                "the fleet's state; learning mode, each node also holds to its share for one "
                "period, and until every node can have reconnected; fallback admissions are "

@@ -119,6 +119,8 @@ struct RedisLinkOptions {
   int64_t backoff_initial_ms = 50;
   int64_t backoff_max_ms = 2000;
   double backoff_jitter = 0.2;
+  // The longest wait between two connection attempts: the cap, jittered up.
+  double longestBackoffMs() const { return static_cast<double>(backoff_max_ms) * (1 + backoff_jitter); }
 };
 
 class RedisLink {
