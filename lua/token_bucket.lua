@@ -112,7 +112,9 @@ if op == 'lease' then
 end
 
 local interval = idiv(period_ms * 1000 + limit - 1, limit)
-if burst * interval > MAX_SPAN_US or n * interval > MAX_SPAN_US or need * interval > MAX_SPAN_US then
+-- (A debit's `need` is a span of time, not units.)
+local need_units = op == 'debit' and 0 or need
+if burst * interval > MAX_SPAN_US or n * interval > MAX_SPAN_US or need_units * interval > MAX_SPAN_US then
   return fail('burst * period / limit must stay below 2^50 us')
 end
 local full = now - burst * interval

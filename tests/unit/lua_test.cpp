@@ -486,6 +486,10 @@ TEST_P(LuaBatchTest, DebitOverItsSpanChargesOnlyBeyondTheRate) {
     rate(c.script, "e", Op::kDebit, 10, span_ms, kFivePerSecond, now_us);
     EXPECT_EQ(rate(c.script, "e", Op::kPeek, 0, 1, kFivePerSecond, now_us).retry_after_ms, 200);
   }
+  // A day-long span on a rule of one unit an hour is a span, not units: no
+  // "2^50 us" refusal (the check is for units times the interval).
+  const Limit hourly{1, 3600 * kSecondUs * 1000, 1};
+  EXPECT_EQ(rate(c.script, "day", Op::kDebit, 1, 24 * 3600 * 1000, hourly, now_us).granted, 0);
   // A span of 0 is the old debit: everything charged now.
   rate(c.script, "d", Op::kDebit, 8, 0, kFivePerSecond, kBaseUs);
   EXPECT_EQ(rate(c.script, "d", Op::kLease, 1, 1, kFivePerSecond, kBaseUs).retry_after_ms,
