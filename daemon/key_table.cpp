@@ -125,6 +125,7 @@ KeyTable::KeyTable(const KeyTableOptions& options)
       max_bytes_(options.max_bytes),
       max_readers_(options.max_readers),
       sweep_min_idle_ns_(options.sweep_min_idle_ns),
+      on_forced_eviction_(options.on_forced_eviction),
       reclaim_threshold_(std::max(kMinReclaimEntries, options.max_keys / 16)),
       reclaim_threshold_bytes_(std::max(kMinReclaimBytes, options.max_bytes / 16)),
       buckets_(new std::atomic<Entry*>[bucket_mask_ + 1]),
@@ -336,6 +337,7 @@ bool KeyTable::evictOne() {
   }
   linked_bytes_.fetch_sub(bytesOf(victim), std::memory_order_relaxed);
   forced_evictions_.fetch_add(1, std::memory_order_relaxed);
+  if (on_forced_eviction_) on_forced_eviction_(victim->ruleId(), victim->key(), victim->state());
   retire({&victim, 1});
   return true;
 }

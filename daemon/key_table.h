@@ -127,6 +127,12 @@ struct KeyTableOptions {
   size_t max_readers = 64;
   // sweep() leaves alone any entry used within this long of its now_ns.
   int64_t sweep_min_idle_ns = 1'000'000'000;  // 1 s
+  // Called on the inserting thread for each entry a full table evicts (its
+  // rule id, key and state), after it is unlinked and before it is retired,
+  // so its words may still be read and changed. May be empty.
+  std::function<void(uint32_t rule_id, std::string_view key,
+                     std::span<std::atomic<uint64_t>> state)>
+      on_forced_eviction;
 };
 
 // Counter snapshot; each value is read on its own, so they need not add up
@@ -307,6 +313,7 @@ class KeyTable {
   const size_t max_bytes_;
   const size_t max_readers_;
   const int64_t sweep_min_idle_ns_;
+  const decltype(KeyTableOptions::on_forced_eviction) on_forced_eviction_;
   const size_t reclaim_threshold_;
   const size_t reclaim_threshold_bytes_;
   std::unique_ptr<std::atomic<Entry*>[]> buckets_;

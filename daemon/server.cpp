@@ -98,6 +98,12 @@ Server::Server(Config config)
   key_options.max_bytes = config_.keys.max_memory;
   // One reader per worker, and the control thread's.
   key_options.max_readers = workerCount(config_.daemon.workers) + 1;
+  // A global rule's slice evicted from a full table gives its units back,
+  // as one that goes idle does (sweepKeys).
+  key_options.on_forced_eviction = [this](uint32_t rule_id, std::string_view key,
+                                          std::span<std::atomic<uint64_t>> words) {
+    onForcedEviction(rule_id, key, words);
+  };
   keys_ = std::make_unique<KeyTable>(key_options);
   if (config_.redis) {
     broker_ = std::make_unique<LeaseBroker>(config_.redis->lease_interval_ms * 1'000'000);
@@ -481,6 +487,39 @@ void Server::onNodesChanged(uint32_t nodes) {
   spdlog::info("global rules' fallback shares are now 1/{} of their limits", nodes);
 }
 
+void Server::returnSlice(uint32_t rule_id, std::string_view key,
+                         std::span<std::atomic<uint64_t>> words, int64_t now_ns) {
+  auto word = [&](slice::Word w) {
+    return static_cast<int64_t>(words[w].load(std::memory_order_acquire));
+  };
+  int64_t expires = word(slice::kExpires);
+  auto units = static_cast<int64_t>(words[slice::kUnits].exchange(0, std::memory_order_acq_rel));
+  if (units <= 0 || !broker_ || (expires != 0 && now_ns >= expires)) return;
+  LeaseRequest back;
+  back.kind = LeaseRequest::Kind::kReturn;
+  back.rule_id = rule_id;
+  back.key = std::string(key);
+  back.n = units;
+  back.lease_now_ms = word(slice::kLeaseNowMs);
+  broker_->submit(std::move(back));
+}
+
+void Server::onForcedEviction(uint32_t rule_id, std::string_view key,
+                              std::span<std::atomic<uint64_t>> words) {
+  // Only a global rule's slice holds units; the lock is taken for those only.
+  if (!broker_ || (rule_id & kFallbackIdBit) != 0 || words.size() != slice::kWords ||
+      static_cast<int64_t>(words[slice::kUnits].load(std::memory_order_relaxed)) <= 0) {
+    return;
+  }
+  RuleSetPtr rules;
+  {
+    std::lock_guard<std::mutex> lock(reload_mutex_);
+    rules = config_.rules;
+  }
+  const Rule* rule = rules->findById(rule_id);
+  if (rule != nullptr && leasable(*rule)) returnSlice(rule_id, key, words, monotonicNowNs());
+}
+
 void Server::sweepKeys() {
   RuleSetPtr rules;
   {
@@ -501,17 +540,7 @@ void Server::sweepKeys() {
       if ((word(slice::kFlags) & slice::kInFlight) != 0 || now_ns < word(slice::kDenyUntil)) {
         return false;
       }
-      int64_t expires = word(slice::kExpires);
-      auto units = static_cast<int64_t>(words[slice::kUnits].exchange(0, std::memory_order_acq_rel));
-      if (units > 0 && broker_ && (expires == 0 || now_ns < expires)) {
-        LeaseRequest back;
-        back.kind = LeaseRequest::Kind::kReturn;
-        back.rule_id = rule->id;
-        back.key = std::string(entry.key());
-        back.n = units;
-        back.lease_now_ms = word(slice::kLeaseNowMs);
-        broker_->submit(std::move(back));
-      }
+      returnSlice(rule->id, entry.key(), words, now_ns);
       return true;
     }
     if ((rule->id & kFallbackIdBit) != 0 && words[undebitedWord(*rule)].load(std::memory_order_acquire) > 0) {

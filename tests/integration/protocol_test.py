@@ -673,6 +673,29 @@ class LeasingTest(RedisCase):
             results[response[1]] = response[3]
         return [results[1000 + i] for i in range(count)]
 
+    # Verifies a global key evicted from a full key table gives its slice's
+    # unspent units back to Redis at once, as one going idle does later.
+    def test_evicted_keys_return_their_units(self):
+        wide = ('\n[[rule]]\nname = "wide"\nlimit = 100000\nperiod = "1s"\n'
+                'scope = "global"\n\n[keys]\nmax_keys = 20\n')
+        daemon = Daemon(extra=redis_section(self.redis.port) + REDIS_RULES + wide)
+        self.daemons.append(daemon)
+        client = daemon.connect()
+        self.assertTrue(wait_for(lambda: client.result("health")["breaker"] == "closed", 5),
+                        daemon.logs())
+        for i in range(100):
+            for _ in range(5):
+                self.assertTrue(client.result("acquire", "wide", "k%d" % i)["allowed"])
+        stats = client.result("stats")
+        self.assertGreater(stats["keys"]["forced_evictions"], 0)
+        # Of what the leases granted and nobody spent, at most the 20 keys
+        # still in the table hold some; the evicted ones gave theirs back.
+        def most_returned():
+            leases = client.result("stats")["leases"]
+            unspent = leases["granted_units"] - leases["spent_units"]
+            return unspent > 0 and leases["returned_units"] >= unspent / 2
+        self.assertTrue(wait_for(most_returned, 2), client.result("stats")["leases"])
+
     # Verifies a graceful stop gives back the units a daemon leased and did
     # not spend: the next daemon gets exactly what the first did not admit.
     def test_stop_returns_unused_units(self):
