@@ -879,26 +879,27 @@ int sluice_acquire_wait(sluice_client* c, const char* rule, const void* key, siz
   return rc != 0 ? rc : parse_waited_decision(&r, out, waited_ms != NULL ? waited_ms : &ignored);
 }
 
-int sluice_peek(sluice_client* c, const char* rule, const void* key, size_t key_len,
-                int timeout_ms, sluice_decision* out) {
+/* A [rule, key] call (peek, reset) whose result is a decision map. */
+static int key_decision_call(sluice_client* c, const char* method, size_t method_len,
+                             const char* rule, const void* key, size_t key_len, int timeout_ms,
+                             sluice_decision* out) {
   mp_reader r;
   if (out == NULL) {
     return SLUICE_EINVAL;
   }
-  int rc = sync_item_call(c, SLUICE_METHOD("peek"), rule, key, key_len, 0, 0, NO_WAIT_GIVEN,
+  int rc = sync_item_call(c, method, method_len, rule, key, key_len, 0, 0, NO_WAIT_GIVEN,
                           timeout_ms, &r);
   return rc != 0 ? rc : parse_decision(&r, out);
 }
 
+int sluice_peek(sluice_client* c, const char* rule, const void* key, size_t key_len,
+                int timeout_ms, sluice_decision* out) {
+  return key_decision_call(c, SLUICE_METHOD("peek"), rule, key, key_len, timeout_ms, out);
+}
+
 int sluice_reset(sluice_client* c, const char* rule, const void* key, size_t key_len,
                  int timeout_ms, sluice_decision* out) {
-  mp_reader r;
-  if (out == NULL) {
-    return SLUICE_EINVAL;
-  }
-  int rc = sync_item_call(c, SLUICE_METHOD("reset"), rule, key, key_len, 0, 0, NO_WAIT_GIVEN,
-                          timeout_ms, &r);
-  return rc != 0 ? rc : parse_decision(&r, out);
+  return key_decision_call(c, SLUICE_METHOD("reset"), rule, key, key_len, timeout_ms, out);
 }
 
 int sluice_release(sluice_client* c, const char* rule, const void* key, size_t key_len,
