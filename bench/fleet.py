@@ -69,7 +69,10 @@ import msgpack
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
-REDIS_SERVER = os.environ.get("REDIS_SERVER", "/usr/bin/redis-server")
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
+import harness  # noqa: E402  (the tests' redis-server fixture)
+
+REDIS_SERVER = harness.REDIS_SERVER
 
 # The one global rule: a token bucket. Its burst is small next to limit x
 # period because a saturated bucket admits limit x period in a window, not
@@ -160,12 +163,6 @@ on_redis_down = "local"
 
 # --- processes ---------------------------------------------------------------------
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def cpu_seconds(pid):
     """utime + stime of a live process, from /proc/PID/stat."""
     with open("/proc/%d/stat" % pid) as f:
@@ -182,60 +179,19 @@ def busy_cpu_seconds():
     return (sum(ticks[:8]) - idle - iowait) / os.sysconf("SC_CLK_TCK")
 
 
-class Redis:
-    """A redis-server on a free loopback port, in `dir`, without persistence, so
-    that a restart on the same port starts empty. Counts EVALSHA and EVAL calls
-    across restarts (INFO commandstats starts again at each)."""
+class Redis(harness.Redis):
+    """The tests' redis-server (a free loopback port, its own temp dir, no
+    persistence, so a restart on the same port starts empty) that also
+    counts EVALSHA and EVAL calls and its CPU time across restarts (INFO
+    commandstats and /proc start again at each)."""
 
-    def __init__(self, dir):
-        self.dir, self.port, self.proc = dir, free_port(), None
+    def __init__(self):
         self.calls_before_restarts = 0
         self.cpu_before_restarts = 0.0
-        self.start()
-
-    def start(self):
-        self.proc = subprocess.Popen(
-            [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.dir],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while self.command("PING") != "PONG":
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("redis-server did not start on port %d" % self.port)
-            time.sleep(0.01)
-
-    def command(self, *words):
-        """One command on a fresh connection: the reply's text (a status, an
-        error, an integer or a bulk string), None when unreachable. Never
-        called while the server is SIGSTOPped."""
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=2) as s:
-                s.sendall(b"*%d\r\n" % len(words) + b"".join(
-                    b"$%d\r\n%s\r\n" % (len(w), w.encode()) for w in words))
-                reply = b""
-                while True:
-                    chunk = s.recv(65536)
-                    if not chunk:
-                        return None
-                    reply += chunk
-                    head, complete, rest = reply.partition(b"\r\n")
-                    if not complete:
-                        continue
-                    if head[:1] != b"$":
-                        return head[1:].decode()
-                    size = int(head[1:])
-                    if len(rest) >= size + 2:
-                        return rest[:size].decode()
-        except OSError:
-            return None
+        super().__init__()
 
     def script_calls(self):
-        calls = 0
-        for line in (self.command("INFO", "commandstats") or "").splitlines():
-            name, _, fields = line.partition(":")
-            if name in ("cmdstat_evalsha", "cmdstat_eval"):
-                calls += int(dict(f.split("=") for f in fields.split(","))["calls"])
-        return self.calls_before_restarts + calls
+        return self.calls_before_restarts + super().script_calls()
 
     def cpu_seconds(self):
         return self.cpu_before_restarts + cpu_seconds(self.proc.pid)
@@ -243,16 +199,7 @@ class Redis:
     def kill(self):
         self.calls_before_restarts = self.script_calls()
         self.cpu_before_restarts = self.cpu_seconds()
-        self.proc.kill()
-        self.proc.wait()
-
-    def signal(self, signum):
-        self.proc.send_signal(signum)
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.kill()  # also ends a SIGSTOPped server
-        self.proc.wait()
+        super().kill()
 
 
 class Daemon:
@@ -531,7 +478,7 @@ class Run:
         self.redis = None
         self.daemons = []
         try:
-            self.redis = Redis(self.dir)
+            self.redis = Redis()
             self.daemons = [Daemon(sluiced, self.dir, i, self.redis.port, initial)
                             for i in range(len(self.loads))]
             for d in self.daemons[:initial]:
