@@ -1035,10 +1035,6 @@ class RuleReader {
                         std::string(algorithmName(rule->algorithm)) + "; remove overrides, or " +
                         "give the keys their own rule");
     }
-    if (rule->scope != Scope::kLocal) {
-      refuse(*node, prefix_ + "overrides apply only to local rules for now; remove them, or " +
-                        "set scope = \"local\"");
-    }
     if (array->size() > kMaxOverridesPerRule) {
       refuse(*node, prefix_ + "has " + std::to_string(array->size()) + " overrides; write at " +
                         "most " + std::to_string(kMaxOverridesPerRule));

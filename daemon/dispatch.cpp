@@ -276,7 +276,8 @@ std::optional<Decision> Dispatcher::acquireShare(const Rule& share, std::string_
                                                  bool count_undebited) {
   KeyTable::Entry* entry = keys_.findOrInsert(share.id, key, entryWords(share), now_ns);
   if (entry == nullptr) return std::nullopt;
-  Decision decision = acquire(share, entry->state().first(stateWords(share)), now_ns, cost);
+  const Rule& deciding = decidingRule(*rules_, share, key, entry->state());
+  Decision decision = acquire(deciding, entry->state().first(stateWords(deciding)), now_ns, cost);
   if (count_undebited && decision.allowed && !decision.shadow_denied) {
     noteFallbackSpend(share, key, entry->state(), cost);
   }
@@ -295,19 +296,21 @@ void Dispatcher::noteFallbackSpend(const Rule& share, std::string_view key,
     debit.rule_id = global->id;
     debit.key = std::string(key);
     debit.n = cost;
+    debit.variant = storedOverride(share, words);
     broker_->submit(std::move(debit));
     return;
   }
   words[undebitedWord(share)].fetch_add(static_cast<uint64_t>(cost), std::memory_order_acq_rel);
 }
 
-void Dispatcher::requestLease(const Rule& rule, std::string_view key,
+void Dispatcher::requestLease(const Rule& rule, const Rule& deciding, std::string_view key,
                               std::span<std::atomic<uint64_t>> words, int64_t now_ns,
                               int64_t cost) {
-  slice::Batch batch = slice::nextBatch(words, now_ns, cost, rule, rules_->fallbackNodes(),
+  slice::Batch batch = slice::nextBatch(words, now_ns, cost, deciding, rules_->fallbackNodes(),
                                         broker_->leaseIntervalNs());
   LeaseRequest request;
   request.rule_id = rule.id;
+  request.variant = storedOverride(rule, words);
   request.key = std::string(key);
   request.n = batch.n;
   request.need = batch.need;
@@ -465,23 +468,25 @@ bool Dispatcher::acquireLeased(const rpc::Request& request, const Rule& rule, in
                                std::string* out, const DeferTo* defer_to) {
   const rpc::Item& item = request.items.front();
   Mode mode = rule.shadow ? Mode::kShadow : Mode::kNormal;
+  KeyTable::Entry* entry = keys_.findOrInsert(rule.id, item.key, entryWords(rule), now_ns);
+  if (entry == nullptr) {
+    error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
+    return false;
+  }
+  auto entry_words = entry->state();
+  const Rule& deciding = decidingRule(*rules_, rule, item.key, entry_words);
+  auto words = entry_words.first(slice::kWords);
   Decision decision;
-  if (item.cost > leaseCapacity(rule.limits.front())) {
-    decision = exceedsCapacity(rule);
+  if (item.cost > leaseCapacity(deciding.limits.front())) {
+    decision = exceedsCapacity(deciding);
   } else {
-    KeyTable::Entry* entry = keys_.findOrInsert(rule.id, item.key, slice::kWords, now_ns);
-    if (entry == nullptr) {
-      error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
-      return false;
-    }
-    auto words = entry->state();
     slice::TakeResult taken = slice::take(words, now_ns, item.cost);
     if (taken.dropped > 0) metrics_.lease_units_dropped.add(static_cast<uint64_t>(taken.dropped));
-    if (taken.must_request) requestLease(rule, item.key, words, now_ns, item.cost);
+    if (taken.must_request) requestLease(rule, deciding, item.key, entry_words, now_ns, item.cost);
     switch (taken.outcome) {
       case slice::Outcome::kTaken: {
-        decision = sliceDecision(rule, taken, now_ns);
-        if (broker_->learning(rule, now_ns)) {
+        decision = sliceDecision(deciding, taken, now_ns);
+        if (broker_->learning(deciding, now_ns)) {
           // Redis came back without the fleet's state: hold to the share too.
           std::optional<Decision> share =
               acquireShare(*rules_->fallbackShare(rule), item.key, now_ns, item.cost, false);
@@ -502,7 +507,7 @@ bool Dispatcher::acquireLeased(const rpc::Request& request, const Rule& rule, in
       }
       case slice::Outcome::kDenied:
         metrics_.lease_negative_hits.add();
-        decision = sliceDecision(rule, taken, now_ns);
+        decision = sliceDecision(deciding, taken, now_ns);
         break;
       case slice::Outcome::kEmpty:
         if (defer(defer_to)) return true;
@@ -536,21 +541,27 @@ void Dispatcher::peekLeased(const rpc::Request& request, const Rule& rule, int64
                             std::string* out) {
   const rpc::Item& item = request.items.front();
   Mode mode = rule.shadow ? Mode::kShadow : Mode::kNormal;
-  Decision decision;
   KeyTable::Entry* entry = keys_.find(rule.id, item.key);
-  if (item.cost > leaseCapacity(rule.limits.front())) {
-    decision = exceedsCapacity(rule);
-  } else if (entry == nullptr || entry->state().size() != slice::kWords) {
+  if (entry != nullptr && entry->state().size() != entryWords(rule)) {
+    entry = nullptr;  // state of the rule's old shape, before a reload
+  }
+  const Rule& deciding = entry != nullptr
+                             ? decidingRule(*rules_, rule, item.key, entry->state())
+                             : rules_->variant(rule, rules_->matchOverride(rule, item.key));
+  Decision decision;
+  if (item.cost > leaseCapacity(deciding.limits.front())) {
+    decision = exceedsCapacity(deciding);
+  } else if (entry == nullptr) {
     // No slice: report a fresh key, as a local rule does.
-    decision = peek(rule, freshState(rule), now_ns, item.cost);
+    decision = peek(deciding, freshState(deciding), now_ns, item.cost);
   } else {
-    slice::TakeResult looked = slice::look(entry->state(), now_ns, item.cost);
+    slice::TakeResult looked = slice::look(entry->state().first(slice::kWords), now_ns, item.cost);
     if (looked.outcome == slice::Outcome::kEmpty) {
       // Nothing held here, and Redis has not said no: a lease would be asked for.
       looked.outcome = slice::Outcome::kTaken;
       looked.left = 0;
     }
-    decision = sliceDecision(rule, looked, now_ns);
+    decision = sliceDecision(deciding, looked, now_ns);
   }
   applyShadow(rule, &decision);
   rpc::writeDecision(out, request.msgid, decision, mode);
@@ -591,23 +602,26 @@ bool Dispatcher::acquireAll(const rpc::Request& request, int64_t now_ns, std::st
     bool decided = false;
     if (leasing(*configured) && item.cost > 0) {
       mode = configured->shadow ? Mode::kShadow : Mode::kNormal;
-      if (item.cost > leaseCapacity(configured->limits.front())) {
-        acquire_item.decision = exceedsCapacity(*configured);
+      KeyTable::Entry* entry =
+          keys_.findOrInsert(configured->id, item.key, entryWords(*configured), now_ns);
+      if (entry == nullptr) {
+        refund();
+        error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
+        return false;
+      }
+      const Rule& deciding = decidingRule(*rules_, *configured, item.key, entry->state());
+      if (item.cost > leaseCapacity(deciding.limits.front())) {
+        acquire_item.decision = exceedsCapacity(deciding);
         applyShadow(*configured, &acquire_item.decision);
         denied = denied || !acquire_item.decision.allowed;
         decided = true;
       } else {
-        KeyTable::Entry* entry =
-            keys_.findOrInsert(configured->id, item.key, slice::kWords, now_ns);
-        if (entry == nullptr) {
-          refund();
-          error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
-          return false;
-        }
-        slice_words = entry->state();
+        slice_words = entry->state().first(slice::kWords);
         slice::TakeResult taken = slice::take(slice_words, now_ns, item.cost);
         if (taken.dropped > 0) metrics_.lease_units_dropped.add(static_cast<uint64_t>(taken.dropped));
-        if (taken.must_request) requestLease(*configured, item.key, slice_words, now_ns, item.cost);
+        if (taken.must_request) {
+          requestLease(*configured, deciding, item.key, entry->state(), now_ns, item.cost);
+        }
         if (taken.outcome == slice::Outcome::kEmpty && defer(defer_to)) {
           refund();
           return true;
@@ -615,11 +629,11 @@ bool Dispatcher::acquireAll(const rpc::Request& request, int64_t now_ns, std::st
         if (taken.outcome == slice::Outcome::kTaken || taken.outcome == slice::Outcome::kDenied) {
           if (taken.outcome == slice::Outcome::kTaken) taken_units = item.cost;
           if (taken.outcome == slice::Outcome::kDenied) metrics_.lease_negative_hits.add();
-          acquire_item.decision = sliceDecision(*configured, taken, now_ns);
+          acquire_item.decision = sliceDecision(deciding, taken, now_ns);
           applyShadow(*configured, &acquire_item.decision);
           denied = denied || !acquire_item.decision.allowed;
           decided = true;
-          if (taken_units > 0 && broker_->learning(*configured, now_ns)) {
+          if (taken_units > 0 && broker_->learning(deciding, now_ns)) {
             // Learning: the share must allow it too (the limiter decides it).
             decided = false;
             share_rule = rules_->fallbackShare(*configured);
@@ -661,7 +675,7 @@ bool Dispatcher::acquireAll(const rpc::Request& request, int64_t now_ns, std::st
         acquire_item.state = entry->state().first(stateWords(deciding));
         // Spent in fallback (not learning): counted for the debit afterwards.
         bool counts = share_rule != configured && taken_units == 0;
-        shares_.push_back(counts ? entry->state() : std::span<std::atomic<uint64_t>>());
+        shares_.push_back(counts ? ShareSpend{share_rule, entry->state()} : ShareSpend{});
       }
     } else {
       shares_.push_back({});
@@ -699,8 +713,9 @@ bool Dispatcher::acquireAll(const rpc::Request& request, int64_t now_ns, std::st
       if (taken_[i] > 0 && !limited.allowed) decision.allowed = false;
     }
     if (allowed && taken_[i] > 0) metrics_.lease_units_spent.add(static_cast<uint64_t>(taken_[i]));
-    if (allowed && !shares_[i].empty() && !decision.shadow_denied) {
-      noteFallbackSpend(*items_[i].rule, request.items[i].key, shares_[i], items_[i].cost);
+    if (allowed && shares_[i].share != nullptr && !decision.shadow_denied) {
+      noteFallbackSpend(*shares_[i].share, request.items[i].key, shares_[i].words,
+                        items_[i].cost);
     }
     decisions_.push_back(decision);
     count(*configured_[i], decision, modes_[i]);

@@ -127,8 +127,10 @@ class Dispatcher {
   void peekLeased(const rpc::Request& request, const Rule& rule, int64_t now_ns,
                   std::string* out);
   bool defer(const DeferTo* to);
-  // Sends a lease request for a key whose in-flight bit the caller claimed.
-  void requestLease(const Rule& rule, std::string_view key,
+  // Sends a lease request for a key of `rule` whose in-flight bit the
+  // caller claimed; `deciding` is the rule's variant for the key, `words`
+  // the entry's.
+  void requestLease(const Rule& rule, const Rule& deciding, std::string_view key,
                     std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t cost);
   // Whether a global rule decides on leases right now.
   bool leasing(const Rule& rule) const {
@@ -152,6 +154,7 @@ class Dispatcher {
                                        int64_t cost, bool count_undebited);
   // Records units a share admitted for a leasable global rule: debited at
   // once while Redis is up, else counted in the entry for the recovery.
+  // `share` is the share itself (not a variant); `words` its entry's.
   void noteFallbackSpend(const Rule& share, std::string_view key,
                          std::span<std::atomic<uint64_t>> words, int64_t cost);
   void error(uint32_t msgid, rpc::ErrorCode code, std::string_view message, std::string* out);
@@ -174,10 +177,15 @@ class Dispatcher {
   std::vector<Deferred> retrying_;
   rpc::Request retry_request_;
   // acquire_all, per item: units taken from its slice, the slice's words,
-  // and the share entry's words when fallback spends on it (else empty).
+  // and the share and its entry's words when fallback spends on it (else
+  // none).
+  struct ShareSpend {
+    const Rule* share = nullptr;
+    std::span<std::atomic<uint64_t>> words;
+  };
   std::vector<int64_t> taken_;
   std::vector<std::span<std::atomic<uint64_t>>> slices_;
-  std::vector<std::span<std::atomic<uint64_t>>> shares_;
+  std::vector<ShareSpend> shares_;
 
   // Scratch space reused between requests.
   std::vector<AcquireItem> items_;

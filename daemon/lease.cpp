@@ -45,26 +45,36 @@ bool leasable(const Rule& rule) {
 
 int64_t leaseCapacity(const Limit& limit) { return limit.burst > 0 ? limit.burst : limit.limit; }
 
+namespace {
+
+// Where the words after a rule's state begin.
+size_t stateEnd(const Rule& rule) { return leasable(rule) ? size_t{slice::kWords} : stateWords(rule); }
+
+size_t overrideWord(const Rule& rule) { return entryWords(rule) - 1; }
+
+}  // namespace
+
 size_t undebitedWord(const Rule& share) { return stateWords(share); }
 
 size_t entryWords(const Rule& rule) {
-  if ((rule.id & kFallbackIdBit) != 0) return stateWords(rule) + 1;
-  if (leasable(rule)) return slice::kWords;
-  return stateWords(rule) + penaltyWords(rule) + (rule.overrides.empty() ? 0 : 1);
+  size_t words = stateEnd(rule) + penaltyWords(rule);
+  if ((rule.id & kFallbackIdBit) != 0) ++words;  // undebited
+  if (!rule.overrides.empty()) ++words;
+  return words;
 }
 
 size_t penaltyWords(const Rule& rule) { return rule.penalty ? size_t{penalty::kWords} : 0; }
 
 std::span<std::atomic<uint64_t>> penaltyState(const Rule& rule,
                                               std::span<std::atomic<uint64_t>> words) {
-  return words.subspan(stateWords(rule), penaltyWords(rule));
+  return words.subspan(stateEnd(rule), penaltyWords(rule));
 }
 
 const Rule& decidingRule(const RuleSet& rules, const Rule& rule, std::string_view key,
                          std::span<std::atomic<uint64_t>> words) {
   if (rule.overrides.empty()) return rule;
   // Every variant has the rule's layout (rules.h), so the word follows it.
-  std::atomic<uint64_t>& which = words[stateWords(rule) + penaltyWords(rule)];
+  std::atomic<uint64_t>& which = words[overrideWord(rule)];
   uint64_t stored = which.load(std::memory_order_relaxed);
   if (stored == 0) {
     // Racing creators compute the same answer, so the last store is fine.
@@ -72,6 +82,13 @@ const Rule& decidingRule(const RuleSet& rules, const Rule& rule, std::string_vie
     which.store(stored, std::memory_order_relaxed);
   }
   return rules.variant(rule, static_cast<uint32_t>(stored - 1));
+}
+
+uint32_t storedOverride(const Rule& rule, std::span<const std::atomic<uint64_t>> words) {
+  if (rule.overrides.empty() || words.size() != entryWords(rule)) return 0;
+  uint64_t stored = words[overrideWord(rule)].load(std::memory_order_relaxed);
+  // stored: matchOverride + 1, so 1 (the rule itself) to overrides + 1.
+  return stored == 0 || stored - 1 > rule.overrides.size() ? 0 : static_cast<uint32_t>(stored - 1);
 }
 
 namespace slice {

@@ -64,25 +64,31 @@ bool leasable(const Rule& rule);
 // buckets, limit for the windows.
 int64_t leaseCapacity(const Limit& limit);
 
-// State words of a key-table entry of `rule`: the limiter's words; for a
-// global rule's share (id with kFallbackIdBit) one more, counting units
-// admitted in fallback and not yet debited to Redis (word undebitedWord());
-// for a leasable global rule itself, its slice (slice::kWords).
+// The words of a key-table entry of `rule`, in order:
+//  - its state: for a leasable global rule its slice (slice::kWords), else
+//    the limiter's words (stateWords);
+//  - for a global rule's share (id with kFallbackIdBit), one word counting
+//    units admitted in fallback and not yet debited to Redis
+//    (undebitedWord());
+//  - with a penalty, penalty::kWords words (penalty.h): penaltyWords() is
+//    their number, 0 without one, and penaltyState() their span. A global
+//    rule keeps them in its slice entry, whatever mode decides the key;
+//  - with overrides, one word: which override decides the key
+//    (RuleSet::matchOverride + 1; 0 until resolved).
+// entryWords() is their number; take it from the configured rule or share,
+// never from a variant (which has no overrides).
 size_t entryWords(const Rule& rule);
 size_t undebitedWord(const Rule& share);
-// A local rule with a penalty keeps, after its state, penalty::kWords words
-// (penalty.h); penaltyWords() is their number, 0 without a penalty, and
-// penaltyState() their span in an entry's words.
 size_t penaltyWords(const Rule& rule);
 std::span<std::atomic<uint64_t>> penaltyState(const Rule& rule,
                                               std::span<std::atomic<uint64_t>> words);
-// A local rule with overrides keeps, after those, one more word: which
-// override decides the key (RuleSet::matchOverride + 1; 0 until resolved).
-// decidingRule() reads it, resolving and recording it on first use, and
-// returns the rule that decides the key (the rule itself, or an override's
-// variant); `words` are the entry's, entryWords(rule) of them.
+// decidingRule() reads the override word, resolving and recording it on
+// first use, and returns the rule that decides the key (the rule itself, or
+// an override's variant); `words` are the entry's, entryWords(rule) of them.
 const Rule& decidingRule(const RuleSet& rules, const Rule& rule, std::string_view key,
                          std::span<std::atomic<uint64_t>> words);
+// The override recorded in an entry of `rule` (0: none, or not resolved yet).
+uint32_t storedOverride(const Rule& rule, std::span<const std::atomic<uint64_t>> words);
 
 namespace slice {
 
@@ -167,6 +173,9 @@ struct LeaseRequest {
   int64_t n = 0;     // kLease: at most; kReturn, kDebit: units
   int64_t need = 0;  // kLease: the fewest worth granting
   int64_t lease_now_ms = 0;  // kReturn: Redis's clock at the lease (its window)
+  // Which override of the rule decides the key (RuleSet::variant): its
+  // limits are the ones the script is called with.
+  uint32_t variant = 0;
 };
 
 // Counters of the lease path, for `stats` (each read on its own).

@@ -28,6 +28,13 @@ bool isWindow(Algorithm algorithm) {
   return algorithm == Algorithm::kFixedWindow || algorithm == Algorithm::kSlidingWindow;
 }
 
+// The rule a request of `rule` is for: the variant of the override that
+// decides its key, whose limits the script is called with (same name, id
+// and algorithm, so the same Redis key).
+const Rule& variantOf(const RuleSet& rules, const Rule& rule, uint32_t variant) {
+  return variant <= rule.overrides.size() ? rules.variant(rule, variant) : rule;
+}
+
 }  // namespace
 
 LeaseManager::LeaseManager(RedisLink& link, const RedisConfig& config, LeaseContext context)
@@ -71,6 +78,7 @@ void LeaseManager::onWakeup() {
   RuleSetPtr rules = context_.rules();
   for (const LeaseRequest& request : taken_) {
     const Rule* rule = rules->findById(request.rule_id);
+    if (rule != nullptr) rule = &variantOf(*rules, *rule, request.variant);
     if (request.kind == LeaseRequest::Kind::kReturn) {
       if (rule != nullptr && up_) {
         sendReturn(*rule, request.key, request.n, request.lease_now_ms, config_.lease_timeout_ms,
@@ -217,7 +225,7 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, Algorithm algorithm
     // The key was evicted while its lease was in flight: give the units back.
     RuleSetPtr rules = context_.rules();
     if (const Rule* rule = rules->findById(request.rule_id); rule != nullptr && up_) {
-      sendReturn(*rule, request.key, reply->granted, reply->now_ms, config_.lease_timeout_ms,
+      sendReturn(variantOf(*rules, *rule, request.variant), request.key, reply->granted, reply->now_ms, config_.lease_timeout_ms,
                  nullptr);
     }
   }
@@ -228,7 +236,8 @@ void LeaseManager::finish(uint32_t rule_id, std::string_view key,
   {
     KeyTable::ReadGuard guard(*context_.keys, reader_);
     KeyTable::Entry* entry = context_.keys->find(rule_id, key);
-    if (entry != nullptr && entry->state().size() == slice::kWords) {
+    // (Ids name one definition: an entry of this id is this rule's slice.)
+    if (entry != nullptr && entry->state().size() >= slice::kWords) {
       Words words = entry->state();
       if (apply) apply(words);
       words[slice::kFlags].fetch_and(~slice::kInFlight, std::memory_order_acq_rel);
@@ -360,7 +369,10 @@ void LeaseManager::debitFallback(bool state_lost, const std::function<void()>& a
     size_t word = undebitedWord(*share);
     if (entry.state().size() <= word) return;
     auto units = static_cast<int64_t>(entry.state()[word].exchange(0, std::memory_order_acq_rel));
-    if (units > 0) debits.push_back({global, std::string(entry.key()), units});
+    if (units > 0) {
+      debits.push_back({&variantOf(*rules, *global, storedOverride(*share, entry.state())),
+                        std::string(entry.key()), units});
+    }
   });
   // A Redis that lost the state starts full: the others' leases and the
   // shares' spending since it came back already account for the time, and
@@ -396,12 +408,13 @@ void LeaseManager::returnAll(int64_t timeout_ms, std::function<void()> done) {
   int64_t now_ns = monotonicNowNs();
   context_.keys->visit([&](KeyTable::Entry& entry) {
     const Rule* rule = rules->findById(entry.ruleId());
-    if (rule == nullptr || !leasable(*rule) || entry.state().size() != slice::kWords) return;
+    if (rule == nullptr || !leasable(*rule) || entry.state().size() != entryWords(*rule)) return;
     Words words = entry.state();
     int64_t expires = static_cast<int64_t>(words[slice::kExpires].load(std::memory_order_acquire));
     auto units = static_cast<int64_t>(words[slice::kUnits].exchange(0, std::memory_order_acq_rel));
     if (units > 0 && (expires == 0 || now_ns < expires)) {
-      returns.push_back({rule, std::string(entry.key()),
+      returns.push_back({&variantOf(*rules, *rule, storedOverride(*rule, words)),
+                         std::string(entry.key()),
                          units,
                          static_cast<int64_t>(words[slice::kLeaseNowMs].load(std::memory_order_acquire))});
     }

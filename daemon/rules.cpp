@@ -5,21 +5,40 @@
 
 namespace sluice {
 
+namespace {
+
+// One node's share of `limits`, rounded down: the fleet's shares never add
+// up to more than the limit, except where a share of 1 is the least that
+// keeps a key usable.
+void divideLimits(std::vector<Limit>* limits, int64_t nodes) {
+  for (Limit& limit : *limits) {
+    limit.limit = std::max<int64_t>(limit.limit / nodes, 1);
+    limit.burst = std::max<int64_t>(limit.burst / nodes, 1);
+  }
+}
+
+// Appends `rule`'s variants (one per override: the rule with its limits) to
+// `variants` and records where they start.
+void addVariants(Rule* rule, std::vector<Rule>* variants, int64_t nodes) {
+  rule->first_variant = variants->size();
+  if (rule->overrides.empty()) return;
+  Rule base = *rule;  // copied once: a rule may have many overrides
+  base.overrides.clear();
+  for (const Override& override : rule->overrides) {
+    Rule variant = base;
+    variant.limits = override.limits;
+    if (nodes > 1) divideLimits(&variant.limits, nodes);
+    variants->push_back(std::move(variant));
+  }
+}
+
+}  // namespace
+
 RuleSet::RuleSet(std::vector<Rule> rules, uint32_t fallback_nodes)
     : rules_(std::move(rules)), fallback_nodes_(std::max<uint32_t>(fallback_nodes, 1)) {
   // Each override decides as the rule with its limits; only the rule's own
   // id names key-table entries, so variants need no ids of their own.
-  for (Rule& rule : rules_) {
-    rule.first_variant = variants_.size();
-    if (rule.overrides.empty()) continue;
-    Rule base = rule;  // copied once: a rule may have many overrides
-    base.overrides.clear();
-    for (const Override& override : rule.overrides) {
-      Rule variant = base;
-      variant.limits = override.limits;
-      variants_.push_back(std::move(variant));
-    }
-  }
+  for (Rule& rule : rules_) addVariants(&rule, &variants_, 1);
   for (const Rule& rule : rules_) {
     for (uint32_t i = 0; i < rule.overrides.size(); ++i) {
       const Override& override = rule.overrides[i];
@@ -35,15 +54,15 @@ RuleSet::RuleSet(std::vector<Rule> rules, uint32_t fallback_nodes)
     if (rule.scope != Scope::kGlobal) {
       continue;
     }
-    // Rounded down: the fleet's shares never add up to more than the limit,
-    // except where a share of 1 is the least that keeps a key usable.
+    // A share keeps the rule's overrides, each divided as the rule is, and
+    // matches keys as the rule does (matchOverride). A global rule's penalty
+    // lives in its slice entries, whatever decides the key (lease.h).
     Rule share = rule;
     share.scope = Scope::kLocal;
     share.id = rule.id | kFallbackIdBit;
-    for (Limit& limit : share.limits) {
-      limit.limit = std::max<int64_t>(limit.limit / nodes, 1);
-      limit.burst = std::max<int64_t>(limit.burst / nodes, 1);
-    }
+    share.penalty.reset();
+    divideLimits(&share.limits, nodes);
+    addVariants(&share, &variants_, nodes);
     shares_.push_back(std::move(share));
   }
   by_name_.reserve(rules_.size());
@@ -63,10 +82,12 @@ const Rule* RuleSet::fallbackShare(const Rule& rule) const {
 
 uint32_t RuleSet::matchOverride(const Rule& rule, std::string_view key) const {
   if (rule.overrides.empty()) return 0;
-  if (auto keys = exact_.find(rule.id); keys != exact_.end()) {
+  // A share matches as its global rule does.
+  const uint32_t id = rule.id & ~kFallbackIdBit;
+  if (auto keys = exact_.find(id); keys != exact_.end()) {
     if (auto hit = keys->second.find(key); hit != keys->second.end()) return hit->second;
   }
-  auto scanned = scanned_.find(rule.id);
+  auto scanned = scanned_.find(id);
   if (scanned == scanned_.end()) return 0;
   uint32_t best = 0;
   size_t best_length = 0;

@@ -85,13 +85,15 @@ struct Rule {
   int64_t max_wait_ns = 0;
   // Leaky-bucket shaping: burst 1, so units leave one interval apart.
   bool pace = false;
-  // Local rules of one-word algorithms (token bucket, GCRA, the windows)
-  // only, each with as many limits as the rule, so that every key of the
-  // rule has the same state layout. Which one applies to a key is worked out
+  // Rules of one-word algorithms (token bucket, GCRA, the windows) only,
+  // each with as many limits as the rule, so that every key of the rule has
+  // the same state layout; on a global rule, an override's limit is what the
+  // fleet shares. Which one applies to a key is worked out
   // once, when its entry is created, and kept in the entry (lease.h,
   // decidingRule); a reload that changes them changes the rule's id.
   std::vector<Override> overrides;
-  // Local rules only, so far; a shadow rule never blocks.
+  // On a global rule, only one that leases (lease.h): the block is shared
+  // through Redis. A shadow rule never blocks.
   std::optional<Penalty> penalty;
 
   // Stable identity of this rule's state in the key table. Reloading a file
@@ -128,7 +130,9 @@ class RuleSet {
 
   // The local share of a global rule (DESIGN.md, "Fallback"): the same rule
   // with every limit and burst divided by the number of nodes (at least 1),
-  // scope local, its own id. nullptr for a local rule.
+  // its overrides' too, scope local, its own id, and no penalty (a global
+  // rule's penalty state stays in its slice entries, lease.h). nullptr for a
+  // local rule.
   const Rule* fallbackShare(const Rule& rule) const;
 
   // Which override of `rule` decides `key`: 0 for none (the rule itself),

@@ -487,7 +487,7 @@ void Server::onNodesChanged(uint32_t nodes) {
   spdlog::info("global rules' fallback shares are now 1/{} of their limits", nodes);
 }
 
-void Server::returnSlice(uint32_t rule_id, std::string_view key,
+void Server::returnSlice(const Rule& rule, std::string_view key,
                          std::span<std::atomic<uint64_t>> words, int64_t now_ns) {
   auto word = [&](slice::Word w) {
     return static_cast<int64_t>(words[w].load(std::memory_order_acquire));
@@ -497,7 +497,8 @@ void Server::returnSlice(uint32_t rule_id, std::string_view key,
   if (units <= 0 || !broker_ || (expires != 0 && now_ns >= expires)) return;
   LeaseRequest back;
   back.kind = LeaseRequest::Kind::kReturn;
-  back.rule_id = rule_id;
+  back.rule_id = rule.id;
+  back.variant = storedOverride(rule, words);
   back.key = std::string(key);
   back.n = units;
   back.lease_now_ms = word(slice::kLeaseNowMs);
@@ -507,7 +508,7 @@ void Server::returnSlice(uint32_t rule_id, std::string_view key,
 void Server::onForcedEviction(uint32_t rule_id, std::string_view key,
                               std::span<std::atomic<uint64_t>> words) {
   // Only a global rule's slice holds units; the lock is taken for those only.
-  if (!broker_ || (rule_id & kFallbackIdBit) != 0 || words.size() != slice::kWords ||
+  if (!broker_ || (rule_id & kFallbackIdBit) != 0 || words.size() < slice::kWords ||
       static_cast<int64_t>(words[slice::kUnits].load(std::memory_order_relaxed)) <= 0) {
     return;
   }
@@ -517,7 +518,9 @@ void Server::onForcedEviction(uint32_t rule_id, std::string_view key,
     rules = config_.rules;
   }
   const Rule* rule = rules->findById(rule_id);
-  if (rule != nullptr && leasable(*rule)) returnSlice(rule_id, key, words, monotonicNowNs());
+  if (rule != nullptr && leasable(*rule) && words.size() == entryWords(*rule)) {
+    returnSlice(*rule, key, words, monotonicNowNs());
+  }
 }
 
 void Server::sweepKeys() {
@@ -540,7 +543,7 @@ void Server::sweepKeys() {
       if ((word(slice::kFlags) & slice::kInFlight) != 0 || now_ns < word(slice::kDenyUntil)) {
         return false;
       }
-      returnSlice(rule->id, entry.key(), words, now_ns);
+      returnSlice(*rule, entry.key(), words, now_ns);
       return true;
     }
     if ((rule->id & kFallbackIdBit) != 0 && words[undebitedWord(*rule)].load(std::memory_order_acquire) > 0) {

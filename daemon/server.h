@@ -76,7 +76,7 @@ class Server : public DaemonStatus {
   void sweepKeys();
   // Sends a global rule's slice's unspent units back to Redis (unless their
   // window ended), leaving it empty.
-  void returnSlice(uint32_t rule_id, std::string_view key,
+  void returnSlice(const Rule& rule, std::string_view key,
                    std::span<std::atomic<uint64_t>> words, int64_t now_ns);
   // A worker's insert evicted an entry from the full table: a slice returns
   // its units. Takes reload_mutex_ for slices holding units only.

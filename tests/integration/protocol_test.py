@@ -763,7 +763,12 @@ class LeasingTest(RedisCase):
         count = 10_000
         # 15 connections (16 is the limit), each sending its 667 requests in
         # one write, then reading: no connection's answers reach the 64 KiB
-        # output cap.
+        # output cap. Only `client` may be open first (start-up's probes
+        # close asynchronously), or the 16th would be refused.
+        def open_connections():
+            connections = client.result("stats")["connections"]
+            return connections["accepted"] - sum(connections["closed"].values())
+        self.assertTrue(wait_for(lambda: open_connections() == 1, 5))
         clients = [daemon.connect() for _ in range(15)]
         for c, conn in enumerate(clients):
             conn.sock.sendall(b"".join(

@@ -511,10 +511,6 @@ const Refusal kRefusals[] = {
      "[[rule]]\nname = \"r\"\nalgorithm = \"concurrency\"\nlimit = 5\n"
      "overrides = [{ prefix = \"p\", limit = 9 }]\n",
      "5:13", "overrides apply to token_bucket, gcra, fixed_window and sliding_window rules"},
-    {"override_on_global_rule",
-     "[redis]\n[[rule]]\nname = \"r\"\nlimit = 5\nperiod = \"1s\"\nscope = \"global\"\n"
-     "overrides = [{ prefix = \"p\", limit = 9 }]\n",
-     "7:13", "overrides apply only to local rules for now"},
     {"override_burst_on_paced_rule",
      "[[rule]]\nname = \"r\"\nalgorithm = \"gcra\"\nlimit = 5\nperiod = \"1s\"\npace = true\n"
      "overrides = [{ prefix = \"p\", limit = 9, burst = 3 }]\n",

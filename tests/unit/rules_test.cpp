@@ -74,6 +74,32 @@ TEST(RuleSetTest, VariantsCarryTheOverridesLimits) {
   EXPECT_TRUE(pro.overrides.empty());
 }
 
+// Verifies a global rule's share keeps its overrides, each divided by the
+// nodes as the rule is, matches keys as the rule does, and leaves the
+// penalty to the rule's slice entries.
+TEST(RuleSetTest, SharesOfAGlobalRuleDivideItsOverrides) {
+  Rule rule;
+  rule.name = "api";
+  rule.id = 7;
+  rule.scope = Scope::kGlobal;
+  rule.limits = {Limit{10, kMinuteNs, 10}};
+  rule.overrides = {override(Override::Match::kPrefix, "pro:", 100),
+                    override(Override::Match::kKey, "acme", 1000)};
+  rule.penalty = Penalty{3, kMinuteNs, kMinuteNs};
+  RuleSet rules({rule}, 4);
+  const Rule& global = *rules.find("api");
+  const Rule& share = *rules.fallbackShare(global);
+  EXPECT_FALSE(share.penalty);
+  EXPECT_EQ(share.limits.front().limit, 2);  // 10 / 4, rounded down
+  EXPECT_EQ(rules.matchOverride(share, "pro:1"), rules.matchOverride(global, "pro:1"));
+  EXPECT_EQ(rules.variant(share, rules.matchOverride(share, "pro:1")).limits.front().limit, 25);
+  EXPECT_EQ(rules.variant(share, rules.matchOverride(share, "acme")).limits.front().limit, 250);
+  EXPECT_EQ(rules.variant(share, rules.matchOverride(share, "acme")).id, share.id);
+  EXPECT_EQ(rules.variant(share, rules.matchOverride(share, "free:1")).limits.front().limit, 2);
+  // The rule's own variants are the fleet's limits, undivided.
+  EXPECT_EQ(rules.variant(global, rules.matchOverride(global, "pro:1")).limits.front().limit, 100);
+}
+
 // Verifies glob matching: * any run (also empty), ? one byte, literals.
 TEST(GlobTest, StarAndQuestionMark) {
   EXPECT_TRUE(globMatch("*", ""));
