@@ -978,9 +978,13 @@ class RuleReader {
     if (table == nullptr) {
       refuse(*node, prefix_ + "penalty is " + std::string(describe(*node)) + "; write " + example);
     }
-    if (rule->scope != Scope::kLocal) {
-      refuse(*node, prefix_ + "penalty applies only to local rules for now; remove it, or set " +
-                        "scope = \"local\"");
+    // A global rule shares its blocks through its lease script (lease.h).
+    bool leases = rule->limits.size() == 1 && rule->algorithm != Algorithm::kSlidingLog &&
+                  rule->algorithm != Algorithm::kConcurrency;
+    if (rule->scope == Scope::kGlobal && !leases) {
+      refuse(*node, prefix_ + "penalty on a global rule needs one that leases from Redis (one " +
+                        "limit; token_bucket, gcra, fixed_window or sliding_window); remove " +
+                        "it, or set scope = \"local\"");
     }
     for (auto&& [key, value] : *table) {
       if (std::find(kPenaltyKeys.begin(), kPenaltyKeys.end(), key.str()) == kPenaltyKeys.end()) {

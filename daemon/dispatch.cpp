@@ -317,6 +317,33 @@ void Dispatcher::requestLease(const Rule& rule, const Rule& deciding, std::strin
   broker_->submit(std::move(request));
 }
 
+void Dispatcher::countDenial(const Rule& configured, std::string_view key,
+                             std::span<std::atomic<uint64_t>> entry_words,
+                             const Decision& decision, int64_t now_ns) {
+  const Penalty* penalty = activePenalty(configured);
+  if (penalty == nullptr || entry_words.empty() || decision.allowed ||
+      decision.cost_exceeds_limit) {
+    return;
+  }
+  auto words = penaltyState(configured, entry_words);
+  if (!penalty::recordDenial(*penalty, words, now_ns)) return;
+  metrics_.penalty_blocks.add();
+  if (configured.scope != Scope::kGlobal || broker_ == nullptr || !broker_->leasing()) return;
+  // Shared through Redis, where every node's next lease of the key finds it.
+  // This node asks Redis again after kBlockRecheckNs (lease.h), with nothing
+  // left to spend meanwhile.
+  LeaseRequest block;
+  block.kind = LeaseRequest::Kind::kBlock;
+  block.rule_id = configured.id;
+  block.key = std::string(key);
+  block.n = (penalty->block_ns + 999'999) / 1'000'000;
+  broker_->submit(std::move(block));
+  entry_words[slice::kUnits].store(0, std::memory_order_release);
+  entry_words[slice::kDenyUntil].store(
+      static_cast<uint64_t>(now_ns + std::min(penalty->block_ns, kBlockRecheckNs)),
+      std::memory_order_release);
+}
+
 namespace {
 
 int64_t ceilMs(int64_t ns) { return ns <= 0 ? 0 : (ns + 999'999) / 1'000'000; }
@@ -398,9 +425,18 @@ bool Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::st
     }
     const Rule& deciding = decidingRule(*rules_, *rule, item.key, entry->state());
     auto state = entry->state().first(stateWords(deciding));
-    const Penalty* penalty = activePenalty(*rule);
+    // The penalty's words: in the key's entry; for a global rule deciding on
+    // its share, in the key's slice entry, where leasing keeps them too.
+    const Penalty* penalty = activePenalty(*configured);
+    std::span<std::atomic<uint64_t>> penalty_entry = entry->state();
+    if (penalty != nullptr && rule != configured) {
+      KeyTable::Entry* slice_entry =
+          keys_.findOrInsert(configured->id, item.key, entryWords(*configured), now_ns);
+      penalty_entry = slice_entry != nullptr ? slice_entry->state() : std::span<std::atomic<uint64_t>>();
+      if (slice_entry == nullptr) penalty = nullptr;  // table full: unblocked, uncounted
+    }
     if (penalty != nullptr) {
-      if (int64_t left_ns = penalty::blockedFor(penaltyState(*rule, entry->state()), now_ns)) {
+      if (int64_t left_ns = penalty::blockedFor(penaltyState(*configured, penalty_entry), now_ns)) {
         decision = blockedDecision(deciding, left_ns);
         count(*configured, decision, Mode::kBlocked);
         rpc::writeDecision(out, request.msgid, decision, Mode::kBlocked);
@@ -424,10 +460,7 @@ bool Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::st
       noteFallbackSpend(*rule, item.key, entry->state(), item.cost);
     }
     count(*configured, decision, mode);
-    if (penalty != nullptr && !decision.allowed && !decision.cost_exceeds_limit &&
-        penalty::recordDenial(*penalty, penaltyState(*rule, entry->state()), now_ns)) {
-      metrics_.penalty_blocks.add();
-    }
+    if (penalty != nullptr) countDenial(*configured, item.key, penalty_entry, decision, now_ns);
     if (decision.wait_ns > 0) {
       waiters_.push_back({now_ns + decision.wait_ns, waiter_seq_++, now_ns, defer_to->owner,
                           request.msgid, decision, mode});
@@ -450,6 +483,7 @@ bool Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::st
     int64_t blocked_ns = entry != nullptr && activePenalty(*rule) != nullptr
                              ? penalty::blockedFor(penaltyState(*rule, entry->state()), now_ns)
                              : 0;
+    if (rule != configured) blocked_ns = globalBlockedFor(*configured, item.key, now_ns);
     if (request.method == rpc::Method::kRelease && entry != nullptr) {
       entry->touch(now_ns);
       decision = release(deciding, state, now_ns, item.cost);
@@ -476,6 +510,21 @@ bool Dispatcher::acquireLeased(const rpc::Request& request, const Rule& rule, in
   auto entry_words = entry->state();
   const Rule& deciding = decidingRule(*rules_, rule, item.key, entry_words);
   auto words = entry_words.first(slice::kWords);
+  // A blocked key is answered here, until its block is due to be asked of
+  // Redis again (kBlockRecheckNs): then its lease says whether it stands.
+  int64_t blocked_ns = activePenalty(rule) != nullptr
+                           ? penalty::blockedFor(penaltyState(rule, entry_words), now_ns)
+                           : 0;
+  if (blocked_ns > 0) {
+    bool recheck = now_ns >= static_cast<int64_t>(words[slice::kDenyUntil].load(std::memory_order_acquire));
+    if (!recheck || defer_to == nullptr) {
+      Decision blocked = blockedDecision(deciding, blocked_ns);
+      count(rule, blocked, Mode::kBlocked);
+      rpc::writeDecision(out, request.msgid, blocked, Mode::kBlocked);
+      return false;
+    }
+    words[slice::kUnits].store(0, std::memory_order_release);  // a lease's, granted late
+  }
   Decision decision;
   if (item.cost > leaseCapacity(deciding.limits.front())) {
     decision = exceedsCapacity(deciding);
@@ -526,6 +575,7 @@ bool Dispatcher::acquireLeased(const rpc::Request& request, const Rule& rule, in
           decision = *shared;
         }
         count(rule, decision, policy_mode);
+        countDenial(rule, item.key, entry_words, decision, now_ns);
         rpc::writeDecision(out, request.msgid, decision, policy_mode);
         return false;
       }
@@ -533,8 +583,17 @@ bool Dispatcher::acquireLeased(const rpc::Request& request, const Rule& rule, in
   }
   applyShadow(rule, &decision);
   count(rule, decision, mode);
+  countDenial(rule, item.key, entry_words, decision, now_ns);
   rpc::writeDecision(out, request.msgid, decision, mode);
   return false;
+}
+
+int64_t Dispatcher::globalBlockedFor(const Rule& configured, std::string_view key,
+                                     int64_t now_ns) {
+  if (activePenalty(configured) == nullptr) return 0;
+  KeyTable::Entry* entry = keys_.find(configured.id, key);
+  if (entry == nullptr || entry->state().size() != entryWords(configured)) return 0;
+  return penalty::blockedFor(penaltyState(configured, entry->state()), now_ns);
 }
 
 void Dispatcher::peekLeased(const rpc::Request& request, const Rule& rule, int64_t now_ns,
@@ -549,7 +608,10 @@ void Dispatcher::peekLeased(const rpc::Request& request, const Rule& rule, int64
                              ? decidingRule(*rules_, rule, item.key, entry->state())
                              : rules_->variant(rule, rules_->matchOverride(rule, item.key));
   Decision decision;
-  if (item.cost > leaseCapacity(deciding.limits.front())) {
+  if (int64_t blocked_ns = globalBlockedFor(rule, item.key, now_ns)) {
+    decision = blockedDecision(deciding, blocked_ns);
+    mode = Mode::kBlocked;
+  } else if (item.cost > leaseCapacity(deciding.limits.front())) {
     decision = exceedsCapacity(deciding);
   } else if (entry == nullptr) {
     // No slice: report a fresh key, as a local rule does.
@@ -600,7 +662,17 @@ bool Dispatcher::acquireAll(const rpc::Request& request, int64_t now_ns, std::st
     const Rule* share_rule = nullptr;  // spent in fallback: count for debit
     Mode mode = Mode::kLocal;
     bool decided = false;
-    if (leasing(*configured) && item.cost > 0) {
+    if (int64_t blocked_ns = item.cost > 0 && configured->scope == Scope::kGlobal
+                                 ? globalBlockedFor(*configured, item.key, now_ns)
+                                 : 0) {
+      // A blocked key denies the group, as a closed policy does.
+      acquire_item.decision = blockedDecision(
+          rules_->variant(*configured, rules_->matchOverride(*configured, item.key)), blocked_ns);
+      mode = Mode::kBlocked;
+      denied = true;
+      decided = true;
+    }
+    if (!decided && leasing(*configured) && item.cost > 0) {
       mode = configured->shadow ? Mode::kShadow : Mode::kNormal;
       KeyTable::Entry* entry =
           keys_.findOrInsert(configured->id, item.key, entryWords(*configured), now_ns);
@@ -997,12 +1069,15 @@ void Dispatcher::reload(uint32_t msgid, const Peer& peer, std::string* out) {
   w.writeBool(true);
 }
 
-// An admin forgets a local key's state, so that its next request is a fresh
-// key's (a key blocked by mistake, a test account). The words are zeroed one
-// by one: an acquire racing with the reset sees the old state or the fresh
-// one (for a rule of several limits, each limit's), never more than a fresh
-// key may spend. A global rule's state lives in Redis, shared by the fleet,
-// so one node does not reset it. The answer is peek's on the fresh state.
+// An admin forgets a key's state, so that its next request is a fresh key's
+// (a key blocked by mistake, a test account). The words are zeroed one by
+// one: an acquire racing with the reset sees the old state or the fresh one
+// (for a rule of several limits, each limit's), never more than a fresh key
+// may spend. For a global rule that leases, the state and the block in
+// Redis are reset too (penalty.lua), which needs Redis up; other nodes see
+// the block lifted within kBlockRecheckNs (lease.h), and keep the units
+// their slices hold. A global rule that does not lease keeps its state in
+// this node's share. The answer is peek's on the fresh state.
 void Dispatcher::reset(const rpc::Request& request, const Peer& peer, int64_t now_ns,
                        std::string* out) {
   if (!peer.admin) {
@@ -1016,20 +1091,33 @@ void Dispatcher::reset(const rpc::Request& request, const Peer& peer, int64_t no
     error(request.msgid, rpc::ErrorCode::kUnknownRule, unknownRule(item.rule), out);
     return;
   }
-  if (rule->scope != Scope::kLocal) {
-    error(request.msgid, rpc::ErrorCode::kBadRequest,
-          "reset applies to local rules; the state of global rule \"" + rule->name +
-              "\" lives in Redis, shared by every node",
-          out);
-    return;
+  const Rule* state_rule = rule;  // whose entry holds the key's state here
+  if (rule->scope == Scope::kGlobal && leasable(*rule)) {
+    if (broker_ == nullptr || !broker_->leasing()) {
+      error(request.msgid, rpc::ErrorCode::kOverloaded,
+            "redis is unreachable, and the state of global rule \"" + rule->name +
+                "\" lives there; retry once health says redis is up",
+            out);
+      return;
+    }
+    LeaseRequest reset;
+    reset.kind = LeaseRequest::Kind::kReset;
+    reset.rule_id = rule->id;
+    reset.key = std::string(item.key);
+    broker_->submit(std::move(reset));
+  } else if (rule->scope == Scope::kGlobal) {
+    state_rule = rules_->fallbackShare(*rule);
   }
   // The state and the penalty's words (a block is lifted) start afresh;
-  // the word after them (which override decides the key) stays.
-  KeyTable::Entry* entry = keys_.find(rule->id, item.key);
-  if (entry != nullptr && entry->state().size() == entryWords(*rule)) {
-    for (std::atomic<uint64_t>& word :
-         entry->state().first(stateWords(*rule) + penaltyWords(*rule))) {
-      word.store(0, std::memory_order_relaxed);
+  // the override word after them stays, and so does a slice's in-flight
+  // bit (its lease's answer clears it).
+  KeyTable::Entry* entry = keys_.find(state_rule->id, item.key);
+  if (entry != nullptr && entry->state().size() == entryWords(*state_rule)) {
+    size_t words = entryWords(*state_rule) - (state_rule->overrides.empty() ? 0 : 1);
+    auto state = entry->state().first(words);
+    for (size_t i = 0; i < state.size(); ++i) {
+      bool in_flight = state_rule == rule && leasable(*rule) && i == slice::kFlags;
+      state[i].fetch_and(in_flight ? slice::kInFlight : 0, std::memory_order_relaxed);
     }
   }
   const Rule& deciding = rules_->variant(*rule, rules_->matchOverride(*rule, item.key));

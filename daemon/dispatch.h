@@ -157,6 +157,14 @@ class Dispatcher {
   // `share` is the share itself (not a variant); `words` its entry's.
   void noteFallbackSpend(const Rule& share, std::string_view key,
                          std::span<std::atomic<uint64_t>> words, int64_t cost);
+  // Counts a denial toward `configured`'s penalty in the words of the entry
+  // that holds it (the key's, or for a global rule its slice entry); at the
+  // D-th, blocks the key, for a global rule across the fleet (lease.h).
+  void countDenial(const Rule& configured, std::string_view key,
+                   std::span<std::atomic<uint64_t>> entry_words, const Decision& decision,
+                   int64_t now_ns);
+  // How long a global rule's key stays blocked, as this node knows (0: not).
+  int64_t globalBlockedFor(const Rule& configured, std::string_view key, int64_t now_ns);
   void error(uint32_t msgid, rpc::ErrorCode code, std::string_view message, std::string* out);
   // Counts a decision on `configured`, the rule the request named.
   void count(const Rule& configured, const Decision& decision, Mode mode);

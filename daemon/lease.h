@@ -162,15 +162,26 @@ Batch nextBatch(std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t 
 
 }  // namespace slice
 
+// A global rule's penalty block (one this node counted, or one a lease reply
+// reported) is held by the node for at most this long at a time; then the
+// key's next acquire leases, and Redis says whether the block still stands.
+// So a block lifted anywhere (the admin reset) ends on every node within it,
+// at the cost of one lease per blocked key, node and this interval while
+// the key is still being asked for. While Redis is unreachable a block the
+// node counts itself is held in full.
+constexpr int64_t kBlockRecheckNs = 1'000'000'000;
+
 // What a worker asks the control thread for.
 struct LeaseRequest {
   // kDebit: units a share admitted while Redis was up but the key could not
-  // lease (its lease failed or came late).
-  enum class Kind { kLease, kReturn, kDebit };
+  // lease (its lease failed or came late). kBlock: the key's penalty blocks
+  // it for n ms across the fleet. kReset: the admin reset of the key's
+  // global state and block.
+  enum class Kind { kLease, kReturn, kDebit, kBlock, kReset };
   Kind kind = Kind::kLease;
   uint32_t rule_id = 0;
   std::string key;
-  int64_t n = 0;     // kLease: at most; kReturn, kDebit: units
+  int64_t n = 0;     // kLease: at most; kReturn, kDebit: units; kBlock: ms
   int64_t need = 0;  // kLease: the fewest worth granting
   int64_t lease_now_ms = 0;  // kReturn: Redis's clock at the lease (its window)
   // Which override of the rule decides the key (RuleSet::variant): its

@@ -8,6 +8,7 @@
 
 #include "clock.h"
 #include "limiter.h"
+#include "penalty.h"
 
 namespace sluice {
 
@@ -50,17 +51,33 @@ LeaseManager::LeaseManager(RedisLink& link, const RedisConfig& config, LeaseCont
   gcra_ = add(scripts::Script::kGcra);
   fixed_window_ = add(scripts::Script::kFixedWindow);
   sliding_window_ = add(scripts::Script::kSlidingWindow);
+  penalty_ = add(scripts::Script::kPenalty);
 }
 
-std::string LeaseManager::redisKey(std::string_view rule_name, std::string_view key) const {
-  std::string name = config_.key_prefix;
-  name += "q:";
+namespace {
+
+// <prefix><kind>:<rule name length>:<rule name>:<key>
+std::string redisKey(std::string_view prefix, std::string_view kind, std::string_view rule_name,
+                     std::string_view key) {
+  std::string name(prefix);
+  name += kind;
+  name += ':';
   name += std::to_string(rule_name.size());
   name += ':';
   name += rule_name;
   name += ':';
   name += key;
   return name;
+}
+
+}  // namespace
+
+std::string LeaseManager::stateKey(std::string_view rule_name, std::string_view key) const {
+  return redisKey(config_.key_prefix, "q", rule_name, key);
+}
+
+std::string LeaseManager::blockKey(std::string_view rule_name, std::string_view key) const {
+  return redisKey(config_.key_prefix, "b", rule_name, key);
 }
 
 RedisLink::ScriptId LeaseManager::scriptFor(Algorithm algorithm) const {
@@ -90,20 +107,34 @@ void LeaseManager::onWakeup() {
       if (rule != nullptr && leasable(*rule) && up_) sendDebit(*rule, request.key, request.n, 0, nullptr);
       continue;
     }
+    if (request.kind == LeaseRequest::Kind::kBlock || request.kind == LeaseRequest::Kind::kReset) {
+      bool block = request.kind == LeaseRequest::Kind::kBlock;
+      if (rule != nullptr && leasable(*rule) && up_ && (!block || rule->penalty)) {
+        sendPenalty(*rule, request.key,
+                    block ? scripts::PenaltyOp::kBlock : scripts::PenaltyOp::kReset, request.n);
+      }
+      continue;
+    }
     if (rule == nullptr || !leasable(*rule) || !up_ || !context_.broker->leasing()) {
       // Not now: the workers decide by on_redis_down until the breaker closes.
       finish(request.rule_id, request.key, nullptr);
       continue;
     }
-    sendLease(request, *rule);
+    sendLease(request, *rule, rules);
   }
   taken_.clear();
 }
 
 void LeaseManager::callScript(const Rule& rule, std::string_view key, std::vector<std::string> argv,
                               int64_t timeout_ms, RedisCallback on_result) {
-  waiting_.push_back({scriptFor(rule.algorithm), redisKey(rule.name, key), std::move(argv),
-                      timeout_ms, std::move(on_result)});
+  callScript(scriptFor(rule.algorithm), {stateKey(rule.name, key)}, std::move(argv), timeout_ms,
+             std::move(on_result));
+}
+
+void LeaseManager::callScript(RedisLink::ScriptId script, std::vector<std::string> keys,
+                              std::vector<std::string> argv, int64_t timeout_ms,
+                              RedisCallback on_result) {
+  waiting_.push_back({script, std::move(keys), std::move(argv), timeout_ms, std::move(on_result)});
   sendWaiting();
 }
 
@@ -112,7 +143,7 @@ void LeaseManager::sendWaiting() {
     ScriptCall call = std::move(waiting_.front());
     waiting_.pop_front();
     std::vector<std::string_view> args(call.argv.begin(), call.argv.end());
-    std::string_view keys[] = {call.key};
+    std::vector<std::string_view> keys(call.keys.begin(), call.keys.end());
     RedisCallback on_result = std::move(call.on_result);
     ++in_flight_;
     bool sent = link_.evalsha(
@@ -136,7 +167,7 @@ void LeaseManager::dropWaiting() {
   for (ScriptCall& call : dropped) call.on_result(kNotSent);
 }
 
-void LeaseManager::sendLease(const LeaseRequest& request, const Rule& rule) {
+void LeaseManager::sendLease(const LeaseRequest& request, const Rule& rule, RuleSetPtr rules) {
   const Limit& limit = rule.limits.front();
   context_.broker->counters().requested.fetch_add(1, std::memory_order_relaxed);
   int64_t deadline_us = 0;
@@ -145,15 +176,35 @@ void LeaseManager::sendLease(const LeaseRequest& request, const Rule& rule) {
       deadline_us = *now_us + std::max(kMinLeaseDeadlineUs, 2 * config_.lease_timeout_ms * 1000);
     }
   }
-  callScript(rule, request.key, scripts::leaseArgv(request.n, request.need, limit, deadline_us),
+  // A rule with a penalty asks for the key's block too (the script's KEYS[2]).
+  std::vector<std::string> keys = {stateKey(rule.name, request.key)};
+  if (rule.penalty) keys.push_back(blockKey(rule.name, request.key));
+  callScript(scriptFor(rule.algorithm), std::move(keys),
+             scripts::leaseArgv(request.n, request.need, limit, deadline_us),
              config_.lease_timeout_ms,
-             [this, request, algorithm = rule.algorithm, limit](const RedisResult& result) {
-               onLeaseReply(request, algorithm, limit, result);
+             [this, request, &rule, rules = std::move(rules)](const RedisResult& result) {
+               onLeaseReply(request, rule, result);
              });
 }
 
-void LeaseManager::onLeaseReply(const LeaseRequest& request, Algorithm algorithm,
-                                const Limit& limit, const RedisResult& result) {
+void LeaseManager::sendPenalty(const Rule& rule, std::string_view key, scripts::PenaltyOp op,
+                               int64_t block_ms) {
+  callScript(penalty_, {stateKey(rule.name, key), blockKey(rule.name, key)},
+             scripts::penaltyArgv(op, block_ms), config_.lease_timeout_ms,
+             [this, op](const RedisResult& result) {
+               if (result.status == RedisStatus::kOk) return;
+               std::string error(result.error);
+               if (error != last_error_) {  // logged once until it changes
+                 spdlog::error("penalty: a {} did not reach redis: {}",
+                               op == scripts::PenaltyOp::kBlock ? "block" : "reset", error);
+                 last_error_ = error;
+               }
+             });
+}
+
+void LeaseManager::onLeaseReply(const LeaseRequest& request, const Rule& rule,
+                                const RedisResult& result) {
+  const Limit& limit = rule.limits.front();
   LeaseBroker::Counters& counters = context_.broker->counters();
   int64_t now_ns = monotonicNowNs();
   std::optional<scripts::LeaseReply> reply;
@@ -196,6 +247,27 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, Algorithm algorithm
   bool applied = false;
   finish(request.rule_id, request.key, [&](Words words) {
     applied = true;
+    if (rule.penalty) {
+      // The key's block, as Redis has it: held here until it ends, but asked
+      // again after kBlockRecheckNs (slice::kDenyUntil, which the workers
+      // read as the time to recheck while a block holds), so that a reset
+      // lifts it.
+      auto block = penaltyState(rule, words);
+      if (reply->blocked_ms > 0) {
+        int64_t left_ns = reply->blocked_ms * 1'000'000;
+        penalty::setBlockedUntil(block, now_ns + left_ns);
+        store(words, slice::kUnits, 0);
+        store(words, slice::kDenyUntil, now_ns + std::min(left_ns, kBlockRecheckNs));
+        return;
+      }
+      // A recheck found no block (lifted, or ended in Redis first). A lease
+      // sent before this node blocked the key answers before its recheck
+      // time, and leaves the block alone.
+      int64_t recheck_ns = static_cast<int64_t>(words[slice::kDenyUntil].load(std::memory_order_acquire));
+      if (penalty::blockedFor(block, now_ns) > 0 && now_ns >= recheck_ns) {
+        penalty::setBlockedUntil(block, 0);
+      }
+    }
     slice::noteGrant(words, reply->granted, reply->remaining);
     if (reply->granted == 0) {
       // Nothing until retry_after_ms: deny locally until then, so an
@@ -204,7 +276,7 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, Algorithm algorithm
       store(words, slice::kDenyUntil, now_ns + wait_ms * 1'000'000);
       return;
     }
-    if (isWindow(algorithm)) {
+    if (isWindow(rule.algorithm)) {
       // The units count in the window the lease was granted in; they may
       // be spent only until it ends. Units of an older window are dropped.
       int64_t period_ms = periodMs(limit);
@@ -223,11 +295,7 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, Algorithm algorithm
   });
   if (!applied && reply->granted > 0) {
     // The key was evicted while its lease was in flight: give the units back.
-    RuleSetPtr rules = context_.rules();
-    if (const Rule* rule = rules->findById(request.rule_id); rule != nullptr && up_) {
-      sendReturn(variantOf(*rules, *rule, request.variant), request.key, reply->granted, reply->now_ms, config_.lease_timeout_ms,
-                 nullptr);
-    }
+    if (up_) sendReturn(rule, request.key, reply->granted, reply->now_ms, config_.lease_timeout_ms, nullptr);
   }
 }
 

@@ -16,8 +16,9 @@
 //  - closed: leasing.
 //
 // Redis keys: <key_prefix>q:<rule name length>:<rule name>:<key> holds one
-// (rule, key)'s global state; the length prefix keeps any two (rule, key)
-// pairs apart whatever bytes they contain.
+// (rule, key)'s global state, and <key_prefix>b:<same> its penalty block
+// (lua/penalty.lua); the length prefix keeps any two (rule, key) pairs apart
+// whatever bytes they contain.
 //
 // Thread model: every method runs on the control thread (control.h), which
 // owns the RedisLink; workers reach the manager only through the
@@ -90,11 +91,16 @@ class LeaseManager {
   // timed out after `timeout_ms`).
   void returnAll(int64_t timeout_ms, std::function<void()> done);
 
-  // The Redis key of (rule, key).
-  std::string redisKey(std::string_view rule_name, std::string_view key) const;
+  // The Redis keys of (rule, key): its global state and its penalty block.
+  std::string stateKey(std::string_view rule_name, std::string_view key) const;
+  std::string blockKey(std::string_view rule_name, std::string_view key) const;
 
  private:
-  void sendLease(const LeaseRequest& request, const Rule& rule);
+  // `rules` keeps `rule` alive until the reply.
+  void sendLease(const LeaseRequest& request, const Rule& rule, RuleSetPtr rules);
+  // Runs penalty.lua's `op` on (rule, key); a block lasts block_ms.
+  void sendPenalty(const Rule& rule, std::string_view key, scripts::PenaltyOp op,
+                   int64_t block_ms);
   void sendReturn(const Rule& rule, std::string_view key, int64_t units, int64_t lease_now_ms,
                   int64_t timeout_ms, std::function<void()> done);
   // Sends a debit of `units` admitted over the last `span_ms` (0: just now);
@@ -111,11 +117,13 @@ class LeaseManager {
   // Redis went down before it could be sent.
   void callScript(const Rule& rule, std::string_view key, std::vector<std::string> argv,
                   int64_t timeout_ms, RedisCallback on_result);
+  // The same for any script and keys.
+  void callScript(RedisLink::ScriptId script, std::vector<std::string> keys,
+                  std::vector<std::string> argv, int64_t timeout_ms, RedisCallback on_result);
   void sendWaiting();
   // Fails every queued call (Redis went down).
   void dropWaiting();
-  void onLeaseReply(const LeaseRequest& request, Algorithm algorithm, const Limit& limit,
-                    const RedisResult& result);
+  void onLeaseReply(const LeaseRequest& request, const Rule& rule, const RedisResult& result);
   // Clears the in-flight bit of (rule_id, key), after `apply` has run on its
   // words (when the entry is still there); then wakes the workers.
   void finish(uint32_t rule_id, std::string_view key,
@@ -128,11 +136,12 @@ class LeaseManager {
   const RedisConfig config_;
   LeaseContext context_;
   KeyTable::ReaderId reader_;
-  RedisLink::ScriptId token_bucket_ = 0, gcra_ = 0, fixed_window_ = 0, sliding_window_ = 0;
+  RedisLink::ScriptId token_bucket_ = 0, gcra_ = 0, fixed_window_ = 0, sliding_window_ = 0,
+                      penalty_ = 0;
 
   struct ScriptCall {
     RedisLink::ScriptId script;
-    std::string key;
+    std::vector<std::string> keys;
     std::vector<std::string> argv;
     int64_t timeout_ms;
     RedisCallback on_result;

@@ -52,6 +52,11 @@ bool recordDenial(const Penalty& penalty, std::span<std::atomic<uint64_t>> words
   }
 }
 
+void setBlockedUntil(std::span<std::atomic<uint64_t>> words, int64_t until_ns) {
+  words[kBlockedUntil].store(static_cast<uint64_t>(std::max<int64_t>(until_ns, 0)),
+                             std::memory_order_release);
+}
+
 bool isIdle(const Penalty& penalty, std::span<const std::atomic<uint64_t>> words, int64_t now_ns) {
   return blockedFor(words, now_ns) == 0 &&
          !windowOpen(words[kDenials].load(std::memory_order_acquire), penalty, now_ns);

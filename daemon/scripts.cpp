@@ -11,13 +11,14 @@ namespace {
 // kLua_<name>: lua/<name>.lua's bytes, written by daemon/embed_lua.cmake.
 #include "lua_sources.inc"
 
-constexpr std::array<ScriptSource, 6> kScripts = {{
+constexpr std::array<ScriptSource, 7> kScripts = {{
     {Script::kTokenBucket, "token_bucket.lua", kLua_token_bucket},
     {Script::kGcra, "gcra.lua", kLua_gcra},
     {Script::kFixedWindow, "fixed_window.lua", kLua_fixed_window},
     {Script::kSlidingWindow, "sliding_window.lua", kLua_sliding_window},
     {Script::kConcurrency, "concurrency.lua", kLua_concurrency},
     {Script::kHeartbeat, "heartbeat.lua", kLua_heartbeat},
+    {Script::kPenalty, "penalty.lua", kLua_penalty},
 }};
 
 constexpr int64_t kNsPerMs = 1'000'000;
@@ -105,8 +106,19 @@ std::vector<std::string> heartbeatArgv(HeartbeatOp op, std::string_view node_id,
   return {std::string(heartbeatOpName(op)), std::string(node_id), std::to_string(ttl_ms), std::to_string(now_us)};
 }
 
-std::optional<LeaseReply> parseLeaseReply(std::span<const int64_t> values) {
-  if (values.size() != 5 && values.size() != 6) return std::nullopt;
+std::vector<std::string> penaltyArgv(PenaltyOp op, int64_t block_ms) {
+  std::string_view name = op == PenaltyOp::kBlock ? "block" : op == PenaltyOp::kReset ? "reset" : "peek";
+  return {std::string(name), std::to_string(block_ms)};
+}
+
+std::optional<int64_t> parsePenaltyReply(std::span<const int64_t> values) {
+  if (values.size() != 1 || values[0] < 0) return std::nullopt;
+  return values[0];
+}
+
+std::optional<LeaseReply> parseLeaseReply(std::span<const int64_t> values, Script script) {
+  bool concurrency = script == Script::kConcurrency;
+  if (values.size() != 6 && (concurrency || values.size() != 5)) return std::nullopt;
   // Nothing our scripts return is negative (but a retry of -1) and no clock
   // comes near 2^50 ms: such a reply is not from them, and a negative grant
   // added to a slice would wrap around. Waits (huge after an absurd debt)
@@ -126,7 +138,11 @@ std::optional<LeaseReply> parseLeaseReply(std::span<const int64_t> values) {
   r.retry_after_ms = r.never ? 0 : std::min(values[2], kMaxWaitMs);
   r.reset_after_ms = std::min(values[3], kMaxWaitMs);
   r.now_ms = values[4];
-  if (values.size() == 6) r.held = values[5];
+  if (concurrency) {
+    r.held = values[5];
+  } else if (values.size() == 6) {
+    r.blocked_ms = std::min(values[5], kMaxWaitMs);
+  }
   return r;
 }
 

@@ -4,8 +4,9 @@
 //
 // Each script's contract (KEYS, ARGV, return, units, TTLs) is written at the
 // top of its .lua file; this header restates only what a caller must build.
-// Every script takes exactly one key, KEYS[1], named by the caller: scripts
-// never build key names. Scripts read Redis's clock (TIME) in microseconds;
+// Scripts never build key names: the caller names every key. Each takes
+// KEYS[1], its state; the rate scripts take an optional KEYS[2] (the key's
+// penalty block) and penalty.lua both. Scripts read Redis's clock (TIME) in microseconds;
 // the trailing ARGV now_us overrides it when not 0, which only tests do.
 //
 // Redis >= 5 is required: every script reads TIME and then writes, which
@@ -35,6 +36,7 @@ enum class Script {
   kSlidingWindow,  // lua/sliding_window.lua
   kConcurrency,    // lua/concurrency.lua
   kHeartbeat,      // lua/heartbeat.lua
+  kPenalty,        // lua/penalty.lua
 };
 
 struct ScriptSource {
@@ -112,7 +114,17 @@ std::string_view heartbeatOpName(HeartbeatOp op);
 // ARGV of heartbeat: {op, node_id, ttl_ms, now_us}.
 std::vector<std::string> heartbeatArgv(HeartbeatOp op, std::string_view node_id, int64_t ttl_ms, int64_t now_us = 0);
 
-// What a lease script returned: five integers, six for concurrency.
+// ARGV of penalty: {op, block_ms}. kBlock blocks for block_ms (a longer
+// block stays), kReset forgets the state and lifts the block, kPeek changes
+// nothing; each returns the block's time left.
+enum class PenaltyOp { kBlock, kReset, kPeek };
+std::vector<std::string> penaltyArgv(PenaltyOp op, int64_t block_ms = 0);
+
+// Parses penalty's reply, {blocked_ms}; nullopt when it is not 1 integer >= 0.
+std::optional<int64_t> parsePenaltyReply(std::span<const int64_t> values);
+
+// What a lease script returned: five integers; six for concurrency (held)
+// and for a rate script given a block key (blocked_ms).
 struct LeaseReply {
   int64_t granted = 0;         // units moved into the node's slice
   int64_t remaining = 0;       // units left in the global state now
@@ -120,13 +132,16 @@ struct LeaseReply {
   int64_t reset_after_ms = 0;  // until the global state is full/fresh again
   int64_t now_ms = 0;          // Redis's clock, ms since the Unix epoch
   int64_t held = 0;            // concurrency: units this node holds now
+  int64_t blocked_ms = 0;      // rate script with KEYS[2]: the block's time left
   bool never = false;          // need exceeds the limit/burst: retrying cannot help
 };
 
-// Parses a lease script's reply; nullopt when it is not 5 (rate) or 6
-// (concurrency) integers in the ranges the scripts return (a negative
-// remaining, which debt could give, reads as 0; waits are cut to 2^41 ms).
-std::optional<LeaseReply> parseLeaseReply(std::span<const int64_t> values);
+// Parses the reply of `script` (a rate script or concurrency); nullopt when
+// it is not 5 or 6 integers (rate), 6 (concurrency), in the ranges the
+// scripts return (a negative remaining, which debt could give, reads as 0;
+// waits are cut to 2^41 ms).
+std::optional<LeaseReply> parseLeaseReply(std::span<const int64_t> values,
+                                          Script script = Script::kTokenBucket);
 
 struct HeartbeatReply {
   int64_t live = 0;    // live nodes, N

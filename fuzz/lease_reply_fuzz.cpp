@@ -23,6 +23,7 @@
 // retry_after_ms means `never` and is reported as 0.
 #include <hiredis/hiredis.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -84,9 +85,20 @@ void check(const RedisReply& reply) {
     FUZZ_CHECK(lease->reset_after_ms >= 0 && lease->reset_after_ms <= (INT64_MAX - kYearNs) / 1'000'000,
                "reset_after_ms is never negative, nor so large its deadline overflows");
     FUZZ_CHECK(lease->now_ms >= 0, "Redis's clock is never negative");
-    FUZZ_CHECK(lease->held == (values.size() == 6 ? values[5] : 0) && lease->held >= 0,
+    FUZZ_CHECK(lease->held == 0, "a rate script's reply holds nothing");
+    FUZZ_CHECK(lease->blocked_ms == (values.size() == 6 ? std::min(values[5], int64_t{1} << 41) : 0) &&
+                   lease->blocked_ms >= 0,
+               "blocked_ms is the 6th integer, never negative, cut to 2^41 ms");
+  }
+  std::optional<scripts::LeaseReply> held = scripts::parseLeaseReply(values, scripts::Script::kConcurrency);
+  FUZZ_CHECK(!held || values.size() == 6, "a concurrency reply is 6 integers");
+  if (held) {
+    FUZZ_CHECK(held->held == values[5] && held->held >= 0 && held->blocked_ms == 0,
                "held is the 6th integer, never negative");
   }
+  std::optional<int64_t> blocked = scripts::parsePenaltyReply(values);
+  FUZZ_CHECK(!blocked || (values.size() == 1 && *blocked == values[0] && *blocked >= 0),
+             "a penalty reply is one integer, never negative");
   std::optional<scripts::HeartbeatReply> beat = scripts::parseHeartbeatReply(values);
   FUZZ_CHECK(beat.has_value() == (values.size() == 2), "a heartbeat reply is 2 integers");
 }

@@ -14,6 +14,10 @@
 --          Debt is capped: the count never exceeds limit * floor(2^50 /
 --          period_us) (nor 2^52), so paying it off takes at most 2^50 µs and
 --          every key written gets a valid TTL.
+-- KEYS[2]  optional: the key's penalty block (penalty.lua), a string whose
+--          TTL is the block's time left. While it exists a lease grants
+--          nothing and replies as a peek. Given, the reply gets a sixth
+--          integer: the block's time left, ms (0: not blocked).
 -- ARGV[1]  op: "lease"  take up to n units when at least `need` are left;
 --              "return" give n unused units back to the window they were
 --                       leased in, ARGV[8]. Only a return for the stored
@@ -55,7 +59,7 @@
 -- with redis.replicate_commands() where that exists. Multi-field HSET needs 4.0.
 --
 -- Returns five integers {granted, remaining, retry_after_ms, reset_after_ms,
--- now_ms}:
+-- now_ms}, and blocked_ms sixth when KEYS[2] is given:
 --   granted         units moved into the caller's slice (lease), else 0;
 --   remaining       limit - count after this call (0 in debt);
 --   retry_after_ms  0 when the lease granted (or a peek of `need` would);
@@ -134,6 +138,14 @@ if op == 'lease' then
   if deadline and deadline > 0 and now > deadline then op = 'peek' end
 end
 
+-- A key its rule's penalty blocked (KEYS[2], penalty.lua) is leased nothing
+-- while the block lasts: every node learns of the block from its next lease.
+local blocked_ms = 0
+if KEYS[2] then
+  blocked_ms = math.max(redis.call('PTTL', KEYS[2]), 0)
+  if op == 'lease' and blocked_ms > 0 then op = 'peek' end
+end
+
 local period = period_ms * 1000
 local now_id = idiv(now, period)
 -- The most a count may reach: its debt is paid off within 2^50 µs, and it
@@ -203,4 +215,6 @@ if op == 'lease' or op == 'peek' then
 end
 local reset_ms = 0
 if count > 0 then reset_ms = ms_until_window(math.ceil(count / limit)) end
-return {granted, math.max(0, limit - count), retry_ms, reset_ms, math.floor(now / 1000)}
+local reply = {granted, math.max(0, limit - count), retry_ms, reset_ms, math.floor(now / 1000)}
+if KEYS[2] then reply[6] = blocked_ms end
+return reply

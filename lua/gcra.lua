@@ -7,6 +7,10 @@
 --          Redis clock). interval = ceil(period_us / limit). c units conform
 --          at now when max(TAT, now) + c*interval <= now + burst*interval.
 --          An absent key is a fresh key (TAT in the past).
+-- KEYS[2]  optional: the key's penalty block (penalty.lua), a string whose
+--          TTL is the block's time left. While it exists a lease grants
+--          nothing and replies as a peek. Given, the reply gets a sixth
+--          integer: the block's time left, ms (0: not blocked).
 -- ARGV[1]  op: "lease"  take up to n units when at least `need` conform;
 --              "return" give n unused units back (TAT moves back, never
 --                       before now);
@@ -36,7 +40,7 @@
 -- with redis.replicate_commands() where that exists.
 --
 -- Returns five integers {granted, remaining, retry_after_ms, reset_after_ms,
--- now_ms}:
+-- now_ms}, and blocked_ms sixth when KEYS[2] is given:
 --   granted         units moved into the caller's slice (lease), else 0;
 --   remaining       whole units that would still conform at once now;
 --   retry_after_ms  0 when the lease granted (or a peek of `need` would);
@@ -111,6 +115,14 @@ if op == 'lease' then
   if deadline and deadline > 0 and now > deadline then op = 'peek' end
 end
 
+-- A key its rule's penalty blocked (KEYS[2], penalty.lua) is leased nothing
+-- while the block lasts: every node learns of the block from its next lease.
+local blocked_ms = 0
+if KEYS[2] then
+  blocked_ms = math.max(redis.call('PTTL', KEYS[2]), 0)
+  if op == 'lease' and blocked_ms > 0 then op = 'peek' end
+end
+
 local interval = idiv(period_ms * 1000 + limit - 1, limit)
 -- (A debit's `need` is a span of time, not units.)
 local need_units = op == 'debit' and 0 or need
@@ -177,4 +189,6 @@ if op == 'lease' or op == 'peek' then
     retry_ms = ceil_ms(tat + need * interval - tolerance_end)
   end
 end
-return {granted, units_at(tat), retry_ms, ceil_ms(tat - now), math.floor(now / 1000)}
+local reply = {granted, units_at(tat), retry_ms, ceil_ms(tat - now), math.floor(now / 1000)}
+if KEYS[2] then reply[6] = blocked_ms end
+return reply

@@ -8,6 +8,10 @@
 --          at which the bucket was, or would have been, empty. The bucket
 --          holds min(burst, floor((now - T) / interval)) units, interval =
 --          ceil(period_us / limit). An absent key is a full bucket.
+-- KEYS[2]  optional: the key's penalty block (penalty.lua), a string whose
+--          TTL is the block's time left. While it exists a lease grants
+--          nothing and replies as a peek. Given, the reply gets a sixth
+--          integer: the block's time left, ms (0: not blocked).
 -- ARGV[1]  op: "lease"  take up to n units when at least `need` are there;
 --              "return" give n unused units back (never beyond a full bucket);
 --              "debit"  take n units unconditionally: units admitted while
@@ -36,7 +40,7 @@
 -- with redis.replicate_commands() where that exists.
 --
 -- Returns five integers {granted, remaining, retry_after_ms, reset_after_ms,
--- now_ms}:
+-- now_ms}, and blocked_ms sixth when KEYS[2] is given:
 --   granted         units moved into the caller's slice (lease), else 0;
 --   remaining       whole units left in the bucket after this call;
 --   retry_after_ms  0 when the lease granted (or a peek of `need` would);
@@ -111,6 +115,14 @@ if op == 'lease' then
   if deadline and deadline > 0 and now > deadline then op = 'peek' end
 end
 
+-- A key its rule's penalty blocked (KEYS[2], penalty.lua) is leased nothing
+-- while the block lasts: every node learns of the block from its next lease.
+local blocked_ms = 0
+if KEYS[2] then
+  blocked_ms = math.max(redis.call('PTTL', KEYS[2]), 0)
+  if op == 'lease' and blocked_ms > 0 then op = 'peek' end
+end
+
 local interval = idiv(period_ms * 1000 + limit - 1, limit)
 -- (A debit's `need` is a span of time, not units.)
 local need_units = op == 'debit' and 0 or need
@@ -178,4 +190,6 @@ if op == 'lease' or op == 'peek' then
     retry_ms = ceil_ms(empty + need * interval - now)
   end
 end
-return {granted, units_at(empty), retry_ms, ceil_ms(empty - full), math.floor(now / 1000)}
+local reply = {granted, units_at(empty), retry_ms, ceil_ms(empty - full), math.floor(now / 1000)}
+if KEYS[2] then reply[6] = blocked_ms end
+return reply

@@ -1,7 +1,10 @@
 #!/usr/bin/python3
 """Policies on global rules, on a fleet of two real sluiced sharing one real
 redis-server: an override's limit is what the fleet shares (and, with Redis
-down, each node's share of it).
+down, each node's share of it); a key that one daemon's penalty blocks is
+blocked on the other from its next lease, until the block ends or an admin
+resets the key, and a daemon that knows of a block holds it while Redis is
+down.
 
 Needs SLUICED (the daemon binary) in the environment; run with /usr/bin/python3
 (python3-msgpack).
@@ -11,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -41,7 +45,17 @@ limit = 10
 period = "1m"
 scope = "global"
 overrides = [{{ prefix = "pro:", limit = 100 }}, {{ key = "acme", limit = 40 }}]
+
+[[rule]]
+name = "abuse"
+algorithm = "token_bucket"
+limit = 5
+period = "1m"
+scope = "global"
+penalty = {{ denials = 3, window = "10s", block = "{block_ms}ms" }}
 """
+
+BLOCK_MS = 3000
 
 
 class Daemon:
@@ -52,7 +66,8 @@ class Daemon:
         self.socket = os.path.join(self.dir, "s.sock")
         config = os.path.join(self.dir, "sluice.toml")
         with open(config, "w") as f:
-            f.write(CONFIG.format(socket=self.socket, port=redis_port, index=index))
+            f.write(CONFIG.format(socket=self.socket, port=redis_port, index=index,
+                                  block_ms=BLOCK_MS))
         self.log = open(os.path.join(self.dir, "log"), "w+")
         self.proc = spawn([SLUICED, "--config", config], stdout=self.log,
                           stderr=subprocess.STDOUT)
@@ -73,7 +88,9 @@ class Daemon:
         self.log.close()
 
 
-class PolicyFleetTest(unittest.TestCase):
+class FleetCase(unittest.TestCase):
+    """Two daemons on one fresh Redis, both leasing."""
+
     def setUp(self):
         self.redis = Redis()
         self.daemons = [Daemon(i, self.redis.port) for i in range(2)]
@@ -98,6 +115,8 @@ class PolicyFleetTest(unittest.TestCase):
                 allowed += decision["allowed"]
         return allowed
 
+
+class OverrideFleetTest(FleetCase):
     # Verifies the issue's tier case on the fleet: a "pro:" key gets its
     # tier's limit, an exact key its own, and any other key the rule's, each
     # shared by both daemons (not per daemon); peek on either daemon shows
@@ -124,6 +143,86 @@ class PolicyFleetTest(unittest.TestCase):
                 self.assertEqual({d["mode"] for d in decisions}, {"fallback"}, key)
                 allowed = sum(d["allowed"] for d in decisions)
                 self.assertEqual(allowed, limit // 2, key)
+        finally:
+            self.redis.signal(signal.SIGCONT)
+
+
+class PenaltyFleetTest(FleetCase):
+    def block_on_first(self, key):
+        """Spends the bucket (5) on the first daemon, then denies it until
+        its penalty blocks the key; returns the first blocked answer."""
+        first = self.daemons[0]
+        decisions = [first.acquire("abuse", key) for _ in range(9)]
+        modes = [d["mode"] for d in decisions]
+        self.assertEqual(sum(d["allowed"] for d in decisions), 5, decisions)
+        # The third denial after the five blocks the key: the fourth is blocked.
+        self.assertEqual(modes, ["normal"] * 8 + ["blocked"], decisions)
+        # The block reaches Redis a round trip after the answer; the other
+        # daemon's next lease finds it from then on.
+        block_key = "sluice:b:5:abuse:" + key
+        self.assertTrue(wait_for(lambda: self.redis.command("PTTL", block_key) > 0, 1))
+        return decisions[-1]
+
+    # Verifies the issue's penalty case on a fleet: a key hammered past 3
+    # denials on one daemon is blocked there, and on the other daemon from
+    # its first lease of the key (which it never saw before), each with the
+    # block's time left; only the daemon that counted the denials counts a
+    # block; both let the key be decided normally once the block ends.
+    def test_block_on_one_daemon_holds_on_both_until_it_ends(self):
+        first, second = self.daemons
+        blocked = self.block_on_first("bad")
+        self.assertGreater(blocked["retry_after_ms"], BLOCK_MS - 500)
+        self.assertLessEqual(blocked["retry_after_ms"], BLOCK_MS)
+        learned = second.acquire("abuse", "bad")
+        self.assertEqual((learned["allowed"], learned["mode"]), (False, "blocked"), learned)
+        self.assertGreater(learned["retry_after_ms"], BLOCK_MS - 1000)
+        self.assertLessEqual(learned["retry_after_ms"], BLOCK_MS)
+        self.assertEqual(second.client.result("peek", "abuse", "bad")["mode"], "blocked")
+        self.assertTrue(second.acquire("abuse", "good")["allowed"])  # other keys untouched
+        self.assertEqual(first.client.result("stats")["penalty_blocks"], 1)
+        self.assertEqual(second.client.result("stats")["penalty_blocks"], 0)
+        for daemon in self.daemons:
+            self.assertTrue(wait_for(
+                lambda: daemon.client.result("peek", "abuse", "bad")["mode"] == "normal",
+                BLOCK_MS / 1000 + 2))
+            after = daemon.acquire("abuse", "bad")
+            # The block is over; the bucket (5 a minute) is still spent.
+            self.assertEqual((after["allowed"], after["mode"]), (False, "normal"), after)
+
+    # Verifies an admin reset on one daemon lifts the block on both: at once
+    # where it is called (the key's state is fresh: a full bucket), and on
+    # the other within the recheck interval (1 s) plus a lease.
+    def test_reset_on_one_daemon_lifts_the_block_on_both(self):
+        first, second = self.daemons
+        self.block_on_first("reset-me")
+        self.assertEqual(second.acquire("abuse", "reset-me")["mode"], "blocked")
+        fresh = first.client.result("reset", "abuse", "reset-me")
+        self.assertEqual(fresh["remaining"], 5)
+        self.assertTrue(first.acquire("abuse", "reset-me")["allowed"])
+        lifted = wait_for(lambda: second.acquire("abuse", "reset-me")["allowed"], 2.5)
+        self.assertTrue(lifted, second.client.result("peek", "abuse", "reset-me"))
+
+    # Verifies a daemon holds a block it knows of for its whole length while
+    # Redis is down (it cannot ask whether it was lifted), then decides the
+    # key by its policy again.
+    def test_known_block_holds_while_redis_is_down(self):
+        first, second = self.daemons
+        self.block_on_first("held")
+        self.assertEqual(second.acquire("abuse", "held")["mode"], "blocked")
+        self.redis.signal(signal.SIGSTOP)
+        try:
+            self.assertTrue(wait_for(lambda: all(
+                d.client.result("health")["breaker"] == "open" for d in self.daemons), 5))
+            # Blocked on both throughout, past the recheck interval (1 s).
+            until = time.monotonic() + 1.2
+            while time.monotonic() < until:
+                for daemon in self.daemons:
+                    held = daemon.acquire("abuse", "held")
+                    self.assertEqual(held["mode"], "blocked", held)
+                    self.assertGreater(held["retry_after_ms"], 0)
+                time.sleep(0.05)
+            self.assertTrue(wait_for(
+                lambda: second.acquire("abuse", "held")["mode"] == "fallback", BLOCK_MS / 1000 + 1))
         finally:
             self.redis.signal(signal.SIGCONT)
 

@@ -496,12 +496,13 @@ class GlobalRulesWithoutRedisTest(unittest.TestCase):
         self.assertTrue(all(r["mode"] == "fallback" for r in results))
         self.assertEqual(results[0]["limit"], 2)
 
-    # Verifies a global rule's key is not reset by one node: its state is
-    # Redis's, shared by the fleet.
-    def test_reset_refuses_global_rules(self):
+    # Verifies a global rule's key is not reset while Redis is unreachable:
+    # its state is Redis's, shared by the fleet, and the answer says so.
+    def test_reset_of_a_global_rule_needs_redis(self):
         error, _ = self.client.call("reset", "shared", "k")
-        self.assertEqual(error["code"], "BAD_REQUEST")
-        self.assertIn("global rule \"shared\" lives in Redis", error["message"])
+        self.assertEqual(error["code"], "OVERLOADED")
+        self.assertIn("redis is unreachable, and the state of global rule \"shared\" lives there",
+                      error["message"])
 
     # Verifies policies "open" and "closed" answer without spending.
     def test_open_and_closed_policies(self):

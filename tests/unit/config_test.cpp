@@ -530,10 +530,10 @@ const Refusal kRefusals[] = {
      "[[rule]]\nname = \"r\"\nlimit = 5\nperiod = \"1s\"\n"
      "penalty = { denials = 3, window = \"2d\", block = \"1m\" }\n",
      "5:35", "penalty window \"2d\" is out of range; write a duration from \"1ms\" to \"1d\""},
-    {"penalty_on_global_rule",
-     "[redis]\n[[rule]]\nname = \"r\"\nlimit = 5\nperiod = \"1s\"\nscope = \"global\"\n"
-     "penalty = { denials = 3, window = \"1m\", block = \"1m\" }\n",
-     "7:11", "penalty applies only to local rules for now"},
+    {"penalty_on_global_rule_that_does_not_lease",
+     "[redis]\n[[rule]]\nname = \"r\"\nalgorithm = \"sliding_log\"\nlimit = 5\nperiod = \"1s\"\n"
+     "scope = \"global\"\npenalty = { denials = 3, window = \"1m\", block = \"1m\" }\n",
+     "8:11", "penalty on a global rule needs one that leases from Redis"},
     {"access_unknown_user", "[access]\nusers = [0, \"no-such-user-x\"]\n", "2:13",
      "there is no user \"no-such-user-x\" on this machine; write a name from /etc/passwd"},
     {"access_unknown_admin_group", "[access]\nadmin_group = \"no-such-group-x\"\n", "2:15",

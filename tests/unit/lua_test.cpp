@@ -148,7 +148,8 @@ class LuaTest : public ::testing::Test {
   scripts::LeaseReply conc(const std::string& key, Op op, int64_t n, int64_t need, const Limit& limit,
                            int64_t lease_ttl_ms, const std::string& node, int64_t now_us) {
     auto reply = scripts::parseLeaseReply(
-        eval(Script::kConcurrency, key, scripts::concurrencyArgv(op, n, need, limit, lease_ttl_ms, node, now_us)));
+        eval(Script::kConcurrency, key, scripts::concurrencyArgv(op, n, need, limit, lease_ttl_ms, node, now_us)),
+        Script::kConcurrency);
     if (!reply) throw std::runtime_error("malformed lease reply");
     return *reply;
   }
@@ -162,7 +163,7 @@ class LuaTest : public ::testing::Test {
 
   static test::RedisServer* server_;
   std::unique_ptr<Redis> redis_;
-  std::string sha_[6];
+  std::string sha_[static_cast<size_t>(Script::kPenalty) + 1];  // by Script
 };
 
 test::RedisServer* LuaTest::server_ = nullptr;
@@ -173,7 +174,7 @@ test::RedisServer* LuaTest::server_ = nullptr;
 // Verifies that every embedded script is byte for byte its file in lua/, so
 // the .lua files really are the single source of truth.
 TEST(Scripts, EmbedsEachLuaFileExactly) {
-  ASSERT_EQ(scripts::all().size(), 6u);
+  ASSERT_EQ(scripts::all().size(), 7u);
   for (const auto& script : scripts::all()) {
     std::ifstream in(std::string(SLUICE_SOURCE_DIR) + "/lua/" + std::string(script.name), std::ios::binary);
     ASSERT_TRUE(in) << script.name;
@@ -650,6 +651,92 @@ TEST_F(LuaTest, WindowReturnWithoutTheLeaseWindowIsAnErrorReply) {
     ASSERT_EQ(reply->type, REDIS_REPLY_ERROR) << scripts::get(script).name;
     EXPECT_NE(std::string(reply->str).find("ARGV[8]"), std::string::npos) << reply->str;
   }
+}
+
+// EVALSHA of `script` with KEYS = `keys`: the reply's integers (nullopt for
+// anything but an array of integers).
+std::optional<std::vector<int64_t>> evalKeys(LuaTest& test, Redis& redis, const std::string& sha,
+                                             const std::vector<std::string>& keys,
+                                             const std::vector<std::string>& argv) {
+  std::vector<std::string> args = {"EVALSHA", sha, std::to_string(keys.size())};
+  args.insert(args.end(), keys.begin(), keys.end());
+  args.insert(args.end(), argv.begin(), argv.end());
+  ReplyPtr reply = redis.command(args);
+  if (reply->type != REDIS_REPLY_ARRAY) return std::nullopt;
+  std::vector<int64_t> values;
+  for (size_t i = 0; i < reply->elements; ++i) {
+    if (reply->element[i]->type != REDIS_REPLY_INTEGER) return std::nullopt;
+    values.push_back(reply->element[i]->integer);
+  }
+  (void)test;
+  return values;
+}
+
+// Verifies the fleet's penalty block: penalty.lua blocks a key (a shorter
+// block leaves a longer one in place), every rate script given the block
+// key leases nothing while it stands and reports its time left sixth, a
+// lease without the block key is unaffected, and "reset" lifts the block
+// and forgets the state.
+TEST_F(LuaTest, BlockedKeyIsLeasedNothingUntilReset) {
+  const std::string penalty_sha = sha_[static_cast<size_t>(Script::kPenalty)];
+  for (Script script : {Script::kTokenBucket, Script::kGcra, Script::kFixedWindow,
+                        Script::kSlidingWindow}) {
+    const char* name = scripts::get(script).name.data();
+    const std::string sha = sha_[static_cast<size_t>(script)];
+    const std::vector<std::string> keys = {"state", "block"};
+    auto lease = [&](const std::vector<std::string>& with_keys) {
+      auto values = evalKeys(*this, *redis_, sha, with_keys, scripts::leaseArgv(2, 1, kFivePerSecond, 0));
+      EXPECT_TRUE(values) << name;
+      auto reply = scripts::parseLeaseReply(values.value_or(std::vector<int64_t>{}));
+      EXPECT_TRUE(reply) << name;
+      return reply.value_or(scripts::LeaseReply{});
+    };
+    auto penalty = [&](scripts::PenaltyOp op, int64_t block_ms) {
+      auto values = evalKeys(*this, *redis_, penalty_sha, keys, scripts::penaltyArgv(op, block_ms));
+      auto left = scripts::parsePenaltyReply(values.value_or(std::vector<int64_t>{}));
+      EXPECT_TRUE(left) << name;
+      return left.value_or(-1);
+    };
+    redis_->command({"FLUSHALL"});
+    EXPECT_EQ(lease(keys).granted, 2) << name;
+    EXPECT_EQ(lease(keys).blocked_ms, 0) << name;
+    EXPECT_EQ(penalty(scripts::PenaltyOp::kPeek, 0), 0) << name;
+    int64_t left = penalty(scripts::PenaltyOp::kBlock, 60'000);
+    EXPECT_GT(left, 59'000) << name;
+    EXPECT_LE(left, 60'000) << name;
+    EXPECT_GT(penalty(scripts::PenaltyOp::kBlock, 1'000), 59'000) << name;  // the longer stays
+    scripts::LeaseReply blocked = lease(keys);
+    EXPECT_EQ(blocked.granted, 0) << name;
+    EXPECT_GT(blocked.blocked_ms, 59'000) << name;
+    EXPECT_EQ(lease({"state"}).granted, 1) << name;  // no block key: the last unit
+    EXPECT_EQ(penalty(scripts::PenaltyOp::kReset, 0), 0) << name;
+    EXPECT_EQ(redis_->integer({"EXISTS", "state", "block"}), 0) << name;
+    scripts::LeaseReply after = lease(keys);
+    EXPECT_EQ(after.granted, 2) << name;
+    EXPECT_EQ(after.blocked_ms, 0) << name;
+    EXPECT_EQ(after.remaining, 3) << name;  // a fresh state: 5 - 2
+  }
+  ReplyPtr bad = redis_->command({"EVALSHA", penalty_sha, "2", "state", "block", "block", "0"});
+  EXPECT_EQ(bad->type, REDIS_REPLY_ERROR);
+}
+
+// Verifies a rate script's sixth integer is the block's time left, and a
+// concurrency reply needs its sixth (held).
+TEST(Scripts, ParsesTheBlockOfARateReply) {
+  const int64_t blocked[] = {0, 0, 3, 10, 1'790'000'000'000, 4'000};
+  auto reply = scripts::parseLeaseReply(blocked);
+  ASSERT_TRUE(reply);
+  EXPECT_EQ(reply->blocked_ms, 4'000);
+  EXPECT_EQ(reply->held, 0);
+  auto held = scripts::parseLeaseReply(blocked, Script::kConcurrency);
+  ASSERT_TRUE(held);
+  EXPECT_EQ(held->held, 4'000);
+  EXPECT_EQ(held->blocked_ms, 0);
+  const int64_t five[] = {0, 0, 3, 10, 1'790'000'000'000};
+  EXPECT_FALSE(scripts::parseLeaseReply(five, Script::kConcurrency));
+  EXPECT_FALSE(scripts::parsePenaltyReply(five));
+  const int64_t negative[] = {-1};
+  EXPECT_FALSE(scripts::parsePenaltyReply(negative));
 }
 
 struct DebtCase {
