@@ -183,6 +183,7 @@ enum class OptionType {
   kUsers,       // array of user names or uids
   kGroups,      // array of group names or gids
   kGroup,       // one group name or gid, or "" for none (stored as -1)
+  kAddresses,   // array of "host:port" (parseRedisAddress), at most max of them
 };
 
 constexpr std::array<std::string_view, 7> kLogLevels = {"trace", "debug", "info", "warn",
@@ -199,14 +200,16 @@ struct Option {
   // Integer-valued options (kCount, kBytes, kDuration, kFileMode, kGroup) use
   // get_int and set_int; string-valued ones (kSocketPath, kChoice, kRedisUrl,
   // kText, kListenAddress) get_str and set_str; lists of ids (kUsers,
-  // kGroups) get_ids and set_ids. The default is read from a
-  // default-constructed Config (config.h).
+  // kGroups) get_ids and set_ids; lists of strings (kAddresses) get_list and
+  // set_list. The default is read from a default-constructed Config (config.h).
   int64_t (*get_int)(const Config&) = nullptr;
   void (*set_int)(Config&, int64_t) = nullptr;
   const std::string& (*get_str)(const Config&) = nullptr;
   void (*set_str)(Config&, std::string) = nullptr;
   const std::vector<uint32_t>& (*get_ids)(const Config&) = nullptr;
   void (*set_ids)(Config&, std::vector<uint32_t>) = nullptr;
+  const std::vector<std::string>& (*get_list)(const Config&) = nullptr;
+  void (*set_list)(Config&, std::vector<std::string>) = nullptr;
 };
 
 #define SLUICE_INT_FIELD(field)                                                 \
@@ -218,6 +221,9 @@ struct Option {
 #define SLUICE_IDS_FIELD(field)                                                      \
   .get_ids = [](const Config& c) -> const std::vector<uint32_t>& { return c.field; }, \
   .set_ids = [](Config& c, std::vector<uint32_t> v) { c.field = std::move(v); }
+#define SLUICE_LIST_FIELD(field)                                                        \
+  .get_list = [](const Config& c) -> const std::vector<std::string>& { return c.field; }, \
+  .set_list = [](Config& c, std::vector<std::string> v) { c.field = std::move(v); }
 
 constexpr int64_t kMs = 1;
 constexpr int64_t kSecond = 1000 * kMs;
@@ -229,7 +235,11 @@ constexpr int64_t kFrameOverheadBytes = 256;
 // sun_path holds the path and its terminating NUL.
 constexpr int64_t kMaxSocketPathBytes = sizeof(sockaddr_un::sun_path) - 1;
 
-const std::array<Option, 29> kOptions = {{
+// Sentinel mode: the longest master name and the most sentinels.
+constexpr int64_t kMaxSentinelMasterBytes = 128;
+constexpr int64_t kMaxSentinels = 16;
+
+const std::array<Option, 36> kOptions = {{
     {.section = "daemon", .key = "socket", .type = OptionType::kSocketPath,
      .max = kMaxSocketPathBytes, .doc = "path of the Unix socket clients connect to",
      SLUICE_STR_FIELD(daemon.socket_path)},
@@ -300,6 +310,28 @@ const std::array<Option, 29> kOptions = {{
     {.section = "redis", .key = "url", .type = OptionType::kRedisUrl,
      .doc = "where Redis is: redis://[user:password@]host[:port][/db] or unix:///path",
      SLUICE_STR_FIELD(redis->url)},
+    {.section = "redis", .key = "sentinel_master", .type = OptionType::kText, .min = 0,
+     .max = kMaxSentinelMasterBytes,
+     .doc = "Sentinel mode: the master's name as the sentinels know it; \"\": standalone (url)",
+     SLUICE_STR_FIELD(redis->sentinel_master)},
+    {.section = "redis", .key = "sentinels", .type = OptionType::kAddresses,
+     .max = kMaxSentinels, .doc = "Sentinel mode: the sentinels to ask, \"host:port\" each",
+     SLUICE_LIST_FIELD(redis->sentinels)},
+    {.section = "redis", .key = "sentinel_username", .type = OptionType::kText, .min = 0,
+     .max = 256, .doc = "Sentinel mode: the ACL user the sentinels are authenticated as",
+     SLUICE_STR_FIELD(redis->sentinel_username)},
+    {.section = "redis", .key = "sentinel_password", .type = OptionType::kText, .min = 0,
+     .max = 512, .doc = "Sentinel mode: the sentinels' password; \"\": no AUTH",
+     SLUICE_STR_FIELD(redis->sentinel_password)},
+    {.section = "redis", .key = "username", .type = OptionType::kText, .min = 0, .max = 256,
+     .doc = "Sentinel mode: the ACL user the master is authenticated as (with url: in the url)",
+     SLUICE_STR_FIELD(redis->username)},
+    {.section = "redis", .key = "password", .type = OptionType::kText, .min = 0, .max = 512,
+     .doc = "Sentinel mode: the master's password (with url: in the url)",
+     SLUICE_STR_FIELD(redis->password)},
+    {.section = "redis", .key = "db", .type = OptionType::kCount, .min = 0, .max = 999'999'999,
+     .doc = "Sentinel mode: the master's database (with url: after the /)",
+     SLUICE_INT_FIELD(redis->db)},
     {.section = "redis", .key = "key_prefix", .type = OptionType::kText, .min = 0, .max = 64,
      .doc = "prefix of every Redis key sluice writes", SLUICE_STR_FIELD(redis->key_prefix)},
     {.section = "redis", .key = "node_id", .type = OptionType::kText, .min = 0, .max = 256,
@@ -333,6 +365,7 @@ const std::array<Option, 29> kOptions = {{
 #undef SLUICE_INT_FIELD
 #undef SLUICE_STR_FIELD
 #undef SLUICE_IDS_FIELD
+#undef SLUICE_LIST_FIELD
 
 constexpr std::array<std::string_view, 6> kSections = {"daemon", "limits", "keys",
                                                        "access", "redis", "rule"};
@@ -383,6 +416,11 @@ std::string defaultText(const Option& option) {
     case OptionType::kGroup: {
       int64_t gid = option.get_int(c);
       return gid < 0 ? quote("") : std::to_string(gid);
+    }
+    case OptionType::kAddresses: {
+      std::string text = "[";
+      for (const std::string& item : option.get_list(c)) text += (text.size() > 1 ? ", " : "") + quote(item);
+      return text + "]";
     }
   }
   return "";
@@ -744,6 +782,36 @@ void applyOption(const Option& option, const toml::node& node, Config* config) {
       option.set_int(*config, none ? int64_t{-1} : int64_t{idValue(node, what, true)});
       return;
     }
+    case OptionType::kAddresses: {
+      constexpr std::string_view kExample =
+          "sentinels = [\"10.0.0.1:26379\", \"10.0.0.2:26379\", \"10.0.0.3:26379\"]";
+      const toml::array* list = node.as_array();
+      if (list == nullptr) {
+        refuse(node, what + " is " + std::string(describe(node)) + "; write a list in brackets, " +
+                         "e.g. " + std::string(kExample));
+      }
+      if (list->empty()) refuse(node, what + " is empty; write at least one, e.g. " + std::string(kExample));
+      if (static_cast<int64_t>(list->size()) > option.max) {
+        refuse(node, what + " has " + std::to_string(list->size()) + " addresses; write at most " +
+                         std::to_string(option.max));
+      }
+      std::vector<std::string> items;
+      for (const toml::node& item : *list) {
+        const std::string& text = stringValue(item, what + " item", "\"10.0.0.1:26379\"");
+        RedisAddress address;
+        std::string problem;
+        if (!parseRedisAddress(text, &address, &problem)) {
+          refuse(item, what + " has " + quote(text) + ", which is not an address: " + problem +
+                           "; write \"host:port\" or \"[v6 address]:port\", e.g. \"10.0.0.1:26379\"");
+        }
+        if (std::find(items.begin(), items.end(), text) != items.end()) {
+          refuse(item, what + " has " + quote(text) + " twice; write each sentinel once");
+        }
+        items.push_back(text);
+      }
+      option.set_list(*config, std::move(items));
+      return;
+    }
     case OptionType::kListenAddress: {
       const std::string& text = stringValue(node, what, example);
       std::string host;
@@ -773,6 +841,84 @@ Given loadSection(const toml::table& table, std::string_view section, Config* co
     given.emplace(option->key, &node);
   }
   return given;
+}
+
+// [redis] names the Redis one way: `url` (standalone) or `sentinel_master`
+// with `sentinels` (Sentinel). Each mode's own options are refused in the
+// other, so that nothing the operator wrote is silently ignored.
+void checkRedisMode(const Given& given, RedisConfig* redis) {
+  auto at = [&](std::string_view key) -> const toml::node* {
+    auto it = given.find(key);
+    return it != given.end() ? it->second : nullptr;
+  };
+  constexpr std::string_view kSentinelExample =
+      "sentinel_master = \"mymaster\" and sentinels = [\"10.0.0.1:26379\", \"10.0.0.2:26379\"]";
+  const char* sentinel_keys[] = {"sentinel_master", "sentinels", "sentinel_username",
+                                 "sentinel_password", "username", "password", "db"};
+  if (const toml::node* url = at("url")) {
+    for (std::string_view key : sentinel_keys) {
+      if (const toml::node* node = at(key)) {
+        bool credentials = !key.starts_with("sentinel");
+        refuse(*node, "[redis] " + std::string(key) + " belongs to Sentinel mode, and this " +
+                          "section also has url (line " + std::to_string(url->source().begin.line) +
+                          "), which names one Redis; " +
+                          (credentials ? "write the master's user, password and db in the url "
+                                         "instead, e.g. url = \"redis://user:password@host:6379/0\""
+                                       : "write either url (one Redis) or " +
+                                             std::string(kSentinelExample) + ", not both"));
+      }
+    }
+  }
+  const toml::node* master = at("sentinel_master");
+  const toml::node* sentinels = at("sentinels");
+  if (master == nullptr) {
+    for (std::string_view key : sentinel_keys) {
+      if (const toml::node* node = at(key)) {
+        refuse(*node, "[redis] " + std::string(key) + " applies in Sentinel mode only, which " +
+                          "needs sentinel_master, the master's name as the sentinels know it; " +
+                          "add e.g. " + std::string(kSentinelExample) + ", or remove " +
+                          std::string(key) + " and write url = \"redis://host:6379\"");
+      }
+    }
+    // Standalone. The url was checked when given, and the default is valid,
+    // so this only fills in the address fields.
+    parseRedisUrl(redis->url, redis);
+    return;
+  }
+  if (redis->sentinel_master.empty()) {
+    refuse(*master, "[redis] sentinel_master is empty; write the master's name as in the "
+                    "sentinels' config (sentinel monitor <name> ...), e.g. sentinel_master = "
+                    "\"mymaster\", or remove it and write url = \"redis://host:6379\"");
+  }
+  if (redis->sentinel_master.find(' ') != std::string::npos) {
+    refuse(*master, "[redis] sentinel_master " + quote(redis->sentinel_master) + " has a space, " +
+                        "which no Sentinel master name has; write the name as in the " +
+                        "sentinels' config (sentinel monitor <name> ...), e.g. \"mymaster\"");
+  }
+  if (sentinels == nullptr) {
+    refuse(*master, "[redis] sentinel_master needs sentinels, the addresses to ask where the "
+                    "master is; add e.g. sentinels = [\"10.0.0.1:26379\", \"10.0.0.2:26379\", "
+                    "\"10.0.0.3:26379\"]");
+  }
+  if (const toml::node* user = at("sentinel_username"); user && redis->sentinel_password.empty()) {
+    refuse(*user, "[redis] sentinel_username needs sentinel_password: add sentinel_password = "
+                  "\"...\", the ACL user's password on the sentinels");
+  }
+  if (const toml::node* user = at("username"); user && redis->password.empty()) {
+    refuse(*user, "[redis] username needs password: add password = \"...\", the ACL user's "
+                  "password on the master");
+  }
+  redis->url.clear();
+  redis->host.clear();
+  redis->port = 0;
+  redis->unix_path.clear();
+  redis->sentinel_addresses.clear();
+  for (const std::string& text : redis->sentinels) {
+    RedisAddress address;
+    std::string problem;
+    parseRedisAddress(text, &address, &problem);  // checked when given
+    redis->sentinel_addresses.push_back(std::move(address));
+  }
 }
 
 // A frame must have room for the longest key plus the rest of a request.
@@ -1399,11 +1545,7 @@ Config build(const toml::table& root, const std::string& source_name) {
       given[section] = loadSection(asSection(*node, section), section, &config);
     }
   }
-  if (config.redis) {
-    // The url was checked when given, and the default is valid, so this only
-    // fills in the address fields.
-    parseRedisUrl(config.redis->url, &*config.redis);
-  }
+  if (config.redis) checkRedisMode(given["redis"], &*config.redis);
   checkFrameHoldsKey(config.limits, given["limits"]);
 
   std::vector<Rule> rules;
@@ -1414,6 +1556,43 @@ Config build(const toml::table& root, const std::string& source_name) {
 }
 
 }  // namespace
+
+std::string RedisAddress::text() const {
+  if (host.find(':') != std::string::npos) return "[" + host + "]:" + std::to_string(port);
+  return host + ":" + std::to_string(port);
+}
+
+bool parseRedisAddress(std::string_view text, RedisAddress* address, std::string* problem) {
+  size_t colon = text.rfind(':');
+  if (colon == std::string_view::npos) {
+    *problem = "no port";
+    return false;
+  }
+  std::string_view host = text.substr(0, colon);
+  std::string_view port = text.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+    in6_addr scratch{};
+    if (inet_pton(AF_INET6, std::string(host).c_str(), &scratch) != 1) {
+      *problem = "the address in [ ] is not an IPv6 address";
+      return false;
+    }
+  } else if (host.empty() || host.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQ"
+                                                    "RSTUVWXYZ0123456789.-_") != std::string::npos) {
+    *problem = host.find(':') != std::string_view::npos
+                   ? "an IPv6 address goes in brackets"
+                   : "the host " + quote(host) + " is not a host name or address";
+    return false;
+  }
+  if (!allDigits(port) || port.size() > 5 || std::stoi(std::string(port)) < 1 ||
+      std::stoi(std::string(port)) > 65535) {
+    *problem = "the port " + quote(port) + " is not a number from 1 to 65535";
+    return false;
+  }
+  address->host = std::string(host);
+  address->port = static_cast<uint16_t>(std::stoi(std::string(port)));
+  return true;
+}
 
 bool parseListenAddress(std::string_view text, std::string* host, uint16_t* port,
                         std::string* problem) {

@@ -75,17 +75,48 @@ struct AccessConfig {
   bool operator==(const AccessConfig&) const = default;
 };
 
+// A TCP address of a Redis server or Sentinel.
+struct RedisAddress {
+  std::string host;  // a name or a numeric address; IPv6 without brackets
+  uint16_t port = 0;
+
+  // "host:port", with brackets around an IPv6 host.
+  std::string text() const;
+  bool operator==(const RedisAddress&) const = default;
+};
+
+// Parses "host:port" or "[v6]:port" (port 1..65535; host a name, IPv4 or
+// IPv6 address); false with `problem` saying what is wrong.
+bool parseRedisAddress(std::string_view text, RedisAddress* address, std::string* problem);
+
 // [redis]: present only when the file has a [redis] section; without it the
 // daemon is local-only and global rules are refused.
+//
+// Two modes: standalone (`url` names the one Redis) and Sentinel
+// (`sentinel_master` and `sentinels`: the daemon asks the sentinels where the
+// master is and follows failovers; see sentinel.h). A file gives one or the
+// other, never both.
 struct RedisConfig {
   std::string url = "redis://127.0.0.1:6379";  // as written; parsed below
-  // From `url`: either a TCP address (host, port) or a Unix socket path.
+  // Standalone: from `url`, either a TCP address (host, port) or a Unix
+  // socket path. Sentinel: empty until the master is resolved.
   std::string host;       // "" for unix:// urls; IPv6 without brackets
   uint16_t port = 0;
   std::string unix_path;  // "" for redis:// urls
-  std::string username;   // "" when the url has none (AUTH with password only)
-  std::string password;   // "" when the url has none; percent-decoded
+  // The master's AUTH and database: from the url (standalone), or from the
+  // options username, password and db (Sentinel).
+  std::string username;   // "" when none (AUTH with password only)
+  std::string password;   // "" when none; percent-decoded from a url
   uint32_t db = 0;
+  // Sentinel mode: the master's name as the sentinels know it ("": standalone
+  // mode), the sentinels to ask (as written, and parsed), and the sentinels'
+  // own AUTH, which is separate from the master's.
+  std::string sentinel_master;
+  std::vector<std::string> sentinels;
+  std::vector<RedisAddress> sentinel_addresses;
+  std::string sentinel_username;  // "" when none
+  std::string sentinel_password;  // "" when the sentinels need no AUTH
+  bool sentinel() const { return !sentinel_master.empty(); }
   std::string key_prefix = "sluice:";  // every Redis key sluice writes starts with it
   // This daemon's name among the members; "" means "<hostname>:<pid>" (see
   // control.h), so two daemons on one host and a restarted daemon differ.

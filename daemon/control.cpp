@@ -52,7 +52,20 @@ void Control::start() {
   uv_timer_init(&loop_, &heartbeat_timer_);
   heartbeat_timer_.data = this;
 
-  link_ = std::make_unique<RedisLink>(&loop_, config_, link_options_);
+  RedisLinkOptions options = link_options_;
+  options.require_master = config_.sentinel();
+  link_ = std::make_unique<RedisLink>(&loop_, config_, options);
+  if (config_.sentinel()) {
+    // A sentinel's answer is bounded like any command of ours.
+    sentinel_ = std::make_unique<Sentinel>(&loop_, config_, link_options_,
+                                           config_.health_timeout_ms);
+    link_->resolveWith(
+        [this](RedisLink::AddressCallback done) { sentinel_->resolve(std::move(done)); });
+    sentinel_->onSwitch([this](const RedisAddress& master) {
+      if (stopping_ || (link_->connected() && link_->address() == master.text())) return;
+      link_->reconnect("sentinel: " + config_.sentinel_master + " moved to " + master.text());
+    });
+  }
   const scripts::ScriptSource& heartbeat = scripts::get(scripts::Script::kHeartbeat);
   heartbeat_script_ =
       link_->registerScript(std::string(heartbeat.name), std::string(heartbeat.source));
@@ -89,6 +102,10 @@ ControlSnapshot Control::snapshot() const {
   ControlSnapshot snapshot;
   snapshot.redis_up = up_.load(std::memory_order_acquire);
   snapshot.nodes = nodes_.load(std::memory_order_acquire);
+  {
+    std::lock_guard<std::mutex> lock(address_mutex_);
+    snapshot.address = address_;
+  }
   int64_t offset_us = clock_offset_us_.load(std::memory_order_acquire);
   if (offset_us != kNoOffset) snapshot.clock_offset_us = offset_us;
   return snapshot;
@@ -96,6 +113,7 @@ ControlSnapshot Control::snapshot() const {
 
 void Control::run() {
   pthread_setname_np(pthread_self(), "sluice-control");
+  if (sentinel_) sentinel_->start();
   link_->start();
   auto every = [](int64_t ms) { return static_cast<uint64_t>(ms); };
   uv_timer_start(
@@ -108,6 +126,7 @@ void Control::run() {
   // Every handle is closed by now (beginStop), so the loop closes.
   leases_.reset();
   link_.reset();
+  sentinel_.reset();
   loop_close_rc_ = uv_loop_close(&loop_);
   if (loop_close_rc_ != 0) {
     spdlog::error("control: loop closed with handles still open ({})",
@@ -127,6 +146,15 @@ void Control::onConnected() {
   if (stopping_) return;
   reconnected_ = connected_at_us_ != 0;
   connected_at_us_ = monotonicNowUs();
+  std::string address = link_->address();
+  if (!connected_to_.empty() && address != connected_to_) {
+    spdlog::warn("control: redis is now {} (was {})", address, connected_to_);
+  }
+  connected_to_ = address;
+  {
+    std::lock_guard<std::mutex> lock(address_mutex_);
+    address_ = std::move(address);
+  }
   setUp(true, "");
   // Count ourselves in at once, then every interval from now.
   uv_timer_start(
@@ -271,6 +299,7 @@ void Control::closeLink() {
   if (link_closed_) return;
   link_closed_ = true;
   link_->close([] {});
+  if (sentinel_) sentinel_->close([] {});
 }
 
 }  // namespace sluice

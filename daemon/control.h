@@ -11,7 +11,9 @@
 //    else touches them.
 //  - Other threads read what it learns only through snapshot(): three
 //    atomics, each published on its own (release) and read on its own
-//    (acquire). They are independent facts, so no lock ties them together.
+//    (acquire), and the address of the Redis it last connected to, under
+//    address_mutex_. They are independent facts, so no lock ties them
+//    together.
 //  - Other threads reach it only through stop(): an atomic flag plus a
 //    uv_async_t that wakes the loop.
 //  - The onNodesChanged callback runs on the control thread.
@@ -34,6 +36,13 @@
 // heartbeat TTL after each (re)connect N may grow but not shrink, as the
 // other nodes may not have beaten again yet.
 //
+// Sentinel mode ([redis] sentinel_master): the link asks a Sentinel
+// (sentinel.h) where the master is before every connection attempt, checks
+// with ROLE that it is one, and drops the connection on a READONLY reply; a
+// +switch-master for our master makes it reconnect at once to the new
+// address. A new master is a new Redis process, so the lease path's INFO
+// check sees a new run_id and starts learning mode (lease_manager.h).
+//
 // Clock: each heartbeat reply carries Redis's TIME in ms; ClockOffsetEstimator
 // (clock.h, which documents the method) keeps redis_time - monotonic_time.
 //
@@ -54,6 +63,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -63,6 +73,7 @@
 #include "config.h"
 #include "lease_manager.h"
 #include "redis_link.h"
+#include "sentinel.h"
 
 namespace sluice {
 
@@ -78,6 +89,9 @@ struct ControlSnapshot {
   uint32_t nodes = 1;  // live nodes N (expected_nodes until a heartbeat answers)
   // redis_time - monotonic_time in µs; nullopt until a heartbeat answers.
   std::optional<int64_t> clock_offset_us;
+  // The Redis of the last completed handshake ("host:port", "unix:/path");
+  // "" before the first. In Sentinel mode, the master last found.
+  std::string address;
 };
 
 class Control {
@@ -114,6 +128,8 @@ class Control {
   // This node's id in the members set, and that set's key. Immutable.
   const std::string& nodeId() const { return node_id_; }
   const std::string& membersKey() const { return members_key_; }
+  // "standalone" or "sentinel", from the config. Immutable.
+  std::string_view mode() const { return config_.sentinel() ? "sentinel" : "standalone"; }
 
  private:
   static constexpr int64_t kNoOffset = std::numeric_limits<int64_t>::min();
@@ -141,6 +157,7 @@ class Control {
   uv_timer_t health_timer_;
   uv_timer_t heartbeat_timer_;
   std::unique_ptr<RedisLink> link_;
+  std::unique_ptr<Sentinel> sentinel_;  // Sentinel mode only
   LeaseContext lease_context_;            // set before start()
   std::unique_ptr<LeaseManager> leases_;  // with a lease context only
   RedisLink::ScriptId heartbeat_script_ = 0;
@@ -151,6 +168,7 @@ class Control {
   bool beat_in_flight_ = false;
   bool stopping_ = false;
   bool link_closed_ = false;
+  std::string connected_to_;  // the address of the last completed handshake
   std::string last_heartbeat_error_;  // logged once until it changes
 
   std::thread thread_;  // the owner's thread: start(), join()
@@ -161,6 +179,8 @@ class Control {
   std::atomic<bool> up_{false};
   std::atomic<uint32_t> nodes_;
   std::atomic<int64_t> clock_offset_us_{kNoOffset};
+  mutable std::mutex address_mutex_;
+  std::string address_;  // guarded by address_mutex_; see ControlSnapshot::address
 };
 
 // "<hostname>:<pid>", the node id when the config sets none.

@@ -800,7 +800,7 @@ void Dispatcher::writeHealth(uint32_t msgid, std::string* out) {
   RedisHealth redis = status_.redisHealth();
   rpc::writeResultHeader(out, msgid);
   msgpack::Writer w(out);
-  w.writeMapHeader(11);
+  w.writeMapHeader(13);
   w.writeStr("status");
   w.writeStr(redis.configured && !redis.up ? "degraded" : "ok");
   w.writeStr("redis");
@@ -808,6 +808,18 @@ void Dispatcher::writeHealth(uint32_t msgid, std::string* out) {
   w.writeStr("breaker");
   if (redis.configured) {
     w.writeStr(breakerName(redis.breaker));
+  } else {
+    w.writeNil();
+  }
+  w.writeStr("redis_mode");
+  if (redis.configured) {
+    w.writeStr(redis.mode);
+  } else {
+    w.writeNil();
+  }
+  w.writeStr("redis_address");
+  if (!redis.address.empty()) {
+    w.writeStr(redis.address);
   } else {
     w.writeNil();
   }

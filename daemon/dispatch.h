@@ -215,6 +215,10 @@ struct RedisHealth {
   // minus returned minus spent).
   int64_t leased_units = 0;
   uint32_t nodes = 1;       // live nodes N, or expected_nodes before heartbeats
+  std::string_view mode;    // "standalone" or "sentinel" ("" without Redis)
+  // The Redis last connected to, "host:port" or "unix:/path" (in Sentinel
+  // mode the master last found); "" before the first connection.
+  std::string address;
   // Redis's TIME minus this host's wall clock, from the heartbeats; nullopt
   // before the first heartbeat answers (and without Redis).
   std::optional<int64_t> clock_offset_ms;

@@ -22,6 +22,9 @@
 // - A RedisPoll (the uv_poll_t of one socket) is closed by hiredis's cleanup
 //   hook and freed in its close callback; the link counts it in
 //   open_handles_, so close()'s callback waits for it.
+// - The Request of a SUBSCRIBE is the exception to "called exactly once":
+//   hiredis calls it for the confirmation, for every message, and once more
+//   with NULL when it frees the context, and only that last call deletes it.
 #include "redis_link.h"
 
 #include <hiredis/async.h>
@@ -191,7 +194,7 @@ struct RedisPoll {
 // Requests
 
 struct RedisLink::Request {
-  enum class Kind { kCommand, kEval, kAuth, kSelect, kScriptLoad, kPing };
+  enum class Kind { kCommand, kEval, kAuth, kSelect, kRole, kScriptLoad, kPing, kSubscribe };
 
   RedisLink* link = nullptr;
   Kind kind = Kind::kCommand;
@@ -244,8 +247,24 @@ RedisLink::ScriptId RedisLink::registerScript(std::string name, std::string sour
 }
 
 std::string RedisLink::address() const {
+  if (resolver_) return target_ ? target_->text() : "";
   if (!config_.unix_path.empty()) return "unix:" + config_.unix_path;
-  return config_.host + ":" + std::to_string(config_.port);
+  return RedisAddress{config_.host, config_.port}.text();
+}
+
+std::string RedisLink::logAddress() const {
+  std::string at = address();
+  return at.empty() ? "(not found yet)" : at;
+}
+
+void RedisLink::subscribe(std::string channel,
+                          std::function<void(std::string_view payload)> on_message) {
+  if (state_ != State::kIdle || !subscription_channel_.empty() || channel.empty()) {
+    spdlog::critical("RedisLink::subscribe({}) after start(), twice, or without a channel", channel);
+    std::abort();
+  }
+  subscription_channel_ = std::move(channel);
+  on_message_ = std::move(on_message);
 }
 
 bool RedisLink::logAllowed() {
@@ -269,14 +288,34 @@ void RedisLink::start() {
 
 void RedisLink::connectNow() {
   if (closing_) return;
+  ++attempt_;
+  for (Script& script : scripts_) script.sha.clear();
+  if (!resolver_) {
+    connectTo();
+    return;
+  }
+  state_ = State::kResolving;
+  resolver_([this, attempt = attempt_](std::optional<RedisAddress> address,
+                                        std::string_view reason) {
+    if (closing_ || attempt != attempt_ || state_ != State::kResolving) return;  // moved on
+    if (!address) {
+      loseConnection(std::string(reason), false, false);
+      return;
+    }
+    target_ = std::move(*address);
+    connectTo();
+  });
+}
+
+void RedisLink::connectTo() {
   state_ = State::kConnecting;
   uv_update_time(loop_);  // start() may come long after the loop's last tick
   connect_deadline_ms_ = uv_now(loop_) + static_cast<uint64_t>(options_.connect_timeout_ms);
-  for (Script& script : scripts_) script.sha.clear();
 
-  redisAsyncContext* context = config_.unix_path.empty()
-                                   ? redisAsyncConnect(config_.host.c_str(), config_.port)
-                                   : redisAsyncConnectUnix(config_.unix_path.c_str());
+  redisAsyncContext* context =
+      resolver_                      ? redisAsyncConnect(target_->host.c_str(), target_->port)
+      : config_.unix_path.empty()    ? redisAsyncConnect(config_.host.c_str(), config_.port)
+                                     : redisAsyncConnectUnix(config_.unix_path.c_str());
   if (context == nullptr) {
     loseConnection("connect: out of memory", false, false);
     return;
@@ -321,7 +360,8 @@ void RedisLink::onDisconnectThunk(const redisAsyncContext* context, int /*status
 }
 
 // AUTH and SELECT come first, so that nothing runs as the wrong user or in the
-// wrong db; PING comes last, so that the link is up only once the server has
+// wrong db; then ROLE, when the server must be a master; PING (or the
+// subscription) comes last, so that the link is up only once the server has
 // answered everything.
 void RedisLink::sendHandshake() {
   auto internal = [this](Request::Kind kind) {
@@ -347,14 +387,25 @@ void RedisLink::sendHandshake() {
     std::string_view argv[] = {"SELECT", db};
     sent = sent && send(argv, internal(Request::Kind::kSelect)) == nullptr;
   }
+  if (options_.require_master) {
+    std::string_view argv[] = {"ROLE"};
+    sent = sent && send(argv, internal(Request::Kind::kRole)) == nullptr;
+  }
   for (ScriptId id = 0; id < scripts_.size(); id++) {
     auto request = internal(Request::Kind::kScriptLoad);
     request->script = id;
     std::string_view argv[] = {"SCRIPT", "LOAD", scripts_[id].source};
     sent = sent && send(argv, std::move(request)) == nullptr;
   }
-  std::string_view ping[] = {"PING"};
-  sent = sent && send(ping, internal(Request::Kind::kPing)) == nullptr;
+  if (subscription_channel_.empty()) {
+    std::string_view ping[] = {"PING"};
+    sent = sent && send(ping, internal(Request::Kind::kPing)) == nullptr;
+  } else {
+    // hiredis keeps this request for the subscription's messages rather than
+    // in its reply queue; the commands above are answered first all the same.
+    std::string_view argv[] = {"SUBSCRIBE", subscription_channel_};
+    sent = sent && send(argv, internal(Request::Kind::kSubscribe)) == nullptr;
+  }
   if (!sent) {
     // We are inside hiredis's connect callback, where the context must not
     // be freed: drop it from the deadline timer instead.
@@ -377,7 +428,10 @@ static bool isMultiReplyCommand(std::string_view name) {
 
 bool RedisLink::command(std::span<const std::string_view> argv, RedisCallback callback,
                         int64_t timeout_ms) {
-  if (state_ != State::kConnected || argv.empty() || isMultiReplyCommand(argv[0])) return false;
+  if (state_ != State::kConnected || argv.empty() || isMultiReplyCommand(argv[0]) ||
+      !subscription_channel_.empty()) {
+    return false;
+  }
   auto request = std::make_unique<Request>();
   request->link = this;
   request->kind = Request::Kind::kCommand;
@@ -390,7 +444,9 @@ bool RedisLink::command(std::span<const std::string_view> argv, RedisCallback ca
 bool RedisLink::evalsha(ScriptId script, std::span<const std::string_view> keys,
                         std::span<const std::string_view> args, RedisCallback callback,
                         int64_t timeout_ms) {
-  if (state_ != State::kConnected || script >= scripts_.size()) return false;
+  if (state_ != State::kConnected || script >= scripts_.size() || !subscription_channel_.empty()) {
+    return false;
+  }
   auto request = std::make_unique<Request>();
   request->link = this;
   request->kind = Request::Kind::kEval;
@@ -462,6 +518,12 @@ void RedisLink::startClocks() {
 }
 
 void RedisLink::onReplyThunk(redisAsyncContext* context, void* reply, void* privdata) {
+  auto* subscription = static_cast<Request*>(privdata);
+  if (subscription->kind == Request::Kind::kSubscribe && reply != nullptr) {
+    // Not the last call (see the file comment): keep the request.
+    if (!subscription->done) subscription->link->onSubscription(subscription, reply);
+    return;
+  }
   std::unique_ptr<Request> request(static_cast<Request*>(privdata));
   if (request->done) return;  // failed already (timeout, disconnect, close)
   request->link->onReply(request.get(), reply,
@@ -499,6 +561,19 @@ void RedisLink::onReply(Request* request, const void* raw_reply, const char* err
   bool is_error = reply.kind() == RedisReply::Kind::kError;
   RedisResult result{is_error ? RedisStatus::kRedisError : RedisStatus::kOk, &reply,
                      is_error ? reply.str() : std::string_view(), rtt_us};
+
+  if (is_error && options_.require_master && reply.str().starts_with("READONLY") &&
+      (request->kind == Request::Kind::kCommand || request->kind == Request::Kind::kEval)) {
+    // The master was demoted to a replica under us: the caller gets the
+    // error, the connection goes on the next timer tick (the callback may do
+    // anything to the link), and the next attempt finds the master again.
+    finish(request, result);
+    if (context_ != nullptr && drop_reason_.empty()) {
+      drop_reason_ = "READONLY: the server is a replica now; finding the master again";
+      armDeadlineTimer();
+    }
+    return;
+  }
 
   switch (request->kind) {
     case Request::Kind::kCommand:
@@ -553,32 +628,75 @@ void RedisLink::onReply(Request* request, const void* raw_reply, const char* err
       return;
     }
 
+    case Request::Kind::kRole:
+      forget(request);
+      if (!is_error && reply.kind() == RedisReply::Kind::kArray && reply.size() > 0 &&
+          reply[0].str() == "master") {
+        return;
+      }
+      // A replica (a failover under way, or a stale answer from a sentinel):
+      // the next attempt, after the backoff's short first steps, resolves
+      // again. From a reply callback hiredis defers the free until we return.
+      loseConnection("handshake: ROLE answered " +
+                         std::string(is_error ? reply.str()
+                                     : reply.kind() == RedisReply::Kind::kArray && reply.size() > 0
+                                         ? reply[0].str()
+                                         : "something else") +
+                         ", not master",
+                     true, false);
+      return;
+
     case Request::Kind::kAuth:
     case Request::Kind::kSelect:
     case Request::Kind::kPing:
+    case Request::Kind::kSubscribe:  // only an error reply; see onSubscription
       forget(request);
       if (is_error) {
-        const char* what = request->kind == Request::Kind::kAuth     ? "AUTH"
-                           : request->kind == Request::Kind::kSelect ? "SELECT"
-                                                                     : "PING";
+        const char* what = request->kind == Request::Kind::kAuth        ? "AUTH"
+                           : request->kind == Request::Kind::kSelect    ? "SELECT"
+                           : request->kind == Request::Kind::kSubscribe ? "SUBSCRIBE"
+                                                                        : "PING";
         // From a reply callback hiredis defers the free until we return.
         loseConnection(std::string("handshake: ") + what + ": " + std::string(reply.str()), true,
                        false);
         return;
       }
-      if (request->kind == Request::Kind::kPing) {
-        state_ = State::kConnected;
-        connect_deadline_ms_ = 0;
-        if (reconnect_attempt_ > 0) {
-          spdlog::info("redis {}: connected after {} failed attempts", address(),
-                       reconnect_attempt_);
-        } else {
-          spdlog::info("redis {}: connected", address());
-        }
-        reconnect_attempt_ = 0;
-        if (on_connected_) on_connected_();
-      }
+      if (request->kind == Request::Kind::kPing) handshakeDone();
       return;
+  }
+}
+
+void RedisLink::handshakeDone() {
+  state_ = State::kConnected;
+  connect_deadline_ms_ = 0;
+  if (!options_.quiet && reconnect_attempt_ > 0) {
+    spdlog::info("{} {}: connected after {} failed attempts", options_.log_name, address(),
+                 reconnect_attempt_);
+  } else if (!options_.quiet) {
+    spdlog::info("{} {}: connected", options_.log_name, address());
+  }
+  reconnect_attempt_ = 0;
+  if (on_connected_) on_connected_();
+}
+
+// The subscription's confirmation ends the handshake; its messages go to
+// on_message_. Anything else on a subscribed connection is ignored.
+void RedisLink::onSubscription(Request* request, const void* raw_reply) {
+  RedisReply reply(raw_reply);
+  if (reply.kind() == RedisReply::Kind::kError) {
+    onReply(request, raw_reply, nullptr);  // fails the handshake; hiredis frees it later
+    return;
+  }
+  if (reply.kind() != RedisReply::Kind::kArray || reply.size() < 3) return;
+  last_answer_ms_ = uv_now(loop_);
+  std::string_view type = reply[0].str();
+  if (type == "subscribe" && subscription_ == nullptr) {
+    in_flight_.erase(request->in_flight_it);
+    if (request->deadline_ms != 0) deadlines_.erase(request->deadline_it);
+    subscription_ = request;
+    handshakeDone();
+  } else if (type == "message" && subscription_ == request && on_message_) {
+    on_message_(reply[2].str());
   }
 }
 
@@ -595,6 +713,10 @@ void RedisLink::loseConnection(const std::string& reason, bool free_context,
   connect_deadline_ms_ = 0;
   drop_reason_.clear();
   for (Script& script : scripts_) script.sha.clear();
+  if (subscription_ != nullptr) {
+    subscription_->done = true;  // hiredis deletes it when it frees the context
+    subscription_ = nullptr;
+  }
 
   std::list<Request*> failed;
   failed.swap(in_flight_);
@@ -603,13 +725,13 @@ void RedisLink::loseConnection(const std::string& reason, bool free_context,
   for (Request* request : failed) request->done = true;
 
   if (!closing_) {
-    if (logAllowed()) {
+    if (!options_.quiet && logAllowed()) {
       if (logs_suppressed_ > 0) {
-        spdlog::warn("redis {}: {} (and {} similar messages suppressed)", address(), reason,
-                     logs_suppressed_);
+        spdlog::warn("{} {}: {} (and {} similar messages suppressed)", options_.log_name,
+                     logAddress(), reason, logs_suppressed_);
         logs_suppressed_ = 0;
       } else {
-        spdlog::warn("redis {}: {}", address(), reason);
+        spdlog::warn("{} {}: {}", options_.log_name, logAddress(), reason);
       }
     }
     if (on_disconnected_) on_disconnected_(reason);
@@ -716,6 +838,19 @@ uint64_t RedisLink::nextCommandDeadline(uint64_t now_ms, const Request** late_re
     next_ms = std::min(next_ms, last_answer_ms_ + static_cast<uint64_t>(request->timeout_ms));
   }
   return next_ms;
+}
+
+void RedisLink::reconnect(const std::string& reason) {
+  if (closing_ || state_ == State::kIdle) return;
+  if (context_ != nullptr) {
+    loseConnection(reason, true, false);  // schedules a retry, stopped below
+    if (closing_) return;                 // a callback closed the link
+  } else if (!options_.quiet) {
+    spdlog::info("{} {}: {}", options_.log_name, logAddress(), reason);
+  }
+  uv_timer_stop(&retry_timer_);
+  reconnect_attempt_ = 0;
+  connectNow();  // a resolve still under way is ignored when it answers
 }
 
 void RedisLink::close(std::function<void()> on_closed) {

@@ -39,6 +39,16 @@
 // microseconds of uv_hrtime, from the call to the answer, so they include
 // time queued behind earlier commands.
 //
+// Where to connect: the config's address, or, with resolveWith(), whatever the
+// resolver answers before each attempt (Sentinel mode: sentinel.h). With
+// RedisLinkOptions::require_master the handshake checks with ROLE that the
+// server is a master, and a READONLY error reply (the master was demoted)
+// drops the connection, so that the next attempt resolves again.
+//
+// Pub/sub: a link may carry one subscription (subscribe()), made again on
+// every connection; such a link is up once Redis confirms it, and takes no
+// commands (a subscribed connection answers nothing else).
+//
 // A host name in the config is resolved with a blocking getaddrinfo() on each
 // connection attempt (hiredis 0.14); configure an address to avoid that.
 #pragma once
@@ -121,11 +131,23 @@ struct RedisLinkOptions {
   double backoff_jitter = 0.2;
   // The longest wait between two connection attempts: the cap, jittered up.
   double longestBackoffMs() const { return static_cast<double>(backoff_max_ms) * (1 + backoff_jitter); }
+  // Sentinel mode's master link: ROLE must answer "master" in the handshake,
+  // and a READONLY error reply drops the connection (see the file comment).
+  bool require_master = false;
+  // What the link's log lines start with ("redis", "sentinel").
+  std::string log_name = "redis";
+  // Logs nothing about connections: for short-lived links whose owner
+  // reports their failures itself (Sentinel's queries).
+  bool quiet = false;
 };
 
 class RedisLink {
  public:
   using ScriptId = size_t;
+  // A resolver's answer: an address, or nullopt and why there is none.
+  using AddressCallback =
+      std::function<void(std::optional<RedisAddress> address, std::string_view reason)>;
+  using Resolver = std::function<void(AddressCallback done)>;
 
   // Connects to `config`'s address (unix_path when set, else host:port), with
   // its username/password and db. Initializes the link's timers on `loop`;
@@ -151,6 +173,18 @@ class RedisLink {
   // Only before start(). `name` is for logs.
   ScriptId registerScript(std::string name, std::string source);
 
+  // Before start(): every connection attempt first asks `resolver` where to
+  // connect (TCP), instead of using the config's address. The resolver calls
+  // `done` once, now or later; an answer that comes after the link moved on
+  // (closed, or reconnect() started a new attempt) is ignored. No address
+  // counts as a failed attempt: the link retries with its backoff.
+  void resolveWith(Resolver resolver) { resolver_ = std::move(resolver); }
+
+  // Before start(), at most once: SUBSCRIBE to `channel` on every connection
+  // and call `on_message` with each message's payload. The link is then up
+  // once the subscription is confirmed, and command() and evalsha() refuse.
+  void subscribe(std::string channel, std::function<void(std::string_view payload)> on_message);
+
   // Starts connecting (at once) and keeps the link up until close().
   void start();
 
@@ -159,16 +193,27 @@ class RedisLink {
   // loop, never from inside close()). Call exactly once.
   void close(std::function<void()> on_closed);
 
+  // Drops the current connection or attempt, if any (pending commands get
+  // `disconnected`), and starts a new attempt at once, without backoff: for
+  // news that the server moved (Sentinel's +switch-master). No-op before
+  // start() and after close().
+  void reconnect(const std::string& reason);
+
   // True while a connection is established and its handshake is done.
   bool connected() const { return state_ == State::kConnected; }
+  // The address of the current connection or the last attempt, "" before
+  // the first (a resolver may not have answered yet): "host:port" or
+  // "unix:/path".
+  std::string address() const;
   const RedisLinkOptions& options() const { return options_; }
   // The SHA1 the server returned for a script on the current connection, or
   // "" before it is loaded (or when it did not load).
   const std::string& scriptSha(ScriptId id) const { return scripts_.at(id).sha; }
 
   // Sends one command (binary-safe arguments). Returns false, without calling
-  // `callback`, when the link is not connected, or for commands answered more
-  // than once (SUBSCRIBE and friends, MONITOR). `timeout_ms` >= 1.
+  // `callback`, when the link is not connected or has a subscription, or for
+  // commands answered more than once (SUBSCRIBE and friends, MONITOR).
+  // `timeout_ms` >= 1.
   [[nodiscard]] bool command(std::span<const std::string_view> argv, RedisCallback callback,
                              int64_t timeout_ms);
   [[nodiscard]] bool command(std::initializer_list<std::string_view> argv,
@@ -181,13 +226,15 @@ class RedisLink {
   // again and the call retried once, within the same deadline. When the
   // script failed to load on this connection, it is sent with EVAL instead,
   // so the callback gets Redis's own compile error. Returns false, without
-  // calling `callback`, when the link is not connected.
+  // calling `callback`, when the link is not connected or has a subscription.
   [[nodiscard]] bool evalsha(ScriptId script, std::span<const std::string_view> keys,
                              std::span<const std::string_view> args, RedisCallback callback,
                              int64_t timeout_ms);
 
  private:
-  enum class State { kIdle, kConnecting, kHandshaking, kConnected, kBackoff, kClosing, kClosed };
+  enum class State {
+    kIdle, kResolving, kConnecting, kHandshaking, kConnected, kBackoff, kClosing, kClosed
+  };
   struct Request;
   struct Script {
     std::string name;
@@ -200,7 +247,10 @@ class RedisLink {
   static void onDisconnectThunk(const redisAsyncContext* ac, int status);
 
   void connectNow();
+  void connectTo();  // to target_
   void sendHandshake();
+  void handshakeDone();
+  void onSubscription(Request* request, const void* reply);
   // Both return nullptr when hiredis took the request, else the request.
   std::unique_ptr<Request> send(std::span<const std::string_view> argv,
                                 std::unique_ptr<Request> request);
@@ -218,14 +268,21 @@ class RedisLink {
   // late at `now_ms` (or nullptr).
   uint64_t nextCommandDeadline(uint64_t now_ms, const Request** late_request) const;
   void onHandleClosed();
-  std::string address() const;  // for logs
-  bool logAllowed();             // rate limit for connection-failure logs
+  bool logAllowed();  // rate limit for connection-failure logs
+  std::string logAddress() const;  // address(), or what stands for it before the first
 
   uv_loop_t* loop_;
   RedisConfig config_;
   RedisLinkOptions options_;
   State state_ = State::kIdle;
   bool closing_ = false;
+
+  Resolver resolver_;                // empty: connect to the config's address
+  uint64_t attempt_ = 0;             // counts attempts; a resolver's late answer is ignored
+  std::optional<RedisAddress> target_;  // resolved: the address of this attempt
+  std::string subscription_channel_;    // "": none
+  std::function<void(std::string_view)> on_message_;
+  Request* subscription_ = nullptr;  // the confirmed SUBSCRIBE of this connection
 
   redisAsyncContext* context_ = nullptr;  // the current connection, if any
   uint64_t connect_deadline_ms_ = 0;      // 0: no attempt in progress

@@ -146,6 +146,8 @@ RedisHealth Server::redisHealth() const {
   health.configured = true;
   health.up = snapshot.redis_up;
   health.nodes = snapshot.nodes;
+  health.mode = control_->mode();
+  health.address = std::move(snapshot.address);
   int64_t now_ns = monotonicNowNs();
   health.breaker = broker_->breaker();
   health.learning = broker_->learningAny(now_ns);

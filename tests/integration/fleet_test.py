@@ -86,7 +86,7 @@ workers = 1
 log_level = "info"
 
 [redis]
-url = "redis://127.0.0.1:{port}"
+{where}
 expected_nodes = {expected_nodes}
 node_id = "fleet-{index}"
 heartbeat_interval = "{heartbeat}ms"
@@ -114,16 +114,19 @@ def read_text(path):
 
 
 class Daemon:
-    """A sluiced in its own temp dir, on one global rule and the given Redis port."""
+    """A sluiced in its own temp dir, on one global rule and the given Redis
+    port, or where `where` says (the [redis] lines naming Redis, e.g. the
+    Sentinel options)."""
 
-    def __init__(self, index, redis_port, expected_nodes):
+    def __init__(self, index, redis_port, expected_nodes, where=None):
         self.name = "fleet-%d" % index
         self.dir = make_dir("sl.")
         self.socket = os.path.join(self.dir, "s.sock")
         self.config = os.path.join(self.dir, "sluice.toml")
         with open(self.config, "w") as f:
             f.write(CONFIG.format(
-                socket=self.socket, port=redis_port, expected_nodes=expected_nodes, index=index,
+                socket=self.socket, expected_nodes=expected_nodes, index=index,
+                where=where or 'url = "redis://127.0.0.1:%d"' % redis_port,
                 heartbeat=HEARTBEAT_INTERVAL_MS, health_interval=HEALTH_INTERVAL_MS,
                 health_timeout=HEALTH_TIMEOUT_MS, lease_timeout=LEASE_TIMEOUT_MS,
                 lease_interval=LEASE_INTERVAL_MS, limit=LIMIT_PER_S, burst=BURST))
@@ -369,10 +372,10 @@ class FleetCase(unittest.TestCase):
         self.addCleanup(redis.stop)
         return redis
 
-    def start_daemons(self, count, port, expected_nodes=None):
+    def start_daemons(self, count, port, expected_nodes=None, where=None):
         daemons = []
         for i in range(count):
-            daemon = Daemon(len(self.daemons) + i, port, expected_nodes or count)
+            daemon = Daemon(len(self.daemons) + i, port, expected_nodes or count, where)
             self.addCleanup(daemon.stop)
             daemon.start()
             daemons.append(daemon)

@@ -142,14 +142,38 @@ class Client:
         self.sock.close()
 
 
+def read_reply(f):
+    """One RESP2 reply from a binary file object: str for bulk strings, status
+    and error replies (an error keeps its text without the '-'), int, list
+    for arrays, None for nil."""
+    line = f.readline()
+    if not line.endswith(b"\r\n"):
+        raise ConnectionError("connection closed mid-reply")
+    kind, body = line[:1], line[1:-2].decode()
+    if kind == b"$":
+        if int(body) < 0:
+            return None
+        data = f.read(int(body) + 2)
+        if len(data) != int(body) + 2:
+            raise ConnectionError("connection closed mid-reply")
+        return data[:-2].decode()
+    if kind == b"*":
+        return None if int(body) < 0 else [read_reply(f) for _ in range(int(body))]
+    if kind == b":":
+        return int(body)
+    return body  # +status or -error
+
+
 class Redis:
     """A real redis-server on a loopback port (a free one unless given), in
     its own temp dir, without persistence: a restart on the same port starts
-    with no data. Started at once unless start=False."""
+    with no data. Started at once unless start=False. `args` are more
+    redis-server arguments, e.g. ["--replicaof", "127.0.0.1", "6379"]."""
 
-    def __init__(self, port=None, start=True):
+    def __init__(self, port=None, start=True, args=()):
         self.dir = make_dir("rd.")
         self.port = port or free_port()
+        self.args = list(args)
         self.proc = None
         if start:
             self.start()
@@ -157,8 +181,11 @@ class Redis:
     def start(self):
         self.proc = spawn(
             [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.dir],
+             "--appendonly", "no", "--dir", self.dir] + self.args,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.wait_answering()
+
+    def wait_answering(self):
         deadline = time.monotonic() + 10
         while self.command("PING") != "PONG":
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -166,32 +193,15 @@ class Redis:
             time.sleep(0.01)
 
     def command(self, *words):
-        """One command on a fresh connection: the reply (str or int), None when
+        """One command on a fresh connection: the reply (read_reply), None when
         unreachable. Never call it while the server is SIGSTOPped."""
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=2) as s:
                 s.sendall(b"".join([b"*%d\r\n" % len(words)] + [
                     b"$%d\r\n%s\r\n" % (len(w.encode()), w.encode()) for w in words]))
-                reply = b""
-                while b"\r\n" not in reply:
-                    chunk = s.recv(65536)
-                    if not chunk:
-                        return None
-                    reply += chunk
-                head, rest = reply.split(b"\r\n", 1)
-                kind, body = head[:1], head[1:].decode()
-                if kind == b"$":
-                    size = int(body)
-                    while len(rest) < size + 2:
-                        chunk = s.recv(65536)
-                        if not chunk:
-                            return None
-                        rest += chunk
-                    return rest[:size].decode()
-                if kind == b":":
-                    return int(body)
-                return body  # +status or -error
-        except OSError:
+                with s.makefile("rb") as f:
+                    return read_reply(f)
+        except (OSError, ConnectionError):
             return None
 
     def script_calls(self):
@@ -218,3 +228,36 @@ class Redis:
     def stop(self):
         self.kill()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Sentinel(Redis):
+    """A Redis Sentinel (redis-server --sentinel; there is no redis-sentinel
+    binary) on a loopback port (a free one unless given), in its own temp
+    dir, monitoring the master `name` at master_port with the given quorum
+    and timings. Sentinel rewrites its config file, so it keeps what it
+    learned across a restart."""
+
+    def __init__(self, master_port, name="mymaster", quorum=2, down_after_ms=500,
+                 failover_timeout_ms=2000, port=None, start=True):
+        self.master_port, self.name, self.quorum = master_port, name, quorum
+        self.down_after_ms, self.failover_timeout_ms = down_after_ms, failover_timeout_ms
+        super().__init__(port=port, start=start)
+
+    def start(self):
+        conf = os.path.join(self.dir, "sentinel.conf")
+        if not os.path.exists(conf):
+            with open(conf, "w") as f:
+                f.write("port %d\nbind 127.0.0.1\ndir %s\n"
+                        "sentinel monitor %s 127.0.0.1 %d %d\n"
+                        "sentinel down-after-milliseconds %s %d\n"
+                        "sentinel failover-timeout %s %d\n"
+                        % (self.port, self.dir, self.name, self.master_port, self.quorum,
+                           self.name, self.down_after_ms, self.name, self.failover_timeout_ms))
+        self.proc = spawn([REDIS_SERVER, conf, "--sentinel"],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.wait_answering()
+
+    def master_address(self, name=None):
+        """SENTINEL get-master-addr-by-name: "ip:port", or None."""
+        reply = self.command("SENTINEL", "get-master-addr-by-name", name or self.name)
+        return "%s:%s" % tuple(reply) if isinstance(reply, list) else None

@@ -372,6 +372,8 @@ class ProtocolTest(unittest.TestCase):
         health = self.client.result("health")
         self.assertEqual(health["status"], "ok")
         self.assertEqual(health["redis"], "none")
+        self.assertIsNone(health["redis_mode"])
+        self.assertIsNone(health["redis_address"])
         self.assertEqual(health["nodes"], 1)
         self.assertIsNone(health["clock_offset_ms"])
         self.assertEqual(self.client.result("stats")["rules"], {})  # a fresh daemon
@@ -599,6 +601,8 @@ class RedisHealthTest(RedisCase):
         health = client.result("health")
         self.assertEqual(health["status"], "ok")
         self.assertEqual(health["nodes"], 1)
+        self.assertEqual(health["redis_mode"], "standalone")
+        self.assertEqual(health["redis_address"], "127.0.0.1:%d" % self.redis.port)
         self.assertLessEqual(abs(health["clock_offset_ms"]), 50)  # one host, one clock
         self.assertTrue(wait_for(lambda: client.result("health")["breaker"] == "closed", 2))
         result = client.result("acquire", "shared", "k")

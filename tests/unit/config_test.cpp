@@ -270,6 +270,43 @@ TEST(ConfigTest, RedisUrlFormsAreParsed) {
   EXPECT_EQ(empty.redis->port, 6379);
 }
 
+// Verifies that Sentinel mode takes the master's name, the sentinels (names,
+// IPv4 and bracketed IPv6), the sentinels' AUTH and, apart from it, the
+// master's AUTH and db, and leaves the url's address empty.
+TEST(ConfigTest, SentinelModeNamesTheMasterTheSentinelsAndBothAuths) {
+  Config config = mustLoad(R"(
+[redis]
+sentinel_master = "cache-eu"
+sentinels = ["10.0.0.1:26379", "sentinel-2.local:26380", "[::1]:26381"]
+sentinel_username = "watcher"
+sentinel_password = "s3cret"
+username = "app"
+password = "p@ss"
+db = 3
+)");
+  ASSERT_TRUE(config.redis.has_value());
+  const RedisConfig& redis = *config.redis;
+  EXPECT_TRUE(redis.sentinel());
+  EXPECT_EQ(redis.sentinel_master, "cache-eu");
+  ASSERT_EQ(redis.sentinel_addresses.size(), 3u);
+  EXPECT_EQ(redis.sentinel_addresses[0], (RedisAddress{"10.0.0.1", 26379}));
+  EXPECT_EQ(redis.sentinel_addresses[1], (RedisAddress{"sentinel-2.local", 26380}));
+  EXPECT_EQ(redis.sentinel_addresses[2], (RedisAddress{"::1", 26381}));
+  EXPECT_EQ(redis.sentinel_addresses[2].text(), "[::1]:26381");
+  EXPECT_EQ(redis.sentinel_username, "watcher");
+  EXPECT_EQ(redis.sentinel_password, "s3cret");
+  EXPECT_EQ(redis.username, "app");
+  EXPECT_EQ(redis.password, "p@ss");
+  EXPECT_EQ(redis.db, 3u);
+  EXPECT_EQ(redis.url, "");
+  EXPECT_EQ(redis.host, "");
+  EXPECT_EQ(redis.port, 0);
+
+  Config standalone = mustLoad("[redis]\nurl = \"redis://10.0.0.1\"\n");
+  EXPECT_FALSE(standalone.redis->sentinel());
+  EXPECT_TRUE(standalone.redis->sentinel_addresses.empty());
+}
+
 // Verifies that a refused url is echoed without its password, since the
 // message ends up in logs.
 TEST(ConfigTest, RedisUrlErrorsDoNotRevealThePassword) {
@@ -468,6 +505,52 @@ const Refusal kRefusals[] = {
      "[redis] node_id is 257 bytes long; write at most 256 bytes"},
     {"redis_health_timeout_too_short", "[redis]\nhealth_timeout = \"1ms\"\n", "2:18",
      "below the minimum \"10ms\""},
+    {"sentinel_with_url",
+     "[redis]\nurl = \"redis://cache:6379\"\nsentinel_master = \"mymaster\"\n"
+     "sentinels = [\"10.0.0.1:26379\"]\n",
+     "3:19", "this section also has url (line 2), which names one Redis; write either url"},
+    {"sentinel_master_password_with_url",
+     "[redis]\nurl = \"redis://cache:6379\"\npassword = \"secret\"\n", "3:12",
+     "write the master's user, password and db in the url instead"},
+    {"sentinels_without_master", "[redis]\nsentinels = [\"10.0.0.1:26379\"]\n", "2:13",
+     "needs sentinel_master, the master's name as the sentinels know it; add e.g. "
+     "sentinel_master = \"mymaster\""},
+    {"sentinel_password_without_master", "[redis]\nsentinel_password = \"s\"\n", "2:21",
+     "applies in Sentinel mode only"},
+    {"sentinel_master_without_sentinels", "[redis]\nsentinel_master = \"mymaster\"\n", "2:19",
+     "needs sentinels, the addresses to ask where the master is; add e.g. sentinels = ["},
+    {"sentinel_master_empty",
+     "[redis]\nsentinel_master = \"\"\nsentinels = [\"10.0.0.1:26379\"]\n", "2:19",
+     "sentinel_master is empty; write the master's name"},
+    {"sentinel_master_with_space",
+     "[redis]\nsentinel_master = \"my master\"\nsentinels = [\"10.0.0.1:26379\"]\n", "2:19",
+     "has a space, which no Sentinel master name has"},
+    {"sentinels_not_a_list",
+     "[redis]\nsentinel_master = \"m\"\nsentinels = \"10.0.0.1:26379\"\n", "3:13",
+     "[redis] sentinels is a string; write a list in brackets, e.g. sentinels = ["},
+    {"sentinels_empty", "[redis]\nsentinel_master = \"m\"\nsentinels = []\n", "3:13",
+     "[redis] sentinels is empty; write at least one"},
+    {"sentinel_without_port",
+     "[redis]\nsentinel_master = \"m\"\nsentinels = [\"10.0.0.1:26379\", \"10.0.0.2\"]\n",
+     "3:32", "has \"10.0.0.2\", which is not an address: no port; write \"host:port\""},
+    {"sentinel_bad_port",
+     "[redis]\nsentinel_master = \"m\"\nsentinels = [\"10.0.0.1:0\"]\n", "3:14",
+     "the port \"0\" is not a number from 1 to 65535"},
+    {"sentinel_ipv6_without_brackets",
+     "[redis]\nsentinel_master = \"m\"\nsentinels = [\"::1:26379\"]\n", "3:14",
+     "an IPv6 address goes in brackets"},
+    {"sentinel_twice",
+     "[redis]\nsentinel_master = \"m\"\nsentinels = [\"a:1\", \"a:1\"]\n", "3:21",
+     "has \"a:1\" twice; write each sentinel once"},
+    {"sentinel_not_a_string",
+     "[redis]\nsentinel_master = \"m\"\nsentinels = [26379]\n", "3:14",
+     "[redis] sentinels item is an integer; write a string in double quotes"},
+    {"sentinel_username_without_password",
+     "[redis]\nsentinel_master = \"m\"\nsentinels = [\"a:1\"]\nsentinel_username = \"u\"\n",
+     "4:21", "sentinel_username needs sentinel_password"},
+    {"sentinel_master_username_without_password",
+     "[redis]\nsentinel_master = \"m\"\nsentinels = [\"a:1\"]\nusername = \"u\"\n", "4:12",
+     "username needs password"},
     {"max_wait_on_window_rule",
      "[[rule]]\nname = \"r\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1s\"\n"
      "max_wait = \"1s\"\n",

@@ -691,5 +691,133 @@ TEST_F(RedisLinkTest, ClosesFromInsideACallback) {
   closeAll();
 }
 
+// --- where to connect, and pub/sub (Sentinel mode's pieces) ------------------
+
+RedisAddress addressOf(const RedisServer& server) {
+  return RedisAddress{server.host(), static_cast<uint16_t>(server.port())};
+}
+
+// Verifies that with require_master a replica is refused by ROLE in the
+// handshake and the next attempt asks the resolver again, until it answers
+// a master.
+TEST_F(RedisLinkTest, RefusesAReplicaByRoleAndAsksTheResolverAgain) {
+  RedisServer master;
+  RedisServer replica({"--replicaof", master.host(), std::to_string(master.port())});
+  int asked = 0;
+  RedisLinkOptions options;
+  options.require_master = true;
+  startLink({}, options, [&](RedisLink& link) {
+    link.resolveWith([&](const RedisLink::AddressCallback& done) {
+      done(++asked <= 2 ? addressOf(replica) : addressOf(master), "");
+    });
+  });
+  ASSERT_TRUE(waitConnected());
+  EXPECT_EQ(asked, 3);
+  EXPECT_EQ(disconnects_, 2);
+  EXPECT_NE(last_reason_.find("ROLE answered slave, not master"), std::string::npos)
+      << last_reason_;
+  EXPECT_EQ(link_->address(), addressOf(master).text());
+  closeAll();
+}
+
+// Verifies that a resolver without an address counts as a failed attempt,
+// retried with backoff, with its reason reported.
+TEST_F(RedisLinkTest, AResolverWithoutAnAddressIsAFailedAttempt) {
+  RedisServer server;
+  int asked = 0;
+  startLink({}, {}, [&](RedisLink& link) {
+    link.resolveWith([&](const RedisLink::AddressCallback& done) {
+      if (++asked < 3) {
+        done(std::nullopt, "nobody knows");
+      } else {
+        done(addressOf(server), "");
+      }
+    });
+  });
+  EXPECT_EQ(link_->address(), "");
+  ASSERT_TRUE(waitConnected());
+  EXPECT_EQ(asked, 3);
+  EXPECT_EQ(disconnects_, 2);
+  EXPECT_EQ(last_reason_, "nobody knows");
+  closeAll();
+}
+
+// Verifies that a READONLY reply (the master was demoted under the link)
+// reaches the caller, drops the connection, and the next attempt resolves
+// again, to the new master.
+TEST_F(RedisLinkTest, DropsTheConnectionOnReadonlyAndResolvesAgain) {
+  RedisServer first;
+  RedisServer second;
+  RedisAddress current = addressOf(first);
+  RedisLinkOptions options;
+  options.require_master = true;
+  startLink({}, options, [&](RedisLink& link) {
+    link.resolveWith([&](const RedisLink::AddressCallback& done) { done(current, ""); });
+  });
+  ASSERT_TRUE(waitConnected());
+  ASSERT_EQ(first.cli({"REPLICAOF", second.host(), std::to_string(second.port())}), "OK");
+  current = addressOf(second);
+
+  Seen seen = roundTrip({"SET", "k", "v"});
+  EXPECT_EQ(seen.status, RedisStatus::kRedisError);
+  EXPECT_EQ(seen.text.rfind("READONLY", 0), 0u) << seen.text;
+  ASSERT_TRUE(runUntil([&] { return connects_ == 2 && link_->connected(); }));
+  EXPECT_NE(last_reason_.find("READONLY"), std::string::npos) << last_reason_;
+  EXPECT_EQ(link_->address(), addressOf(second).text());
+  EXPECT_EQ(roundTrip({"SET", "k", "v"}).status, RedisStatus::kOk);
+  closeAll();
+}
+
+// Verifies that reconnect() fails what is pending and connects again at
+// once, without waiting for a backoff, to where the resolver now points.
+TEST_F(RedisLinkTest, ReconnectMovesToTheResolvedAddressAtOnce) {
+  RedisServer first;
+  RedisServer second;
+  RedisAddress current = addressOf(first);
+  startLink({}, {}, [&](RedisLink& link) {
+    link.resolveWith([&](const RedisLink::AddressCallback& done) { done(current, ""); });
+  });
+  ASSERT_TRUE(waitConnected());
+  first.stop();  // the pending command stays unanswered
+  Seen pending;
+  ASSERT_TRUE(link_->command({"PING"}, record(pending), 5000));
+  current = addressOf(second);
+  uint64_t asked_at_ms = nowMs();
+  link_->reconnect("moved");
+  EXPECT_EQ(pending.calls, 1);
+  EXPECT_EQ(pending.status, RedisStatus::kDisconnected);
+  ASSERT_TRUE(runUntil([&] { return link_->connected(); }, 1000));
+  EXPECT_LT(nowMs() - asked_at_ms, 50 + kSlackMs);  // the backoff's first step is 50 ms
+  EXPECT_EQ(link_->address(), addressOf(second).text());
+  EXPECT_EQ(connects_, 2);
+  first.resume();
+  closeAll();
+}
+
+// Verifies that a subscribed link is up once the subscription is confirmed,
+// delivers each message, refuses commands, and subscribes again after a
+// reconnect.
+TEST_F(RedisLinkTest, SubscribesOnEveryConnectionAndDeliversMessages) {
+  RedisServer server;
+  std::vector<std::string> messages;
+  startLink(configFor(server), {}, [&](RedisLink& link) {
+    link.subscribe("news", [&](std::string_view payload) { messages.emplace_back(payload); });
+  });
+  ASSERT_TRUE(waitConnected());
+  Seen unused;
+  EXPECT_FALSE(link_->command({"PING"}, record(unused), 1000));
+  EXPECT_EQ(server.cli({"PUBLISH", "news", "first"}), "1");
+  ASSERT_TRUE(runUntil([&] { return messages.size() == 1; }));
+  EXPECT_EQ(messages[0], "first");
+
+  server.restart();
+  ASSERT_TRUE(runUntil([&] { return connects_ == 2; }));
+  EXPECT_EQ(server.cli({"PUBLISH", "news", "second"}), "1");
+  ASSERT_TRUE(runUntil([&] { return messages.size() == 2; }));
+  EXPECT_EQ(messages[1], "second");
+  EXPECT_EQ(unused.calls, 0);
+  closeAll();
+}
+
 }  // namespace
 }  // namespace sluice

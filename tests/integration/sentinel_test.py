@@ -1,0 +1,266 @@
+#!/usr/bin/python3
+"""Sentinel tests: sluiced on a Redis Sentinel deployment, from config alone.
+
+Real processes on loopback, started here: one master, one replica and three
+sentinels (redis-server --sentinel, down-after-milliseconds 500,
+failover-timeout 2000), and daemons whose [redis] names the master and the
+sentinels instead of a url.
+
+- Failover under load: two daemons share a global limit at twice its rate
+  (85/15: leasing alone would let the busy node take more than its share,
+  which learning mode must not) while the master is SIGKILLed. Every request is answered, never later than
+  the stall bound; the decisions fall back to the shares; once the sentinels
+  have promoted the replica, both daemons follow it (health's redis_address),
+  lease again (mode "normal", leases granted in stats) within the failover
+  time + 1 s, and start learning mode (the new master is a new run_id), in
+  which each node admits no more than its share.
+- Resolution failures: a master name the sentinels do not know, and no
+  sentinel reachable at all. The daemon answers from its fallback share and
+  keeps asking, so it connects once the sentinels can answer.
+
+Run by ctest (labels `sentinel`); SLUICED names the daemon binary,
+REDIS_SERVER the redis-server. The load generator and the measurements are
+fleet_test.py's.
+"""
+
+import math
+import os
+import sys
+import threading
+import time
+import unittest
+
+from fleet_test import (BURST, LIMIT_PER_S, RECOVER_BOUND_MS, SUMMARY, FleetCase, first_health,
+                        format_table, longest_stall_ms, ms, settled_after, share_burst, slowest,
+                        summary)
+from harness import MADE_DIRS, STARTED_PROCS, Client, Redis, Sentinel, wait_for
+
+MASTER = "mymaster"
+# Sentinel's own timings (the sentinels' config): a dead master is
+# subjectively down after DOWN_AFTER_MS, and a failover may take up to
+# FAILOVER_TIMEOUT_MS before another sentinel tries.
+DOWN_AFTER_MS = 500
+FAILOVER_TIMEOUT_MS = 2000
+# How long the sentinels may take to promote the replica after the kill on
+# this machine: down-after, agreement among the sentinels, the election and
+# the promotion, with room for a busy machine.
+FAILOVER_BOUND_S = 10.0
+# Once the sentinels name the new master, the daemons must lease again within
+# this (the brief: failover time + 1 s).
+RESUME_AFTER_SWITCH_MS = 1000
+
+
+def sentinel_section(sentinels, master=MASTER):
+    return 'sentinel_master = "%s"\nsentinels = [%s]' % (
+        master, ", ".join('"127.0.0.1:%d"' % s.port for s in sentinels))
+
+
+class SentinelCase(FleetCase):
+    """FleetCase with a master, a replica and three sentinels that know each
+    other and the replica (a failover needs both)."""
+
+    def start_deployment(self, replica=True, sentinels=3):
+        self.master = self.start_redis()
+        self.replica = None
+        if replica:
+            self.replica = Redis(args=["--replicaof", "127.0.0.1", str(self.master.port)])
+            self.addCleanup(self.replica.stop)
+        self.sentinels = []
+        for _ in range(sentinels):
+            sentinel = Sentinel(self.master.port, MASTER, quorum=2, down_after_ms=DOWN_AFTER_MS,
+                                failover_timeout_ms=FAILOVER_TIMEOUT_MS)
+            self.addCleanup(sentinel.stop)
+            self.sentinels.append(sentinel)
+        if replica:
+            self.assertTrue(wait_for(lambda: "master_link_status:up" in (
+                self.replica.command("INFO", "replication") or ""), 10), "replica never synced")
+        ready = wait_for(lambda: all(
+            len(s.command("SENTINEL", "replicas", MASTER) or []) == (1 if replica else 0) and
+            len(s.command("SENTINEL", "sentinels", MASTER) or []) == sentinels - 1
+            for s in self.sentinels), 15)
+        self.assertTrue(ready, "the sentinels never found each other and the replica")
+
+    def address(self, redis):
+        return "127.0.0.1:%d" % redis.port
+
+
+class SentinelFailoverTest(SentinelCase):
+    # Verifies that two daemons under load at twice the limit follow a
+    # failover after the master is SIGKILLed: no request goes unanswered or
+    # waits past the stall bound, decisions fall back to the shares, and
+    # once the sentinels name the promoted replica, both daemons connect to
+    # it and lease again within a second, in learning mode, each admitting
+    # no more than its share until learning ends.
+    def test_master_killed_the_fleet_follows_the_failover(self):
+        self.start_deployment()
+        where = sentinel_section(self.sentinels)
+        daemons = self.start_daemons(2, 0, where=where)
+        self.wait_fleet_up(daemons)
+        for daemon in daemons:
+            health = daemon.health()
+            self.assertEqual(health["redis_mode"], "sentinel")
+            self.assertEqual(health["redis_address"], self.address(self.master))
+
+        switched = {}
+        stats_before = {}
+
+        def watch_for_switch():
+            # The failover time as the sentinels see it: when one of them
+            # first names the replica.
+            if wait_for(lambda: any(s.master_address() == self.address(self.replica)
+                                    for s in self.sentinels), FAILOVER_BOUND_S):
+                switched["at"] = time.monotonic()
+
+        watcher = threading.Thread(target=watch_for_switch)
+
+        def kill_master():
+            for daemon in daemons:
+                client = Client(daemon.socket)
+                stats_before[daemon.name] = client.result("stats")["leases"]
+                client.close()
+            self.master.kill()
+            watcher.start()
+
+        run = self.drive(daemons, [2 * LIMIT_PER_S * 0.85, 2 * LIMIT_PER_S * 0.15], duration=9.0,
+                         events=[(2.0, "kill", kill_master)])
+        watcher.join()
+        t_kill = run.events["kill"]
+        self.assertIn("at", switched, "the sentinels never promoted the replica within %.0f s"
+                      % FAILOVER_BOUND_S)
+        t_switch = switched["at"]
+        failover_ms = (t_switch - t_kill) * 1000
+
+        # Decisions never stop, and fall back to the shares while no master answers.
+        self.assert_answered_without_stalls(run)
+        self.assert_modes(run, {"normal", "fallback"})
+        fb_admitted, fb_bound = self.assert_fallback_within_shares(run, since=t_kill)
+        to_fallback = slowest([settled_after(n, t_kill, t_switch, lambda r: r.mode == "fallback")
+                               for n in run.records])
+        back_to_normal = slowest([settled_after(n, t_kill, math.inf, lambda r: r.mode == "normal")
+                                  for n in run.records])
+        down = first_health(run, t_kill, lambda h: h["redis"] == "down")
+        up = [next((t for t, h in node if t >= t_kill and h["redis"] == "up"), None)
+              for node in run.health]
+        sys.stderr.write("\nfailover: the sentinels named the replica %.0f ms after the kill; "
+                         "decisions normal again %s ms after it; redis up again per node %s\n"
+                         % (failover_ms, fmt_ms(back_to_normal),
+                            [fmt_ms(None if t is None else t - t_kill) for t in up]))
+        self.print_leases()
+        self.print_changes(run)
+
+        share = LIMIT_PER_S / len(daemons)
+        checks = [
+            ("decisions fell back within the switch bound (%s ms)" % fmt_ms(to_fallback),
+             to_fallback is not None),
+            ("decisions normal again within failover %.0f ms + %d ms of the kill (took %s ms)"
+             % (failover_ms, RESUME_AFTER_SWITCH_MS, fmt_ms(back_to_normal)),
+             back_to_normal is not None and
+             ms(back_to_normal) <= failover_ms + RESUME_AFTER_SWITCH_MS),
+        ]
+        for daemon, samples, records in zip(daemons, run.health, run.records):
+            after = [h for t, h in samples if t >= t_switch]
+            health = daemon.health()
+            leases = daemon.client.result("stats")["leases"]
+            checks += [
+                ("%s: health names the new master %s (last: %s)"
+                 % (daemon.name, self.address(self.replica), health["redis_address"]),
+                 health["redis_address"] == self.address(self.replica)),
+                ("%s: breaker closed again by the end (%s)" % (daemon.name, health["breaker"]),
+                 health["breaker"] == "closed"),
+                ("%s: learning mode after the master changed" % daemon.name,
+                 any(h["learning"] is True and h["redis"] == "up" for h in after)),
+                ("%s: leases granted after the failover (%d before the kill, %d at the end)"
+                 % (daemon.name, stats_before[daemon.name]["granted"], leases["granted"]),
+                 leases["granted"] > stats_before[daemon.name]["granted"]),
+            ]
+            # Learning: from the kill until learning ends (one period, 1 s,
+            # after the breaker closes; sampled health bounds when), a node
+            # admits at most its share's rate and burst, plus what its slice
+            # held at the kill (at most a share's burst).
+            closed_at = next((i for i, (t, h) in enumerate(samples)
+                              if t >= t_switch and h["breaker"] == "closed"), None)
+            if closed_at is None or closed_at == 0:
+                checks.append(("%s: breaker closed after the switch" % daemon.name, False))
+                continue
+            learning_end = samples[closed_at - 1][0] + 0.9
+            window = [r for r in records if t_kill <= r.sent < learning_end and r.recv is not None]
+            admitted = sum(r.allowed for r in window)
+            bound = share * (learning_end - t_kill) + 2 * share_burst(share)
+            checks.append(("%s: admitted %d from the kill to the end of learning (%.2f s), "
+                           "within its share %.0f" % (daemon.name, admitted,
+                                                      learning_end - t_kill, bound),
+                           admitted <= bound))
+        summary("sentinel_failover", nodes=len(daemons), admitted=fb_admitted, bound=fb_bound,
+                ratio=fb_admitted / fb_bound if fb_bound else None,
+                stall_ms=max(longest_stall_ms(n) for n in run.records), down_ms=ms(down),
+                fallback_ms=ms(to_fallback), up_ms=ms(slowest([
+                    None if t is None else t - t_kill for t in up])),
+                normal_ms=ms(back_to_normal))
+        self.assert_leasing(checks)
+
+
+class SentinelResolveTest(SentinelCase):
+    """The daemon cannot find a master: it answers from its share and keeps asking."""
+
+    def assert_fallback_then_up(self, daemon, make_reachable, master):
+        """The daemon answers acquires from its fallback share while it finds
+        no master; after make_reachable() it connects to `master` within the
+        reconnect backoff's cap (it kept retrying)."""
+        for _ in range(3):
+            result = daemon.client.result("acquire", "shared", "k")
+            self.assertEqual(result["mode"], "fallback", result)
+            self.assertEqual(result["limit"], LIMIT_PER_S)  # expected_nodes 1: the whole limit
+        health = daemon.health()
+        self.assertEqual((health["redis"], health["status"], health["redis_address"]),
+                         ("down", "degraded", None), health)
+        make_reachable()
+        reachable_at = time.monotonic()
+        up = wait_for(lambda: daemon.health()["redis"] == "up", RECOVER_BOUND_MS / 1000)
+        self.assertTrue(up, "%s\n%s" % (daemon.health(), daemon.logs()))
+        sys.stderr.write("\n  %s: up %.0f ms after the sentinels could answer\n"
+                         % (daemon.name, (time.monotonic() - reachable_at) * 1000))
+        self.assertEqual(daemon.health()["redis_address"], self.address(master))
+        self.assertTrue(wait_for(lambda: daemon.client.result(
+            "acquire", "shared", "k")["mode"] == "normal", 2), daemon.logs())
+
+    # Verifies that a master name no sentinel knows leaves the daemon in
+    # fallback, asking again with backoff, until a sentinel monitors it.
+    def test_unknown_master_name_falls_back_and_keeps_asking(self):
+        self.start_deployment(replica=False, sentinels=1)
+        daemon = self.start_daemons(1, 0, where=sentinel_section(self.sentinels, "elsewhere"))[0]
+        self.assertTrue(wait_for(lambda: "does not know the master elsewhere" in daemon.logs(), 5),
+                        daemon.logs())
+        self.assert_fallback_then_up(
+            daemon, lambda: self.assertEqual(self.sentinels[0].command(
+                "SENTINEL", "MONITOR", "elsewhere", "127.0.0.1", str(self.master.port), "1"),
+                "OK"), self.master)
+
+    # Verifies that with no sentinel reachable (nothing listens on their
+    # ports) the daemon answers from fallback and connects once one starts.
+    def test_no_sentinel_reachable_falls_back_and_keeps_asking(self):
+        master = self.start_redis()
+        sentinels = [Sentinel(master.port, MASTER, quorum=1, start=False) for _ in range(2)]
+        for sentinel in sentinels:
+            self.addCleanup(sentinel.stop)
+        daemon = self.start_daemons(1, 0, where=sentinel_section(sentinels))[0]
+        self.assertTrue(wait_for(lambda: "no sentinel named the master" in daemon.logs(), 5),
+                        daemon.logs())
+        self.assert_fallback_then_up(daemon, sentinels[1].start, master)
+
+
+def fmt_ms(seconds):
+    return "-" if seconds is None else "%.0f" % (seconds * 1000)
+
+
+def tearDownModule():
+    if SUMMARY:
+        sys.stderr.write("\nsentinel summary (limit %d/s, burst %d)\n%s\n"
+                         % (LIMIT_PER_S, BURST, format_table(SUMMARY)))
+    alive = [p.args for p in STARTED_PROCS if p.poll() is None]
+    left = [d for d in MADE_DIRS if os.path.exists(d)]
+    if alive or left:
+        raise RuntimeError("leaked processes %s, temp dirs %s" % (alive, left))
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
