@@ -1066,7 +1066,7 @@ class RuleReader {
   }
 
   // max_wait and pace: bounded waiting, which token bucket and GCRA offer,
-  // on local rules (a global rule's units are leased, not reserved ahead).
+  // on local rules and on global rules that lease (one limit).
   void readShaping(Rule* rule) {
     const toml::node* max_wait = table_.get("max_wait");
     const toml::node* pace = table_.get("pace");
@@ -1079,9 +1079,9 @@ class RuleReader {
                           std::string(algorithmName(rule->algorithm)) + "; remove " + key +
                           ", or set algorithm = \"gcra\"");
       }
-      if (rule->scope != Scope::kLocal) {
-        refuse(*node, prefix_ + key + " applies only to local rules for now; remove it, or set " +
-                          "scope = \"local\"");
+      if (rule->scope == Scope::kGlobal && rule->limits.size() != 1) {
+        refuse(*node, prefix_ + key + " on a global rule needs one that leases from Redis (one " +
+                          "limit); remove " + key + ", or keep one limit");
       }
     }
     if (max_wait != nullptr) {

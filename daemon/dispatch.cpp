@@ -140,7 +140,7 @@ bool Dispatcher::handle(const rpc::Request& request, const Peer& peer, int64_t n
     message_.clear();  // a notification's answer is dropped
     return false;
   }
-  DeferTo defer_to{owner, frame, now_ns + lease_timeout_ns_};
+  DeferTo defer_to{owner, frame, now_ns + lease_timeout_ns_, false, Wait{}};
   const DeferTo* defer = owner != nullptr && !request.notification ? &defer_to : nullptr;
   bool deferred = false;
   switch (request.method) {
@@ -163,9 +163,9 @@ bool Dispatcher::handle(const rpc::Request& request, const Peer& peer, int64_t n
   return deferred;
 }
 
-bool Dispatcher::defer(const DeferTo* to) {
+bool Dispatcher::defer(const DeferTo* to, const Wait& wait) {
   if (to == nullptr || deferred_.size() >= kMaxDeferred) return false;
-  if (to->frame.data() != nullptr) {
+  if (!to->held) {
     // A first deferral: keep the frame (the read buffer will be reused).
     if (deferred_bytes_ + to->frame.size() > kMaxDeferredBytes) return false;
     deferred_bytes_ += to->frame.size();
@@ -173,38 +173,77 @@ bool Dispatcher::defer(const DeferTo* to) {
     deferred_.push_back({to->owner,
                          std::string(reinterpret_cast<const char*>(to->frame.data()),
                                      to->frame.size()),
-                         to->deadline_ns});
+                         to->deadline_ns, wait});
   }
   return true;
 }
 
+bool Dispatcher::park(const DeferTo& to, const Wait& wait, int64_t due_ns, uint32_t msgid,
+                      std::string* out) {
+  if (parked_.size() >= kMaxWaiters) {
+    error(msgid, rpc::ErrorCode::kOverloaded,
+          "too many requests are waiting for units on this worker; retry later", out);
+    return false;
+  }
+  parked_.push_back({due_ns, wait, to.owner,
+                     std::string(reinterpret_cast<const char*>(to.frame.data()), to.frame.size())});
+  std::push_heap(parked_.begin(), parked_.end());
+  just_parked_ = true;
+  return true;
+}
+
+bool Dispatcher::reparse(std::string_view frame) {
+  rpc::Limits limits;
+  limits.max_depth = msgpack::Reader::kMaxSkipDepth;
+  limits.max_items = UINT32_MAX;
+  limits.max_frame_bytes = frame.size();
+  limits.max_key_bytes = frame.size();
+  auto bytes = std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(frame.data()), frame.size());
+  return rpc::parseRequest(bytes, limits, &retry_request_).status == rpc::ParseStatus::kOk;
+}
+
+void Dispatcher::retryParked(int64_t now_ns, bool all) {
+  std::string response;
+  while (!parked_.empty() && (all || parked_.front().due_ns <= now_ns)) {
+    std::pop_heap(parked_.begin(), parked_.end());
+    Parked parked = std::move(parked_.back());
+    parked_.pop_back();
+    if (!reparse(parked.frame)) continue;  // cannot happen: it parsed before
+    auto bytes = std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(parked.frame.data()),
+                                          parked.frame.size());
+    DeferTo again{parked.owner, bytes, now_ns + lease_timeout_ns_, false, parked.wait};
+    response.clear();
+    // Stopping: answered at once, as a request that does not wait.
+    if (!acquireOne(retry_request_, now_ns, &response, all ? nullptr : &again) && deliver_) {
+      deliver_(parked.owner, response);
+    }
+  }
+}
+
 void Dispatcher::retryDeferred(int64_t now_ns, bool all) {
   answerWaiters(now_ns, all);
+  retryParked(now_ns, all);
   if (deferred_.empty()) return;
   retrying_.clear();
   for (Deferred& deferred : deferred_) retrying_.push_back(std::move(deferred));
   deferred_.clear();
   deferred_bytes_ = 0;  // counted again for those that wait on
-  // The frame parsed once already; parse it again with bounds that admit it.
-  rpc::Limits limits;
-  limits.max_depth = msgpack::Reader::kMaxSkipDepth;
-  limits.max_items = UINT32_MAX;
   std::string response;
   for (Deferred& deferred : retrying_) {
+    if (!reparse(deferred.frame)) continue;  // cannot happen: it parsed before
     auto bytes = std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(deferred.frame.data()),
                                           deferred.frame.size());
-    limits.max_frame_bytes = bytes.size();
-    limits.max_key_bytes = bytes.size();
-    rpc::ParseResult parsed = rpc::parseRequest(bytes, limits, &retry_request_);
-    if (parsed.status != rpc::ParseStatus::kOk) continue;  // cannot happen: it parsed before
     bool expired = all || now_ns >= deferred.deadline_ns;
     if (expired) metrics_.lease_deferred_expired.add();
-    // A retry keeps its place (the frame stays in `deferred`) when it waits on.
-    DeferTo again{deferred.owner, {}, deferred.deadline_ns};
+    // A retry keeps its place (the frame stays in `deferred`) when it waits
+    // on for its lease; one that now waits for its units is parked instead.
+    DeferTo again{deferred.owner, bytes, deferred.deadline_ns, true, deferred.wait};
     response.clear();
+    just_parked_ = false;
     bool waits = retry_request_.method == rpc::Method::kAcquireAll
                      ? acquireAll(retry_request_, now_ns, &response, expired ? nullptr : &again)
                      : acquireOne(retry_request_, now_ns, &response, expired ? nullptr : &again);
+    if (just_parked_) continue;
     if (waits) {
       deferred_bytes_ += deferred.frame.size();
       deferred_.push_back(std::move(deferred));
@@ -227,12 +266,16 @@ void Dispatcher::forget(void* owner) {
   if (std::erase_if(waiters_, [owner](const Waiter& waiter) { return waiter.owner == owner; }) > 0) {
     std::make_heap(waiters_.begin(), waiters_.end());
   }
+  if (std::erase_if(parked_, [owner](const Parked& parked) { return parked.owner == owner; }) > 0) {
+    std::make_heap(parked_.begin(), parked_.end());
+  }
 }
 
 int64_t Dispatcher::nextDeadlineNs() const {
   int64_t next = INT64_MAX;
   if (!deferred_.empty()) next = deferred_.front().deadline_ns;
   if (!waiters_.empty()) next = std::min(next, waiters_.front().due_ns);
+  if (!parked_.empty()) next = std::min(next, parked_.front().due_ns);
   return next;
 }
 
@@ -395,9 +438,10 @@ bool Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::st
   bool spends = request.method == rpc::Method::kAcquire && item.cost > 0;
   if (item.max_wait_ms > 0 && !canWait(*configured)) {
     error(request.msgid, rpc::ErrorCode::kBadRequest,
-          "max_wait_ms applies to local token_bucket and gcra rules, and rule \"" +
+          "max_wait_ms applies to token_bucket and gcra rules of one limit, and rule \"" +
               configured->name + "\" is " + std::string(scopeName(configured->scope)) + " " +
-              std::string(algorithmName(configured->algorithm)),
+              std::string(algorithmName(configured->algorithm)) +
+              (configured->limits.size() > 1 ? " of several limits" : ""),
           out);
     return false;
   }
@@ -510,6 +554,15 @@ bool Dispatcher::acquireLeased(const rpc::Request& request, const Rule& rule, in
   auto entry_words = entry->state();
   const Rule& deciding = decidingRule(*rules_, rule, item.key, entry_words);
   auto words = entry_words.first(slice::kWords);
+  // A request that may wait for its units (max_wait): its wait, from its
+  // arrival; a retry brings its own. Answers say how long it waited.
+  Wait wait;
+  if (defer_to != nullptr && defer_to->wait.until_ns != 0) {
+    wait = defer_to->wait;
+  } else if (int64_t max_wait_ns = defer_to != nullptr ? maxWaitNs(rule, item) : 0) {
+    wait = {now_ns, now_ns + max_wait_ns, waiter_seq_++};
+  }
+  const int64_t waited_ms = wait.until_ns != 0 ? (now_ns - wait.since_ns) / 1'000'000 : -1;
   // A blocked key is answered here, until its block is due to be asked of
   // Redis again (kBlockRecheckNs): then its lease says whether it stands.
   int64_t blocked_ns = activePenalty(rule) != nullptr
@@ -520,12 +573,13 @@ bool Dispatcher::acquireLeased(const rpc::Request& request, const Rule& rule, in
     if (!recheck || defer_to == nullptr) {
       Decision blocked = blockedDecision(deciding, blocked_ns);
       count(rule, blocked, Mode::kBlocked);
-      rpc::writeDecision(out, request.msgid, blocked, Mode::kBlocked);
+      rpc::writeDecision(out, request.msgid, blocked, Mode::kBlocked, waited_ms);
       return false;
     }
     words[slice::kUnits].store(0, std::memory_order_release);  // a lease's, granted late
   }
   Decision decision;
+  int64_t due_ns = 0;  // a denial: when Redis said it has units again (exactly)
   if (item.cost > leaseCapacity(deciding.limits.front())) {
     decision = exceedsCapacity(deciding);
   } else {
@@ -557,9 +611,10 @@ bool Dispatcher::acquireLeased(const rpc::Request& request, const Rule& rule, in
       case slice::Outcome::kDenied:
         metrics_.lease_negative_hits.add();
         decision = sliceDecision(deciding, taken, now_ns);
+        due_ns = taken.until_ns;
         break;
       case slice::Outcome::kEmpty:
-        if (defer(defer_to)) return true;
+        if (defer(defer_to, wait)) return true;
         [[fallthrough]];
       case slice::Outcome::kFallback: {
         // No lease in time, or the key's lease failed: the policy decides.
@@ -576,15 +631,24 @@ bool Dispatcher::acquireLeased(const rpc::Request& request, const Rule& rule, in
         }
         count(rule, decision, policy_mode);
         countDenial(rule, item.key, entry_words, decision, now_ns);
-        rpc::writeDecision(out, request.msgid, decision, policy_mode);
+        rpc::writeDecision(out, request.msgid, decision, policy_mode, waited_ms);
         return false;
       }
     }
   }
   applyShadow(rule, &decision);
+  // Redis has no units until retry_after_ms: a request that may wait that
+  // long is parked and asked again then (and counts as one decision, once
+  // answered). Waiters denied on one negative cache share its exact end,
+  // so they are asked again in arrival order.
+  if (due_ns == 0) due_ns = now_ns + decision.retry_after_ms * 1'000'000;
+  if (wait.until_ns != 0 && !decision.allowed && !decision.cost_exceeds_limit &&
+      decision.retry_after_ms > 0 && due_ns <= wait.until_ns) {
+    return park(*defer_to, wait, due_ns, request.msgid, out);
+  }
   count(rule, decision, mode);
   countDenial(rule, item.key, entry_words, decision, now_ns);
-  rpc::writeDecision(out, request.msgid, decision, mode);
+  rpc::writeDecision(out, request.msgid, decision, mode, waited_ms);
   return false;
 }
 

@@ -80,7 +80,7 @@ class Dispatcher {
   void retryDeferred(int64_t now_ns, bool all);
   // Drops the deferred requests of an owner that has gone away.
   void forget(void* owner);
-  bool hasDeferred() const { return !deferred_.empty() || !waiters_.empty(); }
+  bool hasDeferred() const { return !deferred_.empty() || !waiters_.empty() || !parked_.empty(); }
   // The earliest deadline or due time of a deferred request (hasDeferred() only).
   int64_t nextDeadlineNs() const;
 
@@ -88,16 +88,41 @@ class Dispatcher {
   void handleParseError(const rpc::ParseResult& result, std::string* out);
 
  private:
-  // A request that may wait for a lease: who to answer, and its bytes.
+  // What a request that may wait for its units (max_wait) has of its wait:
+  // when it arrived, when the wait ends (0: it does not wait), and its place
+  // in arrival order. Carried along while it is deferred and parked.
+  struct Wait {
+    int64_t since_ns = 0;
+    int64_t until_ns = 0;
+    uint64_t seq = 0;
+  };
+  // A request that may wait for a lease: who to answer, its bytes, and
+  // whether it is already in deferred_ (a retry: a deferral keeps its place).
   struct DeferTo {
     void* owner;
     std::span<const uint8_t> frame;
     int64_t deadline_ns;
+    bool held = false;
+    Wait wait;  // a waiting request's, when it comes back
   };
   struct Deferred {
     void* owner;
     std::string frame;
     int64_t deadline_ns;
+    Wait wait;
+  };
+  // A request on a global rule that waits for units Redis will have at
+  // due_ns (its lease said "nothing until then"): asked again then, with
+  // what is left of its wait.
+  struct Parked {
+    int64_t due_ns;
+    Wait wait;
+    void* owner;
+    std::string frame;
+    // The heap's order: the earliest due first, then arrival order.
+    bool operator<(const Parked& other) const {
+      return due_ns != other.due_ns ? due_ns > other.due_ns : wait.seq > other.wait.seq;
+    }
   };
   // A request allowed on a reservation, answered when its units are due.
   struct Waiter {
@@ -117,6 +142,11 @@ class Dispatcher {
   // else the rule's max_wait; 0 when it cannot wait.
   int64_t maxWaitNs(const Rule& rule, const rpc::Item& item) const;
   void answerWaiters(int64_t now_ns, bool all);
+  // Asks again for the parked requests that are due (every one with `all`).
+  void retryParked(int64_t now_ns, bool all);
+  // Parses a held frame into retry_request_ again (with bounds that admit
+  // it: it parsed once already); false if it does not (it cannot).
+  bool reparse(std::string_view frame);
   // Both return true when they deferred the request (defer non-null only).
   bool acquireOne(const rpc::Request& request, int64_t now_ns, std::string* out,
                   const DeferTo* defer);
@@ -126,7 +156,11 @@ class Dispatcher {
                      std::string* out, const DeferTo* defer);
   void peekLeased(const rpc::Request& request, const Rule& rule, int64_t now_ns,
                   std::string* out);
-  bool defer(const DeferTo* to);
+  bool defer(const DeferTo* to, const Wait& wait);
+  bool defer(const DeferTo* to) { return defer(to, Wait{}); }
+  // Parks a waiting request until due_ns; false (and an OVERLOADED answer in
+  // `out`) when too many are parked.
+  bool park(const DeferTo& to, const Wait& wait, int64_t due_ns, uint32_t msgid, std::string* out);
   // Sends a lease request for a key of `rule` whose in-flight bit the
   // caller claimed; `deciding` is the rule's variant for the key, `words`
   // the entry's.
@@ -181,6 +215,8 @@ class Dispatcher {
   std::deque<Deferred> deferred_;  // in deadline order (one timeout for all)
   size_t deferred_bytes_ = 0;      // of deferred_'s frames
   std::vector<Waiter> waiters_;    // a heap (std::push_heap), earliest due on top
+  std::vector<Parked> parked_;     // a heap too
+  bool just_parked_ = false;       // the last acquire parked its request
   uint64_t waiter_seq_ = 0;
   std::vector<Deferred> retrying_;
   rpc::Request retry_request_;

@@ -150,8 +150,8 @@ int64_t maxLimit(Algorithm algorithm) {
 }
 
 bool canWait(const Rule& rule) {
-  return rule.scope == Scope::kLocal &&
-         (rule.algorithm == Algorithm::kTokenBucket || rule.algorithm == Algorithm::kGcra);
+  return (rule.algorithm == Algorithm::kTokenBucket || rule.algorithm == Algorithm::kGcra) &&
+         (rule.scope == Scope::kLocal || rule.limits.size() == 1);
 }
 
 const Rule* RuleSet::findById(uint32_t id) const {

@@ -172,7 +172,8 @@ int64_t maxLimit(Algorithm algorithm);
 constexpr int64_t kMaxWaitNs = 60'000'000'000;  // 60 s
 
 // Whether acquires on `rule` may wait for their units: token bucket and GCRA
-// reserve units ahead (a window cannot be), on local rules only so far.
+// (a window cannot be reserved ahead), local, or global with one limit (a
+// rule that leases; the waiter asks Redis again when its units are due).
 bool canWait(const Rule& rule);
 
 // Whether `key` matches the glob `pattern`: * is any run of bytes, ? any one

@@ -148,9 +148,9 @@ SLUICE_API int sluice_acquire(sluice_client* client, const char* rule, const voi
                               size_t key_len, uint32_t cost, int timeout_ms,
                               sluice_decision* out);
 /* Like sluice_acquire, but when the units will be there within max_wait_ms
- * (local token_bucket and gcra rules), the daemon answers "allowed" once they
- * are, instead of denying; *waited_ms (may be NULL) is how long it held the
- * answer. timeout_ms must cover max_wait_ms. Other rules answer
+ * (token_bucket and gcra rules; global ones of one limit), the daemon
+ * answers "allowed" once they are, instead of denying; *waited_ms (may be
+ * NULL) is how long it held the answer. timeout_ms must cover max_wait_ms. Other rules answer
  * SLUICE_ESERVER (BAD_REQUEST) for a max_wait_ms above 0. */
 SLUICE_API int sluice_acquire_wait(sluice_client* client, const char* rule, const void* key,
                                    size_t key_len, uint32_t cost, uint32_t max_wait_ms,

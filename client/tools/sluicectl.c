@@ -38,7 +38,7 @@ static const char usage_text[] =
     "  --timeout MS   give up after MS milliseconds (default 2000, and at least\n"
     "                 1000 more than --wait)\n"
     "  --wait MS      acquire: wait up to MS milliseconds for the units instead\n"
-    "                 of being denied (local token_bucket and gcra rules)\n"
+    "                 of being denied (token_bucket and gcra rules)\n"
     "  --help         print this help and exit\n"
     "  --version      print the version and exit\n"
     "\n"

@@ -4,7 +4,8 @@ redis-server: an override's limit is what the fleet shares (and, with Redis
 down, each node's share of it); a key that one daemon's penalty blocks is
 blocked on the other from its next lease, until the block ends or an admin
 resets the key, and a daemon that knows of a block holds it while Redis is
-down.
+down; requests that may wait on a paced global rule leave the fleet one
+interval apart, each daemon's in arrival order.
 
 Needs SLUICED (the daemon binary) in the environment; run with /usr/bin/python3
 (python3-msgpack).
@@ -14,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import unittest
 
@@ -53,9 +55,22 @@ limit = 5
 period = "1m"
 scope = "global"
 penalty = {{ denials = 3, window = "10s", block = "{block_ms}ms" }}
+
+
+# 10 a second for the whole fleet, one at a time; requests may wait 5 s.
+[[rule]]
+name = "paced"
+algorithm = "gcra"
+limit = 10
+period = "1s"
+pace = true
+max_wait = "5s"
+scope = "global"
 """
 
 BLOCK_MS = 3000
+WAITERS_PER_DAEMON = 10
+INTERVAL_S = 0.1
 
 
 class Daemon:
@@ -225,6 +240,49 @@ class PenaltyFleetTest(FleetCase):
                 lambda: second.acquire("abuse", "held")["mode"] == "fallback", BLOCK_MS / 1000 + 1))
         finally:
             self.redis.signal(signal.SIGCONT)
+
+
+class WaitingFleetTest(FleetCase):
+    # Verifies bounded waiting on a global rule: 10 waiters on each daemon,
+    # sent at once to a rule paced at 10 a second for the fleet, are all
+    # allowed, one interval apart across the fleet (never three within 1.5
+    # intervals), each daemon's in arrival order, with waited_ms; a request
+    # that may not wait that long is denied at once.
+    def test_waiters_on_both_daemons_leave_one_interval_apart(self):
+        released = []  # (time, daemon index, msgid, result)
+        def drive(index, daemon):
+            for i in range(WAITERS_PER_DAEMON):
+                daemon.client.send([0, 100 + i, "acquire", ["paced", "provider", 1]])
+            for _ in range(WAITERS_PER_DAEMON):
+                daemon.client.sock.settimeout(10)
+                response = daemon.client.recv()
+                released.append((time.monotonic(), index, response[1], response[2], response[3]))
+        start = time.monotonic()
+        threads = [threading.Thread(target=drive, args=(i, d)) for i, d in enumerate(self.daemons)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(15)
+        self.assertEqual(len(released), 2 * WAITERS_PER_DAEMON)
+        for _, _, _, error, result in released:
+            self.assertIsNone(error)
+            self.assertTrue(result["allowed"], result)
+            self.assertEqual(result["mode"], "normal")
+        times = sorted(t - start for t, *_ in released)
+        gaps = [b - a for a, b in zip(times, times[2:])]
+        print("\nmeasured: %d waiters on 2 daemons, released over %.2f s (ideal %.2f s); "
+              "closest three within %.0f ms" % (len(times), times[-1] - times[0],
+                                                (len(times) - 1) * INTERVAL_S, min(gaps) * 1000))
+        self.assertGreaterEqual(min(gaps), 1.5 * INTERVAL_S)
+        self.assertLess(times[-1] - times[0], (len(times) - 1) * INTERVAL_S * 1.5)
+        for index in range(2):
+            mine = sorted((t, msgid) for t, i, msgid, *_ in released if i == index)
+            self.assertEqual([msgid for _, msgid in mine], sorted(msgid for _, msgid in mine))
+        for t, _, _, _, result in released:
+            self.assertLessEqual(abs(result["waited_ms"] / 1000 - (t - start)), 0.05, result)
+        error, result = self.daemons[0].client.call("acquire", "paced", "provider", 1, 0)
+        self.assertIsNone(error)
+        self.assertFalse(result["allowed"])
 
 
 def tearDownModule():

@@ -561,10 +561,10 @@ const Refusal kRefusals[] = {
     {"pace_with_burst",
      "[[rule]]\nname = \"r\"\nlimit = 5\nperiod = \"1s\"\nburst = 3\npace = true\n", "6:8",
      "pace = true lets one unit through per interval, with no burst; remove burst"},
-    {"pace_on_global_rule",
-     "[redis]\n[[rule]]\nname = \"r\"\nlimit = 5\nperiod = \"1s\"\nscope = \"global\"\n"
-     "pace = true\n",
-     "7:8", "pace applies only to local rules for now"},
+    {"pace_on_global_rule_of_two_limits",
+     "[redis]\n[[rule]]\nname = \"r\"\nalgorithm = \"gcra\"\nscope = \"global\"\n"
+     "limits = [{ limit = 5, period = \"1s\" }, { limit = 50, period = \"1m\" }]\npace = true\n",
+     "7:8", "pace on a global rule needs one that leases from Redis (one limit)"},
     {"override_without_match",
      "[[rule]]\nname = \"r\"\nlimit = 5\nperiod = \"1s\"\noverrides = [{ limit = 9 }]\n", "5:14",
      "an override needs the keys it applies to: key = \"acme\""},
