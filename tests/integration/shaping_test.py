@@ -61,8 +61,11 @@ INTERVAL_S = 0.1  # 10 per second, paced
 RELEASE_TOLERANCE_S = 0.05
 RELEASES_ON_TIME = 0.9
 MEAN_DEVIATION_MAX_S = 0.02
-# The longest answer another client may wait while the waiters are held.
-OTHER_CLIENT_MAX_S = 0.05
+# Another client's answers while the waiters are held: a loop that waiters
+# stalled would delay them all; a moment without CPU on a shared machine
+# delays one or two.
+OTHER_CLIENT_P95_S = 0.05
+OTHER_CLIENT_MAX_S = 0.5
 
 
 class ShapingTest(unittest.TestCase):
@@ -98,7 +101,7 @@ class ShapingTest(unittest.TestCase):
         other = Client(self.socket)
         other.sock.setblocking(True)
         released = []  # (msgid, seconds since sent, result)
-        other_worst = 0.0
+        other_times = []
         self.client.sock.settimeout(0.02)
         deadline = sent + WAITERS * INTERVAL_S + 5
         while len(released) < WAITERS and time.monotonic() < deadline:
@@ -109,7 +112,7 @@ class ShapingTest(unittest.TestCase):
                 pass
             started = time.monotonic()
             other.result("acquire", "window", "other")
-            other_worst = max(other_worst, time.monotonic() - started)
+            other_times.append(time.monotonic() - started)
         other.close()
 
         self.assertEqual(len(released), WAITERS, "not every waiter was answered")
@@ -118,15 +121,19 @@ class ShapingTest(unittest.TestCase):
         deviations = [abs(at - i * INTERVAL_S) for i, (_, at, _) in enumerate(released)]
         waited_error = max(abs(result["waited_ms"] - i * INTERVAL_S * 1000)
                            for i, (_, _, result) in enumerate(released))
+        other_times.sort()
+        other_p95 = other_times[int(len(other_times) * 0.95)]
         print("\nmeasured: %d paced releases at 10/s: deviation from ideal mean %.1f ms, "
-              "worst %.1f ms; waited_ms off by at most %d ms; other client's slowest answer "
-              "%.1f ms" % (WAITERS, statistics.mean(deviations) * 1000, max(deviations) * 1000,
-                           waited_error, other_worst * 1000))
+              "worst %.1f ms; waited_ms off by at most %d ms; other client's answers p95 %.1f "
+              "ms, slowest %.1f ms" % (WAITERS, statistics.mean(deviations) * 1000,
+                                       max(deviations) * 1000, waited_error, other_p95 * 1000,
+                                       other_times[-1] * 1000))
         on_time = sum(d <= RELEASE_TOLERANCE_S for d in deviations) / WAITERS
         self.assertGreaterEqual(on_time, RELEASES_ON_TIME, deviations)
         self.assertLessEqual(statistics.mean(deviations), MEAN_DEVIATION_MAX_S)
         self.assertLessEqual(waited_error, 2)
-        self.assertLessEqual(other_worst, OTHER_CLIENT_MAX_S)
+        self.assertLessEqual(other_p95, OTHER_CLIENT_P95_S)
+        self.assertLessEqual(other_times[-1], OTHER_CLIENT_MAX_S)
 
     # Verifies waiting on a token bucket: the burst passes at once, the next
     # unit is answered when refilled (waited_ms about 100), and a request
