@@ -540,6 +540,10 @@ void Server::sweepKeys() {
     const Rule* rule = rules->findById(entry.ruleId());
     if (rule == nullptr || entry.state().size() != entryWords(*rule)) return true;
     auto words = entry.state();
+    // A key blocked, or counting denials toward a block, is not fresh.
+    if (rule->penalty && !penalty::isIdle(*rule->penalty, penaltyState(*rule, words), now_ns)) {
+      return false;
+    }
     if ((rule->id & kFallbackIdBit) == 0 && leasable(*rule)) {
       auto word = [&](slice::Word w) { return static_cast<int64_t>(words[w].load(std::memory_order_acquire)); };
       if ((word(slice::kFlags) & slice::kInFlight) != 0 || now_ns < word(slice::kDenyUntil)) {
@@ -549,10 +553,6 @@ void Server::sweepKeys() {
       return true;
     }
     if ((rule->id & kFallbackIdBit) != 0 && words[undebitedWord(*rule)].load(std::memory_order_acquire) > 0) {
-      return false;
-    }
-    // A key blocked, or counting denials toward a block, is not fresh.
-    if (rule->penalty && !penalty::isIdle(*rule->penalty, penaltyState(*rule, words), now_ns)) {
       return false;
     }
     const Rule& deciding = decidingRule(*rules, *rule, entry.key(), words);
