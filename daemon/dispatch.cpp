@@ -214,9 +214,10 @@ void Dispatcher::retryParked(int64_t now_ns, bool all) {
     DeferTo again{parked.owner, bytes, now_ns + lease_timeout_ns_, false, parked.wait};
     response.clear();
     // Stopping: answered at once, as a request that does not wait.
-    if (!acquireOne(retry_request_, now_ns, &response, all ? nullptr : &again) && deliver_) {
-      deliver_(parked.owner, response);
-    }
+    asking_again_ = true;
+    bool waits = acquireOne(retry_request_, now_ns, &response, all ? nullptr : &again);
+    asking_again_ = false;
+    if (!waits && deliver_) deliver_(parked.owner, response);
   }
 }
 
@@ -240,9 +241,11 @@ void Dispatcher::retryDeferred(int64_t now_ns, bool all) {
     DeferTo again{deferred.owner, bytes, deferred.deadline_ns, true, deferred.wait};
     response.clear();
     just_parked_ = false;
+    asking_again_ = true;
     bool waits = retry_request_.method == rpc::Method::kAcquireAll
                      ? acquireAll(retry_request_, now_ns, &response, expired ? nullptr : &again)
                      : acquireOne(retry_request_, now_ns, &response, expired ? nullptr : &again);
+    asking_again_ = false;
     if (just_parked_) continue;
     if (waits) {
       deferred_bytes_ += deferred.frame.size();
@@ -583,7 +586,7 @@ bool Dispatcher::acquireLeased(const rpc::Request& request, const Rule& rule, in
   if (item.cost > leaseCapacity(deciding.limits.front())) {
     decision = exceedsCapacity(deciding);
   } else {
-    slice::TakeResult taken = slice::take(words, now_ns, item.cost);
+    slice::TakeResult taken = slice::take(words, now_ns, item.cost, asking_again_);
     if (taken.dropped > 0) metrics_.lease_units_dropped.add(static_cast<uint64_t>(taken.dropped));
     if (taken.must_request) requestLease(rule, deciding, item.key, entry_words, now_ns, item.cost);
     switch (taken.outcome) {
@@ -753,7 +756,7 @@ bool Dispatcher::acquireAll(const rpc::Request& request, int64_t now_ns, std::st
         decided = true;
       } else {
         slice_words = entry->state().first(slice::kWords);
-        slice::TakeResult taken = slice::take(slice_words, now_ns, item.cost);
+        slice::TakeResult taken = slice::take(slice_words, now_ns, item.cost, asking_again_);
         if (taken.dropped > 0) metrics_.lease_units_dropped.add(static_cast<uint64_t>(taken.dropped));
         if (taken.must_request) {
           requestLease(*configured, deciding, item.key, entry->state(), now_ns, item.cost);

@@ -217,6 +217,7 @@ class Dispatcher {
   std::vector<Waiter> waiters_;    // a heap (std::push_heap), earliest due on top
   std::vector<Parked> parked_;     // a heap too
   bool just_parked_ = false;       // the last acquire parked its request
+  bool asking_again_ = false;      // retrying a deferred or parked request
   uint64_t waiter_seq_ = 0;
   std::vector<Deferred> retrying_;
   rpc::Request retry_request_;

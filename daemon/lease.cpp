@@ -143,7 +143,7 @@ TakeResult look(std::span<const std::atomic<uint64_t>> words, int64_t now_ns, in
   return result;
 }
 
-TakeResult take(std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t cost) {
+TakeResult take(std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t cost, bool again) {
   TakeResult result;
   uint64_t flags = words[kFlags].load(std::memory_order_acquire);
   result.cold = (flags & kWarm) == 0;
@@ -151,11 +151,13 @@ TakeResult take(std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t 
     result.outcome = Outcome::kFallback;
     return result;
   }
-  // Demand counts every unit asked for, granted or not. A plain load and
-  // store: racing workers may lose an increment, which only makes the next
-  // batch a little smaller.
-  words[kDemand].store(words[kDemand].load(std::memory_order_relaxed) + static_cast<uint64_t>(cost),
-                       std::memory_order_relaxed);
+  // Demand counts every unit asked for, granted or not, once. A plain load
+  // and store: racing workers may lose an increment, which only makes the
+  // next batch a little smaller.
+  if (!again) {
+    words[kDemand].store(words[kDemand].load(std::memory_order_relaxed) + static_cast<uint64_t>(cost),
+                         std::memory_order_relaxed);
+  }
 
   int64_t expires = load(words, kExpires);
   uint64_t units = words[kUnits].load(std::memory_order_acquire);

@@ -133,8 +133,11 @@ struct TakeResult {
   int64_t dropped = 0;  // units dropped because their window had ended
 };
 
-// Spends `cost` from the slice when it holds that many. Lock-free.
-TakeResult take(std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t cost);
+// Spends `cost` from the slice when it holds that many. Lock-free. A
+// request asked again (it waited for a lease, or for its units) passes
+// `again`: its units were counted in the key's demand the first time.
+TakeResult take(std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t cost,
+                bool again = false);
 
 // Reports what take() would answer, spending and claiming nothing.
 TakeResult look(std::span<const std::atomic<uint64_t>> words, int64_t now_ns, int64_t cost);

@@ -228,6 +228,17 @@ TEST(LeasableTest, OnlySingleLimitRateRulesLease) {
   EXPECT_EQ(leaseCapacity(Limit{.limit = 10, .period_ns = kMs, .burst = 0}), 10);
 }
 
+// Verifies a request asked again (after waiting for a lease or for its
+// units) is not counted in the key's demand twice.
+TEST_F(SliceTest, AskingAgainCountsNoDemand) {
+  slice::take(words(), 1 * kMs, 3);
+  EXPECT_EQ(words_[slice::kDemand].load(), 3u);
+  slice::take(words(), 2 * kMs, 3, /*again=*/true);
+  EXPECT_EQ(words_[slice::kDemand].load(), 3u);
+  slice::take(words(), 3 * kMs, 2);
+  EXPECT_EQ(words_[slice::kDemand].load(), 5u);
+}
+
 // Verifies the entry layouts: a leasable rule's slice, then its penalty's
 // words, then the override word; a share's state, its undebited word and its
 // override word; and that the override recorded for a key (any of them, the
