@@ -370,21 +370,29 @@ void LeaseManager::startHalfOpen() {
     checkHalfOpenDone();
   };
 
-  // Debits wait for INFO: a Redis that lost the fleet's state (a new
-  // run_id) gets none.
+  // Debits wait for INFO (its default sections: server, replication and
+  // more): a Redis that lost the fleet's state gets none.
   bool sent = link_.command(
-      {"INFO", "server"},
+      {"INFO"},
       [this, epoch, answered](const RedisResult& result) {
         bool state_lost = false;
         if (result.status == RedisStatus::kOk) {
           std::string_view text = result.reply->str();
-          size_t at = text.find("run_id:");
-          if (at != std::string_view::npos) {
-            std::string_view rest = text.substr(at + 7);
-            std::string run_id(rest.substr(0, rest.find_first_of("\r\n")));
-            state_lost = !run_id_.empty() && run_id != run_id_;
-            if (state_lost) startLearning(run_id);
+          auto field = [&](std::string_view name) {
+            size_t at = text.find(std::string("\n") + std::string(name) + ":");
+            if (at == std::string_view::npos) return std::string();
+            std::string_view rest = text.substr(at + name.size() + 2);
+            return std::string(rest.substr(0, rest.find_first_of("\r\n")));
+          };
+          std::string run_id = field("run_id");
+          std::string replid = field("master_replid");
+          if (!run_id.empty()) {
+            bool changed = !run_id_.empty() && run_id != run_id_;
+            bool failed_over = changed && !replid_.empty() && field("master_replid2") == replid_;
+            state_lost = changed && !failed_over;
+            if (changed) startLearning(run_id, failed_over);
             run_id_ = run_id;
+            replid_ = replid;
           }
         }
         if (epoch == half_open_epoch_) debitFallback(state_lost, answered);
@@ -398,7 +406,7 @@ void LeaseManager::startHalfOpen() {
   checkHalfOpenDone();
 }
 
-void LeaseManager::startLearning(const std::string& run_id) {
+void LeaseManager::startLearning(const std::string& run_id, bool failed_over) {
   RuleSetPtr rules = context_.rules();
   int64_t longest = 0;
   for (const Rule& rule : rules->rules()) {
@@ -412,11 +420,19 @@ void LeaseManager::startLearning(const std::string& run_id) {
   // their fallback shares until then: holding to its share until the last of
   // them is back keeps the fleet's sum at the limit.
   longest = std::max(longest, static_cast<int64_t>(link_.options().longestBackoffMs() * 1e6));
-  spdlog::warn("lease: redis run_id changed ({} -> {}): it restarted or failed over without "
-               "the fleet's state; learning mode, each node also holds to its share for one "
-               "period, and until every node can have reconnected; fallback admissions are "
-               "not debited to the new state",
-               run_id_, run_id);
+  if (failed_over) {
+    spdlog::warn("lease: redis run_id changed ({} -> {}): a replica of the last master took "
+                 "over, without the writes it had not replicated; learning mode, each node "
+                 "also holds to its share for one period, and until every node can have "
+                 "reconnected; fallback admissions are debited to it",
+                 run_id_, run_id);
+  } else {
+    spdlog::warn("lease: redis run_id changed ({} -> {}): it restarted without the fleet's "
+                 "state; learning mode, each node also holds to its share for one period, and "
+                 "until every node can have reconnected; fallback admissions are not debited "
+                 "to the new state",
+                 run_id_, run_id);
+  }
   context_.broker->startLearning(monotonicNowNs(), longest);
 }
 

@@ -12,7 +12,10 @@
 //    share entries) is debited to the global state, so the fleet does not
 //    get a second budget for the same period; INFO's run_id is compared
 //    with the last one seen, and a changed run_id (Redis restarted, or
-//    failed over, without the fleet's state) starts learning mode.
+//    failed over) starts learning mode. A restarted Redis lost the fleet's
+//    state and gets no debits; a promoted replica (its master_replid2 is
+//    the old master's master_replid) holds the state but for the writes
+//    not yet replicated, and gets them.
 //  - closed: leasing.
 //
 // Redis keys: <key_prefix>q:<rule name length>:<rule name>:<key> holds one
@@ -108,7 +111,7 @@ class LeaseManager {
   void sendDebit(const Rule& rule, std::string_view key, int64_t units, int64_t span_ms,
                  std::function<void()> done);
   // Redis came back with a new run_id: learning mode (lease.h).
-  void startLearning(const std::string& run_id);
+  void startLearning(const std::string& run_id, bool failed_over);
   // Debits what the fallback shares admitted (nothing when Redis lost the
   // state); each debit's answer calls `answered`.
   void debitFallback(bool state_lost, const std::function<void()>& answered);
@@ -155,6 +158,7 @@ class LeaseManager {
   int64_t fallback_began_ns_ = 0;  // onUp: when the breaker last opened
   size_t half_open_pending_ = 0;  // debits and INFO not answered yet
   std::string run_id_;            // of the Redis we last talked to
+  std::string replid_;            // its master_replid
   std::string last_error_;        // the last lease error logged
 };
 

@@ -172,6 +172,10 @@ class SentinelFailoverTest(SentinelCase):
                 ("%s: leases granted after the failover (%d before the kill, %d at the end)"
                  % (daemon.name, stats_before[daemon.name]["granted"], leases["granted"]),
                  leases["granted"] > stats_before[daemon.name]["granted"]),
+                # The promoted replica holds the state: fallback's admissions are its debt.
+                ("%s: fallback admissions debited to the new master (%d units)"
+                 % (daemon.name, leases["debited_units"] - stats_before[daemon.name]["debited_units"]),
+                 leases["debited_units"] > stats_before[daemon.name]["debited_units"]),
             ]
             # Learning: from the kill until learning ends (one period, 1 s,
             # after the breaker closes; sampled health bounds when), a node
