@@ -11,6 +11,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "redis_keys.h"
 #include "scripts.h"
 
 namespace sluice {
@@ -33,7 +34,7 @@ Control::Control(RedisConfig config, RedisLinkOptions link_options)
     : config_(std::move(config)),
       link_options_(link_options),
       node_id_(config_.node_id.empty() ? defaultNodeId() : config_.node_id),
-      members_key_(config_.key_prefix + "members"),
+      members_key_(redisMembersKey(config_.key_prefix)),
       nodes_(std::max<uint32_t>(config_.expected_nodes, 1)) {}
 
 Control::~Control() {

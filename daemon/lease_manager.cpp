@@ -9,6 +9,7 @@
 #include "clock.h"
 #include "limiter.h"
 #include "penalty.h"
+#include "redis_keys.h"
 
 namespace sluice {
 
@@ -54,30 +55,12 @@ LeaseManager::LeaseManager(RedisLink& link, const RedisConfig& config, LeaseCont
   penalty_ = add(scripts::Script::kPenalty);
 }
 
-namespace {
-
-// <prefix><kind>:<rule name length>:<rule name>:<key>
-std::string redisKey(std::string_view prefix, std::string_view kind, std::string_view rule_name,
-                     std::string_view key) {
-  std::string name(prefix);
-  name += kind;
-  name += ':';
-  name += std::to_string(rule_name.size());
-  name += ':';
-  name += rule_name;
-  name += ':';
-  name += key;
-  return name;
-}
-
-}  // namespace
-
 std::string LeaseManager::stateKey(std::string_view rule_name, std::string_view key) const {
-  return redisKey(config_.key_prefix, "q", rule_name, key);
+  return redisStateKey(config_.key_prefix, rule_name, key);
 }
 
 std::string LeaseManager::blockKey(std::string_view rule_name, std::string_view key) const {
-  return redisKey(config_.key_prefix, "b", rule_name, key);
+  return redisBlockKey(config_.key_prefix, rule_name, key);
 }
 
 RedisLink::ScriptId LeaseManager::scriptFor(Algorithm algorithm) const {

@@ -15,10 +15,9 @@
 //    failed over, without the fleet's state) starts learning mode.
 //  - closed: leasing.
 //
-// Redis keys: <key_prefix>q:<rule name length>:<rule name>:<key> holds one
-// (rule, key)'s global state, and <key_prefix>b:<same> its penalty block
-// (lua/penalty.lua); the length prefix keeps any two (rule, key) pairs apart
-// whatever bytes they contain.
+// Redis keys: each (rule, key) has its global state and its penalty block
+// (lua/penalty.lua), named by redis_keys.h so that both share one Redis
+// Cluster slot whatever bytes the key holds.
 //
 // Thread model: every method runs on the control thread (control.h), which
 // owns the RedisLink; workers reach the manager only through the

@@ -31,6 +31,42 @@ def redis_section(port):
             'heartbeat_interval = "100ms"\n' % port)
 
 
+def _fnv1a64(data):
+    value = 0xcbf29ce484222325
+    for byte in data:
+        value = ((value ^ byte) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+    return value
+
+
+def redis_key(kind, rule, key, prefix="sluice:"):
+    """The name of a (rule, key)'s Redis key, as daemon/redis_keys.h makes
+    it: kind "q" (global state) or "b" (penalty block); str or bytes."""
+    rule = rule.encode() if isinstance(rule, str) else rule
+    key = key.encode() if isinstance(key, str) else key
+    pair = b"%d:%s:%s" % (len(rule), rule, key)
+    return b"%s%s:{%016x}:%s" % (prefix.encode(), kind.encode(), _fnv1a64(pair), pair)
+
+
+def _crc16(data):
+    crc = 0
+    for byte in data:
+        crc ^= byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021 if crc & 0x8000 else crc << 1) & 0xFFFF
+    return crc
+
+
+def cluster_slot(name):
+    """Redis Cluster's slot of a key name (bytes): CRC16 of its first
+    non-empty {tag}, else of the whole name, mod 16384."""
+    start = name.find(b"{")
+    if start >= 0:
+        end = name.find(b"}", start + 1)
+        if end > start + 1:
+            name = name[start + 1:end]
+    return _crc16(name) % 16384
+
+
 def make_dir(prefix):
     """A short temp dir under /tmp (Unix socket paths are limited to 108 bytes)."""
     path = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
