@@ -39,7 +39,7 @@ const Rule& variantOf(const RuleSet& rules, const Rule& rule, uint32_t variant) 
 
 }  // namespace
 
-LeaseManager::LeaseManager(RedisLink& link, const RedisConfig& config, LeaseContext context)
+LeaseManager::LeaseManager(RedisTarget& link, const RedisConfig& config, LeaseContext context)
     : link_(link),
       config_(config),
       context_(std::move(context)),
@@ -198,11 +198,16 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, const Rule& rule,
   if (!reply) {
     counters.failed.fetch_add(1, std::memory_order_relaxed);
     // A timeout or a lost connection opens the breaker (the link reports
-    // it); an answer we cannot use sends this key to its policy for a while.
+    // it first); an answer we cannot use sends this key to its policy for a
+    // while. So does a call that failed while Redis as a whole is still up:
+    // in Cluster mode, this key's master alone is unreachable (cluster.h).
     bool answered = result.status == RedisStatus::kOk || result.status == RedisStatus::kRedisError;
-    if (answered) {
+    bool master_lost = !answered && up_;
+    if (answered || master_lost) {
       std::string error = result.status == RedisStatus::kOk ? "a reply that is not a lease"
-                                                            : std::string(result.error);
+                          : master_lost ? "that the key's master is unreachable (" +
+                                              std::string(result.error) + ")"
+                                        : std::string(result.error);
       if (error != last_error_) {  // logged once until it changes
         spdlog::error("lease: redis answered {}; the key follows on_redis_down for {} ms", error,
                       kLeaseErrorBackoffNs / 1'000'000);
@@ -210,7 +215,7 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, const Rule& rule,
       }
     }
     finish(request.rule_id, request.key, [&](Words words) {
-      if (answered) store(words, slice::kFallbackUntil, now_ns + kLeaseErrorBackoffNs);
+      if (answered || master_lost) store(words, slice::kFallbackUntil, now_ns + kLeaseErrorBackoffNs);
     });
     return;
   }

@@ -68,14 +68,15 @@ constexpr int64_t kMinLeaseDeadlineUs = 1'000'000;
 // when it is sent.
 constexpr size_t kMaxScriptsInFlight = 128;
 
-// A key failing with a Redis error reply (not a timeout) follows its
-// on_redis_down policy this long before it leases again.
+// A key failing with a Redis error reply (not a timeout), or whose master
+// alone is unreachable while Redis as a whole is up (Cluster mode), follows
+// its on_redis_down policy this long before it leases again.
 constexpr int64_t kLeaseErrorBackoffNs = 1'000'000'000;
 
 class LeaseManager {
  public:
   // Registers the lease scripts on `link` (so before link.start()).
-  LeaseManager(RedisLink& link, const RedisConfig& config, LeaseContext context);
+  LeaseManager(RedisTarget& link, const RedisConfig& config, LeaseContext context);
   LeaseManager(const LeaseManager&) = delete;
   LeaseManager& operator=(const LeaseManager&) = delete;
 
@@ -131,7 +132,7 @@ class LeaseManager {
   void checkHalfOpenDone();
   RedisLink::ScriptId scriptFor(Algorithm algorithm) const;
 
-  RedisLink& link_;
+  RedisTarget& link_;
   const RedisConfig config_;
   LeaseContext context_;
   KeyTable::ReaderId reader_;
