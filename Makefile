@@ -4,8 +4,8 @@
 #   make run        build and run sluiced on conf/sluice.toml (local-only)
 #   make test       build with warnings as errors and run every test
 #   make test-asan  the same under AddressSanitizer + UndefinedBehaviorSanitizer
-#                   (without the timing-bound fleet and Sentinel failover
-#                   tests, labels `fleet` and `sentinel`)
+#                   (without the timing-bound fleet, Sentinel and Cluster
+#                   failover tests, labels `fleet`, `sentinel` and `cluster`)
 #   make test-tsan  the same under ThreadSanitizer
 #   make bench      build optimised and print the benchmark figures: the
 #                   local path (bench/run.sh), the global path against a
@@ -83,11 +83,11 @@ test: build
 
 test-asan: deps
 	$(call configure,build-asan,Debug,-DSLUICE_ASAN=ON -DSLUICE_BUILD_BENCH=OFF)
-	cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS) -LE 'fleet|sentinel'
+	cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS) -LE 'fleet|sentinel|cluster'
 
 test-tsan: deps
 	$(call configure,build-tsan,RelWithDebInfo,-DSLUICE_TSAN=ON -DSLUICE_BUILD_BENCH=OFF)
-	cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j $(JOBS) -LE 'fleet|sentinel'
+	cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j $(JOBS) -LE 'fleet|sentinel|cluster'
 
 bench: deps
 	$(call install,$(BENCH_PACKAGES))

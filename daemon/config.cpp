@@ -238,8 +238,10 @@ constexpr int64_t kMaxSocketPathBytes = sizeof(sockaddr_un::sun_path) - 1;
 // Sentinel mode: the longest master name and the most sentinels.
 constexpr int64_t kMaxSentinelMasterBytes = 128;
 constexpr int64_t kMaxSentinels = 16;
+// Cluster mode: the most seed nodes.
+constexpr int64_t kMaxClusterNodes = 64;
 
-const std::array<Option, 36> kOptions = {{
+const std::array<Option, 37> kOptions = {{
     {.section = "daemon", .key = "socket", .type = OptionType::kSocketPath,
      .max = kMaxSocketPathBytes, .doc = "path of the Unix socket clients connect to",
      SLUICE_STR_FIELD(daemon.socket_path)},
@@ -323,11 +325,16 @@ const std::array<Option, 36> kOptions = {{
     {.section = "redis", .key = "sentinel_password", .type = OptionType::kText, .min = 0,
      .max = 512, .doc = "Sentinel mode: the sentinels' password; \"\": no AUTH",
      SLUICE_STR_FIELD(redis->sentinel_password)},
+    {.section = "redis", .key = "cluster_nodes", .type = OptionType::kAddresses,
+     .max = kMaxClusterNodes,
+     .doc = "Cluster mode: nodes to load the slot map from, \"host:port\" each",
+     SLUICE_LIST_FIELD(redis->cluster_nodes)},
     {.section = "redis", .key = "username", .type = OptionType::kText, .min = 0, .max = 256,
-     .doc = "Sentinel mode: the ACL user the master is authenticated as (with url: in the url)",
+     .doc = "Sentinel and Cluster mode: the ACL user the masters are authenticated as (with "
+            "url: in the url)",
      SLUICE_STR_FIELD(redis->username)},
     {.section = "redis", .key = "password", .type = OptionType::kText, .min = 0, .max = 512,
-     .doc = "Sentinel mode: the master's password (with url: in the url)",
+     .doc = "Sentinel and Cluster mode: the masters' password (with url: in the url)",
      SLUICE_STR_FIELD(redis->password)},
     {.section = "redis", .key = "db", .type = OptionType::kCount, .min = 0, .max = 999'999'999,
      .doc = "Sentinel mode: the master's database (with url: after the /)",
@@ -783,14 +790,18 @@ void applyOption(const Option& option, const toml::node& node, Config* config) {
       return;
     }
     case OptionType::kAddresses: {
-      constexpr std::string_view kExample =
-          "sentinels = [\"10.0.0.1:26379\", \"10.0.0.2:26379\", \"10.0.0.3:26379\"]";
+      bool cluster = option.key == "cluster_nodes";
+      const std::string list_example =
+          std::string(option.key) +
+          (cluster ? " = [\"10.0.0.1:6379\", \"10.0.0.2:6379\", \"10.0.0.3:6379\"]"
+                   : " = [\"10.0.0.1:26379\", \"10.0.0.2:26379\", \"10.0.0.3:26379\"]");
+      const std::string what_one = cluster ? "node" : "sentinel";
       const toml::array* list = node.as_array();
       if (list == nullptr) {
         refuse(node, what + " is " + std::string(describe(node)) + "; write a list in brackets, " +
-                         "e.g. " + std::string(kExample));
+                         "e.g. " + list_example);
       }
-      if (list->empty()) refuse(node, what + " is empty; write at least one, e.g. " + std::string(kExample));
+      if (list->empty()) refuse(node, what + " is empty; write at least one, e.g. " + list_example);
       if (static_cast<int64_t>(list->size()) > option.max) {
         refuse(node, what + " has " + std::to_string(list->size()) + " addresses; write at most " +
                          std::to_string(option.max));
@@ -805,7 +816,7 @@ void applyOption(const Option& option, const toml::node& node, Config* config) {
                            "; write \"host:port\" or \"[v6 address]:port\", e.g. \"10.0.0.1:26379\"");
         }
         if (std::find(items.begin(), items.end(), text) != items.end()) {
-          refuse(item, what + " has " + quote(text) + " twice; write each sentinel once");
+          refuse(item, what + " has " + quote(text) + " twice; write each " + what_one + " once");
         }
         items.push_back(text);
       }
@@ -843,14 +854,65 @@ Given loadSection(const toml::table& table, std::string_view section, Config* co
   return given;
 }
 
-// [redis] names the Redis one way: `url` (standalone) or `sentinel_master`
-// with `sentinels` (Sentinel). Each mode's own options are refused in the
-// other, so that nothing the operator wrote is silently ignored.
+// Cluster mode: `cluster_nodes`, with the masters' AUTH (username,
+// password); url, the Sentinel options and db (a cluster has only db 0) are
+// refused.
+void checkClusterMode(const Given& given, const toml::node& nodes, RedisConfig* redis) {
+  std::string line = std::to_string(nodes.source().begin.line);
+  for (std::string_view key : {"url", "sentinel_master", "sentinels", "sentinel_username",
+                               "sentinel_password"}) {
+    auto it = given.find(key);
+    if (it == given.end()) continue;
+    refuse(*it->second,
+           "[redis] " + std::string(key) + " belongs to " +
+               (key == "url" ? "standalone mode" : "Sentinel mode") +
+               ", and this section also has cluster_nodes (line " + line + "), which name a " +
+               "Redis Cluster; write either cluster_nodes or " +
+               (key == "url" ? "url" : "sentinel_master and sentinels") + ", not both");
+  }
+  if (auto db = given.find("db"); db != given.end()) {
+    refuse(*db->second, "[redis] db does not apply to a Redis Cluster, which has only database "
+                        "0; remove db");
+  }
+  if (auto user = given.find("username"); user != given.end() && redis->password.empty()) {
+    refuse(*user->second, "[redis] username needs password: add password = \"...\", the ACL "
+                          "user's password on the cluster's nodes");
+  }
+  redis->url.clear();
+  redis->host.clear();
+  redis->port = 0;
+  redis->unix_path.clear();
+  redis->cluster_addresses.clear();
+  for (const std::string& text : redis->cluster_nodes) {
+    RedisAddress address;
+    std::string problem;
+    parseRedisAddress(text, &address, &problem);  // checked when given
+    redis->cluster_addresses.push_back(std::move(address));
+  }
+}
+
+// [redis] names the Redis one way: `url` (standalone), `sentinel_master`
+// with `sentinels` (Sentinel) or `cluster_nodes` (Cluster). Each mode's own
+// options are refused in the others, so that nothing the operator wrote is
+// silently ignored.
 void checkRedisMode(const Given& given, RedisConfig* redis) {
   auto at = [&](std::string_view key) -> const toml::node* {
     auto it = given.find(key);
     return it != given.end() ? it->second : nullptr;
   };
+  // Redis Cluster hashes a key name's first {...}: a brace in the prefix
+  // would come before each key's own hash tag (redis_keys.h) and could put
+  // a (rule, key)'s two keys in different slots, or every key in one.
+  if (const toml::node* prefix = at("key_prefix");
+      prefix && redis->key_prefix.find_first_of("{}") != std::string::npos) {
+    refuse(*prefix, "[redis] key_prefix " + quote(redis->key_prefix) + " has a brace, which " +
+                        "Redis Cluster reads as a hash tag; write a prefix without { and }, " +
+                        "e.g. key_prefix = \"sluice:\"");
+  }
+  if (const toml::node* nodes = at("cluster_nodes")) {
+    checkClusterMode(given, *nodes, redis);
+    return;
+  }
   constexpr std::string_view kSentinelExample =
       "sentinel_master = \"mymaster\" and sentinels = [\"10.0.0.1:26379\", \"10.0.0.2:26379\"]";
   const char* sentinel_keys[] = {"sentinel_master", "sentinels", "sentinel_username",

@@ -92,19 +92,22 @@ bool parseRedisAddress(std::string_view text, RedisAddress* address, std::string
 // [redis]: present only when the file has a [redis] section; without it the
 // daemon is local-only and global rules are refused.
 //
-// Two modes: standalone (`url` names the one Redis) and Sentinel
+// Three modes: standalone (`url` names the one Redis), Sentinel
 // (`sentinel_master` and `sentinels`: the daemon asks the sentinels where the
-// master is and follows failovers; see sentinel.h). A file gives one or the
-// other, never both.
+// master is and follows failovers; see sentinel.h) and Cluster
+// (`cluster_nodes`: the daemon loads the slot map from them and talks to
+// every master; see cluster.h). A file gives one of them, never two.
 struct RedisConfig {
   std::string url = "redis://127.0.0.1:6379";  // as written; parsed below
   // Standalone: from `url`, either a TCP address (host, port) or a Unix
-  // socket path. Sentinel: empty until the master is resolved.
+  // socket path. Sentinel: empty until the master is resolved. Cluster:
+  // empty (each master's link has its own).
   std::string host;       // "" for unix:// urls; IPv6 without brackets
   uint16_t port = 0;
   std::string unix_path;  // "" for redis:// urls
   // The master's AUTH and database: from the url (standalone), or from the
-  // options username, password and db (Sentinel).
+  // options username, password and db (Sentinel; Cluster: every node's AUTH,
+  // and db 0, the only database of a cluster).
   std::string username;   // "" when none (AUTH with password only)
   std::string password;   // "" when none; percent-decoded from a url
   uint32_t db = 0;
@@ -117,6 +120,11 @@ struct RedisConfig {
   std::string sentinel_username;  // "" when none
   std::string sentinel_password;  // "" when the sentinels need no AUTH
   bool sentinel() const { return !sentinel_master.empty(); }
+  // Cluster mode: the seed nodes to load the slot map from (as written, and
+  // parsed); empty in the other modes.
+  std::vector<std::string> cluster_nodes;
+  std::vector<RedisAddress> cluster_addresses;
+  bool cluster() const { return !cluster_nodes.empty(); }
   std::string key_prefix = "sluice:";  // every Redis key sluice writes starts with it
   // This daemon's name among the members; "" means "<hostname>:<pid>" (see
   // control.h), so two daemons on one host and a restarted daemon differ.

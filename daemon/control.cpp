@@ -11,6 +11,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "redis_keys.h"
 #include "scripts.h"
 
 namespace sluice {
@@ -33,7 +34,7 @@ Control::Control(RedisConfig config, RedisLinkOptions link_options)
     : config_(std::move(config)),
       link_options_(link_options),
       node_id_(config_.node_id.empty() ? defaultNodeId() : config_.node_id),
-      members_key_(config_.key_prefix + "members"),
+      members_key_(redisMembersKey(config_.key_prefix)),
       nodes_(std::max<uint32_t>(config_.expected_nodes, 1)) {}
 
 Control::~Control() {
@@ -52,9 +53,21 @@ void Control::start() {
   uv_timer_init(&loop_, &heartbeat_timer_);
   heartbeat_timer_.data = this;
 
-  RedisLinkOptions options = link_options_;
-  options.require_master = config_.sentinel();
-  link_ = std::make_unique<RedisLink>(&loop_, config_, options);
+  if (config_.cluster()) {
+    // A CLUSTER SLOTS answer is bounded like any command of ours; keyless
+    // commands (PING, INFO) go to the master of the members set.
+    cluster_ = std::make_unique<RedisCluster>(&loop_, config_, link_options_,
+                                              config_.health_timeout_ms, members_key_);
+    redis_ = cluster_.get();
+    cluster_->onMastersChanged([this] {
+      if (!connected_to_.empty()) publishAddress(cluster_->address());
+    });
+  } else {
+    RedisLinkOptions options = link_options_;
+    options.require_master = config_.sentinel();
+    link_ = std::make_unique<RedisLink>(&loop_, config_, options);
+    redis_ = link_.get();
+  }
   if (config_.sentinel()) {
     // A sentinel's answer is bounded like any command of ours.
     sentinel_ = std::make_unique<Sentinel>(&loop_, config_, link_options_,
@@ -68,18 +81,18 @@ void Control::start() {
   }
   const scripts::ScriptSource& heartbeat = scripts::get(scripts::Script::kHeartbeat);
   heartbeat_script_ =
-      link_->registerScript(std::string(heartbeat.name), std::string(heartbeat.source));
+      redis_->registerScript(std::string(heartbeat.name), std::string(heartbeat.source));
   if (lease_context_.keys != nullptr) {
     lease_context_.redis_now_us = [this]() -> std::optional<int64_t> {
       int64_t offset_us = clock_offset_us_.load(std::memory_order_acquire);
       if (offset_us == kNoOffset) return std::nullopt;
       return monotonicNowUs() + offset_us;
     };
-    leases_ = std::make_unique<LeaseManager>(*link_, config_, lease_context_);
+    leases_ = std::make_unique<LeaseManager>(*redis_, config_, lease_context_);
     lease_context_.broker->setWakeup(&wakeup_);
   }
-  link_->onConnected([this] { onConnected(); });
-  link_->onDisconnected([this](std::string_view reason) { setUp(false, reason); });
+  redis_->onConnected([this] { onConnected(); });
+  redis_->onDisconnected([this](std::string_view reason) { setUp(false, reason); });
 
   // The thread is created after everything above, so it sees it all; a
   // stop() that came first has set the flag, and the wakeup's first run
@@ -114,7 +127,7 @@ ControlSnapshot Control::snapshot() const {
 void Control::run() {
   pthread_setname_np(pthread_self(), "sluice-control");
   if (sentinel_) sentinel_->start();
-  link_->start();
+  redis_->start();
   auto every = [](int64_t ms) { return static_cast<uint64_t>(ms); };
   uv_timer_start(
       &health_timer_, [](uv_timer_t* timer) { static_cast<Control*>(timer->data)->ping(); },
@@ -126,6 +139,7 @@ void Control::run() {
   // Every handle is closed by now (beginStop), so the loop closes.
   leases_.reset();
   link_.reset();
+  cluster_.reset();
   sentinel_.reset();
   loop_close_rc_ = uv_loop_close(&loop_);
   if (loop_close_rc_ != 0) {
@@ -146,20 +160,22 @@ void Control::onConnected() {
   if (stopping_) return;
   reconnected_ = connected_at_us_ != 0;
   connected_at_us_ = monotonicNowUs();
-  std::string address = link_->address();
+  std::string address = redis_->address();
   if (!connected_to_.empty() && address != connected_to_) {
     spdlog::warn("control: redis is now {} (was {})", address, connected_to_);
   }
-  connected_to_ = address;
-  {
-    std::lock_guard<std::mutex> lock(address_mutex_);
-    address_ = std::move(address);
-  }
+  publishAddress(std::move(address));
   setUp(true, "");
   // Count ourselves in at once, then every interval from now.
   uv_timer_start(
       &heartbeat_timer_, [](uv_timer_t* timer) { static_cast<Control*>(timer->data)->beat(); }, 0,
       static_cast<uint64_t>(config_.heartbeat_interval_ms));
+}
+
+void Control::publishAddress(std::string address) {
+  connected_to_ = address;
+  std::lock_guard<std::mutex> lock(address_mutex_);
+  address_ = std::move(address);
 }
 
 void Control::setUp(bool up, std::string_view reason) {
@@ -181,8 +197,8 @@ void Control::setUp(bool up, std::string_view reason) {
 }
 
 void Control::ping() {
-  if (stopping_ || ping_in_flight_ || !link_->connected()) return;
-  ping_in_flight_ = link_->command(
+  if (stopping_ || ping_in_flight_ || !redis_->connected()) return;
+  ping_in_flight_ = redis_->command(
       {"PING"},
       [this](const RedisResult& result) {
         ping_in_flight_ = false;
@@ -198,13 +214,13 @@ void Control::ping() {
 }
 
 void Control::beat() {
-  if (stopping_ || beat_in_flight_ || !link_->connected()) return;
+  if (stopping_ || beat_in_flight_ || !redis_->connected()) return;
   std::vector<std::string> argv = scripts::heartbeatArgv(
       scripts::HeartbeatOp::kBeat, node_id_, kHeartbeatTtlIntervals * config_.heartbeat_interval_ms);
   std::vector<std::string_view> args(argv.begin(), argv.end());
   std::string_view keys[] = {members_key_};
   int64_t sent_us = monotonicNowUs();
-  beat_in_flight_ = link_->evalsha(
+  beat_in_flight_ = redis_->evalsha(
       heartbeat_script_, keys, args,
       [this, sent_us](const RedisResult& result) { onHeartbeat(result, sent_us); },
       config_.health_timeout_ms);
@@ -249,7 +265,7 @@ void Control::onHeartbeat(const RedisResult& result, int64_t sent_us) {
   // that came back first and believed N = 1 would lease the whole limit
   // while the others still spend their shares.
   double settle_ms = kHeartbeatTtlIntervals * config_.heartbeat_interval_ms;
-  if (reconnected_) settle_ms += link_->options().longestBackoffMs();
+  if (reconnected_) settle_ms += redis_->options().longestBackoffMs();
   auto settle_us = static_cast<int64_t>(settle_ms * 1000);
   if (live < was && received_us - connected_at_us_ < settle_us) return;
   nodes_.store(live, std::memory_order_release);
@@ -265,7 +281,7 @@ void Control::beginStop() {
   }
   if (leases_) lease_context_.broker->setWakeup(nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&wakeup_), nullptr);
-  if (leases_ && link_->connected()) {
+  if (leases_ && redis_->connected()) {
     leases_->returnAll(kLeaveTimeoutMs, [this] { leave(); });
   } else {
     leave();
@@ -273,7 +289,7 @@ void Control::beginStop() {
 }
 
 void Control::leave() {
-  if (!link_->connected()) {
+  if (!redis_->connected()) {
     closeLink();
     return;
   }
@@ -281,7 +297,7 @@ void Control::leave() {
       scripts::HeartbeatOp::kLeave, node_id_, kHeartbeatTtlIntervals * config_.heartbeat_interval_ms);
   std::vector<std::string_view> args(argv.begin(), argv.end());
   std::string_view keys[] = {members_key_};
-  bool sent = link_->evalsha(
+  bool sent = redis_->evalsha(
       heartbeat_script_, keys, args,
       [this](const RedisResult& result) {
         if (result.status != RedisStatus::kOk) {
@@ -298,7 +314,7 @@ void Control::leave() {
 void Control::closeLink() {
   if (link_closed_) return;
   link_closed_ = true;
-  link_->close([] {});
+  redis_->close([] {});
   if (sentinel_) sentinel_->close([] {});
 }
 

@@ -43,6 +43,12 @@
 // address. A new master is a new Redis process, so the lease path's INFO
 // check sees a new run_id and starts learning mode (lease_manager.h).
 //
+// Cluster mode ([redis] cluster_nodes): a RedisCluster (cluster.h) stands
+// where the link stands: Redis is up while any master's link is, script
+// calls go to their key's master, PING and INFO to the master of the members
+// set's slot; keys whose master is unreachable follow on_redis_down alone
+// (lease_manager.h).
+//
 // Clock: each heartbeat reply carries Redis's TIME in ms; ClockOffsetEstimator
 // (clock.h, which documents the method) keeps redis_time - monotonic_time.
 //
@@ -70,6 +76,7 @@
 #include <thread>
 
 #include "clock.h"
+#include "cluster.h"
 #include "config.h"
 #include "lease_manager.h"
 #include "redis_link.h"
@@ -90,7 +97,8 @@ struct ControlSnapshot {
   // redis_time - monotonic_time in µs; nullopt until a heartbeat answers.
   std::optional<int64_t> clock_offset_us;
   // The Redis of the last completed handshake ("host:port", "unix:/path");
-  // "" before the first. In Sentinel mode, the master last found.
+  // "" before the first. In Sentinel mode, the master last found; in Cluster
+  // mode, the masters of the slot map ("host:port,host:port,...").
   std::string address;
 };
 
@@ -128,8 +136,10 @@ class Control {
   // This node's id in the members set, and that set's key. Immutable.
   const std::string& nodeId() const { return node_id_; }
   const std::string& membersKey() const { return members_key_; }
-  // "standalone" or "sentinel", from the config. Immutable.
-  std::string_view mode() const { return config_.sentinel() ? "sentinel" : "standalone"; }
+  // "standalone", "sentinel" or "cluster", from the config. Immutable.
+  std::string_view mode() const {
+    return config_.cluster() ? "cluster" : config_.sentinel() ? "sentinel" : "standalone";
+  }
 
  private:
   static constexpr int64_t kNoOffset = std::numeric_limits<int64_t>::min();
@@ -137,6 +147,8 @@ class Control {
   void run();
   void onWakeup();
   void onConnected();
+  // The address health reports (ControlSnapshot::address).
+  void publishAddress(std::string address);
   void setUp(bool up, std::string_view reason);
   void ping();
   void beat();
@@ -156,8 +168,10 @@ class Control {
   uv_async_t wakeup_;
   uv_timer_t health_timer_;
   uv_timer_t heartbeat_timer_;
-  std::unique_ptr<RedisLink> link_;
-  std::unique_ptr<Sentinel> sentinel_;  // Sentinel mode only
+  std::unique_ptr<RedisLink> link_;        // standalone and Sentinel mode
+  std::unique_ptr<RedisCluster> cluster_;  // Cluster mode
+  RedisTarget* redis_ = nullptr;           // link_ or cluster_
+  std::unique_ptr<Sentinel> sentinel_;     // Sentinel mode only
   LeaseContext lease_context_;            // set before start()
   std::unique_ptr<LeaseManager> leases_;  // with a lease context only
   RedisLink::ScriptId heartbeat_script_ = 0;

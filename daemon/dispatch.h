@@ -252,7 +252,7 @@ struct RedisHealth {
   // minus returned minus spent).
   int64_t leased_units = 0;
   uint32_t nodes = 1;       // live nodes N, or expected_nodes before heartbeats
-  std::string_view mode;    // "standalone" or "sentinel" ("" without Redis)
+  std::string_view mode;    // "standalone", "sentinel" or "cluster" ("" without Redis)
   // The Redis last connected to, "host:port" or "unix:/path" (in Sentinel
   // mode the master last found); "" before the first connection.
   std::string address;

@@ -9,6 +9,7 @@
 #include "clock.h"
 #include "limiter.h"
 #include "penalty.h"
+#include "redis_keys.h"
 
 namespace sluice {
 
@@ -38,7 +39,7 @@ const Rule& variantOf(const RuleSet& rules, const Rule& rule, uint32_t variant) 
 
 }  // namespace
 
-LeaseManager::LeaseManager(RedisLink& link, const RedisConfig& config, LeaseContext context)
+LeaseManager::LeaseManager(RedisTarget& link, const RedisConfig& config, LeaseContext context)
     : link_(link),
       config_(config),
       context_(std::move(context)),
@@ -54,30 +55,12 @@ LeaseManager::LeaseManager(RedisLink& link, const RedisConfig& config, LeaseCont
   penalty_ = add(scripts::Script::kPenalty);
 }
 
-namespace {
-
-// <prefix><kind>:<rule name length>:<rule name>:<key>
-std::string redisKey(std::string_view prefix, std::string_view kind, std::string_view rule_name,
-                     std::string_view key) {
-  std::string name(prefix);
-  name += kind;
-  name += ':';
-  name += std::to_string(rule_name.size());
-  name += ':';
-  name += rule_name;
-  name += ':';
-  name += key;
-  return name;
-}
-
-}  // namespace
-
 std::string LeaseManager::stateKey(std::string_view rule_name, std::string_view key) const {
-  return redisKey(config_.key_prefix, "q", rule_name, key);
+  return redisStateKey(config_.key_prefix, rule_name, key);
 }
 
 std::string LeaseManager::blockKey(std::string_view rule_name, std::string_view key) const {
-  return redisKey(config_.key_prefix, "b", rule_name, key);
+  return redisBlockKey(config_.key_prefix, rule_name, key);
 }
 
 RedisLink::ScriptId LeaseManager::scriptFor(Algorithm algorithm) const {
@@ -215,11 +198,16 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, const Rule& rule,
   if (!reply) {
     counters.failed.fetch_add(1, std::memory_order_relaxed);
     // A timeout or a lost connection opens the breaker (the link reports
-    // it); an answer we cannot use sends this key to its policy for a while.
+    // it first); an answer we cannot use sends this key to its policy for a
+    // while. So does a call that failed while Redis as a whole is still up:
+    // in Cluster mode, this key's master alone is unreachable (cluster.h).
     bool answered = result.status == RedisStatus::kOk || result.status == RedisStatus::kRedisError;
-    if (answered) {
+    bool master_lost = !answered && up_;
+    if (answered || master_lost) {
       std::string error = result.status == RedisStatus::kOk ? "a reply that is not a lease"
-                                                            : std::string(result.error);
+                          : master_lost ? "that the key's master is unreachable (" +
+                                              std::string(result.error) + ")"
+                                        : std::string(result.error);
       if (error != last_error_) {  // logged once until it changes
         spdlog::error("lease: redis answered {}; the key follows on_redis_down for {} ms", error,
                       kLeaseErrorBackoffNs / 1'000'000);
@@ -227,7 +215,7 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, const Rule& rule,
       }
     }
     finish(request.rule_id, request.key, [&](Words words) {
-      if (answered) store(words, slice::kFallbackUntil, now_ns + kLeaseErrorBackoffNs);
+      if (answered || master_lost) store(words, slice::kFallbackUntil, now_ns + kLeaseErrorBackoffNs);
     });
     return;
   }

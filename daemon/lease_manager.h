@@ -18,10 +18,9 @@
 //    not yet replicated, and gets them.
 //  - closed: leasing.
 //
-// Redis keys: <key_prefix>q:<rule name length>:<rule name>:<key> holds one
-// (rule, key)'s global state, and <key_prefix>b:<same> its penalty block
-// (lua/penalty.lua); the length prefix keeps any two (rule, key) pairs apart
-// whatever bytes they contain.
+// Redis keys: each (rule, key) has its global state and its penalty block
+// (lua/penalty.lua), named by redis_keys.h so that both share one Redis
+// Cluster slot whatever bytes the key holds.
 //
 // Thread model: every method runs on the control thread (control.h), which
 // owns the RedisLink; workers reach the manager only through the
@@ -72,14 +71,15 @@ constexpr int64_t kMinLeaseDeadlineUs = 1'000'000;
 // when it is sent.
 constexpr size_t kMaxScriptsInFlight = 128;
 
-// A key failing with a Redis error reply (not a timeout) follows its
-// on_redis_down policy this long before it leases again.
+// A key failing with a Redis error reply (not a timeout), or whose master
+// alone is unreachable while Redis as a whole is up (Cluster mode), follows
+// its on_redis_down policy this long before it leases again.
 constexpr int64_t kLeaseErrorBackoffNs = 1'000'000'000;
 
 class LeaseManager {
  public:
   // Registers the lease scripts on `link` (so before link.start()).
-  LeaseManager(RedisLink& link, const RedisConfig& config, LeaseContext context);
+  LeaseManager(RedisTarget& link, const RedisConfig& config, LeaseContext context);
   LeaseManager(const LeaseManager&) = delete;
   LeaseManager& operator=(const LeaseManager&) = delete;
 
@@ -135,7 +135,7 @@ class LeaseManager {
   void checkHalfOpenDone();
   RedisLink::ScriptId scriptFor(Algorithm algorithm) const;
 
-  RedisLink& link_;
+  RedisTarget& link_;
   const RedisConfig config_;
   LeaseContext context_;
   KeyTable::ReaderId reader_;

@@ -141,9 +141,37 @@ struct RedisLinkOptions {
   bool quiet = false;
 };
 
-class RedisLink {
+// Where the control thread's commands go: one RedisLink (standalone and
+// Sentinel mode) or a RedisCluster (cluster.h), which sends each script call
+// to the master of its first key's slot. The methods keep RedisLink's
+// contract, documented there; the interface exists for that seam only.
+class RedisTarget {
  public:
   using ScriptId = size_t;
+
+  virtual ~RedisTarget() = default;
+  virtual void onConnected(std::function<void()> callback) = 0;
+  virtual void onDisconnected(std::function<void(std::string_view reason)> callback) = 0;
+  virtual ScriptId registerScript(std::string name, std::string source) = 0;
+  virtual void start() = 0;
+  virtual void close(std::function<void()> on_closed) = 0;
+  virtual bool connected() const = 0;
+  virtual std::string address() const = 0;
+  virtual const RedisLinkOptions& options() const = 0;
+  [[nodiscard]] virtual bool command(std::span<const std::string_view> argv,
+                                     RedisCallback callback, int64_t timeout_ms) = 0;
+  [[nodiscard]] bool command(std::initializer_list<std::string_view> argv, RedisCallback callback,
+                             int64_t timeout_ms) {
+    return command(std::span<const std::string_view>(argv.begin(), argv.size()),
+                   std::move(callback), timeout_ms);
+  }
+  [[nodiscard]] virtual bool evalsha(ScriptId script, std::span<const std::string_view> keys,
+                                     std::span<const std::string_view> args,
+                                     RedisCallback callback, int64_t timeout_ms) = 0;
+};
+
+class RedisLink : public RedisTarget {
+ public:
   // A resolver's answer: an address, or nullopt and why there is none.
   using AddressCallback =
       std::function<void(std::optional<RedisAddress> address, std::string_view reason)>;
@@ -161,8 +189,10 @@ class RedisLink {
   // completes; on_disconnected runs when a connection attempt fails or an
   // established connection is lost (not on close()), with the reason.
   // on_latency gets the round-trip time of every answered command.
-  void onConnected(std::function<void()> callback) { on_connected_ = std::move(callback); }
-  void onDisconnected(std::function<void(std::string_view reason)> callback) {
+  void onConnected(std::function<void()> callback) override {
+    on_connected_ = std::move(callback);
+  }
+  void onDisconnected(std::function<void(std::string_view reason)> callback) override {
     on_disconnected_ = std::move(callback);
   }
   void onLatency(std::function<void(uint64_t rtt_us)> callback) {
@@ -171,7 +201,7 @@ class RedisLink {
 
   // Registers a Lua script, loaded with SCRIPT LOAD on every (re)connect.
   // Only before start(). `name` is for logs.
-  ScriptId registerScript(std::string name, std::string source);
+  ScriptId registerScript(std::string name, std::string source) override;
 
   // Before start(): every connection attempt first asks `resolver` where to
   // connect (TCP), instead of using the config's address. The resolver calls
@@ -186,12 +216,12 @@ class RedisLink {
   void subscribe(std::string channel, std::function<void(std::string_view payload)> on_message);
 
   // Starts connecting (at once) and keeps the link up until close().
-  void start();
+  void start() override;
 
   // Closes the link: every pending callback gets `disconnected`, the
   // connection and all handles are closed, then `on_closed` runs (from the
   // loop, never from inside close()). Call exactly once.
-  void close(std::function<void()> on_closed);
+  void close(std::function<void()> on_closed) override;
 
   // Drops the current connection or attempt, if any (pending commands get
   // `disconnected`), and starts a new attempt at once, without backoff: for
@@ -200,12 +230,12 @@ class RedisLink {
   void reconnect(const std::string& reason);
 
   // True while a connection is established and its handshake is done.
-  bool connected() const { return state_ == State::kConnected; }
+  bool connected() const override { return state_ == State::kConnected; }
   // The address of the current connection or the last attempt, "" before
   // the first (a resolver may not have answered yet): "host:port" or
   // "unix:/path".
-  std::string address() const;
-  const RedisLinkOptions& options() const { return options_; }
+  std::string address() const override;
+  const RedisLinkOptions& options() const override { return options_; }
   // The SHA1 the server returned for a script on the current connection, or
   // "" before it is loaded (or when it did not load).
   const std::string& scriptSha(ScriptId id) const { return scripts_.at(id).sha; }
@@ -215,12 +245,8 @@ class RedisLink {
   // commands answered more than once (SUBSCRIBE and friends, MONITOR).
   // `timeout_ms` >= 1.
   [[nodiscard]] bool command(std::span<const std::string_view> argv, RedisCallback callback,
-                             int64_t timeout_ms);
-  [[nodiscard]] bool command(std::initializer_list<std::string_view> argv,
-                             RedisCallback callback, int64_t timeout_ms) {
-    return command(std::span<const std::string_view>(argv.begin(), argv.size()),
-                   std::move(callback), timeout_ms);
-  }
+                             int64_t timeout_ms) override;
+  using RedisTarget::command;
 
   // EVALSHA of a registered script. On a NOSCRIPT reply the script is loaded
   // again and the call retried once, within the same deadline. When the
@@ -229,7 +255,7 @@ class RedisLink {
   // calling `callback`, when the link is not connected or has a subscription.
   [[nodiscard]] bool evalsha(ScriptId script, std::span<const std::string_view> keys,
                              std::span<const std::string_view> args, RedisCallback callback,
-                             int64_t timeout_ms);
+                             int64_t timeout_ms) override;
 
  private:
   enum class State {

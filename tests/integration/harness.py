@@ -17,6 +17,7 @@ import time
 import msgpack
 
 REDIS_SERVER = os.environ.get("REDIS_SERVER", "/usr/bin/redis-server")
+REDIS_CLI = os.environ.get("REDIS_CLI", "/usr/bin/redis-cli")
 
 # Every process and temp dir made through spawn() and make_dir(); a module's
 # tearDownModule may check that none is left.
@@ -29,6 +30,42 @@ def redis_section(port):
     heartbeats every 100 ms so that health and membership follow quickly."""
     return ('\n[redis]\nurl = "redis://127.0.0.1:%d"\nexpected_nodes = 1\n'
             'heartbeat_interval = "100ms"\n' % port)
+
+
+def _fnv1a64(data):
+    value = 0xcbf29ce484222325
+    for byte in data:
+        value = ((value ^ byte) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+    return value
+
+
+def redis_key(kind, rule, key, prefix="sluice:"):
+    """The name of a (rule, key)'s Redis key, as daemon/redis_keys.h makes
+    it: kind "q" (global state) or "b" (penalty block); str or bytes."""
+    rule = rule.encode() if isinstance(rule, str) else rule
+    key = key.encode() if isinstance(key, str) else key
+    pair = b"%d:%s:%s" % (len(rule), rule, key)
+    return b"%s%s:{%016x}:%s" % (prefix.encode(), kind.encode(), _fnv1a64(pair), pair)
+
+
+def _crc16(data):
+    crc = 0
+    for byte in data:
+        crc ^= byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021 if crc & 0x8000 else crc << 1) & 0xFFFF
+    return crc
+
+
+def cluster_slot(name):
+    """Redis Cluster's slot of a key name (bytes): CRC16 of its first
+    non-empty {tag}, else of the whole name, mod 16384."""
+    start = name.find(b"{")
+    if start >= 0:
+        end = name.find(b"}", start + 1)
+        if end > start + 1:
+            name = name[start + 1:end]
+    return _crc16(name) % 16384
 
 
 def make_dir(prefix):
@@ -59,6 +96,20 @@ def free_port():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def free_cluster_port():
+    """A loopback port free together with its cluster bus port (+10000)."""
+    while True:
+        port = free_port()
+        if port + 10000 > 65535:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
 
 
 def wait_for(predicate, timeout):
@@ -193,12 +244,14 @@ class Redis:
             time.sleep(0.01)
 
     def command(self, *words):
-        """One command on a fresh connection: the reply (read_reply), None when
-        unreachable. Never call it while the server is SIGSTOPped."""
+        """One command (words: str or bytes) on a fresh connection: the reply
+        (read_reply), None when unreachable. Never call it while the server
+        is SIGSTOPped."""
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=2) as s:
+                words = [w if isinstance(w, bytes) else w.encode() for w in words]
                 s.sendall(b"".join([b"*%d\r\n" % len(words)] + [
-                    b"$%d\r\n%s\r\n" % (len(w.encode()), w.encode()) for w in words]))
+                    b"$%d\r\n%s\r\n" % (len(w), w) for w in words]))
                 with s.makefile("rb") as f:
                     return read_reply(f)
         except (OSError, ConnectionError):
@@ -261,3 +314,75 @@ class Sentinel(Redis):
         """SENTINEL get-master-addr-by-name: "ip:port", or None."""
         reply = self.command("SENTINEL", "get-master-addr-by-name", name or self.name)
         return "%s:%s" % tuple(reply) if isinstance(reply, list) else None
+
+
+class Cluster:
+    """A Redis Cluster on loopback: `masters` masters with `replicas` replicas
+    each (redis-server --cluster-enabled yes, made with redis-cli --cluster
+    create), node timeout `node_timeout_ms`, more redis-server `args`.
+    nodes[i] are Redis objects; master_of(slot) is the Redis that serves a
+    slot now."""
+
+    def __init__(self, masters=3, replicas=1, node_timeout_ms=1000, args=()):
+        self.nodes = []
+        for _ in range(masters * (1 + replicas)):
+            port = free_cluster_port()
+            self.nodes.append(Redis(port=port, args=[
+                "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                "--cluster-node-timeout", str(node_timeout_ms)] + list(args)))
+        create = subprocess.run(
+            [REDIS_CLI, "--cluster", "create"] +
+            ["127.0.0.1:%d" % n.port for n in self.nodes] +
+            ["--cluster-replicas", str(replicas), "--cluster-yes"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+        if create.returncode != 0:
+            self.stop()
+            raise RuntimeError("redis-cli --cluster create failed: %s" % create.stdout.decode())
+        if not wait_for(lambda: self.healthy(self.nodes), 30):
+            self.stop()
+            raise RuntimeError("the cluster never reached cluster_state:ok")
+
+    def healthy(self, nodes):
+        """Every one of `nodes` says cluster_state:ok and knows every slot, and
+        every replica among them has synced with its master (a replica that
+        never synced cannot take over)."""
+        for node in nodes:
+            info = node.command("CLUSTER", "INFO") or ""
+            if "cluster_state:ok" not in info or "cluster_slots_ok:16384" not in info:
+                return False
+            replication = node.command("INFO", "replication") or ""
+            if "role:slave" in replication and "master_link_status:up" not in replication:
+                return False
+        return True
+
+    def alive(self):
+        return [n for n in self.nodes if n.proc is not None and n.proc.poll() is None]
+
+    def node_id(self, node):
+        return node.command("CLUSTER", "MYID")
+
+    def master_of(self, slot, ask=None):
+        """The node serving `slot` according to `ask` (default: any live node)."""
+        for node in [ask] if ask else self.alive():
+            for entry in node.command("CLUSTER", "SLOTS") or []:
+                if entry[0] <= slot <= entry[1]:
+                    return self.by_port(entry[2][1])
+        return None
+
+    def masters(self):
+        ports = set()
+        for entry in self.alive()[0].command("CLUSTER", "SLOTS") or []:
+            ports.add(entry[2][1])
+        return [self.by_port(p) for p in sorted(ports)]
+
+    def by_port(self, port):
+        return next(n for n in self.nodes if n.port == port)
+
+    def seeds(self, count=3):
+        """The [redis] line naming the first `count` nodes as seeds."""
+        return "cluster_nodes = [%s]" % ", ".join(
+            '"127.0.0.1:%d"' % n.port for n in self.nodes[:count])
+
+    def stop(self):
+        for node in self.nodes:
+            node.stop()

@@ -21,7 +21,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import (MADE_DIRS, STARTED_PROCS, Client, Redis, end_process,  # noqa: E402
-                     make_dir, spawn, wait_accepting, wait_for)
+                     make_dir, redis_key, spawn, wait_accepting, wait_for)
 
 SLUICED = os.environ.get("SLUICED", "sluiced")
 
@@ -174,7 +174,7 @@ class PenaltyFleetTest(FleetCase):
         self.assertEqual(modes, ["normal"] * 8 + ["blocked"], decisions)
         # The block reaches Redis a round trip after the answer; the other
         # daemon's next lease finds it from then on.
-        block_key = "sluice:b:5:abuse:" + key
+        block_key = redis_key("b", "abuse", key).decode()
         self.assertTrue(wait_for(lambda: self.redis.command("PTTL", block_key) > 0, 1))
         return decisions[-1]
 

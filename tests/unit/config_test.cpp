@@ -217,7 +217,7 @@ TEST(ConfigTest, RedisSectionEnablesGlobalRules) {
 url = "redis://app:p%40ss@cache.local:6380/2"
 expected_nodes = 12
 lease_timeout = "20ms"
-key_prefix = "rl:{eu}:"
+key_prefix = "rl:eu:"
 node_id = "web-7"
 health_interval = "50ms"
 health_timeout = "300ms"
@@ -237,7 +237,7 @@ on_redis_down = "closed"
   EXPECT_EQ(config.redis->db, 2u);
   EXPECT_EQ(config.redis->expected_nodes, 12u);
   EXPECT_EQ(config.redis->lease_timeout_ms, 20);
-  EXPECT_EQ(config.redis->key_prefix, "rl:{eu}:");
+  EXPECT_EQ(config.redis->key_prefix, "rl:eu:");
   EXPECT_EQ(config.redis->node_id, "web-7");
   EXPECT_EQ(config.redis->health_interval_ms, 50);
   EXPECT_EQ(config.redis->health_timeout_ms, 300);
@@ -305,6 +305,35 @@ db = 3
   Config standalone = mustLoad("[redis]\nurl = \"redis://10.0.0.1\"\n");
   EXPECT_FALSE(standalone.redis->sentinel());
   EXPECT_TRUE(standalone.redis->sentinel_addresses.empty());
+}
+
+// Verifies that Cluster mode takes the seed nodes (IPv4, names, bracketed
+// IPv6) and the masters' AUTH, and leaves the url's address empty.
+TEST(ConfigTest, ClusterModeTakesSeedNodesAndTheMastersAuth) {
+  Config config = mustLoad(R"(
+[redis]
+cluster_nodes = ["10.0.0.1:7000", "redis-2.local:7001", "[::1]:7002"]
+username = "app"
+password = "p@ss"
+)");
+  ASSERT_TRUE(config.redis.has_value());
+  const RedisConfig& redis = *config.redis;
+  EXPECT_TRUE(redis.cluster());
+  EXPECT_FALSE(redis.sentinel());
+  ASSERT_EQ(redis.cluster_addresses.size(), 3u);
+  EXPECT_EQ(redis.cluster_addresses[0], (RedisAddress{"10.0.0.1", 7000}));
+  EXPECT_EQ(redis.cluster_addresses[1], (RedisAddress{"redis-2.local", 7001}));
+  EXPECT_EQ(redis.cluster_addresses[2], (RedisAddress{"::1", 7002}));
+  EXPECT_EQ(redis.username, "app");
+  EXPECT_EQ(redis.password, "p@ss");
+  EXPECT_EQ(redis.db, 0u);
+  EXPECT_EQ(redis.url, "");
+  EXPECT_EQ(redis.host, "");
+  EXPECT_EQ(redis.port, 0);
+
+  Config standalone = mustLoad("[redis]\nurl = \"redis://10.0.0.1\"\n");
+  EXPECT_FALSE(standalone.redis->cluster());
+  EXPECT_TRUE(standalone.redis->cluster_addresses.empty());
 }
 
 // Verifies that a refused url is echoed without its password, since the
@@ -505,6 +534,27 @@ const Refusal kRefusals[] = {
      "[redis] node_id is 257 bytes long; write at most 256 bytes"},
     {"redis_health_timeout_too_short", "[redis]\nhealth_timeout = \"1ms\"\n", "2:18",
      "below the minimum \"10ms\""},
+    {"redis_key_prefix_with_brace", "[redis]\nkey_prefix = \"app{1}:\"\n", "2:14",
+     "[redis] key_prefix \"app{1}:\" has a brace, which Redis Cluster reads as a hash tag; "
+     "write a prefix without { and }"},
+    {"cluster_with_url",
+     "[redis]\nurl = \"redis://cache:6379\"\ncluster_nodes = [\"10.0.0.1:6379\"]\n", "2:7",
+     "[redis] url belongs to standalone mode, and this section also has cluster_nodes (line 3), "
+     "which name a Redis Cluster; write either cluster_nodes or url, not both"},
+    {"cluster_with_sentinels",
+     "[redis]\ncluster_nodes = [\"10.0.0.1:6379\"]\nsentinels = [\"10.0.0.1:26379\"]\n", "3:13",
+     "[redis] sentinels belongs to Sentinel mode, and this section also has cluster_nodes (line "
+     "2), which name a Redis Cluster; write either cluster_nodes or sentinel_master and "
+     "sentinels, not both"},
+    {"cluster_with_db", "[redis]\ncluster_nodes = [\"10.0.0.1:6379\"]\ndb = 1\n", "3:6",
+     "[redis] db does not apply to a Redis Cluster, which has only database 0; remove db"},
+    {"cluster_username_without_password",
+     "[redis]\ncluster_nodes = [\"10.0.0.1:6379\"]\nusername = \"u\"\n", "3:12",
+     "username needs password"},
+    {"cluster_nodes_empty", "[redis]\ncluster_nodes = []\n", "2:17",
+     "[redis] cluster_nodes is empty; write at least one, e.g. cluster_nodes = [\"10.0.0.1:6379\""},
+    {"cluster_node_twice", "[redis]\ncluster_nodes = [\"a:1\", \"a:1\"]\n", "2:25",
+     "has \"a:1\" twice; write each node once"},
     {"sentinel_with_url",
      "[redis]\nurl = \"redis://cache:6379\"\nsentinel_master = \"mymaster\"\n"
      "sentinels = [\"10.0.0.1:26379\"]\n",
