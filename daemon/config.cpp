@@ -796,6 +796,7 @@ void applyOption(const Option& option, const toml::node& node, Config* config) {
           (cluster ? " = [\"10.0.0.1:6379\", \"10.0.0.2:6379\", \"10.0.0.3:6379\"]"
                    : " = [\"10.0.0.1:26379\", \"10.0.0.2:26379\", \"10.0.0.3:26379\"]");
       const std::string what_one = cluster ? "node" : "sentinel";
+      const std::string item_example = cluster ? "\"10.0.0.1:6379\"" : "\"10.0.0.1:26379\"";
       const toml::array* list = node.as_array();
       if (list == nullptr) {
         refuse(node, what + " is " + std::string(describe(node)) + "; write a list in brackets, " +
@@ -808,12 +809,12 @@ void applyOption(const Option& option, const toml::node& node, Config* config) {
       }
       std::vector<std::string> items;
       for (const toml::node& item : *list) {
-        const std::string& text = stringValue(item, what + " item", "\"10.0.0.1:26379\"");
+        const std::string& text = stringValue(item, what + " item", item_example);
         RedisAddress address;
         std::string problem;
         if (!parseRedisAddress(text, &address, &problem)) {
           refuse(item, what + " has " + quote(text) + ", which is not an address: " + problem +
-                           "; write \"host:port\" or \"[v6 address]:port\", e.g. \"10.0.0.1:26379\"");
+                           "; write \"host:port\" or \"[v6 address]:port\", e.g. " + item_example);
         }
         if (std::find(items.begin(), items.end(), text) != items.end()) {
           refuse(item, what + " has " + quote(text) + " twice; write each " + what_one + " once");
