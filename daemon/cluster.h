@@ -55,7 +55,7 @@
 namespace sluice {
 
 // How often the slot map is reloaded while a slot has no connected master.
-constexpr int64_t kRefreshIntervalMs = 1000;
+constexpr int64_t kRefreshIntervalMs = 250;
 // Redirections (MOVED, ASK) one call follows before its error reaches the caller.
 constexpr int kMaxRedirects = 5;
 

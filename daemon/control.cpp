@@ -60,7 +60,30 @@ void Control::start() {
                                               config_.health_timeout_ms, members_key_);
     redis_ = cluster_.get();
     cluster_->onMastersChanged([this] {
-      if (!connected_to_.empty()) publishAddress(cluster_->address());
+      std::string masters = cluster_->address();
+      if (!connected_to_.empty()) publishAddress(masters);
+      // A master left the map and one it never had took slots over: a
+      // replica promoted in a failover, without the writes it had not
+      // replicated. Learning mode holds every node to its share for a
+      // while, as after a run_id change. (Masters only appearing, as while
+      // the map first loads or a node is added, are no failover.)
+      std::set<std::string> now;
+      for (size_t from = 0; from < masters.size();) {
+        size_t comma = std::min(masters.find(',', from), masters.size());
+        now.insert(masters.substr(from, comma - from));
+        from = comma + 1;
+      }
+      for (const std::string& master : current_masters_) {
+        if (!now.contains(master)) lost_masters_.insert(master);
+      }
+      for (const std::string& master : now) {
+        if (!known_masters_.contains(master) && !lost_masters_.empty() && leases_) {
+          leases_->newMaster(master);
+          lost_masters_.clear();
+        }
+        known_masters_.insert(master);
+      }
+      current_masters_ = std::move(now);
     });
   } else {
     RedisLinkOptions options = link_options_;

@@ -71,6 +71,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -183,6 +184,9 @@ class Control {
   bool stopping_ = false;
   bool link_closed_ = false;
   std::string connected_to_;  // the address of the last completed handshake
+  // Cluster: every master the slot map has named, those it names now, and
+  // those it stopped naming since the last failover was noticed.
+  std::set<std::string> known_masters_, current_masters_, lost_masters_;
   std::string last_heartbeat_error_;  // logged once until it changes
 
   std::thread thread_;  // the owner's thread: start(), join()

@@ -394,7 +394,15 @@ void LeaseManager::startHalfOpen() {
   checkHalfOpenDone();
 }
 
-void LeaseManager::startLearning(const std::string& run_id, bool failed_over) {
+void LeaseManager::newMaster(std::string_view master) {
+  spdlog::warn("lease: cluster master {} took over slots: a replica promoted without the writes "
+               "it had not replicated, or a node added; learning mode, each node also holds to "
+               "its share for one period, and until every node can have reconnected",
+               master);
+  context_.broker->startLearning(monotonicNowNs(), learningSpanNs());
+}
+
+int64_t LeaseManager::learningSpanNs() const {
   RuleSetPtr rules = context_.rules();
   int64_t longest = 0;
   for (const Rule& rule : rules->rules()) {
@@ -407,7 +415,10 @@ void LeaseManager::startLearning(const std::string& run_id, bool failed_over) {
   // The other nodes come back each on its own reconnect backoff and spend
   // their fallback shares until then: holding to its share until the last of
   // them is back keeps the fleet's sum at the limit.
-  longest = std::max(longest, static_cast<int64_t>(link_.options().longestBackoffMs() * 1e6));
+  return std::max(longest, static_cast<int64_t>(link_.options().longestBackoffMs() * 1e6));
+}
+
+void LeaseManager::startLearning(const std::string& run_id, bool failed_over) {
   if (failed_over) {
     spdlog::warn("lease: redis run_id changed ({} -> {}): a replica of the last master took "
                  "over, without the writes it had not replicated; learning mode, each node "
@@ -421,7 +432,7 @@ void LeaseManager::startLearning(const std::string& run_id, bool failed_over) {
                  "to the new state",
                  run_id_, run_id);
   }
-  context_.broker->startLearning(monotonicNowNs(), longest);
+  context_.broker->startLearning(monotonicNowNs(), learningSpanNs());
 }
 
 void LeaseManager::debitFallback(bool state_lost, const std::function<void()>& answered) {

@@ -94,6 +94,10 @@ class LeaseManager {
   // timed out after `timeout_ms`).
   void returnAll(int64_t timeout_ms, std::function<void()> done);
 
+  // Cluster: `master` took over slots it did not hold before (a failover):
+  // learning mode, as for a promoted replica (startLearning).
+  void newMaster(std::string_view master);
+
   // The Redis keys of (rule, key): its global state and its penalty block.
   std::string stateKey(std::string_view rule_name, std::string_view key) const;
   std::string blockKey(std::string_view rule_name, std::string_view key) const;
@@ -112,6 +116,9 @@ class LeaseManager {
                  std::function<void()> done);
   // Redis came back with a new run_id: learning mode (lease.h).
   void startLearning(const std::string& run_id, bool failed_over);
+  // How long learning lasts: the longest memory of a leasable rule, and at
+  // least until every node can have reconnected.
+  int64_t learningSpanNs() const;
   // Debits what the fallback shares admitted (nothing when Redis lost the
   // state); each debit's answer calls `answered`.
   void debitFallback(bool state_lost, const std::function<void()>& answered);
