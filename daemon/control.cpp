@@ -220,7 +220,9 @@ void Control::setUp(bool up, std::string_view reason) {
 }
 
 void Control::ping() {
-  if (stopping_ || ping_in_flight_ || !redis_->connected()) return;
+  if (stopping_ || !redis_->connected()) return;
+  if (leases_) leases_->retryDebits();
+  if (ping_in_flight_) return;
   ping_in_flight_ = redis_->command(
       {"PING"},
       [this](const RedisResult& result) {

@@ -23,8 +23,11 @@ void store(Words words, slice::Word word, int64_t value) {
 
 int64_t periodMs(const Limit& limit) { return (limit.period_ns + 999'999) / 1'000'000; }
 
-// The result of a call that never reached Redis.
+// The result of a call that never reached Redis; callbacks get this very
+// object, so neverSent() tells it from a call lost on its way.
 const RedisResult kNotSent{RedisStatus::kDisconnected, nullptr, "redis is down", 0};
+
+bool neverSent(const RedisResult& result) { return &result == &kNotSent; }
 
 bool isWindow(Algorithm algorithm) {
   return algorithm == Algorithm::kFixedWindow || algorithm == Algorithm::kSlidingWindow;
@@ -87,7 +90,9 @@ void LeaseManager::onWakeup() {
       continue;
     }
     if (request.kind == LeaseRequest::Kind::kDebit) {
-      if (rule != nullptr && leasable(*rule) && up_) sendDebit(*rule, request.key, request.n, 0, nullptr);
+      if (rule != nullptr && leasable(*rule) && up_) {
+        sendDebitNow(*rule, request.variant, request.key, request.n);
+      }
       continue;
     }
     if (request.kind == LeaseRequest::Kind::kBlock || request.kind == LeaseRequest::Kind::kReset) {
@@ -317,7 +322,7 @@ void LeaseManager::sendReturn(const Rule& rule, std::string_view key, int64_t un
 }
 
 void LeaseManager::sendDebit(const Rule& rule, std::string_view key, int64_t units,
-                             int64_t span_ms, std::function<void()> done) {
+                             int64_t span_ms, std::function<void(const RedisResult&)> done) {
   callScript(rule, key, scripts::rateArgv(scripts::Op::kDebit, units, span_ms, rule.limits.front()),
              config_.lease_timeout_ms + config_.health_timeout_ms,
              [this, units, done](const RedisResult& result) {
@@ -325,8 +330,40 @@ void LeaseManager::sendDebit(const Rule& rule, std::string_view key, int64_t uni
                  context_.broker->counters().debited_units.fetch_add(
                      static_cast<uint64_t>(units), std::memory_order_relaxed);
                }
-               if (done) done();
+               if (done) done(result);
              });
+}
+
+void LeaseManager::sendDebitNow(const Rule& rule, uint32_t variant, std::string_view key,
+                                int64_t units) {
+  sendDebit(rule, key, units, 0,
+            [this, id = rule.id, variant, key = std::string(key), units](const RedisResult& result) {
+              // A call lost on its way may have run: only one never sent waits.
+              if (!neverSent(result)) return;
+              DebitKey at{id, variant, key};
+              auto it = unsent_debits_.find(at);
+              if (it != unsent_debits_.end()) {
+                it->second += units;
+              } else if (unsent_debits_.size() < kMaxUnsentDebits) {
+                unsent_debits_.emplace(std::move(at), units);
+              } else if (last_error_ != "unsent debits") {
+                spdlog::error("lease: {} keys' debits wait for redis; dropping more",
+                              kMaxUnsentDebits);
+                last_error_ = "unsent debits";
+              }
+            });
+}
+
+void LeaseManager::retryDebits() {
+  if (unsent_debits_.empty() || !up_) return;
+  RuleSetPtr rules = context_.rules();
+  std::map<DebitKey, int64_t> debits;
+  debits.swap(unsent_debits_);
+  for (auto& [at, units] : debits) {
+    const Rule* rule = rules->findById(at.rule_id);
+    if (rule == nullptr || !leasable(*rule)) continue;  // the rule changed: nothing to charge
+    sendDebitNow(variantOf(*rules, *rule, at.variant), at.variant, at.key, units);
+  }
 }
 
 void LeaseManager::onDown() {
@@ -466,7 +503,8 @@ void LeaseManager::debitFallback(bool state_lost, const std::function<void()>& a
   // held to the limit: charged over it, they leave no debt for the span.
   int64_t span_ms = std::max<int64_t>(monotonicNowNs() - fallback_began_ns_, 0) / 1'000'000;
   for (const Debit& debit : debits) {
-    sendDebit(*debit.rule, debit.key, debit.units, span_ms, answered);
+    sendDebit(*debit.rule, debit.key, debit.units, span_ms,
+              [answered](const RedisResult&) { answered(); });
   }
   spdlog::info("lease: debiting {} keys' fallback admissions of the last {} ms", debits.size(),
                span_ms);

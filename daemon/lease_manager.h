@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -76,6 +77,9 @@ constexpr size_t kMaxScriptsInFlight = 128;
 // its on_redis_down policy this long before it leases again.
 constexpr int64_t kLeaseErrorBackoffNs = 1'000'000'000;
 
+// Keys whose debits wait to be sent again (LeaseManager::retryDebits).
+constexpr size_t kMaxUnsentDebits = 65'536;
+
 class LeaseManager {
  public:
   // Registers the lease scripts on `link` (so before link.start()).
@@ -98,6 +102,11 @@ class LeaseManager {
   // learning mode, as for a promoted replica (startLearning).
   void newMaster(std::string_view master);
 
+  // Sends again the debits that could not be sent (in a cluster, their
+  // key's master was unreachable while the breaker stayed closed). Control
+  // calls it every health interval.
+  void retryDebits();
+
   // The Redis keys of (rule, key): its global state and its penalty block.
   std::string stateKey(std::string_view rule_name, std::string_view key) const;
   std::string blockKey(std::string_view rule_name, std::string_view key) const;
@@ -113,7 +122,10 @@ class LeaseManager {
   // Sends a debit of `units` admitted over the last `span_ms` (0: just now);
   // `done` runs once it is answered or failed.
   void sendDebit(const Rule& rule, std::string_view key, int64_t units, int64_t span_ms,
-                 std::function<void()> done);
+                 std::function<void(const RedisResult&)> done);
+  // A worker's debit of units admitted just now (LeaseRequest::Kind::kDebit);
+  // one that cannot be sent waits in unsent_debits_ for retryDebits().
+  void sendDebitNow(const Rule& rule, uint32_t variant, std::string_view key, int64_t units);
   // Redis came back with a new run_id: learning mode (lease.h).
   void startLearning(const std::string& run_id, bool failed_over);
   // How long learning lasts: the longest memory of a leasable rule, and at
@@ -164,6 +176,15 @@ class LeaseManager {
   uint64_t half_open_epoch_ = 0;  // bumped on every onUp/onDown
   int64_t fallback_began_ns_ = 0;  // onUp: when the breaker last opened
   size_t half_open_pending_ = 0;  // debits and INFO not answered yet
+  // Debits that could not be sent, by (rule id, variant, key): units. At
+  // most kMaxUnsentDebits keys; beyond, a debit is dropped (and logged).
+  struct DebitKey {
+    uint32_t rule_id;
+    uint32_t variant;
+    std::string key;
+    auto operator<=>(const DebitKey&) const = default;
+  };
+  std::map<DebitKey, int64_t> unsent_debits_;
   std::string run_id_;            // of the Redis we last talked to
   std::string replid_;            // its master_replid
   std::string last_error_;        // the last lease error logged

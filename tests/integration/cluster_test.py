@@ -286,8 +286,9 @@ class ClusterFailoverTest(ClusterCase):
     # masters stay "normal" throughout; the dead master's key falls back
     # (never waiting past the stall bound) and leases again from the promoted
     # replica within RESUME_AFTER_PROMOTION_S of a live node naming it; both
-    # daemons keep Redis "up" in health, and enter learning mode once the
-    # promoted replica shows up in the slot map.
+    # daemons keep Redis "up" in health, enter learning mode once the
+    # promoted replica shows up in the slot map, and debit to it what the
+    # key admitted by its policy meanwhile.
     def test_master_killed_other_keys_keep_leasing_and_its_keys_recover(self):
         masters = self.cluster.masters()
         victim = masters[0]
@@ -300,19 +301,22 @@ class ClusterFailoverTest(ClusterCase):
         victim_slot = cluster_slot(redis_key("q", "steady", victim_key))
         others = [k for port, k in keys.items() if port != victim.port]
 
-        records = []  # (t, key, mode, latency_s)
+        records = []  # (t, key, mode, latency_s, allowed)
 
         def round_of_requests():
             for daemon in self.daemons:
                 for key in keys.values():
                     sent = time.monotonic()
-                    mode = daemon.acquire("steady", key)["mode"]
-                    records.append((sent, key, mode, time.monotonic() - sent))
+                    decision = daemon.acquire("steady", key)
+                    records.append((sent, key, decision["mode"], time.monotonic() - sent,
+                                    decision["allowed"]))
 
         warmup_end = time.monotonic() + 1.0
         while time.monotonic() < warmup_end:
             round_of_requests()
             time.sleep(0.01)
+        debited_before = sum(d.client.result("stats")["leases"]["debited_units"]
+                             for d in self.daemons)
         killed = time.monotonic()
         victim.kill()
         survivors = [n for n in self.cluster.alive()]
@@ -350,6 +354,19 @@ class ClusterFailoverTest(ClusterCase):
         # The promoted replica may lack the dead master's last writes: each
         # daemon holds to its share for a while (learning mode).
         self.assertEqual(learning, {0, 1}, "learning mode after the failover\n" + logs)
+        # What the dead master's key admitted by its policy is debited to the
+        # promoted replica (only a debit lost on its way when the master
+        # died is not): one unit per admission.
+        fallback_admitted = sum(1 for r in after_kill if r[2] == "fallback" and r[4])
+        wait_for(lambda: sum(d.client.result("stats")["leases"]["debited_units"]
+                             for d in self.daemons) - debited_before >= fallback_admitted, 2)
+        debited = sum(d.client.result("stats")["leases"]["debited_units"]
+                      for d in self.daemons) - debited_before
+        sys.stderr.write("\ncluster failover: %d admitted by policy, %d debited\n"
+                         % (fallback_admitted, debited))
+        self.assertGreater(fallback_admitted, 0)
+        self.assertGreaterEqual(debited, fallback_admitted / 2)
+        self.assertLessEqual(debited, fallback_admitted)
         for daemon in self.daemons:
             health = daemon.health()
             self.assertEqual(health["redis"], "up", health)
