@@ -75,42 +75,63 @@ RedisLink::ScriptId LeaseManager::scriptFor(Algorithm algorithm) const {
   }
 }
 
-void LeaseManager::onWakeup() {
-  context_.broker->takeRequests(&taken_);
-  if (taken_.empty()) return;
-  RuleSetPtr rules = context_.rules();
-  for (const LeaseRequest& request : taken_) {
-    const Rule* rule = rules->findById(request.rule_id);
-    if (rule != nullptr) rule = &variantOf(*rules, *rule, request.variant);
-    if (request.kind == LeaseRequest::Kind::kReturn) {
-      if (rule != nullptr && up_) {
-        sendReturn(*rule, request.key, request.n, request.lease_now_ms, config_.lease_timeout_ms,
-                   nullptr);
-      }
-      continue;
+void LeaseManager::onWakeup() { serveTaken(); }
+
+void LeaseManager::serveTaken(bool all) {
+  if (serving_) return;  // a reply during serve(): the loop below goes on by itself
+  serving_ = true;
+  RuleSetPtr rules;
+  while (true) {
+    if (taken_next_ == taken_.size()) {
+      if (taken_.capacity() > kMaxKeptRequests) std::vector<LeaseRequest>().swap(taken_);
+      taken_next_ = 0;
+      context_.broker->takeRequests(&taken_);
+      if (taken_.empty()) break;
     }
-    if (request.kind == LeaseRequest::Kind::kDebit) {
-      if (rule != nullptr && leasable(*rule) && up_) {
-        sendDebitNow(*rule, request.variant, request.key, request.n);
-      }
-      continue;
-    }
-    if (request.kind == LeaseRequest::Kind::kBlock || request.kind == LeaseRequest::Kind::kReset) {
-      bool block = request.kind == LeaseRequest::Kind::kBlock;
-      if (rule != nullptr && leasable(*rule) && up_ && (!block || rule->penalty)) {
-        sendPenalty(*rule, request.key,
-                    block ? scripts::PenaltyOp::kBlock : scripts::PenaltyOp::kReset, request.n);
-      }
-      continue;
-    }
-    if (rule == nullptr || !leasable(*rule) || !up_ || !context_.broker->leasing()) {
-      // Not now: the workers decide by on_redis_down until the breaker closes.
-      finish(request.rule_id, request.key, nullptr);
-      continue;
-    }
-    sendLease(request, *rule, rules);
+    if (!rules) rules = context_.rules();
+    // With the pipeline full, the rest wait where they are, in order, until
+    // a reply makes room (each reply's callback, in sendWaiting, serves on).
+    bool room = all || (in_flight_ < kMaxScriptsInFlight && waiting_.empty());
+    if (!serve(taken_[taken_next_], rules, room)) break;
+    ++taken_next_;
   }
-  taken_.clear();
+  serving_ = false;
+}
+
+bool LeaseManager::serve(const LeaseRequest& request, const RuleSetPtr& rules, bool room) {
+  const Rule* rule = rules->findById(request.rule_id);
+  if (rule != nullptr) rule = &variantOf(*rules, *rule, request.variant);
+  switch (request.kind) {
+    case LeaseRequest::Kind::kReturn:
+      if (rule == nullptr || !up_) return true;
+      if (!room) return false;
+      sendReturn(*rule, request.key, request.n, request.lease_now_ms, config_.lease_timeout_ms,
+                 nullptr);
+      return true;
+    case LeaseRequest::Kind::kDebit:
+      if (rule == nullptr || !leasable(*rule) || !up_) return true;
+      if (!room) return false;
+      sendDebitNow(*rule, request.variant, request.key, request.n);
+      return true;
+    case LeaseRequest::Kind::kBlock:
+    case LeaseRequest::Kind::kReset: {
+      bool block = request.kind == LeaseRequest::Kind::kBlock;
+      if (rule == nullptr || !leasable(*rule) || !up_ || (block && !rule->penalty)) return true;
+      if (!room) return false;
+      sendPenalty(*rule, request.key,
+                  block ? scripts::PenaltyOp::kBlock : scripts::PenaltyOp::kReset, request.n);
+      return true;
+    }
+    case LeaseRequest::Kind::kLease: break;
+  }
+  if (rule == nullptr || !leasable(*rule) || !up_ || !context_.broker->leasing()) {
+    // Not now: the workers decide by on_redis_down until the breaker closes.
+    finish(request.rule_id, request.key, nullptr);
+    return true;
+  }
+  if (!room) return false;
+  sendLease(request, *rule, rules);
+  return true;
 }
 
 void LeaseManager::callScript(const Rule& rule, std::string_view key, std::vector<std::string> argv,
@@ -140,6 +161,7 @@ void LeaseManager::sendWaiting() {
           --in_flight_;
           on_result(result);
           sendWaiting();
+          serveTaken();
         },
         call.timeout_ms);
     if (!sent) {
@@ -371,6 +393,7 @@ void LeaseManager::onDown() {
   ++half_open_epoch_;
   half_open_pending_ = 0;
   dropWaiting();
+  serveTaken();  // sends nothing now: the leases waiting are finished, the rest dropped
   context_.broker->setBreaker(Breaker::kOpen, monotonicNowNs());
   spdlog::warn("lease: breaker open; global rules follow on_redis_down");
   context_.broker->notifyWorkers();
@@ -518,6 +541,8 @@ void LeaseManager::checkHalfOpenDone() {
 }
 
 void LeaseManager::returnAll(int64_t timeout_ms, std::function<void()> done) {
+  // The returns and debits already asked for go first, as they would have.
+  serveTaken(/*all=*/true);
   RuleSetPtr rules = context_.rules();
   struct Return {
     const Rule* rule;

@@ -64,13 +64,25 @@ struct LeaseContext {
 constexpr int64_t kMinLeaseDeadlineUs = 1'000'000;
 
 // Script calls (leases, returns, debits) waiting on Redis at once; the rest
-// wait in the manager, in order. Redis runs scripts one at a time, so a
-// deeper pipeline adds only queueing delay: 10,000 keys going idle (or
-// starting) together would otherwise queue 10,000 scripts, whose last ones
-// wait longer than lease_timeout, and a command past its deadline makes the
-// link drop the connection as if Redis were dead. A call's deadline starts
-// when it is sent.
+// wait, in order. Redis runs scripts one at a time, so a deeper pipeline adds
+// only queueing delay: 10,000 keys going idle (or starting) together would
+// otherwise queue 10,000 scripts, whose last ones wait longer than
+// lease_timeout, and a command past its deadline makes the link drop the
+// connection as if Redis were dead. A call's deadline starts when it is sent.
+//
+// The workers' and the sweep's requests wait as LeaseRequests (in the
+// broker's queue, or taken and not served yet), and become script calls
+// (argv, Redis keys, callback: some 400 bytes more each) only when the
+// pipeline has room for them. A sweep submits one return per key gone idle,
+// thousands every sweep interval; as script calls all at once they took
+// megabytes of the control thread's malloc arena each time, memory the arena
+// kept, fragmented, and grew in steps as larger bursts came (bench/soak).
 constexpr size_t kMaxScriptsInFlight = 128;
+
+// After a burst, a taken batch of requests keeps at most this much capacity
+// (LeaseRequests); a larger buffer is freed, so that one burst of returns
+// does not hold its peak memory for the daemon's life.
+constexpr size_t kMaxKeptRequests = 1024;
 
 // A key failing with a Redis error reply (not a timeout), or whose master
 // alone is unreachable while Redis as a whole is up (Cluster mode), follows
@@ -134,6 +146,13 @@ class LeaseManager {
   // Debits what the fallback shares admitted (nothing when Redis lost the
   // state); each debit's answer calls `answered`.
   void debitFallback(bool state_lost, const std::function<void()>& answered);
+  // Serves taken requests, taking more from the broker as those run out,
+  // while the pipeline has room for their script calls (all of them when
+  // `all`); a request that sends nothing (Redis down, rule gone) needs no room.
+  void serveTaken(bool all = false);
+  // Serves one request; false, doing nothing, when it would send a script
+  // call and there is no `room`.
+  bool serve(const LeaseRequest& request, const RuleSetPtr& rules, bool room);
   // Sends (or queues: see kMaxScriptsInFlight) an EVALSHA of rule's lease
   // script on (rule, key); `on_result` gets its result, kDisconnected when
   // Redis went down before it could be sent.
@@ -171,7 +190,11 @@ class LeaseManager {
   std::deque<ScriptCall> waiting_;  // in order; sent as in_flight_ allows
   size_t in_flight_ = 0;            // script calls sent and not answered
 
+  // Requests taken from the broker; those from taken_next_ on are not served
+  // yet (see kMaxScriptsInFlight).
   std::vector<LeaseRequest> taken_;
+  size_t taken_next_ = 0;
+  bool serving_ = false;  // serveTaken() is running (a callback must not re-enter it)
   bool up_ = false;
   uint64_t half_open_epoch_ = 0;  // bumped on every onUp/onDown
   int64_t fallback_began_ns_ = 0;  // onUp: when the breaker last opened

@@ -3,6 +3,9 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -561,6 +564,20 @@ void Server::sweepKeys() {
   if (evicted > 0) {
     spdlog::debug("swept {} idle keys", evicted);
   }
+  releaseFreeMemory();
+}
+
+void Server::releaseFreeMemory() {
+#if defined(__GLIBC__)
+  // glibc gives memory back to the system only from the top of an arena,
+  // and only past a threshold that rises with the largest block freed. Each
+  // sweep frees thousands of keys (allocated by the workers) and starts a
+  // burst of returns on the control thread; the pages they left free inside
+  // the arenas stayed resident, and RSS rose in steps for as long as a new
+  // peak could come (bench/soak). malloc_trim hands every whole free page
+  // back (madvise); it takes 0.1 to 1.5 ms here, once per sweep.
+  malloc_trim(0);
+#endif
 }
 
 void Server::beginStop() {

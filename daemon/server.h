@@ -3,8 +3,8 @@
 //
 // The main loop accepts connections and hands each to the worker with the
 // fewest, handles SIGTERM/SIGINT (graceful stop) and SIGHUP (reload), and
-// sweeps idle keys out of the key table. The thread model is written down in
-// worker.h.
+// sweeps idle keys out of the key table, then hands the pages malloc holds
+// free back to the system. The thread model is written down in worker.h.
 //
 // With a [redis] section the server also runs the control thread (control.h):
 // it starts after the workers, and when it reports a new number of live nodes
@@ -74,6 +74,8 @@ class Server : public DaemonStatus {
   void logForbidden(const Peer& peer);
   void onSignal(int signum);
   void sweepKeys();
+  // Gives the pages malloc holds free back to the system (after a sweep).
+  void releaseFreeMemory();
   // Sends a global rule's slice's unspent units back to Redis (unless their
   // window ended), leaving it empty.
   void returnSlice(const Rule& rule, std::string_view key,
