@@ -166,12 +166,14 @@ Batch nextBatch(std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t 
 }  // namespace slice
 
 // A global rule's penalty block (one this node counted, or one a lease reply
-// reported) is held by the node for at most this long at a time; then the
-// key's next acquire leases, and Redis says whether the block still stands.
-// So a block lifted anywhere (the admin reset) ends on every node within it,
-// at the cost of one lease per blocked key, node and this interval while
-// the key is still being asked for. While Redis is unreachable a block the
-// node counts itself is held in full.
+// reported) is held by the node until it ends (its penalty words), and
+// while leasing it is asked of Redis again this long after it was last
+// learned (the slice's kDenyUntil is then the time to recheck): the key's
+// next acquire after that leases, and Redis says whether the block still
+// stands. So a block lifted anywhere (the admin reset) ends on every node
+// within about this, at the cost of one lease per blocked key, node and
+// interval while the key is still being asked for. While Redis is
+// unreachable a node holds the blocks it knows of in full.
 constexpr int64_t kBlockRecheckNs = 1'000'000'000;
 
 // What a worker asks the control thread for.

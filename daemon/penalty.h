@@ -28,8 +28,8 @@ int64_t blockedFor(std::span<const std::atomic<uint64_t>> words, int64_t now_ns)
 // window, blocks the key for the penalty's block time and returns true.
 bool recordDenial(const Penalty& penalty, std::span<std::atomic<uint64_t>> words, int64_t now_ns);
 
-// Sets when the key's block ends (0: lifts it). A global rule's node holds
-// a fleet-wide block only for a while at a time (lease.h, kBlockRecheckNs).
+// Sets when the key's block ends (0: lifts it): for a global rule, as Redis
+// reports it (lease.h, kBlockRecheckNs).
 void setBlockedUntil(std::span<std::atomic<uint64_t>> words, int64_t until_ns);
 
 // True when nothing is counted or blocked any more at now_ns (the words may

@@ -80,7 +80,7 @@ struct Rule {
   Scope scope = Scope::kLocal;
   RedisDownPolicy on_redis_down = RedisDownPolicy::kLocal;
   bool shadow = false;  // decide and count, always allow
-  // Bounded waiting (token bucket and GCRA, local rules): how long an acquire
+  // Bounded waiting (token bucket and GCRA; canWait): how long an acquire
   // that does not say (max_wait_ms) may wait for its units; 0: it does not.
   int64_t max_wait_ns = 0;
   // Leaky-bucket shaping: burst 1, so units leave one interval apart.
