@@ -7,6 +7,17 @@
 
 #include <sys/types.h>
 
+// SLUICE_SANITIZED is defined in ASan and TSan builds, whose allocators do
+// not report through mallinfo2(): tests that measure the heap leave
+// themselves out of those builds with it rather than skip.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define SLUICE_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define SLUICE_SANITIZED 1
+#endif
+#endif
+
 namespace sluice::test {
 
 // A fresh directory under /tmp, removed with its contents on destruction.

@@ -15,13 +15,7 @@
 #include <thread>
 #include <vector>
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define SLUICE_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define SLUICE_SANITIZED 1
-#endif
-#endif
+#include "test_support.h"
 
 namespace sluice {
 namespace {

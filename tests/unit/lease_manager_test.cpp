@@ -15,14 +15,8 @@
 #include <vector>
 
 #include "redis_server.h"
-
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define SLUICE_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define SLUICE_SANITIZED 1
-#endif
-#endif
+#include "test_support.h"
+#include "uv_loop.h"
 
 namespace sluice {
 namespace {
@@ -71,20 +65,7 @@ class LeaseManagerTest : public ::testing::Test {
 
   // Runs the loop until `done()` holds or timeout_ms passes; returns done().
   bool runUntil(const std::function<bool()>& done, int timeout_ms = 10'000) {
-    bool expired = false;
-    uv_timer_t guard;
-    uv_timer_init(&loop_, &guard);
-    guard.data = &expired;
-    uv_timer_start(
-        &guard, [](uv_timer_t* timer) { *static_cast<bool*>(timer->data) = true; },
-        static_cast<uint64_t>(timeout_ms), 0);
-    while (!done() && !expired) uv_run(&loop_, UV_RUN_ONCE);
-    bool closed = false;
-    guard.data = &closed;
-    uv_close(reinterpret_cast<uv_handle_t*>(&guard),
-             [](uv_handle_t* handle) { *static_cast<bool*>(handle->data) = true; });
-    while (!closed) uv_run(&loop_, UV_RUN_NOWAIT);
-    return done();
+    return test::runLoopUntil(&loop_, done, timeout_ms);
   }
 
   // One return per key, as a sweep submits for the keys gone idle.

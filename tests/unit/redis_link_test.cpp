@@ -17,6 +17,7 @@
 
 #include "redis_server.h"
 #include "test_support.h"
+#include "uv_loop.h"
 
 namespace sluice {
 namespace {
@@ -66,20 +67,7 @@ class RedisLinkTest : public ::testing::Test {
 
   // Runs the loop until `done()` holds or timeout_ms passes; returns done().
   bool runUntil(const std::function<bool()>& done, int timeout_ms = 5000) {
-    bool expired = false;
-    uv_timer_t guard;
-    uv_timer_init(&loop_, &guard);
-    guard.data = &expired;
-    uv_timer_start(
-        &guard, [](uv_timer_t* timer) { *static_cast<bool*>(timer->data) = true; },
-        static_cast<uint64_t>(timeout_ms), 0);
-    while (!done() && !expired) uv_run(&loop_, UV_RUN_ONCE);
-    bool closed = false;
-    guard.data = &closed;
-    uv_close(reinterpret_cast<uv_handle_t*>(&guard),
-             [](uv_handle_t* handle) { *static_cast<bool*>(handle->data) = true; });
-    while (!closed) uv_run(&loop_, UV_RUN_NOWAIT);
-    return done();
+    return test::runLoopUntil(&loop_, done, timeout_ms);
   }
 
   RedisConfig configFor(const RedisServer& server) {
