@@ -52,6 +52,8 @@ Decision blockedDecision(const Rule& rule, int64_t left_ns) {
 // The most overrides of one rule that `rules` lists.
 constexpr size_t kMaxListedOverrides = 100;
 
+constexpr std::string_view kTooManyWaiting =
+    "too many requests are waiting for units on this worker; retry later";
 constexpr std::string_view kTableFull =
     "the key table is full and no key could be evicted; raise [keys] max_keys or max_memory";
 
@@ -180,9 +182,8 @@ bool Dispatcher::defer(const DeferTo* to, const Wait& wait) {
 
 bool Dispatcher::park(const DeferTo& to, const Wait& wait, int64_t due_ns, uint32_t msgid,
                       std::string* out) {
-  if (parked_.size() >= kMaxWaiters) {
-    error(msgid, rpc::ErrorCode::kOverloaded,
-          "too many requests are waiting for units on this worker; retry later", out);
+  if (parked_.size() + queued_.size() >= kMaxWaiters) {
+    error(msgid, rpc::ErrorCode::kOverloaded, kTooManyWaiting, out);
     return false;
   }
   parked_.push_back({due_ns, wait, to.owner,
@@ -190,6 +191,34 @@ bool Dispatcher::park(const DeferTo& to, const Wait& wait, int64_t due_ns, uint3
   std::push_heap(parked_.begin(), parked_.end());
   just_parked_ = true;
   return true;
+}
+
+bool Dispatcher::queue(const DeferTo& to, const Wait& wait, uint32_t msgid, std::string* out) {
+  if (parked_.size() + queued_.size() >= kMaxWaiters) {
+    error(msgid, rpc::ErrorCode::kOverloaded, kTooManyWaiting, out);
+    return false;
+  }
+  queued_.push_back({wait, to.owner,
+                     std::string(reinterpret_cast<const char*>(to.frame.data()), to.frame.size())});
+  just_parked_ = true;
+  return true;
+}
+
+bool Dispatcher::stand(Wait& wait, const Rule& rule, const Rule& deciding, std::string_view key,
+                       std::span<std::atomic<uint64_t>> words, int64_t cost, int64_t* ahead) {
+  *ahead = 0;
+  if (wait.ticket != 0) return true;
+  // What the fleet could give the line within the wait, at the most.
+  const Limit& limit = deciding.limits.front();
+  double refill = static_cast<double>(limit.limit) * static_cast<double>(wait.until_ns - wait.since_ns) /
+                  static_cast<double>(limit.period_ns);
+  int64_t servable = leaseCapacity(limit) + static_cast<int64_t>(refill);
+  wait.ticket = broker_->lines().join(rule.id, key, words, cost, servable - cost, ahead);
+  return wait.ticket != 0;
+}
+
+void Dispatcher::leaveLine(uint64_t ticket, std::span<std::atomic<uint64_t>> words) {
+  if (ticket != 0 && broker_->lines().leave(ticket, words)) broker_->notifyWorkers();
 }
 
 bool Dispatcher::reparse(std::string_view frame) {
@@ -214,6 +243,7 @@ void Dispatcher::retryParked(int64_t now_ns, bool all) {
     DeferTo again{parked.owner, bytes, now_ns + lease_timeout_ns_, false, parked.wait};
     response.clear();
     // Stopping: answered at once, as a request that does not wait.
+    if (all) leaveLine(parked.wait.ticket);
     asking_again_ = true;
     bool waits = acquireOne(retry_request_, now_ns, &response, all ? nullptr : &again);
     asking_again_ = false;
@@ -221,9 +251,57 @@ void Dispatcher::retryParked(int64_t now_ns, bool all) {
   }
 }
 
+void Dispatcher::retryQueued(int64_t now_ns, bool all) {
+  if (queued_.empty()) return;
+  WaitLines& lines = broker_->lines();
+  std::string response;
+  // A request served leaves its line, and the next may be on this worker:
+  // look again while a pass asked any.
+  for (bool asked = true; asked && !queued_.empty();) {
+    asked = false;
+    uint64_t promotions = lines.promotions();
+    bool promoted = promotions != seen_promotions_;
+    seen_promotions_ = promotions;
+    requeuing_.clear();
+    requeuing_.swap(queued_);
+    for (Queued& queued : requeuing_) {
+      bool ended = all || now_ns >= queued.wait.until_ns;
+      if (!ended && !(promoted && lines.first(queued.wait.ticket))) {
+        queued_.push_back(std::move(queued));
+        continue;
+      }
+      asked = true;
+      if (ended) {
+        // Its wait is over: asked as a request that waits no longer.
+        leaveLine(queued.wait.ticket);
+        queued.wait.ticket = 0;
+        queued.wait.until_ns = now_ns;
+      }
+      if (!reparse(queued.frame)) continue;  // cannot happen: it parsed before
+      auto bytes = std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(queued.frame.data()),
+                                            queued.frame.size());
+      DeferTo again{queued.owner, bytes, now_ns + lease_timeout_ns_, false, queued.wait};
+      response.clear();
+      just_parked_ = false;
+      asking_again_ = true;
+      bool waits = acquireOne(retry_request_, now_ns, &response, all ? nullptr : &again);
+      asking_again_ = false;
+      if (!waits && deliver_) deliver_(queued.owner, response);
+    }
+  }
+  requeuing_.clear();
+}
+
 void Dispatcher::retryDeferred(int64_t now_ns, bool all) {
   answerWaiters(now_ns, all);
   retryParked(now_ns, all);
+  retryQueued(now_ns, all);
+  retryDeferredLeases(now_ns, all);
+  // The first in a line, served from a lease that came, made the next first.
+  retryQueued(now_ns, all);
+}
+
+void Dispatcher::retryDeferredLeases(int64_t now_ns, bool all) {
   if (deferred_.empty()) return;
   retrying_.clear();
   for (Deferred& deferred : deferred_) retrying_.push_back(std::move(deferred));
@@ -235,7 +313,10 @@ void Dispatcher::retryDeferred(int64_t now_ns, bool all) {
     auto bytes = std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(deferred.frame.data()),
                                           deferred.frame.size());
     bool expired = all || now_ns >= deferred.deadline_ns;
-    if (expired) metrics_.lease_deferred_expired.add();
+    if (expired) {
+      metrics_.lease_deferred_expired.add();
+      leaveLine(deferred.wait.ticket);  // asked as a request that does not wait
+    }
     // A retry keeps its place (the frame stays in `deferred`) when it waits
     // on for its lease; one that now waits for its units is parked instead.
     DeferTo again{deferred.owner, bytes, deferred.deadline_ns, true, deferred.wait};
@@ -264,14 +345,24 @@ void Dispatcher::forget(void* owner) {
   std::erase_if(deferred_, [&](const Deferred& deferred) {
     if (deferred.owner != owner) return false;
     deferred_bytes_ -= deferred.frame.size();
+    leaveLine(deferred.wait.ticket);
     return true;
   });
   if (std::erase_if(waiters_, [owner](const Waiter& waiter) { return waiter.owner == owner; }) > 0) {
     std::make_heap(waiters_.begin(), waiters_.end());
   }
-  if (std::erase_if(parked_, [owner](const Parked& parked) { return parked.owner == owner; }) > 0) {
+  if (std::erase_if(parked_, [&](const Parked& parked) {
+        if (parked.owner != owner) return false;
+        leaveLine(parked.wait.ticket);
+        return true;
+      }) > 0) {
     std::make_heap(parked_.begin(), parked_.end());
   }
+  std::erase_if(queued_, [&](const Queued& queued) {
+    if (queued.owner != owner) return false;
+    leaveLine(queued.wait.ticket);
+    return true;
+  });
 }
 
 int64_t Dispatcher::nextDeadlineNs() const {
@@ -279,6 +370,7 @@ int64_t Dispatcher::nextDeadlineNs() const {
   if (!deferred_.empty()) next = deferred_.front().deadline_ns;
   if (!waiters_.empty()) next = std::min(next, waiters_.front().due_ns);
   if (!parked_.empty()) next = std::min(next, parked_.front().due_ns);
+  for (const Queued& queued : queued_) next = std::min(next, queued.wait.until_ns);
   return next;
 }
 
@@ -401,7 +493,8 @@ Decision sliceDecision(const Rule& rule, const slice::TakeResult& taken, int64_t
   decision.limit = limit.limit;
   decision.allowed = taken.outcome == slice::Outcome::kTaken;
   decision.remaining = decision.allowed ? taken.left : 0;
-  if (taken.outcome == slice::Outcome::kDenied) {
+  if (taken.outcome == slice::Outcome::kDenied || taken.outcome == slice::Outcome::kQueued) {
+    // In line behind waiters (until_ns 0): as soon as they are served.
     decision.retry_after_ms = std::max<int64_t>(ceilMs(taken.until_ns - now_ns), 1);
   }
   // Until the global state is full again, as far as this node can tell.
@@ -435,6 +528,7 @@ bool Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::st
   const rpc::Item& item = request.items.front();
   const Rule* configured = rules_->find(item.rule);
   if (configured == nullptr) {
+    if (defer_to != nullptr) leaveLine(defer_to->wait.ticket);  // the rule went in a reload
     error(request.msgid, rpc::ErrorCode::kUnknownRule, unknownRule(item.rule), out);
     return false;
   }
@@ -448,8 +542,11 @@ bool Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::st
           out);
     return false;
   }
+  if (leasing(*configured) && spends) return acquireLeased(request, *configured, now_ns, out, defer_to);
+  // A request that stood in a global rule's line is asked again, and the
+  // rule no longer leases: it leaves the line.
+  if (defer_to != nullptr) leaveLine(defer_to->wait.ticket);
   if (leasing(*configured)) {
-    if (spends) return acquireLeased(request, *configured, now_ns, out, defer_to);
     peekLeased(request, *configured, now_ns, out);
     return false;
   }
@@ -496,8 +593,7 @@ bool Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::st
       decision = acquire(deciding, state, now_ns, item.cost);
       if (!decision.allowed && !decision.cost_exceeds_limit &&
           decision.retry_after_ms * 1'000'000 <= max_wait_ns) {
-        error(request.msgid, rpc::ErrorCode::kOverloaded,
-              "too many requests are waiting for units on this worker; retry later", out);
+        error(request.msgid, rpc::ErrorCode::kOverloaded, kTooManyWaiting, out);
         return false;
       }
     } else {
@@ -548,23 +644,46 @@ bool Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::st
 bool Dispatcher::acquireLeased(const rpc::Request& request, const Rule& rule, int64_t now_ns,
                                std::string* out, const DeferTo* defer_to) {
   const rpc::Item& item = request.items.front();
-  Mode mode = rule.shadow ? Mode::kShadow : Mode::kNormal;
-  KeyTable::Entry* entry = keys_.findOrInsert(rule.id, item.key, entryWords(rule), now_ns);
-  if (entry == nullptr) {
-    error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
-    return false;
-  }
-  auto entry_words = entry->state();
-  const Rule& deciding = decidingRule(*rules_, rule, item.key, entry_words);
-  auto words = entry_words.first(slice::kWords);
   // A request that may wait for its units (max_wait): its wait, from its
   // arrival; a retry brings its own. Answers say how long it waited.
   Wait wait;
   if (defer_to != nullptr && defer_to->wait.until_ns != 0) {
     wait = defer_to->wait;
   } else if (int64_t max_wait_ns = defer_to != nullptr ? maxWaitNs(rule, item) : 0) {
-    wait = {now_ns, now_ns + max_wait_ns, waiter_seq_++};
+    wait = {now_ns, now_ns + max_wait_ns, waiter_seq_++, 0};
   }
+  KeyTable::Entry* entry = keys_.findOrInsert(rule.id, item.key, entryWords(rule), now_ns);
+  if (entry == nullptr) {
+    leaveLine(wait.ticket);
+    error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
+    return false;
+  }
+  auto entry_words = entry->state();
+  bool kept = spendLeased(request, rule, now_ns, entry_words, wait, out, defer_to);
+  // Answered: whatever became of it, it no longer stands in line.
+  if (!kept) leaveLine(wait.ticket, entry_words.first(slice::kWords));
+  return kept;
+}
+
+slice::TakeResult Dispatcher::takeSlice(const Rule& rule, std::string_view key,
+                                        std::span<std::atomic<uint64_t>> words, int64_t now_ns,
+                                        int64_t cost, bool first_in_line) {
+  slice::TakeResult taken = slice::take(words, now_ns, cost, asking_again_, first_in_line);
+  if (taken.outcome == slice::Outcome::kQueued && !broker_->lines().standing(rule.id, key, words)) {
+    taken = slice::take(words, now_ns, cost, true, first_in_line);  // demand counted already
+  }
+  return taken;
+}
+
+bool Dispatcher::spendLeased(const rpc::Request& request, const Rule& rule, int64_t now_ns,
+                             std::span<std::atomic<uint64_t>> entry_words, Wait& wait,
+                             std::string* out, const DeferTo* defer_to) {
+  const rpc::Item& item = request.items.front();
+  Mode mode = rule.shadow ? Mode::kShadow : Mode::kNormal;
+  const Rule& deciding = decidingRule(*rules_, rule, item.key, entry_words);
+  auto words = entry_words.first(slice::kWords);
+  // Its wait has not ended: it may stand in the key's line.
+  const bool waits = wait.until_ns > now_ns;
   const int64_t waited_ms = wait.until_ns != 0 ? (now_ns - wait.since_ns) / 1'000'000 : -1;
   // A blocked key is answered here, until its block is due to be asked of
   // Redis again (kBlockRecheckNs): then its lease says whether it stands.
@@ -586,7 +705,28 @@ bool Dispatcher::acquireLeased(const rpc::Request& request, const Rule& rule, in
   if (item.cost > leaseCapacity(deciding.limits.front())) {
     decision = exceedsCapacity(deciding);
   } else {
-    slice::TakeResult taken = slice::take(words, now_ns, item.cost, asking_again_);
+    bool first = wait.ticket != 0 && broker_->lines().first(wait.ticket);
+    slice::TakeResult taken = takeSlice(rule, item.key, words, now_ns, item.cost, first);
+    if (taken.outcome == slice::Outcome::kQueued && waits && defer_to != nullptr) {
+      // Others of this node wait for the key's units, and came first: it
+      // waits for its turn behind them.
+      int64_t ahead = 0;
+      if (!stand(wait, rule, deciding, item.key, words, item.cost, &ahead)) {
+        // More wait ahead of it than its wait could bring: the normal
+        // denial, at once, and a retry hint of the line's turn at the
+        // fleet's rate.
+        const Limit& limit = deciding.limits.front();
+        taken.until_ns = std::max(taken.until_ns, now_ns + static_cast<int64_t>(
+            static_cast<double>(ahead) * static_cast<double>(limit.period_ns) /
+            static_cast<double>(limit.limit)));
+        wait.until_ns = 0;
+      } else if (!broker_->lines().first(wait.ticket)) {
+        return queue(*defer_to, wait, request.msgid, out);
+      } else {
+        // The line emptied between the two: it leads the line now.
+        taken = slice::take(words, now_ns, item.cost, true, true);
+      }
+    }
     if (taken.dropped > 0) metrics_.lease_units_dropped.add(static_cast<uint64_t>(taken.dropped));
     if (taken.must_request) requestLease(rule, deciding, item.key, entry_words, now_ns, item.cost);
     switch (taken.outcome) {
@@ -616,7 +756,20 @@ bool Dispatcher::acquireLeased(const rpc::Request& request, const Rule& rule, in
         decision = sliceDecision(deciding, taken, now_ns);
         due_ns = taken.until_ns;
         break;
+      case slice::Outcome::kQueued:
+        // Others of this node wait for the key's units. One that does not
+        // wait may wait for the lease under way, and has what the line
+        // leaves of it.
+        if (taken.until_ns == 0 && wait.until_ns == 0 && defer(defer_to, wait)) return true;
+        decision = sliceDecision(deciding, taken, now_ns);
+        break;
       case slice::Outcome::kEmpty:
+        // A waiter stands in line while its lease comes, so that requests
+        // after it do not spend what the lease brings for it.
+        if (waits && defer_to != nullptr) {
+          int64_t ahead = 0;
+          stand(wait, rule, deciding, item.key, words, item.cost, &ahead);  // leads an empty line
+        }
         if (defer(defer_to, wait)) return true;
         [[fallthrough]];
       case slice::Outcome::kFallback: {
@@ -641,13 +794,16 @@ bool Dispatcher::acquireLeased(const rpc::Request& request, const Rule& rule, in
   }
   applyShadow(rule, &decision);
   // Redis has no units until retry_after_ms: a request that may wait that
-  // long is parked and asked again then (and counts as one decision, once
-  // answered). Waiters denied on one negative cache share its exact end,
-  // so they are asked again in arrival order.
+  // long stands in the key's line, parked, and is asked again then (and
+  // counts as one decision, once answered). Those that come after it queue
+  // behind it (kQueued).
   if (due_ns == 0) due_ns = now_ns + decision.retry_after_ms * 1'000'000;
   if (wait.until_ns != 0 && !decision.allowed && !decision.cost_exceeds_limit &&
       decision.retry_after_ms > 0 && due_ns <= wait.until_ns) {
-    return park(*defer_to, wait, due_ns, request.msgid, out);
+    int64_t ahead = 0;
+    if (stand(wait, rule, deciding, item.key, words, item.cost, &ahead)) {
+      return park(*defer_to, wait, due_ns, request.msgid, out);
+    }
   }
   count(rule, decision, mode);
   countDenial(rule, item.key, entry_words, decision, now_ns);
@@ -684,7 +840,11 @@ void Dispatcher::peekLeased(const rpc::Request& request, const Rule& rule, int64
     // No slice: report a fresh key, as a local rule does.
     decision = peek(deciding, freshState(deciding), now_ns, item.cost);
   } else {
-    slice::TakeResult looked = slice::look(entry->state().first(slice::kWords), now_ns, item.cost);
+    auto words = entry->state().first(slice::kWords);
+    slice::TakeResult looked = slice::look(words, now_ns, item.cost);
+    if (looked.outcome == slice::Outcome::kQueued && !broker_->lines().standing(rule.id, item.key, words)) {
+      looked = slice::look(words, now_ns, item.cost);  // the line had gone
+    }
     if (looked.outcome == slice::Outcome::kEmpty) {
       // Nothing held here, and Redis has not said no: a lease would be asked for.
       looked.outcome = slice::Outcome::kTaken;
@@ -756,16 +916,21 @@ bool Dispatcher::acquireAll(const rpc::Request& request, int64_t now_ns, std::st
         decided = true;
       } else {
         slice_words = entry->state().first(slice::kWords);
-        slice::TakeResult taken = slice::take(slice_words, now_ns, item.cost, asking_again_);
+        slice::TakeResult taken = takeSlice(*configured, item.key, slice_words, now_ns, item.cost, false);
         if (taken.dropped > 0) metrics_.lease_units_dropped.add(static_cast<uint64_t>(taken.dropped));
         if (taken.must_request) {
           requestLease(*configured, deciding, item.key, entry->state(), now_ns, item.cost);
         }
-        if (taken.outcome == slice::Outcome::kEmpty && defer(defer_to)) {
+        // Behind waiters with no answer from Redis yet, it waits for the
+        // lease under way as on an empty slice.
+        bool lease_coming = taken.outcome == slice::Outcome::kEmpty ||
+                            (taken.outcome == slice::Outcome::kQueued && taken.until_ns == 0);
+        if (lease_coming && defer(defer_to)) {
           refund();
           return true;
         }
-        if (taken.outcome == slice::Outcome::kTaken || taken.outcome == slice::Outcome::kDenied) {
+        if (taken.outcome == slice::Outcome::kTaken || taken.outcome == slice::Outcome::kDenied ||
+            taken.outcome == slice::Outcome::kQueued) {
           if (taken.outcome == slice::Outcome::kTaken) taken_units = item.cost;
           if (taken.outcome == slice::Outcome::kDenied) metrics_.lease_negative_hits.add();
           acquire_item.decision = sliceDecision(deciding, taken, now_ns);

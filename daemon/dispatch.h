@@ -80,7 +80,9 @@ class Dispatcher {
   void retryDeferred(int64_t now_ns, bool all);
   // Drops the deferred requests of an owner that has gone away.
   void forget(void* owner);
-  bool hasDeferred() const { return !deferred_.empty() || !waiters_.empty() || !parked_.empty(); }
+  bool hasDeferred() const {
+    return !deferred_.empty() || !waiters_.empty() || !parked_.empty() || !queued_.empty();
+  }
   // The earliest deadline or due time of a deferred request (hasDeferred() only).
   int64_t nextDeadlineNs() const;
 
@@ -89,12 +91,15 @@ class Dispatcher {
 
  private:
   // What a request that may wait for its units (max_wait) has of its wait:
-  // when it arrived, when the wait ends (0: it does not wait), and its place
-  // in arrival order. Carried along while it is deferred and parked.
+  // when it arrived, when the wait ends (0: it does not wait), its place in
+  // arrival order, and on a global rule its ticket in the key's line once
+  // it stands in one (WaitLines; 0: it does not). Carried along while it is
+  // deferred, parked and queued.
   struct Wait {
     int64_t since_ns = 0;
     int64_t until_ns = 0;
     uint64_t seq = 0;
+    uint64_t ticket = 0;
   };
   // A request that may wait for a lease: who to answer, its bytes, and
   // whether it is already in deferred_ (a retry: a deferral keeps its place).
@@ -124,6 +129,13 @@ class Dispatcher {
       return due_ns != other.due_ns ? due_ns > other.due_ns : wait.seq > other.wait.seq;
     }
   };
+  // A request on a global rule that stands in its key's line behind others:
+  // asked again when it becomes first, or answered when its wait ends.
+  struct Queued {
+    Wait wait;
+    void* owner;
+    std::string frame;
+  };
   // A request allowed on a reservation, answered when its units are due.
   struct Waiter {
     int64_t due_ns;
@@ -144,6 +156,11 @@ class Dispatcher {
   void answerWaiters(int64_t now_ns, bool all);
   // Asks again for the parked requests that are due (every one with `all`).
   void retryParked(int64_t now_ns, bool all);
+  // Asks again for the requests deferred for a lease (each one with `all`).
+  void retryDeferredLeases(int64_t now_ns, bool all);
+  // Asks again for the queued requests that became first in their line,
+  // and answers those whose wait ended (every one with `all`).
+  void retryQueued(int64_t now_ns, bool all);
   // Parses a held frame into retry_request_ again (with bounds that admit
   // it: it parsed once already); false if it does not (it cannot).
   bool reparse(std::string_view frame);
@@ -154,6 +171,28 @@ class Dispatcher {
                   const DeferTo* defer);
   bool acquireLeased(const rpc::Request& request, const Rule& rule, int64_t now_ns,
                      std::string* out, const DeferTo* defer);
+  // acquireLeased's decision on the key's entry; `wait` gets the request's
+  // ticket when it joins the key's line.
+  bool spendLeased(const rpc::Request& request, const Rule& rule, int64_t now_ns,
+                   std::span<std::atomic<uint64_t>> entry_words, Wait& wait, std::string* out,
+                   const DeferTo* defer);
+  // slice::take() for a key of `rule`, clearing a line mark its line has
+  // outlived (and taking again).
+  slice::TakeResult takeSlice(const Rule& rule, std::string_view key,
+                              std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t cost,
+                              bool first_in_line);
+  // Puts a waiting request for `cost` units of a key of `rule` (`deciding`
+  // its limits) in the key's line, if it is not in it yet. False when more
+  // units wait ahead of it (`ahead`) than the fleet could give the line
+  // within its wait: it is refused.
+  bool stand(Wait& wait, const Rule& rule, const Rule& deciding, std::string_view key,
+             std::span<std::atomic<uint64_t>> words, int64_t cost, int64_t* ahead);
+  // Takes a ticket out of its line and wakes the workers when another
+  // request became first; `words` are the key's slice words, if at hand.
+  void leaveLine(uint64_t ticket, std::span<std::atomic<uint64_t>> words = {});
+  // Queues a waiting request behind the others in its key's line; false
+  // (and an OVERLOADED answer in `out`) when too many wait on this worker.
+  bool queue(const DeferTo& to, const Wait& wait, uint32_t msgid, std::string* out);
   void peekLeased(const rpc::Request& request, const Rule& rule, int64_t now_ns,
                   std::string* out);
   bool defer(const DeferTo* to, const Wait& wait);
@@ -216,6 +255,9 @@ class Dispatcher {
   size_t deferred_bytes_ = 0;      // of deferred_'s frames
   std::vector<Waiter> waiters_;    // a heap (std::push_heap), earliest due on top
   std::vector<Parked> parked_;     // a heap too
+  std::vector<Queued> queued_;     // in no particular order (tickets order them)
+  std::vector<Queued> requeuing_;  // retryQueued's scratch
+  uint64_t seen_promotions_ = 0;   // WaitLines::promotions() when last looked
   bool just_parked_ = false;       // the last acquire parked its request
   bool asking_again_ = false;      // retrying a deferred or parked request
   uint64_t waiter_seq_ = 0;

@@ -132,6 +132,12 @@ TakeResult look(std::span<const std::atomic<uint64_t>> words, int64_t now_ns, in
     result.outcome = Outcome::kFallback;
     return result;
   }
+  if ((words[kFlags].load(std::memory_order_acquire) & kLine) != 0) {
+    result.outcome = Outcome::kQueued;
+    int64_t deny_until = load(words, kDenyUntil);
+    result.until_ns = now_ns < deny_until ? deny_until : 0;
+    return result;
+  }
   int64_t units = spendable(words, now_ns);
   result.left = units;
   if (units >= cost) {
@@ -143,7 +149,8 @@ TakeResult look(std::span<const std::atomic<uint64_t>> words, int64_t now_ns, in
   return result;
 }
 
-TakeResult take(std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t cost, bool again) {
+TakeResult take(std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t cost, bool again,
+                bool first_in_line) {
   TakeResult result;
   uint64_t flags = words[kFlags].load(std::memory_order_acquire);
   result.cold = (flags & kWarm) == 0;
@@ -157,6 +164,13 @@ TakeResult take(std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t 
   if (!again) {
     words[kDemand].store(words[kDemand].load(std::memory_order_relaxed) + static_cast<uint64_t>(cost),
                          std::memory_order_relaxed);
+  }
+  if ((flags & kLine) != 0 && !first_in_line) {
+    // The units are the waiters'; the first of them asks for leases.
+    result.outcome = Outcome::kQueued;
+    int64_t deny_until = load(words, kDenyUntil);
+    result.until_ns = now_ns < deny_until ? deny_until : 0;
+    return result;
   }
 
   int64_t expires = load(words, kExpires);
@@ -253,6 +267,67 @@ std::string_view breakerName(Breaker breaker) {
     case Breaker::kHalfOpen: return "half_open";
   }
   return "unknown";
+}
+
+std::string WaitLines::lineName(uint32_t rule_id, std::string_view key) {
+  std::string name(reinterpret_cast<const char*>(&rule_id), sizeof rule_id);
+  name.append(key);
+  return name;
+}
+
+uint64_t WaitLines::join(uint32_t rule_id, std::string_view key,
+                         std::span<std::atomic<uint64_t>> slice, int64_t cost, int64_t max_ahead,
+                         int64_t* ahead) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::string name = lineName(rule_id, key);
+  Line& line = lines_[name];
+  *ahead = line.units;
+  if (!line.tickets.empty() && line.units > max_ahead) return 0;
+  uint64_t ticket = next_ticket_++;
+  line.tickets.push_back(ticket);
+  line.units += cost;
+  places_.emplace(ticket, Place{std::move(name), cost});
+  slice[slice::kFlags].fetch_or(slice::kLine, std::memory_order_acq_rel);
+  return ticket;
+}
+
+bool WaitLines::first(uint64_t ticket) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = places_.find(ticket);
+  return it != places_.end() && lines_.at(it->second.line).tickets.front() == ticket;
+}
+
+bool WaitLines::leave(uint64_t ticket, std::span<std::atomic<uint64_t>> slice) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto place = places_.find(ticket);
+  if (place == places_.end()) return false;
+  auto it = lines_.find(place->second.line);
+  Line& line = it->second;
+  line.units -= place->second.cost;
+  places_.erase(place);
+  bool was_first = line.tickets.front() == ticket;
+  line.tickets.erase(std::find(line.tickets.begin(), line.tickets.end(), ticket));
+  if (line.tickets.empty()) {
+    lines_.erase(it);
+    if (!slice.empty()) slice[slice::kFlags].fetch_and(~slice::kLine, std::memory_order_acq_rel);
+    return false;
+  }
+  if (!was_first) return false;
+  promotions_.fetch_add(1, std::memory_order_acq_rel);
+  return true;
+}
+
+bool WaitLines::standing(uint32_t rule_id, std::string_view key,
+                         std::span<std::atomic<uint64_t>> slice) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (lines_.contains(lineName(rule_id, key))) return true;
+  slice[slice::kFlags].fetch_and(~slice::kLine, std::memory_order_acq_rel);
+  return false;
+}
+
+size_t WaitLines::size() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return places_.size();
 }
 
 LeaseBroker::LeaseBroker(int64_t lease_interval_ns) : lease_interval_ns_(lease_interval_ns) {}

@@ -43,11 +43,13 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "metrics.h"
@@ -109,6 +111,9 @@ enum Word : size_t {
 constexpr uint64_t kInFlight = 1;
 constexpr uint64_t kWarm = 2;   // a lease has granted units at least once
 constexpr uint64_t kRoomy = 4;  // the last grant left Redis kRoomyFactor times as much
+// Requests of this node wait in line for the key's units (WaitLines): only
+// the first in line may spend them. May outlive the line (WaitLines::standing).
+constexpr uint64_t kLine = 16;
 // Bits 8..11 of kFlags: log2 of how many lease intervals of demand the last
 // batch covered.
 constexpr int kBoostShift = 8;
@@ -121,6 +126,8 @@ enum class Outcome {
   kDenied,    // negatively cached until `until_ns`
   kEmpty,     // nothing to spend; a lease is in flight (maybe claimed now)
   kFallback,  // a lease failed lately: decide by on_redis_down
+  kQueued,    // requests wait in line for the units; `until_ns` is when Redis
+              // has units again (0: a lease is on its way or just came)
 };
 
 struct TakeResult {
@@ -135,9 +142,11 @@ struct TakeResult {
 
 // Spends `cost` from the slice when it holds that many. Lock-free. A
 // request asked again (it waited for a lease, or for its units) passes
-// `again`: its units were counted in the key's demand the first time.
+// `again`: its units were counted in the key's demand the first time. While
+// requests wait in line for the key (kLine), only the first of them may
+// spend (`first_in_line`); any other is told kQueued.
 TakeResult take(std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t cost,
-                bool again = false);
+                bool again = false, bool first_in_line = false);
 
 // Reports what take() would answer, spending and claiming nothing.
 TakeResult look(std::span<const std::atomic<uint64_t>> words, int64_t now_ns, int64_t cost);
@@ -175,6 +184,68 @@ Batch nextBatch(std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t 
 // interval while the key is still being asked for. While Redis is
 // unreachable a node holds the blocks it knows of in full.
 constexpr int64_t kBlockRecheckNs = 1'000'000'000;
+
+// The lines in which a node's requests wait for a global rule's units
+// (bounded waiting, max_wait), one per (rule, key), shared by all workers so
+// that the units a lease brings go to the key's waiters in the order they
+// came, whichever connection and worker each came on.
+//
+// A waiting request that cannot be served at once joins the line of its key
+// and gets a ticket; joining marks the key's slice (slice::kLine), and from
+// then on take() serves the first in line only. The first waits for its
+// lease or for the time Redis said it has units again, as any request does;
+// the others wait for their turn. Leaving (served, answered when its wait
+// ended, or its connection gone) makes the next one first; the worker that
+// holds it is woken (LeaseBroker::notifyWorkers) and sees promotions()
+// change. A request that does not wait, on a key with a line, is refused
+// (or waits for the lease under way): the units are the waiters'. A line is
+// bounded by what its waiters could be given within their wait: a request
+// that would stand behind more units than that is refused at once.
+//
+// Thread-safe; one mutex, taken only by requests that wait and by those
+// that find a line mark (the slice's flags carry it, so a key without
+// waiters never takes the lock).
+class WaitLines {
+ public:
+  // Puts a request for `cost` units at the end of the line for (rule_id,
+  // key) and marks `slice` (the key's slice words), unless the line holds
+  // requests and this one would stand behind more than `max_ahead` units.
+  // Returns its ticket, or 0 (refused); `ahead` gets the units of the
+  // requests before it.
+  uint64_t join(uint32_t rule_id, std::string_view key, std::span<std::atomic<uint64_t>> slice,
+                int64_t cost, int64_t max_ahead, int64_t* ahead);
+  // Whether `ticket` is first in its line.
+  bool first(uint64_t ticket) const;
+  // Takes `ticket` out of its line. An emptied line clears the mark on
+  // `slice` (the caller may not hold the key's words: then it is left for
+  // standing() to clear). True when another ticket became first.
+  bool leave(uint64_t ticket, std::span<std::atomic<uint64_t>> slice);
+  // For a request that found the mark: whether the key has a line. Clears a
+  // mark the line has outlived.
+  bool standing(uint32_t rule_id, std::string_view key, std::span<std::atomic<uint64_t>> slice);
+  // Changes each time a ticket becomes first by another's leaving.
+  uint64_t promotions() const { return promotions_.load(std::memory_order_acquire); }
+  // Tickets in all lines.
+  size_t size() const;
+
+ private:
+  static std::string lineName(uint32_t rule_id, std::string_view key);
+
+  struct Line {
+    std::deque<uint64_t> tickets;  // in arrival order
+    int64_t units = 0;             // asked for by them together
+  };
+  struct Place {
+    std::string line;
+    int64_t cost;
+  };
+
+  mutable std::mutex mutex_;
+  std::unordered_map<std::string, Line> lines_;  // by rule id and key
+  std::unordered_map<uint64_t, Place> places_;   // by ticket
+  uint64_t next_ticket_ = 1;
+  std::atomic<uint64_t> promotions_{0};
+};
 
 // What a worker asks the control thread for.
 struct LeaseRequest {
@@ -253,6 +324,8 @@ class LeaseBroker {
   void notifyWorkers() const {
     if (notify_) notify_();
   }
+  // Where this node's waiting requests stand in line (any thread).
+  WaitLines& lines() { return lines_; }
 
   // Counters (control thread writes, anyone reads).
   struct Counters {
@@ -272,6 +345,7 @@ class LeaseBroker {
   std::atomic<int64_t> open_since_ns_{0};      // while open: since when
   std::atomic<uint64_t> open_ns_total_{0};     // closed periods of fallback
   Counters counters_;
+  WaitLines lines_;
 
   std::mutex mutex_;  // guards queue_ and wakeup_
   std::vector<LeaseRequest> queue_;

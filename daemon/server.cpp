@@ -96,6 +96,7 @@ Server::Server(Config config)
       access_(config_.access, geteuid()),
       user_connections_(config_.access.max_connections_per_user),
       metrics_(workerCount(config_.daemon.workers)) {
+  rules_.store(config_.rules, std::memory_order_release);
   KeyTableOptions key_options;
   key_options.max_keys = config_.keys.max_keys;
   key_options.max_bytes = config_.keys.max_memory;
@@ -118,10 +119,7 @@ Server::Server(Config config)
     LeaseContext context;
     context.keys = keys_.get();
     context.broker = broker_.get();
-    context.rules = [this] {
-      std::lock_guard<std::mutex> lock(reload_mutex_);
-      return config_.rules;
-    };
+    context.rules = [this] { return rules_.load(std::memory_order_acquire); };
     control_->attachLeases(std::move(context));
   }
 }
@@ -436,13 +434,15 @@ bool Server::reload(std::string* error) {
 }
 
 bool Server::reloadLocked(std::string* error) {
+  // Read and checked before the lock is taken (config_.path never changes),
+  // so the lock is held for moments only.
+  ConfigResult result = loadConfigFile(config_.path);
   std::lock_guard<std::mutex> lock(reload_mutex_);
   // Once stopping, workers close their queues: nothing may be posted to them.
   if (stopping_) {
     *error = "the daemon is stopping";
     return false;
   }
-  ConfigResult result = loadConfigFile(config_.path);
   if (!result.ok()) {
     *error = result.error;
     return false;
@@ -476,6 +476,7 @@ bool Server::reloadLocked(std::string* error) {
 
 void Server::installRules(RuleSetPtr rules) {
   config_.rules = rules;
+  rules_.store(rules, std::memory_order_release);
   for (auto& worker : workers_) {
     worker->setRules(rules);
   }
@@ -512,16 +513,12 @@ void Server::returnSlice(const Rule& rule, std::string_view key,
 
 void Server::onForcedEviction(uint32_t rule_id, std::string_view key,
                               std::span<std::atomic<uint64_t>> words) {
-  // Only a global rule's slice holds units; the lock is taken for those only.
+  // Only a global rule's slice holds units.
   if (!broker_ || (rule_id & kFallbackIdBit) != 0 || words.size() < slice::kWords ||
       static_cast<int64_t>(words[slice::kUnits].load(std::memory_order_relaxed)) <= 0) {
     return;
   }
-  RuleSetPtr rules;
-  {
-    std::lock_guard<std::mutex> lock(reload_mutex_);
-    rules = config_.rules;
-  }
+  RuleSetPtr rules = rules_.load(std::memory_order_acquire);
   const Rule* rule = rules->findById(rule_id);
   if (rule != nullptr && leasable(*rule) && words.size() == entryWords(*rule)) {
     returnSlice(*rule, key, words, monotonicNowNs());
@@ -529,11 +526,7 @@ void Server::onForcedEviction(uint32_t rule_id, std::string_view key,
 }
 
 void Server::sweepKeys() {
-  RuleSetPtr rules;
-  {
-    std::lock_guard<std::mutex> lock(reload_mutex_);
-    rules = config_.rules;
-  }
+  RuleSetPtr rules = rules_.load(std::memory_order_acquire);
   int64_t now_ns = monotonicNowNs();
   // A key is dropped when its rule is gone or its state is a fresh key's:
   // dropping it then changes no future decision. A global rule's idle slice
@@ -550,6 +543,11 @@ void Server::sweepKeys() {
     if ((rule->id & kFallbackIdBit) == 0 && leasable(*rule)) {
       auto word = [&](slice::Word w) { return static_cast<int64_t>(words[w].load(std::memory_order_acquire)); };
       if ((word(slice::kFlags) & slice::kInFlight) != 0 || now_ns < word(slice::kDenyUntil)) {
+        return false;
+      }
+      // Requests wait in line for its units (the mark goes with the line).
+      if ((word(slice::kFlags) & slice::kLine) != 0 &&
+          broker_->lines().standing(rule->id, entry.key(), words.first(slice::kWords))) {
         return false;
       }
       returnSlice(*rule, entry.key(), words, now_ns);

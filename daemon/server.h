@@ -27,6 +27,7 @@
 
 #include <uv.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -81,7 +82,7 @@ class Server : public DaemonStatus {
   void returnSlice(const Rule& rule, std::string_view key,
                    std::span<std::atomic<uint64_t>> words, int64_t now_ns);
   // A worker's insert evicted an entry from the full table: a slice returns
-  // its units. Takes reload_mutex_ for slices holding units only.
+  // its units.
   void onForcedEviction(uint32_t rule_id, std::string_view key,
                         std::span<std::atomic<uint64_t>> words);
   void beginStop();
@@ -96,6 +97,9 @@ class Server : public DaemonStatus {
 
   Config config_;           // guarded by reload_mutex_ after run() starts
   std::mutex reload_mutex_;
+  // config_.rules, for the threads that read it without waiting on a reload
+  // (a worker's forced eviction, the control thread, the sweep).
+  std::atomic<RuleSetPtr> rules_;
   // [access] as the daemon started (a reload warns that it needs a restart);
   // the main loop decides each connection with them.
   const Access access_;

@@ -5,8 +5,8 @@ down, each node's share of it); a key that one daemon's penalty blocks is
 blocked on the other from its next lease, until the block ends or an admin
 resets the key, and a daemon that knows of a block holds it while Redis is
 down; requests that may wait on a paced global rule leave the fleet one
-interval apart, each daemon's in arrival order once its key's first lease
-has come back.
+interval apart, each daemon's in arrival order, whichever connection (and
+worker) they came on.
 
 Needs SLUICED (the daemon binary) in the environment; run with /usr/bin/python3
 (python3-msgpack).
@@ -282,15 +282,140 @@ class WaitingFleetTest(FleetCase):
         for index in range(2):
             mine = [msgid for _, msgid in sorted((t, msgid) for t, i, msgid, *_ in released
                                                  if i == index)]
-            arrival = sorted(mine)
-            self.assertEqual(set(mine[:3]), set(arrival[:3]), mine)
-            self.assertEqual(mine[3:], arrival[3:], mine)
+            self.assertEqual(mine, sorted(mine))
         for t, _, _, _, result in released:
             self.assertLessEqual(abs(result["waited_ms"] / 1000 - (t - start)), 0.05, result)
         error, result = self.daemons[0].client.call("acquire", "paced", "provider", 1, 0)
         self.assertIsNone(error)
         self.assertFalse(result["allowed"])
 
+    def test_waiters_on_several_connections_leave_in_arrival_order(self):
+        # Four connections, so both workers hold waiters of the one key; a
+        # waiter is sent every 20 ms, in turn on each connection, and the
+        # key's units (one per 100 ms) must go to them in that order.
+        daemon = self.daemons[0]
+        clients = [Client(daemon.socket) for _ in range(4)]
+        count = 12
+        released = []  # (time, msgid, result)
+        lock = threading.Lock()
+        def read(client, expected):
+            client.sock.settimeout(10)
+            for _ in range(expected):
+                response = client.recv()
+                with lock:
+                    released.append((time.monotonic(), response[1], response[2], response[3]))
+        readers = [threading.Thread(target=read, args=(c, count // len(clients))) for c in clients]
+        for reader in readers:
+            reader.start()
+        for i in range(count):
+            clients[i % len(clients)].send([0, i, "acquire", ["paced", "several", 1]])
+            time.sleep(0.02)
+        for reader in readers:
+            reader.join(15)
+        for client in clients:
+            client.close()
+        self.assertEqual(len(released), count)
+        for _, _, error, result in released:
+            self.assertIsNone(error)
+            self.assertTrue(result["allowed"], result)
+        order = [msgid for _, msgid, *_ in sorted(released)]
+        print("\nmeasured: %d waiters on 4 connections released in order %s" % (count, order))
+        self.assertEqual(order, list(range(count)))
+
+
+    def test_waiters_that_leave_do_not_hold_up_the_line(self):
+        # In line on one key (a unit per 100 ms): 0 and 1 wait on one
+        # connection, 2 with a wait too short for its turn, 3, 4 and 4b on a
+        # connection that closes, then 5 and 6. 2 is refused once it is
+        # first and Redis says its unit comes after its wait. A closed
+        # connection is drained: 3 is still served (its unit is spent), the
+        # answer cannot be written, the daemon closes its end, and 4 (first
+        # by then) and 4b leave the line with it. 5 and 6 are held up by
+        # none of them: a place left in the line would have cost them a
+        # whole wait (5 s).
+        daemon = self.daemons[0]
+        first, short, gone = (Client(daemon.socket) for _ in range(3))
+        start = time.monotonic()
+        first.send([0, 0, "acquire", ["paced", "leave", 1]])
+        first.send([0, 1, "acquire", ["paced", "leave", 1]])
+        time.sleep(0.02)
+        short.send([0, 2, "acquire", ["paced", "leave", 1, 150]])
+        time.sleep(0.02)
+        gone.send([0, 3, "acquire", ["paced", "leave", 1]])
+        gone.send([0, 4, "acquire", ["paced", "leave", 1]])
+        gone.send([0, 40, "acquire", ["paced", "leave", 1]])
+        time.sleep(0.02)
+        first.send([0, 5, "acquire", ["paced", "leave", 1]])
+        first.send([0, 6, "acquire", ["paced", "leave", 1]])
+        time.sleep(0.02)
+        gone.close()
+        short.sock.settimeout(5)
+        _, msgid, error, result = short.recv()
+        refused_after = time.monotonic() - start
+        self.assertEqual(msgid, 2)
+        self.assertIsNone(error)
+        self.assertFalse(result["allowed"], result)
+        self.assertLessEqual(result["waited_ms"], 150)
+        self.assertGreater(result["retry_after_ms"], 0)
+        self.assertLess(refused_after, 0.5)
+        first.sock.settimeout(5)
+        released = []
+        for _ in range(4):
+            _, msgid, error, result = first.recv()
+            self.assertIsNone(error)
+            self.assertTrue(result["allowed"], result)
+            released.append((msgid, time.monotonic() - start))
+        print("\nmeasured: 2 refused after %.0f ms; released %s" % (
+            refused_after * 1000, ", ".join("%d at %.0f ms" % (m, t * 1000) for m, t in released)))
+        self.assertEqual([m for m, _ in released], [0, 1, 5, 6])
+        # Units at 0, 100 (1), 200 (3), 300 (5) and 400 ms (6).
+        self.assertLess(released[-1][1], 0.4 + 0.25)
+        self.assertEqual(daemon.client.result("stats")["leases"]["spent_units"], 5)
+        for client in (first, short):
+            client.close()
+
+    def test_a_line_longer_than_the_wait_refuses_at_once(self):
+        # A unit per 100 ms and waits of 300 ms: the fleet could give a line
+        # 1 (the burst) + 3 units within a wait. 0 is allowed at once; 1 to 4
+        # stand in line (1 and 2 get theirs at 100 and 200 ms, 3's would
+        # come just after its wait); 5 to 9 would stand behind more than 3
+        # units and are refused at once, with a hint of when the line will
+        # have gone.
+        daemon = self.daemons[0]
+        for i in range(10):
+            daemon.client.send([0, i, "acquire", ["paced", "bounded", 1, 300]])
+        daemon.client.sock.settimeout(5)
+        answers = {}
+        for _ in range(10):
+            _, msgid, error, result = daemon.client.recv()
+            self.assertIsNone(error)
+            answers[msgid] = result
+        for msgid in (0, 1, 2):
+            self.assertTrue(answers[msgid]["allowed"], (msgid, answers[msgid]))
+        for msgid in range(5, 10):
+            self.assertFalse(answers[msgid]["allowed"], (msgid, answers[msgid]))
+            self.assertLessEqual(answers[msgid]["waited_ms"], 50, (msgid, answers[msgid]))
+            self.assertGreaterEqual(answers[msgid]["retry_after_ms"], 300, (msgid, answers[msgid]))
+
+    def test_stopping_answers_every_waiter_at_once(self):
+        daemon = self.daemons[0]
+        for i in range(6):
+            daemon.client.send([0, i, "acquire", ["paced", "stop", 1]])
+        # The first is allowed at once; the rest stand in line for seconds.
+        daemon.client.sock.settimeout(5)
+        _, msgid, error, result = daemon.client.recv()
+        self.assertEqual((msgid, error, result["allowed"]), (0, None, True))
+        time.sleep(0.15)
+        stopped = time.monotonic()
+        daemon.proc.send_signal(signal.SIGTERM)
+        answers = [daemon.client.recv() for _ in range(5)]
+        self.assertLess(time.monotonic() - stopped, 1.0)
+        allowed = [m for _, m, e, r in answers if e is None and r["allowed"]]
+        refused = [m for _, m, e, r in answers if e is None and not r["allowed"]]
+        # One more unit may have come due before the signal.
+        self.assertLessEqual(len(allowed), 1)
+        self.assertEqual(sorted(allowed + refused), [1, 2, 3, 4, 5])
+        self.assertEqual(daemon.proc.wait(10), 0)
 
 def tearDownModule():
     for proc in STARTED_PROCS:

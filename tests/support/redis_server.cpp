@@ -30,33 +30,49 @@ int freeLoopbackPort() {
 
 RedisServer::RedisServer(std::vector<std::string> extra_args) : extra_args_(std::move(extra_args)) {
   port_ = freeLoopbackPort();
-  start();
+  start(true);
 }
 
 RedisServer::~RedisServer() = default;  // Child kills and reaps
 
-void RedisServer::start() {
-  std::vector<std::string> argv = {
-      env("REDIS_SERVER", "/usr/bin/redis-server"),
-      "--port", std::to_string(port_),
-      "--bind", host_,
-      "--dir", dir_.path(),
-      "--save", "",
-      "--appendonly", "no",
-      "--enable-debug-command", "local",
-      "--daemonize", "no",
-      "--logfile", dir_.file("redis.log"),
-  };
-  argv.insert(argv.end(), extra_args_.begin(), extra_args_.end());
-  child_ = std::make_unique<Child>(argv);
-  bool up = waitFor(10'000, [&] {
-    std::vector<std::string> ping = {"PING"};
-    return cli(ping).find("PONG") != std::string::npos ||
-           cli(ping).find("NOAUTH") != std::string::npos;
-  });
-  if (!up) {
-    throw std::runtime_error("redis-server did not start on port " + std::to_string(port_) +
-                             ": " + readFile(dir_.file("redis.log")));
+void RedisServer::start(bool may_move) {
+  // The port was free when picked, but another test process may have
+  // picked it too: then one redis-server cannot bind it and exits, and the
+  // other's would answer this fixture's PINGs. Only this server's own log
+  // saying it is ready proves the port is its own; a first start that lost
+  // the race tries another port.
+  for (int attempt = 1;; ++attempt) {
+    std::vector<std::string> argv = {
+        env("REDIS_SERVER", "/usr/bin/redis-server"),
+        "--port", std::to_string(port_),
+        "--bind", host_,
+        "--dir", dir_.path(),
+        "--save", "",
+        "--appendonly", "no",
+        "--enable-debug-command", "local",
+        "--daemonize", "no",
+        "--logfile", dir_.file("redis.log"),
+    };
+    argv.insert(argv.end(), extra_args_.begin(), extra_args_.end());
+    ::unlink(dir_.file("redis.log").c_str());
+    child_ = std::make_unique<Child>(argv);
+    bool ready = waitFor(10'000, [&] {
+      return !child_->running() ||
+             readFile(dir_.file("redis.log")).find("Ready to accept connections") != std::string::npos;
+    });
+    if (ready && child_->running()) {
+      std::vector<std::string> ping = {"PING"};
+      bool up = waitFor(10'000, [&] {
+        std::string answer = cli(ping);
+        return answer.find("PONG") != std::string::npos || answer.find("NOAUTH") != std::string::npos;
+      });
+      if (up) return;
+    }
+    if (!may_move || attempt == 5 || child_->running()) {
+      throw std::runtime_error("redis-server did not start on port " + std::to_string(port_) +
+                               ": " + readFile(dir_.file("redis.log")));
+    }
+    port_ = freeLoopbackPort();
   }
 }
 
@@ -78,7 +94,7 @@ void RedisServer::resume() {
 void RedisServer::restart() {
   kill();
   child_.reset();
-  start();
+  start(false);
 }
 
 std::string RedisServer::cli(const std::vector<std::string>& args) const {

@@ -38,7 +38,9 @@ class RedisServer {
   std::string cli(const std::vector<std::string>& args) const;
 
  private:
-  void start();
+  // Starts redis-server on port_; a first start that finds the port taken
+  // moves to another (may_move), a restart must not.
+  void start(bool may_move);
 
   TempDir dir_;
   std::string host_ = "127.0.0.1";

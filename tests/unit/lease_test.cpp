@@ -239,6 +239,90 @@ TEST_F(SliceTest, AskingAgainCountsNoDemand) {
   EXPECT_EQ(words_[slice::kDemand].load(), 5u);
 }
 
+// Verifies that while requests stand in a key's line only the first may
+// spend its units: a later request is told kQueued (with the negative
+// cache's end when Redis said "nothing until t"), its demand still counted.
+TEST_F(SliceTest, OnlyTheFirstInLineSpends) {
+  grant(3);
+  words_[slice::kFlags].fetch_or(slice::kLine);
+  slice::TakeResult later = slice::take(words(), 1 * kMs, 1);
+  EXPECT_EQ(later.outcome, slice::Outcome::kQueued);
+  EXPECT_EQ(later.until_ns, 0);
+  EXPECT_EQ(words_[slice::kUnits].load(), 3u);
+  EXPECT_EQ(words_[slice::kDemand].load(), 1u);
+  EXPECT_EQ(slice::look(words(), 1 * kMs, 1).outcome, slice::Outcome::kQueued);
+  slice::TakeResult first = slice::take(words(), 1 * kMs, 1, true, /*first_in_line=*/true);
+  EXPECT_EQ(first.outcome, slice::Outcome::kTaken);
+  EXPECT_EQ(first.left, 2);
+  words_[slice::kDenyUntil].store(static_cast<uint64_t>(50 * kMs));
+  EXPECT_EQ(slice::take(words(), 2 * kMs, 1).until_ns, 50 * kMs);
+}
+
+// Verifies a key's line: tickets are first in the order they joined,
+// whatever order they leave in; joining marks the slice and the last to
+// leave clears the mark; a leaving first counts a promotion; a mark the
+// line outlived (its last ticket left without the key's words) is cleared
+// by standing().
+TEST(WaitLinesTest, FirstComeFirstServedPerKey) {
+  std::vector<std::atomic<uint64_t>> a(slice::kWords), b(slice::kWords);
+  std::span<std::atomic<uint64_t>> sa(a.data(), a.size()), sb(b.data(), b.size());
+  WaitLines lines;
+  int64_t ahead = 0;
+  uint64_t a1 = lines.join(7, "a", sa, 1, 100, &ahead);
+  uint64_t b1 = lines.join(7, "b", sb, 1, 100, &ahead);
+  uint64_t a2 = lines.join(7, "a", sa, 1, 100, &ahead);
+  uint64_t a3 = lines.join(7, "a", sa, 1, 100, &ahead);
+  uint64_t other_rule = lines.join(8, "a", sb, 1, 100, &ahead);
+  EXPECT_NE(a[slice::kFlags].load() & slice::kLine, 0u);
+  EXPECT_TRUE(lines.first(a1));
+  EXPECT_TRUE(lines.first(b1));
+  EXPECT_TRUE(lines.first(other_rule));
+  EXPECT_FALSE(lines.first(a2));
+  EXPECT_EQ(lines.size(), 5u);
+
+  uint64_t before = lines.promotions();
+  EXPECT_FALSE(lines.leave(a3, sa));  // from the back: nobody moves up
+  EXPECT_EQ(lines.promotions(), before);
+  EXPECT_TRUE(lines.leave(a1, sa));
+  EXPECT_EQ(lines.promotions(), before + 1);
+  EXPECT_TRUE(lines.first(a2));
+  EXPECT_FALSE(lines.first(a1));  // gone
+  EXPECT_FALSE(lines.leave(a1, sa));  // twice: nothing
+  EXPECT_NE(a[slice::kFlags].load() & slice::kLine, 0u);
+  EXPECT_FALSE(lines.leave(a2, sa));  // the last: the mark goes
+  EXPECT_EQ(a[slice::kFlags].load() & slice::kLine, 0u);
+
+  EXPECT_FALSE(lines.leave(b1, {}));  // without the words: the mark stays
+  EXPECT_NE(b[slice::kFlags].load() & slice::kLine, 0u);
+  EXPECT_FALSE(lines.standing(7, "b", sb));
+  EXPECT_EQ(b[slice::kFlags].load() & slice::kLine, 0u);
+  b[slice::kFlags].fetch_or(slice::kLine);
+  EXPECT_TRUE(lines.standing(8, "a", sb));  // rule 8's line still stands
+  EXPECT_NE(b[slice::kFlags].load() & slice::kLine, 0u);
+  EXPECT_EQ(lines.size(), 1u);
+}
+
+// Verifies a line is bounded by units: a request is refused when more units
+// stand ahead of it than it may wait behind, and `ahead` says how many;
+// the first of a line is never refused, and units leave with their tickets.
+TEST(WaitLinesTest, LongLinesRefuseAtOnce) {
+  std::vector<std::atomic<uint64_t>> a(slice::kWords);
+  std::span<std::atomic<uint64_t>> sa(a.data(), a.size());
+  WaitLines lines;
+  int64_t ahead = -1;
+  uint64_t big = lines.join(1, "k", sa, 5, 0, &ahead);  // first: joins whatever its bound
+  EXPECT_NE(big, 0u);
+  EXPECT_EQ(ahead, 0);
+  EXPECT_NE(lines.join(1, "k", sa, 2, 5, &ahead), 0u);
+  EXPECT_EQ(ahead, 5);
+  EXPECT_EQ(lines.join(1, "k", sa, 1, 6, &ahead), 0u);  // 7 ahead
+  EXPECT_EQ(ahead, 7);
+  EXPECT_EQ(lines.size(), 2u);
+  lines.leave(big, sa);
+  EXPECT_NE(lines.join(1, "k", sa, 1, 6, &ahead), 0u);
+  EXPECT_EQ(ahead, 2);
+}
+
 // Verifies the entry layouts: a leasable rule's slice, then its penalty's
 // words, then the override word; a share's state, its undebited word and its
 // override word; and that the override recorded for a key (any of them, the
