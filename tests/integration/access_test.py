@@ -17,10 +17,7 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import (MADE_DIRS, STARTED_PROCS, Client, end_process, make_dir,  # noqa: E402
-                     spawn, wait_accepting, wait_for)
-
-SLUICED = os.environ.get("SLUICED", "sluiced")
+from harness import SLUICED, Client, Daemon, tear_down_module, wait_for  # noqa: E402
 
 # Users and groups every Debian system has.
 NOBODY = 65534
@@ -70,40 +67,16 @@ def acting_as(uid, gid, groups=()):
 @unittest.skipUnless(os.geteuid() == 0, "connecting as other users needs root")
 class AccessTest(unittest.TestCase):
     def setUp(self):
-        self.dir = make_dir("ac.")
-        os.chmod(self.dir, 0o755)  # other users reach the socket through it
-        self.socket = os.path.join(self.dir, "s.sock")
-        self.log = open(os.path.join(self.dir, "log"), "w+")
-        self.proc = None
-
-    def tearDown(self):
-        if self.proc is not None:
-            end_process(self.proc)
-        self.log.close()
-
-    def logs(self):
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read()
+        self.daemon = Daemon(dir_prefix="ac.")
+        os.chmod(self.daemon.dir, 0o755)  # other users reach the socket through it
+        self.addCleanup(self.daemon.stop)
 
     def start(self, access):
-        config = os.path.join(self.dir, "sluice.toml")
-        with open(config, "w") as f:
-            f.write(CONFIG.format(socket=self.socket, access=access))
-        self.proc = spawn([SLUICED, "--config", config], stdout=self.log,
-                          stderr=subprocess.STDOUT)
-        wait_accepting(self.socket, self.proc, self.logs)
+        self.daemon.start(CONFIG.format(socket=self.daemon.socket, access=access))
 
     def connect_as(self, uid, gid, groups=()):
         with acting_as(uid, gid, groups):
-            return Client(self.socket)
-
-    def stats(self):
-        client = Client(self.socket)
-        try:
-            return client.result("stats")
-        finally:
-            client.close()
+            return Client(self.daemon.socket)
 
     # Verifies that a peer in neither list gets FORBIDDEN, naming its uid, for
     # every method, that its notifications spend nothing, that the daemon
@@ -122,13 +95,13 @@ class AccessTest(unittest.TestCase):
         self.assertEqual(error["code"], "FORBIDDEN")  # the connection still answers
         stranger.close()
 
-        root = Client(self.socket)
+        root = Client(self.daemon.socket)
         self.assertEqual(root.result("peek", "five", "k")["remaining"], 5)  # nothing spent
         root.close()
-        stats = self.stats()
+        stats = self.daemon.ask("stats")
         self.assertEqual(stats["connections"]["forbidden"], 1)
         self.assertEqual(stats["errors"]["FORBIDDEN"], 6)  # five answered, one notification
-        self.assertIn("uid %d" % NOBODY, self.logs())
+        self.assertIn("uid %d" % NOBODY, self.daemon.logs())
 
     # Verifies who the lists let in: a listed uid, members of a listed group
     # by primary or supplementary group, and root; and that of those only
@@ -140,7 +113,7 @@ class AccessTest(unittest.TestCase):
             "supplementary group": self.connect_as(NOBODY, NOGROUP, [USERS_GID]),
             "primary group": self.connect_as(NOBODY, USERS_GID),
             "admin group": self.connect_as(NOBODY, NOGROUP, [STAFF_GID]),
-            "root": Client(self.socket),
+            "root": Client(self.daemon.socket),
         }
         for name, client in peers.items():
             result = client.result("acquire", "five", name)
@@ -155,7 +128,7 @@ class AccessTest(unittest.TestCase):
             self.assertEqual(peers[name].result("reset", "five", name)["remaining"], 5, name)
         for client in peers.values():
             client.close()
-        self.assertEqual(self.stats()["connections"]["forbidden"], 0)
+        self.assertEqual(self.daemon.ask("stats")["connections"]["forbidden"], 0)
 
     # Verifies that without lists anyone who can open the socket may decide,
     # but reloading still takes root (or admin_group).
@@ -194,7 +167,7 @@ class AccessTest(unittest.TestCase):
                 client.close()
                 return False
         self.assertTrue(wait_for(reconnects, timeout=5))
-        stats = self.stats()
+        stats = self.daemon.ask("stats")
         self.assertGreaterEqual(stats["connections"]["refused_per_user"], 1)
         self.assertEqual(stats["connections"]["refused"], 0)
         for client in held:
@@ -203,7 +176,7 @@ class AccessTest(unittest.TestCase):
     # Verifies that an unknown user name is refused by --check-config with the
     # file, line and the fix.
     def test_unknown_user_is_refused_with_file_and_line(self):
-        config = os.path.join(self.dir, "bad.toml")
+        config = os.path.join(self.daemon.dir, "bad.toml")
         with open(config, "w") as f:
             f.write('[access]\nusers = ["no-such-user-x"]\n')
         result = subprocess.run([SLUICED, "--check-config", config],
@@ -214,10 +187,7 @@ class AccessTest(unittest.TestCase):
 
 
 def tearDownModule():
-    for proc in STARTED_PROCS:
-        end_process(proc)
-    for path in MADE_DIRS:
-        subprocess.run(["rm", "-rf", path])
+    tear_down_module()
 
 
 if __name__ == "__main__":

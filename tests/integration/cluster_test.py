@@ -28,17 +28,13 @@ REDIS_SERVER and REDIS_CLI the Redis tools.
 """
 
 import os
-import shutil
-import subprocess
 import sys
 import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import (MADE_DIRS, STARTED_PROCS, Client, Cluster, cluster_slot,  # noqa: E402
-                     end_process, make_dir, redis_key, spawn, wait_accepting, wait_for)
-
-SLUICED = os.environ.get("SLUICED", "build/daemon/sluiced")
+from harness import (Cluster, Daemon, cluster_slot, redis_key, tear_down_module,  # noqa: E402
+                     wait_for)
 
 # "budget": an exact count (a refill every 3 minutes is far beyond a test).
 BUDGET = 20
@@ -102,41 +98,15 @@ ADVERSARIAL_KEYS = [b"{", b"}", b"{}", b"}{", b"a{b}c", b"{user1000}", b"\x00{x}
                     b"{" * 1024, b"}" * 1024, b"k" * 1024]
 
 
-class Daemon:
-    """A sluiced in its own temp dir on the cluster named by `seeds`."""
-
-    def __init__(self, index, seeds, lease_timeout_ms, health_timeout_ms):
-        self.name = "cluster-%d" % index
-        self.dir = make_dir("sl.")
-        self.socket = os.path.join(self.dir, "s.sock")
-        config = os.path.join(self.dir, "sluice.toml")
-        with open(config, "w") as f:
-            f.write(CONFIG.format(socket=self.socket, seeds=seeds, index=index,
-                                  lease_timeout=lease_timeout_ms,
-                                  health_timeout=health_timeout_ms, budget=BUDGET,
-                                  steady=STEADY_PER_S, steady_burst=STEADY_BURST))
-        self.log = open(os.path.join(self.dir, "log"), "w+")
-        self.proc = spawn([SLUICED, "--config", config], stdout=self.log,
-                          stderr=subprocess.STDOUT)
-        wait_accepting(self.socket, self.proc, self.logs)
-        self.client = Client(self.socket)
-
-    def acquire(self, rule, key):
-        return self.client.result("acquire", rule, key, 1)
-
-    def health(self):
-        return self.client.result("health")
-
-    def logs(self, tail=40):
-        self.log.flush()
-        self.log.seek(0)
-        return "".join(self.log.readlines()[-tail:])
-
-    def stop(self):
-        self.client.close()
-        end_process(self.proc)
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+def start_daemon(test, index, seeds, lease_timeout_ms, health_timeout_ms):
+    """A sluiced on the cluster named by `seeds`, stopped when `test` ends."""
+    daemon = Daemon("cluster-%d" % index, log_tail=40)
+    test.addCleanup(daemon.stop)
+    daemon.start(CONFIG.format(socket=daemon.socket, seeds=seeds, index=index,
+                               lease_timeout=lease_timeout_ms, health_timeout=health_timeout_ms,
+                               budget=BUDGET, steady=STEADY_PER_S, steady_burst=STEADY_BURST),
+                 connect=True)
+    return daemon
 
 
 def error_count(node, error):
@@ -169,10 +139,8 @@ class ClusterCase(unittest.TestCase):
         self.addCleanup(self.cluster.stop)
         self.daemons = []
         for index in range(2):
-            daemon = Daemon(index, self.cluster.seeds(), self.lease_timeout_ms,
-                            self.health_timeout_ms)
-            self.addCleanup(daemon.stop)
-            self.daemons.append(daemon)
+            self.daemons.append(start_daemon(self, index, self.cluster.seeds(),
+                                             self.lease_timeout_ms, self.health_timeout_ms))
         for daemon in self.daemons:
             up = wait_for(lambda: (lambda h: h["redis"] == "up" and h["breaker"] == "closed" and
                                    h["nodes"] == 2)(daemon.health()), 10)
@@ -403,10 +371,7 @@ class ClusterFailoverTest(ClusterCase):
 
 
 def tearDownModule():
-    alive = [p.args for p in STARTED_PROCS if p.poll() is None]
-    left = [d for d in MADE_DIRS if os.path.exists(d)]
-    if alive or left:
-        raise RuntimeError("leaked processes %s, temp dirs %s" % (alive, left))
+    tear_down_module()
 
 
 if __name__ == "__main__":

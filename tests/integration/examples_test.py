@@ -22,9 +22,7 @@ import subprocess
 import sys
 import unittest
 
-from harness import MADE_DIRS, end_process, make_dir, spawn, wait_accepting
-
-SLUICED = os.environ.get("SLUICED", "build/daemon/sluiced")
+from harness import Daemon, make_dir, tear_down_module
 EXAMPLE_C = os.environ.get("EXAMPLE_C", "build/client/examples/c/acquire")
 EXAMPLES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                             "..", "..", "client", "examples")
@@ -56,41 +54,16 @@ def ceil_seconds(ms):
     return -(-ms // 1000)
 
 
-class Daemon:
-    """sluiced on a private socket with one rule, `api`, of LIMIT per minute."""
-
-    def __init__(self):
-        self.dir = make_dir("sl")
-        self.socket = os.path.join(self.dir, "s.sock")
-        config = os.path.join(self.dir, "sluice.toml")
-        with open(config, "w") as f:
-            f.write(CONFIG.format(socket=self.socket, limit=LIMIT))
-        self.log = open(os.path.join(self.dir, "log"), "w+")
-        self.proc = spawn([SLUICED, "--config", config], stdout=self.log,
-                          stderr=subprocess.STDOUT)
-        wait_accepting(self.socket, self.proc, self.logs)
-
-    def logs(self):
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read()
-
-    def stop(self):
-        end_process(self.proc)
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
 class ExampleTests:
     """The tests every example must pass; a subclass says how to run it."""
 
     command = None  # argv before the example's own arguments
 
     def setUp(self):
-        self.daemon = Daemon()
-
-    def tearDown(self):
-        self.daemon.stop()
+        """sluiced on a private socket with one rule, `api`, of LIMIT per minute."""
+        self.daemon = Daemon(dir_prefix="sl")
+        self.addCleanup(self.daemon.stop)
+        self.daemon.start(CONFIG.format(socket=self.daemon.socket, limit=LIMIT))
 
     def run_example(self, *args):
         return subprocess.run([*self.command, *args], capture_output=True, text=True,
@@ -197,8 +170,7 @@ class NodeExampleTest(ExampleTests, unittest.TestCase):
 
 
 def tearDownModule():
-    leftover = [d for d in MADE_DIRS if os.path.exists(d)]
-    assert not leftover, "temp dirs left behind: %s" % leftover
+    tear_down_module()
 
 
 if __name__ == "__main__":

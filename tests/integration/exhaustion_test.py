@@ -12,11 +12,11 @@ notifications, slowloris trickles, a flood of connections, a million
 pipelined requests never read, 300,000 distinct keys against a small table,
 and keys at and over max_key_bytes, in the local table and in Redis.
 
-After each attack a test asserts three things (Daemon.assert_unharmed): the
-process is alive, a fresh client's acquire is answered within
-PROMPT_ANSWER_S, and the daemon's resident memory (VmRSS from
-/proc/PID/status) grew by at most what the limits in play allow plus
-RSS_SLACK_BYTES.
+After each attack a test asserts three things
+(MeasuredDaemon.assert_unharmed): the process is alive, a fresh client's
+acquire is answered within PROMPT_ANSWER_S, and the daemon's resident memory
+(VmRSS from /proc/PID/status) grew by at most what the limits in play allow
+plus RSS_SLACK_BYTES.
 
 Run by ctest with SLUICED naming the daemon binary; about 10 s. Under a
 sanitizer or valgrind (seen in the daemon's memory map) the time bounds
@@ -25,25 +25,19 @@ stretch and the RSS bounds are not checked.
 
 import os
 import select
-import shutil
-import signal
 import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import unittest
 
 import msgpack
 
-from harness import Client, Redis, redis_section, wait_accepting, wait_for
-
-SLUICED = os.environ.get("SLUICED", "build/daemon/sluiced")
+from harness import Client, Daemon, Redis, redis_section, tear_down_module, wait_for
 
 # A fresh client's acquire after an attack must be answered within this; a
 # normal answer takes well under a millisecond, so this only allows for a
-# busy shared CI machine. Scaled by Daemon.slowdown under instrumentation.
+# busy shared CI machine. Scaled by MeasuredDaemon.slowdown under instrumentation.
 PROMPT_ANSWER_S = 0.2
 
 PROMPT_TRIES = 3
@@ -183,26 +177,19 @@ def nested_array(depth, inner=b"\xc0"):
     return b"\x91" * depth + inner
 
 
-class Daemon:
+class MeasuredDaemon(Daemon):
     """A sluiced on a private socket with CONFIG's limits (overridable), and
     the measurements the tests make of it."""
 
     def __init__(self, idle="1m", partial="10s", extra="", **limits):
-        self.dir = tempfile.mkdtemp(prefix="ex.", dir="/tmp")
-        self.socket = os.path.join(self.dir, "s.sock")
-        config = os.path.join(self.dir, "sluice.toml")
+        super().__init__(dir_prefix="ex.")
         values = dict(socket=self.socket, workers=WORKERS, max_connections=MAX_CONNECTIONS,
                       max_frame_bytes=MAX_FRAME_BYTES, max_output_bytes=MAX_OUTPUT_BYTES,
                       idle=idle, partial=partial, max_keys=MAX_KEYS,
                       max_key_memory=MAX_KEY_MEMORY_BYTES)
         values.update(limits)
-        with open(config, "w") as f:
-            f.write(CONFIG.format(**values) + extra)
-        self.log = open(os.path.join(self.dir, "log"), "w+")
-        self.proc = subprocess.Popen([SLUICED, "--config", config], stdout=self.log,
-                                     stderr=subprocess.STDOUT)
+        self.start(CONFIG.format(**values) + extra, accept_timeout_s=60)
         self.pid = self.proc.pid
-        wait_accepting(self.socket, self.proc, self.logs, timeout=60)
         with open("/proc/%d/maps" % self.pid) as f:
             maps = f.read()
         self.instrumented = [name for name in INSTRUMENTED_SLOWDOWN if name in maps]
@@ -223,11 +210,6 @@ class Daemon:
         self.baseline_fds = self.settled_fds()
         self.baseline_rss = rss_bytes(self.pid)
 
-    def logs(self):
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read()
-
     def settled_fds(self):
         """The fd count once it has not changed for FD_SETTLE_S (a closed
         client's descriptor goes a loop turn later)."""
@@ -247,27 +229,12 @@ class Daemon:
                      for fd in os.listdir("/proc/%d/fd" % self.pid))
         test.assertTrue(back, "%d fds, baseline %d: %s" % (len(fds), self.baseline_fds, fds))
 
-    def stats(self):
-        client = Client(self.socket)
-        try:
-            return client.result("stats")
-        finally:
-            client.close()
-
     def stop(self):
         """Stops the daemon with SIGTERM (SIGKILL after STOP_TIMEOUT_S);
         returns its exit status, and its log when that is not 0."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=STOP_TIMEOUT_S * self.slowdown)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        status = self.proc.returncode
+        status = self.terminate(STOP_TIMEOUT_S * self.slowdown)
         logs = self.logs() if status != 0 else ""
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        super().stop()
         return status, logs
 
     def assert_unharmed(self, test, allowed_growth_bytes=0):
@@ -357,7 +324,7 @@ class ExhaustionCase(unittest.TestCase):
     SIGTERM answers what was read, closes every connection and exits 0."""
 
     def make_daemon(self):
-        return Daemon()
+        return MeasuredDaemon()
 
     def setUp(self):
         self.daemon = self.make_daemon()
@@ -394,7 +361,7 @@ class OversizedInputTest(ExhaustionCase):
             self.assertEqual(response[2]["code"], "TOO_LARGE", name)
             self.assertTrue(request.closed_by_peer(timeout=1.0), name)
             request.close()
-        stats = self.daemon.stats()
+        stats = self.daemon.ask("stats")
         self.assertGreaterEqual(stats["connections"]["closed"]["unreadable"], 2 * len(headers))
         self.daemon.assert_unharmed(self)
 
@@ -586,7 +553,8 @@ class MalformedRpcTest(ExhaustionCase):
 
 class TimeoutTest(ExhaustionCase):
     def make_daemon(self):
-        return Daemon(idle="%dms" % IDLE_TIMEOUT_MS, partial="%dms" % PARTIAL_FRAME_TIMEOUT_MS)
+        return MeasuredDaemon(idle="%dms" % IDLE_TIMEOUT_MS,
+                              partial="%dms" % PARTIAL_FRAME_TIMEOUT_MS)
 
     # Verifies slowloris clients sending one byte per TRICKLE_INTERVAL_S
     # (never idle, never finishing a frame) are all closed by the
@@ -628,7 +596,7 @@ class TimeoutTest(ExhaustionCase):
         limit_s = PARTIAL_FRAME_TIMEOUT_MS / 1000
         self.assertGreaterEqual(min(closed_after), limit_s - 0.05)
         self.assertLessEqual(max(closed_after), limit_s + TIMEOUT_SLACK_S * self.daemon.slowdown)
-        closed = self.daemon.stats()["connections"]["closed"]
+        closed = self.daemon.ask("stats")["connections"]["closed"]
         self.assertEqual(closed["partial_frame"], count)
         self.assertEqual(closed["idle"], 0)
         self.daemon.assert_fds_back_to_baseline(self, 2)
@@ -667,7 +635,7 @@ class TimeoutTest(ExhaustionCase):
         answered.close()
         self.assertEqual(active.result("health")["status"], "ok")
         active.close()
-        self.assertEqual(self.daemon.stats()["connections"]["closed"]["idle"], len(silent) + 1)
+        self.assertEqual(self.daemon.ask("stats")["connections"]["closed"]["idle"], len(silent) + 1)
         self.daemon.assert_fds_back_to_baseline(self, 2)
         self.daemon.assert_unharmed(self)
 
@@ -720,7 +688,7 @@ class FloodTest(ExhaustionCase):
         for s in socks:
             s.close()
         self.daemon.assert_fds_back_to_baseline(self, 3)
-        stats = self.daemon.stats()
+        stats = self.daemon.ask("stats")
         self.assertEqual(stats["connections"]["refused"], flood - MAX_CONNECTIONS + 1)
         self.daemon.assert_unharmed(self)
 
@@ -760,7 +728,7 @@ class NeverReadingTest(ExhaustionCase):
             t.join(timeout=30)
         self.assertEqual(cut, [True] * clients, "sent %s requests" % sent)
         self.assertTrue(all(s < requests // 10 for s in sent), sent)
-        stats = self.daemon.stats()
+        stats = self.daemon.ask("stats")
         self.assertEqual(stats["connections"]["closed"]["output_cap"], clients)
         bound = clients * (2 * MAX_OUTPUT_BYTES + READ_CHUNK_BYTES)
         self.daemon.assert_rss_within(self, bound, rss=most_rss[0])
@@ -806,7 +774,7 @@ class KeyTableTest(ExhaustionCase):
         self.assertTrue(all(r["allowed"] for r in acquire_each(self.daemon, keys[:fill])))
         full_rss = rss_bytes(self.daemon.pid)
         self.assertTrue(all(r["allowed"] for r in acquire_each(self.daemon, keys[fill:])))
-        keys_stats = self.daemon.stats()["keys"]
+        keys_stats = self.daemon.ask("stats")["keys"]
         self.assertLessEqual(keys_stats["count"], MAX_KEYS + WORKERS)
         self.assertGreaterEqual(keys_stats["count"], MAX_KEYS - WORKERS)
         self.assertGreaterEqual(keys_stats["inserts"], total)
@@ -822,7 +790,7 @@ class LongKeyTest(ExhaustionCase):
     thousand keys of max_key_bytes: sparse, so eviction must search."""
 
     def make_daemon(self):
-        return Daemon(max_keys=1_000_000)
+        return MeasuredDaemon(max_keys=1_000_000)
 
     # Verifies 20,000 distinct keys of max_key_bytes into that table are all
     # decided (none OVERLOADED: the table always finds an entry to evict),
@@ -832,7 +800,7 @@ class LongKeyTest(ExhaustionCase):
         count = 20_000
         keys = [b"%05d" % i + b"L" * (DEFAULT_MAX_KEY_BYTES - 5) for i in range(count)]
         self.assertTrue(all(r["allowed"] for r in acquire_each(self.daemon, keys)))
-        keys_stats = self.daemon.stats()["keys"]
+        keys_stats = self.daemon.ask("stats")["keys"]
         entry_bytes = DEFAULT_MAX_KEY_BYTES + 128
         self.assertLessEqual(keys_stats["bytes"], MAX_KEY_MEMORY_BYTES + WORKERS * entry_bytes)
         self.assertGreaterEqual(keys_stats["forced_evictions"],
@@ -903,7 +871,7 @@ class GlobalKeyBytesTest(ExhaustionCase):
     def make_daemon(self):
         self.redis = Redis()
         self.addCleanup(self.redis.stop)
-        return Daemon(extra=redis_section(self.redis.port) + GLOBAL_RULE)
+        return MeasuredDaemon(extra=redis_section(self.redis.port) + GLOBAL_RULE)
 
     # Verifies keys with NUL bytes, braces and of max_key_bytes, on a global
     # rule leasing from a real Redis, each have their own budget and their own
@@ -934,7 +902,7 @@ class DeferredFramesTest(ExhaustionCase):
         self.redis = Redis()
         self.addCleanup(self.redis.stop)
         section = redis_section(self.redis.port) + 'lease_timeout = "5s"\n'
-        return Daemon(extra=section + GLOBAL_RULE)
+        return MeasuredDaemon(extra=section + GLOBAL_RULE)
 
     # Verifies that a client sending cold-key acquires padded to 60 KB with a
     # map entry the parser skips, while Redis holds every write (so each
@@ -958,6 +926,10 @@ class DeferredFramesTest(ExhaustionCase):
         hog.close()
         client.close()
         self.daemon.assert_unharmed(self, workers * self.MAX_DEFERRED_BYTES)
+
+
+def tearDownModule():
+    tear_down_module()
 
 
 if __name__ == "__main__":

@@ -40,10 +40,7 @@ import unittest
 
 import msgpack
 
-from harness import (MADE_DIRS, STARTED_PROCS, Client, Redis, end_process, make_dir, spawn,
-                     wait_accepting, wait_for)
-
-SLUICED = os.environ.get("SLUICED", "build/daemon/sluiced")
+from harness import Daemon, Redis, end_process, make_dir, spawn, tear_down_module, wait_for
 
 # The global rule every test shares. Python's msgpack is slow and the machine
 # small, so the rate is modest; 600 and 60 divide by 1, 2 and 3 nodes, so the
@@ -113,48 +110,18 @@ def read_text(path):
         return f.read()
 
 
-class Daemon:
-    """A sluiced in its own temp dir, on one global rule and the given Redis
-    port, or where `where` says (the [redis] lines naming Redis, e.g. the
-    Sentinel options)."""
-
-    def __init__(self, index, redis_port, expected_nodes, where=None):
-        self.name = "fleet-%d" % index
-        self.dir = make_dir("sl.")
-        self.socket = os.path.join(self.dir, "s.sock")
-        self.config = os.path.join(self.dir, "sluice.toml")
-        with open(self.config, "w") as f:
-            f.write(CONFIG.format(
-                socket=self.socket, expected_nodes=expected_nodes, index=index,
-                where=where or 'url = "redis://127.0.0.1:%d"' % redis_port,
-                heartbeat=HEARTBEAT_INTERVAL_MS, health_interval=HEALTH_INTERVAL_MS,
-                health_timeout=HEALTH_TIMEOUT_MS, lease_timeout=LEASE_TIMEOUT_MS,
-                lease_interval=LEASE_INTERVAL_MS, limit=LIMIT_PER_S, burst=BURST))
-        self.log = open(os.path.join(self.dir, "log"), "w+")
-        self.proc = None
-        self.client = None
-
-    def start(self):
-        self.proc = spawn([SLUICED, "--config", self.config],
-                          stdout=self.log, stderr=subprocess.STDOUT)
-        wait_accepting(self.socket, self.proc, self.logs)
-        self.client = Client(self.socket)
-
-    def health(self):
-        return self.client.result("health")
-
-    def logs(self, tail=40):
-        self.log.flush()
-        self.log.seek(0)
-        return "".join(self.log.readlines()[-tail:])
-
-    def stop(self):
-        if self.client is not None:
-            self.client.close()
-        if self.proc is not None:
-            end_process(self.proc)
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+def fleet_daemon(index, redis_port, expected_nodes, where=None):
+    """A sluiced (not started) on one global rule and the given Redis port, or
+    where `where` says (the [redis] lines naming Redis, e.g. the Sentinel
+    options)."""
+    daemon = Daemon("fleet-%d" % index, log_tail=40)
+    daemon.write_config(CONFIG.format(
+        socket=daemon.socket, expected_nodes=expected_nodes, index=index,
+        where=where or 'url = "redis://127.0.0.1:%d"' % redis_port,
+        heartbeat=HEARTBEAT_INTERVAL_MS, health_interval=HEALTH_INTERVAL_MS,
+        health_timeout=HEALTH_TIMEOUT_MS, lease_timeout=LEASE_TIMEOUT_MS,
+        lease_interval=LEASE_INTERVAL_MS, limit=LIMIT_PER_S, burst=BURST))
+    return daemon
 
 
 # --- the load generator (a child process per daemon) ---------------------------
@@ -375,9 +342,9 @@ class FleetCase(unittest.TestCase):
     def start_daemons(self, count, port, expected_nodes=None, where=None):
         daemons = []
         for i in range(count):
-            daemon = Daemon(len(self.daemons) + i, port, expected_nodes or count, where)
+            daemon = fleet_daemon(len(self.daemons) + i, port, expected_nodes or count, where)
             self.addCleanup(daemon.stop)
-            daemon.start()
+            daemon.start(connect=True)
             daemons.append(daemon)
         self.daemons += daemons
         return daemons
@@ -743,10 +710,7 @@ def tearDownModule():
     if SUMMARY:
         sys.stderr.write("\nfleet summary (limit %d/s, burst %d; see SUMMARY_COLUMNS)\n%s\n"
                          % (LIMIT_PER_S, BURST, format_table(SUMMARY)))
-    alive = [p.args for p in STARTED_PROCS if p.poll() is None]
-    left = [d for d in MADE_DIRS if os.path.exists(d)]
-    if alive or left:
-        raise RuntimeError("leaked processes %s, temp dirs %s" % (alive, left))
+    tear_down_module()
 
 
 if __name__ == "__main__":

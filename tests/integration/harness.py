@@ -1,14 +1,17 @@
-"""Pieces the Python integration tests share: a bare MessagePack-RPC client,
-a real redis-server on a free loopback port, and the process and temp-dir
-bookkeeping that lets a test module check it left nothing behind.
+"""Pieces the Python integration tests share: the daemon under test (Daemon:
+its temp dir, config, log, clients and stop), a bare MessagePack-RPC client,
+real redis-server, Sentinel and Cluster processes on free loopback ports, and
+the process and temp-dir bookkeeping that lets a test module end what a test
+left behind and fail naming it (tear_down_module).
 
-Imported by protocol_test.py and fleet_test.py (their directory is on
-sys.path when they run as scripts). Run with /usr/bin/python3, which has
-python3-msgpack.
+Imported by every tests/integration/*_test.py (their directory is on
+sys.path when they run as scripts). SLUICED names the daemon binary. Run
+with /usr/bin/python3, which has python3-msgpack.
 """
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -18,9 +21,11 @@ import msgpack
 
 REDIS_SERVER = os.environ.get("REDIS_SERVER", "/usr/bin/redis-server")
 REDIS_CLI = os.environ.get("REDIS_CLI", "/usr/bin/redis-cli")
+SLUICED = os.environ.get("SLUICED", "build/daemon/sluiced")
 
-# Every process and temp dir made through spawn() and make_dir(); a module's
-# tearDownModule may check that none is left.
+# Every process and temp dir made through spawn() and make_dir() (Daemon,
+# Redis and the rest use them); tear_down_module() ends and removes what is
+# left of them at the end of a test module.
 STARTED_PROCS = []
 MADE_DIRS = []
 
@@ -89,6 +94,21 @@ def end_process(proc):
     for pipe in (proc.stdin, proc.stdout):
         if pipe is not None:
             pipe.close()
+
+
+def tear_down_module():
+    """What a test module's tearDownModule calls: ends every process spawn()
+    started and removes every dir make_dir() made that is still there, then
+    raises naming them. Each test cleans up after itself, so anything left
+    here is a cleanup bug in a test."""
+    alive = [p.args for p in STARTED_PROCS if p.poll() is None]
+    left = [d for d in MADE_DIRS if os.path.exists(d)]
+    for proc in STARTED_PROCS:
+        end_process(proc)
+    for path in MADE_DIRS:
+        shutil.rmtree(path, ignore_errors=True)
+    if alive or left:
+        raise RuntimeError("leaked processes %s, temp dirs %s" % (alive, left))
 
 
 def free_port():
@@ -191,6 +211,96 @@ class Client:
 
     def close(self):
         self.sock.close()
+
+
+class Daemon:
+    """A sluiced in its own temp dir under /tmp, which holds its socket
+    (s.sock), its config (sluice.toml) and its log (stdout and stderr).
+
+    start() writes the config and runs the daemon, by default until its
+    socket accepts; stop() ends it with SIGKILL, closes the clients that
+    connect() opened and removes the dir. A test that checks a graceful stop
+    calls terminate() first. `name` tells daemons apart in messages; with
+    `log_tail`, logs() gives only the log's last that many lines."""
+
+    def __init__(self, name="sluiced", dir_prefix="sl.", log_tail=None):
+        self.name = name
+        self.log_tail = log_tail
+        self.dir = make_dir(dir_prefix)
+        self.socket = os.path.join(self.dir, "s.sock")
+        self.config = os.path.join(self.dir, "sluice.toml")
+        self.log = open(os.path.join(self.dir, "log"), "w+")
+        self.proc = None
+        self.client = None  # opened by start(connect=True)
+        self.clients = []
+
+    def write_config(self, text):
+        with open(self.config, "w") as f:
+            f.write(text)
+
+    def start(self, config=None, wait=True, accept_timeout_s=10, connect=False, prefix=(),
+              args=(), **popen):
+        """Runs `prefix` SLUICED --config <config file> `args` (after writing
+        `config` there, when given), with more Popen arguments in `popen`
+        (env, pass_fds); returns the process. Unless wait=False, returns once
+        the socket accepts (raising with the log if the daemon exits first);
+        with connect=True, opens self.client, which health() and acquire() use."""
+        if config is not None:
+            self.write_config(config)
+        self.proc = spawn([*prefix, SLUICED, "--config", self.config, *args],
+                          stdout=self.log, stderr=subprocess.STDOUT, **popen)
+        if wait:
+            wait_accepting(self.socket, self.proc, self.logs, accept_timeout_s)
+        if connect:
+            self.client = self.connect()
+        return self.proc
+
+    def connect(self):
+        """A new Client on the daemon's socket; stop() closes it."""
+        client = Client(self.socket)
+        self.clients.append(client)
+        return client
+
+    def ask(self, method, *params):
+        """The result of one request sent on a connection of its own."""
+        client = Client(self.socket)
+        try:
+            return client.result(method, *params)
+        finally:
+            client.close()
+
+    def health(self):
+        return self.client.result("health")
+
+    def acquire(self, rule, key, cost=1):
+        return self.client.result("acquire", rule, key, cost)
+
+    def logs(self):
+        self.log.flush()
+        self.log.seek(0)
+        if self.log_tail is None:
+            return self.log.read()
+        return "".join(self.log.readlines()[-self.log_tail:])
+
+    def terminate(self, timeout_s=10):
+        """A graceful stop: SIGTERM, SIGKILL if the daemon still runs after
+        timeout_s; returns its exit status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def stop(self):
+        for client in self.clients:
+            client.close()
+        if self.proc is not None:
+            end_process(self.proc)
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def read_reply(f):

@@ -9,7 +9,6 @@ Needs SLUICED (the daemon binary) in the environment; run with /usr/bin/python3
 
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -18,10 +17,8 @@ import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import (MADE_DIRS, STARTED_PROCS, Client, Redis, end_process, free_port,  # noqa: E402
-                     make_dir, redis_section, spawn, wait_accepting, wait_for)
-
-SLUICED = os.environ.get("SLUICED", "sluiced")
+from harness import (SLUICED, Client, Daemon, Redis, free_port, redis_section,  # noqa: E402
+                     tear_down_module, wait_for)
 
 CONFIG = """
 [daemon]
@@ -65,27 +62,13 @@ def sample(body, name, **labels):
 
 class MetricsCase(unittest.TestCase):
     def setUp(self):
-        self.dir = make_dir("mt.")
-        self.socket = os.path.join(self.dir, "s.sock")
-        self.config = os.path.join(self.dir, "sluice.toml")
+        self.daemon = Daemon(dir_prefix="mt.")
+        self.addCleanup(self.daemon.stop)
         self.port = free_port()
-        self.log = open(os.path.join(self.dir, "log"), "w+")
-
-    def tearDown(self):
-        self.log.close()
-
-    def logs(self):
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read()
 
     def start(self, extra="", metrics=None):
-        with open(self.config, "w") as f:
-            f.write(CONFIG.format(socket=self.socket,
-                                  metrics=metrics or "127.0.0.1:%d" % self.port) + extra)
-        proc = spawn([SLUICED, "--config", self.config], stdout=self.log, stderr=subprocess.STDOUT)
-        wait_accepting(self.socket, proc, self.logs)
-        return proc
+        return self.daemon.start(CONFIG.format(
+            socket=self.daemon.socket, metrics=metrics or "127.0.0.1:%d" % self.port) + extra)
 
     def scrape(self, path="/metrics", method="GET"):
         request = urllib.request.Request("http://127.0.0.1:%d%s" % (self.port, path), method=method)
@@ -106,7 +89,7 @@ class LocalMetricsTest(MetricsCase):
     # never shows key text, and passes `promtool check metrics` silently.
     def test_scrape_after_known_traffic(self):
         self.start()
-        client = Client(self.socket)
+        client = Client(self.daemon.socket)
         results = [client.result("acquire", "five", SECRET) for _ in range(7)]
         self.assertEqual(sum(r["allowed"] for r in results), 5)
         client.call("acquire", "nope", "k")  # UNKNOWN_RULE
@@ -147,9 +130,9 @@ class LocalMetricsTest(MetricsCase):
     # Verifies an address that is not one is refused by --check-config with
     # the file and line, and a port already taken stops the daemon at start.
     def test_bad_addresses_are_refused(self):
-        with open(self.config, "w") as f:
-            f.write(CONFIG.format(socket=self.socket, metrics="localhost:9464"))
-        result = subprocess.run([SLUICED, "--check-config", self.config],
+        self.daemon.write_config(CONFIG.format(socket=self.daemon.socket,
+                                               metrics="localhost:9464"))
+        result = subprocess.run([SLUICED, "--check-config", self.daemon.config],
                                 capture_output=True, text=True)
         self.assertEqual(result.returncode, 1)
         self.assertIn("sluice.toml:5:", result.stderr)
@@ -158,13 +141,12 @@ class LocalMetricsTest(MetricsCase):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
             taken.bind(("127.0.0.1", self.port))
             taken.listen(1)
-            with open(self.config, "w") as f:
-                f.write(CONFIG.format(socket=self.socket, metrics="127.0.0.1:%d" % self.port))
-            proc = spawn([SLUICED, "--config", self.config], stdout=self.log,
-                         stderr=subprocess.STDOUT)
+            proc = self.daemon.start(CONFIG.format(socket=self.daemon.socket,
+                                                   metrics="127.0.0.1:%d" % self.port),
+                                     wait=False)
             self.assertEqual(proc.wait(timeout=10), 1)
-        self.assertIn("cannot serve metrics on 127.0.0.1:%d" % self.port, self.logs())
-        self.assertFalse(os.path.exists(self.socket))
+        self.assertIn("cannot serve metrics on 127.0.0.1:%d" % self.port, self.daemon.logs())
+        self.assertFalse(os.path.exists(self.daemon.socket))
 
 
 class RedisMetricsTest(MetricsCase):
@@ -174,7 +156,7 @@ class RedisMetricsTest(MetricsCase):
         redis = Redis()
         try:
             self.start(redis_section(redis.port) + REDIS_RULE)
-            client = Client(self.socket)
+            client = Client(self.daemon.socket)
             self.assertTrue(wait_for(lambda: client.result("health")["breaker"] == "closed", 5))
             results = [client.result("acquire", "shared", SECRET) for _ in range(20)]
             self.assertTrue(all(r["allowed"] for r in results))
@@ -196,10 +178,7 @@ class RedisMetricsTest(MetricsCase):
 
 
 def tearDownModule():
-    for proc in STARTED_PROCS:
-        end_process(proc)
-    for path in MADE_DIRS:
-        shutil.rmtree(path, ignore_errors=True)
+    tear_down_module()
 
 
 if __name__ == "__main__":

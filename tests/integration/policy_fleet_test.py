@@ -14,17 +14,14 @@ Needs SLUICED (the daemon binary) in the environment; run with /usr/bin/python3
 
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import (MADE_DIRS, STARTED_PROCS, Client, Redis, end_process,  # noqa: E402
-                     make_dir, redis_key, spawn, wait_accepting, wait_for)
-
-SLUICED = os.environ.get("SLUICED", "sluiced")
+from harness import (Client, Daemon, Redis, redis_key, tear_down_module,  # noqa: E402
+                     wait_for)
 
 CONFIG = """
 [daemon]
@@ -74,34 +71,12 @@ WAITERS_PER_DAEMON = 10
 INTERVAL_S = 0.1
 
 
-class Daemon:
+def start_daemon(index, redis_port):
     """A sluiced in its own temp dir on the given Redis port."""
-
-    def __init__(self, index, redis_port):
-        self.dir = make_dir("pf.")
-        self.socket = os.path.join(self.dir, "s.sock")
-        config = os.path.join(self.dir, "sluice.toml")
-        with open(config, "w") as f:
-            f.write(CONFIG.format(socket=self.socket, port=redis_port, index=index,
-                                  block_ms=BLOCK_MS))
-        self.log = open(os.path.join(self.dir, "log"), "w+")
-        self.proc = spawn([SLUICED, "--config", config], stdout=self.log,
-                          stderr=subprocess.STDOUT)
-        wait_accepting(self.socket, self.proc, self.logs)
-        self.client = Client(self.socket)
-
-    def acquire(self, rule, key):
-        return self.client.result("acquire", rule, key)
-
-    def logs(self):
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read()
-
-    def stop(self):
-        self.client.close()
-        end_process(self.proc)
-        self.log.close()
+    daemon = Daemon("policy-%d" % index, dir_prefix="pf.")
+    daemon.start(CONFIG.format(socket=daemon.socket, port=redis_port, index=index,
+                               block_ms=BLOCK_MS), connect=True)
+    return daemon
 
 
 class FleetCase(unittest.TestCase):
@@ -109,7 +84,7 @@ class FleetCase(unittest.TestCase):
 
     def setUp(self):
         self.redis = Redis()
-        self.daemons = [Daemon(i, self.redis.port) for i in range(2)]
+        self.daemons = [start_daemon(i, self.redis.port) for i in range(2)]
         self.assertTrue(wait_for(lambda: all(
             d.client.result("health")["nodes"] == 2 and
             d.client.result("health")["breaker"] == "closed" for d in self.daemons), 10),
@@ -418,10 +393,7 @@ class WaitingFleetTest(FleetCase):
         self.assertEqual(daemon.proc.wait(10), 0)
 
 def tearDownModule():
-    for proc in STARTED_PROCS:
-        end_process(proc)
-    for path in MADE_DIRS:
-        subprocess.run(["rm", "-rf", path], check=False)
+    tear_down_module()
 
 
 if __name__ == "__main__":

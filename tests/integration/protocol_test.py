@@ -10,7 +10,6 @@ Run by ctest; SLUICED names the daemon binary.
 
 import collections
 import os
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -20,9 +19,7 @@ import unittest
 
 import msgpack
 
-from harness import Client, Redis, redis_section, wait_accepting, wait_for
-
-SLUICED = os.environ.get("SLUICED", "build/daemon/sluiced")
+from harness import SLUICED, Client, Daemon, Redis, redis_section, tear_down_module, wait_for
 
 RESULT_KEYS = {"allowed", "remaining", "limit", "reset_after_ms", "retry_after_ms", "mode"}
 
@@ -115,45 +112,18 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-class Daemon:
-    """A sluiced process on a private socket, stopped when the test ends."""
-
-    def __init__(self, idle="5m", partial="10s", extra="", prefix=(), max_connections=16):
-        self.dir = tempfile.mkdtemp(prefix="sl.", dir="/tmp")
-        self.socket = os.path.join(self.dir, "s.sock")
-        self.config = os.path.join(self.dir, "sluice.toml")
-        with open(self.config, "w") as f:
-            f.write(BASE_CONFIG.format(socket=self.socket, idle=idle, partial=partial,
-                                       max_connections=max_connections) + extra)
-        self.log = open(os.path.join(self.dir, "log"), "w+")
-        self.clients = []
-        self.proc = subprocess.Popen([*prefix, SLUICED, "--config", self.config],
-                                     stdout=self.log, stderr=subprocess.STDOUT)
-        wait_accepting(self.socket, self.proc, self.logs)
-
-    def logs(self):
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read()
-
-    def connect(self):
-        client = Client(self.socket)
-        self.clients.append(client)
-        return client
-
-    def stop(self):
-        for client in self.clients:
-            client.close()
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+def protocol_daemon(idle="5m", partial="10s", extra="", prefix=(), max_connections=16):
+    """A started sluiced on BASE_CONFIG (+ `extra`) on a private socket, run
+    under the command `prefix` when given; the caller stops it."""
+    daemon = Daemon()
+    daemon.start(BASE_CONFIG.format(socket=daemon.socket, idle=idle, partial=partial,
+                                    max_connections=max_connections) + extra, prefix=prefix)
+    return daemon
 
 
 class ProtocolTest(unittest.TestCase):
     def setUp(self):
-        self.daemon = Daemon()
+        self.daemon = protocol_daemon()
         self.client = self.daemon.connect()
 
     def tearDown(self):
@@ -486,7 +456,7 @@ class GlobalRulesWithoutRedisTest(unittest.TestCase):
     """Until the lease path lands, global rules run on their Redis-down policy."""
 
     def setUp(self):
-        self.daemon = Daemon(extra=GLOBAL_RULES)
+        self.daemon = protocol_daemon(extra=GLOBAL_RULES)
         self.client = self.daemon.connect()
 
     def tearDown(self):
@@ -579,7 +549,7 @@ class RedisCase(unittest.TestCase):
         self.redis.stop()
 
     def start_daemon(self):
-        daemon = Daemon(extra=redis_section(self.redis.port) + REDIS_RULES)
+        daemon = protocol_daemon(extra=redis_section(self.redis.port) + REDIS_RULES)
         self.daemons.append(daemon)
         return daemon, daemon.connect()
 
@@ -686,7 +656,7 @@ class LeasingTest(RedisCase):
     def test_evicted_keys_return_their_units(self):
         wide = ('\n[[rule]]\nname = "wide"\nlimit = 100000\nperiod = "1s"\n'
                 'scope = "global"\n\n[keys]\nmax_keys = 20\n')
-        daemon = Daemon(extra=redis_section(self.redis.port) + REDIS_RULES + wide)
+        daemon = protocol_daemon(extra=redis_section(self.redis.port) + REDIS_RULES + wide)
         self.daemons.append(daemon)
         client = daemon.connect()
         self.assertTrue(wait_for(lambda: client.result("health")["breaker"] == "closed", 5),
@@ -839,7 +809,7 @@ class LeasingTest(RedisCase):
 class TimeoutTest(unittest.TestCase):
     # Verifies an idle connection and a half-sent frame are both closed.
     def test_idle_and_partial_frames_are_closed(self):
-        daemon = Daemon(idle="300ms", partial="200ms")
+        daemon = protocol_daemon(idle="300ms", partial="200ms")
         try:
             idle = daemon.connect()
             partial = daemon.connect()
@@ -857,7 +827,7 @@ class TimeoutTest(unittest.TestCase):
 class LifecycleTest(unittest.TestCase):
     # Verifies SIGTERM answers what was sent, removes the socket and exits 0.
     def test_sigterm_answers_in_flight_then_exits_cleanly(self):
-        daemon = Daemon()
+        daemon = protocol_daemon()
         try:
             client = daemon.connect()
             payload = b"".join(msgpack.packb([0, i, "acquire", ["window", "stop", 1]])
@@ -875,7 +845,7 @@ class LifecycleTest(unittest.TestCase):
     # Verifies that running out of file descriptors pauses accepting instead
     # of spinning, and that clients are served again once descriptors free up.
     def test_out_of_descriptors_does_not_spin(self):
-        daemon = Daemon(prefix=("prlimit", "--nofile=48:48"), max_connections=1000)
+        daemon = protocol_daemon(prefix=("prlimit", "--nofile=48:48"), max_connections=1000)
         try:
             clients = []
             for _ in range(60):
@@ -905,7 +875,7 @@ class LifecycleTest(unittest.TestCase):
 
     # Verifies a stale socket file from a dead daemon is replaced at start.
     def test_stale_socket_is_replaced(self):
-        first = Daemon()
+        first = protocol_daemon()
         first.proc.kill()
         first.proc.wait()
         self.assertTrue(os.path.exists(first.socket))
@@ -936,6 +906,10 @@ class LifecycleTest(unittest.TestCase):
                                   capture_output=True, text=True)
             self.assertNotEqual(proc.returncode, 0)
             self.assertIn(path + ":4:", proc.stderr)
+
+
+def tearDownModule():
+    tear_down_module()
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ fleet_test.py's.
 """
 
 import math
-import os
 import sys
 import threading
 import time
@@ -33,7 +32,7 @@ import unittest
 from fleet_test import (BURST, LIMIT_PER_S, RECOVER_BOUND_MS, SUMMARY, FleetCase, first_health,
                         format_table, longest_stall_ms, ms, settled_after, share_burst, slowest,
                         summary)
-from harness import MADE_DIRS, STARTED_PROCS, Client, Redis, Sentinel, wait_for
+from harness import Client, Redis, Sentinel, tear_down_module, wait_for
 
 MASTER = "mymaster"
 # Sentinel's own timings (the sentinels' config): a dead master is
@@ -260,10 +259,7 @@ def tearDownModule():
     if SUMMARY:
         sys.stderr.write("\nsentinel summary (limit %d/s, burst %d)\n%s\n"
                          % (LIMIT_PER_S, BURST, format_table(SUMMARY)))
-    alive = [p.args for p in STARTED_PROCS if p.poll() is None]
-    left = [d for d in MADE_DIRS if os.path.exists(d)]
-    if alive or left:
-        raise RuntimeError("leaked processes %s, temp dirs %s" % (alive, left))
+    tear_down_module()
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ Needs SLUICED (the daemon binary) in the environment; run with /usr/bin/python3
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import time
 import unittest
@@ -20,10 +19,7 @@ import unittest
 import msgpack
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import (MADE_DIRS, STARTED_PROCS, Client, end_process, make_dir,  # noqa: E402
-                     spawn, wait_accepting)
-
-SLUICED = os.environ.get("SLUICED", "sluiced")
+from harness import Client, Daemon, tear_down_module  # noqa: E402
 
 CONFIG = """
 [daemon]
@@ -70,25 +66,13 @@ OTHER_CLIENT_MAX_S = 0.5
 
 class ShapingTest(unittest.TestCase):
     def setUp(self):
-        self.dir = make_dir("sh.")
-        self.socket = os.path.join(self.dir, "s.sock")
-        self.log = open(os.path.join(self.dir, "log"), "w+")
-        config = os.path.join(self.dir, "sluice.toml")
-        with open(config, "w") as f:
-            f.write(CONFIG.format(socket=self.socket))
-        self.proc = spawn([SLUICED, "--config", config], stdout=self.log, stderr=subprocess.STDOUT)
-        wait_accepting(self.socket, self.proc, self.logs)
-        self.client = Client(self.socket)
-
-    def tearDown(self):
-        self.client.close()
-        end_process(self.proc)
-        self.log.close()
-
-    def logs(self):
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read()
+        self.daemon = Daemon(dir_prefix="sh.")
+        self.addCleanup(self.daemon.stop)
+        self.daemon.start(CONFIG.format(socket=self.daemon.socket), connect=True)
+        self.socket = self.daemon.socket
+        self.client = self.daemon.client
+        self.proc = self.daemon.proc
+        self.logs = self.daemon.logs
 
     # Verifies the issue's pacing case: 100 waiters on a 10/s paced rule are
     # released about 100 ms apart in arrival order, each told how long it
@@ -214,10 +198,7 @@ class ShapingTest(unittest.TestCase):
 
 
 def tearDownModule():
-    for proc in STARTED_PROCS:
-        end_process(proc)
-    for path in MADE_DIRS:
-        subprocess.run(["rm", "-rf", path])
+    tear_down_module()
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ import contextlib
 import ctypes
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -21,10 +20,8 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import (MADE_DIRS, STARTED_PROCS, Client, Redis, end_process, free_port,  # noqa: E402
-                     make_dir, redis_section, spawn, wait_for)
-
-SLUICED = os.environ.get("SLUICED", "sluiced")
+from harness import (Client, Daemon, Redis, end_process, free_port, redis_section,  # noqa: E402
+                     tear_down_module, wait_for)
 UNIT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "systemd",
                     "sluiced.service")
 
@@ -120,46 +117,35 @@ class Notifications:
 
 class SystemdCase(unittest.TestCase):
     def setUp(self):
-        self.dir = make_dir("sd.")
-        self.socket = os.path.join(self.dir, "s.sock")
-        self.config = os.path.join(self.dir, "sluice.toml")
-        self.notify = Notifications(self.dir)
-        self.log = open(os.path.join(self.dir, "log"), "w+")
+        self.daemon = Daemon(dir_prefix="sd.")
+        self.addCleanup(self.daemon.stop)
+        self.notify = Notifications(self.daemon.dir)
+        self.addCleanup(self.notify.close)
         self.write_config("")
 
-    def tearDown(self):
-        self.notify.close()
-        self.log.close()
-
     def write_config(self, extra):
-        with open(self.config, "w") as f:
-            f.write(CONFIG.format(socket=self.socket) + extra)
-
-    def logs(self):
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read()
+        self.daemon.write_config(CONFIG.format(socket=self.daemon.socket) + extra)
 
     def start(self, watchdog_us=None, listen_fd=None, args=()):
-        """sluiced with NOTIFY_SOCKET (and WATCHDOG_USEC); with `listen_fd`,
-        that socket is passed as fd 3 with LISTEN_FDS=1, as systemd does."""
+        """sluiced with NOTIFY_SOCKET (and WATCHDOG_USEC), not waiting for its
+        socket (the tests wait for READY=1); with `listen_fd`, that socket is
+        passed as fd 3 with LISTEN_FDS=1, as systemd does."""
         env = dict(os.environ, NOTIFY_SOCKET=self.notify.path)
         if watchdog_us is not None:
             env["WATCHDOG_USEC"] = str(watchdog_us)
-        command = [SLUICED, "--config", self.config, *args]
-        pass_fds = ()
+        prefix, pass_fds = (), ()
         if listen_fd is not None:
             # LISTEN_PID must be the daemon's own pid: let the shell that
             # becomes sluiced set it, and move the socket to fd 3.
-            command = ["/bin/sh", "-c",
-                       'LISTEN_PID=$$ LISTEN_FDS=1 exec "$0" "$@" 3<&%d' % listen_fd, *command]
+            prefix = ["/bin/sh", "-c",
+                      'LISTEN_PID=$$ LISTEN_FDS=1 exec "$0" "$@" 3<&%d' % listen_fd]
             pass_fds = (listen_fd,)
-        return spawn(command, env=env, stdout=self.log, stderr=subprocess.STDOUT,
-                     pass_fds=pass_fds)
+        return self.daemon.start(wait=False, prefix=prefix, args=args, env=env,
+                                 pass_fds=pass_fds)
 
     def stop(self, proc):
         proc.send_signal(signal.SIGTERM)
-        self.assertEqual(proc.wait(timeout=10), 0, self.logs())
+        self.assertEqual(proc.wait(timeout=10), 0, self.daemon.logs())
 
 
 class NotifyTest(SystemdCase):
@@ -169,11 +155,11 @@ class NotifyTest(SystemdCase):
     def test_ready_watchdog_reload_and_stop(self):
         proc = self.start(watchdog_us=200_000)
         ready = self.notify.wait("READY", timeout=10)
-        self.assertIsNotNone(ready, self.logs())
+        self.assertIsNotNone(ready, self.daemon.logs())
         # The first message is READY=1: nothing was announced before.
         self.assertEqual(self.notify.seen[0].get("READY"), "1", self.notify.seen)
         self.assertTrue(ready["STATUS"].startswith("normal:"), ready)
-        client = Client(self.socket)  # accepting at READY=1, without retrying
+        client = Client(self.daemon.socket)  # accepting at READY=1, without retrying
         self.assertTrue(client.result("acquire", "one", "k")["allowed"])
 
         started = time.monotonic()
@@ -196,16 +182,16 @@ class NotifyTest(SystemdCase):
 
         proc.send_signal(signal.SIGTERM)
         self.assertIsNotNone(self.notify.wait("STOPPING"), self.notify.seen[-5:])
-        self.assertEqual(proc.wait(timeout=10), 0, self.logs())
+        self.assertEqual(proc.wait(timeout=10), 0, self.daemon.logs())
         client.close()
-        self.assertFalse(os.path.exists(self.socket))  # its own socket: removed
+        self.assertFalse(os.path.exists(self.daemon.socket))  # its own socket: removed
 
     # Verifies the watchdog is fed only while every worker's loop answers:
     # with one worker thread held stopped, WATCHDOG=1 stops and the log says
     # which worker; once it runs again, the pings come back.
     def test_stuck_worker_withholds_the_watchdog(self):
         proc = self.start(watchdog_us=200_000)
-        self.assertIsNotNone(self.notify.wait("READY", timeout=10), self.logs())
+        self.assertIsNotNone(self.notify.wait("READY", timeout=10), self.daemon.logs())
         self.assertIsNotNone(self.notify.wait("WATCHDOG", timeout=2))
         with frozen(thread_id(proc.pid, "sluice-w1")):
             # A ping answered just before the freeze may still feed one round.
@@ -216,10 +202,10 @@ class NotifyTest(SystemdCase):
                 message = self.notify.next(timeout=0.1)
                 pings += bool(message and message.get("WATCHDOG") == "1")
             self.assertEqual(pings, 0, "the watchdog was fed while worker 1 was stopped")
-        self.assertIsNotNone(self.notify.wait("WATCHDOG", timeout=2), self.logs())
+        self.assertIsNotNone(self.notify.wait("WATCHDOG", timeout=2), self.daemon.logs())
         self.stop(proc)
-        self.assertIn("worker 1 has not answered the watchdog ping", self.logs())
-        self.assertIn("every worker answers again", self.logs())
+        self.assertIn("worker 1 has not answered the watchdog ping", self.daemon.logs())
+        self.assertIn("every worker answers again", self.daemon.logs())
 
     # Verifies a daemon whose config does not load never says READY=1.
     def test_bad_config_never_says_ready(self):
@@ -227,7 +213,7 @@ class NotifyTest(SystemdCase):
         proc = self.start()
         self.assertEqual(proc.wait(timeout=10), 1)
         self.assertIsNone(self.notify.next(timeout=0.2))
-        self.assertIn("sluice.toml", self.logs())
+        self.assertIn("sluice.toml", self.daemon.logs())
 
     # Verifies STATUS= follows Redis: fallback while Redis is unreachable,
     # normal once it answers, fallback again when it dies.
@@ -236,7 +222,7 @@ class NotifyTest(SystemdCase):
         self.write_config(redis_section(port) + REDIS_RULE)
         proc = self.start()
         ready = self.notify.wait("READY", timeout=10)
-        self.assertIsNotNone(ready, self.logs())
+        self.assertIsNotNone(ready, self.daemon.logs())
         self.assertTrue(ready["STATUS"].startswith("fallback:"), ready)
 
         redis = Redis(port=port)
@@ -258,8 +244,8 @@ class NotifyTest(SystemdCase):
 class SocketActivationTest(SystemdCase):
     def listening_socket(self):
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(self.socket)
-        os.chmod(self.socket, 0o660)
+        listener.bind(self.daemon.socket)
+        os.chmod(self.daemon.socket, 0o660)
         listener.listen(64)
         return listener
 
@@ -270,15 +256,16 @@ class SocketActivationTest(SystemdCase):
         listener = self.listening_socket()
         try:
             first = self.start(listen_fd=listener.fileno())
-            self.assertIsNotNone(self.notify.wait("READY", timeout=10), self.logs())
-            client = Client(self.socket)
+            self.assertIsNotNone(self.notify.wait("READY", timeout=10), self.daemon.logs())
+            client = Client(self.daemon.socket)
             self.assertTrue(client.result("acquire", "one", "a")["allowed"])
             client.close()
             self.stop(first)
-            self.assertIn("passed by systemd", self.logs())
-            self.assertTrue(os.path.exists(self.socket))  # systemd's socket: left alone
+            self.assertIn("passed by systemd", self.daemon.logs())
+            self.assertTrue(os.path.exists(self.daemon.socket))  # systemd's socket: left alone
 
-            waiting = Client(self.socket)  # no daemon: the connection waits in the backlog
+            # No daemon: the connection waits in the backlog.
+            waiting = Client(self.daemon.socket)
             waiting.send([0, 1, "acquire", ["one", "b", 1]])
             second = self.start(listen_fd=listener.fileno())
             response = waiting.recv()
@@ -292,21 +279,21 @@ class SocketActivationTest(SystemdCase):
     # Verifies the real systemd-socket-activate starts sluiced on the first
     # connection and sluiced answers it on the socket it was handed.
     def test_systemd_socket_activate(self):
-        proc = spawn(["systemd-socket-activate", "-l", self.socket,
-                      "-E", "NOTIFY_SOCKET=" + self.notify.path,
-                      SLUICED, "--config", self.config],
-                     stdout=self.log, stderr=subprocess.STDOUT)
+        proc = self.daemon.start(wait=False, prefix=[
+            "systemd-socket-activate", "-l", self.daemon.socket,
+            "-E", "NOTIFY_SOCKET=" + self.notify.path])
         try:
-            self.assertTrue(wait_for(lambda: os.path.exists(self.socket), 10), self.logs())
-            client = Client(self.socket)
+            self.assertTrue(wait_for(lambda: os.path.exists(self.daemon.socket), 10),
+                            self.daemon.logs())
+            client = Client(self.daemon.socket)
             client.send([0, 7, "acquire", ["one", "c", 1]])
             response = client.recv()
             self.assertEqual(response[1], 7)
             self.assertTrue(response[3]["allowed"], response)
-            self.assertIsNotNone(self.notify.wait("READY", timeout=10), self.logs())
+            self.assertIsNotNone(self.notify.wait("READY", timeout=10), self.daemon.logs())
             client.close()
             self.stop(proc)  # the same process: systemd-socket-activate execs sluiced
-            self.assertIn("passed by systemd", self.logs())
+            self.assertIn("passed by systemd", self.daemon.logs())
         finally:
             end_process(proc)
 
@@ -324,10 +311,7 @@ class UnitTest(unittest.TestCase):
 
 
 def tearDownModule():
-    for proc in STARTED_PROCS:
-        end_process(proc)
-    for path in MADE_DIRS:
-        shutil.rmtree(path, ignore_errors=True)
+    tear_down_module()
 
 
 if __name__ == "__main__":
