@@ -10,6 +10,7 @@ with /usr/bin/python3, which has python3-msgpack.
 """
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -325,6 +326,10 @@ def read_reply(f):
     return body  # +status or -error
 
 
+class PortTaken(RuntimeError):
+    """Another process's server answers on the port a server was to take."""
+
+
 class Redis:
     """A real redis-server on a loopback port (a free one unless given), in
     its own temp dir, without persistence: a restart on the same port starts
@@ -334,21 +339,42 @@ class Redis:
     def __init__(self, port=None, start=True, args=()):
         self.dir = make_dir("rd.")
         self.port = port or free_port()
+        self.may_move = port is None  # the port was picked here, not given
         self.args = list(args)
         self.proc = None
         if start:
             self.start()
 
     def start(self):
-        self.proc = spawn(
-            [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.dir] + self.args,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.wait_answering()
+        # Another test process may have picked the same free port: then one
+        # server cannot bind it, and the other answers this one's PINGs.
+        # A first start that lost the race moves to another port.
+        for attempt in range(5):
+            self.proc = spawn(
+                [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                 "--appendonly", "no", "--dir", self.dir] + self.args,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                self.wait_answering()
+                self.may_move = False  # a restart keeps its port
+                return
+            except PortTaken:
+                end_process(self.proc)
+                if not self.may_move or attempt == 4:
+                    raise
+                self.port = free_port()
 
     def wait_answering(self):
+        """Waits until this server (not another on its port) answers PING."""
         deadline = time.monotonic() + 10
-        while self.command("PING") != "PONG":
+        while True:
+            if self.command("PING") == "PONG":
+                info = self.command("INFO", "server") or ""
+                owner = re.search(r"process_id:(\d+)", info)
+                if owner and int(owner.group(1)) == self.proc.pid:
+                    return
+                raise PortTaken("port %d answers for process %s, not redis-server %d" % (
+                    self.port, owner.group(1) if owner else "?", self.proc.pid))
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("redis-server did not start on port %d" % self.port)
             time.sleep(0.01)
