@@ -241,7 +241,7 @@ constexpr int64_t kMaxSentinels = 16;
 // Cluster mode: the most seed nodes.
 constexpr int64_t kMaxClusterNodes = 64;
 
-const std::array<Option, 37> kOptions = {{
+const std::array<Option, 38> kOptions = {{
     {.section = "daemon", .key = "socket", .type = OptionType::kSocketPath,
      .max = kMaxSocketPathBytes, .doc = "path of the Unix socket clients connect to",
      SLUICE_STR_FIELD(daemon.socket_path)},
@@ -356,6 +356,11 @@ const std::array<Option, 37> kOptions = {{
      .doc = "a lease covers about this much of a key's demand: longer means fewer Redis calls, "
             "more units held per node",
      SLUICE_INT_FIELD(redis->lease_interval_ms)},
+    {.section = "redis", .key = "lease_ttl", .type = OptionType::kDuration, .min = 300 * kMs,
+     .max = kHour,
+     .doc = "a node's units of a global concurrency rule live this long in Redis unless renewed "
+            "(every third of it): a crashed node's units come free after it",
+     SLUICE_INT_FIELD(redis->lease_ttl_ms)},
     {.section = "redis", .key = "health_interval", .type = OptionType::kDuration,
      .min = 10 * kMs, .max = 10 * kSecond, .doc = "how often Redis is sent a PING",
      SLUICE_INT_FIELD(redis->health_interval_ms)},
