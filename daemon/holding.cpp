@@ -191,6 +191,17 @@ int64_t takeSurplus(Words words) {
   return 0;
 }
 
+bool claimLease(Words words) {
+  uint64_t flags = words[slice::kFlags].load(std::memory_order_relaxed);
+  while ((flags & slice::kInFlight) == 0) {
+    if (words[slice::kFlags].compare_exchange_weak(flags, flags | slice::kInFlight,
+                                                   std::memory_order_acq_rel)) {
+      return true;
+    }
+  }
+  return false;
+}
+
 slice::Batch nextBatch(Words words, int64_t now_ns, int64_t cost, const Rule& rule,
                        uint32_t nodes, int64_t lease_interval_ns) {
   slice::Batch batch =

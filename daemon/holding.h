@@ -110,6 +110,10 @@ void notePool(std::span<std::atomic<uint64_t>> words, int64_t left);
 // go back to Redis; starts the next pass's measurement.
 int64_t takeSurplus(std::span<std::atomic<uint64_t>> words);
 
+// Control thread: claims the key's in-flight bit for a lease of its own (a
+// debt to lease back); false when a lease is on the way already.
+bool claimLease(std::span<std::atomic<uint64_t>> words);
+
 // The size of the next lease, for a caller that claimed the in-flight bit:
 // slice::nextBatch's, plus the pool's debt, so that a grant of `need` lets
 // `cost` through. Never more than the limit.

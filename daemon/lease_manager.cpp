@@ -390,14 +390,16 @@ void LeaseManager::callHolding(const Rule& rule, const RuleSetPtr& rules, std::s
 }
 
 void LeaseManager::sendHoldingLease(const LeaseRequest& request, const Rule& rule,
-                                    const RuleSetPtr& rules) {
+                                    const RuleSetPtr& rules, std::function<void()> done) {
   context_.broker->counters().requested.fetch_add(1, std::memory_order_relaxed);
   callHolding(
       rule, rules, request.key, scripts::Op::kLease, request.n, request.need,
       config_.lease_timeout_ms,
-      [this, request, &rule](const scripts::LeaseReply* reply, const RedisResult& result) {
+      [this, request, &rule, done = std::move(done)](const scripts::LeaseReply* reply,
+                                                     const RedisResult& result) {
         if (reply == nullptr || reply->granted > request.n) {
           leaseFailed(request, result);
+          if (done) done();
           return;
         }
         countLease(*reply, result);
@@ -420,7 +422,30 @@ void LeaseManager::sendHoldingLease(const LeaseRequest& request, const Rule& rul
           store(words, slice::kDenyUntil, 0);
           words[slice::kFlags].fetch_or(slice::kWarm, std::memory_order_acq_rel);
         });
+        if (done) done();
       });
+}
+
+void LeaseManager::leaseDebts(const std::function<void()>& answered, size_t* pending) {
+  RuleSetPtr rules = context_.rules();
+  std::vector<std::pair<const Rule*, LeaseRequest>> leases;
+  context_.keys->visit([&](KeyTable::Entry& entry) {
+    const Rule* rule = rules->findById(entry.ruleId());
+    if (rule == nullptr || !leasesHolding(*rule)) return;
+    auto words = holdingWords(&entry, *rule);
+    if (!words || holding::pool(*words) >= 0 || !holding::claimLease(*words)) return;
+    LeaseRequest request;
+    request.rule_id = rule->id;
+    request.key = std::string(entry.key());
+    request.n = std::min(-holding::pool(*words), rule->limits.front().limit);
+    request.need = 1;
+    leases.emplace_back(rule, std::move(request));
+  });
+  if (leases.empty()) return;
+  *pending += leases.size();  // before any answer: one may come at once
+  spdlog::info("lease: leasing back the units {} keys' callers acquired in fallback",
+               leases.size());
+  for (auto& [rule, request] : leases) sendHoldingLease(request, *rule, rules, answered);
 }
 
 bool LeaseManager::serveHoldingReturn(const LeaseRequest& request, const Rule& rule,
@@ -467,6 +492,7 @@ void LeaseManager::reconcile(const Rule& rule, const RuleSetPtr& rules, const st
   int64_t excess = reply.held;     // with no entry, nothing here needs them
   int64_t believed = 0;
   int64_t lost = 0;
+  bool debt = false;
   {
     KeyTable::ReadGuard guard(*context_.keys, reader_);
     if (auto words = holdingWords(context_.keys->find(rule.id, key), rule)) {
@@ -480,6 +506,7 @@ void LeaseManager::reconcile(const Rule& rule, const RuleSetPtr& rules, const st
         believed = reply.held;
       }
       excess = reply.held - believed;
+      debt = holding::pool(*words) < 0;
     }
   }
   if (lost > 0) {
@@ -499,7 +526,7 @@ void LeaseManager::reconcile(const Rule& rule, const RuleSetPtr& rules, const st
     if (up_) sendHoldingReturn(rule, rules, key, excess, false, nullptr);
     return;
   }
-  if (reply.held == 0 && believed == 0) holdings_.erase(it);
+  if (reply.held == 0 && believed == 0 && !debt) holdings_.erase(it);
 }
 
 void LeaseManager::renewHoldings() {
@@ -519,7 +546,8 @@ void LeaseManager::passHoldings(bool recovering, const std::function<void()>& an
     scripts::Op op;
     int64_t n;
   };
-  std::vector<Call> calls;
+  std::vector<Call> calls;  // returns and renewals
+  std::vector<std::pair<const Rule*, LeaseRequest>> debts;
   {
     KeyTable::ReadGuard guard(*context_.keys, reader_);
     for (auto it = holdings_.begin(); it != holdings_.end();) {
@@ -550,7 +578,19 @@ void LeaseManager::passHoldings(bool recovering, const std::function<void()>& an
                                                              std::memory_order_relaxed);
       }
       int64_t surplus = recovering ? 0 : holding::takeSurplus(*words);
-      if (surplus > 0) {
+      if (int64_t pool = holding::pool(*words); pool < 0) {
+        // Units acquired in fallback (the key's lease failed or came late)
+        // beyond its pool: leased back, which also renews the holding. A
+        // lease on the way already asks for them.
+        if (!recovering && holding::claimLease(*words)) {
+          LeaseRequest request;
+          request.rule_id = rule->id;
+          request.key = at.key;
+          request.n = std::min(-pool, rule->limits.front().limit);
+          request.need = 1;
+          debts.emplace_back(rule, std::move(request));
+        }
+      } else if (surplus > 0) {
         (*words)[holding::kHeld].fetch_sub(static_cast<uint64_t>(surplus),
                                            std::memory_order_acq_rel);
         calls.push_back({rule, at.key, scripts::Op::kReturn, surplus});
@@ -565,6 +605,7 @@ void LeaseManager::passHoldings(bool recovering, const std::function<void()>& an
       ++it;
     }
   }
+  for (auto& [rule, request] : debts) sendHoldingLease(request, *rule, rules);
   if (pending != nullptr) *pending += calls.size();  // before any answer: one may come at once
   auto then = [answered](const scripts::LeaseReply*, const RedisResult&) {
     if (answered) answered();
@@ -699,6 +740,7 @@ void LeaseManager::startHalfOpen() {
         if (epoch == half_open_epoch_) {
           debitFallback(state_lost, answered);
           passHoldings(true, answered, &half_open_pending_);
+          leaseDebts(answered, &half_open_pending_);
         }
         answered();
       },
@@ -707,6 +749,7 @@ void LeaseManager::startHalfOpen() {
     --half_open_pending_;
     debitFallback(false, answered);
     passHoldings(true, answered, &half_open_pending_);
+    leaseDebts(answered, &half_open_pending_);
   }
   checkHalfOpenDone();
 }

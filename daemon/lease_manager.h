@@ -27,7 +27,7 @@
 // entry is gone returns what Redis holds for it; a key whose pool held a
 // surplus through the whole interval returns it (the return renews the
 // rest); any other key holding units and not called since half an interval
-// is renewed. Every answer says how many units Redis holds for this node;
+// is renewed; a key whose pool is in debt leases it back. Every answer says how many units Redis holds for this node;
 // once a key has no call left on the way, that is compared with what the
 // node believes (holding::kHeld): units Redis no longer holds (the holding
 // expired: a stall or restart longer than lease_ttl) are taken out of the
@@ -36,7 +36,10 @@
 // not know of (a lease that timed out but ran, a key evicted with a lease
 // on the way) are returned. The half-open phase renews every holding before
 // the breaker closes, so a node learns what Redis kept before it leases
-// again; the units acquired in fallback are debts of the pools already.
+// again, and leases back the debts of every key (the units acquired in
+// fallback beyond the pool), so that Redis counts the units callers hold
+// here before the node hands out new ones. What Redis cannot grant stays a
+// debt: the key admits nothing new until releases or later leases pay it.
 //
 // Redis keys: each (rule, key) has its global state and its penalty block
 // (lua/penalty.lua), named by redis_keys.h so that both share one Redis
@@ -207,7 +210,13 @@ class LeaseManager {
   using HoldingDone = std::function<void(const scripts::LeaseReply*, const RedisResult&)>;
   void callHolding(const Rule& rule, const RuleSetPtr& rules, std::string_view key,
                    scripts::Op op, int64_t n, int64_t need, int64_t timeout_ms, HoldingDone then);
-  void sendHoldingLease(const LeaseRequest& request, const Rule& rule, const RuleSetPtr& rules);
+  // `done` (may be null) runs once the lease is answered or failed.
+  void sendHoldingLease(const LeaseRequest& request, const Rule& rule, const RuleSetPtr& rules,
+                        std::function<void()> done = nullptr);
+  // Half-open: leases back the debts of every holding (units acquired in
+  // fallback beyond its pool), so that Redis counts them before this node
+  // closes its breaker. Visits the whole key table, as debitFallback does.
+  void leaseDebts(const std::function<void()>& answered, size_t* pending);
   // A worker's (the sweep's) return of units that left a pool.
   bool serveHoldingReturn(const LeaseRequest& request, const Rule& rule, const RuleSetPtr& rules,
                           bool room);

@@ -324,6 +324,26 @@ TEST_F(HoldingManagerTest, AKeyGoneFromTheTableReturnsWhatRedisHolds) {
   ASSERT_TRUE(runUntil([&] { return server_.cli({"EXISTS", manager_->stateKey("jobs", "k")}) == "0"; }));
 }
 
+// Verifies the units acquired in fallback beyond the pool (a debt) are
+// leased back while the breaker is half open, so Redis counts them before
+// the node leases anything new.
+TEST_F(HoldingManagerTest, RecoveryLeasesBackWhatFallbackHeld) {
+  words("k");  // the key exists before the outage
+  server_.kill();
+  ASSERT_TRUE(runUntil([&] { return broker_.breaker() == Breaker::kOpen; }));
+  int64_t reclaimed = 0;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(holding::acquireLocal(words("k"), rule_->limits.front(), monotonicNowNs(), 1, 5,
+                                      &reclaimed));
+  }
+  ASSERT_EQ(holding::pool(words("k")), -3);
+  server_.restart();
+  ASSERT_TRUE(runUntil([&] { return broker_.breaker() == Breaker::kClosed; }));
+  EXPECT_EQ(redisHeld("k"), 3);  // before the breaker closed
+  EXPECT_EQ(word("k", holding::kHeld), 3);
+  EXPECT_EQ(holding::pool(words("k")), 0);
+}
+
 // Sanitizer allocators do not report through mallinfo2(), so sanitized builds
 // leave this test out rather than skip it.
 #ifndef SLUICE_SANITIZED
