@@ -148,6 +148,8 @@ class ConcurrencyFleetCase(unittest.TestCase):
         a, b = self.daemons
         self.assertEqual(a.hold(LIMIT), LIMIT)
         self.assertEqual(a.release(cost=LIMIT)["remaining"], LIMIT)
+        self.assertEqual(a.client.result("stats")["leases"]["released_units"], LIMIT)
+        self.assertEqual(a.client.result("health")["leased_units"], LIMIT)
         start = time.monotonic()
         self.assertEqual(self.hold_within(b, LIMIT, 5), LIMIT, b.logs())
         took = time.monotonic() - start
@@ -156,6 +158,9 @@ class ConcurrencyFleetCase(unittest.TestCase):
         self.assertLess(took, 3 * LEASE_TTL_S)
         self.assertFalse(a.acquire()["allowed"])
         self.assertEqual(held_in_redis(self.redis), {"conc-1": LIMIT})
+        leases = a.client.result("stats")["leases"]
+        self.assertEqual(leases["returned_units"], LIMIT, leases)
+        self.assertEqual(a.client.result("health")["leased_units"], 0)
 
     # Verifies the fleet never holds more than the limit at once: clients on
     # both daemons (more than the limit) acquire, hold a moment and release
