@@ -162,7 +162,8 @@ void Control::run() {
       &heartbeat_timer_, [](uv_timer_t* timer) { static_cast<Control*>(timer->data)->beat(); },
       every(config_.heartbeat_interval_ms), every(config_.heartbeat_interval_ms));
   if (leases_) {
-    uint64_t renew_ms = static_cast<uint64_t>(std::max<int64_t>(config_.lease_ttl_ms / kRenewalsPerTtl, 1));
+    auto renew_ms =
+        static_cast<uint64_t>(std::max<int64_t>(config_.lease_ttl_ms / kRenewalsPerTtl, 1));
     uv_timer_start(
         &renew_timer_,
         [](uv_timer_t* timer) { static_cast<Control*>(timer->data)->leases_->renewHoldings(); },

@@ -730,7 +730,8 @@ Dispatcher::Held Dispatcher::acquireHeld(const Rule& rule, const rpc::Item& item
   if (broker_->leasing()) {
     // Learning (Redis came back without the fleet's state): the node also
     // holds to its share until every node has renewed what it holds.
-    int64_t cap = broker_->learningAny(now_ns) ? rules_->fallbackShare(rule)->limits.front().limit : 0;
+    int64_t cap =
+        broker_->learningAny(now_ns) ? rules_->fallbackShare(rule)->limits.front().limit : 0;
     holding::Acquired got = holding::acquire(words, limit, now_ns, item.cost, asking_again_, cap);
     if (got.reclaimed > 0) metrics_.lease_units_released.add(static_cast<uint64_t>(got.reclaimed));
     if (got.taken.must_request) requestHolding(rule, item.key, words, now_ns, item.cost);
@@ -802,8 +803,9 @@ Decision Dispatcher::peekHeld(const Rule& rule, std::span<const std::atomic<uint
   if (share == nullptr) return policyDecision(rule, policy_mode);
   int64_t cap = share->limits.front().limit;
   int64_t free_units = cap - holding::live(words, now_ns);
-  Decision decision =
-      holding::decide(words, limit, now_ns, cost, free_units - cost, free_units >= cost);
+  bool allowed = free_units >= cost;
+  Decision decision = holding::decide(words, limit, now_ns, cost,
+                                      allowed ? free_units - cost : free_units, allowed);
   decision.limit = cap;
   return decision;
 }

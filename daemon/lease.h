@@ -31,6 +31,18 @@
 // always through KeyTable::find() under its own ReadGuard, never through a
 // kept pointer.
 //
+// A global concurrency rule's key leases a holding instead (holding.h): the
+// same slice words, its pool in kUnits, followed by the units Redis holds
+// for the node and one slot per unit callers hold here. Its units are not
+// spent but held: a release puts them back into the pool, the control
+// thread renews the node's holding in Redis (lua/concurrency.lua, a TTL of
+// lease_ttl) and gives back what stays unused. Where a rate rule debits
+// what fallback admitted, a holding turns the units its callers hold beyond
+// its pool (acquired in fallback, or kept after Redis dropped the node's
+// holding) into a debt that it leases back, at recovery before the breaker
+// closes: units in use are what Redis must count, and they are still in
+// use, whereas a rate rule's fallback admissions are already spent.
+//
 // LeaseBroker is the meeting point of workers, the control thread and the
 // server: which mode global rules are in (leasing, learning), the queue of
 // lease and return requests, and the counters `stats` shows. Every method is

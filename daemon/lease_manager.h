@@ -20,26 +20,26 @@
 //
 // Global concurrency rules lease holdings (holding.h, lua/concurrency.lua):
 // units this node holds in Redis until it returns them, each node's holding
-// with a deadline lease_ttl after its last call. The manager keeps a map of
-// the keys that hold units or have calls on the way (holdings_), and every
-// renewal interval (lease_ttl / kRenewalsPerTtl; Control's timer calls
-// renewHoldings) walks it, at a cost of O(keys holding units): a key whose
-// entry is gone returns what Redis holds for it; a key whose pool held a
-// surplus through the whole interval returns it (the return renews the
-// rest); any other key holding units and not called since half an interval
-// is renewed; a key whose pool is in debt leases it back. Every answer says how many units Redis holds for this node;
-// once a key has no call left on the way, that is compared with what the
+// with a deadline lease_ttl after its last call. The manager keeps a map of the
+// keys that hold units or have calls on the way (holdings_), and every renewal
+// interval (lease_ttl / kRenewalsPerTtl; Control's timer calls renewHoldings)
+// walks it, at a cost of O(keys holding units): a key whose entry is gone
+// returns what Redis holds for it; a key whose pool held a surplus through the
+// whole interval returns it (the return renews the rest); any other key holding
+// units and not called since half an interval is renewed; a key whose pool is
+// in debt leases it back. Every answer says how many units Redis holds for this
+// node; once a key has no call left on the way, that is compared with what the
 // node believes (holding::kHeld): units Redis no longer holds (the holding
-// expired: a stall or restart longer than lease_ttl) are taken out of the
-// pool, which may go into debt, so the units callers hold here are leased
-// back before new ones are handed out; units Redis holds that the node does
-// not know of (a lease that timed out but ran, a key evicted with a lease
-// on the way) are returned. The half-open phase renews every holding before
-// the breaker closes, so a node learns what Redis kept before it leases
-// again, and leases back the debts of every key (the units acquired in
-// fallback beyond the pool), so that Redis counts the units callers hold
-// here before the node hands out new ones. What Redis cannot grant stays a
-// debt: the key admits nothing new until releases or later leases pay it.
+// expired: a stall or restart longer than lease_ttl) are taken out of the pool,
+// which may go into debt, so the units callers hold here are leased back before
+// new ones are handed out; units Redis holds that the node does not know of (a
+// lease that timed out but ran, a key evicted with a lease on the way) are
+// returned. The half-open phase renews every holding before the breaker closes,
+// so a node learns what Redis kept before it leases again, and leases back the
+// debts of every key (the units acquired in fallback beyond the pool), so that
+// Redis counts the units callers hold here before the node hands out new ones.
+// What Redis cannot grant stays a debt: the key admits nothing new until
+// releases or later leases pay it.
 //
 // Redis keys: each (rule, key) has its global state and its penalty block
 // (lua/penalty.lua), named by redis_keys.h so that both share one Redis
