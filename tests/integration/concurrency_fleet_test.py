@@ -141,6 +141,18 @@ class ConcurrencyFleetCase(unittest.TestCase):
         stats = a.client.result("stats")["leases"]
         self.assertEqual(stats["granted_units"], LIMIT, stats)
 
+    # Verifies acquire_all is all or nothing on holdings: a group denied by
+    # a full key holds nothing on its other keys.
+    def test_acquire_all_holds_nothing_when_a_key_is_full(self):
+        a, _ = self.daemons
+        self.assertEqual(a.hold(LIMIT, "full"), LIMIT)
+        group = a.client.result("acquire_all", [["jobs", "other", 2], ["jobs", "full", 1]])
+        self.assertFalse(group["allowed"], group)
+        self.assertEqual(a.hold(LIMIT + 1, "other"), LIMIT)
+        group = a.client.result("acquire_all", [["jobs", "third", 2], ["jobs", "fourth", 3]])
+        self.assertTrue(group["allowed"], group)
+        self.assertEqual(a.hold(LIMIT, "third"), LIMIT - 2)
+
     # Verifies units released on one daemon go back to Redis (within about
     # two renewal intervals, lease_ttl / 3 each) and the other daemon
     # acquires them, while the first gets none back.
