@@ -1197,8 +1197,9 @@ class RuleReader {
                   rule->algorithm != Algorithm::kConcurrency;
     if (rule->scope == Scope::kGlobal && !leases) {
       refuse(*node, prefix_ + "penalty on a global rule needs one that leases from Redis (one " +
-                        "limit; token_bucket, gcra, fixed_window or sliding_window); remove " +
-                        "it, or set scope = \"local\"");
+                        "limit; token_bucket, gcra, fixed_window or sliding_window: a global " +
+                        "concurrency rule leases units that are held, not spent, and counts no " +
+                        "denials across the fleet); remove it, or set scope = \"local\"");
     }
     for (auto&& [key, value] : *table) {
       if (std::find(kPenaltyKeys.begin(), kPenaltyKeys.end(), key.str()) == kPenaltyKeys.end()) {
