@@ -241,7 +241,7 @@ constexpr int64_t kMaxSentinels = 16;
 // Cluster mode: the most seed nodes.
 constexpr int64_t kMaxClusterNodes = 64;
 
-const std::array<Option, 37> kOptions = {{
+const std::array<Option, 38> kOptions = {{
     {.section = "daemon", .key = "socket", .type = OptionType::kSocketPath,
      .max = kMaxSocketPathBytes, .doc = "path of the Unix socket clients connect to",
      SLUICE_STR_FIELD(daemon.socket_path)},
@@ -356,6 +356,11 @@ const std::array<Option, 37> kOptions = {{
      .doc = "a lease covers about this much of a key's demand: longer means fewer Redis calls, "
             "more units held per node",
      SLUICE_INT_FIELD(redis->lease_interval_ms)},
+    {.section = "redis", .key = "lease_ttl", .type = OptionType::kDuration, .min = 300 * kMs,
+     .max = kHour,
+     .doc = "a node's units of a global concurrency rule live this long in Redis unless renewed "
+            "(every third of it): a crashed node's units come free after it",
+     SLUICE_INT_FIELD(redis->lease_ttl_ms)},
     {.section = "redis", .key = "health_interval", .type = OptionType::kDuration,
      .min = 10 * kMs, .max = 10 * kSecond, .doc = "how often Redis is sent a PING",
      SLUICE_INT_FIELD(redis->health_interval_ms)},
@@ -1192,8 +1197,9 @@ class RuleReader {
                   rule->algorithm != Algorithm::kConcurrency;
     if (rule->scope == Scope::kGlobal && !leases) {
       refuse(*node, prefix_ + "penalty on a global rule needs one that leases from Redis (one " +
-                        "limit; token_bucket, gcra, fixed_window or sliding_window); remove " +
-                        "it, or set scope = \"local\"");
+                        "limit; token_bucket, gcra, fixed_window or sliding_window: a global " +
+                        "concurrency rule leases units that are held, not spent, and counts no " +
+                        "denials across the fleet); remove it, or set scope = \"local\"");
     }
     for (auto&& [key, value] : *table) {
       if (std::find(kPenaltyKeys.begin(), kPenaltyKeys.end(), key.str()) == kPenaltyKeys.end()) {

@@ -133,6 +133,10 @@ struct RedisConfig {
   int64_t lease_timeout_ms = 50;  // longest wait for one lease answer
   // A lease covers about this much of a key's local demand (lease.h).
   int64_t lease_interval_ms = 100;
+  // A global concurrency rule's units held by a node live this long in
+  // Redis unless renewed (holding.h): the units of a node that crashed, or
+  // lost Redis this long, come free after it.
+  int64_t lease_ttl_ms = 5000;
   // Health and membership (control.h): a PING every health_interval_ms; a
   // PING or heartbeat unanswered after health_timeout_ms means Redis is down,
   // so a stall is noticed within health_interval_ms + health_timeout_ms.

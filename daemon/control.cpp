@@ -52,6 +52,8 @@ void Control::start() {
   health_timer_.data = this;
   uv_timer_init(&loop_, &heartbeat_timer_);
   heartbeat_timer_.data = this;
+  uv_timer_init(&loop_, &renew_timer_);
+  renew_timer_.data = this;
 
   if (config_.cluster()) {
     // A CLUSTER SLOTS answer is bounded like any command of ours; keyless
@@ -106,6 +108,7 @@ void Control::start() {
   heartbeat_script_ =
       redis_->registerScript(std::string(heartbeat.name), std::string(heartbeat.source));
   if (lease_context_.keys != nullptr) {
+    lease_context_.node_id = node_id_;
     lease_context_.redis_now_us = [this]() -> std::optional<int64_t> {
       int64_t offset_us = clock_offset_us_.load(std::memory_order_acquire);
       if (offset_us == kNoOffset) return std::nullopt;
@@ -158,6 +161,14 @@ void Control::run() {
   uv_timer_start(
       &heartbeat_timer_, [](uv_timer_t* timer) { static_cast<Control*>(timer->data)->beat(); },
       every(config_.heartbeat_interval_ms), every(config_.heartbeat_interval_ms));
+  if (leases_) {
+    auto renew_ms =
+        static_cast<uint64_t>(std::max<int64_t>(config_.lease_ttl_ms / kRenewalsPerTtl, 1));
+    uv_timer_start(
+        &renew_timer_,
+        [](uv_timer_t* timer) { static_cast<Control*>(timer->data)->leases_->renewHoldings(); },
+        renew_ms, renew_ms);
+  }
   uv_run(&loop_, UV_RUN_DEFAULT);
   // Every handle is closed by now (beginStop), so the loop closes.
   leases_.reset();
@@ -301,7 +312,7 @@ void Control::onHeartbeat(const RedisResult& result, int64_t sent_us) {
 void Control::beginStop() {
   if (stopping_) return;
   stopping_ = true;
-  for (uv_timer_t* timer : {&health_timer_, &heartbeat_timer_}) {
+  for (uv_timer_t* timer : {&health_timer_, &heartbeat_timer_, &renew_timer_}) {
     uv_close(reinterpret_cast<uv_handle_t*>(timer), nullptr);
   }
   if (leases_) lease_context_.broker->setWakeup(nullptr);

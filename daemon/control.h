@@ -49,6 +49,10 @@
 // set's slot; keys whose master is unreachable follow on_redis_down alone
 // (lease_manager.h).
 //
+// Holdings: with a lease context, every lease_ttl / kRenewalsPerTtl the
+// lease manager renews the concurrency holdings that made no call of their
+// own (lease_manager.h).
+//
 // Clock: each heartbeat reply carries Redis's TIME in ms; ClockOffsetEstimator
 // (clock.h, which documents the method) keeps redis_time - monotonic_time.
 //
@@ -169,6 +173,7 @@ class Control {
   uv_async_t wakeup_;
   uv_timer_t health_timer_;
   uv_timer_t heartbeat_timer_;
+  uv_timer_t renew_timer_;  // concurrency holdings (LeaseManager::renewHoldings)
   std::unique_ptr<RedisLink> link_;        // standalone and Sentinel mode
   std::unique_ptr<RedisCluster> cluster_;  // Cluster mode
   RedisTarget* redis_ = nullptr;           // link_ or cluster_

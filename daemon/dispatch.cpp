@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "holding.h"
 #include "msgpack.h"
 #include "penalty.h"
 
@@ -542,6 +543,9 @@ bool Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::st
           out);
     return false;
   }
+  if (broker_ != nullptr && leasesHolding(*configured)) {
+    return holdOne(request, *configured, now_ns, out, defer_to);
+  }
   if (leasing(*configured) && spends) return acquireLeased(request, *configured, now_ns, out, defer_to);
   // A request that stood in a global rule's line is asked again, and the
   // rule no longer leases: it leaves the line.
@@ -856,6 +860,164 @@ void Dispatcher::peekLeased(const rpc::Request& request, const Rule& rule, int64
   rpc::writeDecision(out, request.msgid, decision, mode);
 }
 
+// --- Global concurrency rules: holdings (holding.h) ---------------------------
+
+void Dispatcher::requestHolding(const Rule& rule, std::string_view key,
+                                std::span<std::atomic<uint64_t>> words, int64_t now_ns,
+                                int64_t cost) {
+  slice::Batch batch = holding::nextBatch(words, now_ns, cost, rule, rules_->fallbackNodes(),
+                                          broker_->leaseIntervalNs());
+  LeaseRequest request;
+  request.rule_id = rule.id;
+  request.key = std::string(key);
+  request.n = batch.n;
+  request.need = batch.need;
+  broker_->submit(std::move(request));
+}
+
+Dispatcher::Held Dispatcher::acquireHeld(const Rule& rule, const rpc::Item& item, int64_t now_ns,
+                                         const DeferTo* defer_to, Decision* decision, Mode* mode,
+                                         std::span<std::atomic<uint64_t>>* held_words) {
+  const Limit& limit = rule.limits.front();
+  *mode = rule.shadow ? Mode::kShadow : Mode::kNormal;
+  if (item.cost > limit.limit) {
+    *decision = exceedsCapacity(rule);
+    return Held::kAnswered;
+  }
+  KeyTable::Entry* entry = keys_.findOrInsert(rule.id, item.key, entryWords(rule), now_ns);
+  if (entry == nullptr) return Held::kTableFull;
+  std::span<std::atomic<uint64_t>> words = entry->state();
+  if (broker_->leasing()) {
+    // Learning (Redis came back without the fleet's state): the node also
+    // holds to its share until every node has renewed what it holds.
+    int64_t cap =
+        broker_->learningAny(now_ns) ? rules_->fallbackShare(rule)->limits.front().limit : 0;
+    holding::Acquired got = holding::acquire(words, limit, now_ns, item.cost, asking_again_, cap);
+    if (got.reclaimed > 0) metrics_.lease_units_released.add(static_cast<uint64_t>(got.reclaimed));
+    if (got.taken.must_request) requestHolding(rule, item.key, words, now_ns, item.cost);
+    switch (got.taken.outcome) {
+      case slice::Outcome::kTaken:
+        metrics_.lease_units_spent.add(static_cast<uint64_t>(item.cost));
+        *decision = holding::decide(words, limit, now_ns, item.cost, got.taken.left, true);
+        *held_words = words;
+        return Held::kHeld;
+      case slice::Outcome::kDenied:
+        if (got.capped) {
+          *decision = holding::decide(words, limit, now_ns, item.cost,
+                                      cap - holding::live(words, now_ns), false);
+        } else {
+          metrics_.lease_negative_hits.add();
+          *decision = holding::decide(words, limit, now_ns, item.cost, 0, false,
+                                      std::max<int64_t>(got.taken.until_ns - now_ns, 1));
+        }
+        return Held::kAnswered;
+      case slice::Outcome::kEmpty:
+        if (defer(defer_to)) return Held::kDeferred;
+        [[fallthrough]];
+      case slice::Outcome::kQueued:  // never: concurrency requests do not wait in line
+      case slice::Outcome::kFallback: break;
+    }
+  }
+  // Redis is down, or this key's lease failed or came too late: the policy
+  // decides. "local" holds units at the node's share on the same slots, so
+  // releases find them whatever the mode was; what it holds beyond the
+  // pool is the pool's debt, leased back once Redis answers.
+  auto [share, policy_mode] = route(rule);
+  *mode = policy_mode;
+  if (share == nullptr) {
+    *decision = policyDecision(rule, policy_mode);
+    return Held::kAnswered;
+  }
+  int64_t cap = share->limits.front().limit;
+  int64_t reclaimed = 0;
+  bool held = holding::acquireLocal(words, limit, now_ns, item.cost, cap, &reclaimed);
+  if (reclaimed > 0) metrics_.lease_units_released.add(static_cast<uint64_t>(reclaimed));
+  *decision = holding::decide(words, limit, now_ns, item.cost,
+                              cap - holding::live(words, now_ns), held);
+  decision->limit = cap;
+  if (!held) return Held::kAnswered;
+  metrics_.lease_units_spent.add(static_cast<uint64_t>(item.cost));
+  *held_words = words;
+  return Held::kHeld;
+}
+
+Decision Dispatcher::peekHeld(const Rule& rule, std::span<const std::atomic<uint64_t>> words,
+                              int64_t now_ns, int64_t cost, Mode* mode) {
+  const Limit& limit = rule.limits.front();
+  *mode = rule.shadow ? Mode::kShadow : Mode::kNormal;
+  if (broker_->leasing()) {
+    slice::TakeResult looked = slice::look(words.first(slice::kWords), now_ns, cost);
+    switch (looked.outcome) {
+      case slice::Outcome::kTaken:
+        return holding::decide(words, limit, now_ns, cost, looked.left, true);
+      case slice::Outcome::kDenied:
+        return holding::decide(words, limit, now_ns, cost, 0, false,
+                               std::max<int64_t>(looked.until_ns - now_ns, 1));
+      case slice::Outcome::kEmpty:
+        // Nothing held here, and Redis has not said no: a lease would be asked for.
+        return holding::decide(words, limit, now_ns, cost, 0, true);
+      case slice::Outcome::kQueued:  // never: concurrency requests do not wait in line
+      case slice::Outcome::kFallback: break;
+    }
+  }
+  auto [share, policy_mode] = route(rule);
+  *mode = policy_mode;
+  if (share == nullptr) return policyDecision(rule, policy_mode);
+  int64_t cap = share->limits.front().limit;
+  int64_t free_units = cap - holding::live(words, now_ns);
+  bool allowed = free_units >= cost;
+  Decision decision = holding::decide(words, limit, now_ns, cost,
+                                      allowed ? free_units - cost : free_units, allowed);
+  decision.limit = cap;
+  return decision;
+}
+
+bool Dispatcher::holdOne(const rpc::Request& request, const Rule& rule, int64_t now_ns,
+                         std::string* out, const DeferTo* defer_to) {
+  const rpc::Item& item = request.items.front();
+  Decision decision;
+  Mode mode = Mode::kNormal;
+  if (request.method == rpc::Method::kAcquire && item.cost > 0) {
+    std::span<std::atomic<uint64_t>> held;
+    switch (acquireHeld(rule, item, now_ns, defer_to, &decision, &mode, &held)) {
+      case Held::kDeferred: return true;
+      case Held::kTableFull:
+        error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
+        return false;
+      case Held::kHeld:
+      case Held::kAnswered: break;
+    }
+    applyShadow(rule, &decision);
+    count(rule, decision, mode);
+    rpc::writeDecision(out, request.msgid, decision, mode);
+    return false;
+  }
+  // peek, release and cost 0 never create a key: an absent key is fresh.
+  KeyTable::Entry* entry = keys_.find(rule.id, item.key);
+  if (entry != nullptr && entry->state().size() != entryWords(rule)) entry = nullptr;
+  if (entry == nullptr) {
+    mode = broker_->leasing() ? (rule.shadow ? Mode::kShadow : Mode::kNormal) : route(rule).mode;
+    decision = item.cost > rule.limits.front().limit
+                   ? exceedsCapacity(rule)
+                   : peek(rule, freshState(rule), now_ns, std::max<int64_t>(item.cost, 0));
+  } else {
+    std::span<std::atomic<uint64_t>> words = entry->state();
+    int64_t cost = item.cost;
+    if (request.method == rpc::Method::kRelease) {
+      entry->touch(now_ns);
+      int64_t freed = holding::release(words, now_ns, item.cost);
+      if (freed > 0) metrics_.lease_units_released.add(static_cast<uint64_t>(freed));
+      cost = 0;  // the answer reports the state afterwards
+    }
+    decision = item.cost > rule.limits.front().limit && cost > 0
+                   ? exceedsCapacity(rule)
+                   : peekHeld(rule, words, now_ns, std::max<int64_t>(cost, 0), &mode);
+  }
+  applyShadow(rule, &decision);
+  rpc::writeDecision(out, request.msgid, decision, mode);
+  return false;
+}
+
 bool Dispatcher::acquireAll(const rpc::Request& request, int64_t now_ns, std::string* out,
                             const DeferTo* defer_to) {
   items_.clear();
@@ -865,10 +1027,15 @@ bool Dispatcher::acquireAll(const rpc::Request& request, int64_t now_ns, std::st
   taken_.clear();
   slices_.clear();
   shares_.clear();
-  // Gives back what this request took from slices so far.
+  held_.clear();
+  // Gives back what this request took from slices and holdings so far.
   auto refund = [&] {
     for (size_t i = 0; i < taken_.size(); ++i) {
       if (taken_[i] > 0) slice::refund(slices_[i], taken_[i]);
+      if (!held_[i].empty()) {
+        holding::refund(held_[i], configured_[i]->limits.front(), now_ns, request.items[i].cost);
+        metrics_.lease_units_released.add(static_cast<uint64_t>(request.items[i].cost));
+      }
     }
   };
   // Items a policy answers ("open", "closed") and slice denials are decided
@@ -897,6 +1064,24 @@ bool Dispatcher::acquireAll(const rpc::Request& request, int64_t now_ns, std::st
           rules_->variant(*configured, rules_->matchOverride(*configured, item.key)), blocked_ns);
       mode = Mode::kBlocked;
       denied = true;
+      decided = true;
+    }
+    std::span<std::atomic<uint64_t>> held_words;
+    if (!decided && broker_ != nullptr && leasesHolding(*configured) && item.cost > 0) {
+      switch (acquireHeld(*configured, item, now_ns, defer_to, &acquire_item.decision, &mode,
+                          &held_words)) {
+        case Held::kDeferred:
+          refund();
+          return true;
+        case Held::kTableFull:
+          refund();
+          error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
+          return false;
+        case Held::kHeld:
+        case Held::kAnswered: break;
+      }
+      applyShadow(*configured, &acquire_item.decision);
+      denied = denied || !acquire_item.decision.allowed;
       decided = true;
     }
     if (!decided && leasing(*configured) && item.cost > 0) {
@@ -989,6 +1174,7 @@ bool Dispatcher::acquireAll(const rpc::Request& request, int64_t now_ns, std::st
     configured_.push_back(configured);
     taken_.push_back(taken_units);
     slices_.push_back(slice_words);
+    held_.push_back(held_words);
   }
 
   // The limiter's items are the ones with a rule; a denial above means none
@@ -1141,6 +1327,9 @@ void Dispatcher::writeStats(uint32_t msgid, std::string* out) {
       {"returned_units", leases.returned_units},
       {"dropped_units", s.lease_units_dropped},
       {"debited_units", leases.debited_units},
+      {"released_units", s.lease_units_released + leases.released_units},
+      {"lost_units", leases.lost_units},
+      {"renewed", leases.renewed},
       {"negative_cache_hits", s.lease_negative_hits},
       {"deferred", s.lease_deferred},
       {"deferred_expired", s.lease_deferred_expired},
@@ -1336,6 +1525,19 @@ void Dispatcher::reset(const rpc::Request& request, const Peer& peer, int64_t no
     return;
   }
   const Rule* state_rule = rule;  // whose entry holds the key's state here
+  if (broker_ != nullptr && leasesHolding(*rule)) {
+    // A holding is this node's part of the fleet's units: the reset frees
+    // the units callers hold here into the pool (the other nodes' holdings
+    // are theirs), and the pool goes back to Redis as usual.
+    KeyTable::Entry* entry = keys_.find(rule->id, item.key);
+    if (entry != nullptr && entry->state().size() == entryWords(*rule)) {
+      int64_t freed = holding::release(entry->state(), now_ns, rule->limits.front().limit);
+      if (freed > 0) metrics_.lease_units_released.add(static_cast<uint64_t>(freed));
+    }
+    rpc::writeDecision(out, request.msgid, peek(*rule, freshState(*rule), now_ns, 0),
+                       broker_->leasing() ? Mode::kNormal : route(*rule).mode);
+    return;
+  }
   if (rule->scope == Scope::kGlobal && leasable(*rule)) {
     if (broker_ == nullptr || !broker_->leasing()) {
       error(request.msgid, rpc::ErrorCode::kOverloaded,

@@ -11,7 +11,9 @@
 // decision is made.
 //
 // Global rules (with a LeaseBroker): while the breaker is closed, a leasable
-// rule's acquire spends from the key's slice (lease.h). A key whose slice is
+// rule's acquire spends from the key's slice (lease.h), and a global
+// concurrency rule's acquire holds units from the key's holding
+// (holding.h), which in fallback also decides at the node's share. A key whose slice is
 // empty while its lease is on the way is deferred: handle() keeps a copy of
 // the request's frame and answers it later, from retryDeferred(), when a
 // lease reply has arrived (the worker is woken) or, at the latest,
@@ -205,6 +207,22 @@ class Dispatcher {
   // the entry's.
   void requestLease(const Rule& rule, const Rule& deciding, std::string_view key,
                     std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t cost);
+  // Global concurrency rules (holding.h): acquire, peek and release.
+  bool holdOne(const rpc::Request& request, const Rule& rule, int64_t now_ns, std::string* out,
+               const DeferTo* defer);
+  // What an acquire on a holding came to: its units are held (the decision
+  // allows; refund them with holding::refund if the group fails), it is
+  // answered (denied, or by a policy, holding nothing), deferred for a
+  // lease, or the key table is full.
+  enum class Held { kHeld, kAnswered, kDeferred, kTableFull };
+  Held acquireHeld(const Rule& rule, const rpc::Item& item, int64_t now_ns, const DeferTo* defer,
+                   Decision* decision, Mode* mode, std::span<std::atomic<uint64_t>>* words);
+  // What an acquire of `cost` would answer on a holding, holding nothing.
+  Decision peekHeld(const Rule& rule, std::span<const std::atomic<uint64_t>> words,
+                    int64_t now_ns, int64_t cost, Mode* mode);
+  // Sends a lease request for a holding whose in-flight bit the caller claimed.
+  void requestHolding(const Rule& rule, std::string_view key,
+                      std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t cost);
   // Whether a global rule decides on leases right now.
   bool leasing(const Rule& rule) const {
     return broker_ != nullptr && leasable(rule) && broker_->leasing();
@@ -273,6 +291,8 @@ class Dispatcher {
   std::vector<int64_t> taken_;
   std::vector<std::span<std::atomic<uint64_t>>> slices_;
   std::vector<ShareSpend> shares_;
+  // acquire_all, per item: the holding's words when it holds units (else none).
+  std::vector<std::span<std::atomic<uint64_t>>> held_;
 
   // Scratch space reused between requests.
   std::vector<AcquireItem> items_;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "holding.h"
 #include "limiter.h"
 #include "penalty.h"
 
@@ -43,12 +44,21 @@ bool leasable(const Rule& rule) {
   return false;
 }
 
+bool leasesHolding(const Rule& rule) {
+  return rule.scope == Scope::kGlobal && rule.limits.size() == 1 &&
+         rule.algorithm == Algorithm::kConcurrency;
+}
+
 int64_t leaseCapacity(const Limit& limit) { return limit.burst > 0 ? limit.burst : limit.limit; }
 
 namespace {
 
 // Where the words after a rule's state begin.
-size_t stateEnd(const Rule& rule) { return leasable(rule) ? size_t{slice::kWords} : stateWords(rule); }
+size_t stateEnd(const Rule& rule) {
+  if (leasable(rule)) return slice::kWords;
+  if (leasesHolding(rule)) return holding::words(rule.limits.front());
+  return stateWords(rule);
+}
 
 size_t overrideWord(const Rule& rule) { return entryWords(rule) - 1; }
 
@@ -393,6 +403,9 @@ LeaseStats LeaseBroker::stats(int64_t now_ns) const {
   s.latency_us_max = get(counters_.latency_us_max);
   s.fallback_entries = get(counters_.fallback_entries);
   s.learning_entries = get(counters_.learning_entries);
+  s.released_units = get(counters_.released_units);
+  s.lost_units = get(counters_.lost_units);
+  s.renewed = get(counters_.renewed);
   uint64_t open_ns = open_ns_total_.load(std::memory_order_relaxed);
   int64_t since = open_since_ns_.load(std::memory_order_acquire);
   if (since != 0 && now_ns > since) open_ns += static_cast<uint64_t>(now_ns - since);

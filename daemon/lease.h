@@ -31,6 +31,18 @@
 // always through KeyTable::find() under its own ReadGuard, never through a
 // kept pointer.
 //
+// A global concurrency rule's key leases a holding instead (holding.h): the
+// same slice words, its pool in kUnits, followed by the units Redis holds
+// for the node and one slot per unit callers hold here. Its units are not
+// spent but held: a release puts them back into the pool, the control
+// thread renews the node's holding in Redis (lua/concurrency.lua, a TTL of
+// lease_ttl) and gives back what stays unused. Where a rate rule debits
+// what fallback admitted, a holding turns the units its callers hold beyond
+// its pool (acquired in fallback, or kept after Redis dropped the node's
+// holding) into a debt that it leases back, at recovery before the breaker
+// closes: units in use are what Redis must count, and they are still in
+// use, whereas a rate rule's fallback admissions are already spent.
+//
 // LeaseBroker is the meeting point of workers, the control thread and the
 // server: which mode global rules are in (leasing, learning), the queue of
 // lease and return requests, and the counters `stats` shows. Every method is
@@ -57,18 +69,23 @@
 
 namespace sluice {
 
-// Whether a rule's keys lease from Redis: a global rule with one limit whose
-// algorithm has a lease script. Other global rules (several limits,
-// sliding_log, concurrency) always decide on the node's share.
+// Whether a rule's keys lease a slice from Redis: a global rule with one
+// limit whose algorithm has a rate lease script (token bucket, GCRA and the
+// windows). A global concurrency rule of one limit leases a holding instead
+// (leasesHolding, holding.h). Other global rules (several limits,
+// sliding_log) always decide on the node's share.
 bool leasable(const Rule& rule);
+bool leasesHolding(const Rule& rule);
 
 // Units of one limit the whole fleet may hold at once: burst for the
 // buckets, limit for the windows.
 int64_t leaseCapacity(const Limit& limit);
 
 // The words of a key-table entry of `rule`, in order:
-//  - its state: for a leasable global rule its slice (slice::kWords), else
-//    the limiter's words (stateWords);
+//  - its state: for a leasable global rule its slice (slice::kWords), for
+//    a global concurrency rule its holding (holding::words: the slice's
+//    words, then its own and one slot per unit), else the limiter's words
+//    (stateWords);
 //  - for a global rule's share (id with kFallbackIdBit), one word counting
 //    units admitted in fallback and not yet debited to Redis
 //    (undebitedWord());
@@ -252,7 +269,9 @@ struct LeaseRequest {
   // kDebit: units a share admitted while Redis was up but the key could not
   // lease (its lease failed or came late). kBlock: the key's penalty blocks
   // it for n ms across the fleet. kReset: the admin reset of the key's
-  // global state and block.
+  // global state and block. A global concurrency rule's key (holding.h)
+  // asks only for kLease and kReturn; the units of a kReturn have left its
+  // pool already.
   enum class Kind { kLease, kReturn, kDebit, kBlock, kReset };
   Kind kind = Kind::kLease;
   uint32_t rule_id = 0;
@@ -279,6 +298,13 @@ struct LeaseStats {
   uint64_t fallback_entries = 0;  // times the breaker opened
   uint64_t fallback_ms = 0;       // time spent with the breaker open (so far)
   uint64_t learning_entries = 0;  // times Redis came back without our state
+  // Concurrency holdings (holding.h): units freed into the pools by the
+  // sweep and the control thread (expired deadlines; the workers count
+  // theirs in MetricsShard), units Redis no longer held for this node
+  // (its holding expired), and renewals sent.
+  uint64_t released_units = 0;
+  uint64_t lost_units = 0;
+  uint64_t renewed = 0;
 };
 
 // The breaker between the lease path and Redis (DESIGN.md, "Fallback").
@@ -331,7 +357,7 @@ class LeaseBroker {
   struct Counters {
     std::atomic<uint64_t> requested{0}, granted{0}, empty{0}, failed{0}, granted_units{0},
         returned_units{0}, debited_units{0}, latency_us_sum{0}, latency_us_max{0},
-        fallback_entries{0}, learning_entries{0};
+        fallback_entries{0}, learning_entries{0}, released_units{0}, lost_units{0}, renewed{0};
     Histogram latency;  // answered leases; the control thread is its one writer
   };
   Counters& counters() { return counters_; }

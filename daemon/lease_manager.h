@@ -18,6 +18,29 @@
 //    not yet replicated, and gets them.
 //  - closed: leasing.
 //
+// Global concurrency rules lease holdings (holding.h, lua/concurrency.lua):
+// units this node holds in Redis until it returns them, each node's holding
+// with a deadline lease_ttl after its last call. The manager keeps a map of the
+// keys that hold units or have calls on the way (holdings_), and every renewal
+// interval (lease_ttl / kRenewalsPerTtl; Control's timer calls renewHoldings)
+// walks it, at a cost of O(keys holding units): a key whose entry is gone
+// returns what Redis holds for it; a key whose pool held a surplus through the
+// whole interval returns it (the return renews the rest); any other key holding
+// units and not called since half an interval is renewed; a key whose pool is
+// in debt leases it back. Every answer says how many units Redis holds for this
+// node; once a key has no call left on the way, that is compared with what the
+// node believes (holding::kHeld): units Redis no longer holds (the holding
+// expired: a stall or restart longer than lease_ttl) are taken out of the pool,
+// which may go into debt, so the units callers hold here are leased back before
+// new ones are handed out; units Redis holds that the node does not know of (a
+// lease that timed out but ran, a key evicted with a lease on the way) are
+// returned. The half-open phase renews every holding before the breaker closes,
+// so a node learns what Redis kept before it leases again, and leases back the
+// debts of every key (the units acquired in fallback beyond the pool), so that
+// Redis counts the units callers hold here before the node hands out new ones.
+// What Redis cannot grant stays a debt: the key admits nothing new until
+// releases or later leases pay it.
+//
 // Redis keys: each (rule, key) has its global state and its penalty block
 // (lua/penalty.lua), named by redis_keys.h so that both share one Redis
 // Cluster slot whatever bytes the key holds.
@@ -55,7 +78,13 @@ struct LeaseContext {
   // Redis's clock now (µs), from the control thread's estimate; nullopt
   // before the first heartbeat. Set by Control.
   std::function<std::optional<int64_t>()> redis_now_us;
+  // This node's id, the owner of its concurrency holdings. Set by Control.
+  std::string node_id;
 };
+
+// A concurrency holding is renewed this many times per lease_ttl when its
+// key makes no call of its own, so that one late renewal does not lose it.
+constexpr int64_t kRenewalsPerTtl = 3;
 
 // How long after it is built a lease may still grant: at least this, and at
 // least twice lease_timeout. Later, Redis runs it as a peek (a lease stuck in
@@ -114,6 +143,10 @@ class LeaseManager {
   // learning mode, as for a promoted replica (startLearning).
   void newMaster(std::string_view master);
 
+  // One renewal pass over the concurrency holdings (see above); Control
+  // calls it every lease_ttl / kRenewalsPerTtl. Nothing while Redis is down.
+  void renewHoldings();
+
   // Sends again the debits that could not be sent (in a cluster, their
   // key's master was unreachable while the breaker stayed closed). Control
   // calls it every health interval.
@@ -165,6 +198,38 @@ class LeaseManager {
   // Fails every queued call (Redis went down).
   void dropWaiting();
   void onLeaseReply(const LeaseRequest& request, const Rule& rule, const RedisResult& result);
+  // A lease that got no usable answer: counted, and the key follows its
+  // policy for a while when Redis answered (or its master alone is lost).
+  void leaseFailed(const LeaseRequest& request, const RedisResult& result);
+  // Counts an answered lease (latency, granted or empty).
+  void countLease(const scripts::LeaseReply& reply, const RedisResult& result);
+
+  // Concurrency holdings (holding.h). `rules` keeps `rule` alive until the
+  // answer; `then` (may be null) gets the parsed answer (null when there is
+  // none) before it is reconciled with the entry.
+  using HoldingDone = std::function<void(const scripts::LeaseReply*, const RedisResult&)>;
+  void callHolding(const Rule& rule, const RuleSetPtr& rules, std::string_view key,
+                   scripts::Op op, int64_t n, int64_t need, int64_t timeout_ms, HoldingDone then);
+  // `done` (may be null) runs once the lease is answered or failed.
+  void sendHoldingLease(const LeaseRequest& request, const Rule& rule, const RuleSetPtr& rules,
+                        std::function<void()> done = nullptr);
+  // Half-open: leases back the debts of every holding (units acquired in
+  // fallback beyond its pool), so that Redis counts them before this node
+  // closes its breaker. Visits the whole key table, as debitFallback does.
+  void leaseDebts(const std::function<void()>& answered, size_t* pending);
+  // A worker's (the sweep's) return of units that left a pool.
+  bool serveHoldingReturn(const LeaseRequest& request, const Rule& rule, const RuleSetPtr& rules,
+                          bool room);
+  void sendHoldingReturn(const Rule& rule, const RuleSetPtr& rules, std::string_view key,
+                         int64_t units, bool counted, std::function<void()> done);
+  // Compares what Redis holds for this node with what the node believes,
+  // once no call on the key is on the way (see above).
+  void reconcile(const Rule& rule, const RuleSetPtr& rules, const std::string& key,
+                 const scripts::LeaseReply& reply);
+  // A renewal pass; `recovering` (half-open) renews every holding and keeps
+  // surpluses. Each call's answer runs `answered`; `pending` (may be null)
+  // grows by the number of calls before any is sent.
+  void passHoldings(bool recovering, const std::function<void()>& answered, size_t* pending);
   // Clears the in-flight bit of (rule_id, key), after `apply` has run on its
   // words (when the entry is still there); then wakes the workers.
   void finish(uint32_t rule_id, std::string_view key,
@@ -178,7 +243,7 @@ class LeaseManager {
   LeaseContext context_;
   KeyTable::ReaderId reader_;
   RedisLink::ScriptId token_bucket_ = 0, gcra_ = 0, fixed_window_ = 0, sliding_window_ = 0,
-                      penalty_ = 0;
+                      concurrency_ = 0, penalty_ = 0;
 
   struct ScriptCall {
     RedisLink::ScriptId script;
@@ -208,6 +273,19 @@ class LeaseManager {
     auto operator<=>(const DebitKey&) const = default;
   };
   std::map<DebitKey, int64_t> unsent_debits_;
+  // Concurrency keys holding units in Redis, or with calls on the way.
+  struct HeldKey {
+    uint32_t rule_id;
+    std::string key;
+    auto operator<=>(const HeldKey&) const = default;
+  };
+  struct Holding {
+    int64_t redis_held = 0;    // what Redis's last answer said it holds for us
+    uint32_t in_flight = 0;    // calls sent and not answered
+    int64_t last_call_ns = 0;  // the last call sent (each renews the holding)
+  };
+  std::map<HeldKey, Holding> holdings_;
+  int64_t lost_logged_ns_ = 0;  // holdings found expired are logged this often at most
   std::string run_id_;            // of the Redis we last talked to
   std::string replid_;            // its master_replid
   std::string last_error_;        // the last lease error logged

@@ -104,6 +104,7 @@ MetricsSnapshot Metrics::snapshot() const {
     }
     sum.lease_units_spent += shard.lease_units_spent.get();
     sum.lease_units_dropped += shard.lease_units_dropped.get();
+    sum.lease_units_released += shard.lease_units_released.get();
     sum.lease_negative_hits += shard.lease_negative_hits.get();
     sum.lease_deferred += shard.lease_deferred.get();
     sum.lease_deferred_expired += shard.lease_deferred_expired.get();

@@ -113,6 +113,9 @@ struct alignas(64) MetricsShard {
   // The lease path (global rules while leasing).
   Counter lease_units_spent;     // units spent from slices
   Counter lease_units_dropped;   // units whose window ended unspent
+  // Units back in a concurrency holding's pool: released, or reclaimed when
+  // their deadline passed (holding.h).
+  Counter lease_units_released;
   Counter lease_negative_hits;   // denials answered from the negative cache
   Counter lease_deferred;        // requests that waited for a lease
   Counter lease_deferred_expired;  // of those, answered by policy at their deadline
@@ -143,6 +146,7 @@ struct MetricsSnapshot {
   std::array<uint64_t, kCloseReasons> connections_closed{};
   uint64_t lease_units_spent = 0;
   uint64_t lease_units_dropped = 0;
+  uint64_t lease_units_released = 0;
   uint64_t lease_negative_hits = 0;
   uint64_t lease_deferred = 0;
   uint64_t lease_deferred_expired = 0;

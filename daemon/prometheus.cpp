@@ -204,6 +204,10 @@ std::string renderPrometheus(const MetricsView& view) {
     w.sample("sluice_lease_units_total", "direction=\"granted\"", l.granted_units);
     w.sample("sluice_lease_units_total", "direction=\"returned\"", l.returned_units);
     w.sample("sluice_lease_units_total", "direction=\"debited\"", l.debited_units);
+    w.sample("sluice_lease_units_total", "direction=\"lost\"", l.lost_units);
+    w.single("sluice_lease_renewals_total", "counter",
+             "Renewals of this node's concurrency holdings in Redis.",
+             static_cast<double>(l.renewed));
     w.single("sluice_leased_units", "gauge", "Leased units this node holds and has not spent.",
              static_cast<double>(h.leased_units));
     w.histogram("sluice_lease_duration_seconds", "Round trip of a lease script to Redis.",

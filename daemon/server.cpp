@@ -17,6 +17,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "holding.h"
 #include "limiter.h"
 #include "penalty.h"
 #include "systemd.h"
@@ -154,10 +155,15 @@ RedisHealth Server::redisHealth() const {
   health.learning = broker_->learningAny(now_ns);
   LeaseStats leases = broker_->stats(now_ns);
   MetricsSnapshot metrics = metrics_.snapshot();
+  // A concurrency holding's units come back into its pool (released or
+  // reclaimed) and may be spent again; those Redis stopped holding for us
+  // are gone.
   health.leased_units = std::max<int64_t>(
       static_cast<int64_t>(leases.granted_units) - static_cast<int64_t>(leases.returned_units) -
           static_cast<int64_t>(metrics.lease_units_spent) -
-          static_cast<int64_t>(metrics.lease_units_dropped),
+          static_cast<int64_t>(metrics.lease_units_dropped) +
+          static_cast<int64_t>(metrics.lease_units_released + leases.released_units) -
+          static_cast<int64_t>(leases.lost_units),
       0);
   if (snapshot.clock_offset_us) {
     // The estimate is against the monotonic clock; an operator compares
@@ -520,7 +526,10 @@ void Server::onForcedEviction(uint32_t rule_id, std::string_view key,
   }
   RuleSetPtr rules = rules_.load(std::memory_order_acquire);
   const Rule* rule = rules->findById(rule_id);
-  if (rule != nullptr && leasable(*rule) && words.size() == entryWords(*rule)) {
+  // A holding's units that callers hold go back with the next renewal pass
+  // (lease_manager.h), which finds the key gone.
+  if (rule != nullptr && (leasable(*rule) || leasesHolding(*rule)) &&
+      words.size() == entryWords(*rule)) {
     returnSlice(*rule, key, words, monotonicNowNs());
   }
 }
@@ -539,6 +548,20 @@ void Server::sweepKeys() {
     // A key blocked, or counting denials toward a block, is not fresh.
     if (rule->penalty && !penalty::isIdle(*rule->penalty, penaltyState(*rule, words), now_ns)) {
       return false;
+    }
+    if ((rule->id & kFallbackIdBit) == 0 && leasesHolding(*rule)) {
+      // A holding is idle when no caller holds a unit here (expired ones
+      // come back first) and no lease is on the way; its pool goes back.
+      if ((words[slice::kFlags].load(std::memory_order_acquire) & slice::kInFlight) != 0) {
+        return false;
+      }
+      if (int64_t reclaimed = holding::reclaim(words, now_ns); reclaimed > 0 && broker_) {
+        broker_->counters().released_units.fetch_add(static_cast<uint64_t>(reclaimed),
+                                                     std::memory_order_relaxed);
+      }
+      if (holding::live(words, now_ns) > 0 || holding::pool(words) < 0) return false;
+      returnSlice(*rule, entry.key(), words, now_ns);
+      return true;
     }
     if ((rule->id & kFallbackIdBit) == 0 && leasable(*rule)) {
       auto word = [&](slice::Word w) { return static_cast<int64_t>(words[w].load(std::memory_order_acquire)); };

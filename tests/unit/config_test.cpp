@@ -667,6 +667,12 @@ const Refusal kRefusals[] = {
      "[redis]\n[[rule]]\nname = \"r\"\nalgorithm = \"sliding_log\"\nlimit = 5\nperiod = \"1s\"\n"
      "scope = \"global\"\npenalty = { denials = 3, window = \"1m\", block = \"1m\" }\n",
      "8:11", "penalty on a global rule needs one that leases from Redis"},
+    {"penalty_on_global_concurrency_rule",
+     "[redis]\n[[rule]]\nname = \"r\"\nalgorithm = \"concurrency\"\nlimit = 5\n"
+     "scope = \"global\"\npenalty = { denials = 3, window = \"1m\", block = \"1m\" }\n",
+     "7:11", "a global concurrency rule leases units that are held, not spent"},
+    {"lease_ttl_too_short", "[redis]\nlease_ttl = \"100ms\"\n", "2:13",
+     "lease_ttl = \"100ms\" is below the minimum \"300ms\"; write a value from \"300ms\" to \"1h\""},
     {"access_unknown_user", "[access]\nusers = [0, \"no-such-user-x\"]\n", "2:13",
      "there is no user \"no-such-user-x\" on this machine; write a name from /etc/passwd"},
     {"access_unknown_admin_group", "[access]\nadmin_group = \"no-such-group-x\"\n", "2:15",

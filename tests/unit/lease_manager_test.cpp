@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "clock.h"
+#include "holding.h"
 #include "redis_server.h"
 #include "test_support.h"
 #include "uv_loop.h"
@@ -100,6 +102,246 @@ TEST_F(LeaseManagerTest, ABurstOfReturnsIsSentInFull) {
   submitReturns(kReturns);
   manager_->onWakeup();
   ASSERT_TRUE(runUntil([&] { return returnedUnits() == kReturns; }));
+}
+
+// Holdings of a global concurrency rule (holding.h) against a real Redis:
+// leases, returns, renewals, reconciliation with what Redis holds.
+class HoldingManagerTest : public ::testing::Test {
+ protected:
+  static constexpr int64_t kTtlMs = 600;
+
+  void SetUp() override {
+    ASSERT_EQ(uv_loop_init(&loop_), 0);
+    Rule jobs;
+    jobs.name = "jobs";
+    jobs.scope = Scope::kGlobal;
+    jobs.algorithm = Algorithm::kConcurrency;
+    jobs.limits = {Limit{.limit = 10, .period_ns = 60'000 * kMs, .burst = 10}};
+    std::vector<Rule> rules;
+    rules.push_back(std::move(jobs));
+    rules_ = std::make_shared<const RuleSet>(std::move(rules));
+    rule_ = rules_->find("jobs");
+
+    config_.host = server_.host();
+    config_.port = static_cast<uint16_t>(server_.port());
+    config_.lease_ttl_ms = kTtlMs;
+    link_ = std::make_unique<RedisLink>(&loop_, config_);
+    LeaseContext context;
+    context.keys = &keys_;
+    context.broker = &broker_;
+    context.rules = [this] { return rules_; };
+    context.node_id = "node-a";
+    manager_ = std::make_unique<LeaseManager>(*link_, config_, context);
+    link_->onConnected([this] { manager_->onUp(); });
+    link_->onDisconnected([this](std::string_view) { manager_->onDown(); });
+    link_->start();
+    ASSERT_TRUE(runUntil([&] { return broker_.breaker() == Breaker::kClosed; }));
+  }
+
+  void TearDown() override {
+    bool closed = false;
+    link_->close([&] { closed = true; });
+    ASSERT_TRUE(runUntil([&] { return closed; }));
+    manager_.reset();
+    link_.reset();
+    uv_run(&loop_, UV_RUN_NOWAIT);
+    EXPECT_EQ(uv_loop_close(&loop_), 0);
+  }
+
+  bool runUntil(const std::function<bool()>& done, int timeout_ms = 10'000) {
+    return test::runLoopUntil(&loop_, done, timeout_ms);
+  }
+  // Runs the loop for `ms` (Redis's TTLs pass in real time).
+  void runFor(int64_t ms) {
+    int64_t until_ns = monotonicNowNs() + ms * kMs;
+    runUntil([&] { return monotonicNowNs() >= until_ns; }, static_cast<int>(ms) + 1000);
+  }
+
+  std::span<std::atomic<uint64_t>> words(const std::string& key) {
+    KeyTable::ReadGuard guard(keys_, reader_);
+    KeyTable::Entry* entry = keys_.findOrInsert(rule_->id, key, entryWords(*rule_), monotonicNowNs());
+    return entry->state();  // the test's entries are never swept while in use
+  }
+  int64_t word(const std::string& key, size_t which) {
+    return static_cast<int64_t>(words(key)[which].load());
+  }
+  bool inFlight(const std::string& key) {
+    return (words(key)[slice::kFlags].load() & slice::kInFlight) != 0;
+  }
+  // What a worker does when its acquire claims the key's lease.
+  void lease(const std::string& key, int64_t n, int64_t need) {
+    words(key)[slice::kFlags].fetch_or(slice::kInFlight);
+    LeaseRequest request;
+    request.rule_id = rule_->id;
+    request.key = key;
+    request.n = n;
+    request.need = need;
+    broker_.submit(std::move(request));
+    manager_->onWakeup();
+    ASSERT_TRUE(runUntil([&] { return !inFlight(key); }));
+  }
+  // The units Redis holds for node-a on `key` (0: none).
+  int64_t redisHeld(const std::string& key) {
+    std::string field = server_.cli({"HGET", manager_->stateKey("jobs", key), "node-a"});
+    return field.empty() ? 0 : std::stoll(field.substr(0, field.find(':')));
+  }
+
+  RedisServer server_;
+  uv_loop_t loop_;
+  RedisConfig config_;
+  RuleSetPtr rules_;
+  const Rule* rule_ = nullptr;
+  KeyTable keys_{[] {
+    KeyTableOptions options;
+    options.sweep_min_idle_ns = 0;
+    return options;
+  }()};
+  KeyTable::ReaderId reader_ = keys_.registerReader();
+  LeaseBroker broker_{100 * kMs};
+  std::unique_ptr<RedisLink> link_;
+  std::unique_ptr<LeaseManager> manager_;
+};
+
+// Verifies a lease puts its units into the pool and the node's holding in
+// Redis, and a return (as the sweep sends for a key gone idle) takes them
+// out of both.
+TEST_F(HoldingManagerTest, ALeaseHoldsUnitsInRedisUntilTheyAreReturned) {
+  lease("k", 4, 1);
+  EXPECT_EQ(word("k", slice::kUnits), 4);
+  EXPECT_EQ(word("k", holding::kHeld), 4);
+  EXPECT_EQ(redisHeld("k"), 4);
+  // The sweep empties the pool, then asks for the return.
+  int64_t units = static_cast<int64_t>(words("k")[slice::kUnits].exchange(0));
+  LeaseRequest back;
+  back.kind = LeaseRequest::Kind::kReturn;
+  back.rule_id = rule_->id;
+  back.key = "k";
+  back.n = units;
+  broker_.submit(std::move(back));
+  manager_->onWakeup();
+  ASSERT_TRUE(runUntil([&] { return broker_.counters().returned_units.load() == 4; }));
+  EXPECT_EQ(redisHeld("k"), 0);
+  EXPECT_EQ(word("k", holding::kHeld), 0);
+}
+
+// Verifies a node cannot lease more than the limit leaves free, and that
+// "nothing free" is cached for at most a lease interval.
+TEST_F(HoldingManagerTest, ALeaseGetsWhatIsFreeAndNoMore) {
+  server_.cli({"HSET", manager_->stateKey("jobs", "k"), "node-b",
+               "8:" + std::to_string(int64_t{1} << 52)});
+  lease("k", 5, 1);
+  EXPECT_EQ(word("k", holding::kHeld), 2);
+  lease("k", 1, 1);
+  EXPECT_EQ(word("k", holding::kHeld), 2);
+  int64_t deny_ns = word("k", slice::kDenyUntil) - monotonicNowNs();
+  EXPECT_GT(deny_ns, 0);
+  EXPECT_LE(deny_ns, 100 * kMs);
+}
+
+// Verifies the renewal pass keeps a holding alive past its TTL while its
+// units are held here and the key makes no call of its own.
+TEST_F(HoldingManagerTest, HoldingsAreRenewedBeforeTheirTtlRunsOut) {
+  lease("k", 3, 1);
+  ASSERT_EQ(holding::acquire(words("k"), rule_->limits.front(), monotonicNowNs(), 3, false, 0)
+                .taken.outcome,
+            slice::Outcome::kTaken);
+  uv_timer_t renew;
+  uv_timer_init(&loop_, &renew);
+  renew.data = manager_.get();
+  uv_timer_start(
+      &renew, [](uv_timer_t* t) { static_cast<LeaseManager*>(t->data)->renewHoldings(); },
+      kTtlMs / kRenewalsPerTtl, kTtlMs / kRenewalsPerTtl);
+  runFor(3 * kTtlMs);
+  EXPECT_EQ(redisHeld("k"), 3);
+  EXPECT_GE(broker_.counters().renewed.load(), 3u);
+  EXPECT_EQ(word("k", holding::kHeld), 3);
+  bool closed = false;
+  renew.data = &closed;
+  uv_close(reinterpret_cast<uv_handle_t*>(&renew),
+           [](uv_handle_t* h) { *static_cast<bool*>(h->data) = true; });
+  ASSERT_TRUE(runUntil([&] { return closed; }));
+}
+
+// Verifies a holding that expired in Redis (no renewal for a TTL) is found
+// out at the next call: its units leave the pool, the units callers hold
+// here become a debt, and the next lease asks for it and pays it first.
+TEST_F(HoldingManagerTest, AnExpiredHoldingTurnsUnitsInUseIntoADebt) {
+  lease("k", 3, 1);
+  const Limit& limit = rule_->limits.front();
+  int64_t now_ns = monotonicNowNs();
+  ASSERT_EQ(holding::acquire(words("k"), limit, now_ns, 2, false, 0).taken.outcome,
+            slice::Outcome::kTaken);
+  runFor(kTtlMs + 100);
+  ASSERT_EQ(redisHeld("k"), 0);  // expired in Redis
+  manager_->renewHoldings();
+  ASSERT_TRUE(runUntil([&] { return broker_.counters().lost_units.load() == 3; }));
+  EXPECT_EQ(word("k", holding::kHeld), 0);
+  EXPECT_EQ(holding::pool(words("k")), -2);
+  // A leasing acquire: nothing to hand out, a lease for the debt and the cost.
+  holding::Acquired again = holding::acquire(words("k"), limit, monotonicNowNs(), 1, false, 0);
+  EXPECT_EQ(again.taken.outcome, slice::Outcome::kEmpty);
+  ASSERT_TRUE(again.taken.must_request);
+  slice::Batch batch = holding::nextBatch(words("k"), monotonicNowNs(), 1, *rule_, 1, 100 * kMs);
+  EXPECT_EQ(batch.need, 3);
+  words("k")[slice::kFlags].fetch_and(~slice::kInFlight);
+  lease("k", batch.n, batch.need);
+  EXPECT_EQ(redisHeld("k"), word("k", holding::kHeld));
+  EXPECT_EQ(holding::pool(words("k")) + holding::live(words("k"), monotonicNowNs()),
+            word("k", holding::kHeld));
+  EXPECT_GE(holding::pool(words("k")), 1);
+}
+
+// Verifies units unused through a whole renewal pass go back to Redis, where
+// another node may lease them.
+TEST_F(HoldingManagerTest, ASurplusUnusedForAPassGoesBack) {
+  lease("k", 4, 1);
+  manager_->renewHoldings();  // measures
+  runUntil([] { return false; }, 10);
+  EXPECT_EQ(redisHeld("k"), 4);
+  manager_->renewHoldings();  // nothing asked for since: all of it
+  ASSERT_TRUE(runUntil([&] { return redisHeld("k") == 0; }));
+  EXPECT_EQ(word("k", holding::kHeld), 0);
+  EXPECT_EQ(word("k", slice::kUnits), 0);
+}
+
+// Verifies units Redis holds for this node that the node does not know of
+// (a lease that timed out but ran) are given back at the next answer.
+TEST_F(HoldingManagerTest, UnitsRedisHoldsThatTheNodeDoesNotKnowAreReturned) {
+  server_.cli({"HSET", manager_->stateKey("jobs", "k"), "node-a",
+               "5:" + std::to_string(int64_t{1} << 52)});
+  lease("k", 1, 1);
+  EXPECT_EQ(word("k", holding::kHeld), 1);
+  ASSERT_TRUE(runUntil([&] { return redisHeld("k") == 1; }));
+}
+
+// Verifies a key gone from the table (evicted with units in use) has what
+// Redis holds for it returned by the next pass.
+TEST_F(HoldingManagerTest, AKeyGoneFromTheTableReturnsWhatRedisHolds) {
+  lease("k", 3, 1);
+  keys_.sweep(monotonicNowNs() + kMs, [](KeyTable::Entry&) { return true; });
+  ASSERT_EQ(keys_.size(), 0u);
+  manager_->renewHoldings();
+  ASSERT_TRUE(runUntil([&] { return server_.cli({"EXISTS", manager_->stateKey("jobs", "k")}) == "0"; }));
+}
+
+// Verifies the units acquired in fallback beyond the pool (a debt) are
+// leased back while the breaker is half open, so Redis counts them before
+// the node leases anything new.
+TEST_F(HoldingManagerTest, RecoveryLeasesBackWhatFallbackHeld) {
+  words("k");  // the key exists before the outage
+  server_.kill();
+  ASSERT_TRUE(runUntil([&] { return broker_.breaker() == Breaker::kOpen; }));
+  int64_t reclaimed = 0;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(holding::acquireLocal(words("k"), rule_->limits.front(), monotonicNowNs(), 1, 5,
+                                      &reclaimed));
+  }
+  ASSERT_EQ(holding::pool(words("k")), -3);
+  server_.restart();
+  ASSERT_TRUE(runUntil([&] { return broker_.breaker() == Breaker::kClosed; }));
+  EXPECT_EQ(redisHeld("k"), 3);  // before the breaker closed
+  EXPECT_EQ(word("k", holding::kHeld), 3);
+  EXPECT_EQ(holding::pool(words("k")), 0);
 }
 
 // Sanitizer allocators do not report through mallinfo2(), so sanitized builds
