@@ -1,6 +1,7 @@
 // Connection: reading, framing, dispatching and writing for one client.
 #include "connection.h"
 
+#include <poll.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -125,12 +126,28 @@ void Connection::onRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf)
       }
     }
   } else if (nread == UV_EOF) {
-    // The client has finished sending; answer what it sent, then close.
+    // The client has finished sending. One that only shut its sending side
+    // down gets the answers to what it sent, then the connection closes. One
+    // that closed its socket can read nothing more (a Unix socket then polls
+    // POLLHUP): its requests still waiting for units or leases are dropped
+    // at once, so they take no units nobody will see and hold no place in a
+    // line.
     self->drain_reason_ = CloseReason::kPeerClosed;
-    self->drain();
+    if (self->peerGone()) {
+      self->close(CloseReason::kPeerClosed);
+    } else {
+      self->drain();
+    }
   } else if (nread < 0) {
     self->close(CloseReason::kError);
   }
+}
+
+bool Connection::peerGone() {
+  uv_os_fd_t fd;
+  if (uv_fileno(reinterpret_cast<uv_handle_t*>(&pipe_), &fd) != 0) return false;
+  pollfd hangup{fd, POLLOUT, 0};
+  return ::poll(&hangup, 1, 0) == 1 && (hangup.revents & POLLHUP) != 0;
 }
 
 // Whether the unfinished frame in input_ is now complete (or broken, which

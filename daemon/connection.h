@@ -71,6 +71,8 @@ class Connection {
   // rest in input_. `bytes` is the worker's scratch buffer (from_scratch) or
   // input_ itself.
   void consume(std::span<const uint8_t> bytes, bool from_scratch);
+  // Whether the client closed its socket (not only its sending side).
+  bool peerGone();
   bool partialFrameReady();
   void releaseWriting();
   void flush();

@@ -11,6 +11,7 @@ Needs SLUICED (the daemon binary) in the environment; run with /usr/bin/python3
 
 import os
 import signal
+import socket
 import statistics
 import sys
 import time
@@ -177,6 +178,22 @@ class ShapingTest(unittest.TestCase):
         self.assertTrue(later["allowed"])
         self.assertGreaterEqual(later["waited_ms"], 250)  # behind the two abandoned
         self.assertEqual(self.proc.poll(), None)
+
+    # Verifies a client that only shuts its sending side down still gets the
+    # answers to what it sent, a waiting one's included, and then the daemon
+    # closes (a client that closes its socket has its waiters dropped).
+    def test_half_closed_client_gets_its_waited_answers(self):
+        client = Client(self.socket)
+        for i in range(2):
+            client.send([0, i, "acquire", ["paced", "half", 1]])
+        client.sock.shutdown(socket.SHUT_WR)
+        client.sock.settimeout(5)
+        answers = [client.recv() for _ in range(2)]
+        self.assertEqual([a[1] for a in answers], [0, 1])
+        self.assertTrue(all(a[3]["allowed"] for a in answers), answers)
+        self.assertGreaterEqual(answers[1][3]["waited_ms"], 80)
+        self.assertEqual(client.sock.recv(1), b"")
+        client.close()
 
     # Verifies SIGTERM answers every waiter at once with the normal denial
     # (retry_after_ms: until its units would have been due), then exits 0.
