@@ -874,4 +874,21 @@ void RedisLink::onHandleClosed() {
   if (on_closed) on_closed();
 }
 
+// --- RetiredLinks ---------------------------------------------------------------
+
+void RetiredLinks::retire(std::unique_ptr<RedisLink> link) {
+  if (!link) return;
+  links_.push_back(Retired{std::move(link), false});
+  auto it = std::prev(links_.end());
+  ++closing_;
+  it->link->close([this, it] {
+    it->closed = true;
+    if (--closing_ == 0 && on_drained_) on_drained_();
+  });
+}
+
+void RetiredLinks::freeClosed() {
+  links_.remove_if([](const Retired& retired) { return retired.closed; });
+}
+
 }  // namespace sluice

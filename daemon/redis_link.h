@@ -344,4 +344,40 @@ class RedisLink : public RedisTarget {
   friend struct RedisPoll;
 };
 
+// RetiredLinks: the RedisLinks an owner is done with (Sentinel's probes and
+// watch link, RedisCluster's probes and the links of dropped masters), on
+// their way out. An owner is often done with a link inside one of that
+// link's callbacks, where the link may not be destroyed; retire() closes it
+// instead, and freeClosed(), called later from outside any link callback,
+// destroys the links whose close has completed.
+//
+// Threads: not thread-safe; the loop's thread only, like RedisLink.
+//
+// Lifetime: destroy it only once closing() is 0 (a RedisLink destroyed
+// before its close callback aborts); an owner's close() retires its last
+// links and waits for on_drained.
+class RetiredLinks {
+ public:
+  // `on_drained` runs, from a link's close callback, each time the last link
+  // still closing has closed.
+  explicit RetiredLinks(std::function<void()> on_drained) : on_drained_(std::move(on_drained)) {}
+
+  // Closes `link` and keeps it until freeClosed() after its close completed.
+  // A null `link` is ignored.
+  void retire(std::unique_ptr<RedisLink> link);
+  // Destroys the retired links whose close has completed.
+  void freeClosed();
+  // Retired links whose close has not completed yet.
+  size_t closing() const { return closing_; }
+
+ private:
+  struct Retired {
+    std::unique_ptr<RedisLink> link;
+    bool closed = false;
+  };
+  std::list<Retired> links_;  // closing, or closed and not destroyed yet
+  size_t closing_ = 0;
+  std::function<void()> on_drained_;
+};
+
 }  // namespace sluice

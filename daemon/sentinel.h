@@ -33,7 +33,6 @@
 
 #include <cstdint>
 #include <functional>
-#include <list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -79,9 +78,8 @@ class Sentinel {
   void probeFailed(const RedisAddress& sentinel, std::string_view reason);
   void finishResolve(std::optional<RedisAddress> master, std::string_view reason);
   void onSwitchMessage(std::string_view payload);
-  // Closes `link`; it is destroyed later (never inside its own callbacks).
-  void retire(std::unique_ptr<RedisLink> link);
-  void freeClosed();
+  // Called when the last retired link has closed.
+  void onLinksDrained();
   RedisConfig sentinelConfig(const RedisAddress& sentinel) const;
 
   uv_loop_t* loop_;
@@ -105,12 +103,7 @@ class Sentinel {
   std::unique_ptr<RedisLink> watch_;
   size_t watch_next_ = 0;  // the sentinel the watch link tries next
 
-  struct Retired {
-    std::unique_ptr<RedisLink> link;
-    bool closed = false;
-  };
-  std::list<Retired> retired_;  // closing, or closed and not destroyed yet
-  size_t closing_links_ = 0;
+  RetiredLinks retired_{[this] { onLinksDrained(); }};
   bool closing_ = false;
   bool closed_ = false;
   std::function<void()> on_closed_;

@@ -807,5 +807,55 @@ TEST_F(RedisLinkTest, SubscribesOnEveryConnectionAndDeliversMessages) {
   closeAll();
 }
 
+// --- RetiredLinks -----------------------------------------------------------------
+
+// Verifies that a link retired from inside its own callback is closed, not
+// destroyed: it counts as closing, freeClosed() leaves it alone (destroying
+// it there would abort), and once its close completes on_drained runs.
+TEST_F(RedisLinkTest, RetiredLinksCloseALinkInsideItsOwnCallbackAndKeepItUntilClosed) {
+  RedisServer server;
+  int drained = 0;
+  RetiredLinks retired([&] { drained++; });
+  retired.retire(nullptr);
+  EXPECT_EQ(retired.closing(), 0u);
+  startLink(configFor(server));
+  ASSERT_TRUE(waitConnected());
+  Seen other;
+  size_t closing_after_retire = 0;
+  ASSERT_TRUE(link_->command(
+      {"PING"},
+      [&](const RedisResult&) {
+        retired.retire(std::move(link_));
+        retired.freeClosed();
+        closing_after_retire = retired.closing();
+      },
+      2000));
+  ASSERT_TRUE(link_->command({"PING"}, record(other), 2000));
+  ASSERT_TRUE(runUntil([&] { return drained == 1; }));
+  EXPECT_EQ(closing_after_retire, 1u);
+  EXPECT_EQ(retired.closing(), 0u);
+  EXPECT_EQ(other.status, RedisStatus::kDisconnected);  // closed like any link
+  retired.freeClosed();
+  closeAll();
+}
+
+// Verifies that on_drained runs once, when the last of the links retired
+// together has closed, not once per link.
+TEST_F(RedisLinkTest, RetiredLinksReportDrainedWhenTheLastClosingLinkHasClosed) {
+  RedisServer server;
+  int drained = 0;
+  RetiredLinks retired([&] { drained++; });
+  for (int i = 0; i < 3; i++) {
+    auto link = std::make_unique<RedisLink>(&loop_, configFor(server));
+    link->start();
+    retired.retire(std::move(link));
+  }
+  EXPECT_EQ(retired.closing(), 3u);
+  ASSERT_TRUE(runUntil([&] { return retired.closing() == 0; }));
+  EXPECT_EQ(drained, 1);
+  retired.freeClosed();
+  closeAll();
+}
+
 }  // namespace
 }  // namespace sluice
