@@ -19,6 +19,8 @@ Sentinel::Sentinel(uv_loop_t* loop, const RedisConfig& config, RedisLinkOptions 
         link_options.require_master = false;
         link_options.log_name = "sentinel";
         link_options.quiet = false;
+        link_options.probe_interval_ms = kWatchProbeIntervalMs;  // the watch link's; see sentinel.h
+        link_options.probe_timeout_ms = command_timeout_ms;
         return link_options;
       }()),
       command_timeout_ms_(command_timeout_ms) {
