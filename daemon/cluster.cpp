@@ -109,7 +109,7 @@ void RedisCluster::start() {
       &refresh_timer_,
       [](uv_timer_t* timer) {
         auto* self = static_cast<RedisCluster*>(timer->data);
-        self->freeClosed();
+        self->retired_.freeClosed();
         if (!self->allSlotsUp()) self->refresh();
       },
       static_cast<uint64_t>(kRefreshIntervalMs), static_cast<uint64_t>(kRefreshIntervalMs));
@@ -193,7 +193,7 @@ void RedisCluster::probeNext() {
           }
           last_answered_ = node;
           last_map_error_.clear();
-          retire(std::move(probe_));
+          retired_.retire(std::move(probe_));
           if (refresh_again_) {
             refresh_again_ = false;
             refresh();
@@ -211,7 +211,7 @@ void RedisCluster::probeNext() {
 void RedisCluster::probeFailed(std::string_view reason) {
   if (!probe_reasons_.empty()) probe_reasons_ += "; ";
   probe_reasons_ += reason;
-  retire(std::move(probe_));
+  retired_.retire(std::move(probe_));
   probeNext();
 }
 
@@ -294,7 +294,7 @@ void RedisCluster::dropUnusedMasters() {
     }
     spdlog::info("cluster: {} serves no slot any more; closing its link", it->first);
     bool was_up = master->up;
-    retire(std::move(master->link));
+    retired_.retire(std::move(master->link));
     it = masters_.erase(it);
     if (was_up && --connected_links_ == 0 && on_disconnected_) {
       on_disconnected_("no master of the slot map is connected");
@@ -370,24 +370,8 @@ void RedisCluster::onCallResult(const std::shared_ptr<Call>& call, const RedisRe
 
 // --- closing ----------------------------------------------------------------------
 
-void RedisCluster::retire(std::unique_ptr<RedisLink> link) {
-  if (!link) return;
-  retired_.push_back(Retired{std::move(link), false});
-  auto it = std::prev(retired_.end());
-  ++closing_links_;
-  it->link->close([this, it] {
-    it->closed = true;
-    --closing_links_;
-    maybeClosed();
-  });
-}
-
-void RedisCluster::freeClosed() {
-  retired_.remove_if([](const Retired& retired) { return retired.closed; });
-}
-
 void RedisCluster::maybeClosed() {
-  if (!closing_ || !timer_closed_ || closing_links_ > 0 || closed_) return;
+  if (!closing_ || !timer_closed_ || retired_.closing() > 0 || closed_) return;
   closed_ = true;
   if (on_closed_) on_closed_();
 }
@@ -401,8 +385,8 @@ void RedisCluster::close(std::function<void()> on_closed) {
   on_closed_ = std::move(on_closed);
   std::fill(slots_.begin(), slots_.end(), nullptr);
   connected_links_ = 0;
-  retire(std::move(probe_));
-  for (auto& [address, master] : masters_) retire(std::move(master.link));
+  retired_.retire(std::move(probe_));
+  for (auto& [address, master] : masters_) retired_.retire(std::move(master.link));
   masters_.clear();
   uv_close(reinterpret_cast<uv_handle_t*>(&refresh_timer_), [](uv_handle_t* handle) {
     auto* self = static_cast<RedisCluster*>(handle->data);

@@ -40,7 +40,6 @@
 
 #include <cstdint>
 #include <functional>
-#include <list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -117,8 +116,6 @@ class RedisCluster : public RedisTarget {
   // the link refused it, and then its callback is not called.
   bool send(const std::shared_ptr<Call>& call, Master* master, bool asking);
   void onCallResult(const std::shared_ptr<Call>& call, const RedisResult& result);
-  void retire(std::unique_ptr<RedisLink> link);
-  void freeClosed();
   void maybeClosed();
   RedisConfig nodeConfig(const RedisAddress& address) const;
 
@@ -153,12 +150,7 @@ class RedisCluster : public RedisTarget {
 
   uv_timer_t refresh_timer_;
   bool timer_closed_ = false;
-  struct Retired {
-    std::unique_ptr<RedisLink> link;
-    bool closed = false;
-  };
-  std::list<Retired> retired_;
-  size_t closing_links_ = 0;
+  RetiredLinks retired_{[this] { maybeClosed(); }};
   bool closing_ = false;
   bool closed_ = false;
   std::function<void()> on_closed_;

@@ -30,6 +30,7 @@
 #include <hiredis/async.h>
 #include <hiredis/hiredis.h>
 #include <spdlog/spdlog.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -122,7 +123,10 @@ struct RedisPoll {
     // events, and has stopped the poll. Let hiredis try whatever it waits
     // for, so that its read or connect check meets the error and reports it.
     int ready = status < 0 ? poll->events : events;
-    if (poll->context != nullptr && (ready & UV_READABLE)) redisAsyncHandleRead(poll->context);
+    if (poll->context != nullptr && (ready & UV_READABLE)) {
+      if (poll->context == poll->link->context_) poll->link->noteRead();
+      redisAsyncHandleRead(poll->context);
+    }
     if (poll->context != nullptr && (ready & UV_WRITABLE)) {
       redisAsyncHandleWrite(poll->context);  // also sends what the connect callback queued
       poll->link->startClocks();
@@ -695,9 +699,41 @@ void RedisLink::onSubscription(Request* request, const void* raw_reply) {
     if (request->deadline_ms != 0) deadlines_.erase(request->deadline_it);
     subscription_ = request;
     handshakeDone();
+    if (subscription_ == request) scheduleProbe();  // unless on_connected dropped or closed it
   } else if (type == "message" && subscription_ == request && on_message_) {
     on_message_(reply[2].str());
   }
+}
+
+// A PING on a subscribed connection is answered ["pong", ""], which hiredis
+// 0.14 takes for a message of a pattern subscription named "" and drops; the
+// PING's callback, had it one, would stay queued until the connection ends,
+// one per PING. So the PING goes into the output buffer with no callback
+// (redisAppendCommandArgv, hiredis's pipelining call), and what proves the
+// server alive is that the connection has bytes to read after it: the pong,
+// or a message.
+void RedisLink::scheduleProbe() {
+  if (options_.probe_interval_ms <= 0 || subscription_ == nullptr) return;
+  next_probe_ms_ = uv_now(loop_) + static_cast<uint64_t>(options_.probe_interval_ms);
+  armDeadlineTimer();
+}
+
+void RedisLink::sendProbe() {
+  next_probe_ms_ = 0;
+  const char* argv[] = {"PING"};
+  size_t lengths[] = {4};
+  if (redisAppendCommandArgv(&context_->c, 1, argv, lengths) != REDIS_OK) {
+    drop_reason_ = "cannot queue a PING";
+    return;
+  }
+  context_->ev.addWrite(context_->ev.data);
+  probe_deadline_ms_ = uv_now(loop_) + static_cast<uint64_t>(options_.probe_timeout_ms);
+}
+
+void RedisLink::noteRead() {
+  if (probe_deadline_ms_ == 0) return;
+  probe_deadline_ms_ = 0;
+  scheduleProbe();
 }
 
 // Ends the current connection or attempt: every listed request is failed
@@ -712,6 +748,7 @@ void RedisLink::loseConnection(const std::string& reason, bool free_context,
   state_ = closing_ ? State::kClosing : State::kBackoff;
   connect_deadline_ms_ = 0;
   drop_reason_.clear();
+  next_probe_ms_ = probe_deadline_ms_ = 0;
   for (Script& script : scripts_) script.sha.clear();
   if (subscription_ != nullptr) {
     subscription_->done = true;  // hiredis deletes it when it frees the context
@@ -773,6 +810,8 @@ void RedisLink::armDeadlineTimer() {
   uint64_t next_ms = std::numeric_limits<uint64_t>::max();
   if (!drop_reason_.empty()) next_ms = now_ms;
   if (connect_deadline_ms_ != 0) next_ms = std::min(next_ms, connect_deadline_ms_);
+  if (next_probe_ms_ != 0) next_ms = std::min(next_ms, next_probe_ms_);
+  if (probe_deadline_ms_ != 0) next_ms = std::min(next_ms, probe_deadline_ms_);
   const Request* late_request = nullptr;
   next_ms = std::min(next_ms, nextCommandDeadline(now_ms, &late_request));
   if (next_ms == std::numeric_limits<uint64_t>::max()) {
@@ -786,6 +825,7 @@ void RedisLink::armDeadlineTimer() {
 
 void RedisLink::onDeadlineTimer() {
   uint64_t now_ms = uv_now(loop_);
+  if (next_probe_ms_ != 0 && now_ms >= next_probe_ms_ && context_ != nullptr) sendProbe();
   if (!drop_reason_.empty()) {
     std::string reason = drop_reason_;
     loseConnection(reason, true, false);
@@ -793,16 +833,23 @@ void RedisLink::onDeadlineTimer() {
   }
   const Request* late_request = nullptr;
   bool connect_late = connect_deadline_ms_ != 0 && now_ms >= connect_deadline_ms_;
+  bool probe_late = probe_deadline_ms_ != 0 && now_ms >= probe_deadline_ms_;
   nextCommandDeadline(now_ms, &late_request);
-  if ((connect_late || late_request != nullptr) && context_ != nullptr) {
+  if ((connect_late || probe_late || late_request != nullptr) && context_ != nullptr) {
     // libuv runs timers before it polls: when this thread was busy or
     // descheduled, the answers may be waiting in the socket. Read them
     // before calling anything late.
     redisAsyncContext* context = context_;
+    int waiting = 0;
+    if (ioctl(context->c.fd, FIONREAD, &waiting) == 0 && waiting > 0) noteRead();
     redisAsyncHandleRead(context);
     if (context_ != context) return;  // the read lost the connection, or a callback closed the link
   }
-  if (connect_deadline_ms_ != 0 && now_ms >= connect_deadline_ms_) {
+  if (probe_deadline_ms_ != 0 && now_ms >= probe_deadline_ms_) {
+    loseConnection("a PING got no answer within " + std::to_string(options_.probe_timeout_ms) +
+                       " ms; dropping the connection",
+                   true, true);
+  } else if (connect_deadline_ms_ != 0 && now_ms >= connect_deadline_ms_) {
     loseConnection("connect: no answer within " + std::to_string(options_.connect_timeout_ms) +
                        " ms",
                    true, false);
@@ -872,6 +919,23 @@ void RedisLink::onHandleClosed() {
   state_ = State::kClosed;
   std::function<void()> on_closed = std::move(on_closed_);
   if (on_closed) on_closed();
+}
+
+// --- RetiredLinks ---------------------------------------------------------------
+
+void RetiredLinks::retire(std::unique_ptr<RedisLink> link) {
+  if (!link) return;
+  links_.push_back(Retired{std::move(link), false});
+  auto it = std::prev(links_.end());
+  ++closing_;
+  it->link->close([this, it] {
+    it->closed = true;
+    if (--closing_ == 0 && on_drained_) on_drained_();
+  });
+}
+
+void RetiredLinks::freeClosed() {
+  links_.remove_if([](const Retired& retired) { return retired.closed; });
 }
 
 }  // namespace sluice

@@ -47,7 +47,10 @@
 //
 // Pub/sub: a link may carry one subscription (subscribe()), made again on
 // every connection; such a link is up once Redis confirms it, and takes no
-// commands (a subscribed connection answers nothing else).
+// commands (a subscribed connection answers nothing else). A server that
+// hangs with the connection open sends no messages and no error, so with
+// RedisLinkOptions::probe_interval_ms the link PINGs it and drops the
+// connection, as for a late command, when nothing comes back in time.
 //
 // A host name in the config is resolved with a blocking getaddrinfo() on each
 // connection attempt (hiredis 0.14); configure an address to avoid that.
@@ -139,6 +142,12 @@ struct RedisLinkOptions {
   // Logs nothing about connections: for short-lived links whose owner
   // reports their failures itself (Sentinel's queries).
   bool quiet = false;
+  // A subscribed link sends a PING this long after the subscription is
+  // confirmed and after each PING's answer (0: never), and drops the
+  // connection when the server has sent nothing within probe_timeout_ms of
+  // a PING.
+  int64_t probe_interval_ms = 0;
+  int64_t probe_timeout_ms = 1000;
 };
 
 // Where the control thread's commands go: one RedisLink (standalone and
@@ -276,6 +285,12 @@ class RedisLink : public RedisTarget {
   void connectTo();  // to target_
   void sendHandshake();
   void handshakeDone();
+  // Subscribed links (probe_interval_ms): the next PING is due an interval
+  // from now; send it.
+  void scheduleProbe();
+  void sendProbe();
+  // The current connection has bytes to read: a PING sent is answered.
+  void noteRead();
   void onSubscription(Request* request, const void* reply);
   // Both return nullptr when hiredis took the request, else the request.
   std::unique_ptr<Request> send(std::span<const std::string_view> argv,
@@ -309,6 +324,10 @@ class RedisLink : public RedisTarget {
   std::string subscription_channel_;    // "": none
   std::function<void(std::string_view)> on_message_;
   Request* subscription_ = nullptr;  // the confirmed SUBSCRIBE of this connection
+  // The subscription's PINGs (loop times; 0: none): when the next is due,
+  // and when the one sent is late unless the connection reads something.
+  uint64_t next_probe_ms_ = 0;
+  uint64_t probe_deadline_ms_ = 0;
 
   redisAsyncContext* context_ = nullptr;  // the current connection, if any
   uint64_t connect_deadline_ms_ = 0;      // 0: no attempt in progress
@@ -342,6 +361,42 @@ class RedisLink : public RedisTarget {
   std::function<void(uint64_t)> on_latency_;
 
   friend struct RedisPoll;
+};
+
+// RetiredLinks: the RedisLinks an owner is done with (Sentinel's probes and
+// watch link, RedisCluster's probes and the links of dropped masters), on
+// their way out. An owner is often done with a link inside one of that
+// link's callbacks, where the link may not be destroyed; retire() closes it
+// instead, and freeClosed(), called later from outside any link callback,
+// destroys the links whose close has completed.
+//
+// Threads: not thread-safe; the loop's thread only, like RedisLink.
+//
+// Lifetime: destroy it only once closing() is 0 (a RedisLink destroyed
+// before its close callback aborts); an owner's close() retires its last
+// links and waits for on_drained.
+class RetiredLinks {
+ public:
+  // `on_drained` runs, from a link's close callback, each time the last link
+  // still closing has closed.
+  explicit RetiredLinks(std::function<void()> on_drained) : on_drained_(std::move(on_drained)) {}
+
+  // Closes `link` and keeps it until freeClosed() after its close completed.
+  // A null `link` is ignored.
+  void retire(std::unique_ptr<RedisLink> link);
+  // Destroys the retired links whose close has completed.
+  void freeClosed();
+  // Retired links whose close has not completed yet.
+  size_t closing() const { return closing_; }
+
+ private:
+  struct Retired {
+    std::unique_ptr<RedisLink> link;
+    bool closed = false;
+  };
+  std::list<Retired> links_;  // closing, or closed and not destroyed yet
+  size_t closing_ = 0;
+  std::function<void()> on_drained_;
 };
 
 }  // namespace sluice

@@ -19,6 +19,8 @@ Sentinel::Sentinel(uv_loop_t* loop, const RedisConfig& config, RedisLinkOptions 
         link_options.require_master = false;
         link_options.log_name = "sentinel";
         link_options.quiet = false;
+        link_options.probe_interval_ms = kWatchProbeIntervalMs;  // the watch link's; see sentinel.h
+        link_options.probe_timeout_ms = command_timeout_ms;
         return link_options;
       }()),
       command_timeout_ms_(command_timeout_ms) {
@@ -61,10 +63,10 @@ void Sentinel::resolve(RedisLink::AddressCallback done) {
     return;
   }
   if (pending_) {
-    retire(std::move(probe_));
+    retired_.retire(std::move(probe_));
     finishResolve(std::nullopt, "sentinel: superseded by a newer resolve");
   }
-  freeClosed();
+  retired_.freeClosed();
   if (announced_) {
     RedisAddress master = std::move(*announced_);
     announced_.reset();
@@ -128,12 +130,12 @@ void Sentinel::askNext() {
 void Sentinel::probeFailed(const RedisAddress& sentinel, std::string_view reason) {
   if (!reasons_.empty()) reasons_ += "; ";
   reasons_ += sentinel.text() + ": " + std::string(reason);
-  retire(std::move(probe_));
+  retired_.retire(std::move(probe_));
   askNext();
 }
 
 void Sentinel::finishResolve(std::optional<RedisAddress> master, std::string_view reason) {
-  if (probe_) retire(std::move(probe_));
+  if (probe_) retired_.retire(std::move(probe_));
   RedisLink::AddressCallback done = std::move(pending_);
   pending_ = nullptr;
   if (done) done(std::move(master), reason);
@@ -161,22 +163,10 @@ void Sentinel::onSwitchMessage(std::string_view payload) {
   if (on_switch_) on_switch_(master);
 }
 
-void Sentinel::retire(std::unique_ptr<RedisLink> link) {
-  if (!link) return;
-  retired_.push_back(Retired{std::move(link), false});
-  auto it = std::prev(retired_.end());
-  ++closing_links_;
-  it->link->close([this, it] {
-    it->closed = true;
-    if (--closing_links_ == 0 && closing_) {
-      closed_ = true;
-      if (on_closed_) on_closed_();
-    }
-  });
-}
-
-void Sentinel::freeClosed() {
-  retired_.remove_if([](const Retired& retired) { return retired.closed; });
+void Sentinel::onLinksDrained() {
+  if (!closing_) return;
+  closed_ = true;
+  if (on_closed_) on_closed_();
 }
 
 void Sentinel::close(std::function<void()> on_closed) {
@@ -187,11 +177,8 @@ void Sentinel::close(std::function<void()> on_closed) {
   closing_ = true;
   on_closed_ = std::move(on_closed);
   if (pending_) finishResolve(std::nullopt, "sentinel: closed");
-  retire(std::move(watch_));
-  if (closing_links_ == 0) {
-    closed_ = true;
-    if (on_closed_) on_closed_();
-  }
+  retired_.retire(std::move(watch_));
+  if (retired_.closing() == 0) onLinksDrained();
 }
 
 }  // namespace sluice

@@ -15,7 +15,11 @@
 // Meanwhile a watch link stays subscribed to +switch-master on one sentinel
 // (the next one in the list after each loss, with the link's backoff). A
 // message about our master calls onSwitch() with the new address, and the
-// next resolve() answers that address at once, without asking.
+// next resolve() answers that address at once, without asking. The watch
+// link PINGs its sentinel every kWatchProbeIntervalMs (redis_link.h,
+// probe_interval_ms): a sentinel that hangs with the subscription open
+// (stopped, or its host gone without a reset) leaves a PING unanswered past
+// command_timeout_ms, and the link moves on to the next sentinel.
 //
 // Invariant: a resolve()'s `done` is called exactly once (close() calls a
 // pending one with no address); a newer resolve() supersedes an older one,
@@ -33,7 +37,6 @@
 
 #include <cstdint>
 #include <functional>
-#include <list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -48,6 +51,10 @@ namespace sluice {
 // The pub/sub channel on which sentinels announce a new master:
 // "<name> <old ip> <old port> <new ip> <new port>".
 inline constexpr std::string_view kSwitchMasterChannel = "+switch-master";
+
+// How often the watch link checks that its sentinel still answers (a hung
+// one is left within this plus command_timeout_ms).
+inline constexpr int64_t kWatchProbeIntervalMs = 1000;
 
 class Sentinel {
  public:
@@ -79,9 +86,8 @@ class Sentinel {
   void probeFailed(const RedisAddress& sentinel, std::string_view reason);
   void finishResolve(std::optional<RedisAddress> master, std::string_view reason);
   void onSwitchMessage(std::string_view payload);
-  // Closes `link`; it is destroyed later (never inside its own callbacks).
-  void retire(std::unique_ptr<RedisLink> link);
-  void freeClosed();
+  // Called when the last retired link has closed.
+  void onLinksDrained();
   RedisConfig sentinelConfig(const RedisAddress& sentinel) const;
 
   uv_loop_t* loop_;
@@ -105,12 +111,7 @@ class Sentinel {
   std::unique_ptr<RedisLink> watch_;
   size_t watch_next_ = 0;  // the sentinel the watch link tries next
 
-  struct Retired {
-    std::unique_ptr<RedisLink> link;
-    bool closed = false;
-  };
-  std::list<Retired> retired_;  // closing, or closed and not destroyed yet
-  size_t closing_links_ = 0;
+  RetiredLinks retired_{[this] { onLinksDrained(); }};
   bool closing_ = false;
   bool closed_ = false;
   std::function<void()> on_closed_;

@@ -17,6 +17,9 @@ sentinels instead of a url.
 - Resolution failures: a master name the sentinels do not know, and no
   sentinel reachable at all. The daemon answers from its fallback share and
   keeps asking, so it connects once the sentinels can answer.
+- A sentinel that hangs (SIGSTOP) while it holds the daemon's subscription
+  to +switch-master: the subscription moves to a live sentinel (the watch
+  link's PINGs go unanswered), and Redis stays up for the daemon.
 
 Run by ctest (labels `sentinel`); SLUICED names the daemon binary,
 REDIS_SERVER the redis-server. The load generator and the measurements are
@@ -24,6 +27,7 @@ fleet_test.py's.
 """
 
 import math
+import signal
 import sys
 import threading
 import time
@@ -47,6 +51,10 @@ FAILOVER_BOUND_S = 10.0
 # Once the sentinels name the new master, the daemons must lease again within
 # this (the brief: failover time + 1 s).
 RESUME_AFTER_SWITCH_MS = 1000
+# A hung sentinel holding the daemon's subscription must lose it to a live one
+# within this: the watch link's probe interval and deadline (sentinel.h), a
+# reconnect's first backoff step and a handshake, with room for a busy machine.
+WATCH_MOVE_BOUND_S = 5.0
 
 
 def sentinel_section(sentinels, master=MASTER):
@@ -249,6 +257,40 @@ class SentinelResolveTest(SentinelCase):
         self.assertTrue(wait_for(lambda: "no sentinel named the master" in daemon.logs(), 5),
                         daemon.logs())
         self.assert_fallback_then_up(daemon, sentinels[1].start, master)
+
+
+class SentinelWatchTest(SentinelCase):
+    """The daemon's subscription to +switch-master stays on a live sentinel."""
+
+    def subscribed(self, sentinel):
+        """Connections to `sentinel` subscribed to a channel: the daemons'
+        watch links (sentinels subscribe on masters and replicas, not on
+        each other)."""
+        clients = sentinel.command("CLIENT", "LIST") or ""
+        return sum(1 for line in clients.splitlines() if " sub=1 " in line)
+
+    # Verifies that a sentinel that hangs (SIGSTOP: its connections stay
+    # open, it answers nothing) while it holds the daemon's subscription is
+    # noticed: the subscription moves to a live sentinel within
+    # WATCH_MOVE_BOUND_S, and Redis stays up for the daemon meanwhile.
+    def test_hung_sentinel_loses_the_subscription_to_a_live_one(self):
+        self.start_deployment(replica=False)
+        daemon = self.start_daemons(1, 0, where=sentinel_section(self.sentinels))[0]
+        self.wait_fleet_up([daemon])
+        watched = wait_for(lambda: next((s for s in self.sentinels if self.subscribed(s)), None), 5)
+        self.assertIsNotNone(watched, "no sentinel holds the subscription\n" + daemon.logs())
+        others = [s for s in self.sentinels if s is not watched]
+        self.assertEqual([self.subscribed(s) for s in others], [0, 0])
+
+        watched.signal(signal.SIGSTOP)  # its stop() still ends it (SIGKILL)
+        stopped_at = time.monotonic()
+        moved = wait_for(lambda: any(self.subscribed(s) for s in others), WATCH_MOVE_BOUND_S)
+        took_s = time.monotonic() - stopped_at
+        self.assertTrue(moved, "the subscription stayed on the hung sentinel for %.0f s\n%s"
+                        % (WATCH_MOVE_BOUND_S, daemon.logs()))
+        sys.stderr.write("\n  the subscription moved %.0f ms after the sentinel hung\n"
+                         % (took_s * 1000))
+        self.assertEqual(daemon.health()["redis"], "up")
 
 
 def fmt_ms(seconds):

@@ -370,5 +370,138 @@ TEST_F(LeaseManagerTest, ABurstOfReturnsIsBuiltAsThePipelineAllowsAndLeavesNoMem
 }
 #endif  // SLUICE_SANITIZED
 
+// The setting of LeaseManager::retryDebits(). In a cluster, one master's
+// link can be down while the others keep Redis up: the breaker stays closed,
+// and a debit for a key on that master is refused by the link without being
+// sent. Here the one link plays that master: the manager hears of its first
+// connection (the breaker closes) and of nothing after, so a killed server
+// looks like a lost master, not like Redis down.
+class UnsentDebitsTest : public LeaseManagerTest {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(uv_loop_init(&loop_), 0);
+    Rule shared;
+    shared.name = "shared";
+    shared.scope = Scope::kGlobal;
+    shared.limits = {Limit{.limit = 1'000'000, .period_ns = 1'000 * kMs, .burst = 1'000'000}};
+    std::vector<Rule> rules;
+    rules.push_back(std::move(shared));
+    rules_ = std::make_shared<const RuleSet>(std::move(rules));
+    rule_id_ = rules_->find("shared")->id;
+
+    config_.host = server_.host();
+    config_.port = static_cast<uint16_t>(server_.port());
+    link_ = std::make_unique<RedisLink>(&loop_, config_);
+    LeaseContext context;
+    context.keys = &keys_;
+    context.broker = &broker_;
+    context.rules = [this] { return rules_; };
+    manager_ = std::make_unique<LeaseManager>(*link_, config_, context);
+    link_->onConnected([this] {
+      if (!told_up_) manager_->onUp();
+      told_up_ = true;
+    });
+    link_->start();
+    ASSERT_TRUE(runUntil([&] { return broker_.breaker() == Breaker::kClosed; }));
+  }
+
+  // A worker's debit of `units` admitted just now for `key`.
+  void submitDebit(const std::string& key, int64_t units) {
+    LeaseRequest debit;
+    debit.kind = LeaseRequest::Kind::kDebit;
+    debit.rule_id = rule_id_;
+    debit.key = key;
+    debit.n = units;
+    broker_.submit(std::move(debit));
+  }
+
+  // Kills the server and runs the loop until the link has noticed.
+  void loseTheLink() {
+    server_.kill();
+    ASSERT_TRUE(runUntil([&] { return !link_->connected(); }));
+  }
+
+  // Starts the server again (empty) and runs the loop until the link is back.
+  void bringBackTheLink() {
+    server_.restart();
+    ASSERT_TRUE(runUntil([&] { return link_->connected(); }));
+  }
+
+  // Runs the loop until Redis has answered a PING sent now: every call sent
+  // before it on the link has been answered too (Redis answers in order).
+  void drainTheLink() {
+    bool answered = false;
+    ASSERT_TRUE(link_->command({"PING"}, [&](const RedisResult&) { answered = true; }, 5'000));
+    ASSERT_TRUE(runUntil([&] { return answered; }));
+  }
+
+  bool stateExists(const std::string& key) {
+    return server_.cli({"EXISTS", manager_->stateKey("shared", key)}) == "1";
+  }
+
+  // Script calls the server has run since it started (INFO commandstats).
+  int64_t scriptCalls() {
+    std::string stats = server_.cli({"INFO", "commandstats"});
+    int64_t calls = 0;
+    for (std::string name : {"cmdstat_evalsha:calls=", "cmdstat_eval:calls="}) {
+      size_t at = stats.find(name);
+      if (at != std::string::npos) calls += std::stoll(stats.substr(at + name.size()));
+    }
+    return calls;
+  }
+
+  uint64_t debitedUnits() { return broker_.counters().debited_units.load(); }
+
+  bool told_up_ = false;
+};
+
+// Verifies that a debit the link refused while it was down is kept, kept
+// again through a retry that is refused too, and sent once, in full, by the
+// first retry after the link is back (Control retries on every health ping).
+TEST_F(UnsentDebitsTest, ADebitRefusedByADownLinkIsDeliveredOnceTheLinkIsBack) {
+  // Units that take the rule 100 s to refill: the key's state outlives the test.
+  loseTheLink();
+  submitDebit("debited-key", 70'000);
+  submitDebit("debited-key", 30'000);  // the same key: its units add up
+  manager_->onWakeup();
+  manager_->retryDebits();  // still down: refused again, and kept
+  EXPECT_EQ(debitedUnits(), 0u);
+
+  bringBackTheLink();
+  EXPECT_FALSE(stateExists("debited-key"));  // the restarted server is empty
+  manager_->retryDebits();
+  ASSERT_TRUE(runUntil([&] { return debitedUnits() >= 100'000; })) << debitedUnits();
+  EXPECT_TRUE(stateExists("debited-key"));
+  EXPECT_EQ(scriptCalls(), 1);  // one debit for the key, of both requests' units
+
+  // Delivered: a later retry has nothing left to send.
+  manager_->retryDebits();
+  drainTheLink();
+  EXPECT_EQ(debitedUnits(), 100'000u);
+  EXPECT_EQ(scriptCalls(), 1);
+}
+
+// Verifies that at most kMaxUnsentDebits keys' debits wait: a debit for a
+// key beyond the cap is dropped, one for a key already waiting still adds
+// its units, and the keys that waited are all delivered, one script call
+// each, once the link is back. (Their states expire at once: a unit refills
+// in a millisecond.)
+TEST_F(UnsentDebitsTest, AtMostMaxUnsentDebitsKeysWaitAndTheRestAreDropped) {
+  loseTheLink();
+  for (size_t i = 0; i < kMaxUnsentDebits; i++) submitDebit("key-" + std::to_string(i), 1);
+  submitDebit("one-too-many", 1);
+  submitDebit("key-0", 1);
+  manager_->onWakeup();
+
+  bringBackTheLink();
+  manager_->retryDebits();
+  ASSERT_TRUE(runUntil([&] { return debitedUnits() >= kMaxUnsentDebits + 1; }, 60'000))
+      << debitedUnits();
+  drainTheLink();
+  EXPECT_EQ(debitedUnits(), kMaxUnsentDebits + 1);
+  // One debit per key that waited (the restarted server counts from zero).
+  EXPECT_EQ(scriptCalls(), static_cast<int64_t>(kMaxUnsentDebits));
+}
+
 }  // namespace
 }  // namespace sluice

@@ -807,5 +807,104 @@ TEST_F(RedisLinkTest, SubscribesOnEveryConnectionAndDeliversMessages) {
   closeAll();
 }
 
+// Verifies that a subscribed link with probes PINGs every interval and stays
+// up while the server answers.
+TEST_F(RedisLinkTest, ProbesASubscribedConnectionAndStaysUpWhileTheServerAnswers) {
+  RedisServer server;
+  RedisLinkOptions options;
+  options.probe_interval_ms = 50;
+  options.probe_timeout_ms = 200;
+  startLink(configFor(server), options,
+            [&](RedisLink& link) { link.subscribe("news", [](std::string_view) {}); });
+  ASSERT_TRUE(waitConnected());
+  uint64_t until_ms = nowMs() + 600;
+  runUntil([&] { return nowMs() >= until_ms; }, 2000);
+  EXPECT_EQ(disconnects_, 0) << last_reason_;
+  EXPECT_TRUE(link_->connected());
+  std::string stats = server.cli({"INFO", "commandstats"});
+  size_t at = stats.find("cmdstat_ping:calls=");  // the handshake sends none here
+  ASSERT_NE(at, std::string::npos) << stats;
+  EXPECT_GE(std::stoll(stats.substr(at + 19)), 8);  // one per 50 ms, and a loaded machine
+  closeAll();
+}
+
+// Verifies that a subscribed link drops a connection whose server stopped
+// answering (SIGSTOP: the connection stays open) once a probe is late, and
+// subscribes again when the server is back.
+TEST_F(RedisLinkTest, DropsASubscribedConnectionWhoseServerStopsAnsweringProbes) {
+  RedisServer server;
+  RedisLinkOptions options;
+  options.probe_interval_ms = 100;
+  options.probe_timeout_ms = 200;
+  std::vector<std::string> messages;
+  startLink(configFor(server), options, [&](RedisLink& link) {
+    link.subscribe("news", [&](std::string_view payload) { messages.emplace_back(payload); });
+  });
+  ASSERT_TRUE(waitConnected());
+  server.stop();
+  uint64_t stopped_ms = nowMs();
+  ASSERT_TRUE(runUntil([&] { return disconnects_ == 1; }, 3000));
+  EXPECT_LT(nowMs() - stopped_ms, 100 + 200 + kSlackMs);
+  EXPECT_NE(last_reason_.find("a PING got no answer within 200 ms"), std::string::npos)
+      << last_reason_;
+
+  server.resume();
+  ASSERT_TRUE(runUntil([&] { return connects_ == 2; }));
+  EXPECT_EQ(server.cli({"PUBLISH", "news", "after"}), "1");
+  ASSERT_TRUE(runUntil([&] { return messages.size() == 1; }));
+  EXPECT_EQ(messages[0], "after");
+  closeAll();
+}
+
+// --- RetiredLinks -----------------------------------------------------------------
+
+// Verifies that a link retired from inside its own callback is closed, not
+// destroyed: it counts as closing, freeClosed() leaves it alone (destroying
+// it there would abort), and once its close completes on_drained runs.
+TEST_F(RedisLinkTest, RetiredLinksCloseALinkInsideItsOwnCallbackAndKeepItUntilClosed) {
+  RedisServer server;
+  int drained = 0;
+  RetiredLinks retired([&] { drained++; });
+  retired.retire(nullptr);
+  EXPECT_EQ(retired.closing(), 0u);
+  startLink(configFor(server));
+  ASSERT_TRUE(waitConnected());
+  Seen other;
+  size_t closing_after_retire = 0;
+  ASSERT_TRUE(link_->command(
+      {"PING"},
+      [&](const RedisResult&) {
+        retired.retire(std::move(link_));
+        retired.freeClosed();
+        closing_after_retire = retired.closing();
+      },
+      2000));
+  ASSERT_TRUE(link_->command({"PING"}, record(other), 2000));
+  ASSERT_TRUE(runUntil([&] { return drained == 1; }));
+  EXPECT_EQ(closing_after_retire, 1u);
+  EXPECT_EQ(retired.closing(), 0u);
+  EXPECT_EQ(other.status, RedisStatus::kDisconnected);  // closed like any link
+  retired.freeClosed();
+  closeAll();
+}
+
+// Verifies that on_drained runs once, when the last of the links retired
+// together has closed, not once per link.
+TEST_F(RedisLinkTest, RetiredLinksReportDrainedWhenTheLastClosingLinkHasClosed) {
+  RedisServer server;
+  int drained = 0;
+  RetiredLinks retired([&] { drained++; });
+  for (int i = 0; i < 3; i++) {
+    auto link = std::make_unique<RedisLink>(&loop_, configFor(server));
+    link->start();
+    retired.retire(std::move(link));
+  }
+  EXPECT_EQ(retired.closing(), 3u);
+  ASSERT_TRUE(runUntil([&] { return retired.closing() == 0; }));
+  EXPECT_EQ(drained, 1);
+  retired.freeClosed();
+  closeAll();
+}
+
 }  // namespace
 }  // namespace sluice
