@@ -334,13 +334,16 @@ class Redis:
     """A real redis-server on a loopback port (a free one unless given), in
     its own temp dir, without persistence: a restart on the same port starts
     with no data. Started at once unless start=False. `args` are more
-    redis-server arguments, e.g. ["--replicaof", "127.0.0.1", "6379"]."""
+    redis-server arguments, e.g. ["--replicaof", "127.0.0.1", "6379"];
+    `auth` is what command() sends AUTH with first, (password,) or
+    (user, password), when the server asks for it."""
 
-    def __init__(self, port=None, start=True, args=()):
+    def __init__(self, port=None, start=True, args=(), auth=None):
         self.dir = make_dir("rd.")
         self.port = port or free_port()
         self.may_move = port is None  # the port was picked here, not given
         self.args = list(args)
+        self.auth = tuple(auth) if auth else ()
         self.proc = None
         if start:
             self.start()
@@ -383,12 +386,16 @@ class Redis:
         """One command (words: str or bytes) on a fresh connection: the reply
         (read_reply), None when unreachable. Never call it while the server
         is SIGSTOPped."""
+        def encode(words):
+            words = [w if isinstance(w, bytes) else w.encode() for w in words]
+            return b"".join([b"*%d\r\n" % len(words)] + [
+                b"$%d\r\n%s\r\n" % (len(w), w) for w in words])
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=2) as s:
-                words = [w if isinstance(w, bytes) else w.encode() for w in words]
-                s.sendall(b"".join([b"*%d\r\n" % len(words)] + [
-                    b"$%d\r\n%s\r\n" % (len(w), w) for w in words]))
+                s.sendall((encode(("AUTH",) + self.auth) if self.auth else b"") + encode(words))
                 with s.makefile("rb") as f:
+                    if self.auth:
+                        read_reply(f)
                     return read_reply(f)
         except (OSError, ConnectionError):
             return None
@@ -427,10 +434,14 @@ class Sentinel(Redis):
     learned across a restart."""
 
     def __init__(self, master_port, name="mymaster", quorum=2, down_after_ms=500,
-                 failover_timeout_ms=2000, port=None, start=True):
+                 failover_timeout_ms=2000, port=None, start=True, password=None,
+                 master_auth=None):
+        """`password`: the sentinel's own requirepass; `master_auth`: the
+        (user, password) it authenticates to the master and replicas with."""
         self.master_port, self.name, self.quorum = master_port, name, quorum
         self.down_after_ms, self.failover_timeout_ms = down_after_ms, failover_timeout_ms
-        super().__init__(port=port, start=start)
+        self.password, self.master_auth = password, master_auth
+        super().__init__(port=port, start=start, auth=(password,) if password else None)
 
     def start(self):
         conf = os.path.join(self.dir, "sentinel.conf")
@@ -442,6 +453,11 @@ class Sentinel(Redis):
                         "sentinel failover-timeout %s %d\n"
                         % (self.port, self.dir, self.name, self.master_port, self.quorum,
                            self.name, self.down_after_ms, self.name, self.failover_timeout_ms))
+                if self.password:
+                    f.write("requirepass %s\n" % self.password)
+                if self.master_auth:
+                    f.write("sentinel auth-user %s %s\nsentinel auth-pass %s %s\n"
+                            % (self.name, self.master_auth[0], self.name, self.master_auth[1]))
         self.proc = spawn([REDIS_SERVER, conf, "--sentinel"],
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.wait_answering()

@@ -259,6 +259,58 @@ class SentinelResolveTest(SentinelCase):
         self.assert_fallback_then_up(daemon, sentinels[1].start, master)
 
 
+class SentinelAuthTest(SentinelCase):
+    """A sentinel that requires a password, and a master that admits one ACL
+    user only (its default user is off)."""
+
+    USER, PASSWORD, SENTINEL_PASSWORD = "sluice", "master-secret", "sentinel-secret"
+
+    def start_auth_deployment(self):
+        master = Redis(args=["--user", self.USER, "on", ">" + self.PASSWORD, "~*", "&*", "+@all",
+                             "--user", "default", "off"], auth=(self.USER, self.PASSWORD))
+        self.addCleanup(master.stop)
+        sentinel = Sentinel(master.port, MASTER, quorum=1, password=self.SENTINEL_PASSWORD,
+                            master_auth=(self.USER, self.PASSWORD))
+        self.addCleanup(sentinel.stop)
+        # The sentinel has logged in to the master once it knows its run id.
+        self.assertTrue(wait_for(lambda: (lambda m: isinstance(m, list) and "runid" in m and
+                                          m[m.index("runid") + 1] != "")(
+            sentinel.command("SENTINEL", "master", MASTER)), 10), "the sentinel never reached the master")
+        return master, sentinel
+
+    def auth_section(self, sentinel, sentinel_password):
+        return sentinel_section([sentinel]) + (
+            '\nsentinel_password = "%s"\nusername = "%s"\npassword = "%s"'
+            % (sentinel_password, self.USER, self.PASSWORD))
+
+    # Verifies the daemon logs in to the sentinel with sentinel_password and
+    # to the master the sentinel names with username and password: it leases
+    # from that master (mode "normal", scripts run there).
+    def test_password_protected_sentinel_and_acl_master(self):
+        master, sentinel = self.start_auth_deployment()
+        daemon = self.start_daemons(1, 0, where=self.auth_section(sentinel, self.SENTINEL_PASSWORD))[0]
+        self.assertTrue(wait_for(lambda: daemon.health()["redis"] == "up", 5), daemon.logs())
+        health = daemon.health()
+        self.assertEqual((health["redis_mode"], health["redis_address"]),
+                         ("sentinel", self.address(master)), health)
+        self.assertTrue(wait_for(lambda: daemon.client.result(
+            "acquire", "shared", "k")["mode"] == "normal", 2), daemon.logs())
+        self.assertGreater(master.script_calls(), 0)
+
+    # Verifies a wrong sentinel password is reported (the log names the
+    # sentinel and Redis's refusal) and leaves the daemon answering from its
+    # share, never connected.
+    def test_wrong_sentinel_password_is_reported_and_falls_back(self):
+        master, sentinel = self.start_auth_deployment()
+        daemon = self.start_daemons(1, 0, where=self.auth_section(sentinel, "not-the-password"))[0]
+        self.assertTrue(wait_for(lambda: "WRONGPASS" in daemon.logs(), 5), daemon.logs())
+        self.assertIn(self.address(sentinel), daemon.logs())
+        result = daemon.client.result("acquire", "shared", "k")
+        self.assertEqual(result["mode"], "fallback", result)
+        self.assertEqual(daemon.health()["redis"], "down")
+        self.assertEqual(master.script_calls(), 0)
+
+
 class SentinelWatchTest(SentinelCase):
     """The daemon's subscription to +switch-master stays on a live sentinel."""
 
