@@ -358,7 +358,9 @@ class ClusterFailoverTest(ClusterCase):
         bound = STEADY_PER_S * (t_end - killed) + STEADY_BURST + 2 * STEADY_BURST
         sys.stderr.write("cluster failover: the dead master's key: %d asked, %d admitted, "
                          "bound %.0f\n" % (victim_asked, victim_admitted, bound))
-        self.assertGreater(victim_asked, 2 * bound)  # the bound is a real limit here
+        # The bound is a real limit here: demand was well above it (how far
+        # depends on how fast this machine sends; a loaded one sent 1.5x).
+        self.assertGreater(victim_asked, 1.25 * bound)
         self.assertLessEqual(victim_admitted, bound)
         for daemon in self.daemons:
             health = daemon.health()
