@@ -15,17 +15,14 @@ Needs SLUICED (the daemon binary) in the environment; run with /usr/bin/python3
 import os
 import random
 import signal
-import subprocess
 import sys
 import threading
 import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import (MADE_DIRS, STARTED_PROCS, Client, Redis, end_process,  # noqa: E402
-                     make_dir, redis_key, spawn, wait_accepting, wait_for)
-
-SLUICED = os.environ.get("SLUICED", "sluiced")
+from harness import (Client, Daemon, DaemonPairCase, redis_key,  # noqa: E402
+                     tear_down_module, wait_for)
 
 LIMIT = 10
 LEASE_TTL_S = 0.9
@@ -53,24 +50,17 @@ scope = "global"
 """
 
 
-class Daemon:
-    """A sluiced in its own temp dir on the given Redis port."""
+class JobsDaemon(Daemon):
+    """A sluiced on the given Redis port, with acquires and releases of the
+    "jobs" rule."""
 
     def __init__(self, index, redis_port):
+        super().__init__("conc-%d" % index, dir_prefix="cf.")
         self.index = index
-        self.dir = make_dir("cf.")
-        self.socket = os.path.join(self.dir, "s.sock")
-        config = os.path.join(self.dir, "sluice.toml")
-        with open(config, "w") as f:
-            f.write(CONFIG.format(socket=self.socket, port=redis_port, index=index,
-                                  ttl_ms=int(LEASE_TTL_S * 1000), limit=LIMIT))
-        self.log = open(os.path.join(self.dir, "log"), "w+")
-        self.proc = spawn([SLUICED, "--config", config], stdout=self.log,
-                          stderr=subprocess.STDOUT)
-        wait_accepting(self.socket, self.proc, self.logs)
-        self.client = Client(self.socket)
+        self.start(CONFIG.format(socket=self.socket, port=redis_port, index=index,
+                                 ttl_ms=int(LEASE_TTL_S * 1000), limit=LIMIT), connect=True)
 
-    def acquire(self, key="k"):
+    def take(self, key="k"):
         return self.client.result("acquire", "jobs", key)
 
     def release(self, key="k", cost=1):
@@ -78,17 +68,7 @@ class Daemon:
 
     def hold(self, count, key="k"):
         """Acquires `count` times; returns how many were allowed."""
-        return sum(1 for _ in range(count) if self.acquire(key)["allowed"])
-
-    def logs(self):
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read()
-
-    def stop(self):
-        self.client.close()
-        end_process(self.proc)
-        self.log.close()
+        return sum(1 for _ in range(count) if self.take(key)["allowed"])
 
 
 def held_in_redis(redis, key="k"):
@@ -97,21 +77,9 @@ def held_in_redis(redis, key="k"):
     return {reply[i]: int(reply[i + 1].split(":")[0]) for i in range(0, len(reply), 2)}
 
 
-class ConcurrencyFleetCase(unittest.TestCase):
-    """Two daemons on one fresh Redis, both leasing."""
-
-    def setUp(self):
-        self.redis = Redis()
-        self.daemons = [Daemon(i, self.redis.port) for i in range(2)]
-        self.assertTrue(wait_for(lambda: all(
-            d.client.result("health")["nodes"] == 2 and
-            d.client.result("health")["breaker"] == "closed" for d in self.daemons), 10),
-            self.daemons[0].logs())
-
-    def tearDown(self):
-        for daemon in self.daemons:
-            daemon.stop()
-        self.redis.stop()
+class ConcurrencyFleetCase(DaemonPairCase):
+    def start_daemon(self, index, redis_port):
+        return JobsDaemon(index, redis_port)
 
     def hold_within(self, daemon, count, seconds):
         """Acquires on `daemon` until it holds `count` units or `seconds`
@@ -119,7 +87,7 @@ class ConcurrencyFleetCase(unittest.TestCase):
         held = 0
         deadline = time.monotonic() + seconds
         while held < count and time.monotonic() < deadline:
-            if daemon.acquire()["allowed"]:
+            if daemon.take()["allowed"]:
                 held += 1
             else:
                 time.sleep(0.02)
@@ -130,11 +98,11 @@ class ConcurrencyFleetCase(unittest.TestCase):
     # and not one more; the other daemon then gets nothing.
     def test_one_daemon_holds_the_whole_limit_when_the_other_holds_none(self):
         a, b = self.daemons
-        results = [a.acquire() for _ in range(LIMIT + 3)]
+        results = [a.take() for _ in range(LIMIT + 3)]
         allowed = [r for r in results if r["allowed"]]
         self.assertEqual(len(allowed), LIMIT, results)
         self.assertTrue(all(r["mode"] == "normal" for r in results), results)
-        self.assertFalse(b.acquire()["allowed"])
+        self.assertFalse(b.take()["allowed"])
         self.assertEqual(held_in_redis(self.redis), {"conc-0": LIMIT})
         health = a.client.result("health")
         self.assertEqual(health["leased_units"], 0, health)  # all of them in use
@@ -145,11 +113,11 @@ class ConcurrencyFleetCase(unittest.TestCase):
     # go back into the daemon's pool, not to Redis.
     def test_a_busy_key_costs_redis_almost_nothing_per_acquire(self):
         a, _ = self.daemons
-        self.assertTrue(a.acquire()["allowed"])  # the first lease
+        self.assertTrue(a.take()["allowed"])  # the first lease
         before = self.redis.script_calls()
         count = 3000
         for _ in range(count):
-            self.assertTrue(a.acquire()["allowed"])
+            self.assertTrue(a.take()["allowed"])
             a.release()
         calls = self.redis.script_calls() - before
         print("\n%d acquire/release pairs on one key: %d Redis script calls (%.4f per acquire)"
@@ -183,7 +151,7 @@ class ConcurrencyFleetCase(unittest.TestCase):
         print("\nunits released on one daemon all held by the other after %.2f s "
               "(renewal interval %.2f s)" % (took, LEASE_TTL_S / 3))
         self.assertLess(took, 3 * LEASE_TTL_S)
-        self.assertFalse(a.acquire()["allowed"])
+        self.assertFalse(a.take()["allowed"])
         self.assertEqual(held_in_redis(self.redis), {"conc-1": LIMIT})
         leases = a.client.result("stats")["leases"]
         self.assertEqual(leases["returned_units"], LIMIT, leases)
@@ -244,7 +212,7 @@ class ConcurrencyFleetCase(unittest.TestCase):
         a.proc.send_signal(signal.SIGKILL)
         a.proc.wait()
         killed = time.monotonic()
-        self.assertFalse(b.acquire()["allowed"])
+        self.assertFalse(b.take()["allowed"])
         self.assertEqual(self.hold_within(b, LIMIT, LEASE_TTL_S + 2), LIMIT, b.logs())
         took = time.monotonic() - killed
         print("\nthe killed daemon's %d units held by the other %.2f s after SIGKILL "
@@ -265,28 +233,25 @@ class ConcurrencyFleetCase(unittest.TestCase):
                                      5))
         share = LIMIT // 2
         for d in self.daemons:
-            results = [d.acquire() for _ in range(share + 2)]
+            results = [d.take() for _ in range(share + 2)]
             self.assertEqual(sum(r["allowed"] for r in results), share, results)
             self.assertTrue(all(r["mode"] == "fallback" for r in results), results)
         # A release in fallback frees a unit of the share.
         self.assertEqual(a.release()["remaining"], 1)
-        self.assertTrue(a.acquire()["allowed"])
+        self.assertTrue(a.take()["allowed"])
         self.redis.start()
         for d in self.daemons:
             self.assertTrue(wait_for(
                 lambda d=d: d.client.result("health")["breaker"] == "closed", 10), d.logs())
         self.assertEqual(held_in_redis(self.redis), {"conc-0": share, "conc-1": share})
         for d in self.daemons:
-            result = d.acquire()
+            result = d.take()
             self.assertFalse(result["allowed"], result)
             self.assertEqual(result["mode"], "normal")
 
 
 def tearDownModule():
-    for proc in STARTED_PROCS:
-        end_process(proc)
-    for path in MADE_DIRS:
-        subprocess.run(["rm", "-rf", path], check=False)
+    tear_down_module()
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import unittest
 
 import msgpack
 
@@ -324,6 +325,28 @@ def read_reply(f):
     if kind == b":":
         return int(body)
     return body  # +status or -error
+
+
+class DaemonPairCase(unittest.TestCase):
+    """Two daemons on one fresh Redis, both leasing and counting each other
+    (nodes 2). A subclass says how to start daemon `index` on a Redis port;
+    the daemon has a client (health) and stop()."""
+
+    def start_daemon(self, index, redis_port):
+        raise NotImplementedError
+
+    def setUp(self):
+        self.redis = Redis()
+        self.addCleanup(self.redis.stop)
+        self.daemons = []
+        for index in range(2):
+            daemon = self.start_daemon(index, self.redis.port)
+            self.addCleanup(daemon.stop)
+            self.daemons.append(daemon)
+        self.assertTrue(wait_for(lambda: all(
+            d.client.result("health")["nodes"] == 2 and
+            d.client.result("health")["breaker"] == "closed" for d in self.daemons), 10),
+            self.daemons[0].logs())
 
 
 class PortTaken(RuntimeError):

@@ -20,8 +20,8 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import (Client, Daemon, Redis, redis_key, tear_down_module,  # noqa: E402
-                     wait_for)
+from harness import (Client, Daemon, DaemonPairCase, redis_key,  # noqa: E402
+                     tear_down_module, wait_for)
 
 CONFIG = """
 [daemon]
@@ -79,21 +79,9 @@ def start_daemon(index, redis_port):
     return daemon
 
 
-class FleetCase(unittest.TestCase):
-    """Two daemons on one fresh Redis, both leasing."""
-
-    def setUp(self):
-        self.redis = Redis()
-        self.daemons = [start_daemon(i, self.redis.port) for i in range(2)]
-        self.assertTrue(wait_for(lambda: all(
-            d.client.result("health")["nodes"] == 2 and
-            d.client.result("health")["breaker"] == "closed" for d in self.daemons), 10),
-            self.daemons[0].logs())
-
-    def tearDown(self):
-        for daemon in self.daemons:
-            daemon.stop()
-        self.redis.stop()
+class FleetCase(DaemonPairCase):
+    def start_daemon(self, index, redis_port):
+        return start_daemon(index, redis_port)
 
     def admitted(self, rule, key, per_daemon):
         """Acquires `per_daemon` times on each daemon, alternating; returns

@@ -28,19 +28,18 @@ using test::RedisServer;
 constexpr int64_t kMs = 1'000'000;
 
 
-class LeaseManagerTest : public ::testing::Test {
+// A LeaseManager on its own loop, as the control thread runs it, linked to
+// a redis-server of its own. Each fixture builds its rules and starts it.
+class ManagerFixture : public ::testing::Test {
  protected:
-  void SetUp() override {
-    ASSERT_EQ(uv_loop_init(&loop_), 0);
-    Rule shared;
-    shared.name = "shared";
-    shared.scope = Scope::kGlobal;
-    shared.limits = {Limit{.limit = 1'000'000, .period_ns = 1'000 * kMs, .burst = 1'000'000}};
-    std::vector<Rule> rules;
-    rules.push_back(std::move(shared));
-    rules_ = std::make_shared<const RuleSet>(std::move(rules));
-    rule_id_ = rules_->find("shared")->id;
+  void SetUp() override { ASSERT_EQ(uv_loop_init(&loop_), 0); }
 
+  // Builds the manager on `rules` (its config_ and node_id_ as the fixture
+  // set them) and runs the loop until the breaker closes. With
+  // `follow_link`, it is told of every connect and disconnect, as Control
+  // does; without, only of the first connect.
+  void start(std::vector<Rule> rules, bool follow_link = true) {
+    rules_ = std::make_shared<const RuleSet>(std::move(rules));
     config_.host = server_.host();
     config_.port = static_cast<uint16_t>(server_.port());
     link_ = std::make_unique<RedisLink>(&loop_, config_);
@@ -48,9 +47,13 @@ class LeaseManagerTest : public ::testing::Test {
     context.keys = &keys_;
     context.broker = &broker_;
     context.rules = [this] { return rules_; };
+    context.node_id = node_id_;
     manager_ = std::make_unique<LeaseManager>(*link_, config_, context);
-    link_->onConnected([this] { manager_->onUp(); });
-    link_->onDisconnected([this](std::string_view) { manager_->onDown(); });
+    link_->onConnected([this, follow_link] {
+      if (follow_link || !told_up_) manager_->onUp();
+      told_up_ = true;
+    });
+    if (follow_link) link_->onDisconnected([this](std::string_view) { manager_->onDown(); });
     link_->start();
     ASSERT_TRUE(runUntil([&] { return broker_.breaker() == Breaker::kClosed; }));
   }
@@ -70,6 +73,38 @@ class LeaseManagerTest : public ::testing::Test {
     return test::runLoopUntil(&loop_, done, timeout_ms);
   }
 
+  RedisServer server_;
+  uv_loop_t loop_;
+  RedisConfig config_;
+  std::string node_id_;
+  RuleSetPtr rules_;
+  KeyTable keys_{[] {
+    KeyTableOptions options;
+    options.sweep_min_idle_ns = 0;
+    return options;
+  }()};
+  KeyTable::ReaderId reader_ = keys_.registerReader();
+  LeaseBroker broker_{100 * kMs};
+  std::unique_ptr<RedisLink> link_;
+  std::unique_ptr<LeaseManager> manager_;
+  bool told_up_ = false;
+};
+
+class LeaseManagerTest : public ManagerFixture {
+ protected:
+  void SetUp() override {
+    ManagerFixture::SetUp();
+    Rule shared;
+    shared.name = "shared";
+    shared.scope = Scope::kGlobal;
+    shared.limits = {Limit{.limit = 1'000'000, .period_ns = 1'000 * kMs, .burst = 1'000'000}};
+    std::vector<Rule> rules;
+    rules.push_back(std::move(shared));
+    ASSERT_NO_FATAL_FAILURE(start(std::move(rules), follow_link()));
+    rule_id_ = rules_->find("shared")->id;
+  }
+  virtual bool follow_link() const { return true; }
+
   // One return per key, as a sweep submits for the keys gone idle.
   void submitReturns(int count) {
     for (int i = 0; i < count; i++) {
@@ -84,15 +119,7 @@ class LeaseManagerTest : public ::testing::Test {
 
   uint64_t returnedUnits() { return broker_.counters().returned_units.load(); }
 
-  RedisServer server_;
-  uv_loop_t loop_;
-  RedisConfig config_;
-  RuleSetPtr rules_;
   uint32_t rule_id_ = 0;
-  KeyTable keys_{KeyTableOptions{}};
-  LeaseBroker broker_{100 * kMs};
-  std::unique_ptr<RedisLink> link_;
-  std::unique_ptr<LeaseManager> manager_;
 };
 
 // Verifies that every return of a burst larger than the pipeline is sent,
@@ -106,12 +133,12 @@ TEST_F(LeaseManagerTest, ABurstOfReturnsIsSentInFull) {
 
 // Holdings of a global concurrency rule (holding.h) against a real Redis:
 // leases, returns, renewals, reconciliation with what Redis holds.
-class HoldingManagerTest : public ::testing::Test {
+class HoldingManagerTest : public ManagerFixture {
  protected:
   static constexpr int64_t kTtlMs = 600;
 
   void SetUp() override {
-    ASSERT_EQ(uv_loop_init(&loop_), 0);
+    ManagerFixture::SetUp();
     Rule jobs;
     jobs.name = "jobs";
     jobs.scope = Scope::kGlobal;
@@ -119,38 +146,12 @@ class HoldingManagerTest : public ::testing::Test {
     jobs.limits = {Limit{.limit = 10, .period_ns = 60'000 * kMs, .burst = 10}};
     std::vector<Rule> rules;
     rules.push_back(std::move(jobs));
-    rules_ = std::make_shared<const RuleSet>(std::move(rules));
-    rule_ = rules_->find("jobs");
-
-    config_.host = server_.host();
-    config_.port = static_cast<uint16_t>(server_.port());
     config_.lease_ttl_ms = kTtlMs;
-    link_ = std::make_unique<RedisLink>(&loop_, config_);
-    LeaseContext context;
-    context.keys = &keys_;
-    context.broker = &broker_;
-    context.rules = [this] { return rules_; };
-    context.node_id = "node-a";
-    manager_ = std::make_unique<LeaseManager>(*link_, config_, context);
-    link_->onConnected([this] { manager_->onUp(); });
-    link_->onDisconnected([this](std::string_view) { manager_->onDown(); });
-    link_->start();
-    ASSERT_TRUE(runUntil([&] { return broker_.breaker() == Breaker::kClosed; }));
+    node_id_ = "node-a";
+    ASSERT_NO_FATAL_FAILURE(start(std::move(rules)));
+    rule_ = rules_->find("jobs");
   }
 
-  void TearDown() override {
-    bool closed = false;
-    link_->close([&] { closed = true; });
-    ASSERT_TRUE(runUntil([&] { return closed; }));
-    manager_.reset();
-    link_.reset();
-    uv_run(&loop_, UV_RUN_NOWAIT);
-    EXPECT_EQ(uv_loop_close(&loop_), 0);
-  }
-
-  bool runUntil(const std::function<bool()>& done, int timeout_ms = 10'000) {
-    return test::runLoopUntil(&loop_, done, timeout_ms);
-  }
   // Runs the loop for `ms` (Redis's TTLs pass in real time).
   void runFor(int64_t ms) {
     int64_t until_ns = monotonicNowNs() + ms * kMs;
@@ -186,20 +187,7 @@ class HoldingManagerTest : public ::testing::Test {
     return field.empty() ? 0 : std::stoll(field.substr(0, field.find(':')));
   }
 
-  RedisServer server_;
-  uv_loop_t loop_;
-  RedisConfig config_;
-  RuleSetPtr rules_;
   const Rule* rule_ = nullptr;
-  KeyTable keys_{[] {
-    KeyTableOptions options;
-    options.sweep_min_idle_ns = 0;
-    return options;
-  }()};
-  KeyTable::ReaderId reader_ = keys_.registerReader();
-  LeaseBroker broker_{100 * kMs};
-  std::unique_ptr<RedisLink> link_;
-  std::unique_ptr<LeaseManager> manager_;
 };
 
 // Verifies a lease puts its units into the pool and the node's holding in
@@ -378,32 +366,9 @@ TEST_F(LeaseManagerTest, ABurstOfReturnsIsBuiltAsThePipelineAllowsAndLeavesNoMem
 // looks like a lost master, not like Redis down.
 class UnsentDebitsTest : public LeaseManagerTest {
  protected:
-  void SetUp() override {
-    ASSERT_EQ(uv_loop_init(&loop_), 0);
-    Rule shared;
-    shared.name = "shared";
-    shared.scope = Scope::kGlobal;
-    shared.limits = {Limit{.limit = 1'000'000, .period_ns = 1'000 * kMs, .burst = 1'000'000}};
-    std::vector<Rule> rules;
-    rules.push_back(std::move(shared));
-    rules_ = std::make_shared<const RuleSet>(std::move(rules));
-    rule_id_ = rules_->find("shared")->id;
-
-    config_.host = server_.host();
-    config_.port = static_cast<uint16_t>(server_.port());
-    link_ = std::make_unique<RedisLink>(&loop_, config_);
-    LeaseContext context;
-    context.keys = &keys_;
-    context.broker = &broker_;
-    context.rules = [this] { return rules_; };
-    manager_ = std::make_unique<LeaseManager>(*link_, config_, context);
-    link_->onConnected([this] {
-      if (!told_up_) manager_->onUp();
-      told_up_ = true;
-    });
-    link_->start();
-    ASSERT_TRUE(runUntil([&] { return broker_.breaker() == Breaker::kClosed; }));
-  }
+  // Told of the first connect only: the breaker stays closed while the link
+  // is lost and back, as in a cluster whose other masters stay up.
+  bool follow_link() const override { return false; }
 
   // A worker's debit of `units` admitted just now for `key`.
   void submitDebit(const std::string& key, int64_t units) {
@@ -451,8 +416,6 @@ class UnsentDebitsTest : public LeaseManagerTest {
   }
 
   uint64_t debitedUnits() { return broker_.counters().debited_units.load(); }
-
-  bool told_up_ = false;
 };
 
 // Verifies that a debit the link refused while it was down is kept, kept
