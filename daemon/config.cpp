@@ -1007,8 +1007,6 @@ void checkFrameHoldsKey(const LimitsConfig& limits, const Given& given) {
 // --- rules ----------------------------------------------------------------------
 
 constexpr size_t kMaxRuleNameBytes = 128;
-// More limits than this on one rule is a mistake, not a policy.
-constexpr size_t kMaxLimitsPerRule = 8;
 
 constexpr std::array<std::string_view, 13> kRuleKeys = {
     "name",   "algorithm", "limit",    "period", "burst",     "limits",  "scope",
@@ -1123,6 +1121,7 @@ class RuleReader {
       refuse(*node, prefix_ + "name is " + std::to_string(name.size()) + " bytes long; write at " +
                         "most " + std::to_string(kMaxRuleNameBytes) + " bytes");
     }
+    // (Part names, rules.h, rely on this: they hold a control character.)
     for (char c : name) {
       auto byte = static_cast<unsigned char>(c);
       if (byte < 0x20 || byte == 0x7f) {
@@ -1148,8 +1147,9 @@ class RuleReader {
                           ", or set algorithm = \"gcra\"");
       }
       if (rule->scope == Scope::kGlobal && rule->limits.size() != 1) {
-        refuse(*node, prefix_ + key + " on a global rule needs one that leases from Redis (one " +
-                          "limit); remove " + key + ", or keep one limit");
+        refuse(*node, prefix_ + key + " on a global rule needs one limit (a waiter asks Redis " +
+                          "again when its units are due, and a rule of several limits leases " +
+                          "each on its own); remove " + key + ", or keep one limit");
       }
     }
     if (max_wait != nullptr) {
@@ -1196,10 +1196,12 @@ class RuleReader {
     bool leases = rule->limits.size() == 1 && rule->algorithm != Algorithm::kSlidingLog &&
                   rule->algorithm != Algorithm::kConcurrency;
     if (rule->scope == Scope::kGlobal && !leases) {
-      refuse(*node, prefix_ + "penalty on a global rule needs one that leases from Redis (one " +
-                        "limit; token_bucket, gcra, fixed_window or sliding_window: a global " +
-                        "concurrency rule leases units that are held, not spent, and counts no " +
-                        "denials across the fleet); remove it, or set scope = \"local\"");
+      refuse(*node, prefix_ + "penalty on a global rule needs one of one limit that leases " +
+                        "from Redis (token_bucket, gcra, fixed_window or sliding_window: a rule " +
+                        "of several limits leases each limit on its own, with no one block to " +
+                        "share, and a global concurrency rule leases units that are held, not " +
+                        "spent, and counts no denials across the fleet); remove it, or set " +
+                        "scope = \"local\"");
     }
     for (auto&& [key, value] : *table) {
       if (std::find(kPenaltyKeys.begin(), kPenaltyKeys.end(), key.str()) == kPenaltyKeys.end()) {
@@ -1551,10 +1553,10 @@ void assignIds(std::vector<Rule>* rules) {
             [](const Rule* a, const Rule* b) { return a->name < b->name; });
   std::vector<uint32_t> taken;
   for (Rule* rule : by_name) {
-    // Below kFallbackIdBit: ids with that bit are the global rules' shares.
-    uint32_t id = fingerprint(*rule) & (kFallbackIdBit - 1);
+    // Within kRuleIdMask: the ids above are the parts' and shares' (rules.h).
+    uint32_t id = fingerprint(*rule) & kRuleIdMask;
     while (id == 0 || std::find(taken.begin(), taken.end(), id) != taken.end()) {
-      id = (id + 1) & (kFallbackIdBit - 1);
+      id = (id + 1) & kRuleIdMask;
     }
     taken.push_back(id);
     rule->id = id;

@@ -522,6 +522,16 @@ void applyShadow(const Rule& rule, Decision* decision) {
   }
 }
 
+// A decision as a rule that is not in shadow mode would have it: a shadow
+// denial is a denial again (with no retry_after: applyShadow dropped it).
+Decision withoutShadow(Decision decision) {
+  if (decision.shadow_denied) {
+    decision.allowed = false;
+    decision.shadow_denied = false;
+  }
+  return decision;
+}
+
 }  // namespace
 
 bool Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::string* out,
@@ -550,6 +560,11 @@ bool Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::st
   // A request that stood in a global rule's line is asked again, and the
   // rule no longer leases: it leaves the line.
   if (defer_to != nullptr) leaveLine(defer_to->wait.ticket);
+  if (broker_ != nullptr && configured->part_count > 0) {
+    if (spends) return acquireParts(request, *configured, now_ns, out, defer_to);
+    peekParts(request, *configured, now_ns, out);
+    return false;
+  }
   if (leasing(*configured)) {
     peekLeased(request, *configured, now_ns, out);
     return false;
@@ -826,28 +841,35 @@ int64_t Dispatcher::globalBlockedFor(const Rule& configured, std::string_view ke
 void Dispatcher::peekLeased(const rpc::Request& request, const Rule& rule, int64_t now_ns,
                             std::string* out) {
   const rpc::Item& item = request.items.front();
-  Mode mode = rule.shadow ? Mode::kShadow : Mode::kNormal;
-  KeyTable::Entry* entry = keys_.find(rule.id, item.key);
+  Mode mode = Mode::kNormal;
+  Decision decision = lookLeased(rule, item.key, now_ns, item.cost, &mode);
+  rpc::writeDecision(out, request.msgid, decision, mode);
+}
+
+Decision Dispatcher::lookLeased(const Rule& rule, std::string_view key, int64_t now_ns,
+                                int64_t cost, Mode* mode) {
+  *mode = rule.shadow ? Mode::kShadow : Mode::kNormal;
+  KeyTable::Entry* entry = keys_.find(rule.id, key);
   if (entry != nullptr && entry->state().size() != entryWords(rule)) {
     entry = nullptr;  // state of the rule's old shape, before a reload
   }
   const Rule& deciding = entry != nullptr
-                             ? decidingRule(*rules_, rule, item.key, entry->state())
-                             : rules_->variant(rule, rules_->matchOverride(rule, item.key));
+                             ? decidingRule(*rules_, rule, key, entry->state())
+                             : rules_->variant(rule, rules_->matchOverride(rule, key));
   Decision decision;
-  if (int64_t blocked_ns = globalBlockedFor(rule, item.key, now_ns)) {
+  if (int64_t blocked_ns = globalBlockedFor(rule, key, now_ns)) {
     decision = blockedDecision(deciding, blocked_ns);
-    mode = Mode::kBlocked;
-  } else if (item.cost > leaseCapacity(deciding.limits.front())) {
+    *mode = Mode::kBlocked;
+  } else if (cost > leaseCapacity(deciding.limits.front())) {
     decision = exceedsCapacity(deciding);
   } else if (entry == nullptr) {
     // No slice: report a fresh key, as a local rule does.
-    decision = peek(deciding, freshState(deciding), now_ns, item.cost);
+    decision = peek(deciding, freshState(deciding), now_ns, cost);
   } else {
     auto words = entry->state().first(slice::kWords);
-    slice::TakeResult looked = slice::look(words, now_ns, item.cost);
-    if (looked.outcome == slice::Outcome::kQueued && !broker_->lines().standing(rule.id, item.key, words)) {
-      looked = slice::look(words, now_ns, item.cost);  // the line had gone
+    slice::TakeResult looked = slice::look(words, now_ns, cost);
+    if (looked.outcome == slice::Outcome::kQueued && !broker_->lines().standing(rule.id, key, words)) {
+      looked = slice::look(words, now_ns, cost);  // the line had gone
     }
     if (looked.outcome == slice::Outcome::kEmpty) {
       // Nothing held here, and Redis has not said no: a lease would be asked for.
@@ -857,7 +879,7 @@ void Dispatcher::peekLeased(const rpc::Request& request, const Rule& rule, int64
     decision = sliceDecision(deciding, looked, now_ns);
   }
   applyShadow(rule, &decision);
-  rpc::writeDecision(out, request.msgid, decision, mode);
+  return decision;
 }
 
 // --- Global concurrency rules: holdings (holding.h) ---------------------------
@@ -1018,165 +1040,173 @@ bool Dispatcher::holdOne(const rpc::Request& request, const Rule& rule, int64_t 
   return false;
 }
 
-bool Dispatcher::acquireAll(const rpc::Request& request, int64_t now_ns, std::string* out,
-                            const DeferTo* defer_to) {
+// --- acquire_all, and rules decided on their parts -----------------------------
+
+void Dispatcher::startEntries() {
   items_.clear();
   modes_.clear();
-  configured_.clear();
-  decisions_.clear();
+  entry_rules_.clear();
   taken_.clear();
   slices_.clear();
   shares_.clear();
   held_.clear();
-  // Gives back what this request took from slices and holdings so far.
-  auto refund = [&] {
-    for (size_t i = 0; i < taken_.size(); ++i) {
-      if (taken_[i] > 0) slice::refund(slices_[i], taken_[i]);
-      if (!held_[i].empty()) {
-        holding::refund(held_[i], configured_[i]->limits.front(), now_ns, request.items[i].cost);
-        metrics_.lease_units_released.add(static_cast<uint64_t>(request.items[i].cost));
-      }
+  groups_.clear();
+}
+
+void Dispatcher::refundEntries(int64_t now_ns) {
+  for (size_t i = 0; i < taken_.size(); ++i) {
+    if (taken_[i] > 0) slice::refund(slices_[i], taken_[i]);
+    if (!held_[i].empty()) {
+      holding::refund(held_[i], entry_rules_[i]->limits.front(), now_ns, items_[i].cost);
+      metrics_.lease_units_released.add(static_cast<uint64_t>(items_[i].cost));
     }
-  };
+  }
+}
+
+Dispatcher::Collected Dispatcher::collectItem(const Rule& configured, const rpc::Item& item,
+                                              int64_t now_ns, const DeferTo* defer_to,
+                                              bool* denied) {
+  groups_.push_back({&configured, item.key, items_.size(), 0});
+  // Without Redis, a global rule decides on its share (route), parts or not.
+  std::span<const Rule> parts =
+      broker_ != nullptr ? rules_->parts(configured) : std::span<const Rule>();
+  // A cold key defers for its first part's lease; the parts after it are
+  // still asked (without deferring again, and refunded), so that their
+  // leases are on the way too and all come within one round trip.
+  bool deferred = false;
+  for (const Rule& rule : parts.empty() ? std::span<const Rule>(&configured, 1) : parts) {
+    switch (collectEntry(rule, item, now_ns, deferred ? nullptr : defer_to, denied)) {
+      case Collected::kOk: break;
+      case Collected::kDeferred: deferred = true; break;
+      case Collected::kTableFull: return Collected::kTableFull;
+    }
+  }
+  groups_.back().count = items_.size() - groups_.back().first;
+  return deferred ? Collected::kDeferred : Collected::kOk;
+}
+
+Dispatcher::Collected Dispatcher::collectEntry(const Rule& rule, const rpc::Item& item,
+                                               int64_t now_ns, const DeferTo* defer_to,
+                                               bool* denied) {
+  const std::string_view key = item.key;
+  const int64_t cost = item.cost;
   // Items a policy answers ("open", "closed") and slice denials are decided
   // here and spend nothing; slices are taken from; the rest go to the
-  // limiter, all or nothing.
-  bool denied = false;
-  for (const rpc::Item& item : request.items) {
-    const Rule* configured = rules_->find(item.rule);
-    if (configured == nullptr) {
-      refund();
-      error(request.msgid, rpc::ErrorCode::kUnknownRule, unknownRule(item.rule), out);
-      return false;
-    }
-    AcquireItem acquire_item;
-    acquire_item.cost = item.cost;
-    int64_t taken_units = 0;
-    std::span<std::atomic<uint64_t>> slice_words;
-    const Rule* share_rule = nullptr;  // spent in fallback: count for debit
-    Mode mode = Mode::kLocal;
-    bool decided = false;
-    if (int64_t blocked_ns = item.cost > 0 && configured->scope == Scope::kGlobal
-                                 ? globalBlockedFor(*configured, item.key, now_ns)
-                                 : 0) {
-      // A blocked key denies the group, as a closed policy does.
-      acquire_item.decision = blockedDecision(
-          rules_->variant(*configured, rules_->matchOverride(*configured, item.key)), blocked_ns);
-      mode = Mode::kBlocked;
-      denied = true;
-      decided = true;
-    }
-    std::span<std::atomic<uint64_t>> held_words;
-    if (!decided && broker_ != nullptr && leasesHolding(*configured) && item.cost > 0) {
-      switch (acquireHeld(*configured, item, now_ns, defer_to, &acquire_item.decision, &mode,
-                          &held_words)) {
-        case Held::kDeferred:
-          refund();
-          return true;
-        case Held::kTableFull:
-          refund();
-          error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
-          return false;
-        case Held::kHeld:
-        case Held::kAnswered: break;
-      }
-      applyShadow(*configured, &acquire_item.decision);
-      denied = denied || !acquire_item.decision.allowed;
-      decided = true;
-    }
-    if (!decided && leasing(*configured) && item.cost > 0) {
-      mode = configured->shadow ? Mode::kShadow : Mode::kNormal;
-      KeyTable::Entry* entry =
-          keys_.findOrInsert(configured->id, item.key, entryWords(*configured), now_ns);
-      if (entry == nullptr) {
-        refund();
-        error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
-        return false;
-      }
-      const Rule& deciding = decidingRule(*rules_, *configured, item.key, entry->state());
-      if (item.cost > leaseCapacity(deciding.limits.front())) {
-        acquire_item.decision = exceedsCapacity(deciding);
-        applyShadow(*configured, &acquire_item.decision);
-        denied = denied || !acquire_item.decision.allowed;
-        decided = true;
-      } else {
-        slice_words = entry->state().first(slice::kWords);
-        slice::TakeResult taken = takeSlice(*configured, item.key, slice_words, now_ns, item.cost, false);
-        if (taken.dropped > 0) metrics_.lease_units_dropped.add(static_cast<uint64_t>(taken.dropped));
-        if (taken.must_request) {
-          requestLease(*configured, deciding, item.key, entry->state(), now_ns, item.cost);
-        }
-        // Behind waiters with no answer from Redis yet, it waits for the
-        // lease under way as on an empty slice.
-        bool lease_coming = taken.outcome == slice::Outcome::kEmpty ||
-                            (taken.outcome == slice::Outcome::kQueued && taken.until_ns == 0);
-        if (lease_coming && defer(defer_to)) {
-          refund();
-          return true;
-        }
-        if (taken.outcome == slice::Outcome::kTaken || taken.outcome == slice::Outcome::kDenied ||
-            taken.outcome == slice::Outcome::kQueued) {
-          if (taken.outcome == slice::Outcome::kTaken) taken_units = item.cost;
-          if (taken.outcome == slice::Outcome::kDenied) metrics_.lease_negative_hits.add();
-          acquire_item.decision = sliceDecision(deciding, taken, now_ns);
-          applyShadow(*configured, &acquire_item.decision);
-          denied = denied || !acquire_item.decision.allowed;
-          decided = true;
-          if (taken_units > 0 && broker_->learning(deciding, now_ns)) {
-            // Learning: the share must allow it too (the limiter decides it).
-            decided = false;
-            share_rule = rules_->fallbackShare(*configured);
-          }
-        }
-      }
-    }
-    if (!decided && share_rule == nullptr) {
-      auto [rule, route_mode] = route(*configured);
-      mode = route_mode;
-      if (rule == nullptr) {
-        acquire_item.decision = policyDecision(*configured, mode);
-        denied = denied || !acquire_item.decision.allowed;
-        decided = true;
-      } else {
-        share_rule = rule;
-      }
-    }
-    if (!decided) {
-      KeyTable::Entry* entry = keys_.findOrInsert(share_rule->id, item.key, entryWords(*share_rule), now_ns);
-      if (entry == nullptr) {
-        refund();
-        error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
-        return false;
-      }
-      const Rule& deciding = decidingRule(*rules_, *share_rule, item.key, entry->state());
-      int64_t blocked_ns =
-          activePenalty(*share_rule) != nullptr
-              ? penalty::blockedFor(penaltyState(*share_rule, entry->state()), now_ns)
-              : 0;
-      if (blocked_ns > 0) {
-        // A blocked key denies the group, as a closed policy does.
-        acquire_item.decision = blockedDecision(deciding, blocked_ns);
-        mode = Mode::kBlocked;
-        denied = true;
-        shares_.push_back({});
-      } else {
-        acquire_item.rule = &deciding;
-        acquire_item.state = entry->state().first(stateWords(deciding));
-        // Spent in fallback (not learning): counted for the debit afterwards.
-        bool counts = share_rule != configured && taken_units == 0;
-        shares_.push_back(counts ? ShareSpend{share_rule, entry->state()} : ShareSpend{});
-      }
-    } else {
-      shares_.push_back({});
-    }
-    items_.push_back(acquire_item);
-    modes_.push_back(mode);
-    configured_.push_back(configured);
-    taken_.push_back(taken_units);
-    slices_.push_back(slice_words);
-    held_.push_back(held_words);
+  // limiter (settleEntries), all or nothing.
+  AcquireItem acquire_item;
+  acquire_item.cost = cost;
+  int64_t taken_units = 0;
+  std::span<std::atomic<uint64_t>> slice_words;
+  const Rule* share_rule = nullptr;  // spent in fallback: count for debit
+  Mode mode = Mode::kLocal;
+  bool decided = false;
+  if (int64_t blocked_ns = cost > 0 && rule.scope == Scope::kGlobal
+                               ? globalBlockedFor(rule, key, now_ns)
+                               : 0) {
+    // A blocked key denies the group, as a closed policy does.
+    acquire_item.decision =
+        blockedDecision(rules_->variant(rule, rules_->matchOverride(rule, key)), blocked_ns);
+    mode = Mode::kBlocked;
+    *denied = true;
+    decided = true;
   }
+  std::span<std::atomic<uint64_t>> held_words;
+  if (!decided && broker_ != nullptr && leasesHolding(rule) && cost > 0) {
+    switch (acquireHeld(rule, item, now_ns, defer_to, &acquire_item.decision, &mode,
+                        &held_words)) {
+      case Held::kDeferred: return Collected::kDeferred;
+      case Held::kTableFull: return Collected::kTableFull;
+      case Held::kHeld:
+      case Held::kAnswered: break;
+    }
+    applyShadow(rule, &acquire_item.decision);
+    *denied = *denied || !acquire_item.decision.allowed;
+    decided = true;
+  }
+  if (!decided && leasing(rule) && cost > 0) {
+    mode = rule.shadow ? Mode::kShadow : Mode::kNormal;
+    KeyTable::Entry* entry = keys_.findOrInsert(rule.id, key, entryWords(rule), now_ns);
+    if (entry == nullptr) return Collected::kTableFull;
+    const Rule& deciding = decidingRule(*rules_, rule, key, entry->state());
+    if (cost > leaseCapacity(deciding.limits.front())) {
+      acquire_item.decision = exceedsCapacity(deciding);
+      applyShadow(rule, &acquire_item.decision);
+      *denied = *denied || !acquire_item.decision.allowed;
+      decided = true;
+    } else {
+      slice_words = entry->state().first(slice::kWords);
+      slice::TakeResult taken = takeSlice(rule, key, slice_words, now_ns, cost, false);
+      if (taken.dropped > 0) metrics_.lease_units_dropped.add(static_cast<uint64_t>(taken.dropped));
+      if (taken.must_request) requestLease(rule, deciding, key, entry->state(), now_ns, cost);
+      // Behind waiters with no answer from Redis yet, it waits for the
+      // lease under way as on an empty slice.
+      bool lease_coming = taken.outcome == slice::Outcome::kEmpty ||
+                          (taken.outcome == slice::Outcome::kQueued && taken.until_ns == 0);
+      if (lease_coming && defer(defer_to)) return Collected::kDeferred;
+      if (taken.outcome == slice::Outcome::kTaken || taken.outcome == slice::Outcome::kDenied ||
+          taken.outcome == slice::Outcome::kQueued) {
+        if (taken.outcome == slice::Outcome::kTaken) taken_units = cost;
+        if (taken.outcome == slice::Outcome::kDenied) metrics_.lease_negative_hits.add();
+        acquire_item.decision = sliceDecision(deciding, taken, now_ns);
+        applyShadow(rule, &acquire_item.decision);
+        *denied = *denied || !acquire_item.decision.allowed;
+        decided = true;
+        if (taken_units > 0 && broker_->learning(deciding, now_ns)) {
+          // Learning: the share must allow it too (the limiter decides it).
+          decided = false;
+          share_rule = rules_->fallbackShare(rule);
+        }
+      }
+    }
+  }
+  if (!decided && share_rule == nullptr) {
+    auto [routed, route_mode] = route(rule);
+    mode = route_mode;
+    if (routed == nullptr) {
+      acquire_item.decision = policyDecision(rule, mode);
+      *denied = *denied || !acquire_item.decision.allowed;
+      decided = true;
+    } else {
+      share_rule = routed;
+    }
+  }
+  if (!decided) {
+    KeyTable::Entry* entry = keys_.findOrInsert(share_rule->id, key, entryWords(*share_rule), now_ns);
+    if (entry == nullptr) {
+      if (taken_units > 0) slice::refund(slice_words, taken_units);
+      return Collected::kTableFull;
+    }
+    const Rule& deciding = decidingRule(*rules_, *share_rule, key, entry->state());
+    int64_t blocked_ns =
+        activePenalty(*share_rule) != nullptr
+            ? penalty::blockedFor(penaltyState(*share_rule, entry->state()), now_ns)
+            : 0;
+    if (blocked_ns > 0) {
+      // A blocked key denies the group, as a closed policy does.
+      acquire_item.decision = blockedDecision(deciding, blocked_ns);
+      mode = Mode::kBlocked;
+      *denied = true;
+      shares_.push_back({});
+    } else {
+      acquire_item.rule = &deciding;
+      acquire_item.state = entry->state().first(stateWords(deciding));
+      // Spent in fallback (not learning): counted for the debit afterwards.
+      bool counts = share_rule != &rule && taken_units == 0;
+      shares_.push_back(counts ? ShareSpend{share_rule, entry->state()} : ShareSpend{});
+    }
+  } else {
+    shares_.push_back({});
+  }
+  items_.push_back(acquire_item);
+  modes_.push_back(mode);
+  entry_rules_.push_back(&rule);
+  taken_.push_back(taken_units);
+  slices_.push_back(slice_words);
+  held_.push_back(held_words);
+  return Collected::kOk;
+}
 
+bool Dispatcher::settleEntries(int64_t now_ns, bool denied) {
   // The limiter's items are the ones with a rule; a denial above means none
   // of them may spend, so they are only looked at.
   limited_.clear();
@@ -1193,25 +1223,144 @@ bool Dispatcher::acquireAll(const rpc::Request& request, int64_t now_ns, std::st
   } else {
     allowed = sluice::acquireAll(limited_, now_ns);
   }
-  if (!allowed) refund();
+  if (!allowed) refundEntries(now_ns);
   for (size_t i = 0, next = 0; i < items_.size(); ++i) {
-    Decision decision = items_[i].decision;
-    if (items_[i].rule != nullptr) {
-      const Decision& limited = limited_[next++].decision;
-      // A learning item keeps its slice's answer unless the share said no.
-      if (taken_[i] == 0 || !limited.allowed) decision = limited;
-      if (taken_[i] > 0 && !limited.allowed) decision.allowed = false;
-    }
-    if (allowed && taken_[i] > 0) metrics_.lease_units_spent.add(static_cast<uint64_t>(taken_[i]));
-    if (allowed && shares_[i].share != nullptr && !decision.shadow_denied) {
-      noteFallbackSpend(*shares_[i].share, request.items[i].key, shares_[i].words,
-                        items_[i].cost);
-    }
-    decisions_.push_back(decision);
-    count(*configured_[i], decision, modes_[i]);
+    if (items_[i].rule == nullptr) continue;
+    const Decision& limited = limited_[next++].decision;
+    // A learning entry keeps its slice's answer unless the share said no.
+    if (taken_[i] == 0 || !limited.allowed) items_[i].decision = limited;
+    if (taken_[i] > 0 && !limited.allowed) items_[i].decision.allowed = false;
   }
-  rpc::writeDecisions(out, request.msgid, allowed, decisions_, modes_);
+  for (const Group& group : groups_) {
+    if (allowed && group.count > 1 && group.configured->shadow) refundShadowGroup(group, now_ns);
+    for (size_t i = group.first; i < group.first + group.count; ++i) {
+      if (allowed && taken_[i] > 0) metrics_.lease_units_spent.add(static_cast<uint64_t>(taken_[i]));
+      if (allowed && shares_[i].share != nullptr && !items_[i].decision.shadow_denied) {
+        noteFallbackSpend(*shares_[i].share, group.key, shares_[i].words, items_[i].cost);
+      }
+    }
+  }
+  return allowed;
+}
+
+void Dispatcher::refundShadowGroup(const Group& group, int64_t now_ns) {
+  // A shadow rule spends nothing on a request one of its limits denies, as
+  // the limiter's rule of several limits does.
+  auto entries = std::span(items_).subspan(group.first, group.count);
+  if (std::none_of(entries.begin(), entries.end(),
+                   [](const AcquireItem& item) { return item.decision.shadow_denied; })) {
+    return;
+  }
+  for (size_t i = group.first; i < group.first + group.count; ++i) {
+    if (taken_[i] > 0) slice::refund(slices_[i], taken_[i]);
+    taken_[i] = 0;
+    const AcquireItem& item = items_[i];
+    if (item.rule != nullptr && item.decision.allowed && !item.decision.shadow_denied) {
+      refund(*item.rule, item.state, now_ns, item.cost);
+    }
+    shares_[i] = {};
+  }
+}
+
+Decision Dispatcher::groupDecision(const Group& group, Mode* mode) const {
+  if (group.count == 1) {
+    *mode = modes_[group.first];
+    return items_[group.first].decision;
+  }
+  // The parts report as the limits of a local rule do (limiter.h); the mode
+  // is the reported part's.
+  MostRestrictive merged;
+  for (size_t i = group.first; i < group.first + group.count; ++i) {
+    if (merged.add(withoutShadow(items_[i].decision))) *mode = modes_[i];
+  }
+  Decision decision = merged.decision();
+  applyShadow(*group.configured, &decision);
+  return decision;
+}
+
+bool Dispatcher::acquireAll(const rpc::Request& request, int64_t now_ns, std::string* out,
+                            const DeferTo* defer_to) {
+  startEntries();
+  bool denied = false;
+  for (const rpc::Item& item : request.items) {
+    const Rule* configured = rules_->find(item.rule);
+    if (configured == nullptr) {
+      refundEntries(now_ns);
+      error(request.msgid, rpc::ErrorCode::kUnknownRule, unknownRule(item.rule), out);
+      return false;
+    }
+    switch (collectItem(*configured, item, now_ns, defer_to, &denied)) {
+      case Collected::kOk: break;
+      case Collected::kDeferred: refundEntries(now_ns); return true;
+      case Collected::kTableFull:
+        refundEntries(now_ns);
+        error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
+        return false;
+    }
+  }
+  bool allowed = settleEntries(now_ns, denied);
+  decisions_.clear();
+  item_modes_.clear();
+  for (const Group& group : groups_) {
+    Mode mode = Mode::kLocal;
+    decisions_.push_back(groupDecision(group, &mode));
+    item_modes_.push_back(mode);
+    count(*group.configured, decisions_.back(), mode);
+  }
+  rpc::writeDecisions(out, request.msgid, allowed, decisions_, item_modes_);
   return false;
+}
+
+bool Dispatcher::acquireParts(const rpc::Request& request, const Rule& configured, int64_t now_ns,
+                              std::string* out, const DeferTo* defer_to) {
+  startEntries();
+  bool denied = false;
+  switch (collectItem(configured, request.items.front(), now_ns, defer_to, &denied)) {
+    case Collected::kOk: break;
+    case Collected::kDeferred: refundEntries(now_ns); return true;
+    case Collected::kTableFull:
+      refundEntries(now_ns);
+      error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
+      return false;
+  }
+  settleEntries(now_ns, denied);
+  Mode mode = Mode::kLocal;
+  Decision decision = groupDecision(groups_.front(), &mode);
+  count(configured, decision, mode);
+  rpc::writeDecision(out, request.msgid, decision, mode);
+  return false;
+}
+
+void Dispatcher::peekParts(const rpc::Request& request, const Rule& configured, int64_t now_ns,
+                           std::string* out) {
+  const rpc::Item& item = request.items.front();
+  MostRestrictive merged;
+  Mode mode = Mode::kLocal;
+  for (const Rule& part : rules_->parts(configured)) {
+    Mode part_mode = Mode::kLocal;
+    Decision decision;
+    if (leasing(part)) {
+      decision = lookLeased(part, item.key, now_ns, item.cost, &part_mode);
+    } else if (auto [share, policy_mode] = route(part); share == nullptr) {
+      part_mode = policy_mode;
+      decision = policyDecision(part, policy_mode);
+    } else {
+      part_mode = policy_mode;
+      KeyTable::Entry* entry = keys_.find(share->id, item.key);
+      if (entry != nullptr && entry->state().size() != entryWords(*share)) entry = nullptr;
+      const Rule& deciding = entry != nullptr
+                                 ? decidingRule(*rules_, *share, item.key, entry->state())
+                                 : rules_->variant(*share, rules_->matchOverride(*share, item.key));
+      decision = peek(deciding,
+                      entry != nullptr ? entry->state().first(stateWords(deciding))
+                                       : freshState(deciding),
+                      now_ns, item.cost);
+    }
+    if (merged.add(withoutShadow(decision))) mode = part_mode;
+  }
+  Decision decision = merged.decision();
+  applyShadow(configured, &decision);
+  rpc::writeDecision(out, request.msgid, decision, mode);
 }
 
 void Dispatcher::writeHealth(uint32_t msgid, std::string* out) {
@@ -1506,8 +1655,9 @@ void Dispatcher::reload(uint32_t msgid, const Peer& peer, std::string* out) {
 // (a key blocked by mistake, a test account). The words are zeroed one by
 // one: an acquire racing with the reset sees the old state or the fresh one
 // (for a rule of several limits, each limit's), never more than a fresh key
-// may spend. For a global rule that leases, the state and the block in
-// Redis are reset too (penalty.lua), which needs Redis up; other nodes see
+// may spend. For a global rule that leases (each part of one decided on its
+// parts), the state and the block in Redis are reset too (penalty.lua),
+// which needs Redis up; other nodes see
 // the block lifted within kBlockRecheckNs (lease.h), and keep the units
 // their slices hold. A global rule that does not lease keeps its state in
 // this node's share. The answer is peek's on the fresh state.
@@ -1524,7 +1674,6 @@ void Dispatcher::reset(const rpc::Request& request, const Peer& peer, int64_t no
     error(request.msgid, rpc::ErrorCode::kUnknownRule, unknownRule(item.rule), out);
     return;
   }
-  const Rule* state_rule = rule;  // whose entry holds the key's state here
   if (broker_ != nullptr && leasesHolding(*rule)) {
     // A holding is this node's part of the fleet's units: the reset frees
     // the units callers hold here into the pool (the other nodes' holdings
@@ -1538,7 +1687,9 @@ void Dispatcher::reset(const rpc::Request& request, const Peer& peer, int64_t no
                        broker_->leasing() ? Mode::kNormal : route(*rule).mode);
     return;
   }
-  if (rule->scope == Scope::kGlobal && leasable(*rule)) {
+  // A rule decided on its parts resets each of them as a rule that leases.
+  std::span<const Rule> parts = broker_ != nullptr ? rules_->parts(*rule) : std::span<const Rule>();
+  if (leasable(*rule) || !parts.empty()) {
     if (broker_ == nullptr || !broker_->leasing()) {
       error(request.msgid, rpc::ErrorCode::kOverloaded,
             "redis is unreachable, and the state of global rule \"" + rule->name +
@@ -1546,29 +1697,35 @@ void Dispatcher::reset(const rpc::Request& request, const Peer& peer, int64_t no
             out);
       return;
     }
-    LeaseRequest reset;
-    reset.kind = LeaseRequest::Kind::kReset;
-    reset.rule_id = rule->id;
-    reset.key = std::string(item.key);
-    broker_->submit(std::move(reset));
-  } else if (rule->scope == Scope::kGlobal) {
-    state_rule = rules_->fallbackShare(*rule);
-  }
-  // The state and the penalty's words (a block is lifted) start afresh;
-  // the override word after them stays, and so does a slice's in-flight
-  // bit (its lease's answer clears it).
-  KeyTable::Entry* entry = keys_.find(state_rule->id, item.key);
-  if (entry != nullptr && entry->state().size() == entryWords(*state_rule)) {
-    size_t words = entryWords(*state_rule) - (state_rule->overrides.empty() ? 0 : 1);
-    auto state = entry->state().first(words);
-    for (size_t i = 0; i < state.size(); ++i) {
-      bool in_flight = state_rule == rule && leasable(*rule) && i == slice::kFlags;
-      state[i].fetch_and(in_flight ? slice::kInFlight : 0, std::memory_order_relaxed);
+    for (const Rule& leased : parts.empty() ? std::span<const Rule>(rule, 1) : parts) {
+      LeaseRequest reset;
+      reset.kind = LeaseRequest::Kind::kReset;
+      reset.rule_id = leased.id;
+      reset.key = std::string(item.key);
+      broker_->submit(std::move(reset));
+      forgetKey(leased, item.key);
     }
+  } else {
+    // A global rule that does not lease keeps its state in its share.
+    forgetKey(rule->scope == Scope::kGlobal ? *rules_->fallbackShare(*rule) : *rule, item.key);
   }
   const Rule& deciding = rules_->variant(*rule, rules_->matchOverride(*rule, item.key));
   rpc::writeDecision(out, request.msgid, peek(deciding, freshState(deciding), now_ns, 0),
                      route(*rule).mode);
+}
+
+void Dispatcher::forgetKey(const Rule& rule, std::string_view key) {
+  // The state and the penalty's words (a block is lifted) start afresh;
+  // the override word after them stays, and so does a slice's in-flight
+  // bit (its lease's answer clears it).
+  KeyTable::Entry* entry = keys_.find(rule.id, key);
+  if (entry == nullptr || entry->state().size() != entryWords(rule)) return;
+  size_t words = entryWords(rule) - (rule.overrides.empty() ? 0 : 1);
+  auto state = entry->state().first(words);
+  for (size_t i = 0; i < state.size(); ++i) {
+    bool in_flight = leasable(rule) && i == slice::kFlags;
+    state[i].fetch_and(in_flight ? slice::kInFlight : 0, std::memory_order_relaxed);
+  }
 }
 
 }  // namespace sluice

@@ -13,7 +13,10 @@
 // Global rules (with a LeaseBroker): while the breaker is closed, a leasable
 // rule's acquire spends from the key's slice (lease.h), and a global
 // concurrency rule's acquire holds units from the key's holding
-// (holding.h), which in fallback also decides at the node's share. A key whose slice is
+// (holding.h), which in fallback also decides at the node's share. A global
+// rule of several limits decides on its parts (RuleSet::parts), each a
+// leasable rule of one of its limits, as acquire_all decides its items: all
+// or nothing, reported as one decision. A key whose slice is
 // empty while its lease is on the way is deferred: handle() keeps a copy of
 // the request's frame and answers it later, from retryDeferred(), when a
 // lease reply has arrived (the worker is woken) or, at the latest,
@@ -197,6 +200,10 @@ class Dispatcher {
   bool queue(const DeferTo& to, const Wait& wait, uint32_t msgid, std::string* out);
   void peekLeased(const rpc::Request& request, const Rule& rule, int64_t now_ns,
                   std::string* out);
+  // What an acquire of `cost` would answer on a key of a leasable `rule`,
+  // spending and claiming nothing; `mode` gets its mode.
+  Decision lookLeased(const Rule& rule, std::string_view key, int64_t now_ns, int64_t cost,
+                      Mode* mode);
   bool defer(const DeferTo* to, const Wait& wait);
   bool defer(const DeferTo* to) { return defer(to, Wait{}); }
   // Parks a waiting request until due_ns; false (and an OVERLOADED answer in
@@ -223,6 +230,48 @@ class Dispatcher {
   // Sends a lease request for a holding whose in-flight bit the caller claimed.
   void requestHolding(const Rule& rule, std::string_view key,
                       std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t cost);
+  // acquire_all, and acquire on a rule decided on its parts (RuleSet::parts),
+  // in three steps. collectItem() decides a request item on its rule, or
+  // on each of its rule's parts: an entry each (items_ and the vectors
+  // beside it). settleEntries() spends all entries' units or none. Then
+  // groupDecision() reports an item's entries as one decision.
+  //
+  // An entry spends from its slice (a rule that leases), holds units of its
+  // holding (a global concurrency rule), or goes to the limiter on its
+  // share (fallback, learning) or its own state (a local rule); a policy
+  // answers it ("open", "closed") or a block denies it.
+  enum class Collected { kOk, kDeferred, kTableFull };
+  // A request item's entries (groups_).
+  struct Group {
+    const Rule* configured;  // the rule the item named
+    std::string_view key;
+    size_t first;  // its first entry
+    size_t count;  // its entries: 1, or its rule's parts
+  };
+  void startEntries();
+  // Adds the entries of one request item on `configured`. Whatever it
+  // returns, the caller refunds (refundEntries) unless it settles. `denied`
+  // is set when an entry denies without the limiter (it stays set).
+  Collected collectItem(const Rule& configured, const rpc::Item& item, int64_t now_ns,
+                        const DeferTo* defer, bool* denied);
+  Collected collectEntry(const Rule& rule, const rpc::Item& item, int64_t now_ns,
+                         const DeferTo* defer, bool* denied);
+  // Gives back what the entries took from slices and holdings.
+  void refundEntries(int64_t now_ns);
+  // Spends every entry's units or none; each entry's decision is then in
+  // items_. True when all were allowed.
+  bool settleEntries(int64_t now_ns, bool denied);
+  // A shadow rule's parts: gives back what they spent when one denied.
+  void refundShadowGroup(const Group& group, int64_t now_ns);
+  // The decision and mode reported for a request item.
+  Decision groupDecision(const Group& group, Mode* mode) const;
+  // acquire and peek on a rule decided on its parts.
+  bool acquireParts(const rpc::Request& request, const Rule& configured, int64_t now_ns,
+                    std::string* out, const DeferTo* defer);
+  void peekParts(const rpc::Request& request, const Rule& configured, int64_t now_ns,
+                 std::string* out);
+  // reset: zeroes the words of a key of `rule` (its state, slice or share).
+  void forgetKey(const Rule& rule, std::string_view key);
   // Whether a global rule decides on leases right now.
   bool leasing(const Rule& rule) const {
     return broker_ != nullptr && leasable(rule) && broker_->leasing();
@@ -281,25 +330,28 @@ class Dispatcher {
   uint64_t waiter_seq_ = 0;
   std::vector<Deferred> retrying_;
   rpc::Request retry_request_;
-  // acquire_all, per item: units taken from its slice, the slice's words,
-  // and the share and its entry's words when fallback spends on it (else
-  // none).
+  // Entries (collectItem), each: its limiter item (the decision, and the
+  // share or state the limiter spends on, if it does), its mode, its rule
+  // (the configured rule or a part), units taken from its slice, the
+  // slice's words, the share and its entry's words when fallback spends on
+  // it (else none), and the holding's words when it holds units (else none).
   struct ShareSpend {
     const Rule* share = nullptr;
     std::span<std::atomic<uint64_t>> words;
   };
+  std::vector<AcquireItem> items_;
+  std::vector<Mode> modes_;
+  std::vector<const Rule*> entry_rules_;
   std::vector<int64_t> taken_;
   std::vector<std::span<std::atomic<uint64_t>>> slices_;
   std::vector<ShareSpend> shares_;
-  // acquire_all, per item: the holding's words when it holds units (else none).
   std::vector<std::span<std::atomic<uint64_t>>> held_;
+  std::vector<Group> groups_;
 
   // Scratch space reused between requests.
-  std::vector<AcquireItem> items_;
   std::vector<AcquireItem> limited_;
-  std::vector<Decision> decisions_;
-  std::vector<Mode> modes_;
-  std::vector<const Rule*> configured_;  // acquire_all: the rule each item named
+  std::vector<Decision> decisions_;  // acquire_all: by request item
+  std::vector<Mode> item_modes_;
   std::vector<std::atomic<uint64_t>> fresh_;  // a fresh key's state, for peek
   std::string message_;
 };

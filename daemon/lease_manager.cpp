@@ -765,7 +765,7 @@ void LeaseManager::newMaster(std::string_view master) {
 int64_t LeaseManager::learningSpanNs() const {
   RuleSetPtr rules = context_.rules();
   int64_t longest = 0;
-  for (const Rule& rule : rules->rules()) {
+  auto remember = [&](const Rule& rule) {
     // Every node renews its holdings as it comes back, and finds within a
     // lease_ttl what Redis lost.
     if (leasesHolding(rule)) longest = std::max(longest, config_.lease_ttl_ms * 1'000'000);
@@ -774,7 +774,9 @@ int64_t LeaseManager::learningSpanNs() const {
       longest = std::max(longest, std::max(limit.period_ns,
                                            limit.period_ns / limit.limit * leaseCapacity(limit)));
     }
-  }
+  };
+  for (const Rule& rule : rules->rules()) remember(rule);
+  for (const Rule& part : rules->parts()) remember(part);
   // The other nodes come back each on its own reconnect backoff and spend
   // their fallback shares until then: holding to its share until the last of
   // them is back keeps the fleet's sum at the limit.

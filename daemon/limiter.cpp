@@ -134,19 +134,6 @@ void refundLimits(const Rule& rule, std::span<std::atomic<uint64_t>> state, int6
   });
 }
 
-// Keeps the most restrictive of the decisions seen so far (decision.h): a
-// denial over any allowance, among denials the one that can never pass and
-// then the longest retry_after, among allowances the fewest remaining.
-void keepMostRestrictive(Decision& kept, bool& have, const Decision& d) {
-  auto rank = [](const Decision& x) { return x.allowed ? 0 : (x.cost_exceeds_limit ? 2 : 1); };
-  if (!have || rank(d) > rank(kept) ||
-      (rank(d) == rank(kept) &&
-       (d.allowed ? d.remaining < kept.remaining : d.retry_after_ms > kept.retry_after_ms))) {
-    kept = d;
-  }
-  have = true;
-}
-
 // A shadow rule's denial is reported as allowed; the caller spent nothing.
 Decision applyShadow(const Rule& rule, Decision d) {
   if (rule.shadow && !d.allowed) {
@@ -158,13 +145,12 @@ Decision applyShadow(const Rule& rule, Decision d) {
 }
 
 Decision peekRule(const Rule& rule, std::span<const std::atomic<uint64_t>> state, int64_t now_ns, int64_t cost) {
-  Decision kept;
-  bool have = false;
+  MostRestrictive kept;
   forEachLimit(rule, state, [&](const Limit& limit, std::span<const std::atomic<uint64_t>> words) {
-    keepMostRestrictive(kept, have, peekLimit(rule.algorithm, limit, words, now_ns, cost));
+    kept.add(peekLimit(rule.algorithm, limit, words, now_ns, cost));
     return true;
   });
-  return kept;
+  return kept.decision();
 }
 
 // acquire() without the shadow conversion: spends on every limit or none.
@@ -173,8 +159,7 @@ Decision peekRule(const Rule& rule, std::span<const std::atomic<uint64_t>> state
 Decision acquireRule(const Rule& rule, std::span<std::atomic<uint64_t>> state, int64_t now_ns, int64_t cost,
                      int64_t max_wait_ns) {
   if (cost <= 0) return peekRule(rule, state, now_ns, 0);
-  Decision kept;
-  bool have = false;
+  MostRestrictive kept;
   size_t spent = 0;
   bool denied = false;
   int64_t wait_ns = 0;
@@ -189,18 +174,29 @@ Decision acquireRule(const Rule& rule, std::span<std::atomic<uint64_t>> state, i
       ++spent;
       wait_ns = std::max(wait_ns, d.wait_ns);
     }
-    keepMostRestrictive(kept, have, d);
+    kept.add(d);
     return true;
   });
+  Decision decision = kept.decision();
   if (denied) {
     refundLimits(rule, state, now_ns, cost, spent);
   } else {
-    kept.wait_ns = wait_ns;
+    decision.wait_ns = wait_ns;
   }
-  return kept;
+  return decision;
 }
 
 }  // namespace
+
+bool MostRestrictive::add(const Decision& d) {
+  auto rank = [](const Decision& x) { return x.allowed ? 0 : (x.cost_exceeds_limit ? 2 : 1); };
+  bool keep = !have_ || rank(d) > rank(kept_) ||
+              (rank(d) == rank(kept_) &&
+               (d.allowed ? d.remaining < kept_.remaining : d.retry_after_ms > kept_.retry_after_ms));
+  if (keep) kept_ = d;
+  have_ = true;
+  return keep;
+}
 
 size_t stateWords(const Rule& rule) {
   size_t words = 0;
@@ -227,6 +223,11 @@ Decision release(const Rule& rule, std::span<std::atomic<uint64_t>> state, int64
     });
   }
   return peek(rule, state, now_ns, 0);
+}
+
+void refund(const Rule& rule, std::span<std::atomic<uint64_t>> state, int64_t now_ns,
+            int64_t cost) {
+  if (cost > 0) refundLimits(rule, state, now_ns, cost, rule.limits.size());
 }
 
 bool isIdle(const Rule& rule, std::span<const std::atomic<uint64_t>> state, int64_t now_ns) {
@@ -259,9 +260,7 @@ bool acquireAll(std::span<AcquireItem> items, int64_t now_ns) {
   // Undo the earlier items' spends. A shadow item that denied spent nothing.
   for (size_t i = 0; i < done; ++i) {
     const AcquireItem& item = items[i];
-    if (!item.decision.shadow_denied && item.cost > 0) {
-      refundLimits(*item.rule, item.state, now_ns, item.cost, item.rule->limits.size());
-    }
+    if (!item.decision.shadow_denied) refund(*item.rule, item.state, now_ns, item.cost);
   }
   // The items after the denial were not tried: report what each alone would answer.
   for (size_t i = done + 1; i < items.size(); ++i) {

@@ -49,9 +49,32 @@ Decision peek(const Rule& rule, std::span<const std::atomic<uint64_t>> state, in
 Decision release(const Rule& rule, std::span<std::atomic<uint64_t>> state, int64_t now_ns,
                  int64_t cost);
 
+// Gives back `cost` units that acquire() spent on every limit of `rule` (a
+// group that must spend all or nothing, and could not).
+void refund(const Rule& rule, std::span<std::atomic<uint64_t>> state, int64_t now_ns,
+            int64_t cost);
+
 // True when the state is indistinguishable from a fresh key's at now_ns
 // (buckets full, windows passed, nothing held): the entry may be dropped.
 bool isIdle(const Rule& rule, std::span<const std::atomic<uint64_t>> state, int64_t now_ns);
+
+// The decision reported for a rule of several limits, from its limits' own
+// decisions (decision.h): a denial over any allowance, among denials the one
+// that can never pass and then the longest retry_after, among allowances the
+// fewest remaining; ties keep the earlier limit. acquire() and peek() report
+// this way; so does the dispatcher for a global rule decided on its parts
+// (RuleSet::parts). Add decisions without the shadow conversion.
+class MostRestrictive {
+ public:
+  // Folds in one limit's decision; true when it is now the one reported.
+  bool add(const Decision& d);
+  // The one reported (a default Decision before any add).
+  const Decision& decision() const { return kept_; }
+
+ private:
+  Decision kept_;
+  bool have_ = false;
+};
 
 // One item of an all-or-nothing request. `decision` is filled in.
 struct AcquireItem {

@@ -32,13 +32,61 @@ void addVariants(Rule* rule, std::vector<Rule>* variants, int64_t nodes) {
   }
 }
 
+// Part `index` of `rule` (RuleSet::parts): the rule with that limit alone.
+Rule makePart(const Rule& rule, size_t index) {
+  Rule part = rule;
+  part.name = partName(rule.name, index);
+  part.id = partId(rule.id, index);
+  part.limits = {rule.limits[index]};
+  for (size_t i = 0; i < rule.overrides.size(); ++i) {
+    part.overrides[i].limits = {rule.overrides[i].limits[index]};
+  }
+  // The config loader refuses these on a global rule of several limits;
+  // a part has no room for them either (its rule decides on all parts).
+  part.penalty.reset();
+  part.max_wait_ns = 0;
+  part.pace = false;
+  part.part_count = 0;
+  return part;
+}
+
 }  // namespace
+
+std::string partName(std::string_view rule_name, size_t index) {
+  std::string name(rule_name);
+  name += '\x1f';
+  name += std::to_string(index);
+  return name;
+}
+
+bool splitsIntoParts(const Rule& rule) {
+  if (rule.scope != Scope::kGlobal || rule.limits.size() < 2) return false;
+  switch (rule.algorithm) {
+    case Algorithm::kTokenBucket:
+    case Algorithm::kGcra:
+    case Algorithm::kFixedWindow:
+    case Algorithm::kSlidingWindow: return true;
+    case Algorithm::kSlidingLog:
+    case Algorithm::kConcurrency: return false;
+  }
+  return false;
+}
 
 RuleSet::RuleSet(std::vector<Rule> rules, uint32_t fallback_nodes)
     : rules_(std::move(rules)), fallback_nodes_(std::max<uint32_t>(fallback_nodes, 1)) {
   // Each override decides as the rule with its limits; only the rule's own
   // id names key-table entries, so variants need no ids of their own.
   for (Rule& rule : rules_) addVariants(&rule, &variants_, 1);
+  for (Rule& rule : rules_) {
+    rule.first_part = parts_.size();
+    rule.part_count = 0;
+    if (!splitsIntoParts(rule)) continue;
+    rule.part_count = static_cast<uint32_t>(rule.limits.size());
+    for (size_t i = 0; i < rule.limits.size(); ++i) {
+      parts_.push_back(makePart(rule, i));
+      addVariants(&parts_.back(), &variants_, 1);
+    }
+  }
   for (const Rule& rule : rules_) {
     for (uint32_t i = 0; i < rule.overrides.size(); ++i) {
       const Override& override = rule.overrides[i];
@@ -50,10 +98,7 @@ RuleSet::RuleSet(std::vector<Rule> rules, uint32_t fallback_nodes)
     }
   }
   int64_t nodes = fallback_nodes_;
-  for (const Rule& rule : rules_) {
-    if (rule.scope != Scope::kGlobal) {
-      continue;
-    }
+  auto addShare = [&](const Rule& rule) {
     // A share keeps the rule's overrides, each divided as the rule is, and
     // matches keys as the rule does (matchOverride). A global rule's penalty
     // lives in its slice entries, whatever decides the key (lease.h).
@@ -61,15 +106,23 @@ RuleSet::RuleSet(std::vector<Rule> rules, uint32_t fallback_nodes)
     share.scope = Scope::kLocal;
     share.id = rule.id | kFallbackIdBit;
     share.penalty.reset();
+    share.part_count = 0;  // a share decides its rule's keys on its own
     divideLimits(&share.limits, nodes);
     addVariants(&share, &variants_, nodes);
     shares_.push_back(std::move(share));
+  };
+  for (const Rule& rule : rules_) {
+    if (rule.scope == Scope::kGlobal) addShare(rule);
   }
+  for (const Rule& part : parts_) addShare(part);
   by_name_.reserve(rules_.size());
-  by_id_.reserve(rules_.size() + shares_.size());
+  by_id_.reserve(rules_.size() + parts_.size() + shares_.size());
   for (const Rule& rule : rules_) {
     by_name_.emplace(rule.name, &rule);
     by_id_.emplace(rule.id, &rule);
+  }
+  for (const Rule& part : parts_) {
+    by_id_.emplace(part.id, &part);
   }
   for (const Rule& share : shares_) {
     by_id_.emplace(share.id, &share);
@@ -82,8 +135,9 @@ const Rule* RuleSet::fallbackShare(const Rule& rule) const {
 
 uint32_t RuleSet::matchOverride(const Rule& rule, std::string_view key) const {
   if (rule.overrides.empty()) return 0;
-  // A share matches as its global rule does.
-  const uint32_t id = rule.id & ~kFallbackIdBit;
+  // A share or a part matches as its configured rule does (the overrides are
+  // in the same order).
+  const uint32_t id = rule.id & kRuleIdMask;
   if (auto keys = exact_.find(id); keys != exact_.end()) {
     if (auto hit = keys->second.find(key); hit != keys->second.end()) return hit->second;
   }

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -99,15 +100,53 @@ struct Rule {
   // Stable identity of this rule's state in the key table. Reloading a file
   // keeps the id of a rule whose definition did not change, so its keys keep
   // their state; a changed rule gets a new id and starts afresh. Ids of
-  // configured rules stay below kFallbackIdBit; a global rule's local share
-  // (RuleSet::fallbackShare) has the same id with that bit set.
+  // configured rules fit kRuleIdMask; the ids RuleSet derives from them are
+  // below (partId, fallbackShare).
   uint32_t id = 0;
 
   // Set by RuleSet for a rule with overrides: where its variants start.
   size_t first_variant = 0;
+  // Set by RuleSet for a rule that splitsIntoParts: where its parts start
+  // and how many it has (one per limit); 0 parts for any other rule.
+  size_t first_part = 0;
+  uint32_t part_count = 0;
 };
 
+// More limits than this on one rule is a mistake, not a policy (the config
+// loader refuses more).
+constexpr size_t kMaxLimitsPerRule = 8;
+
+// Rule ids. A configured rule's id fits kRuleIdMask. RuleSet derives the
+// ids of the rules it builds from it, so that they never collide with a
+// configured rule's or with each other, and stay as stable as it:
+//  - a part (RuleSet::parts) has kPartIdBit, its limit's index at
+//    kPartIndexShift, and its rule's id (partId);
+//  - a global rule's local share (RuleSet::fallbackShare), and a part's,
+//    has the id of what it is the share of with kFallbackIdBit set.
+// `id & kRuleIdMask` is the configured rule that a derived id belongs to.
 constexpr uint32_t kFallbackIdBit = 0x8000'0000u;
+constexpr uint32_t kPartIdBit = 0x4000'0000u;
+constexpr int kPartIndexShift = 27;
+constexpr uint32_t kRuleIdMask = (1u << kPartIndexShift) - 1;
+static_assert(kMaxLimitsPerRule <= (kPartIdBit >> kPartIndexShift),
+              "a part's index must fit between kPartIndexShift and kPartIdBit");
+
+constexpr uint32_t partId(uint32_t rule_id, size_t index) {
+  return kPartIdBit | static_cast<uint32_t>(index) << kPartIndexShift | (rule_id & kRuleIdMask);
+}
+
+// Whether RuleSet splits `rule` into parts: a global rule of several limits
+// whose algorithm keeps one state word per limit and has a rate lease
+// script (token bucket, GCRA, the windows). Each part is a global rule of
+// one of its limits, which leases from Redis on its own (lease.h); the
+// dispatcher decides the rule on its parts together, all or nothing, and
+// reports them as the limiter reports a rule's limits (dispatch.h).
+bool splitsIntoParts(const Rule& rule);
+
+// The Redis name of part `index` of the rule named `rule_name`: the name,
+// the unit separator (0x1f) and the index in decimal. The config loader
+// refuses control characters in names, so no configured rule has it.
+std::string partName(std::string_view rule_name, size_t index);
 
 // All rules of one configuration, looked up by name. Immutable.
 class RuleSet {
@@ -128,12 +167,24 @@ class RuleSet {
   // The node count the fallback shares divide by (at least 1).
   uint32_t fallbackNodes() const { return fallback_nodes_; }
 
-  // The local share of a global rule (DESIGN.md, "Fallback"): the same rule
-  // with every limit and burst divided by the number of nodes (at least 1),
-  // its overrides' too, scope local, its own id, and no penalty (a global
-  // rule's penalty state stays in its slice entries, lease.h). nullptr for a
-  // local rule.
+  // The local share of a global rule or part (DESIGN.md, "Fallback"): the
+  // same rule with every limit and burst divided by the number of nodes (at
+  // least 1), its overrides' too, scope local, its own id, and no penalty (a
+  // global rule's penalty state stays in its slice entries, lease.h).
+  // nullptr for a local rule.
   const Rule* fallbackShare(const Rule& rule) const;
+
+  // The parts of a rule that splitsIntoParts, in the order of its limits
+  // (empty for any other rule). Part i is the rule with limits = {limits[i]},
+  // each override's i-th limit, no penalty and no max_wait, named
+  // partName(name, i) (its Redis keys'), with id partId(id, i). Parts are
+  // not found by name, are not in rules(), and have shares of their own;
+  // findById finds both.
+  std::span<const Rule> parts(const Rule& rule) const {
+    return {parts_.data() + rule.first_part, rule.part_count};
+  }
+  // Every rule's parts.
+  const std::vector<Rule>& parts() const { return parts_; }
 
   // Which override of `rule` decides `key`: 0 for none (the rule itself),
   // i + 1 for rule.overrides[i]. An exact key wins, then the longest
@@ -150,14 +201,15 @@ class RuleSet {
  private:
   std::vector<Rule> rules_;
   uint32_t fallback_nodes_ = 1;
-  std::vector<Rule> shares_;  // one per global rule, built once
+  std::vector<Rule> parts_;   // by rule in order, built once
+  std::vector<Rule> shares_;  // one per global rule and part, built once
   std::vector<Rule> variants_;  // one per override, by rule in order
   // By rule id, of the rules with overrides: the exact keys (key ->
   // override index + 1), and the indices of the prefixes and globs.
   std::unordered_map<uint32_t, std::unordered_map<std::string_view, uint32_t>> exact_;
   std::unordered_map<uint32_t, std::vector<uint32_t>> scanned_;
   std::unordered_map<std::string_view, const Rule*> by_name_;
-  std::unordered_map<uint32_t, const Rule*> by_id_;  // rules and shares
+  std::unordered_map<uint32_t, const Rule*> by_id_;  // rules, parts and shares
 };
 
 using RuleSetPtr = std::shared_ptr<const RuleSet>;

@@ -614,7 +614,7 @@ const Refusal kRefusals[] = {
     {"pace_on_global_rule_of_two_limits",
      "[redis]\n[[rule]]\nname = \"r\"\nalgorithm = \"gcra\"\nscope = \"global\"\n"
      "limits = [{ limit = 5, period = \"1s\" }, { limit = 50, period = \"1m\" }]\npace = true\n",
-     "7:8", "pace on a global rule needs one that leases from Redis (one limit)"},
+     "7:8", "pace on a global rule needs one limit"},
     {"override_without_match",
      "[[rule]]\nname = \"r\"\nlimit = 5\nperiod = \"1s\"\noverrides = [{ limit = 9 }]\n", "5:14",
      "an override needs the keys it applies to: key = \"acme\""},
@@ -666,7 +666,12 @@ const Refusal kRefusals[] = {
     {"penalty_on_global_rule_that_does_not_lease",
      "[redis]\n[[rule]]\nname = \"r\"\nalgorithm = \"sliding_log\"\nlimit = 5\nperiod = \"1s\"\n"
      "scope = \"global\"\npenalty = { denials = 3, window = \"1m\", block = \"1m\" }\n",
-     "8:11", "penalty on a global rule needs one that leases from Redis"},
+     "8:11", "penalty on a global rule needs one of one limit that leases from Redis"},
+    {"penalty_on_global_rule_of_several_limits",
+     "[redis]\n[[rule]]\nname = \"r\"\nlimits = [{ limit = 5, period = \"1s\" }, "
+     "{ limit = 50, period = \"1m\" }]\nscope = \"global\"\n"
+     "penalty = { denials = 3, window = \"1m\", block = \"1m\" }\n",
+     "6:11", "a rule of several limits leases each limit on its own, with no one block"},
     {"penalty_on_global_concurrency_rule",
      "[redis]\n[[rule]]\nname = \"r\"\nalgorithm = \"concurrency\"\nlimit = 5\n"
      "scope = \"global\"\npenalty = { denials = 3, window = \"1m\", block = \"1m\" }\n",
@@ -861,6 +866,35 @@ TEST(ConfigTest, RuleIdsChangeWhenTheDefinitionChanges) {
   EXPECT_EQ(id("limits = [{ limit = 5, period = \"1000ms\", burst = 5 }]\n"), base);
   EXPECT_NE(idOf(mustLoad(redis + "[[rule]]\nname = \"s\"\nlimit = 5\nperiod = \"1s\"\n"), "s"),
             base);
+}
+
+// Verifies a global rule of several limits loads with one part per limit
+// (rules.h), whose ids, like the rule's, stay across a reload that changes
+// other rules and change with the rule; configured ids leave room for them.
+TEST(ConfigTest, PartsOfAGlobalRuleOfSeveralLimitsKeepTheirIdsAcrossReloads) {
+  const std::string redis = "[redis]\nurl = \"redis://h\"\n";
+  const std::string m =
+      "[[rule]]\nname = \"m\"\nscope = \"global\"\n"
+      "limits = [{ limit = 100, period = \"1m\" }, { limit = 20, period = \"10s\" }]\n";
+  const std::string other = "[[rule]]\nname = \"o\"\nlimit = 5\nperiod = \"1s\"\n";
+  Config first = mustLoad(redis + m);
+  Config again = mustLoad(redis + other + m);
+  Config changed = mustLoad(redis + other +
+                            "[[rule]]\nname = \"m\"\nscope = \"global\"\n"
+                            "limits = [{ limit = 100, period = \"1m\" }, "
+                            "{ limit = 30, period = \"10s\" }]\n");
+  auto parts = [](const Config& config) {
+    std::vector<uint32_t> ids;
+    for (const Rule& part : config.rules->parts(*config.rules->find("m"))) ids.push_back(part.id);
+    return ids;
+  };
+  ASSERT_EQ(parts(first).size(), 2u);
+  EXPECT_EQ(first.rules->parts(*first.rules->find("m"))[1].limits.front().limit, 20);
+  EXPECT_EQ(parts(first), parts(again));
+  EXPECT_NE(parts(first), parts(changed));
+  for (const Config* config : {&first, &again, &changed}) {
+    for (const Rule& rule : config->rules->rules()) EXPECT_EQ(rule.id & ~kRuleIdMask, 0u);
+  }
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <malloc.h>
 #include <uv.h>
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <string>
@@ -100,6 +101,10 @@ class LeaseManagerTest : public ManagerFixture {
     shared.limits = {Limit{.limit = 1'000'000, .period_ns = 1'000 * kMs, .burst = 1'000'000}};
     std::vector<Rule> rules;
     rules.push_back(std::move(shared));
+    // Returns are sent with lease_timeout as their deadline: these tests are
+    // about what a burst costs, not deadlines, and a loaded machine may stall
+    // Redis past the default 50 ms (the link then drops the connection).
+    config_.lease_timeout_ms = 1'000;
     ASSERT_NO_FATAL_FAILURE(start(std::move(rules), follow_link()));
     rule_id_ = rules_->find("shared")->id;
   }
@@ -129,6 +134,58 @@ TEST_F(LeaseManagerTest, ABurstOfReturnsIsSentInFull) {
   submitReturns(kReturns);
   manager_->onWakeup();
   ASSERT_TRUE(runUntil([&] { return returnedUnits() == kReturns; }));
+}
+
+// A global rule of several limits (RuleSet::parts): 10 a second and 3 an hour.
+class PartsManagerTest : public ManagerFixture {
+ protected:
+  void SetUp() override {
+    ManagerFixture::SetUp();
+    Rule pair;
+    pair.name = "pair";
+    pair.id = 77;
+    pair.scope = Scope::kGlobal;
+    pair.limits = {Limit{.limit = 10, .period_ns = 1'000 * kMs, .burst = 10},
+                   Limit{.limit = 3, .period_ns = 3'600'000 * kMs, .burst = 3}};
+    ASSERT_NO_FATAL_FAILURE(start({pair}));
+    parts_ = rules_->parts(*rules_->find("pair"));
+    ASSERT_EQ(parts_.size(), 2u);
+  }
+
+  // The slice words of `part`'s entry for key "k".
+  std::span<std::atomic<uint64_t>> slice(const Rule& part) {
+    KeyTable::ReadGuard guard(keys_, reader_);
+    return keys_.findOrInsert(part.id, "k", entryWords(part), monotonicNowNs())->state();
+  }
+
+  std::span<const Rule> parts_;
+};
+
+// Verifies each part leases on its own: its lease finds the part by id, runs
+// the script with the part's limit on the part's own Redis key, and lands in
+// the part's slice; the rule's own name has no state in Redis.
+TEST_F(PartsManagerTest, EachPartLeasesItsOwnKey) {
+  for (const Rule& part : parts_) {
+    slice(part)[slice::kFlags].fetch_or(slice::kInFlight);  // as the worker that claims it
+    LeaseRequest request;
+    request.rule_id = part.id;
+    request.key = "k";
+    request.n = 5;  // more than the hourly part has
+    request.need = 1;
+    broker_.submit(std::move(request));
+  }
+  manager_->onWakeup();
+  ASSERT_TRUE(runUntil([&] {
+    return std::none_of(parts_.begin(), parts_.end(), [&](const Rule& part) {
+      return (slice(part)[slice::kFlags].load() & slice::kInFlight) != 0;
+    });
+  }));
+  EXPECT_EQ(slice(parts_[0])[slice::kUnits].load(), 5u);
+  EXPECT_EQ(slice(parts_[1])[slice::kUnits].load(), 3u);
+  for (const Rule& part : parts_) {
+    EXPECT_GT(std::stoll(server_.cli({"PTTL", manager_->stateKey(part.name, "k")})), 0) << part.id;
+  }
+  EXPECT_EQ(server_.cli({"EXISTS", manager_->stateKey("pair", "k")}), "0");
 }
 
 // Holdings of a global concurrency rule (holding.h) against a real Redis:

@@ -127,6 +127,109 @@ TEST(Limiter, CostAboveAnyLimitIsReportedAsExceedingTheLimit) {
   EXPECT_TRUE(isIdle(rule, key.state(), 0));
 }
 
+// A global rule of two limits, for each algorithm that splits into parts.
+Rule twoLimitGlobalRule(Algorithm algorithm) {
+  bool bucket = algorithm == Algorithm::kTokenBucket || algorithm == Algorithm::kGcra;
+  Rule rule = makeRule(algorithm, {Limit{5, kSecond, bucket ? 3 : 5},
+                                   Limit{12, 5 * kSecond, 12}});
+  rule.scope = Scope::kGlobal;
+  rule.id = 1;
+  return rule;
+}
+
+void expectSameDecision(const Decision& merged, const Decision& local, int step) {
+  EXPECT_EQ(merged.allowed, local.allowed) << "step " << step;
+  EXPECT_EQ(merged.remaining, local.remaining) << "step " << step;
+  EXPECT_EQ(merged.limit, local.limit) << "step " << step;
+  EXPECT_EQ(merged.reset_after_ms, local.reset_after_ms) << "step " << step;
+  EXPECT_EQ(merged.retry_after_ms, local.retry_after_ms) << "step " << step;
+  EXPECT_EQ(merged.cost_exceeds_limit, local.cost_exceeds_limit) << "step " << step;
+}
+
+class LimiterParts : public ::testing::TestWithParam<Algorithm> {};
+
+// Verifies that deciding a rule of several limits on its parts (RuleSet::parts),
+// all or nothing with acquireAll and reported through MostRestrictive, as
+// the dispatcher decides a global rule that leases its limits one by one,
+// answers exactly as the limiter answers the rule on one state: every
+// field, on a simulated clock stepped by irregular amounts, with costs from
+// 1 to above the tighter limit, and for peek as well.
+TEST_P(LimiterParts, MergedPartsDecideAsTheRuleOfSeveralLimits) {
+  const RuleSet rules({twoLimitGlobalRule(GetParam())});
+  const Rule& rule = *rules.find("test");
+  ASSERT_EQ(rules.parts(rule).size(), 2u);
+  Key whole(rule);
+  std::vector<Key> part_keys;
+  part_keys.reserve(2);
+  for (const Rule& part : rules.parts(rule)) part_keys.emplace_back(part);
+  uint64_t seed = 12345;
+  auto next = [&seed](uint64_t bound) {
+    seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (seed >> 33) % bound;
+  };
+  int64_t now_ns = kSecond;
+  int allowed = 0;
+  for (int step = 0; step < 3000; ++step) {
+    now_ns += static_cast<int64_t>(next(4) == 0 ? next(2000) : next(150)) * kMs;
+    const int64_t cost = static_cast<int64_t>(next(20) == 0 ? 6 : 1 + next(3));
+    std::vector<AcquireItem> items;
+    for (size_t i = 0; i < 2; ++i) {
+      items.push_back({&rules.parts(rule)[i], part_keys[i].state(), cost, {}});
+    }
+    const Decision local = acquire(rule, whole.state(), now_ns, cost);
+    const bool all = acquireAll(items, now_ns);
+    MostRestrictive merged;
+    for (const AcquireItem& item : items) merged.add(item.decision);
+    EXPECT_EQ(all, local.allowed) << "step " << step;
+    expectSameDecision(merged.decision(), local, step);
+    allowed += local.allowed;
+
+    MostRestrictive peeked;
+    for (size_t i = 0; i < 2; ++i) {
+      peeked.add(peek(rules.parts(rule)[i], part_keys[i].state(), now_ns, cost));
+    }
+    expectSameDecision(peeked.decision(), peek(rule, whole.state(), now_ns, cost), step);
+    if (HasFailure()) return;
+  }
+  // Both limits bound at times: neither all nor none passed.
+  EXPECT_GT(allowed, 300);
+  EXPECT_LT(allowed, 2500);
+}
+
+INSTANTIATE_TEST_SUITE_P(Algorithms, LimiterParts,
+                         ::testing::Values(Algorithm::kTokenBucket, Algorithm::kGcra,
+                                           Algorithm::kFixedWindow, Algorithm::kSlidingWindow));
+
+// Verifies the order MostRestrictive keeps: any denial over allowances, a
+// cost that can never pass over any other denial, then the longest retry;
+// among allowances the fewest remaining; the earlier on a tie.
+TEST(Limiter, MostRestrictiveRanksDenialsThenRetryThenRemaining) {
+  auto decision = [](bool allowed, int64_t remaining, int64_t retry_ms, int64_t limit) {
+    Decision d;
+    d.allowed = allowed;
+    d.remaining = remaining;
+    d.retry_after_ms = retry_ms;
+    d.limit = limit;
+    return d;
+  };
+  MostRestrictive allowances;
+  EXPECT_TRUE(allowances.add(decision(true, 7, 0, 10)));
+  EXPECT_TRUE(allowances.add(decision(true, 3, 0, 20)));
+  EXPECT_FALSE(allowances.add(decision(true, 3, 0, 30)));  // a tie keeps the earlier
+  EXPECT_EQ(allowances.decision().limit, 20);
+  MostRestrictive denials;
+  denials.add(decision(true, 0, 0, 10));
+  EXPECT_TRUE(denials.add(decision(false, 0, 500, 20)));
+  EXPECT_TRUE(denials.add(decision(false, 0, 900, 30)));
+  EXPECT_FALSE(denials.add(decision(false, 0, 100, 40)));
+  EXPECT_EQ(denials.decision().limit, 30);
+  Decision hopeless = decision(false, 0, 0, 50);
+  hopeless.cost_exceeds_limit = true;
+  EXPECT_TRUE(denials.add(hopeless));
+  EXPECT_FALSE(denials.add(decision(false, 0, 99'999, 60)));
+  EXPECT_EQ(denials.decision().limit, 50);
+}
+
 // Verifies that a shadow rule's denial is reported as allowed, flagged, and spends nothing.
 TEST(Limiter, ShadowRuleAllowsDenialsAndSpendsNothingOnThem) {
   const Rule rule = makeRule(Algorithm::kTokenBucket, {Limit{5, kSecond, 5}}, /*shadow=*/true);
