@@ -96,6 +96,18 @@ Server::Server(Config config)
       access_(config_.access, geteuid()),
       user_connections_(config_.access.max_connections_per_user),
       metrics_(workerCount(config_.daemon.workers)) {
+  KeyTableOptions key_options;
+  key_options.max_keys = config_.keys.max_keys;
+  key_options.max_bytes = config_.keys.max_memory;
+  // One reader per worker, and the control thread's.
+  key_options.max_readers = workerCount(config_.daemon.workers) + 1;
+  // A global rule's slice evicted from a full table gives its units back,
+  // as one that goes idle does (sweepKeys).
+  key_options.on_forced_eviction = [this](uint32_t rule_id, std::string_view key,
+                                          std::span<std::atomic<uint64_t>> words) {
+    onForcedEviction(rule_id, key, words);
+  };
+  keys_ = std::make_unique<KeyTable>(key_options);
 #if defined(__GLIBC__)
   // One malloc arena for every thread, set before any thread starts. glibc
   // gives a thread that meets contention an arena of its own, and
@@ -109,18 +121,6 @@ Server::Server(Config config)
   // lock, so sharing it costs little.
   mallopt(M_ARENA_MAX, 1);
 #endif
-  KeyTableOptions key_options;
-  key_options.max_keys = config_.keys.max_keys;
-  key_options.max_bytes = config_.keys.max_memory;
-  // One reader per worker, and the control thread's.
-  key_options.max_readers = workerCount(config_.daemon.workers) + 1;
-  // A global rule's slice evicted from a full table gives its units back,
-  // as one that goes idle does (sweepKeys).
-  key_options.on_forced_eviction = [this](uint32_t rule_id, std::string_view key,
-                                          std::span<std::atomic<uint64_t>> words) {
-    onForcedEviction(rule_id, key, words);
-  };
-  keys_ = std::make_unique<KeyTable>(key_options);
   if (config_.redis) {
     broker_ = std::make_unique<LeaseBroker>(config_.redis->lease_interval_ms * 1'000'000);
     broker_->onReplies([this] {
