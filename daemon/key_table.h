@@ -252,7 +252,8 @@ class KeyTable {
 
   // Unlinks every entry unused for sweep_min_idle_ns at now_ns for which
   // `idle` returns true (its state is a fresh key's, or its rule is gone),
-  // then frees retired entries whose grace period has passed. `idle` runs
+  // then frees retired entries whose grace period has passed and gives back
+  // the retired list's spare capacity (a large sweep's). `idle` runs
   // under a stripe mutex and must not call back into the table. Walks the
   // whole bucket array (skipping empty buckets without locking), so call it
   // every second or so, from one maintenance thread only. Returns the number
@@ -300,6 +301,8 @@ class KeyTable {
   // Reclaims when more than the thresholds of entries or bytes wait.
   void reclaimIfBacklogged();
   void reclaim();
+  // Shrinks the retired list's capacity to its size plus a little (sweep()).
+  void releaseRetiredCapacity();
   static Entry* create(uint64_t hash, uint32_t rule_id, std::string_view key,
                        uint32_t state_words, int64_t now_ns);
   static void destroy(Entry* entry);

@@ -4,7 +4,9 @@
 // The main loop accepts connections and hands each to the worker with the
 // fewest, handles SIGTERM/SIGINT (graceful stop) and SIGHUP (reload), and
 // sweeps idle keys out of the key table, then hands the pages malloc holds
-// free back to the system. The thread model is written down in worker.h.
+// free back to the system (every thread allocates from one malloc arena, so
+// that all of them can go back). The thread model is written down in
+// worker.h.
 //
 // With a [redis] section the server also runs the control thread (control.h):
 // it starts after the workers, and when it reports a new number of live nodes

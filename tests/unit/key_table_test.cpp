@@ -1,6 +1,7 @@
 // Tests for the key table (daemon/key_table.h): round trips, capacity and
 // eviction, reclamation after readers leave, concurrent writers and a sweeper,
-// and memory per key. Time is passed in; nothing sleeps.
+// memory per key and memory given back after a sweep. Time is passed in;
+// nothing sleeps.
 #include "key_table.h"
 
 #include <gtest/gtest.h>
@@ -484,7 +485,7 @@ TEST(KeyTable, ConcurrentInsertsIntoAFullTableEvictSafely) {
 }
 
 // Sanitizer allocators do not report through mallinfo2(), so sanitized builds
-// leave this test out rather than skip it.
+// leave these tests out rather than skip them.
 #ifndef SLUICE_SANITIZED
 // Verifies that a warm key costs at most 256 bytes all-in (entry, malloc
 // overhead, bucket array) with 24-byte keys and 2 state words, and prints it.
@@ -514,6 +515,31 @@ TEST(KeyTable, MemoryPerKeyIsWithinBudget) {
                 per_key, kKeys);
     EXPECT_LE(per_key, 256.0);
   }
+}
+
+// Verifies that once a sweep's entries are freed the table holds no more
+// than before they came: the retired list gives back the capacity it grew to
+// for them (it kept 16 bytes per swept key, 1 MiB here, for good).
+TEST(KeyTable, SweepOfManyKeysGivesItsMemoryBack) {
+  constexpr size_t kKeys = 50'000;
+  auto allocated = [] {
+    struct mallinfo2 info = mallinfo2();
+    return static_cast<int64_t>(info.uordblks + info.hblkhd);
+  };
+  KeyTable table(options(kKeys));
+  KeyTable::ReaderId reader = table.registerReader();
+  int64_t before = allocated();
+  {
+    KeyTable::ReadGuard guard(table, reader);
+    char key[32];
+    for (size_t i = 0; i < kKeys; ++i) {
+      std::snprintf(key, sizeof(key), "key-%020zu", i);
+      ASSERT_NE(table.findOrInsert(1, key, 2, 0), nullptr);
+    }
+  }
+  ASSERT_EQ(table.sweep(kSecond, always), kKeys);
+  ASSERT_EQ(table.stats().retired, 0u);
+  EXPECT_LE(allocated() - before, 32 * 1024);
 }
 #endif  // SLUICE_SANITIZED
 
