@@ -32,16 +32,8 @@ int64_t memoryNs(const Rule& rule) {
 }  // namespace
 
 bool leasable(const Rule& rule) {
-  if (rule.scope != Scope::kGlobal || rule.limits.size() != 1) return false;
-  switch (rule.algorithm) {
-    case Algorithm::kTokenBucket:
-    case Algorithm::kGcra:
-    case Algorithm::kFixedWindow:
-    case Algorithm::kSlidingWindow: return true;
-    case Algorithm::kSlidingLog:
-    case Algorithm::kConcurrency: return false;
-  }
-  return false;
+  return rule.scope == Scope::kGlobal && rule.limits.size() == 1 &&
+         hasRateLeaseScript(rule.algorithm);
 }
 
 bool leasesHolding(const Rule& rule) {

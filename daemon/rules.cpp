@@ -59,9 +59,8 @@ std::string partName(std::string_view rule_name, size_t index) {
   return name;
 }
 
-bool splitsIntoParts(const Rule& rule) {
-  if (rule.scope != Scope::kGlobal || rule.limits.size() < 2) return false;
-  switch (rule.algorithm) {
+bool hasRateLeaseScript(Algorithm algorithm) {
+  switch (algorithm) {
     case Algorithm::kTokenBucket:
     case Algorithm::kGcra:
     case Algorithm::kFixedWindow:
@@ -70,6 +69,11 @@ bool splitsIntoParts(const Rule& rule) {
     case Algorithm::kConcurrency: return false;
   }
   return false;
+}
+
+bool splitsIntoParts(const Rule& rule) {
+  return rule.scope == Scope::kGlobal && rule.limits.size() >= 2 &&
+         hasRateLeaseScript(rule.algorithm);
 }
 
 RuleSet::RuleSet(std::vector<Rule> rules, uint32_t fallback_nodes)

@@ -135,6 +135,10 @@ constexpr uint32_t partId(uint32_t rule_id, size_t index) {
   return kPartIdBit | static_cast<uint32_t>(index) << kPartIndexShift | (rule_id & kRuleIdMask);
 }
 
+// Whether lua/ has a rate lease script for the algorithm (token bucket,
+// GCRA, the windows), so a global rule of it can lease a slice (lease.h).
+bool hasRateLeaseScript(Algorithm algorithm);
+
 // Whether RuleSet splits `rule` into parts: a global rule of several limits
 // whose algorithm keeps one state word per limit and has a rate lease
 // script (token bucket, GCRA, the windows). Each part is a global rule of
