@@ -399,6 +399,18 @@ void Dispatcher::answerWaiters(int64_t now_ns, bool all) {
   }
 }
 
+KeyTable::Entry* Dispatcher::currentEntry(const Rule& rule, std::string_view key) {
+  KeyTable::Entry* entry = keys_.find(rule.id, key);
+  // An entry of the rule's old shape, before a reload, is none.
+  return entry != nullptr && entry->state().size() == entryWords(rule) ? entry : nullptr;
+}
+
+const Rule& Dispatcher::decidingFor(const Rule& rule, std::string_view key,
+                                    KeyTable::Entry* entry) {
+  return entry != nullptr ? decidingRule(*rules_, rule, key, entry->state())
+                          : rules_->variant(rule, rules_->matchOverride(rule, key));
+}
+
 std::span<std::atomic<uint64_t>> Dispatcher::freshState(const Rule& rule) {
   size_t words = stateWords(rule);
   if (fresh_.size() < words) {
@@ -633,13 +645,8 @@ bool Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::st
     return false;
   } else {
     // peek, release and cost 0 never create a key: an absent key is fresh.
-    KeyTable::Entry* entry = keys_.find(rule->id, item.key);
-    if (entry != nullptr && entry->state().size() != entryWords(*rule)) {
-      entry = nullptr;  // state of the rule's old shape, before a reload
-    }
-    const Rule& deciding =
-        entry != nullptr ? decidingRule(*rules_, *rule, item.key, entry->state())
-                         : rules_->variant(*rule, rules_->matchOverride(*rule, item.key));
+    KeyTable::Entry* entry = currentEntry(*rule, item.key);
+    const Rule& deciding = decidingFor(*rule, item.key, entry);
     auto state =
         entry != nullptr ? entry->state().first(stateWords(deciding)) : freshState(deciding);
     int64_t blocked_ns = entry != nullptr && activePenalty(*rule) != nullptr
@@ -833,8 +840,8 @@ bool Dispatcher::spendLeased(const rpc::Request& request, const Rule& rule, int6
 int64_t Dispatcher::globalBlockedFor(const Rule& configured, std::string_view key,
                                      int64_t now_ns) {
   if (activePenalty(configured) == nullptr) return 0;
-  KeyTable::Entry* entry = keys_.find(configured.id, key);
-  if (entry == nullptr || entry->state().size() != entryWords(configured)) return 0;
+  KeyTable::Entry* entry = currentEntry(configured, key);
+  if (entry == nullptr) return 0;
   return penalty::blockedFor(penaltyState(configured, entry->state()), now_ns);
 }
 
@@ -849,13 +856,8 @@ void Dispatcher::peekLeased(const rpc::Request& request, const Rule& rule, int64
 Decision Dispatcher::lookLeased(const Rule& rule, std::string_view key, int64_t now_ns,
                                 int64_t cost, Mode* mode) {
   *mode = rule.shadow ? Mode::kShadow : Mode::kNormal;
-  KeyTable::Entry* entry = keys_.find(rule.id, key);
-  if (entry != nullptr && entry->state().size() != entryWords(rule)) {
-    entry = nullptr;  // state of the rule's old shape, before a reload
-  }
-  const Rule& deciding = entry != nullptr
-                             ? decidingRule(*rules_, rule, key, entry->state())
-                             : rules_->variant(rule, rules_->matchOverride(rule, key));
+  KeyTable::Entry* entry = currentEntry(rule, key);
+  const Rule& deciding = decidingFor(rule, key, entry);
   Decision decision;
   if (int64_t blocked_ns = globalBlockedFor(rule, key, now_ns)) {
     decision = blockedDecision(deciding, blocked_ns);
@@ -1015,8 +1017,7 @@ bool Dispatcher::holdOne(const rpc::Request& request, const Rule& rule, int64_t 
     return false;
   }
   // peek, release and cost 0 never create a key: an absent key is fresh.
-  KeyTable::Entry* entry = keys_.find(rule.id, item.key);
-  if (entry != nullptr && entry->state().size() != entryWords(rule)) entry = nullptr;
+  KeyTable::Entry* entry = currentEntry(rule, item.key);
   if (entry == nullptr) {
     mode = broker_->leasing() ? (rule.shadow ? Mode::kShadow : Mode::kNormal) : route(rule).mode;
     decision = item.cost > rule.limits.front().limit
@@ -1104,8 +1105,7 @@ Dispatcher::Collected Dispatcher::collectEntry(const Rule& rule, const rpc::Item
                                ? globalBlockedFor(rule, key, now_ns)
                                : 0) {
     // A blocked key denies the group, as a closed policy does.
-    acquire_item.decision =
-        blockedDecision(rules_->variant(rule, rules_->matchOverride(rule, key)), blocked_ns);
+    acquire_item.decision = blockedDecision(decidingFor(rule, key, nullptr), blocked_ns);
     mode = Mode::kBlocked;
     *denied = true;
     decided = true;
@@ -1346,11 +1346,8 @@ void Dispatcher::peekParts(const rpc::Request& request, const Rule& configured, 
       decision = policyDecision(part, policy_mode);
     } else {
       part_mode = policy_mode;
-      KeyTable::Entry* entry = keys_.find(share->id, item.key);
-      if (entry != nullptr && entry->state().size() != entryWords(*share)) entry = nullptr;
-      const Rule& deciding = entry != nullptr
-                                 ? decidingRule(*rules_, *share, item.key, entry->state())
-                                 : rules_->variant(*share, rules_->matchOverride(*share, item.key));
+      KeyTable::Entry* entry = currentEntry(*share, item.key);
+      const Rule& deciding = decidingFor(*share, item.key, entry);
       decision = peek(deciding,
                       entry != nullptr ? entry->state().first(stateWords(deciding))
                                        : freshState(deciding),
@@ -1709,7 +1706,7 @@ void Dispatcher::reset(const rpc::Request& request, const Peer& peer, int64_t no
     // A global rule that does not lease keeps its state in its share.
     forgetKey(rule->scope == Scope::kGlobal ? *rules_->fallbackShare(*rule) : *rule, item.key);
   }
-  const Rule& deciding = rules_->variant(*rule, rules_->matchOverride(*rule, item.key));
+  const Rule& deciding = decidingFor(*rule, item.key, nullptr);
   rpc::writeDecision(out, request.msgid, peek(deciding, freshState(deciding), now_ns, 0),
                      route(*rule).mode);
 }
@@ -1718,8 +1715,8 @@ void Dispatcher::forgetKey(const Rule& rule, std::string_view key) {
   // The state and the penalty's words (a block is lifted) start afresh;
   // the override word after them stays, and so does a slice's in-flight
   // bit (its lease's answer clears it).
-  KeyTable::Entry* entry = keys_.find(rule.id, key);
-  if (entry == nullptr || entry->state().size() != entryWords(rule)) return;
+  KeyTable::Entry* entry = currentEntry(rule, key);
+  if (entry == nullptr) return;
   size_t words = entryWords(rule) - (rule.overrides.empty() ? 0 : 1);
   auto state = entry->state().first(words);
   for (size_t i = 0; i < state.size(); ++i) {

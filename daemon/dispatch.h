@@ -308,6 +308,12 @@ class Dispatcher {
   void error(uint32_t msgid, rpc::ErrorCode code, std::string_view message, std::string* out);
   // Counts a decision on `configured`, the rule the request named.
   void count(const Rule& configured, const Decision& decision, Mode mode);
+  // The entry of (rule, key) as the rule is now: nullptr when there is none,
+  // or when it has the rule's old shape (before a reload). Creates nothing.
+  KeyTable::Entry* currentEntry(const Rule& rule, std::string_view key);
+  // The rule that decides `key` of `rule`: from its entry's override word,
+  // or worked out afresh without an entry.
+  const Rule& decidingFor(const Rule& rule, std::string_view key, KeyTable::Entry* entry);
   std::span<std::atomic<uint64_t>> freshState(const Rule& rule);
 
   KeyTable& keys_;

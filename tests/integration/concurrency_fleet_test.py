@@ -53,35 +53,32 @@ scope = "global"
 
 class MonitoredCalls:
     """Counts, through MONITOR, the EVALSHA calls Redis runs on a key whose
-    name contains `fragment` while the `with` block runs."""
+    name contains `fragment` while the `with` block runs. Redis runs
+    commands in order: MONITOR shows the block's calls before the marker
+    sent after it."""
 
     def __init__(self, redis, fragment):
         self.redis, self.fragment, self.calls = redis, fragment.encode(), 0
 
+    def read_until(self, end):
+        while end not in self.seen:
+            data = self.sock.recv(65536)
+            if not data:
+                raise ConnectionError("MONITOR connection closed")
+            self.seen += data
+
     def __enter__(self):
-        self.sock = socket.create_connection(("127.0.0.1", self.redis.port), timeout=0.2)
-        self.sock.sendall(b"MONITOR\r\n")
-        self.stopping = False
+        self.sock = socket.create_connection(("127.0.0.1", self.redis.port), timeout=5)
         self.seen = b""
-        self.thread = threading.Thread(target=self.read)
-        self.thread.start()
-        time.sleep(0.1)  # MONITOR is on before the block's first call
+        self.sock.sendall(b"MONITOR\r\n")
+        self.read_until(b"+OK\r\n")
+        self.seen = b""
         return self
 
-    def read(self):
-        while True:
-            try:
-                data = self.sock.recv(65536)
-            except socket.timeout:
-                data = b""
-            self.seen += data
-            if self.stopping:
-                return
-
     def __exit__(self, *exc):
-        time.sleep(0.1)  # the block's last calls reach MONITOR
-        self.stopping = True
-        self.thread.join()
+        marker = "end-of-block-%d" % os.getpid()
+        self.redis.command("ECHO", marker)
+        self.read_until(marker.encode())
         self.sock.close()
         self.calls = sum(1 for line in self.seen.split(b"\r\n")
                          if b'"EVALSHA"' in line and self.fragment in line)

@@ -329,11 +329,20 @@ def read_reply(f):
 
 class DaemonPairCase(unittest.TestCase):
     """Two daemons on one fresh Redis, both leasing and counting each other
-    (nodes 2). A subclass says how to start daemon `index` on a Redis port;
-    the daemon has a client (health) and stop()."""
+    (nodes 2). A subclass sets `config`, a template of {socket}, {port} (of
+    Redis), {index} and the keys of `config_args`, and `name` (the daemons
+    are name-0 and name-1); or it starts daemons of its own kind by
+    overriding start_daemon (a daemon with a client, logs() and stop())."""
+
+    config = None
+    config_args = {}
+    name = "pair"
 
     def start_daemon(self, index, redis_port):
-        raise NotImplementedError
+        daemon = Daemon("%s-%d" % (self.name, index))
+        daemon.start(self.config.format(socket=daemon.socket, port=redis_port, index=index,
+                                        **self.config_args), connect=True)
+        return daemon
 
     def setUp(self):
         self.redis = Redis()

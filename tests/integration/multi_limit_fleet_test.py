@@ -18,7 +18,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import (Daemon, DaemonPairCase, redis_key, tear_down_module,  # noqa: E402
+from harness import (DaemonPairCase, redis_key, tear_down_module,  # noqa: E402
                      wait_for)
 
 # Periods of hours and days, so that nothing refills during a test, except
@@ -75,17 +75,10 @@ scope = "global"
 BINDING_LIMIT = 8
 
 
-def start_daemon(index, redis_port):
-    """A sluiced in its own temp dir on the given Redis port."""
-    daemon = Daemon("multi-%d" % index, dir_prefix="ml.")
-    daemon.start(CONFIG.format(socket=daemon.socket, port=redis_port, index=index,
-                               binding=BINDING), connect=True)
-    return daemon
-
-
 class MultiLimitFleetTest(DaemonPairCase):
-    def start_daemon(self, index, redis_port):
-        return start_daemon(index, redis_port)
+    config = CONFIG
+    config_args = {"binding": BINDING}
+    name = "multi"
 
     def spend(self, daemon, rule, key, times, mode="normal"):
         """Acquires `times` times back to back; returns the number allowed,

@@ -20,7 +20,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import (Client, Daemon, DaemonPairCase, redis_key,  # noqa: E402
+from harness import (Client, DaemonPairCase, redis_key,  # noqa: E402
                      tear_down_module, wait_for)
 
 CONFIG = """
@@ -71,17 +71,10 @@ WAITERS_PER_DAEMON = 10
 INTERVAL_S = 0.1
 
 
-def start_daemon(index, redis_port):
-    """A sluiced in its own temp dir on the given Redis port."""
-    daemon = Daemon("policy-%d" % index, dir_prefix="pf.")
-    daemon.start(CONFIG.format(socket=daemon.socket, port=redis_port, index=index,
-                               block_ms=BLOCK_MS), connect=True)
-    return daemon
-
-
 class FleetCase(DaemonPairCase):
-    def start_daemon(self, index, redis_port):
-        return start_daemon(index, redis_port)
+    config = CONFIG
+    config_args = {"block_ms": BLOCK_MS}
+    name = "policy"
 
     def admitted(self, rule, key, per_daemon):
         """Acquires `per_daemon` times on each daemon, alternating; returns
