@@ -88,7 +88,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%s\n", result.error.c_str());
       return 1;
     }
-    std::printf("%s: ok, %zu rules\n", check_path.c_str(), result.config->rules->rules().size());
+    size_t rules = result.config->rules->rules().size();
+    std::printf("%s: ok, %zu rule%s\n", check_path.c_str(), rules, rules == 1 ? "" : "s");
     return 0;
   }
 

@@ -6,9 +6,11 @@ seeds it knows and leaves every other file (inputs found by fuzzing, fixed
 crashes named crash-*) alone.
 
 The rpc seeds are written for the harness in rpc_fuzz.cpp: its rule names
-(tb, gcra, fw, sl, conc, ... and, after a reload, gcra_new, fw2), its frame
-bounds (2048-byte frames, 128-byte keys, depth 8, 32 items) and its clock,
-where a request arrives `msgid` microseconds after the frame before it.
+(tb, gcra, fw, sl, conc, ..., the policies wait, paced, pen, ovr, the
+global g_local, g_open, g_closed, g_multi, g_conc and, after a reload,
+gcra_new, fw2), its frame bounds (2048-byte frames, 128-byte keys, depth 8,
+32 items) and its clock, where a request arrives `msgid` microseconds after
+the frame before it.
 """
 
 import os
@@ -104,6 +106,52 @@ def rpc_seeds():
         req(0, "acquire_all", [[["conc", "g", 2], ["conc", "g", 2]]]),
         req(0, "acquire_all", [[["shadow", "g", 5], ["tb", "g"]]])])
 
+    # Bounded waiting: the third acquire of "wait" (2/s) waits 500 ms for
+    # its unit, a fourth asks to wait less than its turn and is refused, and
+    # a later request moves the clock past the first's due time, so the
+    # worker delivers its answer; "paced" lets one through each 100 ms.
+    seeds["session_wait"] = b"".join([
+        req(0, "acquire", ["wait", "w"]), req(0, "acquire", ["wait", "w"]),
+        req(0, "acquire", ["wait", "w"]), req(0, "acquire", ["wait", "w", 1, 100]),
+        req(0, "acquire", [{"rule": "wait", "key": "w", "cost": 1, "max_wait_ms": 0}]),
+        req(0, "acquire", ["tb", "w", 1, 50]), req(600_000, "peek", ["wait", "w"])])
+    seeds["session_paced"] = b"".join(
+        [req(0, "acquire", ["paced", "p"]) for _ in range(6)] +
+        [req(0, "acquire_all", [[["paced", "p"], ["tb", "p"]]]), req(250_000, "health", [])])
+    # A stream that ends while requests wait, and one cut by a fatal frame.
+    seeds["session_wait_stop"] = b"".join(req(0, "acquire", ["wait", "s"]) for _ in range(5))
+    seeds["session_wait_fatal"] = (b"".join(req(0, "acquire", ["wait", "f"]) for _ in range(4))
+                                   + b"\x94\x00\x2b\xa6health\x91\xc1")
+    # Overrides: an exact key, a prefix, a glob and a key none matches; then
+    # a reload gives "ovr" other overrides.
+    seeds["session_overrides"] = b"".join(
+        [req(0, "acquire", ["ovr", key, 15]) for key in ["vip", "pro:1", "x:free", "abc", "other"]]
+        + [req(0, "peek", ["ovr", "pro:2"]), req(0, "reload", []),
+           req(0, "acquire", ["ovr", "vip", 6]), req(0, "acquire", ["ovr", "abcd", 25])])
+    # Penalty: three denials within the window block the key for 2 s; peek
+    # and acquire_all see the block, reset lifts it, and it ends on its own.
+    seeds["session_penalty"] = b"".join(
+        [req(0, "acquire", ["pen", "bad"]) for _ in range(7)]
+        + [req(0, "peek", ["pen", "bad"]), req(0, "acquire_all", [[["pen", "bad"], ["tb", "bad"]]]),
+           req(0, "reset", ["pen", "bad"]), req(0, "acquire", ["pen", "bad"])]
+        + [req(0, "acquire", ["pen", "bad"]) for _ in range(6)]
+        + [req(2_100_000, "acquire", ["pen", "bad"])])
+    # Global rules without Redis: the fallback share (half of each limit,
+    # overrides and a penalty on it), policy open and closed, several limits
+    # and concurrency, alone and in one acquire_all.
+    seeds["session_global"] = b"".join(
+        [req(0, "acquire", ["g_local", "k"]) for _ in range(8)]
+        + [req(0, "acquire", ["g_local", "pro:k", 15]), req(0, "peek", ["g_local", "k"]),
+           req(0, "reset", ["g_local", "k"]), req(0, "acquire", ["g_open", "k", 9]),
+           req(0, "acquire", ["g_closed", "k"]), req(0, "release", ["g_closed", "k"])]
+        + [req(0, "acquire", ["g_multi", "k"]) for _ in range(4)]
+        + [req(0, "acquire", ["g_conc", "k"]) for _ in range(3)]
+        + [req(0, "release", ["g_conc", "k", 2]),
+           req(0, "acquire_all", [[["g_local", "a"], ["g_open", "a"], ["g_multi", "a"],
+                                   ["g_conc", "a", 2], ["pen", "a"]]]),
+           req(0, "acquire_all", [[["g_closed", "b"], ["g_conc", "b"]]]),
+           req(1_000_000, "peek", ["g_multi", "k"]), req(0, "stats", []), req(0, "rules", [])])
+
     # Bad requests, each answered and read on after.
     seeds["bad_unknown_rule"] = req(20, "acquire", ["nope", "k"])
     seeds["bad_key_too_long"] = req(21, "acquire", ["tb", "k" * 129])
@@ -122,6 +170,10 @@ def rpc_seeds():
     seeds["bad_not_array"] = pack({"acquire": ["tb", "k"]}, "text", 42)
     seeds["bad_short_frame"] = pack([0, 31, "acquire"])
     seeds["bad_then_good"] = pack([0, 32, "acquire", ["tb"]]) + req(33, "acquire", ["tb", "k"])
+    seeds["bad_max_wait"] = b"".join([
+        req(34, "acquire", ["wait", "k", 1, 60001]), req(35, "acquire", ["wait", "k", 1, -1]),
+        req(36, "acquire", ["sw", "k", 1, 100]), req(37, "acquire", ["g_multi", "k", 1, 100]),
+        req(38, "reset", ["nope", "k"])])
     # Fatal: the stream cannot be read on (the rest is never answered).
     seeds["fatal_too_deep"] = pack([0, 40, "health", [[[[[[[[1]]]]]]]]]) + req(41, "health", [])
     seeds["fatal_frame_too_large"] = req(42, "acquire", ["tb", "k" * 2100])
@@ -249,6 +301,84 @@ algorithm = "sliding_window"
 limit = 1048575
 period = "1ms"
 """,
+    "policies": """
+[[rule]]
+name = "api"
+limit = 100
+period = "1m"
+burst = 20
+overrides = [
+  { key = "partner", limit = 5000 },
+  { prefix = "pro:", limit = 1000, burst = 200 },
+  { glob = "*:free", limit = 10 },
+]
+[[rule]]
+name = "login"
+algorithm = "sliding_log"
+limits = [{ limit = 20, period = "1h" }, { limit = 5, period = "1m" }]
+penalty = { denials = 10, window = "10m", block = "1h" }
+[[rule]]
+name = "pay"
+algorithm = "gcra"
+limit = 10
+period = "1s"
+pace = true
+max_wait = "2s"
+[[rule]]
+name = "w"
+limit = 5
+period = "1s"
+max_wait = "250ms"
+""",
+    "global_policies": """
+[redis]
+url = "redis://127.0.0.1:6379"
+lease_ttl = "3s"
+[[rule]]
+name = "g"
+limit = 100
+period = "1s"
+scope = "global"
+overrides = [{ prefix = "pro:", limit = 1000 }]
+penalty = { denials = 5, window = "1m", block = "10m" }
+max_wait = "1s"
+[[rule]]
+name = "m"
+algorithm = "sliding_window"
+limits = [{ limit = 100, period = "1s" }, { limit = 5000, period = "1h" }]
+scope = "global"
+[[rule]]
+name = "c"
+algorithm = "concurrency"
+limit = 10
+scope = "global"
+on_redis_down = "closed"
+""",
+    "sentinel": """
+[redis]
+sentinel_master = "mymaster"
+sentinels = ["10.0.0.1:26379", "[::1]:26380", "sentinel-3:26379"]
+sentinel_username = "watcher"
+sentinel_password = "s3cret"
+username = "app"
+password = "p"
+[[rule]]
+name = "g"
+limit = 5
+period = "1s"
+scope = "global"
+""",
+    "cluster": """
+[redis]
+cluster_nodes = ["127.0.0.1:7000", "127.0.0.1:7001", "[::1]:7002"]
+password = "p"
+[[rule]]
+name = "g"
+algorithm = "gcra"
+limit = 50
+period = "1s"
+scope = "global"
+""",
     # Refused files, one per kind of refusal.
     "bad_unknown_key": "[limits]\nmax_conections = 5\n",
     "bad_unknown_section": "[limit]\nmax_depth = 4\n",
@@ -280,6 +410,17 @@ period = "1ms"
     "bad_redis_url_port": '[redis]\nurl = "redis://cache:99999"\n',
     "bad_redis_url_password": '[redis]\nurl = "redis://app:hunter2@cache:0"\n',
     "bad_invalid_utf8": b'[daemon]\nlog_level = "\xff\xfe"\n',
+    "bad_pace_with_burst": '[[rule]]\nname = "r"\nlimit = 5\nperiod = "1s"\nburst = 2\n'
+                           'pace = true\n',
+    "bad_max_wait_window": '[[rule]]\nname = "r"\nalgorithm = "fixed_window"\nlimit = 5\n'
+                           'period = "1s"\nmax_wait = "1s"\n',
+    "bad_override_no_match": '[[rule]]\nname = "r"\nlimit = 5\nperiod = "1s"\n'
+                             'overrides = [{ limit = 10 }]\n',
+    "bad_penalty_global_concurrency": '[redis]\nurl = "redis://h"\n[[rule]]\nname = "r"\n'
+                                      'algorithm = "concurrency"\nlimit = 5\nscope = "global"\n'
+                                      'penalty = { denials = 1, window = "1s", block = "1s" }\n',
+    "bad_sentinel_and_url": '[redis]\nurl = "redis://h"\nsentinel_master = "m"\n'
+                            'sentinels = ["h:26379"]\n',
 }
 
 

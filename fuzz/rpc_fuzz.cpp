@@ -1,27 +1,41 @@
 // rpc_fuzz: one client's byte stream through the daemon's request path, as
 // daemon/connection.cpp's consume() runs it: rpc::parseRequest over whole
 // frames, Dispatcher::handleParseError on a bad frame, Dispatcher::handle on
-// a request, against a real KeyTable and a small set of local rules of every
-// algorithm. Stops where the connection would: at an unfinished frame or
-// after a fatal one.
+// a request (with the connection as owner, so that an acquire may wait for
+// its units), and Dispatcher::retryDeferred after each frame as the worker's
+// timer would run it. It runs against a real KeyTable and two small rule
+// sets: local rules of every algorithm, the policies (overrides, a penalty,
+// bounded waiting, pacing), and global rules of each on_redis_down policy,
+// which without Redis decide on their fallback share or by their policy.
+// Stops where the connection would: at an unfinished frame or after a fatal
+// one (the connection then closes and the dispatcher forgets its waiters).
 //
 // Properties checked on every frame:
 //  - a request (and a bad frame with a msgid) gets exactly one well-formed
-//    response [1, msgid, error, result] carrying its msgid; a notification
-//    and a bad frame without a msgid get nothing;
+//    response [1, msgid, error, result] carrying its msgid, at once or, for
+//    an acquire that waits, delivered later by retryDeferred; a
+//    notification and a bad frame without a msgid get nothing;
 //  - an error is {"code": <a known code>, "message": str} with a nil result;
 //  - a decision has remaining, limit, reset_after_ms and retry_after_ms in
-//    range, no retry hint when allowed, and the mode of a local rule;
+//    range, no retry hint when allowed, and a mode its rule can have: local
+//    or shadow for a local rule, fallback, open, closed or shadow for a
+//    global one, blocked (denied, with the block's time left) for a rule
+//    with a penalty; open allows and closed denies;
+//  - waited_ms, when present, is never negative, and every delivered answer
+//    has it;
+//  - when the stream ends, every waiting request is answered once (or, after
+//    a fatal frame, forgotten), and nothing is left deferred;
 //  - msgpack::Reader::skipResumable, fed one byte at a time as a frame
 //    trickles in (Connection::partialFrameReady), ends each frame exactly
 //    where parseRequest did, and reports an unfinished frame as unfinished.
 //
 // Time: the harness's monotonic clock starts 5 s after boot, and each request
 // arrives `msgid` microseconds after the frame before it, so the fuzzer moves
-// time (refills, window ends) through a field the daemon only echoes.
-// Every input starts from a fresh daemon, so an input replays alone.
+// time (refills, window ends, waits, blocks) through a field the daemon only
+// echoes. Every input starts from a fresh daemon, so an input replays alone.
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -82,7 +96,9 @@ class FuzzStatus final : public DaemonStatus {
   bool reloaded_ = false;
 };
 
-// What a worker holds; see makeDaemon().
+// What a worker holds; see makeDaemon(). `delivered` collects the answers
+// the dispatcher delivers to requests that waited, in the order it sends
+// them, until the harness checks them.
 struct FuzzDaemon {
   explicit FuzzDaemon(const KeyTableOptions& options)
       : keys(options), reader(keys.registerReader()) {}
@@ -92,6 +108,7 @@ struct FuzzDaemon {
   Metrics metrics{1};
   std::optional<FuzzStatus> status;
   std::optional<Dispatcher> dispatcher;
+  std::vector<std::string> delivered;
 };
 
 std::vector<RuleSetPtr> makeRuleSets();
@@ -108,6 +125,11 @@ std::unique_ptr<FuzzDaemon> makeDaemon() {
   daemon->status.emplace(daemon->metrics, makeRuleSets());
   daemon->dispatcher.emplace(daemon->keys, daemon->metrics.shard(0), *daemon->status);
   daemon->dispatcher->setRules(daemon->status->current());
+  FuzzDaemon* self = daemon.get();
+  daemon->dispatcher->onDeliver([self](void* owner, std::string_view response) {
+    FUZZ_CHECK(owner == self, "an answer goes to the connection that asked");
+    self->delivered.emplace_back(response);
+  });
   return daemon;
 }
 
@@ -138,13 +160,26 @@ Rule makeRule(uint32_t id, std::string name, Algorithm algorithm, std::vector<Li
   return rule;
 }
 
-// Two rule sets, all local, within the config loader's bounds (rules.h,
-// config.cpp): every algorithm, multi-limit rules, the largest limits and
-// longest periods, a shadow rule. The second is what a reload installs: one
-// rule changed (new id), one dropped, one added, and two ids reused with
-// another meaning, as the loader's collision bumping may do: "sl" with fewer
-// state words (the dispatcher's shape check) and "gcra_new" on the id of the
-// token bucket "tb" with as many words (its state read by another algorithm).
+Rule globalRule(uint32_t id, std::string name, Algorithm algorithm, std::vector<Limit> limits,
+                RedisDownPolicy on_redis_down) {
+  Rule rule = makeRule(id, std::move(name), algorithm, std::move(limits));
+  rule.scope = Scope::kGlobal;
+  rule.on_redis_down = on_redis_down;
+  return rule;
+}
+
+// Two rule sets within the config loader's bounds (rules.h, config.cpp):
+// local rules of every algorithm, multi-limit rules, the largest limits and
+// longest periods, a shadow rule; the policies: overrides of every match,
+// a penalty, bounded waiting and pacing; and global rules, shared by two
+// nodes, of each on_redis_down policy, with overrides and a penalty on the
+// fallback share, several limits (parts) and concurrency. The second is what
+// a reload installs: one rule changed (new id), one dropped, one added, two
+// ids reused with another meaning, as the loader's collision bumping may do:
+// "sl" with fewer state words (the dispatcher's shape check) and "gcra_new"
+// on the id of the token bucket "tb" with as many words (its state read by
+// another algorithm), and "ovr" with other overrides (a new id, as the
+// loader gives a rule whose overrides changed).
 std::vector<RuleSetPtr> makeRuleSets() {
   using A = Algorithm;
   const Limit tb{10, 1 * kS, 20};
@@ -164,20 +199,51 @@ std::vector<RuleSetPtr> makeRuleSets() {
     rules->push_back(makeRule(11, "conc", A::kConcurrency, {{3, 0, 3}}));
     rules->push_back(makeRule(12, "conc_timed", A::kConcurrency, {{2, 500 * kMs, 2}}));
     rules->push_back(makeRule(13, "shadow", A::kTokenBucket, {{1, 3600 * kS, 1}}, true));
+
+    Rule wait = makeRule(16, "wait", A::kTokenBucket, {{2, 1 * kS, 2}});
+    wait.max_wait_ns = 1 * kS;
+    rules->push_back(std::move(wait));
+    Rule paced = makeRule(17, "paced", A::kGcra, {{10, 1 * kS, 1}});
+    paced.pace = true;
+    paced.max_wait_ns = 500 * kMs;
+    rules->push_back(std::move(paced));
+    Rule pen = makeRule(18, "pen", A::kFixedWindow, {{3, 1 * kS, 3}});
+    pen.penalty = Penalty{.denials = 3, .window_ns = 1 * kS, .block_ns = 2 * kS};
+    rules->push_back(std::move(pen));
+
+    Rule g_local = globalRule(20, "g_local", A::kTokenBucket, {{10, 1 * kS, 10}}, RedisDownPolicy::kLocal);
+    g_local.penalty = Penalty{.denials = 2, .window_ns = 500 * kMs, .block_ns = 1 * kS};
+    g_local.overrides = {{Override::Match::kPrefix, "pro:", {{40, 1 * kS, 40}}}};
+    rules->push_back(std::move(g_local));
+    rules->push_back(globalRule(21, "g_open", A::kFixedWindow, {{4, 1 * kS, 4}}, RedisDownPolicy::kOpen));
+    rules->push_back(globalRule(22, "g_closed", A::kGcra, {{4, 1 * kS, 4}}, RedisDownPolicy::kClosed));
+    rules->push_back(globalRule(23, "g_multi", A::kSlidingWindow, {{6, 1 * kS, 6}, {20, 60 * kS, 20}},
+                                RedisDownPolicy::kLocal));
+    rules->push_back(globalRule(24, "g_conc", A::kConcurrency, {{4, 0, 4}}, RedisDownPolicy::kLocal));
   };
+  using M = Override::Match;
   std::vector<Rule> first;
   common(&first);
   first.push_back(makeRule(1, "tb", A::kTokenBucket, {tb}));
   first.push_back(makeRule(5, "fw", A::kFixedWindow, {{3, 50 * kMs, 3}}));
   first.push_back(makeRule(9, "sl", A::kSlidingLog, {sl_fast, {20, 10 * kS, 20}}));
+  Rule ovr = makeRule(19, "ovr", A::kTokenBucket, {tb});
+  ovr.overrides = {{M::kKey, "vip", {{50, 1 * kS, 50}}},
+                   {M::kPrefix, "pro:", {{20, 1 * kS, 20}}},
+                   {M::kGlob, "*:free", {{1, 1 * kS, 1}}}};
+  first.push_back(std::move(ovr));
   std::vector<Rule> second;
   common(&second);
   second.push_back(makeRule(14, "tb", A::kTokenBucket, {{20, 1 * kS, 20}}));
   second.push_back(makeRule(1, "gcra_new", A::kGcra, {{7, 1 * kS, 7}}));
   second.push_back(makeRule(9, "sl", A::kSlidingLog, {sl_fast}));
   second.push_back(makeRule(15, "fw2", A::kFixedWindow, {{1, 1 * kS, 1}}));
-  return {std::make_shared<const RuleSet>(std::move(first)),
-          std::make_shared<const RuleSet>(std::move(second))};
+  Rule ovr2 = makeRule(25, "ovr", A::kTokenBucket, {tb});
+  ovr2.overrides = {{M::kKey, "vip", {{5, 1 * kS, 5}}}, {M::kGlob, "a?c*", {{30, 1 * kS, 30}}}};
+  second.push_back(std::move(ovr2));
+  constexpr uint32_t kNodes = 2;
+  return {std::make_shared<const RuleSet>(std::move(first), kNodes),
+          std::make_shared<const RuleSet>(std::move(second), kNodes)};
 }
 
 // --- properties ----------------------------------------------------------------
@@ -200,11 +266,24 @@ int64_t readIntField(msgpack::Reader& r, std::string_view name) {
   return value;
 }
 
-// One decision map as rpc::writeDecision documents it; returns `allowed`.
-bool checkDecision(msgpack::Reader& r) {
+// Whether a decision on `rule` (the rule its item named) may have `mode`;
+// a null rule stands for a request that waited, which only a local rule
+// lets it do.
+bool modeFits(std::string_view mode, const Rule* rule) {
+  if (rule == nullptr) return mode == "local" || mode == "shadow";
+  if (mode == "blocked") return rule->penalty.has_value() && !rule->shadow;
+  if (rule->shadow) return mode == "shadow";
+  if (rule->scope == Scope::kGlobal) return mode == "fallback" || mode == "open" || mode == "closed";
+  return mode == "local";
+}
+
+// One decision map as rpc::writeDecision documents it, on `rule` (see
+// modeFits); returns `allowed`. `waited` says the answer must have
+// waited_ms (it was delivered after a wait).
+bool checkDecision(msgpack::Reader& r, const Rule* rule, bool waited = false) {
   uint32_t entries = 0;
-  FUZZ_CHECK(r.readMapHeader(&entries) && (entries == 6 || entries == 7),
-             "a decision is a map of 6 or 7 entries");
+  FUZZ_CHECK(r.readMapHeader(&entries) && entries >= 6 && entries <= 8,
+             "a decision is a map of 6 to 8 entries");
   bool allowed = false;
   FUZZ_CHECK(readKey(r, "allowed") && r.readBool(&allowed), "a decision starts with allowed");
   int64_t remaining = readIntField(r, "remaining");
@@ -213,34 +292,64 @@ bool checkDecision(msgpack::Reader& r) {
   int64_t retry_after_ms = readIntField(r, "retry_after_ms");
   std::string_view mode;
   FUZZ_CHECK(readKey(r, "mode") && r.readStr(&mode), "a decision has a mode");
-  FUZZ_CHECK(mode == "local" || mode == "shadow", "a local rule decides in mode local or shadow");
+  FUZZ_CHECK(modeFits(mode, rule), "a decision's mode is one its rule can have");
   FUZZ_CHECK(remaining >= 0, "remaining is never negative");
   FUZZ_CHECK(limit >= 1, "the reported limit is a configured one");
   FUZZ_CHECK(reset_after_ms >= 0 && retry_after_ms >= 0, "durations are never negative");
   FUZZ_CHECK(!allowed || retry_after_ms == 0, "an allowed decision has no retry hint");
-  if (entries == 7) {
-    std::string_view reason;
-    FUZZ_CHECK(readKey(r, "reason") && r.readStr(&reason) && reason == "cost exceeds limit",
-               "the 7th entry is the reason");
-    FUZZ_CHECK(retry_after_ms == 0, "a cost that can never pass has no retry hint");
+  FUZZ_CHECK(mode != "open" || allowed, "policy open allows");
+  FUZZ_CHECK(mode != "closed" || !allowed, "policy closed denies");
+  FUZZ_CHECK(mode != "blocked" || (!allowed && retry_after_ms > 0),
+             "a blocked key is denied until its block ends");
+  std::string_view name;
+  bool has_reason = false;
+  bool has_waited = false;
+  for (uint32_t i = 6; i < entries; ++i) {
+    FUZZ_CHECK(r.readStr(&name), "a decision's entries are named");
+    if (name == "reason" && !has_reason && !has_waited) {
+      std::string_view reason;
+      FUZZ_CHECK(r.readStr(&reason) && reason == "cost exceeds limit", "the reason is the cost");
+      FUZZ_CHECK(retry_after_ms == 0, "a cost that can never pass has no retry hint");
+      has_reason = true;
+    } else {
+      int64_t waited_ms = -1;
+      FUZZ_CHECK(name == "waited_ms" && !has_waited && r.readInt(&waited_ms) && waited_ms >= 0,
+                 "after the reason, only waited_ms, never negative");
+      has_waited = true;
+    }
   }
+  FUZZ_CHECK(!waited || has_waited, "an answer after a wait says how long it waited");
   return allowed;
 }
 
+// The rule an item names in `rules`, if any.
+const Rule* itemRule(const RuleSet& rules, const rpc::Request* request, size_t index) {
+  if (request == nullptr || index >= request->items.size()) return nullptr;
+  return rules.find(request->items[index].rule);
+}
+
+// Reads a response's [1, msgid, and returns the msgid.
+int64_t readResponseStart(msgpack::Reader& r) {
+  uint32_t count = 0;
+  int64_t type = 0;
+  int64_t id = -1;
+  FUZZ_CHECK(r.readArrayHeader(&count) && count == 4, "a response is an array of 4");
+  FUZZ_CHECK(r.readInt(&type) && type == 1, "a response starts with 1");
+  FUZZ_CHECK(r.readInt(&id) && id >= 0 && id <= UINT32_MAX, "a response carries a msgid");
+  return id;
+}
+
 // `out` is what one frame appended: nothing when `msgid` is unset, else one
-// whole response to it. `request` is the parsed request, when there was one.
-void checkResponse(std::string_view out, std::optional<uint32_t> msgid, const rpc::Request* request) {
+// whole response to it. `request` is the parsed request, when there was
+// one, and `rules` the rule set it was decided on.
+void checkResponse(std::string_view out, std::optional<uint32_t> msgid, const rpc::Request* request,
+                   const RuleSet& rules) {
   if (!msgid) {
     FUZZ_CHECK(out.empty(), "no response without a msgid");
     return;
   }
   msgpack::Reader r(reinterpret_cast<const uint8_t*>(out.data()), out.size(), out.size());
-  uint32_t count = 0;
-  int64_t type = 0;
-  int64_t id = 0;
-  FUZZ_CHECK(r.readArrayHeader(&count) && count == 4, "a response is an array of 4");
-  FUZZ_CHECK(r.readInt(&type) && type == 1, "a response starts with 1");
-  FUZZ_CHECK(r.readInt(&id) && id == *msgid, "a response carries its request's msgid");
+  FUZZ_CHECK(readResponseStart(r) == *msgid, "a response carries its request's msgid");
   if (r.peekType() == msgpack::Type::kMap) {
     uint32_t entries = 0;
     std::string_view code;
@@ -254,8 +363,8 @@ void checkResponse(std::string_view out, std::optional<uint32_t> msgid, const rp
     FUZZ_CHECK(r.readNil(), "a response's error is nil or a map");
     rpc::Method method = request != nullptr ? request->method : rpc::Method::kUnknown;
     if (method == rpc::Method::kAcquire || method == rpc::Method::kPeek ||
-        method == rpc::Method::kRelease) {
-      checkDecision(r);
+        method == rpc::Method::kRelease || method == rpc::Method::kReset) {
+      checkDecision(r, itemRule(rules, request, 0));
     } else if (method == rpc::Method::kAcquireAll) {
       uint32_t entries = 0;
       uint32_t results = 0;
@@ -265,7 +374,7 @@ void checkResponse(std::string_view out, std::optional<uint32_t> msgid, const rp
       FUZZ_CHECK(readKey(r, "results") && r.readArrayHeader(&results), "acquire_all has results");
       FUZZ_CHECK(results == request->items.size(), "one result per item");
       for (uint32_t i = 0; i < results; ++i) {
-        bool allowed = checkDecision(r);
+        bool allowed = checkDecision(r, itemRule(rules, request, i));
         FUZZ_CHECK(allowed || !all_allowed, "a group allowed has every item allowed");
       }
     } else {
@@ -273,6 +382,23 @@ void checkResponse(std::string_view out, std::optional<uint32_t> msgid, const rp
     }
   }
   FUZZ_CHECK(r.ok() && r.offset() == out.size(), "a frame's output is exactly one response");
+}
+
+// The answers delivered since the last call: each a decision, after a wait,
+// to a request still waiting (`waiting` counts them by msgid; a client may
+// reuse a msgid), which it takes off.
+void checkDelivered(FuzzDaemon& daemon, std::map<uint32_t, uint32_t>* waiting) {
+  for (const std::string& response : daemon.delivered) {
+    msgpack::Reader r(reinterpret_cast<const uint8_t*>(response.data()), response.size(),
+                      response.size());
+    auto it = waiting->find(static_cast<uint32_t>(readResponseStart(r)));
+    FUZZ_CHECK(it != waiting->end(), "a delivered answer is to a request that waits");
+    if (--it->second == 0) waiting->erase(it);
+    FUZZ_CHECK(r.readNil(), "a delivered answer is no error");
+    checkDecision(r, nullptr, /*waited=*/true);
+    FUZZ_CHECK(r.ok() && r.offset() == response.size(), "a delivery is exactly one response");
+  }
+  daemon.delivered.clear();
 }
 
 // Connection::partialFrameReady's walk over a frame that arrives one byte
@@ -297,15 +423,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace sluice;
   static const rpc::Limits limits = fuzzLimits();
   std::unique_ptr<FuzzDaemon> daemon = makeDaemon();
+  Dispatcher& dispatcher = *daemon->dispatcher;
+  void* connection = daemon.get();  // the owner of every request
   const Peer peer{.pid = 1, .uid = 0, .gid = 0, .allowed = true, .admin = true};
   rpc::Request request;
   request.items.reserve(limits.max_items);
   std::string out;
+  std::map<uint32_t, uint32_t> waiting;  // msgid: requests waiting for units
 
   std::span<const uint8_t> bytes(data, size);
   KeyTable::ReadGuard guard(daemon->keys, daemon->reader);
   int64_t now_ns = kStartNs;
   size_t offset = 0;
+  bool fatal = false;
   while (offset < bytes.size()) {
     std::span<const uint8_t> rest = bytes.subspan(offset);
     rpc::ParseResult result = rpc::parseRequest(rest, limits, &request);
@@ -316,28 +446,55 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     if (result.status == rpc::ParseStatus::kOk) {
       now_ns += int64_t{request.msgid} * 1000;
-      daemon->dispatcher->handle(request, peer, now_ns, &out);
-      std::optional<uint32_t> msgid;
-      if (!request.notification) msgid = request.msgid;
-      checkResponse(std::string_view(out).substr(before), msgid, &request);
-      if (RuleSetPtr rules = daemon->status->takeReloaded()) daemon->dispatcher->setRules(rules);
+      RuleSetPtr rules = daemon->status->current();
+      bool waits = dispatcher.handle(request, peer, now_ns, &out, connection,
+                                     rest.first(result.consumed));
+      if (waits) {
+        FUZZ_CHECK(request.method == rpc::Method::kAcquire && !request.notification &&
+                       out.size() == before,
+                   "only an acquire that gets an answer waits, and it is not answered yet");
+        ++waiting[request.msgid];
+      } else {
+        std::optional<uint32_t> msgid;
+        if (!request.notification) msgid = request.msgid;
+        checkResponse(std::string_view(out).substr(before), msgid, &request, *rules);
+      }
+      if (RuleSetPtr reloaded = daemon->status->takeReloaded()) dispatcher.setRules(reloaded);
     } else {
-      daemon->dispatcher->handleParseError(result, &out);
+      dispatcher.handleParseError(result, &out);
       std::optional<uint32_t> msgid;
       if (result.has_msgid) {
         msgid = result.msgid;
         now_ns += int64_t{result.msgid} * 1000;
       }
-      checkResponse(std::string_view(out).substr(before), msgid, nullptr);
-      if (result.status == rpc::ParseStatus::kFatal) break;
+      checkResponse(std::string_view(out).substr(before), msgid, nullptr, *daemon->status->current());
+      if (result.status == rpc::ParseStatus::kFatal) {
+        fatal = true;
+        break;
+      }
     }
     FUZZ_CHECK(result.consumed > 0 && result.consumed <= rest.size(), "a frame has a length");
     std::optional<size_t> trickled = trickle(rest.first(result.consumed), limits);
     FUZZ_CHECK(trickled == result.consumed, "a trickled frame ends where parseRequest ends it");
     offset += result.consumed;
+    // The worker's timer: answers the waiters whose units are due by now.
+    if (dispatcher.hasDeferred() && dispatcher.nextDeadlineNs() <= now_ns) {
+      dispatcher.retryDeferred(now_ns, /*all=*/false);
+    }
+    checkDelivered(*daemon, &waiting);
     // The connection hands its output to the socket after each read; keep
     // the buffer small so long inputs stay fast.
     if (out.size() > 64 * 1024) out.clear();
   }
+  if (fatal) {
+    // The connection closes after a fatal frame: its waiters are dropped.
+    dispatcher.forget(connection);
+  } else {
+    // The worker stops: every waiter is answered at once.
+    dispatcher.retryDeferred(now_ns, /*all=*/true);
+    checkDelivered(*daemon, &waiting);
+    FUZZ_CHECK(waiting.empty(), "every request that waited is answered");
+  }
+  FUZZ_CHECK(daemon->delivered.empty() && !dispatcher.hasDeferred(), "nothing is left waiting");
   return 0;
 }

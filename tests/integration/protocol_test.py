@@ -911,6 +911,19 @@ class LifecycleTest(unittest.TestCase):
             self.assertNotEqual(proc.returncode, 0)
             self.assertIn(path + ":4:", proc.stderr)
 
+    # Verifies --check-config says how many rules a valid file has.
+    def test_check_config_counts_rules(self):
+        with tempfile.TemporaryDirectory(dir="/tmp") as d:
+            path = os.path.join(d, "good.toml")
+            rule = '[[rule]]\nname = "%s"\nlimit = 5\nperiod = "5s"\n'
+            for names, said in [(["x"], "ok, 1 rule\n"), (["x", "y"], "ok, 2 rules\n")]:
+                with open(path, "w") as f:
+                    f.write("".join(rule % name for name in names))
+                proc = subprocess.run([SLUICED, "--check-config", path],
+                                      capture_output=True, text=True)
+                self.assertEqual(proc.returncode, 0, proc.stderr)
+                self.assertEqual(proc.stdout, path + ": " + said)
+
 
 def tearDownModule():
     tear_down_module()
