@@ -7,6 +7,9 @@
 #                   (without the timing-bound fleet, Sentinel and Cluster
 #                   failover tests, labels `fleet`, `sentinel` and `cluster`)
 #   make test-tsan  the same under ThreadSanitizer
+#   make test-valgrind  the integration tests against sluiced under valgrind
+#                   memcheck (tests/memcheck.sh; on demand, not in CI): exit 0
+#                   when no daemon run had a memory error or lost a block
 #   make bench      build optimised and print the benchmark figures: the
 #                   local path (bench/run.sh), the global path against a
 #                   redis-server of its own (bench/global.sh), and the fleet
@@ -34,6 +37,7 @@ PACKAGE_PACKAGES := dpkg-dev file
 # matplotlib draws the benchmark's plots.
 BENCH_PACKAGES := python3-matplotlib
 FUZZ_PACKAGES := clang libclang-rt-14-dev
+VALGRIND_PACKAGES := valgrind
 FUZZ_TARGETS := rpc config lease_reply
 FUZZ_SECONDS ?= 60
 JOBS ?= $(shell nproc)
@@ -46,7 +50,7 @@ RUN_DIR = $(shell if [ -w /run/sluice ] || mkdir -p /run/sluice 2>/dev/null; the
              elif [ -n "$$XDG_RUNTIME_DIR" ]; then echo $$XDG_RUNTIME_DIR/sluice; \
              else echo /tmp/sluice-$$(id -u); fi)
 
-.PHONY: all deps build run test test-asan test-tsan bench install package fuzz clean
+.PHONY: all deps build run test test-asan test-tsan test-valgrind bench install package fuzz clean
 
 all: build
 
@@ -88,6 +92,10 @@ test-asan: deps
 test-tsan: deps
 	$(call configure,build-tsan,RelWithDebInfo,-DSLUICE_TSAN=ON -DSLUICE_BUILD_BENCH=OFF)
 	cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j $(JOBS) -LE 'fleet|sentinel|cluster'
+
+test-valgrind: build
+	$(call install,$(VALGRIND_PACKAGES))
+	tests/memcheck.sh build
 
 bench: deps
 	$(call install,$(BENCH_PACKAGES))
