@@ -21,8 +21,8 @@
 //    or shadow for a local rule, fallback, open, closed or shadow for a
 //    global one, blocked (denied, with the block's time left) for a rule
 //    with a penalty; open allows and closed denies;
-//  - waited_ms, when present, is never negative, and every delivered answer
-//    has it;
+//  - waited_ms, when present, is within 0 and the longest wait (kMaxWaitNs),
+//    and every delivered answer has it;
 //  - when the stream ends, every waiting request is answered once (or, after
 //    a fatal frame, forgotten), and nothing is left deferred;
 //  - msgpack::Reader::skipResumable, fed one byte at a time as a frame
@@ -313,8 +313,9 @@ bool checkDecision(msgpack::Reader& r, const Rule* rule, bool waited = false) {
       has_reason = true;
     } else {
       int64_t waited_ms = -1;
-      FUZZ_CHECK(name == "waited_ms" && !has_waited && r.readInt(&waited_ms) && waited_ms >= 0,
-                 "after the reason, only waited_ms, never negative");
+      FUZZ_CHECK(name == "waited_ms" && !has_waited && r.readInt(&waited_ms) && waited_ms >= 0 &&
+                     waited_ms <= kMaxWaitNs / kMs,
+                 "after the reason, only waited_ms, within the longest wait");
       has_waited = true;
     }
   }
