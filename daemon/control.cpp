@@ -13,6 +13,7 @@
 
 #include "redis_keys.h"
 #include "scripts.h"
+#include "uv_handles.h"
 
 namespace sluice {
 
@@ -231,6 +232,7 @@ void Control::setUp(bool up, std::string_view reason) {
 }
 
 void Control::ping() {
+  handle_count_.store(openHandles(&loop_), std::memory_order_relaxed);
   if (stopping_ || !redis_->connected()) return;
   if (leases_) leases_->retryDebits();
   if (ping_in_flight_) return;

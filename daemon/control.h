@@ -141,6 +141,9 @@ class Control {
   // This node's id in the members set, and that set's key. Immutable.
   const std::string& nodeId() const { return node_id_; }
   const std::string& membersKey() const { return members_key_; }
+  // The loop's open handles (openHandles) as of its last health tick; any
+  // thread (relaxed).
+  size_t handles() const { return handle_count_.load(std::memory_order_relaxed); }
   // "standalone", "sentinel" or "cluster", from the config. Immutable.
   std::string_view mode() const {
     return config_.cluster() ? "cluster" : config_.sentinel() ? "sentinel" : "standalone";
@@ -200,6 +203,7 @@ class Control {
   // Published by the control thread, read by any.
   std::atomic<bool> stop_requested_{false};
   std::atomic<bool> up_{false};
+  std::atomic<size_t> handle_count_{0};
   std::atomic<uint32_t> nodes_;
   std::atomic<int64_t> clock_offset_us_{kNoOffset};
   mutable std::mutex address_mutex_;

@@ -1364,7 +1364,7 @@ void Dispatcher::writeHealth(uint32_t msgid, std::string* out) {
   RedisHealth redis = status_.redisHealth();
   rpc::writeResultHeader(out, msgid);
   msgpack::Writer w(out);
-  w.writeMapHeader(13);
+  w.writeMapHeader(14);
   w.writeStr("status");
   w.writeStr(redis.configured && !redis.up ? "degraded" : "ok");
   w.writeStr("redis");
@@ -1405,6 +1405,8 @@ void Dispatcher::writeHealth(uint32_t msgid, std::string* out) {
   w.writeInt(status_.uptimeMs());
   w.writeStr("connections");
   w.writeUint(status_.connections());
+  w.writeStr("handles");
+  w.writeUint(status_.handles());
   w.writeStr("keys");
   w.writeUint(keys_.size());
 }

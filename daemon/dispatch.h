@@ -391,6 +391,9 @@ class DaemonStatus {
   virtual MetricsSnapshot metrics() const = 0;
   // Open client connections.
   virtual size_t connections() const = 0;
+  // Open libuv handles of every loop (uv_handles.h), each as its loop last
+  // counted them (at most a second ago).
+  virtual size_t handles() const = 0;
   // Redis as the control thread last saw it.
   virtual RedisHealth redisHealth() const = 0;
   // The lease path's counters (all zero without Redis).

@@ -21,6 +21,7 @@
 #include "limiter.h"
 #include "penalty.h"
 #include "systemd.h"
+#include "uv_handles.h"
 
 namespace sluice {
 
@@ -152,6 +153,14 @@ size_t Server::connections() const {
     open += worker->connections();
   }
   return open;
+}
+
+size_t Server::handles() const {
+  size_t open = handle_count_.load(std::memory_order_relaxed);
+  for (const auto& worker : workers_) {
+    open += worker->handles();
+  }
+  return control_ ? open + control_->handles() : open;
 }
 
 RedisHealth Server::redisHealth() const {
@@ -643,6 +652,7 @@ void Server::beginStop() {
 }
 
 void Server::onStatusTimer() {
+  handle_count_.store(openHandles(&loop_), std::memory_order_relaxed);
   if (watchdog_us_ > 0) {
     // A worker that has not answered the last ping is stuck (or very
     // late): withhold WATCHDOG=1, so systemd restarts a daemon that stays so.

@@ -63,6 +63,7 @@ class Server : public DaemonStatus {
   size_t workers() const override { return workers_.size(); }
   MetricsSnapshot metrics() const override { return metrics_.snapshot(); }
   size_t connections() const override;
+  size_t handles() const override;
   RedisHealth redisHealth() const override;
   LeaseStats leaseStats() const override;
   std::vector<RuleSnapshot> ruleMetrics() const override { return metrics_.ruleSnapshots(); }
@@ -129,6 +130,7 @@ class Server : public DaemonStatus {
   std::string serving_path_;       // the socket's path, as logged and reported
   bool socket_inherited_ = false;  // systemd passed the socket; it is not ours to remove
   uint64_t watchdog_us_ = 0;       // 0: no watchdog
+  std::atomic<size_t> handle_count_{0};  // the main loop's, as of the last status tick
   uint64_t ping_seq_ = 0;          // the last ping sent to the workers
   bool worker_stuck_ = false;      // a worker missed a ping; logged once until it answers
   std::string last_status_;

@@ -8,6 +8,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "uv_handles.h"
+
 namespace sluice {
 
 namespace {
@@ -177,6 +179,7 @@ void Worker::onMessages() {
 }
 
 void Worker::onSweep() {
+  handle_count_.store(openHandles(&loop_), std::memory_order_relaxed);
   auto now_ms = static_cast<int64_t>(uv_now(&loop_));
   // checkTimeouts may close a connection, but the list changes only in the
   // close callback, which runs later in this loop iteration.

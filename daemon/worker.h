@@ -75,6 +75,9 @@ class Worker {
 
   // Number of open connections; any thread (relaxed).
   size_t connections() const { return connection_count_.load(std::memory_order_relaxed); }
+  // The loop's open handles (openHandles) as of its last connection sweep;
+  // any thread (relaxed).
+  size_t handles() const { return handle_count_.load(std::memory_order_relaxed); }
 
   // Used by Connection, on this worker's thread only.
   uv_loop_t* loop() { return &loop_; }
@@ -134,6 +137,7 @@ class Worker {
   std::vector<Connection*> connections_;  // loop thread only
   std::vector<uint8_t> read_scratch_;     // loop thread only
   std::atomic<size_t> connection_count_{0};
+  std::atomic<size_t> handle_count_{0};
   std::atomic<uint64_t> pong_{0};
   bool stopping_ = false;
 

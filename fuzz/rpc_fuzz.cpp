@@ -67,6 +67,7 @@ class FuzzStatus final : public DaemonStatus {
   size_t workers() const override { return 1; }
   MetricsSnapshot metrics() const override { return metrics_.snapshot(); }
   size_t connections() const override { return 1; }
+  size_t handles() const override { return 0; }  // no loop here
   RedisHealth redisHealth() const override { return {}; }  // local-only
   LeaseStats leaseStats() const override { return {}; }
   std::vector<RuleSnapshot> ruleMetrics() const override { return metrics_.ruleSnapshots(); }

@@ -27,7 +27,8 @@ def run(rss_kib_at, seed=1):
     """Samples of a run whose RSS is rss_kib_at(t_s), plus a few KiB of noise."""
     rng = random.Random(seed)
     return [{"t_s": t, "rss_kib": int(rss_kib_at(t)) + rng.choice([0, 0, 4, -4, 8]),
-             "rss_anon_kib": 9000, "fds": 24, "threads": 3, "redis": "none", "redis_fault": "none"}
+             "rss_anon_kib": 9000, "fds": 24, "threads": 3, "handles": 16, "redis": "none",
+             "redis_fault": "none"}
             for t in range(SAMPLE_S, END_S + 1, SAMPLE_S)]
 
 
@@ -101,6 +102,14 @@ class VerdictTest(unittest.TestCase):
         samples[-1]["fds"] += 1
         ok, lines = judge(samples)
         self.assertFalse(ok, lines)
+
+    def test_a_changed_handle_count_fails_a_flat_run(self):
+        samples = run(leak(0))
+        self.assertTrue(judge(samples)[0])
+        samples[-1]["handles"] += 1
+        ok, lines = judge(samples)
+        self.assertFalse(ok, lines)
+        self.assertIn("libuv handles [16, 17]", lines[-1])
 
     def test_samples_of_the_warm_up_do_not_count(self):
         samples = run(lambda t: BASE_KIB + (2000 if t >= WARMUP_S / 2 else 0))

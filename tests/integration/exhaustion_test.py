@@ -88,6 +88,10 @@ READ_CHUNK_BYTES = 64 << 10
 
 # The daemon's fd count is taken once it has held still this long.
 FD_SETTLE_S = 0.2
+# health's "handles" (the libuv handles open on every loop) counts each loop
+# as of its last tick, at most a second old: the count is settled once it has
+# stayed the same for longer than that.
+HANDLES_SETTLE_S = 1.2
 
 # Short timeouts for TimeoutTest: a slowloris sends one byte per
 # TRICKLE_INTERVAL_S, often enough never to be idle, so only the
@@ -181,7 +185,7 @@ class MeasuredDaemon(Daemon):
     """A sluiced on a private socket with CONFIG's limits (overridable), and
     the measurements the tests make of it."""
 
-    def __init__(self, idle="1m", partial="10s", extra="", **limits):
+    def __init__(self, idle="1m", partial="10s", extra="", count_handles=False, **limits):
         super().__init__(dir_prefix="ex.")
         values = dict(socket=self.socket, workers=WORKERS, max_connections=MAX_CONNECTIONS,
                       max_frame_bytes=MAX_FRAME_BYTES, max_output_bytes=MAX_OUTPUT_BYTES,
@@ -209,6 +213,26 @@ class MeasuredDaemon(Daemon):
         clients[0].close()
         self.baseline_fds = self.settled_fds()
         self.baseline_rss = rss_bytes(self.pid)
+        # With count_handles, assert_fds_back_to_baseline checks the handles too.
+        self.baseline_handles = self.settled_handles() if count_handles else None
+
+    def settled_handles(self, timeout_s=10):
+        """health's handle count, asked on one connection, once it has not
+        changed for HANDLES_SETTLE_S; None if it keeps changing."""
+        client = Client(self.socket)
+        try:
+            last, since = client.result("health")["handles"], time.monotonic()
+            deadline = since + timeout_s * self.slowdown
+            while time.monotonic() < deadline:
+                if time.monotonic() - since >= HANDLES_SETTLE_S:
+                    return last
+                time.sleep(0.05)
+                now = client.result("health")["handles"]
+                if now != last:
+                    last, since = now, time.monotonic()
+            return None
+        finally:
+            client.close()
 
     def settled_fds(self):
         """The fd count once it has not changed for FD_SETTLE_S (a closed
@@ -223,11 +247,18 @@ class MeasuredDaemon(Daemon):
         return last
 
     def assert_fds_back_to_baseline(self, test, timeout_s):
-        """The fd count settles at its baseline within timeout_s."""
+        """The fd count settles at its baseline within timeout_s, and so
+        does the libuv handle count when it was taken (count_handles)."""
         back = wait_for(lambda: self.settled_fds() == self.baseline_fds, timeout_s * self.slowdown)
         fds = sorted(os.readlink("/proc/%d/fd/%s" % (self.pid, fd))
                      for fd in os.listdir("/proc/%d/fd" % self.pid))
         test.assertTrue(back, "%d fds, baseline %d: %s" % (len(fds), self.baseline_fds, fds))
+        if self.baseline_handles is not None:
+            test.assertIsNotNone(self.baseline_handles, "the handle count never settled")
+            handles = self.settled_handles()
+            sys.stderr.write("\nmeasured: %d libuv handles, baseline %d "
+                             % (handles, self.baseline_handles))
+            test.assertEqual(handles, self.baseline_handles)
 
     def stop(self):
         """Stops the daemon with SIGTERM (SIGKILL after STOP_TIMEOUT_S);
@@ -274,6 +305,19 @@ class MeasuredDaemon(Daemon):
             growth, allowed_growth_bytes + RSS_SLACK_BYTES,
             "RSS grew by %.1f MiB; bound %.1f MiB + slack"
             % (growth / 2**20, allowed_growth_bytes / 2**20))
+
+
+def health_on(sock):
+    """health's result, asked on a blocking raw connection."""
+    sock.sendall(packb([0, 0, "health", []]))
+    unpacker = msgpack.Unpacker(raw=False)
+    while True:
+        data = sock.recv(65536)
+        if not data:
+            raise ConnectionError("closed by the daemon")
+        unpacker.feed(data)
+        for answer in unpacker:
+            return answer[3]
 
 
 def raw_connect(path):
@@ -554,7 +598,7 @@ class MalformedRpcTest(ExhaustionCase):
 class TimeoutTest(ExhaustionCase):
     def make_daemon(self):
         return MeasuredDaemon(idle="%dms" % IDLE_TIMEOUT_MS,
-                              partial="%dms" % PARTIAL_FRAME_TIMEOUT_MS)
+                              partial="%dms" % PARTIAL_FRAME_TIMEOUT_MS, count_handles=True)
 
     # Verifies slowloris clients sending one byte per TRICKLE_INTERVAL_S
     # (never idle, never finishing a frame) are all closed by the
@@ -641,10 +685,14 @@ class TimeoutTest(ExhaustionCase):
 
 
 class FloodTest(ExhaustionCase):
+    def make_daemon(self):
+        return MeasuredDaemon(count_handles=True)
+
     # Verifies a flood of 1,000 connections against max_connections: exactly
     # MAX_CONNECTIONS are kept and serve, the rest are closed at once, the
     # daemon's descriptors never exceed its baseline plus MAX_CONNECTIONS
-    # (plus one being refused), and return to the baseline afterwards.
+    # (plus one being refused), and return to the baseline afterwards, as do
+    # its libuv handles, which counted the kept connections meanwhile.
     def test_connection_flood_is_refused_without_exhausting_descriptors(self):
         flood = 1000
         socks = []
@@ -685,6 +733,11 @@ class FloodTest(ExhaustionCase):
             unpacker = msgpack.Unpacker(raw=False)
             unpacker.feed(s.recv(65536))
             self.assertEqual(next(unpacker)[1], i)
+        # A new connection would be refused while the kept ones are open:
+        # the count is asked on one of them.
+        counted = wait_for(lambda: health_on(kept[0])["handles"]
+                           >= self.daemon.baseline_handles + MAX_CONNECTIONS - 1, 3)
+        self.assertTrue(counted, "the kept connections' handles are not counted")
         for s in socks:
             s.close()
         self.daemon.assert_fds_back_to_baseline(self, 3)
