@@ -170,6 +170,7 @@ void Control::run() {
         [](uv_timer_t* timer) { static_cast<Control*>(timer->data)->leases_->renewHoldings(); },
         renew_ms, renew_ms);
   }
+  handle_count_.store(openHandles(&loop_), std::memory_order_relaxed);
   uv_run(&loop_, UV_RUN_DEFAULT);
   // Every handle is closed by now (beginStop), so the loop closes.
   leases_.reset();

@@ -27,6 +27,7 @@ struct MetricsView {
   MetricsSnapshot totals;
   std::vector<RuleSnapshot> rules;
   size_t connections = 0;
+  size_t handles = 0;  // DaemonStatus::handles
   KeyTableStats keys;
   uint64_t uptime_ms = 0;
   // Set when the config has [redis].

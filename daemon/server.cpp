@@ -347,6 +347,7 @@ int Server::run() {
       &status_timer_, [](uv_timer_t* t) { static_cast<Server*>(t->data)->onStatusTimer(); },
       status_ms, status_ms);
   last_status_ = statusLine();
+  handle_count_.store(openHandles(&loop_), std::memory_order_relaxed);
   systemd::notifyReady(last_status_);
   uv_run(&loop_, UV_RUN_DEFAULT);
 
@@ -684,6 +685,7 @@ MetricsView Server::metricsView() const {
   view.totals = metrics_.snapshot();
   view.rules = ruleMetrics();
   view.connections = connections();
+  view.handles = handles();
   view.keys = keys_->stats();
   view.uptime_ms = static_cast<uint64_t>(uptimeMs());
   if (control_) {

@@ -1,4 +1,5 @@
-// The libuv handles open on a loop, for health's "handles": a daemon under
+// The libuv handles open on a loop, for health's "handles" (each loop counts
+// its own before it runs and then on a timer of its own): a daemon under
 // steady load holds a steady number (listeners, timers, async wakeups, one
 // pipe per connection, the Redis links' sockets and timers), so a count that
 // grows is a leak of handles that the fd count would not show (timers) or

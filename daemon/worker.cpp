@@ -71,6 +71,7 @@ void Worker::start() {
 void Worker::run() {
   // Named for top -H, gdb and the watchdog test: "sluice-w0", "sluice-w1", ...
   pthread_setname_np(pthread_self(), ("sluice-w" + std::to_string(index_)).c_str());
+  handle_count_.store(openHandles(&loop_), std::memory_order_relaxed);
   uv_run(&loop_, UV_RUN_DEFAULT);
   // Every handle is closed by now (finishIfDrained), so the loop closes.
   int rc = uv_loop_close(&loop_);

@@ -112,6 +112,12 @@ class LocalMetricsTest(MetricsCase):
                                 reason="max_connections_per_user"), 0)
         self.assertEqual(sample(body, "sluice_connections_forbidden_total"), 0)
         self.assertEqual(sample(body, "sluice_keys"), 1)
+        # Every loop counts its own handles on a timer, so the gauge and
+        # health's figure agree once the probe connection's are gone.
+        agreed = wait_for(lambda: sample(self.scrape(), "sluice_uv_handles")
+                          == client.result("health")["handles"], timeout=5)
+        self.assertTrue(agreed)
+        self.assertGreater(sample(body, "sluice_uv_handles"), 0)
         self.assertNotIn(SECRET, body)
         self.assertIsNone(sample(body, "sluice_redis_up"))  # local-only: no lease families
         self.check_with_promtool(body)
