@@ -28,7 +28,7 @@ def run(rss_kib_at, seed=1):
     rng = random.Random(seed)
     return [{"t_s": t, "rss_kib": int(rss_kib_at(t)) + rng.choice([0, 0, 4, -4, 8]),
              "rss_anon_kib": 9000, "fds": 24, "threads": 3, "handles": 16, "redis": "none",
-             "redis_fault": "none"}
+             "breaker": "", "redis_fault": "none"}
             for t in range(SAMPLE_S, END_S + 1, SAMPLE_S)]
 
 
@@ -110,6 +110,17 @@ class VerdictTest(unittest.TestCase):
         ok, lines = judge(samples)
         self.assertFalse(ok, lines)
         self.assertIn("libuv handles [16, 17]", lines[-1])
+
+    def test_handles_count_once_the_breaker_has_closed(self):
+        samples = run(leak(0))
+        for s in samples:
+            s["redis"] = s["redis_fault"] = "up"
+            s["breaker"] = "closed"
+        samples[-2]["breaker"] = "half_open"  # the link just came back
+        samples[-2]["handles"] -= 1
+        self.assertTrue(judge(samples)[0])
+        samples[-1]["handles"] -= 1  # the breaker is closed: a handle is gone
+        self.assertFalse(judge(samples)[0])
 
     def test_samples_of_the_warm_up_do_not_count(self):
         samples = run(lambda t: BASE_KIB + (2000 if t >= WARMUP_S / 2 else 0))
