@@ -392,7 +392,8 @@ class DaemonStatus {
   // Open client connections.
   virtual size_t connections() const = 0;
   // Open libuv handles of every loop (uv_handles.h), each as its loop last
-  // counted them (at most a second ago).
+  // counted them: the workers and the main loop about once a second, the
+  // control thread every health_interval.
   virtual size_t handles() const = 0;
   // Redis as the control thread last saw it.
   virtual RedisHealth redisHealth() const = 0;

@@ -137,7 +137,7 @@ std::string renderPrometheus(const MetricsView& view) {
   w.single("sluice_connections", "gauge", "Client connections open now.",
            static_cast<double>(view.connections));
   w.single("sluice_uv_handles", "gauge",
-           "libuv handles open on the daemon's loops, each loop's counted at most a second ago: "
+           "libuv handles open on the daemon's loops, each counted by its loop on a timer: "
            "steady under steady load.",
            static_cast<double>(view.handles));
   w.single("sluice_connections_accepted_total", "counter", "Client connections accepted.",

@@ -89,8 +89,8 @@ READ_CHUNK_BYTES = 64 << 10
 # The daemon's fd count is taken once it has held still this long.
 FD_SETTLE_S = 0.2
 # health's "handles" (the libuv handles open on every loop) counts each loop
-# as of its last tick, at most a second old: the count is settled once it has
-# stayed the same for longer than that.
+# as of its last tick, at most a second old here (no Redis): the count is
+# settled once it has stayed the same for longer than that.
 HANDLES_SETTLE_S = 1.2
 
 # Short timeouts for TimeoutTest: a slowloris sends one byte per
