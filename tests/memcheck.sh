@@ -18,8 +18,8 @@
 # verdict is memcheck's: exit 0 when no daemon run had an error (invalid
 # reads or writes, uninitialised values, bad frees or syscall arguments) or
 # lost a block (definitely or indirectly lost; leaks are counted in bytes,
-# not as errors). Runs that a test ended with SIGKILL
-# on purpose have no leak summary; their errors still count.
+# not as errors). Runs that a test ended with SIGKILL on purpose have no
+# leak summary; their errors still count.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 

@@ -166,14 +166,18 @@ def wait_accepting(path, proc, logs, timeout=10):
 class Client:
     """A bare MessagePack-RPC client: send frames, read whole responses."""
 
-    def __init__(self, path):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(5)
-        try:
-            self.sock.connect(path)
-        except OSError:
-            self.sock.close()
-            raise
+    def __init__(self, path=None, sock=None):
+        """Connects to the socket at `path`, or talks on `sock`, a connected
+        one (its first msgid is 1: no answer may be pending on it)."""
+        if sock is None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(5)
+            try:
+                sock.connect(path)
+            except OSError:
+                sock.close()
+                raise
+        self.sock = sock
         self.unpacker = msgpack.Unpacker(raw=False)
         self.msgid = 0
 
