@@ -5,7 +5,8 @@
 #   make test       build with warnings as errors and run every test
 #   make test-asan  the same under AddressSanitizer + UndefinedBehaviorSanitizer
 #                   (without the timing-bound fleet, Sentinel and Cluster
-#                   failover tests, labels `fleet`, `sentinel` and `cluster`)
+#                   failover tests, labels `fleet`, `sentinel` and `cluster`,
+#                   nor the client libraries' tests, label `client`)
 #   make test-tsan  the same under ThreadSanitizer
 #   make test-valgrind  the integration tests against sluiced under valgrind
 #                   memcheck (tests/memcheck.sh; on demand, not in CI): exit 0
@@ -36,6 +37,8 @@ NODE_PACKAGES := nodejs npm
 PACKAGE_PACKAGES := dpkg-dev file
 # matplotlib draws the benchmark's plots.
 BENCH_PACKAGES := python3-matplotlib
+# The client libraries' tests (client/<language>/): toolchains and libraries.
+CLIENT_PACKAGES :=
 FUZZ_PACKAGES := clang libclang-rt-14-dev
 VALGRIND_PACKAGES := valgrind
 FUZZ_TARGETS := rpc config lease_reply
@@ -66,7 +69,7 @@ define install
 endef
 
 deps:
-	$(call install,$(PACKAGES))
+	$(call install,$(PACKAGES) $(CLIENT_PACKAGES))
 	$(if $(shell command -v npm),,$(call install,$(NODE_PACKAGES)))
 
 # build-<flavour>/ is configured once and rebuilt incrementally.
@@ -87,11 +90,11 @@ test: build
 
 test-asan: deps
 	$(call configure,build-asan,Debug,-DSLUICE_ASAN=ON -DSLUICE_BUILD_BENCH=OFF)
-	cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS) -LE 'fleet|sentinel|cluster'
+	cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS) -LE 'fleet|sentinel|cluster|client'
 
 test-tsan: deps
 	$(call configure,build-tsan,RelWithDebInfo,-DSLUICE_TSAN=ON -DSLUICE_BUILD_BENCH=OFF)
-	cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j $(JOBS) -LE 'fleet|sentinel|cluster'
+	cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j $(JOBS) -LE 'fleet|sentinel|cluster|client'
 
 test-valgrind: build
 	$(call install,$(VALGRIND_PACKAGES))
