@@ -68,7 +68,7 @@ Dispatcher::Dispatcher(KeyTable& keys, MetricsShard& metrics, DaemonStatus& stat
       broker_(broker),
       lease_timeout_ns_(lease_timeout_ns) {}
 
-void Dispatcher::error(uint32_t msgid, rpc::ErrorCode code, std::string_view message,
+void Dispatcher::error(rpc::MsgId msgid, rpc::ErrorCode code, std::string_view message,
                        std::string* out) {
   metrics_.errors[static_cast<size_t>(code)].add();
   rpc::writeError(out, msgid, code, message);
@@ -77,8 +77,12 @@ void Dispatcher::error(uint32_t msgid, rpc::ErrorCode code, std::string_view mes
 void Dispatcher::handleParseError(const rpc::ParseResult& result, std::string* out) {
   if (result.has_msgid) {
     error(result.msgid, result.error, result.message, out);
-  } else {
-    metrics_.errors[static_cast<size_t>(result.error)].add();
+    return;
+  }
+  metrics_.errors[static_cast<size_t>(result.error)].add();
+  // The connection closes after a fatal frame: say why first.
+  if (result.status == rpc::ParseStatus::kFatal) {
+    rpc::writeErrorNotification(out, result.error, result.message);
   }
 }
 
@@ -181,7 +185,7 @@ bool Dispatcher::defer(const DeferTo* to, const Wait& wait) {
   return true;
 }
 
-bool Dispatcher::park(const DeferTo& to, const Wait& wait, int64_t due_ns, uint32_t msgid,
+bool Dispatcher::park(const DeferTo& to, const Wait& wait, int64_t due_ns, rpc::MsgId msgid,
                       std::string* out) {
   if (parked_.size() + queued_.size() >= kMaxWaiters) {
     error(msgid, rpc::ErrorCode::kOverloaded, kTooManyWaiting, out);
@@ -194,7 +198,7 @@ bool Dispatcher::park(const DeferTo& to, const Wait& wait, int64_t due_ns, uint3
   return true;
 }
 
-bool Dispatcher::queue(const DeferTo& to, const Wait& wait, uint32_t msgid, std::string* out) {
+bool Dispatcher::queue(const DeferTo& to, const Wait& wait, rpc::MsgId msgid, std::string* out) {
   if (parked_.size() + queued_.size() >= kMaxWaiters) {
     error(msgid, rpc::ErrorCode::kOverloaded, kTooManyWaiting, out);
     return false;
@@ -1360,7 +1364,7 @@ void Dispatcher::peekParts(const rpc::Request& request, const Rule& configured, 
   rpc::writeDecision(out, request.msgid, decision, mode);
 }
 
-void Dispatcher::writeHealth(uint32_t msgid, std::string* out) {
+void Dispatcher::writeHealth(rpc::MsgId msgid, std::string* out) {
   RedisHealth redis = status_.redisHealth();
   rpc::writeResultHeader(out, msgid);
   msgpack::Writer w(out);
@@ -1458,7 +1462,7 @@ void writeLimits(msgpack::Writer& w, const std::vector<Limit>& limits) {
 
 }  // namespace
 
-void Dispatcher::writeStats(uint32_t msgid, std::string* out) {
+void Dispatcher::writeStats(rpc::MsgId msgid, std::string* out) {
   MetricsSnapshot s = status_.metrics();
   LeaseStats leases = status_.leaseStats();
   rpc::writeResultHeader(out, msgid);
@@ -1578,7 +1582,7 @@ void Dispatcher::writeStats(uint32_t msgid, std::string* out) {
   w.writeInt(status_.uptimeMs());
 }
 
-void Dispatcher::writeRules(uint32_t msgid, std::string* out) {
+void Dispatcher::writeRules(rpc::MsgId msgid, std::string* out) {
   rpc::writeResultHeader(out, msgid);
   msgpack::Writer w(out);
   const auto& rules = rules_->rules();
@@ -1632,7 +1636,7 @@ void Dispatcher::writeRules(uint32_t msgid, std::string* out) {
   }
 }
 
-void Dispatcher::reload(uint32_t msgid, const Peer& peer, std::string* out) {
+void Dispatcher::reload(rpc::MsgId msgid, const Peer& peer, std::string* out) {
   if (!peer.admin) {
     error(msgid, rpc::ErrorCode::kForbidden,
           "reload is for root, the daemon's user and members of [access] admin_group", out);

@@ -91,7 +91,8 @@ class Dispatcher {
   // The earliest deadline or due time of a deferred request (hasDeferred() only).
   int64_t nextDeadlineNs() const;
 
-  // Answers a request that could not be parsed.
+  // Answers a request that could not be parsed: the error to its msgid, or
+  // before a close (kFatal) without one, an error notification.
   void handleParseError(const rpc::ParseResult& result, std::string* out);
 
  private:
@@ -147,7 +148,7 @@ class Dispatcher {
     uint64_t seq;  // arrival order, for requests due at the same time
     int64_t since_ns;
     void* owner;
-    uint32_t msgid;
+    rpc::MsgId msgid;
     Decision decision;
     Mode mode;
     // The heap's order: the earliest due first.
@@ -197,7 +198,7 @@ class Dispatcher {
   void leaveLine(uint64_t ticket, std::span<std::atomic<uint64_t>> words = {});
   // Queues a waiting request behind the others in its key's line; false
   // (and an OVERLOADED answer in `out`) when too many wait on this worker.
-  bool queue(const DeferTo& to, const Wait& wait, uint32_t msgid, std::string* out);
+  bool queue(const DeferTo& to, const Wait& wait, rpc::MsgId msgid, std::string* out);
   void peekLeased(const rpc::Request& request, const Rule& rule, int64_t now_ns,
                   std::string* out);
   // What an acquire of `cost` would answer on a key of a leasable `rule`,
@@ -208,7 +209,7 @@ class Dispatcher {
   bool defer(const DeferTo* to) { return defer(to, Wait{}); }
   // Parks a waiting request until due_ns; false (and an OVERLOADED answer in
   // `out`) when too many are parked.
-  bool park(const DeferTo& to, const Wait& wait, int64_t due_ns, uint32_t msgid, std::string* out);
+  bool park(const DeferTo& to, const Wait& wait, int64_t due_ns, rpc::MsgId msgid, std::string* out);
   // Sends a lease request for a key of `rule` whose in-flight bit the
   // caller claimed; `deciding` is the rule's variant for the key, `words`
   // the entry's.
@@ -276,10 +277,10 @@ class Dispatcher {
   bool leasing(const Rule& rule) const {
     return broker_ != nullptr && leasable(rule) && broker_->leasing();
   }
-  void writeHealth(uint32_t msgid, std::string* out);
-  void writeStats(uint32_t msgid, std::string* out);
-  void writeRules(uint32_t msgid, std::string* out);
-  void reload(uint32_t msgid, const Peer& peer, std::string* out);
+  void writeHealth(rpc::MsgId msgid, std::string* out);
+  void writeStats(rpc::MsgId msgid, std::string* out);
+  void writeRules(rpc::MsgId msgid, std::string* out);
+  void reload(rpc::MsgId msgid, const Peer& peer, std::string* out);
   void reset(const rpc::Request& request, const Peer& peer, int64_t now_ns, std::string* out);
   // Which rule decides a configured rule's requests, and in which mode. A
   // null rule means the rule's Redis-down policy answers without state.
@@ -305,7 +306,7 @@ class Dispatcher {
                    int64_t now_ns);
   // How long a global rule's key stays blocked, as this node knows (0: not).
   int64_t globalBlockedFor(const Rule& configured, std::string_view key, int64_t now_ns);
-  void error(uint32_t msgid, rpc::ErrorCode code, std::string_view message, std::string* out);
+  void error(rpc::MsgId msgid, rpc::ErrorCode code, std::string_view message, std::string* out);
   // Counts a decision on `configured`, the rule the request named.
   void count(const Rule& configured, const Decision& decision, Mode mode);
   // The entry of (rule, key) as the rule is now: nullptr when there is none,

@@ -219,6 +219,15 @@ bool Reader::readInt(int64_t* value) {
   return true;
 }
 
+bool Reader::readAnyInt(uint64_t* bits, bool* negative) {
+  Header header;
+  if (!readHeader(&header)) return false;
+  if (header.type != Type::kInt) return fail(Status::kInvalid);
+  *bits = static_cast<uint64_t>(header.int_value);
+  *negative = !header.int_overflow && header.int_value < 0;
+  return true;
+}
+
 bool Reader::readArrayHeader(uint32_t* count) {
   Header header;
   if (!readHeader(&header)) return false;

@@ -67,6 +67,9 @@ class Reader {
   bool readBool(bool* value);
   // Any integer encoding whose value fits in int64_t.
   bool readInt(int64_t* value);
+  // Any integer encoding at all: its value is *bits, in two's complement
+  // when *negative.
+  bool readAnyInt(uint64_t* bits, bool* negative);
   bool readArrayHeader(uint32_t* count);
   bool readMapHeader(uint32_t* count);
   bool readStr(std::string_view* value);

@@ -53,7 +53,7 @@ constexpr int64_t kMaxCost = 1'000'000'000;
 constexpr std::string_view kNotArray = "a frame must be an array";
 constexpr std::string_view kBadFrame = "a frame must be [0, msgid, method, params] or [2, method, params]";
 constexpr std::string_view kBadType = "frame type must be 0 (request) or 2 (notification)";
-constexpr std::string_view kBadMsgid = "msgid must be an integer 0..4294967295";
+constexpr std::string_view kBadMsgid = "a request must be [0, msgid, method, params] with an integer msgid";
 constexpr std::string_view kBadMethod = "method must be a str";
 constexpr std::string_view kBadParams = "params must be an array";
 constexpr std::string_view kBadAcquire =
@@ -103,6 +103,8 @@ class Parser {
   bool parseFrame();
 
   const Reader& reader() const { return reader_; }
+  // The frame is a request ([0, ...]) whose msgid cannot be read.
+  bool unanswerable() const { return unanswerable_; }
 
  private:
   bool bad(std::string_view message, ErrorCode code = ErrorCode::kBadRequest) {
@@ -121,6 +123,10 @@ class Parser {
       case Status::kTooDeep: return bad(kTooDeep);
       default: return bad(message);
     }
+  }
+  bool badMsgid() {
+    unanswerable_ = true;
+    return bad(kBadMsgid);
   }
   // A container read at `depth` (the frame array is depth 1).
   bool enter(uint32_t depth) { return depth <= limits_.max_depth || bad(kTooDeep); }
@@ -144,6 +150,7 @@ class Parser {
   Request* request_;
   ParseResult* result_;
   bool failed_ = false;
+  bool unanswerable_ = false;
 };
 
 bool Parser::parseFrame() {
@@ -154,13 +161,15 @@ bool Parser::parseFrame() {
   int64_t type = 0;
   if (!reader_.readInt(&type)) return readerBad(kBadType);
   if (type == 0) {
-    if (n < 2) return bad(kBadFrame);
-    int64_t msgid = 0;
-    if (!reader_.readInt(&msgid)) return readerBad(kBadMsgid);
-    if (msgid < 0 || msgid > int64_t{UINT32_MAX}) return bad(kBadMsgid);
+    if (n < 2) return badMsgid();
+    MsgId msgid;
+    if (!reader_.readAnyInt(&msgid.bits, &msgid.negative)) {
+      if (reader_.status() == Status::kIncomplete) return false;
+      return badMsgid();
+    }
     result_->has_msgid = true;
-    result_->msgid = static_cast<uint32_t>(msgid);
-    request_->msgid = result_->msgid;
+    result_->msgid = msgid;
+    request_->msgid = msgid;
     if (n != 4) return bad(kBadFrame);
   } else if (type == 2) {
     if (n != 3) return bad(kBadFrame);
@@ -315,6 +324,10 @@ ParseResult parseRequest(std::span<const uint8_t> buffer, const Limits& limits, 
   // off frame (kIncomplete) from one that can never be read (kFatal).
   Reader frame(buffer.data(), buffer.size(), limits.max_frame_bytes);
   if (frame.skip(limits.max_depth, UINT32_MAX)) {
+    if (parser.unanswerable()) {
+      result.status = ParseStatus::kFatal;
+      return result;
+    }
     result.status = ParseStatus::kError;
     result.consumed = frame.offset();
     return result;
@@ -346,10 +359,24 @@ namespace {
 void appendLiteral(std::string* out, std::string_view encoded) { out->append(encoded); }
 
 // [1, msgid, then the caller writes error and result.
-void writeResponseStart(std::string* out, uint32_t msgid) {
+void writeResponseStart(std::string* out, MsgId msgid) {
   out->push_back(static_cast<char>(0x94));
   out->push_back(static_cast<char>(0x01));
-  msgpack::Writer(out).writeUint(msgid);
+  if (msgid.negative) {
+    msgpack::Writer(out).writeInt(static_cast<int64_t>(msgid.bits));
+  } else {
+    msgpack::Writer(out).writeUint(msgid.bits);
+  }
+}
+
+// {"code": ..., "message": ...}
+void writeErrorMap(msgpack::Writer& writer, std::string* out, ErrorCode code,
+                   std::string_view message) {
+  writer.writeMapHeader(2);
+  appendLiteral(out, "\xa4" "code");
+  writer.writeStr(errorCodeName(code));
+  appendLiteral(out, "\xa7" "message");
+  writer.writeStr(message);
 }
 
 void writeDecisionMap(msgpack::Writer& writer, std::string* out, const Decision& decision, Mode mode,
@@ -379,25 +406,30 @@ void writeDecisionMap(msgpack::Writer& writer, std::string* out, const Decision&
 
 }  // namespace
 
-void writeError(std::string* out, uint32_t msgid, ErrorCode code, std::string_view message) {
+void writeError(std::string* out, MsgId msgid, ErrorCode code, std::string_view message) {
   msgpack::Writer writer(out);
   writeResponseStart(out, msgid);
-  writer.writeMapHeader(2);
-  appendLiteral(out, "\xa4" "code");
-  writer.writeStr(errorCodeName(code));
-  appendLiteral(out, "\xa7" "message");
-  writer.writeStr(message);
+  writeErrorMap(writer, out, code, message);
   writer.writeNil();
 }
 
-void writeDecision(std::string* out, uint32_t msgid, const Decision& decision, Mode mode,
+void writeErrorNotification(std::string* out, ErrorCode code, std::string_view message) {
+  msgpack::Writer writer(out);
+  writer.writeArrayHeader(3);
+  writer.writeUint(2);
+  appendLiteral(out, "\xa5" "error");
+  writer.writeArrayHeader(1);
+  writeErrorMap(writer, out, code, message);
+}
+
+void writeDecision(std::string* out, MsgId msgid, const Decision& decision, Mode mode,
                    int64_t waited_ms) {
   msgpack::Writer writer(out);
   writeResultHeader(out, msgid);
   writeDecisionMap(writer, out, decision, mode, waited_ms);
 }
 
-void writeDecisions(std::string* out, uint32_t msgid, bool all_allowed, std::span<const Decision> decisions,
+void writeDecisions(std::string* out, MsgId msgid, bool all_allowed, std::span<const Decision> decisions,
                     std::span<const Mode> modes) {
   assert(decisions.size() == modes.size());
   msgpack::Writer writer(out);
@@ -410,7 +442,7 @@ void writeDecisions(std::string* out, uint32_t msgid, bool all_allowed, std::spa
   for (size_t i = 0; i < decisions.size(); ++i) writeDecisionMap(writer, out, decisions[i], modes[i]);
 }
 
-void writeResultHeader(std::string* out, uint32_t msgid) {
+void writeResultHeader(std::string* out, MsgId msgid) {
   writeResponseStart(out, msgid);
   out->push_back(static_cast<char>(0xc0));
 }

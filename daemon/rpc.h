@@ -74,9 +74,27 @@ struct Item {
   int64_t max_wait_ms = -1;
 };
 
+// A request's msgid as the client wrote it: any MessagePack integer, from
+// -2^63 to 2^64-1. Its response carries the same value back, so a client that
+// counts ids past 2^32 without wrapping is answered like any other.
+struct MsgId {
+  uint64_t bits = 0;      // the value, in two's complement when negative
+  bool negative = false;  // written back as a signed integer
+
+  constexpr MsgId() = default;
+  // Implicit: ids are counted as integers.
+  constexpr MsgId(uint64_t value) : bits(value) {}  // NOLINT(google-explicit-constructor)
+  static constexpr MsgId ofSigned(int64_t value) {
+    MsgId id(static_cast<uint64_t>(value));
+    id.negative = value < 0;
+    return id;
+  }
+  friend constexpr bool operator==(MsgId, MsgId) = default;
+};
+
 struct Request {
   bool notification = false;
-  uint32_t msgid = 0;
+  MsgId msgid;
   Method method = Method::kUnknown;
   std::string_view method_name;
   // acquire, peek, release: exactly one item; acquire_all: one or more;
@@ -97,7 +115,7 @@ struct ParseResult {
   ParseStatus status = ParseStatus::kIncomplete;
   size_t consumed = 0;  // bytes of the frame, for kOk and kError
   bool has_msgid = false;
-  uint32_t msgid = 0;
+  MsgId msgid;
   ErrorCode error = ErrorCode::kBadRequest;
   std::string_view message;  // static text saying what was wrong
 };
@@ -108,8 +126,9 @@ struct ParseResult {
 //
 // Frames:
 // - [0, msgid, method, params] is a request, [2, method, params] a
-//   notification. msgid is an int 0..2^32-1, method a str, params an array.
-//   A notification's request->msgid is 0 and no error is ever answered to it.
+//   notification. msgid is any integer (MsgId), method a str, params an
+//   array. A notification's request->msgid is 0 and no error is ever
+//   answered to it.
 // - Methods and their params (a key is a str or bin of any bytes, at most
 //   max_key_bytes; a rule is a str; a cost an int 0..1,000,000,000):
 //     acquire      [rule, key] | [rule, key, cost] | [{"rule", "key", "cost"}]
@@ -136,32 +155,40 @@ struct ParseResult {
 //   `message` says what is wrong; `error` is TOO_LARGE for a key over
 //   max_key_bytes, an acquire_all over max_items items, or an array or map
 //   over max_items, BAD_REQUEST otherwise. has_msgid is set when the frame
-//   is a request ([0, ...]) whose msgid is a valid uint32, and only then
-//   should the caller answer; otherwise (a bad or missing msgid, a
-//   notification, a response [1, ...] or another type, a top-level value
-//   that is not an array) it skips the frame silently.
+//   is a request ([0, ...]) whose msgid is an integer, and only then
+//   should the caller answer; otherwise (a notification, a response
+//   [1, ...] or another type, a top-level value that is not an array) it
+//   skips the frame silently. A request ([0, ...]) without an integer msgid
+//   is kFatal instead: no answer could ever reach its caller, so the caller
+//   notifies the error (writeErrorNotification) and closes the connection,
+//   which fails the client's calls at once instead of leaving one hanging.
 // - kFatal: the stream cannot be framed any further: bytes that are not
 //   MessagePack (0xc1) anywhere in the frame (BAD_REQUEST), a frame that is
 //   or declares more than max_frame_bytes (TOO_LARGE; also when `buffer`
 //   holds max_frame_bytes without a complete frame), or nesting deeper than
-//   max_depth (BAD_REQUEST). has_msgid as for kError when the msgid was read
-//   before the failure; answer it, then close the connection.
+//   max_depth (BAD_REQUEST), or a request without an integer msgid
+//   (BAD_REQUEST). has_msgid as for kError when the msgid was read before
+//   the failure; answer it, or without one write an error notification,
+//   then close the connection.
 ParseResult parseRequest(std::span<const uint8_t> buffer, const Limits& limits, Request* request);
 
 // Response encoders; each appends one whole response frame to `out`.
 // [1, msgid, {"code": ..., "message": ...}, nil]
-void writeError(std::string* out, uint32_t msgid, ErrorCode code, std::string_view message);
+void writeError(std::string* out, MsgId msgid, ErrorCode code, std::string_view message);
 // [1, msgid, nil, <decision map>]; the map has, in this order, allowed,
 // remaining, limit, reset_after_ms, retry_after_ms, mode (modeName()), plus
 // "reason": "cost exceeds limit" when decision.cost_exceeds_limit, and
 // "waited_ms" when waited_ms >= 0 (a request that was allowed to wait).
-void writeDecision(std::string* out, uint32_t msgid, const Decision& decision, Mode mode,
+void writeDecision(std::string* out, MsgId msgid, const Decision& decision, Mode mode,
                    int64_t waited_ms = -1);
 // [1, msgid, nil, {"allowed": all_allowed, "results": [<decision map>...]}];
 // modes[i] is the mode of decisions[i] (the spans have the same size).
-void writeDecisions(std::string* out, uint32_t msgid, bool all_allowed,
+void writeDecisions(std::string* out, MsgId msgid, bool all_allowed,
                     std::span<const Decision> decisions, std::span<const Mode> modes);
 // [1, msgid, nil, then the caller writes the result value with the Writer.
-void writeResultHeader(std::string* out, uint32_t msgid);
+void writeResultHeader(std::string* out, MsgId msgid);
+// [2, "error", [{"code": ..., "message": ...}]]: the error of a frame that
+// has no msgid to answer, written before the connection is closed.
+void writeErrorNotification(std::string* out, ErrorCode code, std::string_view message);
 
 }  // namespace sluice::rpc

@@ -14,7 +14,8 @@
 //  - a request (and a bad frame with a msgid) gets exactly one well-formed
 //    response [1, msgid, error, result] carrying its msgid, at once or, for
 //    an acquire that waits, delivered later by retryDeferred; a
-//    notification and a bad frame without a msgid get nothing;
+//    notification and a bad frame without a msgid get nothing, but a fatal
+//    one (after which the connection closes) gets one error notification;
 //  - an error is {"code": <a known code>, "message": str} with a nil result;
 //  - a decision has remaining, limit, reset_after_ms and retry_after_ms in
 //    range, no retry hint when allowed, and a mode its rule can have: local
@@ -330,28 +331,53 @@ const Rule* itemRule(const RuleSet& rules, const rpc::Request* request, size_t i
   return rules.find(request->items[index].rule);
 }
 
+// A msgid as a map key: its bits and its sign.
+using MsgIdKey = std::pair<uint64_t, bool>;
+MsgIdKey keyOf(rpc::MsgId id) { return {id.bits, id.negative}; }
+
 // Reads a response's [1, msgid, and returns the msgid.
-int64_t readResponseStart(msgpack::Reader& r) {
+MsgIdKey readResponseStart(msgpack::Reader& r) {
   uint32_t count = 0;
   int64_t type = 0;
-  int64_t id = -1;
+  rpc::MsgId id;
   FUZZ_CHECK(r.readArrayHeader(&count) && count == 4, "a response is an array of 4");
   FUZZ_CHECK(r.readInt(&type) && type == 1, "a response starts with 1");
-  FUZZ_CHECK(r.readInt(&id) && id >= 0 && id <= UINT32_MAX, "a response carries a msgid");
-  return id;
+  FUZZ_CHECK(r.readAnyInt(&id.bits, &id.negative), "a response carries a msgid");
+  return keyOf(id);
+}
+
+// `out` is what a fatal frame without a msgid appended: one error
+// notification, [2, "error", [{"code", "message"}]].
+void checkErrorNotification(std::string_view out) {
+  msgpack::Reader r(reinterpret_cast<const uint8_t*>(out.data()), out.size(), out.size());
+  uint32_t count = 0;
+  int64_t type = 0;
+  std::string_view method;
+  std::string_view code;
+  std::string_view message;
+  FUZZ_CHECK(r.readArrayHeader(&count) && count == 3 && r.readInt(&type) && type == 2 &&
+                 r.readStr(&method) && method == "error",
+             "a fatal frame without a msgid is told by an error notification");
+  FUZZ_CHECK(r.readArrayHeader(&count) && count == 1 && r.readMapHeader(&count) && count == 2,
+             "the error notification carries one error map");
+  FUZZ_CHECK(readKey(r, "code") && r.readStr(&code) && isKnownErrorCode(code),
+             "the notified error has a known code");
+  FUZZ_CHECK(readKey(r, "message") && r.readStr(&message) && !message.empty(),
+             "the notified error has a message");
+  FUZZ_CHECK(r.offset() == out.size(), "nothing follows the error notification");
 }
 
 // `out` is what one frame appended: nothing when `msgid` is unset, else one
 // whole response to it. `request` is the parsed request, when there was
 // one, and `rules` the rule set it was decided on.
-void checkResponse(std::string_view out, std::optional<uint32_t> msgid, const rpc::Request* request,
+void checkResponse(std::string_view out, std::optional<rpc::MsgId> msgid, const rpc::Request* request,
                    const RuleSet& rules) {
   if (!msgid) {
     FUZZ_CHECK(out.empty(), "no response without a msgid");
     return;
   }
   msgpack::Reader r(reinterpret_cast<const uint8_t*>(out.data()), out.size(), out.size());
-  FUZZ_CHECK(readResponseStart(r) == *msgid, "a response carries its request's msgid");
+  FUZZ_CHECK(readResponseStart(r) == keyOf(*msgid), "a response carries its request's msgid");
   if (r.peekType() == msgpack::Type::kMap) {
     uint32_t entries = 0;
     std::string_view code;
@@ -389,11 +415,11 @@ void checkResponse(std::string_view out, std::optional<uint32_t> msgid, const rp
 // The answers delivered since the last call: each a decision, after a wait,
 // to a request still waiting (`waiting` counts them by msgid; a client may
 // reuse a msgid), which it takes off.
-void checkDelivered(FuzzDaemon& daemon, std::map<uint32_t, uint32_t>* waiting) {
+void checkDelivered(FuzzDaemon& daemon, std::map<MsgIdKey, uint32_t>* waiting) {
   for (const std::string& response : daemon.delivered) {
     msgpack::Reader r(reinterpret_cast<const uint8_t*>(response.data()), response.size(),
                       response.size());
-    auto it = waiting->find(static_cast<uint32_t>(readResponseStart(r)));
+    auto it = waiting->find(readResponseStart(r));
     FUZZ_CHECK(it != waiting->end(), "a delivered answer is to a request that waits");
     if (--it->second == 0) waiting->erase(it);
     FUZZ_CHECK(r.readNil(), "a delivered answer is no error");
@@ -431,7 +457,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   rpc::Request request;
   request.items.reserve(limits.max_items);
   std::string out;
-  std::map<uint32_t, uint32_t> waiting;  // msgid: requests waiting for units
+  std::map<MsgIdKey, uint32_t> waiting;  // msgid: requests waiting for units
 
   std::span<const uint8_t> bytes(data, size);
   KeyTable::ReadGuard guard(daemon->keys, daemon->reader);
@@ -447,7 +473,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     }
     if (result.status == rpc::ParseStatus::kOk) {
-      now_ns += int64_t{request.msgid} * 1000;
+      now_ns += static_cast<int64_t>(request.msgid.bits & UINT32_MAX) * 1000;
       RuleSetPtr rules = daemon->status->current();
       bool waits = dispatcher.handle(request, peer, now_ns, &out, connection,
                                      rest.first(result.consumed));
@@ -455,21 +481,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         FUZZ_CHECK(request.method == rpc::Method::kAcquire && !request.notification &&
                        out.size() == before,
                    "only an acquire that gets an answer waits, and it is not answered yet");
-        ++waiting[request.msgid];
+        ++waiting[keyOf(request.msgid)];
       } else {
-        std::optional<uint32_t> msgid;
+        std::optional<rpc::MsgId> msgid;
         if (!request.notification) msgid = request.msgid;
         checkResponse(std::string_view(out).substr(before), msgid, &request, *rules);
       }
       if (RuleSetPtr reloaded = daemon->status->takeReloaded()) dispatcher.setRules(reloaded);
     } else {
       dispatcher.handleParseError(result, &out);
-      std::optional<uint32_t> msgid;
+      std::optional<rpc::MsgId> msgid;
       if (result.has_msgid) {
         msgid = result.msgid;
-        now_ns += int64_t{result.msgid} * 1000;
+        now_ns += static_cast<int64_t>(result.msgid.bits & UINT32_MAX) * 1000;
       }
-      checkResponse(std::string_view(out).substr(before), msgid, nullptr, *daemon->status->current());
+      if (!msgid && result.status == rpc::ParseStatus::kFatal) {
+        checkErrorNotification(std::string_view(out).substr(before));
+      } else {
+        checkResponse(std::string_view(out).substr(before), msgid, nullptr, *daemon->status->current());
+      }
       if (result.status == rpc::ParseStatus::kFatal) {
         fatal = true;
         break;

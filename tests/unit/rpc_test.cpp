@@ -74,7 +74,7 @@ struct ParseCase {
   ParseStatus status;
   Method method = Method::kUnknown;
   std::vector<ExpectedItem> items = {};
-  std::optional<uint32_t> msgid = std::nullopt;  // has_msgid iff set
+  std::optional<MsgId> msgid = std::nullopt;  // has_msgid iff set
   ErrorCode error = ErrorCode::kBadRequest;       // for kError and kFatal
   std::string message = "";                       // a substring of the message
   Limits limits = {};
@@ -133,6 +133,16 @@ std::vector<ParseCase> validCases() {
        {{"api", "k", 1}}, 0},
       {"MsgidLargestUint32", f().request(UINT32_MAX, "acquire", 2).s("api").s("k").bytes(), ParseStatus::kOk,
        Method::kAcquire, {{"api", "k", 1}}, UINT32_MAX},
+      // Any integer is a msgid: clients that count past 2^32 without
+      // wrapping, and negative ids, are answered too.
+      {"MsgidAboveUint32", f().array(4).i(0).u(uint64_t{UINT32_MAX} + 1).s("acquire").array(2).s("api").s("k").bytes(),
+       ParseStatus::kOk, Method::kAcquire, {{"api", "k", 1}}, uint64_t{UINT32_MAX} + 1},
+      {"MsgidLargestUint64", f().array(4).i(0).u(UINT64_MAX).s("acquire").array(2).s("api").s("k").bytes(),
+       ParseStatus::kOk, Method::kAcquire, {{"api", "k", 1}}, UINT64_MAX},
+      {"MsgidNegative", f().array(4).i(0).i(-1).s("acquire").array(2).s("api").s("k").bytes(), ParseStatus::kOk,
+       Method::kAcquire, {{"api", "k", 1}}, MsgId::ofSigned(-1)},
+      {"MsgidSmallestInt64", f().array(4).i(0).i(INT64_MIN).s("acquire").array(2).s("api").s("k").bytes(),
+       ParseStatus::kOk, Method::kAcquire, {{"api", "k", 1}}, MsgId::ofSigned(INT64_MIN)},
       {"PeekCostsZero", f().request(4, "peek", 2).s("api").s("k").bytes(), ParseStatus::kOk, Method::kPeek,
        {{"api", "k", 0}}, 4},
       {"PeekMapFormIgnoresCost",
@@ -174,7 +184,8 @@ std::vector<ParseCase> frameShapeCases() {
        {}, 7, ErrorCode::kBadRequest, "[0, msgid, method, params]"},
       {"RequestOfFiveElements", f().array(5).i(0).i(7).s("health").array(0).nil().bytes(), ParseStatus::kError,
        Method::kUnknown, {}, 7, ErrorCode::kBadRequest, "[0, msgid, method, params]"},
-      {"RequestOfOneElement", f().array(1).i(0).bytes(), ParseStatus::kError, Method::kUnknown, {}, std::nullopt},
+      {"RequestOfOneElement", f().array(1).i(0).bytes(), ParseStatus::kFatal, Method::kUnknown, {}, std::nullopt,
+       ErrorCode::kBadRequest, "integer msgid"},
       {"EmptyArray", f().array(0).bytes(), ParseStatus::kError, Method::kUnknown, {}, std::nullopt},
       {"ResponseFrame", f().array(4).i(1).i(7).nil().nil().bytes(), ParseStatus::kError, Method::kUnknown, {},
        std::nullopt, ErrorCode::kBadRequest, "frame type"},
@@ -184,16 +195,12 @@ std::vector<ParseCase> frameShapeCases() {
        Method::kUnknown, {}, std::nullopt},
       {"FrameTypeStr", f().array(4).s("0").i(7).s("health").array(0).bytes(), ParseStatus::kError, Method::kUnknown,
        {}, std::nullopt},
-      {"MsgidNegative", f().array(4).i(0).i(-1).s("health").array(0).bytes(), ParseStatus::kError, Method::kUnknown,
-       {}, std::nullopt, ErrorCode::kBadRequest, "msgid"},
-      {"MsgidAboveUint32", f().array(4).i(0).u(uint64_t{UINT32_MAX} + 1).s("health").array(0).bytes(),
-       ParseStatus::kError, Method::kUnknown, {}, std::nullopt, ErrorCode::kBadRequest, "msgid"},
-      {"MsgidAboveInt64", f().array(4).i(0).u(UINT64_MAX).s("health").array(0).bytes(), ParseStatus::kError,
-       Method::kUnknown, {}, std::nullopt, ErrorCode::kBadRequest, "msgid"},
-      {"MsgidStr", f().array(4).i(0).s("7").s("health").array(0).bytes(), ParseStatus::kError, Method::kUnknown, {},
-       std::nullopt, ErrorCode::kBadRequest, "msgid"},
-      {"MsgidFloat", f().array(4).i(0).d(7.5).s("health").array(0).bytes(), ParseStatus::kError, Method::kUnknown,
-       {}, std::nullopt, ErrorCode::kBadRequest, "msgid"},
+      {"MsgidStr", f().array(4).i(0).s("7").s("health").array(0).bytes(), ParseStatus::kFatal, Method::kUnknown, {},
+       std::nullopt, ErrorCode::kBadRequest, "integer msgid"},
+      {"MsgidFloat", f().array(4).i(0).d(7.5).s("health").array(0).bytes(), ParseStatus::kFatal, Method::kUnknown,
+       {}, std::nullopt, ErrorCode::kBadRequest, "integer msgid"},
+      {"MsgidNil", f().array(4).i(0).nil().s("health").array(0).bytes(), ParseStatus::kFatal, Method::kUnknown,
+       {}, std::nullopt, ErrorCode::kBadRequest, "integer msgid"},
       {"MethodInt", f().array(4).i(0).i(7).i(1).array(0).bytes(), ParseStatus::kError, Method::kUnknown, {}, 7,
        ErrorCode::kBadRequest, "method"},
       {"MethodBin", f().array(4).i(0).i(7).b("health").array(0).bytes(), ParseStatus::kError, Method::kUnknown, {}, 7,
@@ -381,7 +388,7 @@ TEST_P(ParseRequestTest, ParsesAsExpected) {
     EXPECT_EQ(result.consumed, c.frame.size());
     EXPECT_EQ(request.method, c.method);
     EXPECT_EQ(request.notification, c.notification);
-    EXPECT_EQ(request.msgid, c.msgid.value_or(0));
+    EXPECT_EQ(request.msgid, c.msgid.value_or(MsgId()));
     ASSERT_EQ(request.items.size(), c.items.size());
     for (size_t i = 0; i < c.items.size(); ++i) {
       EXPECT_EQ(request.items[i].rule, c.items[i].rule) << i;
@@ -677,6 +684,42 @@ TEST(WriteErrorTest, DecodesToCodeAndMessage) {
     EXPECT_EQ(error.at("message").as<std::string>(), "something is wrong");
     EXPECT_TRUE(frame.ptr[3].is_nil());
   }
+}
+
+// Verifies a msgid outside 0..2^32-1 comes back as the same integer: above
+// 2^32, the largest uint64, and negative ids down to the smallest int64.
+TEST(WriteErrorTest, EchoesAnyIntegerMsgid) {
+  const MsgId ids[] = {uint64_t{UINT32_MAX} + 1, UINT64_MAX, MsgId::ofSigned(-1),
+                       MsgId::ofSigned(INT64_MIN)};
+  for (MsgId id : ids) {
+    std::string out;
+    writeError(&out, id, ErrorCode::kBadRequest, "bad");
+    const auto handle = ::msgpack::unpack(out.data(), out.size());
+    const auto& frame = handle.get().via.array;
+    ASSERT_EQ(frame.size, 4u);
+    if (id.negative) {
+      EXPECT_EQ(frame.ptr[1].as<int64_t>(), static_cast<int64_t>(id.bits));
+    } else {
+      EXPECT_EQ(frame.ptr[1].as<uint64_t>(), id.bits);
+    }
+  }
+}
+
+// Verifies the error notification: [2, "error", [{"code", "message"}]].
+TEST(WriteErrorNotificationTest, DecodesToANotificationWithTheErrorMap) {
+  std::string out;
+  writeErrorNotification(&out, ErrorCode::kBadRequest, "msgid must be an integer");
+  size_t offset = 0;
+  const auto handle = ::msgpack::unpack(out.data(), out.size(), offset);
+  EXPECT_EQ(offset, out.size());
+  const auto& frame = handle.get().via.array;
+  ASSERT_EQ(frame.size, 3u);
+  EXPECT_EQ(frame.ptr[0].as<int>(), 2);
+  EXPECT_EQ(frame.ptr[1].as<std::string>(), "error");
+  ASSERT_EQ(frame.ptr[2].via.array.size, 1u);
+  const auto error = asMap(frame.ptr[2].via.array.ptr[0]);
+  EXPECT_EQ(error.at("code").as<std::string>(), "BAD_REQUEST");
+  EXPECT_EQ(error.at("message").as<std::string>(), "msgid must be an integer");
 }
 
 // Verifies writeDecisions: allowed plus one result map per item, in order.
