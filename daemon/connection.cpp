@@ -183,6 +183,7 @@ void Connection::consume(std::span<const uint8_t> bytes, bool from_scratch) {
       break;
     }
     if (result.status == rpc::ParseStatus::kOk) {
+      if (request_.unknown_fields > 0) worker_.noteUnknownFields(request_);
       if (worker_.dispatcher().handle(request_, peer_, now_ns, &output_, this,
                                       bytes.subspan(offset, result.consumed))) {
         ++deferred_;

@@ -1467,7 +1467,7 @@ void Dispatcher::writeStats(rpc::MsgId msgid, std::string* out) {
   LeaseStats leases = status_.leaseStats();
   rpc::writeResultHeader(out, msgid);
   msgpack::Writer w(out);
-  w.writeMapHeader(13);
+  w.writeMapHeader(14);
   w.writeStr("leases");
   std::pair<std::string_view, uint64_t> lease_fields[] = {
       {"requested", leases.requested},
@@ -1547,6 +1547,8 @@ void Dispatcher::writeStats(rpc::MsgId msgid, std::string* out) {
     w.writeStr(rpc::errorCodeName(static_cast<rpc::ErrorCode>(i)));
     w.writeUint(s.errors[i]);
   }
+  w.writeStr("unknown_fields");
+  w.writeUint(s.unknown_fields);
   w.writeStr("connections");
   w.writeMapHeader(5);
   w.writeStr("accepted");

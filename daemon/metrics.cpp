@@ -109,6 +109,7 @@ MetricsSnapshot Metrics::snapshot() const {
     sum.lease_deferred += shard.lease_deferred.get();
     sum.lease_deferred_expired += shard.lease_deferred_expired.get();
     sum.penalty_blocks += shard.penalty_blocks.get();
+    sum.unknown_fields += shard.unknown_fields.get();
     sum.decision_latency.add(shard.decision_latency);
   }
   for (size_t i = 0; i < kRefuseReasons; ++i) {

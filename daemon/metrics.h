@@ -120,6 +120,7 @@ struct alignas(64) MetricsShard {
   Counter lease_deferred;        // requests that waited for a lease
   Counter lease_deferred_expired;  // of those, answered by policy at their deadline
   Counter penalty_blocks;          // keys blocked by their rule's penalty
+  Counter unknown_fields;          // map entries skipped as unknown (rpc::Request)
   // Time from reading a request to its answer being written: each batch of
   // one read counts its elapsed time once per request in it; a deferred
   // request counts its own wait.
@@ -151,6 +152,7 @@ struct MetricsSnapshot {
   uint64_t lease_deferred = 0;
   uint64_t lease_deferred_expired = 0;
   uint64_t penalty_blocks = 0;
+  uint64_t unknown_fields = 0;
   HistogramSnapshot decision_latency;
 
   uint64_t decisions() const;

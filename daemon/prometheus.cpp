@@ -120,6 +120,9 @@ std::string renderPrometheus(const MetricsView& view) {
   w.single("sluice_penalty_blocks_total", "counter",
            "Keys blocked by their rule's penalty (repeat offenders).",
            static_cast<double>(t.penalty_blocks));
+  w.single("sluice_unknown_fields_total", "counter",
+           "Map entries of requests skipped because the method does not know their name.",
+           static_cast<double>(t.unknown_fields));
   w.single("sluice_shadow_denials_total", "counter",
            "Decisions of shadow rules that would have denied.", static_cast<double>(t.shadow_denied));
   w.histogram("sluice_decision_duration_seconds",

@@ -277,8 +277,11 @@ bool Parser::parseMap(uint32_t depth, CostRule cost, Item* item) {
       if (!parseCost(&item->cost)) return false;
     } else if (name == "max_wait_ms" && cost.waits) {
       if (!parseMaxWait(&item->max_wait_ms)) return false;
-    } else if (!skipIn(depth)) {
-      return false;
+    } else {
+      if (!(name == "cost" && !cost.accepted) && request_->unknown_fields++ == 0) {
+        request_->first_unknown_field = name;
+      }
+      if (!skipIn(depth)) return false;
     }
   }
   return (has_rule && has_key) || bad(kMapNeedsRuleKey);
@@ -307,6 +310,8 @@ ParseResult parseRequest(std::span<const uint8_t> buffer, const Limits& limits, 
   request->method = Method::kUnknown;
   request->method_name = {};
   request->items.clear();
+  request->unknown_fields = 0;
+  request->first_unknown_field = {};
 
   ParseResult result;
   Parser parser(buffer, limits, request, &result);

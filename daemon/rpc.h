@@ -100,6 +100,12 @@ struct Request {
   // acquire, peek, release: exactly one item; acquire_all: one or more;
   // other methods: none.
   std::vector<Item> items;
+  // Entries of the map form whose names this method does not know (a
+  // misspelt "cots" would otherwise spend the default cost unnoticed), and
+  // the first such name (empty when it was not a str); skipped for forward
+  // compatibility, counted and logged by the caller.
+  uint32_t unknown_fields = 0;
+  std::string_view first_unknown_field;
 };
 
 enum class ParseStatus {
@@ -142,7 +148,9 @@ struct ParseResult {
 //                  skipped (any array), no items; an unknown name gives
 //                  Method::kUnknown so the caller answers UNKNOWN_METHOD.
 //   In a map form, entries with other names (or non-str names) are skipped
-//   for forward compatibility; a repeated name keeps the last value.
+//   for forward compatibility and counted in request->unknown_fields (peek's
+//   "cost" is not: it is documented as ignored); a repeated name keeps the
+//   last value.
 //
 // Results:
 // - kOk: `consumed` is the frame's length; the next frame starts there.

@@ -248,7 +248,7 @@ void Worker::finishIfDrained() {
   uv_close(reinterpret_cast<uv_handle_t*>(&lease_timer_), nullptr);
 }
 
-void Worker::logBadInput(const rpc::ParseResult& result) {
+bool Worker::mayLogBadInput() {
   auto now_ms = static_cast<int64_t>(uv_now(&loop_));
   if (now_ms - log_window_ms_ >= 1000) {
     log_window_ms_ = now_ms;
@@ -256,15 +256,49 @@ void Worker::logBadInput(const rpc::ParseResult& result) {
   }
   if (log_lines_ >= kBadInputLogsPerSecond) {
     ++log_suppressed_;
-    return;
+    return false;
   }
   ++log_lines_;
+  return true;
+}
+
+std::string Worker::suppressedNote() {
+  std::string note = log_suppressed_ > 0
+                         ? fmt::format("; {} similar lines suppressed", log_suppressed_)
+                         : std::string();
+  log_suppressed_ = 0;
+  return note;
+}
+
+void Worker::logBadInput(const rpc::ParseResult& result) {
+  if (!mayLogBadInput()) return;
   spdlog::warn("worker {}: {} request: {} ({}){}", index_,
                result.status == rpc::ParseStatus::kFatal ? "unreadable" : "bad",
-               result.message, rpc::errorCodeName(result.error),
-               log_suppressed_ > 0 ? fmt::format("; {} similar lines suppressed", log_suppressed_)
-                                   : std::string());
-  log_suppressed_ = 0;
+               result.message, rpc::errorCodeName(result.error), suppressedNote());
+}
+
+namespace {
+
+// A client's text for a log line: at most 64 bytes, each byte outside
+// printable ASCII shown as '?'.
+std::string printable(std::string_view text) {
+  std::string shown(text.substr(0, 64));
+  for (char& c : shown) {
+    if (c < 0x20 || c > 0x7e) c = '?';
+  }
+  return shown;
+}
+
+}  // namespace
+
+void Worker::noteUnknownFields(const rpc::Request& request) {
+  metrics().unknown_fields.add(request.unknown_fields);
+  if (!mayLogBadInput()) return;
+  std::string first = request.first_unknown_field.empty()
+                          ? std::string("a name that is not a str")
+                          : "\"" + printable(request.first_unknown_field) + "\"";
+  spdlog::warn("worker {}: {} request had {} unknown field(s), skipped (first: {}){}", index_,
+               printable(request.method_name), request.unknown_fields, first, suppressedNote());
 }
 
 }  // namespace sluice

@@ -94,6 +94,9 @@ class Worker {
   void armLeaseTimer();
   // Logs a request that could not be parsed, at most a few lines a second.
   void logBadInput(const rpc::ParseResult& result);
+  // Counts and logs (sharing logBadInput's rate) a request whose map form
+  // had entries the method does not know (rpc::Request::unknown_fields).
+  void noteUnknownFields(const rpc::Request& request);
 
  private:
   struct Message {
@@ -140,6 +143,11 @@ class Worker {
   std::atomic<size_t> handle_count_{0};
   std::atomic<uint64_t> pong_{0};
   bool stopping_ = false;
+
+  // Whether a bad-input line may be logged now; when not, it is counted in
+  // log_suppressed_, which the next logged line reports (suppressedNote()).
+  bool mayLogBadInput();
+  std::string suppressedNote();
 
   int64_t log_window_ms_ = 0;     // start of the current one-second log window
   int log_lines_ = 0;             // bad-input lines logged in that window

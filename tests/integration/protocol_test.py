@@ -165,6 +165,20 @@ class ProtocolTest(unittest.TestCase):
         self.assertEqual(first["remaining"], 3)
         self.assertEqual(second["remaining"], 2)
 
+    # Verifies a misspelt field of the map form is skipped (the default cost
+    # is spent: forward compatibility) but counted in stats and logged, with
+    # its name, so that the mistake can be found; peek's documented "cost"
+    # is not counted.
+    def test_unknown_map_fields_are_counted_and_logged(self):
+        before = self.client.result("stats")["unknown_fields"]
+        result = self.client.result("acquire", {"rule": "five", "key": "u", "cots": 2})
+        self.assertEqual(result["remaining"], 4)
+        self.client.result("peek", {"rule": "five", "key": "u", "cost": 3})
+        self.client.result("acquire_all", [{"rule": "five", "key": "u", "kye": "x", 7: 1}])
+        self.assertEqual(self.client.result("stats")["unknown_fields"] - before, 3)
+        wait_for(lambda: '"cots"' in self.daemon.logs(), timeout=5)
+        self.assertIn("acquire request had 1 unknown field(s)", self.daemon.logs())
+
     # Verifies keys are bytes: str and bin with the same bytes are one key, and
     # NUL bytes and braces are part of the key, not separators.
     def test_keys_are_exact_bytes(self):

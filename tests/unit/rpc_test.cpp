@@ -686,6 +686,32 @@ TEST(WriteErrorTest, DecodesToCodeAndMessage) {
   }
 }
 
+// Verifies the map form counts the entries its method does not know, and
+// names the first: a misspelt "cots", a non-str name, max_wait_ms on
+// release; peek's "cost" is documented as ignored and not counted.
+TEST(ParseRequestStreamTest, UnknownMapFieldsAreCountedWithTheFirstName) {
+  struct Case {
+    Bytes frame;
+    uint32_t unknown;
+    std::string_view first;
+  };
+  const Case cases[] = {
+      {f().request(1, "acquire", 1).map(3).s("rule").s("api").s("key").s("k").s("cots").i(2).bytes(), 1, "cots"},
+      {f().request(2, "acquire", 1).map(4).s("rule").s("api").i(7).i(1).s("key").s("k").s("x").nil().bytes(), 2, ""},
+      {f().request(3, "release", 1).map(3).s("rule").s("api").s("key").s("k").s("max_wait_ms").i(5).bytes(), 1,
+       "max_wait_ms"},
+      {f().request(4, "peek", 1).map(3).s("rule").s("api").s("key").s("k").s("cost").i(5).bytes(), 0, ""},
+      {f().request(5, "acquire", 1).map(3).s("rule").s("api").s("key").s("k").s("cost").i(5).bytes(), 0, ""},
+  };
+  Request request;
+  for (const Case& c : cases) {
+    const ParseResult result = parseRequest(c.frame, Limits{}, &request);
+    ASSERT_EQ(result.status, ParseStatus::kOk) << result.message;
+    EXPECT_EQ(request.unknown_fields, c.unknown) << result.msgid.bits;
+    EXPECT_EQ(request.first_unknown_field, c.first) << result.msgid.bits;
+  }
+}
+
 // Verifies a msgid outside 0..2^32-1 comes back as the same integer: above
 // 2^32, the largest uint64, and negative ids down to the smallest int64.
 TEST(WriteErrorTest, EchoesAnyIntegerMsgid) {
