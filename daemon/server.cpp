@@ -411,16 +411,20 @@ void Server::onAcceptable() {
         least = worker.get();
       }
     }
-    // Refused at once, so descriptors never run out.
+    // Refused at once, so descriptors never run out; the client is told why.
     if (open >= config_.limits.max_connections) {
-      ::close(fd);
-      metrics_.connectionsRefused(RefuseReason::kMaxConnections).add();
+      refuse(fd, RefuseReason::kMaxConnections,
+             fmt::format("the daemon holds its [limits] max_connections = {} connections; "
+                         "retry later, or raise the limit",
+                         config_.limits.max_connections));
       continue;
     }
     Peer peer = access_.admit(fd);
     if (!user_connections_.take(&peer)) {
-      ::close(fd);
-      metrics_.connectionsRefused(RefuseReason::kMaxPerUser).add();
+      refuse(fd, RefuseReason::kMaxPerUser,
+             fmt::format("uid {} holds its [access] max_connections_per_user = {} connections; "
+                         "share a connection (requests pipeline on one), or raise the limit",
+                         peer.uid, config_.access.max_connections_per_user));
       continue;
     }
     if (!peer.allowed) {
@@ -429,6 +433,16 @@ void Server::onAcceptable() {
     }
     least->adopt(fd, peer);
   }
+}
+
+void Server::refuse(int fd, RefuseReason reason, std::string_view why) {
+  // A fresh socket's send buffer is empty: the one small frame fits, and a
+  // client that went away already costs nothing but the failed send.
+  std::string notification;
+  rpc::writeErrorNotification(&notification, rpc::ErrorCode::kOverloaded, why);
+  (void)::send(fd, notification.data(), notification.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+  ::close(fd);
+  metrics_.connectionsRefused(reason).add();
 }
 
 void Server::logForbidden(const Peer& peer) {

@@ -75,6 +75,9 @@ class Server : public DaemonStatus {
   bool reloadLocked(std::string* error);
   void startAccepting();
   void onAcceptable();
+  // Closes a connection refused at accept, after one error notification
+  // that tells the client why, and counts it.
+  void refuse(int fd, RefuseReason reason, std::string_view why);
   void logForbidden(const Peer& peer);
   void onSignal(int signum);
   void sweepKeys();

@@ -141,14 +141,21 @@ class AccessTest(unittest.TestCase):
         stranger.close()
 
     # Verifies that one more connection than max_connections_per_user is
-    # closed at once and counted, that other users are unaffected, and that
-    # closing one makes room again.
+    # told why (an error notification naming the cap) and closed at once,
+    # and counted, that other users are unaffected, and that closing one
+    # makes room again.
     def test_connections_per_user_are_capped(self):
         self.start("max_connections_per_user = 3")
         held = [self.connect_as(APP_UID, NOGROUP) for _ in range(3)]
         for client in held:
             self.assertEqual(client.result("health")["status"], "ok")
         extra = self.connect_as(APP_UID, NOGROUP)
+        extra.sock.settimeout(2)
+        note = extra.recv()
+        self.assertEqual(note[:2], [2, "error"])
+        self.assertEqual(note[2][0]["code"], "OVERLOADED")
+        self.assertIn(f"uid {APP_UID} holds its [access] max_connections_per_user = 3",
+                      note[2][0]["message"])
         self.assertTrue(extra.closed_by_peer(timeout=2))
         extra.close()
         other = self.connect_as(NOBODY, NOGROUP)

@@ -728,9 +728,13 @@ class FloodTest(ExhaustionCase):
         self.assertEqual(len(kept), MAX_CONNECTIONS)
         self.assertLessEqual(most_fds, self.daemon.baseline_fds + MAX_CONNECTIONS + 1)
 
-        # One more while full: refused at once, not left waiting.
+        # One more while full: told why and refused at once, not left waiting.
         started = time.monotonic()
         extra = raw_connect(self.daemon.socket)
+        extra.settimeout(PROMPT_ANSWER_S * self.daemon.slowdown)
+        note = msgpack.unpackb(extra.recv(65536))
+        self.assertEqual((note[0], note[1], note[2][0]["code"]), (2, "error", "OVERLOADED"))
+        self.assertIn(f"max_connections = {MAX_CONNECTIONS}", note[2][0]["message"])
         self.assertTrue(closed_soon(extra, PROMPT_ANSWER_S * self.daemon.slowdown))
         self.assertLess(time.monotonic() - started, PROMPT_ANSWER_S * self.daemon.slowdown)
         extra.close()
