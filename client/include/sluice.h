@@ -163,8 +163,10 @@ SLUICE_API int sluice_peek(sluice_client* client, const char* rule, const void* 
 SLUICE_API int sluice_release(sluice_client* client, const char* rule, const void* key,
                               size_t key_len, uint32_t cost, int timeout_ms,
                               sluice_decision* out);
-/* Admin only: forgets `key`'s state under a local `rule`, so its next request
- * is a fresh key's; *out is the fresh state, as sluice_peek reports it. */
+/* Admin only: forgets `key`'s state under `rule` and lifts its penalty
+ * block, so its next request is a fresh key's; for a global rule the state
+ * in Redis is reset too, for every node (Redis must be reachable). *out is
+ * the fresh state, as sluice_peek reports it. */
 SLUICE_API int sluice_reset(sluice_client* client, const char* rule, const void* key,
                             size_t key_len, int timeout_ms, sluice_decision* out);
 /* All-or-nothing over `count` items: *all_allowed is 1 only when every item

@@ -1,6 +1,7 @@
 /* sluicectl: the command-line client of sluiced, built on libsluice.
  * One request per run; exit status 0 allowed/ok, 1 denied (or health not
- * "ok"), 2 usage error, 3 connection or server error. */
+ * "ok"; for acquire_all, any item denied), 2 usage error, 3 connection or
+ * server error. */
 #define _POSIX_C_SOURCE 200809L
 
 #include <errno.h>
@@ -18,15 +19,20 @@ enum { EXIT_OK = 0, EXIT_DENIED = 1, EXIT_USAGE = 2, EXIT_FAILED = 3 };
  * call's timeout is at least. */
 #define MAX_WAIT_MS 60000
 #define WAIT_MARGIN_MS 1000
+/* The largest cost the daemon accepts. */
+#define MAX_COST 1000000000u
 
 static const char usage_text[] =
     "usage: sluicectl [--socket PATH] [--json] [--timeout MS] COMMAND [ARGS]\n"
     "\n"
     "commands:\n"
     "  acquire RULE KEY [COST]  spend COST units (default 1) of RULE for KEY\n"
+    "  acquire_all RULE KEY COST [RULE KEY COST ...]\n"
+    "                           spend every item or none (all or nothing)\n"
     "  peek RULE KEY            show KEY's state under RULE without spending\n"
     "  release RULE KEY [COST]  give COST units (default 1) of a concurrency rule back\n"
-    "  reset RULE KEY           forget KEY's state under a local RULE (admins only)\n"
+    "  reset RULE KEY           forget KEY's state under RULE, in Redis too for a\n"
+    "                           global rule (admins only)\n"
     "  health                   the daemon's health\n"
     "  stats                    the daemon's counters\n"
     "  rules                    the rules the daemon enforces\n"
@@ -44,12 +50,23 @@ static const char usage_text[] =
     "\n"
     "exit status:\n"
     "  0  allowed, or the command succeeded\n"
-    "  1  denied (acquire, peek), or health status is not \"ok\"\n"
+    "  1  denied (acquire, acquire_all, peek), or health status is not \"ok\"\n"
     "  2  usage error\n"
     "  3  connection error, or the daemon answered with an error\n";
 
+/* A usage error: what was wrong, the command's own synopsis when there is
+ * one, and where the whole help is; not the whole help. */
 static int usage_error(const char* message) {
-  fprintf(stderr, "sluicectl: %s\n%s", message, usage_text);
+  fprintf(stderr, "sluicectl: %s\nTry 'sluicectl --help' for the commands and options.\n",
+          message);
+  return EXIT_USAGE;
+}
+
+static int command_usage_error(const char* command, const char* message, const char* synopsis) {
+  fprintf(stderr,
+          "sluicectl: %s: %s\nusage: sluicectl [OPTIONS] %s%s%s\n"
+          "Try 'sluicectl --help' for the commands and options.\n",
+          command, message, command, synopsis[0] != '\0' ? " " : "", synopsis);
   return EXIT_USAGE;
 }
 
@@ -65,6 +82,24 @@ static int parse_u32(const char* text, uint32_t* out) {
   }
   *out = (uint32_t)value;
   return 0;
+}
+
+/* Reads a COST argument: 0 and a message when it is not a whole number from
+ * 0 to MAX_COST. */
+static const char* parse_cost(const char* text, uint32_t* cost) {
+  const char* p = text;
+  if (*p == '\0') {
+    return "COST must be a whole number, e.g. 1";
+  }
+  for (; *p != '\0'; p++) {
+    if (*p < '0' || *p > '9') {
+      return "COST must be a whole number, e.g. 1";
+    }
+  }
+  if (parse_u32(text, cost) != 0 || *cost > MAX_COST) {
+    return "COST must be at most 1000000000";
+  }
+  return NULL;
 }
 
 static int fail(sluice_client* client, int rc) {
@@ -97,6 +132,27 @@ static void print_decision(const sluice_decision* d, int64_t waited_ms, int json
       printf(" waited_ms=%" PRId64, waited_ms);
     }
     putchar('\n');
+  }
+}
+
+static void print_decisions(const sluice_decision* results, size_t count, int all_allowed,
+                            int json) {
+  if (json) {
+    printf("{\"allowed\":%s,\"results\":[", all_allowed ? "true" : "false");
+    for (size_t i = 0; i < count; i++) {
+      const sluice_decision* d = &results[i];
+      printf("%s{\"allowed\":%s,\"remaining\":%" PRId64 ",\"limit\":%" PRId64
+             ",\"reset_after_ms\":%" PRId64 ",\"retry_after_ms\":%" PRId64 ",\"mode\":\"%s\"}",
+             i > 0 ? "," : "", d->allowed ? "true" : "false", d->remaining, d->limit,
+             d->reset_after_ms, d->retry_after_ms, sluice_mode_name(d->mode));
+    }
+    puts("]}");
+    return;
+  }
+  printf("%s\n", all_allowed ? "allowed" : "denied");
+  for (size_t i = 0; i < count; i++) {
+    printf("  %zu: ", i + 1);
+    print_decision(&results[i], -1, 0);
   }
 }
 
@@ -244,38 +300,77 @@ int main(int argc, char** argv) {
   int nargs = argc - i;
   char** args = argv + i;
   int is_item = strcmp(command, "acquire") == 0 || strcmp(command, "release") == 0;
+  int is_all = strcmp(command, "acquire_all") == 0;
   int is_reset = strcmp(command, "reset") == 0;
   int is_peek = strcmp(command, "peek") == 0 || is_reset; /* both take RULE KEY */
   int is_plain = strcmp(command, "health") == 0 || strcmp(command, "stats") == 0 ||
                  strcmp(command, "rules") == 0 || strcmp(command, "reload") == 0;
   uint32_t cost = 1;
+  sluice_item* items = NULL; /* acquire_all's, in argv order */
+  size_t item_count = 0;
   if (is_item) {
     if (nargs < 2 || nargs > 3) {
-      return usage_error("expected RULE KEY [COST]");
+      return command_usage_error(command, "expected RULE KEY [COST]", "RULE KEY [COST]");
     }
-    if (nargs == 3 && parse_u32(args[2], &cost) != 0) {
-      return usage_error("COST must be a whole number");
+    const char* bad = nargs == 3 ? parse_cost(args[2], &cost) : NULL;
+    if (bad != NULL) {
+      return command_usage_error(command, bad, "RULE KEY [COST]");
+    }
+  } else if (is_all) {
+    static const char synopsis[] = "RULE KEY COST [RULE KEY COST ...]";
+    if (nargs == 0 || nargs % 3 != 0) {
+      return command_usage_error(command, "expected items of three words, RULE KEY COST",
+                                 synopsis);
+    }
+    items = calloc((size_t)nargs / 3, sizeof *items);
+    if (items == NULL) {
+      fprintf(stderr, "sluicectl: out of memory\n");
+      return EXIT_FAILED;
+    }
+    for (int k = 0; k < nargs; k += 3) {
+      uint32_t item_cost;
+      const char* bad = parse_cost(args[k + 2], &item_cost);
+      if (bad != NULL) {
+        free(items);
+        return command_usage_error(command, bad, synopsis);
+      }
+      sluice_item item = {args[k], args[k + 1], strlen(args[k + 1]), item_cost};
+      items[item_count++] = item;
     }
   } else if (is_peek) {
     if (nargs != 2) {
-      return usage_error("expected RULE KEY");
+      return command_usage_error(command, "expected RULE KEY", "RULE KEY");
     }
   } else if (is_plain) {
     if (nargs != 0) {
-      return usage_error("this command takes no arguments");
+      return command_usage_error(command, "this command takes no arguments", "");
     }
   } else {
-    return usage_error("unknown command");
+    char message[160];
+    snprintf(message, sizeof message, "unknown command '%.64s'", command);
+    return usage_error(message);
   }
 
   sluice_client* client = NULL;
   int rc = sluice_connect(socket_path, timeout_ms, &client);
   if (rc != 0) {
     fprintf(stderr, "sluicectl: %s: %s\n", socket_path, sluice_strerror(rc));
+    free(items);
     return EXIT_FAILED;
   }
   int status = EXIT_OK;
-  if (is_item || is_peek) {
+  if (is_all) {
+    sluice_decision* results = calloc(item_count, sizeof *results);
+    int all_allowed = 0;
+    rc = results == NULL ? SLUICE_ENOMEM
+                         : sluice_acquire_all(client, items, item_count, timeout_ms,
+                                              &all_allowed, results);
+    if (rc == 0) {
+      print_decisions(results, item_count, all_allowed, json);
+      status = all_allowed ? EXIT_OK : EXIT_DENIED;
+    }
+    free(results);
+  } else if (is_item || is_peek) {
     sluice_decision d;
     size_t key_len = strlen(args[1]);
     if (is_reset) {
@@ -320,5 +415,6 @@ int main(int argc, char** argv) {
     status = fail(client, rc);
   }
   sluice_destroy(client);
+  free(items);
   return status;
 }

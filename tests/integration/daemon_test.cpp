@@ -197,6 +197,42 @@ TEST_F(DaemonTest, SluicectlAcquireExitsByOutcome) {
   EXPECT_NE(output.find("UNKNOWN_RULE"), std::string::npos) << output;
 }
 
+// Verifies sluicectl acquire_all: all or nothing over RULE KEY COST items,
+// exit 0 when all pass, 1 when one is denied (and then nothing is spent).
+TEST_F(DaemonTest, SluicectlAcquireAllIsAllOrNothing) {
+  std::string output;
+  EXPECT_EQ(sluicectl("acquire_all five all 2 slow all 1", &output), 0) << output;
+  EXPECT_EQ(output.rfind("allowed\n", 0), 0u) << output;
+  EXPECT_NE(output.find("  1: allowed  remaining=3 limit=5"), std::string::npos) << output;
+  EXPECT_NE(output.find("  2: allowed  remaining=1 limit=2"), std::string::npos) << output;
+  // slow has 1 left: asking for 2 denies the whole call, and five keeps its 3.
+  EXPECT_EQ(sluicectl("--json acquire_all five all 1 slow all 2", &output), 1) << output;
+  EXPECT_EQ(output.rfind("{\"allowed\":false,\"results\":[{\"allowed\":true,\"remaining\":", 0), 0u)
+      << output;
+  EXPECT_EQ(sluicectl("--json peek five all", &output), 0) << output;
+  EXPECT_NE(output.find("\"remaining\":3"), std::string::npos) << output;
+}
+
+// Verifies sluicectl's usage errors say what was wrong and give the
+// command's synopsis, not the whole help, and that a cost out of range says
+// its range rather than "not a whole number".
+TEST_F(DaemonTest, SluicectlUsageErrorsAreShortAndSpecific) {
+  std::string output;
+  EXPECT_EQ(sluicectl("acquire five k 2000000000", &output), 2) << output;
+  EXPECT_EQ(output,
+            "sluicectl: acquire: COST must be at most 1000000000\n"
+            "usage: sluicectl [OPTIONS] acquire RULE KEY [COST]\n"
+            "Try 'sluicectl --help' for the commands and options.\n");
+  EXPECT_EQ(sluicectl("acquire five k one", &output), 2) << output;
+  EXPECT_NE(output.find("COST must be a whole number, e.g. 1"), std::string::npos) << output;
+  EXPECT_EQ(sluicectl("acquire_all five k", &output), 2) << output;
+  EXPECT_NE(output.find("expected items of three words"), std::string::npos) << output;
+  EXPECT_EQ(sluicectl("frobnicate", &output), 2) << output;
+  EXPECT_EQ(output, "sluicectl: unknown command 'frobnicate'\n"
+                    "Try 'sluicectl --help' for the commands and options.\n");
+  EXPECT_EQ(output.find("commands:"), std::string::npos) << output;
+}
+
 // Verifies reset through libsluice and sluicectl (the test runs as root, an
 // admin): a spent key is fresh again, and other keys keep their state.
 TEST_F(DaemonTest, ResetMakesASpentKeyFreshAgain) {
