@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# bench/compare.sh OLD_BUILD NEW_BUILD: two builds of sluiced side by side,
+# for a change that must not cost speed (a refactor).
+#
+# Starts one redis-server and, from each build, one sluiced on the same
+# config (a local rule and a global rule leasing from that Redis, both too
+# large to deny). Then measures, with NEW_BUILD's load generator and the
+# same shape for both daemons, in interleaved rounds (old, new, new, old,
+# ... so that a machine that slows down during the run does not favour one):
+#   local-hot-pipelined   the local rule, one key, pipelined
+#   local-1M-pipelined    the local rule over 1,000,000 keys, pipelined
+#   local-hot-sync        the local rule, one key, one request at a time
+#   global-hot-pipelined  the global rule, one key, pipelined
+#   global-10k-pipelined  the global rule over 10,000 keys, pipelined
+# and prints one markdown table: each row's median over the rounds for the
+# old and the new build, and new/old (above 1 is faster for rates, below 1
+# is faster for latencies). Both daemons run at once, each with WORKERS
+# threads, but only one is measured at a time.
+#
+# Knobs (environment): BENCH_SECONDS per measurement (2), BENCH_ROUNDS (5),
+# BENCH_CONNECTIONS (2), BENCH_WINDOW (64), BENCH_WORKERS (nproc).
+set -euo pipefail
+
+if [ $# -ne 2 ] || [ ! -x "$1/daemon/sluiced" ] || [ ! -x "$2/daemon/sluiced" ] ||
+   [ ! -x "$2/bench/load" ]; then
+  echo "usage: bench/compare.sh OLD_BUILD NEW_BUILD (builds with sluiced; NEW_BUILD with bench/load)" >&2
+  exit 2
+fi
+old_build=$(cd "$1" && pwd)
+new_build=$(cd "$2" && pwd)
+seconds=${BENCH_SECONDS:-2}
+rounds=${BENCH_ROUNDS:-5}
+conns=${BENCH_CONNECTIONS:-2}
+window=${BENCH_WINDOW:-64}
+workers=${BENCH_WORKERS:-$(nproc)}
+load="$new_build/bench/load"
+
+tmp=$(mktemp -d /tmp/slc.XXXXXX)  # short: a socket path has at most 107 bytes
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+port=
+for _ in $(seq 20); do
+  try=$((20000 + RANDOM % 20000))
+  redis-server --port "$try" --bind 127.0.0.1 --save '' --appendonly no --dir "$tmp" \
+    --logfile "$tmp/redis.log" &
+  redis_pid=$!
+  for _ in $(seq 50); do
+    if redis-cli -p "$try" ping >/dev/null 2>&1; then port=$try; break; fi
+    kill -0 "$redis_pid" 2>/dev/null || break
+    sleep 0.05
+  done
+  [ -z "$port" ] || { pids+=("$redis_pid"); break; }
+  kill "$redis_pid" 2>/dev/null || true
+  wait "$redis_pid" 2>/dev/null || true
+done
+[ -n "$port" ] || { echo "bench: could not start redis-server" >&2; exit 1; }
+
+# start NAME BUILD: one sluiced on its own socket, leasing from the Redis.
+start() {
+  local name=$1 build=$2
+  cat >"$tmp/$name.toml" <<EOF
+[daemon]
+socket = "$tmp/$name.sock"
+workers = $workers
+log_level = "warn"
+
+[limits]
+max_output_bytes = 67108864
+idle_timeout = "0"
+
+[redis]
+url = "redis://127.0.0.1:$port"
+key_prefix = "$name:"
+
+[[rule]]
+name = "local"
+algorithm = "token_bucket"
+limit = 1000000000
+period = "1s"
+burst = 1000000000
+
+[[rule]]
+name = "global"
+algorithm = "token_bucket"
+limit = 1000000000
+period = "1s"
+burst = 1000000000
+scope = "global"
+EOF
+  "$build/daemon/sluiced" --config "$tmp/$name.toml" 2>"$tmp/$name.log" &
+  pids+=($!)
+  local breaker=
+  for _ in $(seq 100); do
+    breaker=$("$new_build/client/sluicectl" --socket "$tmp/$name.sock" --json health 2>/dev/null |
+              sed -n 's/.*"breaker":"\([a-z_]*\)".*/\1/p' || true)
+    [ "$breaker" = closed ] && break
+    sleep 0.05
+  done
+  [ "$breaker" = closed ] || { echo "bench: $name sluiced did not start leasing" >&2; cat "$tmp/$name.log" >&2; exit 1; }
+}
+start old "$old_build"
+start new "$new_build"
+
+field() { sed -n "s/.*\\b$1=\\([^ ]*\\).*/\\1/p" <<<"$2"; }
+results="$tmp/results"
+: >"$results"
+# measure ROW BUILD_NAME ROUND: one measurement of ROW against one daemon.
+measure() {
+  local row=$1 name=$2 round=$3 sock="$tmp/$2.sock" out value
+  case $row in
+    local-hot-pipelined) out=$("$load" pipelined "$sock" local hot "$conns" "$window" "$seconds") ;;
+    local-1M-pipelined) out=$("$load" pipelined "$sock" local 1000000 "$conns" "$window" "$seconds") ;;
+    local-hot-sync) out=$("$load" sync "$sock" local hot "$seconds") ;;
+    global-hot-pipelined) out=$("$load" pipelined "$sock" global hot "$conns" "$window" "$seconds") ;;
+    global-10k-pipelined) out=$("$load" pipelined "$sock" global 10000 "$conns" "$window" "$seconds") ;;
+  esac
+  if [ "$row" = local-hot-sync ]; then value=$(field p50_us "$out"); else value=$(field rate_per_s "$out"); fi
+  echo "$row $name $round $value" >>"$results"
+  echo "bench: $row $name round $round: $out" >&2
+}
+
+rows="local-hot-pipelined local-1M-pipelined local-hot-sync global-hot-pipelined global-10k-pipelined"
+for round in $(seq "$rounds"); do
+  for row in $rows; do
+    if [ $((round % 2)) = 1 ]; then order="old new"; else order="new old"; fi
+    for name in $order; do measure "$row" "$name" "$round"; done
+  done
+done
+
+median() {
+  sort -g | awk '{ v[NR] = $1 } END {
+    m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+    printf (m >= 1000) ? "%.0f\n" : "%.2f\n", m
+  }'
+}
+echo "| row | unit | old (median) | new (median) | new/old |"
+echo "|---|---|---:|---:|---:|"
+for row in $rows; do
+  unit="decisions/s"
+  [ "$row" = local-hot-sync ] && unit="p50 µs"
+  old=$(awk -v r="$row" '$1 == r && $2 == "old" { print $4 }' "$results" | median)
+  new=$(awk -v r="$row" '$1 == r && $2 == "new" { print $4 }' "$results" | median)
+  ratio=$(awk -v o="$old" -v n="$new" 'BEGIN { printf "%.3f", (o > 0) ? n / o : 0 }')
+  echo "| $row | $unit | $old | $new | $ratio |"
+done
+echo
+echo "$rounds interleaved rounds of ${seconds} s, $conns connections x $window in flight for pipelined rows," \
+  "both daemons with $workers workers; $(nproc) CPUs, load average before: $(cut -d' ' -f1-3 /proc/loadavg)."
