@@ -111,8 +111,8 @@ bench: deps
 # install and package share build-release with bench, configured for the
 # prefix /usr: the units name /usr/sbin/sluiced and /etc/sluice/sluice.toml,
 # and Debian's multiarch libdir follows from it. `make install PREFIX=/opt/x`
-# or `DESTDIR=/tmp/root make install` install elsewhere (README, "Install and
-# package"); root (sudo) is asked for only without DESTDIR.
+# or `DESTDIR=/tmp/root make install` install elsewhere (docs/operations.md,
+# "Install and package"); root (sudo) is asked for only without DESTDIR.
 PREFIX ?= /usr
 RELEASE_ARGS := -DSLUICE_BUILD_TESTS=OFF -DCMAKE_INSTALL_PREFIX=/usr
 
