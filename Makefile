@@ -1,7 +1,8 @@
 # sluice: set-up, build and test in one place. The README's two commands are
 # `make run` and `make test`; both install what is missing first.
 #
-#   make run        build and run sluiced on conf/sluice.toml (local-only)
+#   make run        build sluiced and sluicectl (nothing else) and run sluiced
+#                   on conf/sluice.toml (local-only)
 #   make test       build with warnings as errors and run every test
 #   make test-asan  the same under AddressSanitizer + UndefinedBehaviorSanitizer
 #                   (without the timing-bound fleet, Sentinel and Cluster
@@ -73,15 +74,21 @@ deps:
 	$(if $(shell command -v npm),,$(call install,$(NODE_PACKAGES)))
 
 # build-<flavour>/ is configured once and rebuilt incrementally.
+# $(4), when given, names the targets to build (--target ...); all by default.
 define configure
 	cmake -S . -B $(1) -DCMAKE_BUILD_TYPE=$(2) -DSLUICE_WERROR=$(WERROR) $(3) >/dev/null
-	cmake --build $(1) -j $(JOBS)
+	cmake --build $(1) -j $(JOBS)$(if $(4), --target $(4))
 endef
 
 build: deps
 	$(call configure,build,RelWithDebInfo,)
 
-run: build
+# `make run` builds only what running needs, the daemon and the tool to ask it,
+# not the test tree: the daemon is up in about half the time of a full build.
+RUN_TARGETS := sluiced sluicectl
+
+run: deps
+	$(call configure,build,RelWithDebInfo,,$(RUN_TARGETS))
 	@mkdir -p $(RUN_DIR)
 	./build/daemon/sluiced --config conf/sluice.toml --socket $(RUN_DIR)/sluice.sock
 
