@@ -7,7 +7,8 @@
 #   make test-asan  the same under AddressSanitizer + UndefinedBehaviorSanitizer
 #                   (without the timing-bound fleet, Sentinel and Cluster
 #                   failover tests, labels `fleet`, `sentinel` and `cluster`,
-#                   nor the client libraries' tests, label `client`)
+#                   nor the client libraries' tests, label `client`, nor the
+#                   package test, label `package`)
 #   make test-tsan  the same under ThreadSanitizer
 #   make test-valgrind  the integration tests against sluiced under valgrind
 #                   memcheck (tests/memcheck.sh; on demand, not in CI): exit 0
@@ -34,8 +35,9 @@ PACKAGES := cmake make g++ pkg-config libuv1-dev libhiredis-dev libmsgpack-cxx-d
 # node and npm for the Node example's test, looked for as commands rather than
 # packages: NodeSource's nodejs bundles npm and conflicts with Debian's npm.
 NODE_PACKAGES := nodejs npm
-# dpkg-shlibdeps (dpkg-dev) and file work out the package's Depends.
-PACKAGE_PACKAGES := dpkg-dev file
+# dpkg-shlibdeps (dpkg-dev) and file work out the package's Depends; lintian
+# checks the package (the `package` test, part of `make test`).
+PACKAGE_PACKAGES := dpkg-dev file lintian
 # matplotlib draws the benchmark's plots.
 BENCH_PACKAGES := python3-matplotlib
 # The client libraries' tests (client/<language>/): toolchains and libraries.
@@ -70,7 +72,7 @@ define install
 endef
 
 deps:
-	$(call install,$(PACKAGES) $(CLIENT_PACKAGES))
+	$(call install,$(PACKAGES) $(PACKAGE_PACKAGES) $(CLIENT_PACKAGES))
 	$(if $(shell command -v npm),,$(call install,$(NODE_PACKAGES)))
 
 # build-<flavour>/ is configured once and rebuilt incrementally.
@@ -97,11 +99,11 @@ test: build
 
 test-asan: deps
 	$(call configure,build-asan,Debug,-DSLUICE_ASAN=ON -DSLUICE_BUILD_BENCH=OFF)
-	cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS) -LE 'fleet|sentinel|cluster|client'
+	cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS) -LE 'fleet|sentinel|cluster|client|package'
 
 test-tsan: deps
 	$(call configure,build-tsan,RelWithDebInfo,-DSLUICE_TSAN=ON -DSLUICE_BUILD_BENCH=OFF)
-	cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j $(JOBS) -LE 'fleet|sentinel|cluster|client'
+	cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j $(JOBS) -LE 'fleet|sentinel|cluster|client|package'
 
 test-valgrind: build
 	$(call install,$(VALGRIND_PACKAGES))

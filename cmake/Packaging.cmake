@@ -39,6 +39,25 @@ configure_file(${PROJECT_SOURCE_DIR}/cmake/debian/copyright.in
                ${PROJECT_BINARY_DIR}/debian/copyright @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/debian/copyright DESTINATION ${CMAKE_INSTALL_DOCDIR})
 
+# The package's changelog (cmake/debian/changelog, Debian's format; one entry
+# per release, newest first), compressed as policy asks for
+# /usr/share/doc/sluice/changelog.gz. Configuring fails when its newest entry
+# is not this version, so a release cannot ship without its entry.
+file(STRINGS ${PROJECT_SOURCE_DIR}/cmake/debian/changelog _sluice_changelog_top LIMIT_COUNT 1)
+string(REPLACE "." "\\." _sluice_version_re "${PROJECT_VERSION}")
+if(NOT _sluice_changelog_top MATCHES "^sluice \\(${_sluice_version_re}\\) ")
+  message(FATAL_ERROR "cmake/debian/changelog: the newest entry is \"${_sluice_changelog_top}\", "
+                      "not version ${PROJECT_VERSION}; add an entry for it at the top.")
+endif()
+add_custom_command(OUTPUT ${PROJECT_BINARY_DIR}/debian/changelog.gz
+  COMMAND sh -c "gzip -9n -c ${PROJECT_SOURCE_DIR}/cmake/debian/changelog > changelog.gz"
+  WORKING_DIRECTORY ${PROJECT_BINARY_DIR}/debian
+  DEPENDS ${PROJECT_SOURCE_DIR}/cmake/debian/changelog
+  COMMENT "Compressing the package's changelog"
+  VERBATIM)
+add_custom_target(sluice_changelog ALL DEPENDS ${PROJECT_BINARY_DIR}/debian/changelog.gz)
+install(FILES ${PROJECT_BINARY_DIR}/debian/changelog.gz DESTINATION ${CMAKE_INSTALL_DOCDIR})
+
 set(CPACK_GENERATOR DEB)
 # Quotes and semicolons in the values below reach the package as written.
 set(CPACK_VERBATIM_VARIABLES ON)
