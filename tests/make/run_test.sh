@@ -19,7 +19,10 @@ fail() {
   exit 1
 }
 
-make --no-print-directory -n -C "$src" run RUN_DIR="$tmp/run" >"$tmp/plan"
+# Under `make test` this runs inside make's recipe: the outer make's flags are
+# not the dry run's.
+env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL \
+  make --no-print-directory -n -C "$src" run RUN_DIR="$tmp/run" >"$tmp/plan"
 
 grep -q 'cmake --build build ' "$tmp/plan" || fail "make run does not build build/"
 grep 'cmake --build ' "$tmp/plan" >"$tmp/builds"
