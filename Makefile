@@ -1,12 +1,14 @@
 # sluice: set-up, build and test in one place. The README's two commands are
 # `make run` and `make test`; both install what is missing first.
 #
-#   make run        build and run sluiced on conf/sluice.toml (local-only)
+#   make run        build sluiced and sluicectl (nothing else) and run sluiced
+#                   on conf/sluice.toml (local-only)
 #   make test       build with warnings as errors and run every test
 #   make test-asan  the same under AddressSanitizer + UndefinedBehaviorSanitizer
 #                   (without the timing-bound fleet, Sentinel and Cluster
 #                   failover tests, labels `fleet`, `sentinel` and `cluster`,
-#                   nor the client libraries' tests, label `client`)
+#                   nor the client libraries' tests, label `client`, nor the
+#                   package test, label `package`)
 #   make test-tsan  the same under ThreadSanitizer
 #   make test-valgrind  the integration tests against sluiced under valgrind
 #                   memcheck (tests/memcheck.sh; on demand, not in CI): exit 0
@@ -33,8 +35,9 @@ PACKAGES := cmake make g++ pkg-config libuv1-dev libhiredis-dev libmsgpack-cxx-d
 # node and npm for the Node example's test, looked for as commands rather than
 # packages: NodeSource's nodejs bundles npm and conflicts with Debian's npm.
 NODE_PACKAGES := nodejs npm
-# dpkg-shlibdeps (dpkg-dev) and file work out the package's Depends.
-PACKAGE_PACKAGES := dpkg-dev file
+# dpkg-shlibdeps (dpkg-dev) and file work out the package's Depends; lintian
+# checks the package (the `package` test, part of `make test`).
+PACKAGE_PACKAGES := dpkg-dev file lintian
 # matplotlib draws the benchmark's plots.
 BENCH_PACKAGES := python3-matplotlib
 # The client libraries' tests (client/<language>/): toolchains and libraries.
@@ -69,19 +72,25 @@ define install
 endef
 
 deps:
-	$(call install,$(PACKAGES) $(CLIENT_PACKAGES))
+	$(call install,$(PACKAGES) $(PACKAGE_PACKAGES) $(CLIENT_PACKAGES))
 	$(if $(shell command -v npm),,$(call install,$(NODE_PACKAGES)))
 
 # build-<flavour>/ is configured once and rebuilt incrementally.
+# $(4), when given, names the targets to build (--target ...); all by default.
 define configure
 	cmake -S . -B $(1) -DCMAKE_BUILD_TYPE=$(2) -DSLUICE_WERROR=$(WERROR) $(3) >/dev/null
-	cmake --build $(1) -j $(JOBS)
+	cmake --build $(1) -j $(JOBS)$(if $(4), --target $(4))
 endef
 
 build: deps
 	$(call configure,build,RelWithDebInfo,)
 
-run: build
+# `make run` builds only what running needs, the daemon and the tool to ask it,
+# not the test tree: the daemon is up in about half the time of a full build.
+RUN_TARGETS := sluiced sluicectl
+
+run: deps
+	$(call configure,build,RelWithDebInfo,,$(RUN_TARGETS))
 	@mkdir -p $(RUN_DIR)
 	./build/daemon/sluiced --config conf/sluice.toml --socket $(RUN_DIR)/sluice.sock
 
@@ -90,11 +99,11 @@ test: build
 
 test-asan: deps
 	$(call configure,build-asan,Debug,-DSLUICE_ASAN=ON -DSLUICE_BUILD_BENCH=OFF)
-	cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS) -LE 'fleet|sentinel|cluster|client'
+	cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS) -LE 'fleet|sentinel|cluster|client|package'
 
 test-tsan: deps
 	$(call configure,build-tsan,RelWithDebInfo,-DSLUICE_TSAN=ON -DSLUICE_BUILD_BENCH=OFF)
-	cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j $(JOBS) -LE 'fleet|sentinel|cluster|client'
+	cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j $(JOBS) -LE 'fleet|sentinel|cluster|client|package'
 
 test-valgrind: build
 	$(call install,$(VALGRIND_PACKAGES))
@@ -111,8 +120,8 @@ bench: deps
 # install and package share build-release with bench, configured for the
 # prefix /usr: the units name /usr/sbin/sluiced and /etc/sluice/sluice.toml,
 # and Debian's multiarch libdir follows from it. `make install PREFIX=/opt/x`
-# or `DESTDIR=/tmp/root make install` install elsewhere (README, "Install and
-# package"); root (sudo) is asked for only without DESTDIR.
+# or `DESTDIR=/tmp/root make install` install elsewhere (docs/operations.md,
+# "Install and package"); root (sudo) is asked for only without DESTDIR.
 PREFIX ?= /usr
 RELEASE_ARGS := -DSLUICE_BUILD_TESTS=OFF -DCMAKE_INSTALL_PREFIX=/usr
 

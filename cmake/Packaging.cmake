@@ -8,6 +8,8 @@
 # read CMAKE_INSTALL_PREFIX). Configure with -DCMAKE_INSTALL_PREFIX=/usr, as
 # `make package` does, for Debian's multiarch libdir (lib/x86_64-linux-gnu).
 #
+# /usr/share/doc/sluice/copyright is generated from LICENSE (below).
+#
 # Control files from cmake/debian/: postinst (sysusers, daemon-reload; never
 # enables or starts a unit), prerm (stops the units on removal), postrm
 # (daemon-reload), triggers (ldconfig), and the generated conffiles.
@@ -15,6 +17,46 @@
 set(SLUICE_PACKAGE_MAINTAINER
   "sluice maintainers <maintainers@users.noreply.a-seed-8f6cc3cf.example>"
   CACHE STRING "The Maintainer field of the Debian package")
+
+# The copyright file (Debian's machine-readable format) carries LICENSE's own
+# notice, the one its appendix says to attach, and points at the full text in
+# /usr/share/common-licenses/Apache-2.0, as Debian policy asks. Configuring
+# fails if LICENSE stops being that licence, so the two cannot drift apart.
+file(READ ${PROJECT_SOURCE_DIR}/LICENSE _sluice_license)
+string(FIND "${_sluice_license}" "Licensed under the Apache License, Version 2.0"
+  _sluice_notice_at)
+if(NOT _sluice_license MATCHES "^[ \n]*Apache License\n *Version 2\.0," OR _sluice_notice_at EQUAL -1)
+  message(FATAL_ERROR "LICENSE is not the Apache License 2.0 with its appendix: "
+                      "update cmake/debian/copyright.in with it.")
+endif()
+string(SUBSTRING "${_sluice_license}" ${_sluice_notice_at} -1 _sluice_notice)
+string(STRIP "${_sluice_notice}" _sluice_notice)
+# One space before each line of the notice, " ." for an empty one.
+string(REGEX REPLACE "\n *\n" "\n.\n" _sluice_notice "${_sluice_notice}")
+string(REGEX REPLACE "\n *" "\n " _sluice_notice "${_sluice_notice}")
+set(SLUICE_LICENSE_NOTICE " ${_sluice_notice}")
+configure_file(${PROJECT_SOURCE_DIR}/cmake/debian/copyright.in
+               ${PROJECT_BINARY_DIR}/debian/copyright @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/debian/copyright DESTINATION ${CMAKE_INSTALL_DOCDIR})
+
+# The package's changelog (cmake/debian/changelog, Debian's format; one entry
+# per release, newest first), compressed as policy asks for
+# /usr/share/doc/sluice/changelog.gz. Configuring fails when its newest entry
+# is not this version, so a release cannot ship without its entry.
+file(STRINGS ${PROJECT_SOURCE_DIR}/cmake/debian/changelog _sluice_changelog_top LIMIT_COUNT 1)
+string(REPLACE "." "\\." _sluice_version_re "${PROJECT_VERSION}")
+if(NOT _sluice_changelog_top MATCHES "^sluice \\(${_sluice_version_re}\\) ")
+  message(FATAL_ERROR "cmake/debian/changelog: the newest entry is \"${_sluice_changelog_top}\", "
+                      "not version ${PROJECT_VERSION}; add an entry for it at the top.")
+endif()
+add_custom_command(OUTPUT ${PROJECT_BINARY_DIR}/debian/changelog.gz
+  COMMAND sh -c "gzip -9n -c ${PROJECT_SOURCE_DIR}/cmake/debian/changelog > changelog.gz"
+  WORKING_DIRECTORY ${PROJECT_BINARY_DIR}/debian
+  DEPENDS ${PROJECT_SOURCE_DIR}/cmake/debian/changelog
+  COMMENT "Compressing the package's changelog"
+  VERBATIM)
+add_custom_target(sluice_changelog ALL DEPENDS ${PROJECT_BINARY_DIR}/debian/changelog.gz)
+install(FILES ${PROJECT_BINARY_DIR}/debian/changelog.gz DESTINATION ${CMAKE_INSTALL_DOCDIR})
 
 set(CPACK_GENERATOR DEB)
 # Quotes and semicolons in the values below reach the package as written.

@@ -1,5 +1,5 @@
 // Decision: the answer to "may this key spend `cost` units now?", in the
-// wire contract's units (DESIGN.md, "Protocol"). Plain values; any thread.
+// wire contract's units (docs/design.md, "Protocol"). Plain values; any thread.
 #pragma once
 
 #include <cstdint>

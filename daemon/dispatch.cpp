@@ -93,7 +93,7 @@ Dispatcher::Route Dispatcher::route(const Rule& rule) const {
   }
   // A global rule that is not deciding on leases right now (Redis down, the
   // key's lease failed or timed out, or the rule has no lease form) answers
-  // as its on_redis_down policy says (DESIGN.md, "Fallback").
+  // as its on_redis_down policy says (docs/design.md, "Fallback").
   switch (rule.on_redis_down) {
     case RedisDownPolicy::kLocal:
       return {rules_->fallbackShare(rule), rule.shadow ? Mode::kShadow : Mode::kFallback};

@@ -1,5 +1,5 @@
 // Holding: the worker's half of a global concurrency rule's lease
-// (DESIGN.md, "The lease path"; the Redis half is lua/concurrency.lua).
+// (docs/design.md, "The lease path"; the Redis half is lua/concurrency.lua).
 //
 // A global concurrency rule caps the units held at once across the fleet.
 // Each node leases units from Redis in batches into the key's pool and hands

@@ -1,4 +1,4 @@
-// Lease: the worker's half of the lease path (DESIGN.md, "The lease path").
+// Lease: the worker's half of the lease path (docs/design.md, "The lease path").
 //
 // A global rule's key holds a slice: units this node has leased from the
 // rule's global state in Redis and may hand out on its own. The slice lives
@@ -308,7 +308,7 @@ struct LeaseStats {
   uint64_t renewed = 0;
 };
 
-// The breaker between the lease path and Redis (DESIGN.md, "Fallback").
+// The breaker between the lease path and Redis (docs/design.md, "Fallback").
 enum class Breaker {
   kClosed,    // leasing
   kOpen,      // Redis unreachable: global rules follow on_redis_down

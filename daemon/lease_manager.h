@@ -1,7 +1,7 @@
 // LeaseManager: the control thread's half of the lease path. It turns the
 // workers' LeaseRequests into EVALSHA calls of the lease scripts, applies
 // the answers to the keys' slices (lease.h), and runs the breaker's
-// transitions (DESIGN.md, "Fallback"):
+// transitions (docs/design.md, "Fallback"):
 //
 //   open ──(Redis up)──> half_open ──(debits and INFO answered)──> closed
 //     ^                      │                                       │

@@ -1,5 +1,5 @@
 // RPC: MessagePack-RPC framing, request decoding and response encoding for
-// the wire contract in DESIGN.md ("Protocol"). Pure functions over bytes: no
+// the wire contract in docs/design.md ("Protocol"). Pure functions over bytes: no
 // I/O, no clock, no allocation on the request path once a Request has grown
 // to its working size (parseRequest reuses its vectors).
 //

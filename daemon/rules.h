@@ -171,7 +171,7 @@ class RuleSet {
   // The node count the fallback shares divide by (at least 1).
   uint32_t fallbackNodes() const { return fallback_nodes_; }
 
-  // The local share of a global rule or part (DESIGN.md, "Fallback"): the
+  // The local share of a global rule or part (docs/design.md, "Fallback"): the
   // same rule with every limit and burst divided by the number of nodes (at
   // least 1), its overrides' too, scope local, its own id, and no penalty (a
   // global rule's penalty state stays in its slice entries, lease.h).

@@ -1,7 +1,7 @@
 /* sluice.h: libsluice, the C client of the sluiced rate-limiting daemon.
  *
  * This header is the whole API. The library speaks the daemon's
- * MessagePack-RPC protocol (DESIGN.md, "Protocol") over a stream Unix socket
+ * MessagePack-RPC protocol (docs/design.md, "Protocol") over a stream Unix socket
  * and needs nothing beyond libc. C99; link with `pkg-config --libs sluice`.
  *
  * Handles: a sluice_client is opaque. sluice_connect() creates it,

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Fleet tests: several sluiced sharing one global limit through a real Redis.
 
-DESIGN.md, "The lease path" and "Fallback", seen from outside: a few daemons
+docs/design.md, "The lease path" and "Fallback", seen from outside: a few daemons
 on one redis-server, each under steady load from its own client process, while
 the test breaks Redis in the ways production does (SIGKILL and a restart
 without data, SIGSTOP, CLIENT PAUSE, absent at start, never reachable).

@@ -41,6 +41,12 @@ done
 cmp -s "$prefix/etc/sluice/sluice.toml" "$here/../../conf/sluice.toml" ||
   fail "etc/sluice/sluice.toml is not conf/sluice.toml"
 
+# Installing writes sluice.pc for the prefix it installs under; the build
+# tree's own sluice.pc must not be that file, or it names this staging
+# prefix, deleted when the test ends, to whoever builds against the tree.
+stale=$(find "$build" -name sluice.pc -exec grep -l "$stage" {} + || true)
+[ -z "$stale" ] || fail "the build tree's $stale names the staging prefix $prefix"
+
 pc=$(find "$prefix" -name sluice.pc)
 [ -n "$pc" ] || fail "sluice.pc is not installed"
 export PKG_CONFIG_PATH="${pc%/sluice.pc}"

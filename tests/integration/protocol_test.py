@@ -3,7 +3,7 @@
 
 The client here is Python's msgpack (Debian python3-msgpack) over a plain
 socket: nothing from sluice's own code, so these tests hold the daemon to
-DESIGN.md's wire contract as any other language would see it.
+the wire contract of docs/design.md ("Protocol") as any other language would see it.
 
 Run by ctest; SLUICED names the daemon binary.
 """

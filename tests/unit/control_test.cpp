@@ -24,7 +24,7 @@ namespace {
 using test::RedisServer;
 using test::waitFor;
 
-// DESIGN.md: fall back within 500 ms of Redis dying or stalling. Sanitizers
+// docs/design.md, "Fallback": fall back within 500 ms of Redis dying or stalling. Sanitizers
 // slow everything, so they get room; a detection that takes seconds still fails.
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 constexpr int64_t kSlackMs = 300;
