@@ -335,11 +335,17 @@ export class Client {
       }
     }
     const msgid = this.#takeMsgid();
+    let frame;
+    try {
+      frame = this.#encoder.encode([0, msgid, method, params]);
+    } catch (error) {
+      return Promise.reject(new SluiceError("EINVAL", `cannot encode the params: ${error.message}`, { cause: error }));
+    }
     let call;
     const promise = new Promise((resolve, reject) => {
       call = new Call(msgid, kind, count, resolve, reject);
     });
-    call.frame = this.#encoder.encode([0, msgid, method, params]);
+    call.frame = frame;
     this.#calls.set(msgid, call);
     if (!this.#referenced) {
       this.#setReferenced(true);
@@ -361,7 +367,7 @@ export class Client {
 
   #takeMsgid() {
     let msgid = this.#nextMsgid;
-    // Only after 2^32 requests with one still unanswered is an id taken.
+    // An id is still in flight only when one call outlived 2^32 others: skip it.
     while (this.#calls.has(msgid)) {
       msgid = msgid === UINT32_MAX ? 0 : msgid + 1;
     }

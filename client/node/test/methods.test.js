@@ -145,6 +145,7 @@ describe("a Client against sluiced", () => {
       () => client.acquireAll([]),
       () => client.acquireAll([{ rule: "hourly" }]),
       () => client.call(""),
+      () => client.call("rules", [() => 1]),
     ];
     for (const make of cases) {
       await assert.rejects(make(), (error) => error instanceof SluiceError && error.code === "EINVAL");

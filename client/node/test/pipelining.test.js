@@ -48,25 +48,28 @@ describe("pipelining", () => {
     const client = new Client({ socketPath: daemon.socket, timeoutMs: 20_000, onUnreachable: "throw" });
     try {
       const held = [];
-      for (let i = 0; i < CALLS; i += HELD_EVERY) {
-        held.push(i);
-      }
-      const drained = await Promise.all(held.map((i) => client.acquire("slow", `held-${i}`)));
-      assert.ok(drained.every((d) => d.allowed && d.remaining === 0));
-
+      const drains = [];
       const order = [];
       const calls = [];
       for (let i = 0; i < CALLS; i++) {
-        const call = i % HELD_EVERY === 0
-          ? client.acquire("slow", `held-${i}`, { maxWaitMs: MAX_WAIT_MS })
-          : client.acquire("wide", `key-${i}`, { cost: costOf(i) });
+        let call;
+        if (i % HELD_EVERY === 0) {
+          // The key's one unit goes just before, in the same write, so this
+          // call waits about 2 s however long the rest take.
+          held.push(i);
+          drains.push(client.acquire("slow", `held-${i}`));
+          call = client.acquire("slow", `held-${i}`, { maxWaitMs: MAX_WAIT_MS });
+        } else {
+          call = client.acquire("wide", `key-${i}`, { cost: costOf(i) });
+        }
         calls.push(call.then((decision) => {
           order.push(i);
           return decision;
         }));
       }
-      assert.equal(client.inFlight, CALLS);
+      assert.equal(client.inFlight, CALLS + drains.length);
       const decisions = await Promise.all(calls);
+      assert.ok((await Promise.all(drains)).every((d) => d.allowed && d.remaining === 0));
 
       assert.equal(client.inFlight, 0);
       assert.equal(order.length, CALLS);
