@@ -65,7 +65,8 @@ class Call {
     this.count = count; // acquire_all: the items, for a policy decision per item
     this.resolve = resolve;
     this.reject = reject;
-    this.frame = null; // the encoded request, until it is handed to a socket
+    this.frameStart = 0; // the request's bytes in the output buffer, until a
+    this.frameEnd = 0; //   socket is handed them
     this.written = false; // handed to a socket: never to be sent again
     this.done = false;
     this.timer = null;
@@ -84,6 +85,9 @@ export class Client {
   #everConnected = false;
   #calls = new Map(); // msgid -> Call: requested and not yet answered
   #queue = []; // Calls whose frames no socket has been handed yet
+  #out = null; // their encoded requests, in #queue's order: #out[0, #outBytes)
+  #outBytes = 0;
+  #lastFlushBytes = 0;
   #flushScheduled = false;
   #input = null; // received bytes that do not make a whole frame yet
   #referenced = true;
@@ -91,6 +95,7 @@ export class Client {
   #encoder = new Encoder();
   #decoder = new Decoder();
   #flushNow = () => this.#flush();
+  #timeOutNow = (call, timeoutMs) => this.#timeOut(call, timeoutMs);
 
   /**
    * Counters since the Client was made. reconnects: connections made after
@@ -315,7 +320,7 @@ export class Client {
       this.#settle(call);
       call.reject(error);
     }
-    this.#queue = [];
+    this.#takeQueue();
     this.#connecting?.socket.destroy();
     this.#socket?.destroy();
     this.#socket = null;
@@ -337,7 +342,7 @@ export class Client {
     const msgid = this.#takeMsgid();
     let frame;
     try {
-      frame = this.#encoder.encode([0, msgid, method, params]);
+      frame = this.#encoder.encodeSharedRef([0, msgid, method, params]);
     } catch (error) {
       return Promise.reject(new SluiceError("EINVAL", `cannot encode the params: ${error.message}`, { cause: error }));
     }
@@ -345,13 +350,15 @@ export class Client {
     const promise = new Promise((resolve, reject) => {
       call = new Call(msgid, kind, count, resolve, reject);
     });
-    call.frame = frame;
+    call.frameStart = this.#outBytes;
+    this.#append(frame);
+    call.frameEnd = this.#outBytes;
     this.#calls.set(msgid, call);
     if (!this.#referenced) {
       this.#setReferenced(true);
     }
     if (Number.isFinite(timeoutMs)) {
-      call.timer = setTimeout(() => this.#timeOut(call, timeoutMs), timeoutMs);
+      call.timer = setTimeout(this.#timeOutNow, timeoutMs, call, timeoutMs);
     }
     this.#queue.push(call);
     if (this.#socket !== null) {
@@ -375,6 +382,41 @@ export class Client {
     return msgid;
   }
 
+  // Copies one encoded request to the end of the output buffer. The buffer
+  // is handed to the socket whole at each flush and a new one started, sized
+  // from the last flush, so a steady stream of calls reuses no memory the
+  // socket may still be writing and allocates once per flush.
+  #append(frame) {
+    const needed = this.#outBytes + frame.length;
+    if (this.#out === null || needed > this.#out.length) {
+      const grown = Buffer.allocUnsafe(Math.max(needed * 2, Math.min(this.#lastFlushBytes * 2, 1 << 20), 256));
+      if (this.#out !== null) {
+        this.#out.copy(grown, 0, 0, this.#outBytes);
+      }
+      this.#out = grown;
+    }
+    this.#out.set(frame, this.#outBytes);
+    this.#outBytes = needed;
+  }
+
+  // Takes the queued calls and their bytes out of the client: the calls
+  // still waiting, and the bytes of those alone.
+  #takeQueue() {
+    const queue = this.#queue;
+    let bytes = this.#out === null ? null : this.#out.subarray(0, this.#outBytes);
+    this.#lastFlushBytes = this.#outBytes;
+    this.#queue = [];
+    this.#out = null;
+    this.#outBytes = 0;
+    if (queue.some((call) => call.done)) {
+      // Calls that timed out while waiting for a connection are never sent.
+      const live = queue.filter((call) => !call.done);
+      bytes = Buffer.concat(live.map((call) => bytes.subarray(call.frameStart, call.frameEnd)));
+      return { calls: live, bytes };
+    }
+    return { calls: queue, bytes };
+  }
+
   // Hands every queued request to the socket in one write.
   #flush() {
     this.#flushScheduled = false;
@@ -388,20 +430,14 @@ export class Client {
       this.#dead(socket, null);
       return;
     }
-    const queue = this.#queue;
-    this.#queue = [];
-    const frames = [];
-    for (const call of queue) {
-      if (!call.done) {
-        call.written = true;
-        frames.push(call.frame);
-        call.frame = null;
-      }
-    }
-    if (frames.length === 0) {
+    const { calls, bytes } = this.#takeQueue();
+    if (calls.length === 0) {
       return;
     }
-    socket.write(frames.length === 1 ? frames[0] : Buffer.concat(frames));
+    for (const call of calls) {
+      call.written = true;
+    }
+    socket.write(bytes);
     if (socket.writableLength > MAX_UNSENT_BYTES) {
       socket.destroy(new SluiceError("EIO",
         `the daemon has not taken ${socket.writableLength} bytes of requests; closing the connection`));
@@ -545,13 +581,9 @@ export class Client {
   }
 
   #failQueued(error) {
-    const queue = this.#queue;
-    this.#queue = [];
-    for (const call of queue) {
-      if (!call.done) {
-        this.#settle(call);
-        this.#fail(call, error);
-      }
+    for (const call of this.#takeQueue().calls) {
+      this.#settle(call);
+      this.#fail(call, error);
     }
   }
 
@@ -563,29 +595,44 @@ export class Client {
       buf = Buffer.concat([this.#input, chunk]);
       this.#input = null;
     }
+    // The whole frames first, then one decoder pass over all of them. A
+    // frame that cannot be read ends the connection once the ones before it
+    // are answered.
     const end = buf.length;
-    let pos = 0;
+    let whole = 0;
+    let failure = null;
     try {
-      while (pos < end) {
-        const next = frameEnd(buf, pos, end, MAX_RESPONSE_BYTES);
-        if (next < 0) {
-          this.#input = buf.subarray(pos);
-          return;
-        }
-        let message;
-        try {
-          message = this.#decoder.decode(buf.subarray(pos, next));
-        } catch (error) {
-          throw new SluiceError("EPROTO", `malformed response from the daemon: ${error.message}`, { cause: error });
-        }
-        pos = next;
-        this.#answer(message);
-        if (this.#socket !== socket) {
-          return; // an answer's callback closed the client
-        }
+      for (let next; whole < end && (next = frameEnd(buf, whole, end, MAX_RESPONSE_BYTES)) >= 0;) {
+        whole = next;
       }
     } catch (error) {
-      socket.destroy(error instanceof SluiceError ? error : new SluiceError("EPROTO", String(error)));
+      failure = error;
+    }
+    if (whole > 0) {
+      const messages = this.#decoder.decodeMulti(whole === end ? buf : buf.subarray(0, whole));
+      try {
+        for (;;) {
+          let item;
+          try {
+            item = messages.next();
+          } catch (error) {
+            throw new SluiceError("EPROTO", `malformed response from the daemon: ${error.message}`, { cause: error });
+          }
+          if (item.done) {
+            break;
+          }
+          this.#answer(item.value);
+        }
+      } catch (error) {
+        failure = error;
+      } finally {
+        messages.return(); // leaves the decoder ready for the next pass
+      }
+    }
+    if (failure !== null) {
+      socket.destroy(failure instanceof SluiceError ? failure : new SluiceError("EPROTO", String(failure)));
+    } else if (whole < end) {
+      this.#input = buf.subarray(whole);
     }
   }
 
