@@ -12,7 +12,9 @@
 // Time: every timeout is in milliseconds and bounds the whole call,
 // connecting included. A call that times out is rejected with ETIMEDOUT; its
 // answer, should it come later, is discarded (counted in lateAnswers). The
-// connection stays open: the calls around it are unaffected.
+// connection stays open: the calls around it are unaffected. A request that
+// timed out may still have reached the daemon and acted (an acquire spent).
+// An idle Client (no call in flight) does not keep the process alive.
 //
 // Reconnection rule (libsluice's): a Client whose connection has died (the
 // daemon restarted, or a connection error) connects again once, at the next
@@ -541,6 +543,9 @@ export class Client {
       // The daemon's end of the stream: the connection is over at once, so
       // that calls made from now on go to a new one.
       socket.once("end", () => this.#dead(socket, null));
+      if (this.#calls.size === 0) {
+        this.#setReferenced(false); // connect() alone: nothing to wait for
+      }
       resolveAttempt(null);
       this.#flush();
     });

@@ -2,6 +2,7 @@
 // peek, release, reset, health and call, their typed results and errors.
 
 import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
 import { after, before, describe, it } from "node:test";
 
 import { Client, ServerError, SluiceError } from "../index.js";
@@ -153,6 +154,18 @@ describe("a Client against sluiced", () => {
     assert.equal(client.inFlight, 0);
     assert.throws(() => new Client({ onUnreachable: "maybe" }), { code: "EINVAL" });
     assert.throws(() => new Client({ firstMsgid: 2 ** 32 }), { code: "EINVAL" });
+  });
+
+  it("an idle client that was never closed lets the process exit", () => {
+    const script = `
+      import { Client } from ${JSON.stringify(new URL("../index.js", import.meta.url).href)};
+      const client = new Client({ socketPath: ${JSON.stringify(daemon.socket)}, onUnreachable: "throw" });
+      await client.connect();
+      const d = await client.peek("hourly", "idle");
+      console.log(d.remaining);`;
+    const out = execFileSync(process.execPath, ["--input-type=module", "-e", script],
+      { encoding: "utf8", timeout: 10_000 });
+    assert.equal(out, "3\n");
   });
 
   it("a closed client rejects calls in flight with ECLOSED and later ones with EINVAL", async () => {
