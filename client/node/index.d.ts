@@ -78,7 +78,7 @@ export class Client {
   acquire(rule: string, key: Key, options?: AcquireOptions): Promise<Decision>;
   acquireAll(items: Array<{ rule: string; key: Key; cost?: number }>, options?: CallOptions): Promise<Decisions>;
   peek(rule: string, key: Key, options?: CallOptions): Promise<Decision>;
-  release(rule: string, key: Key, options?: AcquireOptions): Promise<Decision>;
+  release(rule: string, key: Key, options?: CallOptions & { cost?: number }): Promise<Decision>;
   reset(rule: string, key: Key, options?: CallOptions): Promise<Decision>;
   health(options?: CallOptions): Promise<Health>;
   call(method: string, params?: unknown[], options?: CallOptions): Promise<unknown>;

@@ -33,7 +33,7 @@ function peerAddress(req) {
  */
 export function rateLimit(options) {
   const { client, rule, key = peerAddress, cost = 1, windowS = 0, policy = rule } = options ?? {};
-  if (client === undefined || typeof client.acquire !== "function") {
+  if (!client || typeof client.acquire !== "function") {
     throw new SluiceError("EINVAL", "rateLimit needs a client");
   }
   if (typeof rule !== "string" || rule.length === 0) {

@@ -166,6 +166,7 @@ describe("rateLimit", () => {
 
   it("refuses options it cannot work with when it is made", () => {
     assert.throws(() => rateLimit({ rule: "pages" }), { code: "EINVAL" });
+    assert.throws(() => rateLimit({ client: null, rule: "pages" }), { code: "EINVAL" });
     assert.throws(() => rateLimit({ client, rule: "" }), { code: "EINVAL" });
     assert.throws(() => rateLimit({ client, rule: "pages\n" }), { code: "EINVAL" });
     assert.throws(() => rateLimit({ client, rule: "pages", key: "x-api-key" }), { code: "EINVAL" });
