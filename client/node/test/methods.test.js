@@ -3,6 +3,7 @@
 
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
+import { performance } from "node:perf_hooks";
 import { after, before, describe, it } from "node:test";
 
 import { Client, ServerError, SluiceError } from "../index.js";
@@ -14,6 +15,14 @@ name = "hourly"
 algorithm = "fixed_window"
 limit = 3
 period = "1h"
+
+# A token every 500 ms: a drained key's waiting acquire is held that long.
+[[rule]]
+name = "paced"
+algorithm = "token_bucket"
+limit = 2
+period = "1s"
+burst = 1
 
 [[rule]]
 name = "uploads"
@@ -51,6 +60,26 @@ describe("a Client against sluiced", () => {
     const d = await client.acquire("hourly", "cost-key", { cost: 2 });
     assert.equal(d.allowed, true);
     assert.equal(d.remaining, 1);
+  });
+
+  it("acquire with maxWaitMs is held until its unit is due, past the client's timeout, which covers the wait", async () => {
+    const quick = new Client({ socketPath: daemon.socket, timeoutMs: 300, onUnreachable: "throw" });
+    try {
+      const sent = performance.now();
+      const [drain, held] = await Promise.all([
+        quick.acquire("paced", "wait-key"),
+        quick.acquire("paced", "wait-key", { maxWaitMs: 2_000 }),
+      ]);
+      // The unit is due 500 ms after the drain, which came after `sent`.
+      const elapsedMs = performance.now() - sent;
+      assert.deepEqual([drain.allowed, drain.remaining], [true, 0]);
+      assert.equal(held.allowed, true);
+      assert.ok(held.waitedMs > 0 && held.waitedMs <= 500, `waited ${held.waitedMs} ms`);
+      assert.ok(elapsedMs >= 490, `answered after ${elapsedMs} ms`);
+      assert.equal(quick.counters.timeouts, 0);
+    } finally {
+      quick.close();
+    }
   });
 
   it("peek reports the state and spends nothing", async () => {
@@ -115,7 +144,7 @@ describe("a Client against sluiced", () => {
 
   it("call reaches any method, here rules", async () => {
     const rules = await client.call("rules");
-    assert.deepEqual(rules.map((r) => r.name).sort(), ["hourly", "uploads"]);
+    assert.deepEqual(rules.map((r) => r.name).sort(), ["hourly", "paced", "uploads"]);
   });
 
   it("the daemon's errors reject as ServerError with its code, whatever the policy", async () => {
