@@ -11,8 +11,8 @@ message that says so.
 Run by ctest, one class per example:
     examples_test.py CExampleTest | PythonExampleTest | NodeExampleTest
 SLUICED names the daemon, EXAMPLE_C the built C example. The Node example
-runs from a temporary copy of client/examples/node after `npm ci`, so the
-source tree gets no node_modules.
+runs from a temporary copy of client/examples/node and client/node after
+`npm ci`, so the source tree gets no node_modules.
 """
 
 import os
@@ -154,15 +154,22 @@ class NodeExampleTest(ExampleTests, unittest.TestCase):
         for tool in ("node", "npm"):
             if shutil.which(tool) is None:
                 raise RuntimeError(tool + " is missing: `make deps` installs nodejs and npm")
-        # A copy of the example's own files, so npm writes nothing into the tree.
+        # A copy of the example's own files and of the library it depends on
+        # (file:../../node), laid out as in the tree, so npm writes nothing
+        # into the tree.
         cls.dir = make_dir("sl-node.")
-        for name in ("package.json", "package-lock.json", "acquire.js"):
-            shutil.copy(os.path.join(EXAMPLES_DIR, "node", name), cls.dir)
+        example_dir = os.path.join(cls.dir, "client", "examples", "node")
+        os.makedirs(example_dir)
+        for name in ("package.json", "package-lock.json", ".npmrc", "acquire.js"):
+            shutil.copy(os.path.join(EXAMPLES_DIR, "node", name), example_dir)
+        shutil.copytree(os.path.join(EXAMPLES_DIR, "..", "node"),
+                        os.path.join(cls.dir, "client", "node"),
+                        ignore=shutil.ignore_patterns("node_modules"))
         npm = subprocess.run(["npm", "ci", "--prefer-offline", "--no-audit", "--no-fund"],
-                             cwd=cls.dir, capture_output=True, text=True, timeout=45)
+                             cwd=example_dir, capture_output=True, text=True, timeout=45)
         if npm.returncode != 0:
             raise RuntimeError("npm ci failed:\n" + npm.stdout + npm.stderr)
-        cls.command = ["node", os.path.join(cls.dir, "acquire.js")]
+        cls.command = ["node", os.path.join(example_dir, "acquire.js")]
 
     @classmethod
     def tearDownClass(cls):
