@@ -24,6 +24,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -90,11 +91,14 @@ type call struct {
 	kind    resultKind
 	written bool // a byte of it may have reached a socket
 	done    chan struct{}
-	err     error
-	// The result, by kind.
+	// answer counts the answers its connection's reader had read when this
+	// one came, so tests can see the order of the answers on the wire.
+	answer uint64
+	err    error
+	// The result, by kind; the reader allocates the rarer ones.
 	decision Decision
-	all      AllDecision
-	health   Health
+	all      *AllDecision
+	health   *Health
 }
 
 type resultKind uint8
@@ -194,7 +198,7 @@ type request struct {
 	key       string
 	withCost  bool
 	cost      uint32
-	maxWaitMs int64 // < 0: not sent, the rule's max_wait applies
+	maxWaitMs int64  // < 0: not sent, the rule's max_wait applies
 	items     []Item // acquire_all's, sent as [[item, ...]]
 	noParams  bool   // params []: health
 }
@@ -257,12 +261,16 @@ func timeoutError(err error) error {
 }
 
 // start queues a request and wakes the writer; the call's answer comes on
-// its `done`.
-func (c *Client) start(ctx context.Context, kind resultKind, r *request) (*call, error) {
+// its `done`. k is the call to use, or nil for a new one.
+func (c *Client) start(ctx context.Context, k *call, kind resultKind, r *request) (*call, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, timeoutError(err)
 	}
-	k := &call{kind: kind, done: make(chan struct{}, 1)}
+	if k == nil {
+		k = new(call)
+	}
+	k.kind = kind
+	k.done = make(chan struct{}, 1)
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -285,39 +293,62 @@ func (c *Client) start(ctx context.Context, kind resultKind, r *request) (*call,
 	return k, nil
 }
 
-// wait returns once the call is answered or ctx ends. A call given up on
-// stays where it is on the wire; its answer is dropped when it comes.
+// timers are reused for Options.Timeout: a timer per call costs less than a
+// derived context, and one from the pool less still.
+var timers sync.Pool
+
+// wait returns once the call is answered, ctx ends or Options.Timeout
+// passes (when ctx has no deadline). A call given up on stays where it is on
+// the wire; its answer is dropped when it comes.
 func (c *Client) wait(ctx context.Context, k *call) error {
+	select {
+	case <-k.done: // pipelined: often answered already
+		return k.err
+	default:
+	}
+	var expired <-chan time.Time
+	if c.opts.Timeout > 0 {
+		if _, ok := ctx.Deadline(); !ok {
+			t, _ := timers.Get().(*time.Timer)
+			if t == nil {
+				t = time.NewTimer(c.opts.Timeout)
+			} else {
+				t.Reset(c.opts.Timeout)
+			}
+			defer func() {
+				if !t.Stop() {
+					select {
+					case <-t.C:
+					default:
+					}
+				}
+				timers.Put(t)
+			}()
+			expired = t.C
+		}
+	}
+	var cause error
 	select {
 	case <-k.done:
 		return k.err
 	case <-ctx.Done():
+		cause = ctx.Err()
+	case <-expired:
+		cause = context.DeadlineExceeded
 	}
 	c.mu.Lock()
 	if c.pending[k.id] == k {
 		delete(c.pending, k.id)
 		c.mu.Unlock()
-		return timeoutError(ctx.Err())
+		return timeoutError(cause)
 	}
 	c.mu.Unlock()
 	<-k.done // taken by the reader or a failure: it completes at once
 	return k.err
 }
 
-// withTimeout applies Options.Timeout to a context without a deadline.
-func (c *Client) withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
-	if c.opts.Timeout > 0 {
-		if _, ok := ctx.Deadline(); !ok {
-			return context.WithTimeout(ctx, c.opts.Timeout)
-		}
-	}
-	return ctx, func() {}
-}
-
 func (c *Client) do(ctx context.Context, kind resultKind, r *request) (*call, error) {
-	ctx, cancel := c.withTimeout(ctx)
-	defer cancel()
-	k, err := c.start(ctx, kind, r)
+	k, err := c.start(ctx, nil, kind, r)
 	if err != nil {
 		return nil, err
 	}
@@ -337,6 +368,11 @@ func (c *Client) writeLoop() {
 		case <-c.quit:
 			return
 		}
+		// Let the callers that are ready to run queue their requests first:
+		// one write() then carries many of them, and the daemon reads them
+		// in one go, instead of a write per request when the writer is the
+		// fastest goroutine.
+		runtime.Gosched()
 		c.mu.Lock()
 		c.flushLocked()
 		c.mu.Unlock()
@@ -574,10 +610,12 @@ func (c *Client) readResponse(r *reader) (*call, error) {
 	if r.err != nil {
 		return nil, r.err
 	}
+	r.answers++
 	c.mu.Lock()
 	k := c.pending[uint32(id)]
 	if k != nil {
 		delete(c.pending, uint32(id))
+		k.answer = r.answers
 	}
 	c.mu.Unlock()
 	if k == nil || serverErr != nil {
@@ -599,9 +637,11 @@ func (c *Client) readResponse(r *reader) (*call, error) {
 			k.decision = Decision{Allowed: true}
 		}
 	case kindAll:
-		r.allDecision(&k.all)
+		k.all = new(AllDecision)
+		r.allDecision(k.all)
 	case kindHealth:
-		r.health(&k.health)
+		k.health = new(Health)
+		r.health(k.health)
 	}
 	if r.err != nil {
 		return k, r.err
@@ -618,10 +658,11 @@ func (c *Client) readResponse(r *reader) (*call, error) {
 // skipped whole and marks the result bad (the stream stays in step); a
 // stream error is kept in err, and every later read is then a no-op.
 type reader struct {
-	dec *msgpack.Decoder
-	bad bool
-	err error
-	buf [64]byte
+	dec     *msgpack.Decoder
+	answers uint64 // responses read
+	bad     bool
+	err     error
+	buf     [64]byte
 }
 
 func (r *reader) peek() byte {

@@ -27,11 +27,11 @@ type headerCase struct {
 var headerCases = []headerCase{
 	{1, 20, 100, 30000, 0, 60, "api"},
 	{0, 0, 100, 30000, 2500, 60, "api"},
-	{0, 0, 100, 30000, 0, 60, "api"},         // a denial without a retry time says 1 s
-	{0, 0, 10, 1, 1, 0, "login"},             // 1 ms rounds up to a second; no window
-	{1, 5, 10, 999, 0, -5, "x"},              // a negative window is left out
-	{1, 5, 10, 1000, 0, 1, "x"},              // exactly a second
-	{0, 5, 10, 1001, 1001, 1, "x"},           // just over a second
+	{0, 0, 100, 30000, 0, 60, "api"}, // a denial without a retry time says 1 s
+	{0, 0, 10, 1, 1, 0, "login"},     // 1 ms rounds up to a second; no window
+	{1, 5, 10, 999, 0, -5, "x"},      // a negative window is left out
+	{1, 5, 10, 1000, 0, 1, "x"},      // exactly a second
+	{0, 5, 10, 1001, 1001, 1, "x"},   // just over a second
 	{1, 0, 0, 0, 0, 0, "zero"},
 	{1, -3, -7, -1000, -1000, 0, "negative"}, // clamped to 0
 	{0, 1e16, 1e16, 1e18, 1e18, 1e16, "huge"},

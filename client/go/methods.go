@@ -80,7 +80,7 @@ func (c *Client) AcquireAll(ctx context.Context, items []Item) (AllDecision, err
 	if len(k.all.Results) != len(items) {
 		return AllDecision{}, &Error{Code: CodeProto, Message: "results do not match the items"}
 	}
-	return k.all, nil
+	return *k.all, nil
 }
 
 // Health returns the daemon's health.
@@ -89,7 +89,7 @@ func (c *Client) Health(ctx context.Context) (Health, error) {
 	if err != nil {
 		return Health{}, err
 	}
-	return k.health, nil
+	return *k.health, nil
 }
 
 // Allow is Acquire with the Client's Policy: when the daemon cannot be asked
@@ -114,7 +114,7 @@ func (c *Client) Allow(ctx context.Context, rule, key string, cost uint32) (Deci
 // goroutine can keep many requests in flight.
 type Future struct {
 	c   *Client
-	k   *call
+	k   call
 	err error
 }
 
@@ -122,9 +122,10 @@ type Future struct {
 // It never blocks on the socket: the request is written by the Client's
 // writer together with whatever else is queued.
 func (c *Client) AcquireAsync(rule, key string, cost uint32) *Future {
-	k, err := c.start(context.Background(), kindDecision, &request{method: "acquire", rule: rule,
-		key: key, withCost: true, cost: cost, maxWaitMs: -1})
-	return &Future{c: c, k: k, err: err}
+	f := &Future{c: c}
+	_, f.err = c.start(context.Background(), &f.k, kindDecision, &request{method: "acquire",
+		rule: rule, key: key, withCost: true, cost: cost, maxWaitMs: -1})
+	return f
 }
 
 // Wait returns the answer, waiting as long as ctx (or Options.Timeout)
@@ -133,9 +134,7 @@ func (f *Future) Wait(ctx context.Context) (Decision, error) {
 	if f.err != nil {
 		return Decision{}, f.err
 	}
-	ctx, cancel := f.c.withTimeout(ctx)
-	defer cancel()
-	if err := f.c.wait(ctx, f.k); err != nil {
+	if err := f.c.wait(ctx, &f.k); err != nil {
 		return Decision{}, err
 	}
 	return f.k.decision, nil

@@ -9,7 +9,7 @@
 # GOFLAGS=-mod=vendor, GOPROXY=off, and GOPATH and GOCACHE inside BUILD_DIR.
 # Nothing is written to the source tree or to $HOME.
 #
-# Usage: go.sh BUILD_DIR stage            copy, vendor, compile the tests
+# Usage: go.sh BUILD_DIR stage            copy, vendor, gofmt -l, vet, compile
 #        go.sh BUILD_DIR test [ARGS...]   go test ARGS . (after staging)
 #        go.sh BUILD_DIR bench            build and run bench/ (SLUICE_SOCKET,
 #                                         BENCH_SECONDS as bench/main.go says)
@@ -68,6 +68,11 @@ case $what in
   stage)
     stage
     cd "$module"
+    unformatted=$(gofmt -l $(find . -path ./vendor -prune -o -name '*.go' -print))
+    if [ -n "$unformatted" ]; then
+      echo "$0: not gofmt-formatted: $unformatted" >&2
+      exit 1
+    fi
     go vet ./...
     go test -count=1 -run '^$' .
     ;;
