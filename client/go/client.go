@@ -13,8 +13,9 @@ package sluice
 //   - one reader goroutine per connection decodes responses, takes each
 //     call out of `pending` by msgid and completes it.
 // Whoever takes a call out of `pending` (the reader with its answer, a
-// caller whose context ended, a failure that drops the connection) is the
-// one that completes it, so a call completes exactly once. Every field below
+// failure that drops the connection) is the one that completes it, so a call
+// completes at most once; a caller whose context ended takes its call out
+// and returns without it. Every field below
 // `mu` is guarded by it; the socket I/O and dialing run without it.
 
 import (
@@ -336,15 +337,19 @@ func (c *Client) wait(ctx context.Context, k *call) error {
 	case <-expired:
 		cause = context.DeadlineExceeded
 	}
+	select {
+	case <-k.done: // answered as time ran out: the answer wins
+		return k.err
+	default:
+	}
+	// Given up on: whoever holds the call (the reader, part way through
+	// its answer) completes it into `done`, which nobody reads any more.
 	c.mu.Lock()
 	if c.pending[k.id] == k {
 		delete(c.pending, k.id)
-		c.mu.Unlock()
-		return timeoutError(cause)
 	}
 	c.mu.Unlock()
-	<-k.done // taken by the reader or a failure: it completes at once
-	return k.err
+	return timeoutError(cause)
 }
 
 func (c *Client) do(ctx context.Context, kind resultKind, r *request) (*call, error) {
@@ -400,10 +405,12 @@ func (c *Client) flushLocked() {
 		c.mu.Unlock()
 		n, err := nc.Write(batch.Bytes())
 		c.mu.Lock()
-		if err != nil && n == 0 && !reconnected && peerGone(err) && gen == c.gen && !c.closed {
+		if err != nil && n == 0 && !reconnected && peerGone(err) && gen == c.gen && c.nc != nil &&
+			!c.closed {
 			// The daemon went away before it took one byte of the batch
 			// (a restart the reader has not noticed yet): none of these
 			// requests reached it, so they go first on a new connection.
+			// (Had the reader noticed first, it failed them already.)
 			reconnected = true
 			for _, k := range calls {
 				k.written = false

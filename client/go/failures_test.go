@@ -1,17 +1,30 @@
 package sluice
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 )
 
 // stopped SIGSTOPs the daemon until the test ends (or resume is called).
+// It returns once every thread of the daemon has stopped: a signal reaches
+// the threads of a process one by one, and a worker may answer once more.
 func stopped(t *testing.T, d *daemon) (resume func()) {
 	d.signal(syscall.SIGSTOP)
+	deadline := time.Now().Add(callTimeout)
+	for !allThreadsStopped(d.cmd.Process.Pid) {
+		if time.Now().After(deadline) {
+			t.Fatal("sluiced did not stop on SIGSTOP")
+		}
+		time.Sleep(time.Millisecond)
+	}
 	resumed := false
 	resume = func() {
 		if !resumed && d.cmd != nil {
@@ -21,6 +34,26 @@ func stopped(t *testing.T, d *daemon) (resume func()) {
 	}
 	t.Cleanup(resume)
 	return resume
+}
+
+// allThreadsStopped reads each thread's state in /proc: "T" is stopped.
+func allThreadsStopped(pid int) bool {
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
+	if err != nil || len(tasks) == 0 {
+		return false
+	}
+	for _, task := range tasks {
+		stat, err := os.ReadFile(task)
+		if err != nil {
+			return false
+		}
+		// The state follows the command name, which is in parentheses.
+		fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+		if len(fields) == 0 || fields[0] != "T" {
+			return false
+		}
+	}
+	return true
 }
 
 // waitWritten returns once the socket has taken more than `before` bytes.

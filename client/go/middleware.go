@@ -19,8 +19,8 @@ import (
 type Limit struct {
 	Client *Client
 	Rule   string
-	// KeyFunc gives a request's key: KeyByRemoteIP, KeyByHeader("X-Api-Key"),
-	// a user id from the request's context, ...
+	// KeyFunc gives a request's key: KeyByRemoteIP (when nil),
+	// KeyByHeader("X-Api-Key"), a user id from the request's context, ...
 	KeyFunc func(*http.Request) string
 	// Cost is the units one request spends; 0 is 1.
 	Cost uint32
@@ -87,9 +87,13 @@ func (l Limit) Wrap(next http.Handler) http.Handler {
 	if timeout <= 0 {
 		timeout = defaultMiddlewareTimeout
 	}
+	keyOf := l.KeyFunc
+	if keyOf == nil {
+		keyOf = KeyByRemoteIP
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), timeout)
-		d, err := l.Client.Allow(ctx, l.Rule, l.KeyFunc(r), cost)
+		d, err := l.Client.Allow(ctx, l.Rule, keyOf(r), cost)
 		cancel()
 		if err != nil {
 			l.fail(w, r, err)
