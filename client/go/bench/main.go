@@ -99,7 +99,9 @@ func sequential(socket string, duration time.Duration) (int, time.Duration) {
 
 // raw: one goroutine encodes requests into a buffered socket, windowCalls
 // in flight at most; another decodes the answers (the decision map, field
-// by field, as the client does).
+// by field, as the client does). Once the time is up, the writer sends a
+// health request with msgid lastMsgid: its answer, after all the others,
+// tells the reader it has them all.
 func raw(socket string, duration time.Duration) (int, time.Duration) {
 	conn, err := net.Dial("unix", socket)
 	if err != nil {
@@ -109,13 +111,11 @@ func raw(socket string, duration time.Duration) (int, time.Duration) {
 	window := make(chan struct{}, windowCalls)
 	var stop atomic.Bool
 	time.AfterFunc(duration, func() { stop.Store(true) })
-	sent := make(chan int64, 1)
 	began := time.Now()
 	go func() {
 		w := bufio.NewWriterSize(conn, 64<<10)
 		enc := msgpack.NewEncoder(w)
-		n := int64(0)
-		for ; !stop.Load(); n++ {
+		for n := uint32(0); !stop.Load(); n = (n + 1) % lastMsgid {
 			select {
 			case window <- struct{}{}:
 			default:
@@ -126,59 +126,67 @@ func raw(socket string, duration time.Duration) (int, time.Duration) {
 			}
 			_ = enc.EncodeArrayLen(4)
 			_ = enc.EncodeUint(0)
-			_ = enc.EncodeUint(uint64(uint32(n)))
+			_ = enc.EncodeUint(uint64(n))
 			_ = enc.EncodeString("acquire")
 			_ = enc.EncodeArrayLen(3)
 			_ = enc.EncodeString(rule)
 			_ = enc.EncodeString(keys[n%keyCount])
 			_ = enc.EncodeUint(1)
 		}
+		_ = enc.EncodeArrayLen(4)
+		_ = enc.EncodeUint(0)
+		_ = enc.EncodeUint(lastMsgid)
+		_ = enc.EncodeString("health")
+		_ = enc.EncodeArrayLen(0)
 		if err := w.Flush(); err != nil {
 			fail("raw write: %v", err)
 		}
-		sent <- n
 	}()
 	dec := msgpack.NewDecoder(bufio.NewReaderSize(conn, 64<<10))
-	received := int64(0)
-	total := int64(-1)
-	for total < 0 || received < total {
-		if total < 0 {
-			select {
-			case total = <-sent:
-				continue
-			default:
-			}
-		}
-		if err := readDecision(dec); err != nil {
+	received := 0
+	for {
+		last, err := readDecision(dec)
+		if err != nil {
 			fail("raw read: %v", err)
+		}
+		if last {
+			return received, time.Since(began)
 		}
 		received++
 		<-window
 	}
-	return int(received), time.Since(began)
 }
 
-func readDecision(dec *msgpack.Decoder) error {
+// lastMsgid marks the raw loop's last request.
+const lastMsgid = 1<<32 - 1
+
+// readDecision reads one answer: a decision, or (last) the answer to the
+// request of msgid lastMsgid.
+func readDecision(dec *msgpack.Decoder) (last bool, err error) {
 	if _, err := dec.DecodeArrayLen(); err != nil {
-		return err
+		return false, err
 	}
 	if _, err := dec.DecodeInt64(); err != nil {
-		return err
+		return false, err
 	}
-	if _, err := dec.DecodeUint32(); err != nil {
-		return err
+	id, err := dec.DecodeUint32()
+	if err != nil {
+		return false, err
 	}
 	if err := dec.DecodeNil(); err != nil {
-		return fmt.Errorf("an error answer: %v", err)
+		return false, fmt.Errorf("an error answer: %v", err)
+	}
+	if id == lastMsgid {
+		return true, dec.Skip()
 	}
 	n, err := dec.DecodeMapLen()
 	if err != nil {
-		return err
+		return false, err
 	}
 	for i := 0; i < n; i++ {
 		key, err := dec.DecodeString()
 		if err != nil {
-			return err
+			return false, err
 		}
 		switch key {
 		case "allowed":
@@ -189,10 +197,10 @@ func readDecision(dec *msgpack.Decoder) error {
 			_, err = dec.DecodeInt64()
 		}
 		if err != nil {
-			return err
+			return false, err
 		}
 	}
-	return nil
+	return false, nil
 }
 
 func main() {
