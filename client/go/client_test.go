@@ -86,6 +86,23 @@ func TestPeekReportsTheStateAndSpendsNothing(t *testing.T) {
 	}
 }
 
+func TestAcquireTakesKeysOfAnyBytes(t *testing.T) {
+	c := startDaemon(t, testRules).client(nil)
+	// Not UTF-8, so sent as bin; the NUL and the byte after it count.
+	keys := []string{"\xff\xfe\x00a", "\xff\xfe\x00b", "caf\u00e9", ""}
+	for i, key := range keys {
+		if _, err := c.Acquire(within(t, callTimeout), "api", key, uint32(i+1)%3+1); err != nil {
+			t.Fatalf("acquire of key %q: %v", key, err)
+		}
+	}
+	for i, key := range keys {
+		d, err := c.Peek(within(t, callTimeout), "api", key)
+		if want := 3 - int64((i+1)%3+1); err != nil || d.Remaining != want {
+			t.Fatalf("peek of key %q: %+v, %v, want %d remaining", key, d, err, want)
+		}
+	}
+}
+
 func TestAcquireAllSpendsEveryItemOrNone(t *testing.T) {
 	c := startDaemon(t, testRules).client(nil)
 	all, err := c.AcquireAll(within(t, callTimeout), []Item{
