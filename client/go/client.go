@@ -59,6 +59,8 @@ const (
 	defaultDialTimeout    = time.Second
 	defaultMaxQueuedBytes = 16 << 20
 	readBufferBytes       = 64 << 10
+	// maxGatherRounds bounds the yields of the writer gathering requests.
+	maxGatherRounds = 4
 )
 
 // Client is a connection to sluiced shared by any number of goroutines.
@@ -373,12 +375,19 @@ func (c *Client) writeLoop() {
 		case <-c.quit:
 			return
 		}
-		// Let the callers that are ready to run queue their requests first:
-		// one write() then carries many of them, and the daemon reads them
-		// in one go, instead of a write per request when the writer is the
-		// fastest goroutine.
+		// Let the callers that are ready to run queue their requests first,
+		// while the queue keeps growing (a few rounds at most): one write()
+		// then carries many of them, and the daemon reads them in one go,
+		// instead of a write per request when the writer is the fastest
+		// goroutine. With nothing else to run, Gosched returns at once.
 		runtime.Gosched()
 		c.mu.Lock()
+		for round, queued := 0, -1; round < maxGatherRounds && len(c.outCalls) > queued; round++ {
+			queued = len(c.outCalls)
+			c.mu.Unlock()
+			runtime.Gosched()
+			c.mu.Lock()
+		}
 		c.flushLocked()
 		c.mu.Unlock()
 	}
