@@ -15,8 +15,8 @@ package sluice
 // Whoever takes a call out of `pending` (the reader with its answer, a
 // failure that drops the connection) is the one that completes it, so a call
 // completes at most once; a caller whose context ended takes its call out
-// and returns without it. Every field below
-// `mu` is guarded by it; the socket I/O and dialing run without it.
+// and returns without it. Every field below `mu` is guarded by it; the
+// socket I/O and dialing run without it.
 
 import (
 	"bufio"
