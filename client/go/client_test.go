@@ -37,6 +37,14 @@ limit = 100000
 period = "1h"
 
 [[rule]]
+name = "paced"
+algorithm = "gcra"
+limit = 2
+period = "1s"
+pace = true
+max_wait = "5s"
+
+[[rule]]
 name = "held"
 algorithm = "gcra"
 limit = 20
@@ -208,21 +216,21 @@ func TestTheDaemonsErrorsCarryItsCode(t *testing.T) {
 
 func TestAcquireWaitIsAnsweredOnceTheUnitsAreDue(t *testing.T) {
 	c := startDaemon(t, testRules).client(nil)
-	// "held" lets one unit through every 50 ms.
-	first, err := c.AcquireWait(within(t, callTimeout), "held", "w", 1, time.Second)
+	// "paced" lets one unit through every 500 ms, and waits up to 5 s
+	// when a request does not say how long it may.
+	first, err := c.AcquireWait(within(t, callTimeout), "paced", "w", 1, time.Second)
 	if err != nil || !first.Allowed || first.WaitedMs != 0 {
 		t.Fatalf("first acquire: %+v, %v, want allowed at once", first, err)
 	}
-	second, err := c.AcquireWait(within(t, callTimeout), "held", "w", 1, time.Second)
-	if err != nil || !second.Allowed || second.WaitedMs <= 0 || second.WaitedMs > 50 {
-		t.Fatalf("second acquire: %+v, %v, want allowed after waiting up to 50 ms", second, err)
+	// The next unit is about 500 ms away: a 1 ms wait is denied (where the
+	// rule's own 5 s would have waited for it).
+	short, err := c.AcquireWait(within(t, callTimeout), "paced", "w", 1, time.Millisecond)
+	if err != nil || short.Allowed || short.RetryAfterMs <= 0 {
+		t.Fatalf("acquire that may wait 1 ms: %+v, %v, want denied", short, err)
 	}
-	// A wait shorter than the units are due in is denied at once.
-	if _, err := c.AcquireWait(within(t, callTimeout), "held", "w", 1, 0); err != nil {
-		t.Fatal(err)
-	}
-	third, err := c.AcquireWait(within(t, callTimeout), "held", "w", 1, time.Millisecond)
-	if err != nil || third.Allowed {
-		t.Fatalf("acquire with a 1 ms wait behind others: %+v, %v, want denied", third, err)
+	long, err := c.AcquireWait(within(t, callTimeout), "paced", "w", 1, 2*time.Second)
+	if err != nil || !long.Allowed || long.WaitedMs <= 0 || long.WaitedMs > 500 {
+		t.Fatalf("acquire that may wait 2 s: %+v, %v, want allowed after waiting up to 500 ms",
+			long, err)
 	}
 }
