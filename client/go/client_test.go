@@ -47,7 +47,7 @@ max_wait = "5s"
 [[rule]]
 name = "held"
 algorithm = "gcra"
-limit = 20
+limit = 10
 period = "1s"
 pace = true
 max_wait = "5s"
