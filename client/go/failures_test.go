@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -207,8 +208,9 @@ func TestTheUnreachablePolicyDecidesAndIsCounted(t *testing.T) {
 	}
 }
 
-func TestTheClientFailsItsCallsOnceClosed(t *testing.T) {
+func TestTheClientFailsItsCallsOnceClosedAndLeavesNoGoroutines(t *testing.T) {
 	d := startDaemon(t, testRules)
+	before := runtime.NumGoroutine()
 	c := d.client(nil)
 	stopped(t, d)
 	waiting := c.AcquireAsync("perkey", "k", 1)
@@ -218,5 +220,14 @@ func TestTheClientFailsItsCallsOnceClosed(t *testing.T) {
 	}
 	if _, err := c.Acquire(within(t, callTimeout), "perkey", "k", 1); !errors.Is(err, ErrClosed) {
 		t.Fatalf("a call after Close: %v, want ErrClosed", err)
+	}
+	// The writer has ended when Close returns; the reader ends once its
+	// read fails on the closed socket.
+	deadline := time.Now().Add(callTimeout)
+	for runtime.NumGoroutine() > before {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d goroutines after Close, %d before the client", runtime.NumGoroutine(), before)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
