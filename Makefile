@@ -39,6 +39,7 @@ PACKAGE_PACKAGES := dpkg-dev file
 BENCH_PACKAGES := python3-matplotlib
 # The client libraries' tests (client/<language>/): toolchains and libraries.
 CLIENT_PACKAGES :=
+CLIENT_PACKAGES += python3-msgpack python3-uvicorn python3-pip python3-setuptools
 FUZZ_PACKAGES := clang libclang-rt-14-dev
 VALGRIND_PACKAGES := valgrind
 FUZZ_TARGETS := rpc config lease_reply
