@@ -77,6 +77,24 @@ def item_of(item):
     return item_params(*item) if len(item) == 3 else item_params(item[0], item[1])
 
 
+_STR, _KEY_TYPES, _INT, _TUPLE, _THREE = {str}, {str, bytes}, {int}, {tuple}, {3}
+
+
+def items_params(items):
+    """The params of many items, with item_of's checks. The common case, a
+    list of (str, str or bytes, int) tuples, is checked column by column
+    in C loops (set(map(...)), min, max) and sent as it is: MessagePack
+    packs a tuple as an array. That halves what checking costs a
+    pipeline."""
+    items = items if type(items) is list else list(items)
+    if set(map(type, items)) == _TUPLE and set(map(len, items)) == _THREE:
+        rules, keys, costs = zip(*items)
+        if set(map(type, rules)) == _STR and all(rules) and set(map(type, keys)) <= _KEY_TYPES \
+                and set(map(type, costs)) == _INT and min(costs) >= 0 and max(costs) <= COST_MAX:
+            return items
+    return [item_of(item) for item in items]
+
+
 def call_timeout_ms(timeout_ms, default_ms, max_wait_ms=None):
     """The timeout of a call: the caller's, else the client's default plus
     any wait the daemon may hold the answer for."""
@@ -100,20 +118,32 @@ def seconds_left(deadline):
 
 
 class MsgidCounter:
-    """Hands out msgids in order, wrapping at 2^32, skipping ids in `pending`.
-    Not thread-safe: its owner's lock guards it."""
+    """Hands out msgids in order, wrapping at 2^32, skipping ids still in
+    flight. Not thread-safe: its owner's lock guards it."""
 
     __slots__ = ("next",)
 
     def __init__(self, first):
         self.next = first
 
-    def take(self, pending):
+    def frames(self, pending, batch, method, params_list, start, end):
+        """The request frames of params_list[start:end], each under a new
+        msgid registered in `pending` as (batch, its index). The batch's
+        msgids lie in [batch.first_msgid, batch.end_msgid) (mod 2^32), among
+        others' that were skipped or taken between its chunks."""
+        frames = []
+        append = frames.append
         msgid = self.next
-        while msgid in pending:
+        if batch.first_msgid is None:
+            batch.first_msgid = msgid
+        for i in range(start, end):
+            while msgid in pending:
+                msgid = (msgid + 1) & 0xFFFFFFFF
+            pending[msgid] = (batch, i)
+            append([0, msgid, method, params_list[i]])
             msgid = (msgid + 1) & 0xFFFFFFFF
-        self.next = (msgid + 1) & 0xFFFFFFFF
-        return msgid
+        self.next = batch.end_msgid = msgid
+        return frames
 
 
 def response_of(message):
@@ -138,12 +168,13 @@ def server_error(error):
     return ServerError("UNKNOWN", error if isinstance(error, str) else repr(error))
 
 
-# How each method's result becomes what the call returns.
-def as_decision(result, _context=None):
-    return Decision.from_map(result)
+# How each method's result becomes what the call returns: a function of
+# the result that may raise ProtocolError.
+as_decision = Decision.from_map
+as_health = Health
 
 
-def as_release(result, _context=None):
+def as_release(result):
     # The contract leaves release's result open: anything but a decision
     # map means done, as libsluice reads it.
     try:
@@ -152,16 +183,72 @@ def as_release(result, _context=None):
         return Decision(True)
 
 
-def as_all(result, count):
-    return AllDecision.from_map(result, count)
+def as_all(count):
+    return lambda result: AllDecision.from_map(result, count)
 
 
-def as_health(result, _context=None):
-    return Health(result)
-
-
-def as_is(result, _context=None):
+def as_is(result):
     return result
+
+
+def pack_frames(packer, frames):
+    """The frames' MessagePack, back to back: packed as one array, in one
+    call, less the array's header (1, 3 or 5 bytes by its length)."""
+    count = len(frames)
+    data = packer.pack(frames)
+    return data[1 if count < 16 else 3 if count < 65536 else 5:]
+
+
+def take_answers(pending, messages):
+    """Hands each decoded frame to the call waiting for it (stores it as
+    batch.results[index]) and returns the batches it completed. Skips
+    notifications and answers to nothing in flight (calls that timed out);
+    raises ProtocolError at a frame that is no response, after handing out
+    the frames before it."""
+    completed = []
+    pop = pending.pop
+    for message in messages:
+        if type(message) is list and len(message) == 4 and message[0] == 1:
+            entry = pop(message[1], None) if type(message[1]) is int else None
+            if entry is not None:
+                batch = entry[0]
+                batch.results[entry[1]] = message
+                batch.left -= 1
+                if not batch.left:
+                    completed.append(batch)
+                continue
+        response_of(message)  # raises for anything but a response or a notification
+    return completed
+
+
+def forget(pending, batch):
+    """Drops a batch's requests still in flight, so that their answers, if
+    they come, are discarded (a call that timed out or failed)."""
+    if batch.first_msgid is None:
+        return
+    msgid = batch.first_msgid
+    while msgid != batch.end_msgid:
+        entry = pending.get(msgid)
+        if entry is not None and entry[0] is batch:
+            del pending[msgid]
+        msgid = (msgid + 1) & 0xFFFFFFFF
+
+
+def finish(results, convert):
+    """Turns each response frame in `results` into its call's result:
+    convert(result), or the ServerError or ProtocolError it makes; an
+    exception already there (the request failed) stays."""
+    for i, raw in enumerate(results):
+        if type(raw) is list:
+            error = raw[2]
+            if error is None:
+                try:
+                    results[i] = convert(raw[3])
+                except ProtocolError as exc:
+                    results[i] = exc
+            else:
+                results[i] = server_error(error)
+    return results
 
 
 def is_unreachable(exc):

@@ -28,6 +28,7 @@ import msgpack
 
 from . import _wire
 from .errors import CallTimeout, ConnectError, ConnectionClosed, ProtocolError, UNREACHABLE
+from .results import Decision
 
 # A write buffer over this waits for the socket to take some (drain()).
 WRITE_BUFFER_HIGH_BYTES = 256 * 1024
@@ -46,14 +47,14 @@ class _Conn:
 
 
 class _Batch:
-    __slots__ = ("results", "left", "future", "msgids", "conn")
+    __slots__ = ("results", "left", "future", "conn", "first_msgid", "end_msgid")
 
     def __init__(self, count, future):
         self.results = [None] * count
         self.left = count
         self.future = future
-        self.msgids = []
         self.conn = None
+        self.first_msgid = self.end_msgid = None
 
 
 class AsyncClient:
@@ -94,25 +95,27 @@ class AsyncClient:
 
     async def acquire_all(self, items, *, timeout_ms=None):
         """As sluice.Client.acquire_all."""
-        params = [[_wire.item_of(item) for item in items]]
+        params = [_wire.items_params(items)]
         if not params[0]:
             raise ValueError("acquire_all needs at least one item")
         timeout_ms = _wire.call_timeout_ms(timeout_ms, self.timeout_ms)
         try:
-            return await self._call("acquire_all", params, timeout_ms, _wire.as_all,
-                                    len(params[0]))
+            return await self._call("acquire_all", params, timeout_ms,
+                                    _wire.as_all(len(params[0])))
         except UNREACHABLE as exc:
             return self._policy(_wire.policy_all(self.on_unreachable, exc, len(params[0])), exc)
 
     async def acquire_many(self, items, *, timeout_ms=None, return_exceptions=False):
         """As sluice.Client.acquire_many: every request written at once."""
-        params = [_wire.item_of(item) for item in items]
+        params = _wire.items_params(items)
         timeout_ms = _wire.call_timeout_ms(timeout_ms, self.timeout_ms)
         try:
             results = await self._call_many("acquire", params, timeout_ms, _wire.as_decision)
         except UNREACHABLE as exc:
             results = [exc] * len(params)
         for i, result in enumerate(results):
+            if type(result) is Decision:
+                continue
             if isinstance(result, UNREACHABLE):
                 decision = _wire.policy_decision(self.on_unreachable, result)
                 if decision is not None:
@@ -172,13 +175,16 @@ class AsyncClient:
         self.unreachable_decisions += 1
         return decision
 
-    async def _call(self, method, params, timeout_ms, convert, context=None):
-        result = (await self._call_many(method, [params], timeout_ms, convert, context))[0]
+    async def _call(self, method, params, timeout_ms, convert):
+        result = (await self._call_many(method, [params], timeout_ms, convert))[0]
         if isinstance(result, BaseException):
             raise result
         return result
 
-    async def _call_many(self, method, params_list, timeout_ms, convert, context=None):
+    async def _call_many(self, method, params_list, timeout_ms, convert):
+        """Sends one request per params (all `method`) and returns their
+        results (_wire.finish). Raises CallTimeout, or the ConnectError /
+        ConnectionClosed that kept the frames from being sent."""
         deadline = _wire.deadline_of(timeout_ms)
         loop = asyncio.get_running_loop()
         batch = _Batch(len(params_list), loop.create_future())
@@ -186,17 +192,7 @@ class AsyncClient:
             conn = await self._send(batch, method, params_list, deadline)
             if batch.left > 0:
                 await self._await(batch, conn, deadline, loop)
-        results = batch.results
-        for i, raw in enumerate(results):
-            if isinstance(raw, BaseException):
-                continue
-            error, result = raw
-            try:
-                results[i] = convert(result, context) if error is None else \
-                    _wire.server_error(error)
-            except ProtocolError as exc:
-                results[i] = exc
-        return results
+        return _wire.finish(batch.results, convert)
 
     async def _await(self, batch, conn, deadline, loop):
         timer = None
@@ -216,13 +212,8 @@ class AsyncClient:
             batch.future.set_exception(CallTimeout("sluiced did not answer in time"))
 
     def _forget(self, batch):
-        conn = batch.conn
-        if conn is None:
-            return
-        for msgid in batch.msgids:
-            entry = conn.pending.get(msgid)
-            if entry is not None and entry[0] is batch:
-                del conn.pending[msgid]
+        if batch.conn is not None:
+            _wire.forget(batch.conn.pending, batch)
 
     async def _send(self, batch, method, params_list, deadline):
         """Writes every request of the batch; reconnects once when the first
@@ -231,19 +222,12 @@ class AsyncClient:
         while True:
             conn = await self._ready_conn(deadline)
             transport = conn.writer.transport
-            pending = conn.pending
-            take = self._msgids.take
-            pack = self._packer.pack
-            chunks = []
-            msgids = batch.msgids
-            for i, params in enumerate(params_list):
-                msgid = take(pending)
-                pending[msgid] = (batch, i)
-                msgids.append(msgid)
-                chunks.append(pack([0, msgid, method, params]))
+            frames = self._msgids.frames(conn.pending, batch, method, params_list, 0,
+                                         len(params_list))
             batch.conn = conn
+            data = _wire.pack_frames(self._packer, frames)
             buffered_before = transport.get_write_buffer_size()
-            conn.writer.write(b"".join(chunks))
+            conn.writer.write(data)
             if transport.is_closing() and conn.dead is None:
                 # The transport's send failed: with an empty buffer that send
                 # was of these bytes and took none of them.
@@ -268,8 +252,8 @@ class AsyncClient:
         count = len(batch.results)
         batch.results = [None] * count
         batch.left = count
-        batch.msgids = []
         batch.conn = None
+        batch.first_msgid = batch.end_msgid = None
         batch.future = asyncio.get_running_loop().create_future()
 
     async def _ready_conn(self, deadline):
@@ -320,26 +304,18 @@ class AsyncClient:
 
     async def _read_loop(self, conn):
         read = conn.reader.read
-        unpacker = conn.unpacker
         pending = conn.pending
+        take_answers = _wire.take_answers
         try:
             while conn.dead is None:
                 data = await read(_wire.READ_CHUNK_BYTES)
                 if not data:
                     self._kill(conn, ConnectionClosed("connection closed by sluiced"))
                     return
+                unpacker = conn.unpacker
                 unpacker.feed(data)
-                for message in unpacker:
-                    response = _wire.response_of(message)
-                    if response is None:
-                        continue  # a notification
-                    entry = pending.pop(response[0], None)
-                    if entry is None:
-                        continue  # the answer to a call that timed out
-                    batch, index = entry
-                    batch.results[index] = response[1:]
-                    batch.left -= 1
-                    if batch.left == 0 and not batch.future.done():
+                for batch in take_answers(pending, unpacker):
+                    if not batch.future.done():
                         batch.future.set_result(None)
         except ProtocolError as exc:
             self._kill(conn, exc)

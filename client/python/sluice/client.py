@@ -40,6 +40,7 @@ import msgpack
 
 from . import _wire
 from .errors import CallTimeout, ConnectError, ConnectionClosed, ProtocolError, UNREACHABLE
+from .results import Decision
 
 # Requests of one acquire_many in flight at once: bounds what the daemon
 # holds for the connection (its max_output_bytes) while a batch is written.
@@ -74,13 +75,13 @@ class _Batch:
     """The requests of one call; results[i] is (error, result) off the wire
     or the exception that ended request i."""
 
-    __slots__ = ("conn", "msgids", "results", "left")
+    __slots__ = ("conn", "results", "left", "first_msgid", "end_msgid")
 
     def __init__(self, count):
         self.conn = None
-        self.msgids = []
         self.results = [None] * count
         self.left = count
+        self.first_msgid = self.end_msgid = None
 
 
 def _wait_writable(sock, timeout_s):
@@ -140,12 +141,12 @@ class Client:
 
     def acquire_all(self, items, *, timeout_ms=None):
         """All or nothing over items, each (rule, key) or (rule, key, cost)."""
-        params = [[_wire.item_of(item) for item in items]]
+        params = [_wire.items_params(items)]
         if not params[0]:
             raise ValueError("acquire_all needs at least one item")
         timeout_ms = _wire.call_timeout_ms(timeout_ms, self.timeout_ms)
         try:
-            return self._call("acquire_all", params, timeout_ms, _wire.as_all, len(params[0]))
+            return self._call("acquire_all", params, timeout_ms, _wire.as_all(len(params[0])))
         except UNREACHABLE as exc:
             return self._policy(_wire.policy_all(self.on_unreachable, exc, len(params[0])), exc)
 
@@ -154,13 +155,15 @@ class Client:
         pipelined on the connection; the Decisions in the items' order. A
         request the daemon answered with an error raises its ServerError,
         or stands in the list with return_exceptions=True."""
-        params = [_wire.item_of(item) for item in items]
+        params = _wire.items_params(items)
         timeout_ms = _wire.call_timeout_ms(timeout_ms, self.timeout_ms)
         try:
             results = self._call_many("acquire", params, timeout_ms, _wire.as_decision)
         except UNREACHABLE as exc:
             results = [exc] * len(params)
         for i, result in enumerate(results):
+            if type(result) is Decision:
+                continue
             if isinstance(result, UNREACHABLE):
                 decision = _wire.policy_decision(self.on_unreachable, result)
                 if decision is not None:
@@ -232,18 +235,18 @@ class Client:
             self._unreachable_decisions += 1
         return decision
 
-    def _call(self, method, params, timeout_ms, convert, context=None):
-        result = self._call_many(method, [params], timeout_ms, convert, context)[0]
+    def _call(self, method, params, timeout_ms, convert):
+        result = self._call_many(method, [params], timeout_ms, convert)[0]
         if isinstance(result, BaseException):
             raise result
         return result
 
-    def _call_many(self, method, params_list, timeout_ms, convert, context=None):
+    def _call_many(self, method, params_list, timeout_ms, convert):
         """Sends one request per params (all `method`), pipelined in windows
-        of BATCH_WINDOW, and returns their converted results, an exception
-        standing for each request that failed. Raises CallTimeout, or the
-        ConnectError / ConnectionClosed that kept the first frames from
-        being sent."""
+        of BATCH_WINDOW, and returns their results (_wire.finish): an
+        exception stands for each request that failed. Raises CallTimeout,
+        or the ConnectError / ConnectionClosed that kept the first frames
+        from being sent."""
         deadline = _wire.deadline_of(timeout_ms)
         count = len(params_list)
         batch = _Batch(count)
@@ -259,17 +262,7 @@ class Client:
         except BaseException:
             self._forget(batch)
             raise
-        results = batch.results
-        for i, raw in enumerate(results):
-            if isinstance(raw, BaseException):
-                continue
-            error, result = raw
-            try:
-                results[i] = convert(result, context) if error is None else \
-                    _wire.server_error(error)
-            except ProtocolError as exc:
-                results[i] = exc
-        return results
+        return _wire.finish(batch.results, convert)
 
     def _send_chunk(self, batch, method, params_list, start, end, deadline):
         """Writes requests [start, end) of a batch. The first chunk of a
@@ -280,16 +273,11 @@ class Client:
                 conn = batch.conn if start > 0 else self._ready_conn(deadline)
                 if start > 0 and conn.dead is not None:
                     raise conn.dead
-                frames = []
                 with self._lock:
-                    for i in range(start, end):
-                        msgid = self._msgids.take(conn.pending)
-                        conn.pending[msgid] = (batch, i)
-                        batch.msgids.append(msgid)
-                        frames.append([0, msgid, method, params_list[i]])
+                    frames = self._msgids.frames(conn.pending, batch, method, params_list,
+                                                 start, end)
                 batch.conn = conn
-                packer = msgpack.Packer(use_bin_type=True)
-                data = b"".join(packer.pack(frame) for frame in frames)
+                data = _wire.pack_frames(msgpack.Packer(use_bin_type=True), frames)
                 try:
                     self._write(conn.sock, data, deadline)
                     return
@@ -315,8 +303,8 @@ class Client:
         count = len(batch.results)
         batch.results = [None] * count
         batch.left = count
-        batch.msgids = []
         batch.conn = None
+        batch.first_msgid = batch.end_msgid = None
 
     @staticmethod
     def _write(sock, data, deadline):
@@ -389,14 +377,9 @@ class Client:
     def _forget(self, batch):
         """Drops a failed batch's requests still in flight: their answers,
         should they come, are discarded."""
-        conn = batch.conn
-        if conn is None:
-            return
-        with self._lock:
-            for msgid in batch.msgids:
-                entry = conn.pending.get(msgid)
-                if entry is not None and entry[0] is batch:
-                    del conn.pending[msgid]
+        if batch.conn is not None:
+            with self._lock:
+                _wire.forget(batch.conn.pending, batch)
 
     def _wait(self, batch, deadline, in_flight, sent):
         """Waits until at most `in_flight` of the batch's `sent` requests are
@@ -441,26 +424,19 @@ class Client:
             self._kill(conn, ConnectionClosed("connection closed by sluiced"))
             return
         try:
-            conn.unpacker.feed(data)
-            responses = [_wire.response_of(m) for m in conn.unpacker]
-        except ProtocolError as exc:
-            self._kill(conn, exc)
-            return
+            unpacker = conn.unpacker
+            unpacker.feed(data)
+            messages = list(unpacker)
         except Exception as exc:  # msgpack's BufferFull, FormatError, ...
             self._kill(conn, ProtocolError("undecodable stream from sluiced: %r" % exc))
             return
         with self._lock:
-            pending = conn.pending
-            completed = False
-            for response in responses:
-                if response is None:
-                    continue  # a notification
-                entry = pending.pop(response[0], None)
-                if entry is None:
-                    continue  # the answer to a call that timed out
-                batch, index = entry
-                batch.results[index] = response[1:]
-                batch.left -= 1
-                completed = True
-            if completed:
-                self._cond.notify_all()
+            try:
+                _wire.take_answers(conn.pending, messages)
+            except ProtocolError as exc:
+                failed = exc
+            else:
+                failed = None
+            self._cond.notify_all()
+        if failed is not None:
+            self._kill(conn, failed)

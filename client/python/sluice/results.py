@@ -14,53 +14,69 @@ from .errors import ProtocolError
 MODE_UNREACHABLE = "unreachable"
 
 
+def _field(name, default):
+    """A read-only attribute: the decision map's `name`, else `default`."""
+    return property(lambda self: self.fields.get(name, default), doc="the map's %r" % name)
+
+
 class Decision:
     """One decision. `allowed` is a bool; `mode` the daemon's wire name
     ("local", "normal", "fallback", "open", "closed", "shadow", "blocked"),
     or MODE_UNREACHABLE for a decision of the on_unreachable policy, whose
-    `error` is the exception that made it (None otherwise). `waited_ms` is
-    how long the daemon held an acquire that may wait; `reason` its text when
-    the cost can never pass."""
+    `error` is the exception that made it (None otherwise); `remaining`,
+    `limit`, `reset_after_ms`, `retry_after_ms` as the daemon sent them;
+    `waited_ms` how long the daemon held an acquire that may wait; `reason`
+    its text when the cost can never pass; `fields` the whole decision map.
 
-    __slots__ = ("allowed", "mode", "remaining", "limit", "reset_after_ms", "retry_after_ms",
-                 "waited_ms", "reason", "error")
+    The fields are read from the map when asked for: a pipeline of many
+    decisions then costs one small object each."""
+
+    __slots__ = ("allowed", "error", "fields")
 
     def __init__(self, allowed, mode="", remaining=0, limit=0, reset_after_ms=0,
                  retry_after_ms=0, waited_ms=0, reason=None, error=None):
         self.allowed = allowed
-        self.mode = mode
-        self.remaining = remaining
-        self.limit = limit
-        self.reset_after_ms = reset_after_ms
-        self.retry_after_ms = retry_after_ms
-        self.waited_ms = waited_ms
-        self.reason = reason
         self.error = error
+        self.fields = {"allowed": allowed, "mode": mode, "remaining": remaining, "limit": limit,
+                       "reset_after_ms": reset_after_ms, "retry_after_ms": retry_after_ms,
+                       "waited_ms": waited_ms, "reason": reason}
 
     @classmethod
-    def from_map(cls, m):
+    def from_map(cls, m, _new=object.__new__):
         """The Decision of a decision map off the wire."""
         try:
             allowed = m["allowed"]
-            if allowed is not True and allowed is not False:
-                raise ProtocolError("decision map's allowed is not a bool: %r" % (allowed,))
-            get = m.get
-            return cls(allowed, get("mode", ""), get("remaining", 0), get("limit", 0),
-                       get("reset_after_ms", 0), get("retry_after_ms", 0), get("waited_ms", 0),
-                       get("reason"))
-        except (KeyError, TypeError, AttributeError):
+        except (KeyError, TypeError, IndexError):
             raise ProtocolError("not a decision map: %r" % (m,)) from None
+        if allowed is not True and allowed is not False:
+            raise ProtocolError("decision map's allowed is not a bool: %r" % (m,))
+        decision = _new(cls)
+        decision.allowed = allowed
+        decision.error = None
+        decision.fields = m
+        return decision
+
+    mode = _field("mode", "")
+    remaining = _field("remaining", 0)
+    limit = _field("limit", 0)
+    reset_after_ms = _field("reset_after_ms", 0)
+    retry_after_ms = _field("retry_after_ms", 0)
+    waited_ms = _field("waited_ms", 0)
+    reason = _field("reason", None)
+
+    _SHOWN = ("allowed", "mode", "remaining", "limit", "reset_after_ms", "retry_after_ms",
+              "waited_ms", "reason", "error")
 
     def __eq__(self, other):
         if not isinstance(other, Decision):
             return NotImplemented
-        return all(getattr(self, f) == getattr(other, f) for f in self.__slots__)
+        return all(getattr(self, f) == getattr(other, f) for f in self._SHOWN)
 
     __hash__ = None
 
     def __repr__(self):
         return "Decision(%s)" % ", ".join(
-            "%s=%r" % (f, getattr(self, f)) for f in self.__slots__
+            "%s=%r" % (f, getattr(self, f)) for f in self._SHOWN
             if getattr(self, f) not in (None, "") or f == "allowed")
 
 

@@ -122,3 +122,27 @@ class stopped:
 
     def __exit__(self, *exc_info):
         os.kill(self.pid, signal.SIGCONT)
+
+
+class RecordingUnpacker:
+    """Stands in for a connection's msgpack.Unpacker and notes the msgid of
+    every frame it decodes, in the order they arrived."""
+
+    def __init__(self, unpacker):
+        self.unpacker = unpacker
+        self.arrived = []
+
+    def feed(self, data):
+        self.unpacker.feed(data)
+
+    def __iter__(self):
+        for message in self.unpacker:
+            self.arrived.append(message[1])
+            yield message
+
+
+def record_arrivals(client):
+    """The RecordingUnpacker now decoding for a connected client."""
+    recorder = RecordingUnpacker(client._conn.unpacker)
+    client._conn.unpacker = recorder
+    return recorder

@@ -9,13 +9,11 @@ import asyncio
 import os
 import time
 import unittest
-from unittest import mock
 
 import support
 from support import CONC, SMALL, WIDE
 
 import sluice
-from sluice import _wire
 
 TIMEOUT_MS = 300
 TIMEOUT_SLACK_S = 1.5
@@ -105,16 +103,10 @@ class PipelineTest(AsyncCase):
                 held.add(i)
             else:
                 items.append(("wide", "w%d" % i, i % 1000 + 1))
-        arrived = []
-        real_response_of = _wire.response_of
-
-        def record(message):
-            response = real_response_of(message)
-            arrived.append(response[0])
-            return response
-
-        with mock.patch.object(_wire, "response_of", record):
-            results = await self.client.acquire_many(items, timeout_ms=10000)
+        await self.client.connect()
+        recorder = support.record_arrivals(self.client)
+        results = await self.client.acquire_many(items, timeout_ms=10000)
+        arrived = recorder.arrived
         for i, decision in enumerate(results):
             self.assertTrue(decision.allowed, (i, decision))
             if i in held:

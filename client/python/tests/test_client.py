@@ -9,7 +9,6 @@ import os
 import threading
 import time
 import unittest
-from unittest import mock
 
 import support
 from support import CONC, HELD_INTERVAL_MS, SMALL, WIDE, harness
@@ -161,16 +160,10 @@ class PipelineTest(ClientCase):
                 held.add(i)
             else:
                 items.append(("wide", "w%d" % i, i % 1000 + 1))
-        arrived = []
-
-        def record(message):
-            response = real_response_of(message)
-            arrived.append(response[0])
-            return response
-
-        real_response_of = _wire.response_of
-        with mock.patch.object(_wire, "response_of", record):
-            results = self.client.acquire_many(items, timeout_ms=10000)
+        self.client.connect()
+        recorder = support.record_arrivals(self.client)
+        results = self.client.acquire_many(items, timeout_ms=10000)
+        arrived = recorder.arrived
         self.assertEqual(len(results), 10000)
         for i, decision in enumerate(results):
             self.assertTrue(decision.allowed, (i, decision))
@@ -216,7 +209,14 @@ class PipelineTest(ClientCase):
     def test_msgid_counter_skips_ids_in_flight(self):
         counter = _wire.MsgidCounter((1 << 32) - 1)
         pending = {(1 << 32) - 1: None, 0: None, 2: None}
-        self.assertEqual([counter.take(pending) for _ in range(2)], [1, 3])
+        batch = sluice.client._Batch(2)
+        frames = counter.frames(pending, batch, "peek", [["r", "a"], ["r", "b"]], 0, 2)
+        self.assertEqual(frames, [[0, 1, "peek", ["r", "a"]], [0, 3, "peek", ["r", "b"]]])
+        self.assertEqual((pending[1], pending[3]), ((batch, 0), (batch, 1)))
+        self.assertEqual((batch.first_msgid, batch.end_msgid, counter.next), ((1 << 32) - 1, 4, 4))
+        # Forgetting the batch (its call timed out) drops its ids, not the others'.
+        _wire.forget(pending, batch)
+        self.assertEqual(sorted(pending), [0, 2, (1 << 32) - 1])
 
 
 class TimeoutTest(ClientCase):
