@@ -16,11 +16,12 @@ from .errors import (CallTimeout, ConnectError, ConnectionClosed, ProtocolError,
                      SluiceError)
 from .headers import RateLimitHeaders, format_headers, header_pairs
 from .results import MODE_UNREACHABLE, AllDecision, Decision, Health
+from ._wire import DEFAULT_SOCKET
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AllDecision", "AsyncClient", "CallTimeout", "Client", "ConnectError", "ConnectionClosed",
-    "Decision", "Health", "MODE_UNREACHABLE", "ProtocolError", "RateLimitHeaders", "ServerError",
+    "DEFAULT_SOCKET", "Decision", "Health", "MODE_UNREACHABLE", "ProtocolError", "RateLimitHeaders", "ServerError",
     "SluiceError", "format_headers", "header_pairs",
 ]
