@@ -78,6 +78,7 @@ class AsyncClient:
         self.unreachable_decisions = 0
         self._msgids = _wire.MsgidCounter(_wire.check_msgid(first_msgid))
         self._conn = None
+        self._loop = None  # the event loop of the first call
         self._connecting = None  # the future of a connect in progress
         self._closed = False
         self._packer = msgpack.Packer(use_bin_type=True)
@@ -189,12 +190,14 @@ class AsyncClient:
         loop = asyncio.get_running_loop()
         batch = _Batch(len(params_list), loop.create_future())
         if params_list:
-            conn = await self._send(batch, method, params_list, deadline)
+            await self._send(batch, method, params_list, deadline)
             if batch.left > 0:
-                await self._await(batch, conn, deadline, loop)
+                await self._await(batch, deadline, loop)
         return _wire.finish(batch.results, convert)
 
-    async def _await(self, batch, conn, deadline, loop):
+    async def _await(self, batch, deadline, loop):
+        """Waits for the batch's answers until the deadline; forgets the
+        unanswered ones when it ends otherwise (timeout, cancellation)."""
         timer = None
         if deadline is not None:
             timer = loop.call_at(loop.time() + _wire.seconds_left(deadline),
@@ -217,11 +220,20 @@ class AsyncClient:
 
     async def _send(self, batch, method, params_list, deadline):
         """Writes every request of the batch; reconnects once when the first
-        send took nothing of them (see the top of the file)."""
+        send took nothing of them (see the top of the file). A connection
+        that dies while writing fails the batch's requests (in its results)."""
         may_reconnect = True
         while True:
             conn = await self._ready_conn(deadline)
             transport = conn.writer.transport
+            if transport.is_closing():
+                # Dying, and the reader has not said so yet: nothing of
+                # these is written, so a new connection may send them.
+                self._kill(conn, ConnectionClosed("connection lost"))
+                if may_reconnect:
+                    may_reconnect = False
+                    continue
+                raise conn.dead
             frames = self._msgids.frames(conn.pending, batch, method, params_list, 0,
                                          len(params_list))
             batch.conn = conn
@@ -237,7 +249,7 @@ class AsyncClient:
                     may_reconnect = False
                     self._reset(batch)
                     continue
-                return conn
+                return
             if transport.get_write_buffer_size() > WRITE_BUFFER_HIGH_BYTES:
                 try:
                     await asyncio.wait_for(conn.writer.drain(), _wire.seconds_left(deadline))
@@ -246,7 +258,7 @@ class AsyncClient:
                     raise CallTimeout("timed out writing to sluiced") from None
                 except (ConnectionError, OSError):
                     pass  # the reader task fails the batch
-            return conn
+            return
 
     def _reset(self, batch):
         count = len(batch.results)
@@ -257,6 +269,11 @@ class AsyncClient:
         batch.future = asyncio.get_running_loop().create_future()
 
     async def _ready_conn(self, deadline):
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            if self._loop is not None:
+                raise RuntimeError("an AsyncClient serves the event loop of its first call only")
+            self._loop = loop
         if self._closed:
             raise ConnectionClosed("the client was closed")
         conn = self._conn
@@ -265,7 +282,6 @@ class AsyncClient:
         if self._connecting is not None:
             # Another task is connecting: share its connection.
             return await asyncio.shield(self._connecting)
-        loop = asyncio.get_running_loop()
         self._connecting = loop.create_future()
         try:
             try:
@@ -281,6 +297,9 @@ class AsyncClient:
             conn.task = loop.create_task(self._read_loop(conn))
             self._connecting.set_result(conn)
             return conn
+        except asyncio.CancelledError:
+            self._connecting.cancel()
+            raise
         except BaseException as exc:
             self._connecting.set_exception(exc)
             self._connecting.exception()  # retrieved: no "never retrieved" warning

@@ -293,10 +293,13 @@ class Client:
                         self._kill(conn, ConnectionClosed("connection lost: %s" % cause))
                         self._reset(batch)
                         continue
-                    lost = cause if isinstance(cause, CallTimeout) else \
-                        ConnectionClosed("connection lost while writing: %s" % cause)
-                    self._kill(conn, ConnectionClosed(
-                        "connection dropped: a request was written in part"))
+                    if isinstance(cause, CallTimeout):
+                        # Part of a frame is on the wire: nothing can follow it.
+                        self._kill(conn, ConnectionClosed(
+                            "connection dropped: a request was written in part"))
+                        raise cause from None
+                    lost = ConnectionClosed("connection lost while writing: %s" % cause)
+                    self._kill(conn, lost)
                     raise lost from None
 
     def _reset(self, batch):

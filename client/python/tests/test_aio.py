@@ -24,6 +24,9 @@ class AsyncCase(unittest.IsolatedAsyncioTestCase):
         self.daemon = support.start_daemon(self)
 
     async def asyncSetUp(self):
+        # IsolatedAsyncioTestCase runs its loop in debug mode, which reports
+        # every callback over 0.1 s: on a loaded machine, noise.
+        asyncio.get_running_loop().slow_callback_duration = 10
         self.client = self.make_client()
 
     def make_client(self, path=None, **options):
@@ -90,6 +93,24 @@ class MethodTest(AsyncCase):
                                                  return_exceptions=True)
         self.assertTrue(results[0].allowed)
         self.assertEqual(results[1].code, "UNKNOWN_RULE")
+
+
+class LoopTest(unittest.TestCase):
+    # Verifies a client used from a second event loop says so.
+    def test_a_second_event_loop_is_refused(self):
+        daemon = support.start_daemon(self)
+        client = sluice.AsyncClient(daemon.socket, on_unreachable="raise")
+
+        async def first():
+            self.assertTrue((await client.acquire("wide", "k")).allowed)
+            await client.close()
+
+        async def second():
+            with self.assertRaises(RuntimeError):
+                await client.acquire("wide", "k")
+
+        asyncio.run(first())
+        asyncio.run(second())
 
 
 class PipelineTest(AsyncCase):
