@@ -9,8 +9,13 @@ filter (tests/support/format_headers.c).
 """
 
 import os
+import shutil
 import signal
+import socket
 import sys
+import threading
+
+import msgpack
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PACKAGE_DIR = os.path.dirname(HERE)
@@ -146,3 +151,68 @@ def record_arrivals(client):
     recorder = RecordingUnpacker(client._conn.unpacker)
     client._conn.unpacker = recorder
     return recorder
+
+
+class FakeDaemon:
+    """A stand-in for sluiced on a Unix socket of its own, for answers the
+    real daemon never gives. answer(request) returns what to send back for
+    each request, a list of MessagePack values or raw bytes; connections
+    are served one after another on a thread. Closed at the test's cleanup."""
+
+    def __init__(self, test, answer):
+        self.answer = answer
+        self.dir = harness.make_dir("slfk.")
+        self.socket = os.path.join(self.dir, "s.sock")
+        self.connections = 0
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(self.socket)
+        self.listener.listen(8)
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+        test.addCleanup(self.close)
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            self.connections += 1
+            with conn:
+                unpacker = msgpack.Unpacker(raw=False)
+                while True:
+                    try:
+                        data = conn.recv(65536)
+                    except OSError:
+                        break
+                    if not data:
+                        break
+                    unpacker.feed(data)
+                    for request in unpacker:
+                        for reply in self.answer(request):
+                            conn.sendall(reply if isinstance(reply, bytes) else
+                                         msgpack.packb(reply, use_bin_type=True))
+
+    def close(self):
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.listener.close()
+        self.thread.join(5)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def odd_answers(request):
+    """FakeDaemon answers for the protocol tests: before each answer a
+    notification and an answer to a msgid nobody asked for (both to be
+    skipped); a peek of key "garbage" gets a frame that is no response."""
+    _, msgid, method, params = request
+    if method == "peek" and params[1] == "garbage":
+        return [["not", "a", "response"]]
+    decision = {"allowed": True, "remaining": 7, "limit": 9, "reset_after_ms": 1,
+                "retry_after_ms": 0, "mode": "local", "future_field": [1, 2]}
+    if params and params[1] == "bad-decision":
+        decision = {"remaining": 7}
+    return [[2, "note", []], [1, (msgid + 1000) & 0xFFFFFFFF, None, {}],
+            [1, msgid, None, decision]]

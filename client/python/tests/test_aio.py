@@ -193,6 +193,24 @@ class ReconnectTest(AsyncCase):
         self.assertEqual((await client.acquire("wide", "k", 1)).remaining, WIDE - 1)
 
 
+class ProtocolTest(unittest.IsolatedAsyncioTestCase):
+    # Verifies notifications and answers to unknown msgids are skipped, a
+    # malformed decision fails its call only, and a frame that is no
+    # response drops the connection, which the next call replaces.
+    async def test_odd_frames_are_skipped_or_drop_the_connection(self):
+        fake = support.FakeDaemon(self, support.odd_answers)
+        client = sluice.AsyncClient(fake.socket, on_unreachable="raise")
+        self.addAsyncCleanup(client.close)
+        decision = await client.peek("r", "k")
+        self.assertEqual((decision.allowed, decision.remaining, decision.limit), (True, 7, 9))
+        with self.assertRaises(sluice.ProtocolError):
+            await client.peek("r", "bad-decision")
+        with self.assertRaises(sluice.ProtocolError):
+            await client.peek("r", "garbage")
+        self.assertEqual((await client.peek("r", "k")).remaining, 7)
+        self.assertEqual(fake.connections, 2)
+
+
 class UnreachableTest(AsyncCase):
     # Verifies fail_open (the default) allows and fail_closed denies, counted.
     async def test_policies_decide_and_count(self):

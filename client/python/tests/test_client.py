@@ -290,6 +290,26 @@ class ReconnectTest(ClientCase):
             return type(exc).__name__
 
 
+class ProtocolTest(unittest.TestCase):
+    # Verifies notifications and answers to unknown msgids are skipped, a
+    # malformed decision fails its call only, and a frame that is no
+    # response drops the connection, which the next call replaces.
+    def test_odd_frames_are_skipped_or_drop_the_connection(self):
+        fake = support.FakeDaemon(self, support.odd_answers)
+        client = sluice.Client(fake.socket, on_unreachable="raise")
+        self.addCleanup(client.close)
+        decision = client.peek("r", "k")
+        self.assertEqual((decision.allowed, decision.remaining, decision.limit), (True, 7, 9))
+        self.assertEqual(decision.fields["future_field"], [1, 2])
+        with self.assertRaises(sluice.ProtocolError):
+            client.peek("r", "bad-decision")
+        self.assertEqual(fake.connections, 1)
+        with self.assertRaises(sluice.ProtocolError):
+            client.peek("r", "garbage")
+        self.assertEqual(client.peek("r", "k").remaining, 7)
+        self.assertEqual(fake.connections, 2)
+
+
 class UnreachableTest(ClientCase):
     def _absent(self, **options):
         client = sluice.Client(os.path.join(self.daemon.dir, "absent.sock"), **options)
