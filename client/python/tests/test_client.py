@@ -281,6 +281,50 @@ class ReconnectTest(ClientCase):
         self.assertEqual(outcome, ["ConnectionClosed"])
         self.assertEqual(client.acquire("wide", "k", 1).remaining, WIDE - 1)
 
+    # Verifies threads calling through daemon restarts each get a decision or
+    # a connection error, never a hang or another thread's answer, and the
+    # client serves them all once the daemon is back.
+    def test_threads_calling_through_restarts_get_decisions_or_connection_errors(self):
+        client = self.make_client(timeout_ms=5000)
+        stop = threading.Event()
+        outcomes, wrong = [], []
+
+        def worker(n):
+            while not stop.is_set():
+                try:
+                    decision = client.acquire("wide", "r%d" % n, n + 1)
+                except (sluice.ConnectionClosed, sluice.ConnectError) as exc:
+                    outcomes.append(type(exc).__name__)
+                    continue
+                except Exception as exc:  # reported below
+                    wrong.append(exc)
+                    return
+                # Whichever daemon answered, this thread's key has spent a
+                # multiple of this thread's cost (another's answer would not).
+                if (WIDE - decision.remaining) % (n + 1) != 0:
+                    wrong.append(decision)
+                outcomes.append("decision")
+
+        threads = [threading.Thread(target=worker, args=(n,)) for n in range(6)]
+        for t in threads:
+            t.start()
+        try:
+            for _ in range(3):
+                decided = outcomes.count("decision")
+                self.assertTrue(harness.wait_for(
+                    lambda: outcomes.count("decision") >= decided + 50, 10))
+                support.restart_daemon(self.daemon)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(10)
+        self.assertFalse(any(t.is_alive() for t in threads), "a thread hung")
+        self.assertEqual(wrong, [])
+        self.assertIn("decision", outcomes)
+        self.assertEqual([client.acquire("wide", "r%d" % n, 1).allowed for n in range(6)],
+                         [True] * 6)
+        self.assertEqual(len(client._conn.pending), 0)
+
     @staticmethod
     def call_outcome(call):
         try:
