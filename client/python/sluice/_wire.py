@@ -11,7 +11,7 @@ comes round to it.
 
 import time
 
-from .errors import ProtocolError, ServerError, UNREACHABLE
+from .errors import ProtocolError, ServerError
 from .results import MODE_UNREACHABLE, AllDecision, Decision, Health
 
 MSGID_LIMIT = 1 << 32
@@ -249,10 +249,6 @@ def finish(results, convert):
             else:
                 results[i] = server_error(error)
     return results
-
-
-def is_unreachable(exc):
-    return isinstance(exc, UNREACHABLE)
 
 
 def policy_decision(policy, exc):

@@ -35,6 +35,9 @@ WRITE_BUFFER_HIGH_BYTES = 256 * 1024
 
 
 class _Conn:
+    """One connection: its streams, its reader task and the decoder it
+    feeds, and the calls in flight on it; `dead` is the exception it died of."""
+
     __slots__ = ("reader", "writer", "pending", "dead", "task", "unpacker")
 
     def __init__(self, reader, writer):
@@ -47,6 +50,9 @@ class _Conn:
 
 
 class _Batch:
+    """The requests of one call, as in client.py; `future` is resolved when
+    the last answer is in (or set to CallTimeout by the call's timer)."""
+
     __slots__ = ("results", "left", "future", "conn", "first_msgid", "end_msgid")
 
     def __init__(self, count, future):

@@ -72,8 +72,9 @@ class _Conn:
 
 
 class _Batch:
-    """The requests of one call; results[i] is (error, result) off the wire
-    or the exception that ended request i."""
+    """The requests of one call; results[i] is the response frame
+    [1, msgid, error, result] of request i, or the exception that ended it,
+    until _wire.finish turns it into the call's result."""
 
     __slots__ = ("conn", "results", "left", "first_msgid", "end_msgid")
 
