@@ -200,11 +200,12 @@ def pack_frames(packer, frames):
 
 
 def take_answers(pending, messages):
-    """Hands each decoded frame to the call waiting for it (stores it as
-    batch.results[index]) and returns the batches it completed. Skips
-    notifications and answers to nothing in flight (calls that timed out);
-    raises ProtocolError at a frame that is no response, after handing out
-    the frames before it."""
+    """Hands each decoded frame to the call waiting for it: stores its
+    result, batch.convert(result) or the ServerError or ProtocolError it
+    makes, as batch.results[index], and returns the batches it completed.
+    Skips notifications and answers to nothing in flight (calls that timed
+    out); raises ProtocolError at a frame that is no response, after
+    handing out the frames before it."""
     completed = []
     pop = pending.pop
     for message in messages:
@@ -212,7 +213,13 @@ def take_answers(pending, messages):
             entry = pop(message[1], None) if type(message[1]) is int else None
             if entry is not None:
                 batch = entry[0]
-                batch.results[entry[1]] = message
+                if message[2] is None:
+                    try:
+                        batch.results[entry[1]] = batch.convert(message[3])
+                    except ProtocolError as exc:
+                        batch.results[entry[1]] = exc
+                else:
+                    batch.results[entry[1]] = server_error(message[2])
                 batch.left -= 1
                 if not batch.left:
                     completed.append(batch)
@@ -232,23 +239,6 @@ def forget(pending, batch):
         if entry is not None and entry[0] is batch:
             del pending[msgid]
         msgid = (msgid + 1) & 0xFFFFFFFF
-
-
-def finish(results, convert):
-    """Turns each response frame in `results` into its call's result:
-    convert(result), or the ServerError or ProtocolError it makes; an
-    exception already there (the request failed) stays."""
-    for i, raw in enumerate(results):
-        if type(raw) is list:
-            error = raw[2]
-            if error is None:
-                try:
-                    results[i] = convert(raw[3])
-                except ProtocolError as exc:
-                    results[i] = exc
-            else:
-                results[i] = server_error(error)
-    return results
 
 
 def policy_decision(policy, exc):

@@ -53,11 +53,12 @@ class _Batch:
     """The requests of one call, as in client.py; `future` is resolved when
     the last answer is in (or set to CallTimeout by the call's timer)."""
 
-    __slots__ = ("results", "left", "future", "conn", "first_msgid", "end_msgid")
+    __slots__ = ("results", "left", "convert", "future", "conn", "first_msgid", "end_msgid")
 
-    def __init__(self, count, future):
+    def __init__(self, count, convert, future):
         self.results = [None] * count
         self.left = count
+        self.convert = convert
         self.future = future
         self.conn = None
         self.first_msgid = self.end_msgid = None
@@ -190,16 +191,16 @@ class AsyncClient:
 
     async def _call_many(self, method, params_list, timeout_ms, convert):
         """Sends one request per params (all `method`) and returns their
-        results (_wire.finish). Raises CallTimeout, or the ConnectError /
+        results (_wire.take_answers). Raises CallTimeout, or the ConnectError /
         ConnectionClosed that kept the frames from being sent."""
         deadline = _wire.deadline_of(timeout_ms)
         loop = asyncio.get_running_loop()
-        batch = _Batch(len(params_list), loop.create_future())
+        batch = _Batch(len(params_list), convert, loop.create_future())
         if params_list:
             await self._send(batch, method, params_list, deadline)
             if batch.left > 0:
                 await self._await(batch, deadline, loop)
-        return _wire.finish(batch.results, convert)
+        return batch.results
 
     async def _await(self, batch, deadline, loop):
         """Waits for the batch's answers until the deadline; forgets the

@@ -72,16 +72,16 @@ class _Conn:
 
 
 class _Batch:
-    """The requests of one call; results[i] is the response frame
-    [1, msgid, error, result] of request i, or the exception that ended it,
-    until _wire.finish turns it into the call's result."""
+    """The requests of one call; results[i] is the result of request i
+    (convert() of its answer's result), or the exception that ended it."""
 
-    __slots__ = ("conn", "results", "left", "first_msgid", "end_msgid")
+    __slots__ = ("conn", "results", "left", "convert", "first_msgid", "end_msgid")
 
-    def __init__(self, count):
+    def __init__(self, count, convert):
         self.conn = None
         self.results = [None] * count
         self.left = count
+        self.convert = convert
         self.first_msgid = self.end_msgid = None
 
 
@@ -244,13 +244,13 @@ class Client:
 
     def _call_many(self, method, params_list, timeout_ms, convert):
         """Sends one request per params (all `method`), pipelined in windows
-        of BATCH_WINDOW, and returns their results (_wire.finish): an
+        of BATCH_WINDOW, and returns their results (_wire.take_answers): an
         exception stands for each request that failed. Raises CallTimeout,
         or the ConnectError / ConnectionClosed that kept the first frames
         from being sent."""
         deadline = _wire.deadline_of(timeout_ms)
         count = len(params_list)
-        batch = _Batch(count)
+        batch = _Batch(count, convert)
         sent = 0
         try:
             while sent < count:
@@ -263,7 +263,7 @@ class Client:
         except BaseException:
             self._forget(batch)
             raise
-        return _wire.finish(batch.results, convert)
+        return batch.results
 
     def _send_chunk(self, batch, method, params_list, start, end, deadline):
         """Writes requests [start, end) of a batch. The first chunk of a

@@ -210,7 +210,7 @@ class PipelineTest(ClientCase):
     def test_msgid_counter_skips_ids_in_flight(self):
         counter = _wire.MsgidCounter((1 << 32) - 1)
         pending = {(1 << 32) - 1: None, 0: None, 2: None}
-        batch = sluice.client._Batch(2)
+        batch = sluice.client._Batch(2, None)
         frames = counter.frames(pending, batch, "peek", [["r", "a"], ["r", "b"]], 0, 2)
         self.assertEqual(frames, [[0, 1, "peek", ["r", "a"]], [0, 3, "peek", ["r", "b"]]])
         self.assertEqual((pending[1], pending[3]), ((batch, 0), (batch, 1)))
