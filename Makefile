@@ -42,6 +42,7 @@ PACKAGE_PACKAGES := dpkg-dev file lintian
 BENCH_PACKAGES := python3-matplotlib
 # The client libraries' tests (client/<language>/): toolchains and libraries.
 CLIENT_PACKAGES :=
+CLIENT_PACKAGES += python3-msgpack python3-uvicorn python3-pip python3-setuptools
 CLIENT_PACKAGES += golang-go golang-github-vmihailenco-msgpack.v5-dev
 FUZZ_PACKAGES := clang libclang-rt-14-dev
 VALGRIND_PACKAGES := valgrind

@@ -58,6 +58,7 @@ class ExampleTests:
     """The tests every example must pass; a subclass says how to run it."""
 
     command = None  # argv before the example's own arguments
+    env = None  # the example's environment, when not this process's
 
     def setUp(self):
         """sluiced on a private socket with one rule, `api`, of LIMIT per minute."""
@@ -67,7 +68,7 @@ class ExampleTests:
 
     def run_example(self, *args):
         return subprocess.run([*self.command, *args], capture_output=True, text=True,
-                              timeout=RUN_TIMEOUT_S)
+                              timeout=RUN_TIMEOUT_S, env=self.env)
 
     def response(self, run):
         """The decision the example printed and the HTTP response after it:
@@ -146,6 +147,9 @@ class CExampleTest(ExampleTests, unittest.TestCase):
 
 class PythonExampleTest(ExampleTests, unittest.TestCase):
     command = ["/usr/bin/python3", os.path.join(EXAMPLES_DIR, "python", "acquire.py")]
+    # The example imports the sluice package from the source tree.
+    env = dict(os.environ, PYTHONPATH=os.path.join(EXAMPLES_DIR, "..", "python"),
+               PYTHONDONTWRITEBYTECODE="1")
 
 
 class NodeExampleTest(ExampleTests, unittest.TestCase):
