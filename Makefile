@@ -39,6 +39,7 @@ PACKAGE_PACKAGES := dpkg-dev file
 BENCH_PACKAGES := python3-matplotlib
 # The client libraries' tests (client/<language>/): toolchains and libraries.
 CLIENT_PACKAGES :=
+CLIENT_PACKAGES += default-jdk-headless libmsgpack-java libjakarta-servlet-api-java junit5 libtomcat10-java
 FUZZ_PACKAGES := clang libclang-rt-14-dev
 VALGRIND_PACKAGES := valgrind
 FUZZ_TARGETS := rpc config lease_reply
