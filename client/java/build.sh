@@ -30,7 +30,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   test_cp=$test_cp:$J/junit-jupiter-api.jar:$J/apiguardian-api.jar:$J/opentest4j.jar
   test_cp=$test_cp:$J/junit-platform-commons.jar
   test_cp=$test_cp:$J/tomcat10-catalina.jar:$J/tomcat10-coyote.jar:$J/tomcat10-util.jar
-  test_cp=$test_cp:$J/tomcat10-api.jar:$J/tomcat10-juli.jar
+  test_cp=$test_cp:$J/tomcat10-util-scan.jar:$J/tomcat10-api.jar:$J/tomcat10-juli.jar
   javac $javac_flags -Xlint:-processing -cp "$test_cp" -d "$out/test-classes" \
     $(find "$here/src/test/java" -name '*.java')
 fi
