@@ -5,6 +5,10 @@ import java.math.BigInteger;
 import java.net.StandardProtocolFamily;
 import java.net.UnixDomainSocketAddress;
 import java.nio.ByteBuffer;
+import java.nio.channels.ClosedChannelException;
+import java.nio.channels.ClosedSelectorException;
+import java.nio.channels.SelectionKey;
+import java.nio.channels.Selector;
 import java.nio.channels.SocketChannel;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
@@ -24,7 +28,8 @@ import org.msgpack.core.MessagePack;
 import org.msgpack.core.MessagePackException;
 import org.msgpack.core.MessageBufferPacker;
 import org.msgpack.core.MessageUnpacker;
-import org.msgpack.core.buffer.ChannelBufferInput;
+import org.msgpack.core.buffer.MessageBuffer;
+import org.msgpack.core.buffer.MessageBufferInput;
 import org.msgpack.value.ValueType;
 
 /**
@@ -71,6 +76,8 @@ public final class SluiceClient implements AutoCloseable {
 
   private static final int READ_CHUNK_BYTES = 64 * 1024;
   private static final long MAX_COST = 0xffff_ffffL;
+  /** A write deadline that never passes. */
+  private static final long NO_DEADLINE = Long.MIN_VALUE;
 
   /** The options of a client; setters return this. */
   public static final class Options {
@@ -196,17 +203,57 @@ public final class SluiceClient implements AutoCloseable {
     }
   }
 
-  /** One connection; every field but `channel` is guarded by `lock`. */
+  /**
+   * One connection: a non-blocking channel, read by its reader thread
+   * (waiting on readSelector) and written by whichever thread is draining
+   * `out` (waiting on writeSelector, made when a write first has to wait).
+   * `out`, `spare`, `writing` and `dead` are guarded by `lock`.
+   */
   private static final class Conn {
     final SocketChannel channel;
+    final Selector readSelector;
+    volatile Selector writeSelector;
     OutBuf out = new OutBuf();
     OutBuf spare = new OutBuf();
     boolean writing; // a thread is draining `out`; `out` is empty otherwise
-    boolean dead;
+    volatile boolean dead;
 
-    Conn(SocketChannel channel) {
+    Conn(SocketChannel channel, Selector readSelector) {
       this.channel = channel;
+      this.readSelector = readSelector;
     }
+  }
+
+  /**
+   * The reader's input: what the channel has, waiting on readSelector when
+   * it has nothing; null at the end of the stream.
+   */
+  private static final class SelectingInput implements MessageBufferInput {
+    private final Conn conn;
+    private final byte[] bytes = new byte[READ_CHUNK_BYTES];
+    private final MessageBuffer buffer = MessageBuffer.wrap(bytes);
+
+    SelectingInput(Conn conn) {
+      this.conn = conn;
+    }
+
+    @Override
+    public MessageBuffer next() throws IOException {
+      for (;;) {
+        int n = conn.channel.read(ByteBuffer.wrap(bytes));
+        if (n < 0) {
+          return null;
+        }
+        if (n > 0) {
+          return buffer.slice(0, n);
+        }
+        conn.readSelector.select();
+        conn.readSelector.selectedKeys().clear();
+      }
+    }
+
+    @Override
+    public void close() {}
   }
 
   private final Options options;
@@ -622,7 +669,8 @@ public final class SluiceClient implements AutoCloseable {
       }
     }
     if (writeOn != null) {
-      drain(writeOn);
+      drain(writeOn, timeoutMs >= 0 ? System.nanoTime() + timeoutMs * 1_000_000 : NO_DEADLINE,
+          null, null);
     }
     return cast(p.future);
   }
@@ -662,20 +710,19 @@ public final class SluiceClient implements AutoCloseable {
   /** Opens a connection and starts its reader; caller holds `lock`. */
   private Conn open() {
     SocketChannel channel = null;
+    Selector readSelector = null;
     try {
       channel = SocketChannel.open(StandardProtocolFamily.UNIX);
       channel.connect(address);
+      channel.configureBlocking(false);
+      readSelector = Selector.open();
+      channel.register(readSelector, SelectionKey.OP_READ);
     } catch (IOException | RuntimeException e) {
-      if (channel != null) {
-        try {
-          channel.close();
-        } catch (IOException ignored) {
-          // nothing more to release
-        }
-      }
+      closeQuietly(channel);
+      closeQuietly(readSelector);
       throw new SluiceException(ErrorCode.ECONNECT, options.socketPath + ": " + e.getMessage(), e);
     }
-    Conn c = new Conn(channel);
+    Conn c = new Conn(channel, readSelector);
     Thread reader = new Thread(() -> readLoop(c), "sluice-reader");
     reader.setDaemon(true);
     reader.start();
@@ -694,10 +741,11 @@ public final class SluiceClient implements AutoCloseable {
       return List.of();
     }
     c.dead = true;
-    try {
-      c.channel.close();
-    } catch (IOException ignored) {
-      // closed either way
+    closeQuietly(c.channel);
+    c.readSelector.wakeup();
+    Selector writeSelector = c.writeSelector;
+    if (writeSelector != null) {
+      writeSelector.wakeup();
     }
     List<Pending> dropped = new ArrayList<>();
     for (Pending p : pending.values()) {
@@ -706,6 +754,16 @@ public final class SluiceClient implements AutoCloseable {
       }
     }
     return dropped;
+  }
+
+  private static void closeQuietly(java.io.Closeable closeable) {
+    if (closeable != null) {
+      try {
+        closeable.close();
+      } catch (IOException ignored) {
+        // released either way
+      }
+    }
   }
 
   private static void failAll(List<Pending> list, SluiceException e) {
@@ -720,89 +778,104 @@ public final class SluiceClient implements AutoCloseable {
    * dies, the requests of which no byte was written move to a new connection
    * (opened once per drain) or, when that fails, fail.
    */
-  private void drain(Conn c) {
+  private void drain(Conn c, long deadline, OutBuf resumeBatch, ByteBuffer resumeBuffer) {
     boolean reconnected = false;
+    OutBuf batch = resumeBatch;
+    ByteBuffer buffer = resumeBuffer;
     for (;;) {
-      OutBuf batch;
       List<Pending> dropped = List.of();
       SluiceException dropError = null;
       List<Pending> unsent = List.of();
       SluiceException unsentError = null;
-      synchronized (lock) {
-        if (c.dead) {
-          // Every request left in c.out is wholly unwritten: send it elsewhere.
-          List<Pending> queued = new ArrayList<>();
-          for (Pending p : c.out.entries) {
-            if (pending.get(p.msgid) == p) {
-              queued.add(p);
-            }
-          }
-          c.out.clear();
-          c.writing = false;
-          if (queued.isEmpty()) {
-            return;
-          }
-          Conn next = conn;
-          if (closed) {
-            unsentError = new SluiceException(ErrorCode.ECLOSED, "the client was closed");
-          } else if (next == null || next.dead) {
-            if (reconnected) {
-              unsentError = new SluiceException(ErrorCode.ECLOSED, "connection closed by the daemon");
-            } else {
-              reconnected = true;
-              try {
-                next = open();
-                conn = next;
-              } catch (SluiceException e) {
-                unsentError = e;
+      if (batch == null) { // take the next batch (after a handoff, the batch is given)
+        synchronized (lock) {
+          if (c.dead) {
+            closeQuietly(c.writeSelector);
+            // Every request left in c.out is wholly unwritten: send it elsewhere.
+            List<Pending> queued = new ArrayList<>();
+            for (Pending p : c.out.entries) {
+              if (pending.get(p.msgid) == p) {
+                queued.add(p);
               }
             }
-          }
-          if (unsentError != null) {
-            for (Pending p : queued) {
-              pending.remove(p.msgid, p);
-            }
-            unsent = queued;
-          } else {
-            for (Pending p : queued) {
-              p.conn = next;
-              p.state = QUEUED;
-              next.out.append(p);
-            }
-            if (next.writing) {
-              return; // its writer sends them
-            }
-            next.writing = true;
-            c = next;
-          }
-        }
-        if (unsentError == null) {
-          if (c.out.len == 0) {
+            c.out.clear();
             c.writing = false;
-            return;
+            if (queued.isEmpty()) {
+              return;
+            }
+            Conn next = conn;
+            if (closed) {
+              unsentError = new SluiceException(ErrorCode.ECLOSED, "the client was closed");
+            } else if (next == null || next.dead) {
+              if (reconnected) {
+                unsentError = new SluiceException(ErrorCode.ECLOSED, "connection closed by the daemon");
+              } else {
+                reconnected = true;
+                try {
+                  next = open();
+                  conn = next;
+                } catch (SluiceException e) {
+                  unsentError = e;
+                }
+              }
+            }
+            if (unsentError != null) {
+              for (Pending p : queued) {
+                pending.remove(p.msgid, p);
+              }
+              unsent = queued;
+            } else {
+              for (Pending p : queued) {
+                p.conn = next;
+                p.state = QUEUED;
+                next.out.append(p);
+              }
+              if (next.writing) {
+                return; // its writer sends them
+              }
+              next.writing = true;
+              c = next;
+            }
           }
-          batch = c.out;
-          c.out = c.spare;
-          c.spare = batch;
-          for (Pending p : batch.entries) {
-            p.state = SENDING;
+          if (unsentError == null) {
+            if (c.out.len == 0) {
+              c.writing = false;
+              return;
+            }
+            batch = c.out;
+            c.out = c.spare;
+            c.spare = batch;
+            for (Pending p : batch.entries) {
+              p.state = SENDING;
+            }
+          } else {
+            batch = null;
           }
-        } else {
-          batch = null;
         }
+        if (batch == null) { // nowhere to send them
+          failAll(unsent, unsentError);
+          return;
+        }
+        buffer = ByteBuffer.wrap(batch.data, 0, batch.len);
       }
-      if (batch == null) {
-        failAll(unsent, unsentError);
-        return;
-      }
-      ByteBuffer buffer = ByteBuffer.wrap(batch.data, 0, batch.len);
       IOException failure = null;
       try {
-        while (buffer.hasRemaining()) {
-          c.channel.write(buffer);
+        if (!writeAll(c, buffer, deadline)) {
+          // The caller's deadline passed with bytes left (the daemon is not
+          // reading): a thread of its own finishes the batch and the queue.
+          final Conn conn0 = c;
+          final OutBuf batch0 = batch;
+          final ByteBuffer buffer0 = buffer;
+          Thread writer = new Thread(() -> drain(conn0, NO_DEADLINE, batch0, buffer0),
+              "sluice-writer");
+          writer.setDaemon(true);
+          writer.start();
+          return;
         }
       } catch (IOException e) {
         failure = e;
+      } catch (ClosedSelectorException e) {
+        failure = new ClosedChannelException();
       }
       int written = buffer.position();
       synchronized (lock) {
@@ -832,8 +905,47 @@ public final class SluiceClient implements AutoCloseable {
         }
         batch.clear();
       }
+      batch = null;
+      buffer = null;
       failAll(dropped, dropError);
     }
+  }
+
+  /**
+   * Writes `buffer` whole, waiting for the socket to take more until
+   * `deadline` (System.nanoTime(), or NO_DEADLINE). Returns false when the
+   * deadline passed first.
+   */
+  private static boolean writeAll(Conn c, ByteBuffer buffer, long deadline) throws IOException {
+    while (buffer.hasRemaining()) {
+      if (c.channel.write(buffer) > 0) {
+        continue;
+      }
+      long waitMs = 0;
+      if (deadline != NO_DEADLINE) {
+        long leftNs = deadline - System.nanoTime();
+        if (leftNs <= 0) {
+          return false;
+        }
+        waitMs = Math.max(1, (leftNs + 999_999) / 1_000_000);
+      }
+      Selector selector = c.writeSelector;
+      if (selector == null) {
+        selector = Selector.open();
+        c.channel.register(selector, SelectionKey.OP_WRITE);
+        c.writeSelector = selector;
+      }
+      if (c.dead) {
+        throw new ClosedChannelException();
+      }
+      if (waitMs == 0) {
+        selector.select();
+      } else {
+        selector.select(waitMs);
+      }
+      selector.selectedKeys().clear();
+    }
+    return true;
   }
 
   // ---- responses -----------------------------------------------------------------------
@@ -859,8 +971,7 @@ public final class SluiceClient implements AutoCloseable {
   }
 
   private void readLoop(Conn c) {
-    MessageUnpacker u = MessagePack.DEFAULT_UNPACKER_CONFIG
-        .newUnpacker(new ChannelBufferInput(c.channel, READ_CHUNK_BYTES));
+    MessageUnpacker u = MessagePack.DEFAULT_UNPACKER_CONFIG.newUnpacker(new SelectingInput(c));
     SluiceException end;
     try {
       for (;;) {
@@ -889,6 +1000,7 @@ public final class SluiceClient implements AutoCloseable {
     synchronized (lock) {
       dropped = kill(c);
     }
+    closeQuietly(c.readSelector);
     failAll(dropped, end);
   }
 

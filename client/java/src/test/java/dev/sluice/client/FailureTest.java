@@ -60,6 +60,42 @@ class FailureTest {
   }
 
   @Test
+  void callsReturnByTheirTimeoutWhenAStoppedDaemonLeavesTheirWriteUnfinished() throws Exception {
+    try (Daemon daemon = new Daemon(RULES).start();
+        SluiceClient client = SluiceClient.connect(daemon.socket)) {
+      assertTrue(client.acquire("ten", "before").allowed());
+      daemon.signal("STOP");
+      List<CompletableFuture<Decision>> calls = new java.util.ArrayList<>();
+      long started = System.nanoTime();
+      try {
+        // 3,000 requests of 4 KB keys: far more than the socket buffers hold.
+        for (int i = 0; i < 3_000; i++) {
+          byte[] key = String.format("%04d", i).repeat(1000).getBytes(
+              java.nio.charset.StandardCharsets.US_ASCII);
+          calls.add(client.acquireAsync("ten", key, 1, 300));
+        }
+        long submittedMs = (System.nanoTime() - started) / 1_000_000;
+        for (CompletableFuture<Decision> call : calls) {
+          Decision d = call.join();
+          assertTrue(d.unreachable());
+          assertEquals(ErrorCode.ETIMEDOUT, d.unreachableCause().code());
+        }
+        long answeredMs = (System.nanoTime() - started) / 1_000_000;
+        assertTrue(submittedMs < 2_000, "submitting took " + submittedMs + " ms");
+        assertTrue(answeredMs < 3_000, "timing out took " + answeredMs + " ms");
+        assertEquals(0, client.inFlight());
+      } finally {
+        daemon.signal("CONT");
+      }
+      // The rest of the requests go out in the background; then calls work again.
+      Decision after = client.acquire("ten", "after".getBytes(
+          java.nio.charset.StandardCharsets.US_ASCII), 1, 20_000);
+      assertFalse(after.unreachable(), String.valueOf(after.unreachableCause()));
+      assertEquals(9, after.remaining());
+    }
+  }
+
+  @Test
   void aRestartedDaemonIsReconnectedToAtTheNextCall() throws Exception {
     try (Daemon daemon = new Daemon(RULES).start();
         SluiceClient client = SluiceClient.connect(daemon.socket)) {
