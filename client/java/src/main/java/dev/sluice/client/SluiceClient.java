@@ -187,7 +187,7 @@ public final class SluiceClient implements AutoCloseable {
       p.start = len;
       data[len] = (byte) 0x94; // array of 4: [0, msgid, method, params]
       data[len + 1] = 0x00;
-      data[len + 2] = (byte) 0xce; // msgid as uint32, patched in place
+      data[len + 2] = (byte) 0xce; // msgid as a uint32, whatever its value
       data[len + 3] = (byte) (p.msgid >>> 24);
       data[len + 4] = (byte) (p.msgid >>> 16);
       data[len + 5] = (byte) (p.msgid >>> 8);
@@ -256,7 +256,8 @@ public final class SluiceClient implements AutoCloseable {
     public void close() {}
   }
 
-  private final Options options;
+  private final String socketPath;
+  private final long timeoutMs;
   private final UnixDomainSocketAddress address;
   private final UnreachablePolicy policy;
   private final Object lock = new Object();
@@ -279,8 +280,9 @@ public final class SluiceClient implements AutoCloseable {
    * {@link #connect} to connect at once.
    */
   public SluiceClient(Options options) {
-    this.options = options;
-    this.address = UnixDomainSocketAddress.of(options.socketPath);
+    this.socketPath = options.socketPath;
+    this.timeoutMs = options.timeoutMs;
+    this.address = UnixDomainSocketAddress.of(socketPath);
     this.policy = options.unreachablePolicy;
     this.nextMsgid = (int) options.firstMsgid;
     this.timers = new ScheduledThreadPoolExecutor(1, r -> {
@@ -344,19 +346,19 @@ public final class SluiceClient implements AutoCloseable {
 
   /** The options' default timeout in ms. */
   public long timeoutMs() {
-    return options.timeoutMs;
+    return this.timeoutMs;
   }
 
   // ---- calls ---------------------------------------------------------------------
 
   /** May `key` spend one unit of `rule` now? Spends it when allowed. */
   public CompletableFuture<Decision> acquireAsync(String rule, String key) {
-    return acquireAsync(rule, utf8(key), 1, options.timeoutMs);
+    return acquireAsync(rule, utf8(key), 1, timeoutMs);
   }
 
   /** May `key` spend `cost` units of `rule` now? Spends them when allowed. */
   public CompletableFuture<Decision> acquireAsync(String rule, String key, long cost) {
-    return acquireAsync(rule, utf8(key), cost, options.timeoutMs);
+    return acquireAsync(rule, utf8(key), cost, timeoutMs);
   }
 
   /** {@link #acquireAsync(String, String, long)} with a key of any bytes and its own timeout. */
@@ -454,31 +456,31 @@ public final class SluiceClient implements AutoCloseable {
 
   public Decision acquireWait(String rule, String key, long cost, long maxWaitMs) {
     return await(acquireWaitAsync(rule, utf8(key), cost, maxWaitMs,
-        options.timeoutMs < 0 ? -1 : options.timeoutMs + maxWaitMs));
+        timeoutMs < 0 ? -1 : timeoutMs + maxWaitMs));
   }
 
   public Decision peek(String rule, String key) {
-    return await(peekAsync(rule, utf8(key), options.timeoutMs));
+    return await(peekAsync(rule, utf8(key), timeoutMs));
   }
 
   public Decision release(String rule, String key, long cost) {
-    return await(releaseAsync(rule, utf8(key), cost, options.timeoutMs));
+    return await(releaseAsync(rule, utf8(key), cost, timeoutMs));
   }
 
   public Decision reset(String rule, String key) {
-    return await(resetAsync(rule, utf8(key), options.timeoutMs));
+    return await(resetAsync(rule, utf8(key), timeoutMs));
   }
 
   public AcquireAllResult acquireAll(List<Item> items) {
-    return await(acquireAllAsync(items, options.timeoutMs));
+    return await(acquireAllAsync(items, timeoutMs));
   }
 
   public Health health() {
-    return await(healthAsync(options.timeoutMs));
+    return await(healthAsync(timeoutMs));
   }
 
   public Object call(String method) {
-    return await(callAsync(method, options.timeoutMs));
+    return await(callAsync(method, timeoutMs));
   }
 
   /**
@@ -720,7 +722,7 @@ public final class SluiceClient implements AutoCloseable {
     } catch (IOException | RuntimeException e) {
       closeQuietly(channel);
       closeQuietly(readSelector);
-      throw new SluiceException(ErrorCode.ECONNECT, options.socketPath + ": " + e.getMessage(), e);
+      throw new SluiceException(ErrorCode.ECONNECT, socketPath + ": " + e.getMessage(), e);
     }
     Conn c = new Conn(channel, readSelector);
     Thread reader = new Thread(() -> readLoop(c), "sluice-reader");
@@ -820,10 +822,12 @@ public final class SluiceClient implements AutoCloseable {
               }
             }
             if (unsentError != null) {
+              unsent = new ArrayList<>();
               for (Pending p : queued) {
-                pending.remove(p.msgid, p);
+                if (pending.remove(p.msgid, p)) { // else its timeout took it
+                  unsent.add(p);
+                }
               }
-              unsent = queued;
             } else {
               for (Pending p : queued) {
                 p.conn = next;

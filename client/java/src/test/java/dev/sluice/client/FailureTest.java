@@ -49,8 +49,9 @@ class FailureTest {
       }
       // The connection is still good: the three late answers come first and
       // are dropped, then this call gets its own.
-      Decision after = client.acquire("ten", "stop");
-      assertFalse(after.unreachable());
+      Decision after = client.acquire("ten", "stop".getBytes(
+          java.nio.charset.StandardCharsets.US_ASCII), 1, 10_000);
+      assertFalse(after.unreachable(), String.valueOf(after.unreachableCause()));
       // The request sent while the daemon was stopped was acted on (its
       // bytes were written), and never sent twice: 1 + 1 + 1 units spent.
       assertEquals(7, after.remaining());
@@ -62,7 +63,8 @@ class FailureTest {
   @Test
   void callsReturnByTheirTimeoutWhenAStoppedDaemonLeavesTheirWriteUnfinished() throws Exception {
     try (Daemon daemon = new Daemon(RULES).start();
-        SluiceClient client = SluiceClient.connect(daemon.socket)) {
+        SluiceClient client = SluiceClient.connect(
+            new SluiceClient.Options().socketPath(daemon.socket).timeoutMs(10_000))) {
       assertTrue(client.acquire("ten", "before").allowed());
       daemon.signal("STOP");
       List<CompletableFuture<Decision>> calls = new java.util.ArrayList<>();
@@ -98,7 +100,8 @@ class FailureTest {
   @Test
   void aRestartedDaemonIsReconnectedToAtTheNextCall() throws Exception {
     try (Daemon daemon = new Daemon(RULES).start();
-        SluiceClient client = SluiceClient.connect(daemon.socket)) {
+        SluiceClient client = SluiceClient.connect(
+            new SluiceClient.Options().socketPath(daemon.socket).timeoutMs(10_000))) {
       assertEquals(9, client.acquire("ten", "restart").remaining());
       daemon.stop();
       daemon.start();
@@ -143,7 +146,7 @@ class FailureTest {
       assertEquals(ErrorCode.ECONNECT,
           assertThrows(SluiceException.class, () -> SluiceClient.connect(daemon.socket)).code());
       try (SluiceClient client = new SluiceClient(
-          new SluiceClient.Options().socketPath(daemon.socket))) {
+          new SluiceClient.Options().socketPath(daemon.socket).timeoutMs(10_000))) {
         Decision d = client.acquire("ten", "k");
         assertTrue(d.allowed());
         assertTrue(d.unreachable());

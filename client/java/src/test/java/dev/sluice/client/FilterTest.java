@@ -48,7 +48,8 @@ class FilterTest {
     TOMCAT_LOG.setLevel(Level.WARNING);
     TOMCAT_LOADER_LOG.setLevel(Level.SEVERE);
     daemon = new Daemon(RULES).start();
-    client = SluiceClient.connect(daemon.socket);
+    client = SluiceClient.connect(
+        new SluiceClient.Options().socketPath(daemon.socket).timeoutMs(10_000));
   }
 
   @AfterAll

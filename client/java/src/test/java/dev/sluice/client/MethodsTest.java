@@ -29,7 +29,8 @@ class MethodsTest {
   @BeforeAll
   static void startDaemon() throws Exception {
     daemon = new Daemon(RULES).start();
-    client = SluiceClient.connect(daemon.socket);
+    client = SluiceClient.connect(
+        new SluiceClient.Options().socketPath(daemon.socket).timeoutMs(10_000));
   }
 
   @AfterAll

@@ -88,7 +88,7 @@ class PipelineTest {
   void msgidsWrapFrom2To32Minus1ToZeroAndAnswersStillMatch() {
     long first = (1L << 32) - 5;
     try (SluiceClient client = new SluiceClient(
-        new SluiceClient.Options().socketPath(daemon.socket).firstMsgid(first))) {
+        new SluiceClient.Options().socketPath(daemon.socket).timeoutMs(10_000).firstMsgid(first))) {
       assertEquals(first, client.nextMsgid());
       List<CompletableFuture<Decision>> calls = new ArrayList<>();
       for (int i = 0; i < 20; i++) {
@@ -106,7 +106,8 @@ class PipelineTest {
 
   @Test
   void threadsShareOneClientAndEveryCallCounts() throws Exception {
-    try (SluiceClient client = SluiceClient.connect(daemon.socket)) {
+    try (SluiceClient client = SluiceClient.connect(
+        new SluiceClient.Options().socketPath(daemon.socket).timeoutMs(10_000))) {
       int threads = 8;
       int each = 250;
       List<Thread> workers = new ArrayList<>();
