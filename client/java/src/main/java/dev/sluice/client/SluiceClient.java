@@ -40,11 +40,21 @@ import org.msgpack.value.ValueType;
  * <p>Thread-safety and pipelining: one instance is shared by any number of
  * threads. Every call is a request on one connection; many are in flight at
  * once and each answer is matched to its call by msgid (a 32-bit counter
- * that wraps). The {@code *Async} methods return a {@link CompletableFuture}
- * completed by the connection's reader thread (do not block inside its
- * callbacks); the others wait for it. Requests are written by the calling
- * thread, and a caller that finds another thread writing leaves its request
- * to that thread, so concurrent callers share write calls.
+ * that wraps). The {@code *Async} methods return a {@link CompletableFuture};
+ * the others wait for it.
+ *
+ * <p>Threads: a caller encodes its request, then under {@code lock} takes a
+ * msgid and appends the request to the connection's output. If no thread
+ * is writing, the caller writes the output itself until it is empty
+ * (requests other callers append meanwhile go out in the same writes);
+ * when the socket takes nothing until the caller's deadline, a thread of
+ * its own ("sluice-writer") finishes. Each connection has a reader thread
+ * ("sluice-reader") that decodes answers and completes their futures (so
+ * callbacks run there: do not block inside them); one timer thread per
+ * client ("sluice-timeouts") fails calls whose timeout passed. The map of
+ * calls in flight is concurrent; everything else shared is guarded by
+ * {@code lock}, and futures are completed outside it. close() ends every
+ * thread of the client.
  *
  * <p>Time: every call has a timeout in milliseconds (the options' default,
  * or its own); it bounds the wait for the answer, and a negative timeout

@@ -67,10 +67,31 @@ final class Daemon implements AutoCloseable {
     return process.pid();
   }
 
+  /**
+   * Sends signal `name` (e.g. "STOP", "CONT"). kill() returns before the
+   * daemon's threads have stopped, so for STOP this waits until
+   * /proc/PID/stat says the process is stopped ('T').
+   */
   void signal(String name) throws IOException, InterruptedException {
     Process kill = new ProcessBuilder("kill", "-" + name, Long.toString(process.pid())).start();
     if (kill.waitFor() != 0) {
       throw new IOException("kill -" + name + " failed");
+    }
+    if (!name.equals("STOP")) {
+      return;
+    }
+    Path stat = Path.of("/proc", Long.toString(process.pid()), "stat");
+    long deadline = System.nanoTime() + 5_000_000_000L;
+    while (true) {
+      String text = Files.readString(stat);
+      // "pid (comm) state ...": the state follows the last ')'.
+      if (text.substring(text.lastIndexOf(')') + 2).startsWith("T")) {
+        return;
+      }
+      if (System.nanoTime() > deadline) {
+        throw new IOException("sluiced did not stop: " + text);
+      }
+      Thread.sleep(1);
     }
   }
 

@@ -27,13 +27,14 @@ class FailureTest {
     try (Daemon daemon = new Daemon(RULES).start();
         SluiceClient client = SluiceClient.connect(
             new SluiceClient.Options().socketPath(daemon.socket).timeoutMs(300))) {
-      assertTrue(client.acquire("ten", "stop").allowed());
+      byte[] key = "stop".getBytes(java.nio.charset.StandardCharsets.US_ASCII);
+      assertFalse(client.acquire("ten", key, 1, 10_000).unreachable());
       daemon.signal("STOP");
       try {
         long started = System.nanoTime();
         Decision d = client.acquire("ten", "stop");
         long elapsedMs = (System.nanoTime() - started) / 1_000_000;
-        assertTrue(d.unreachable());
+        assertTrue(d.unreachable(), d + " after " + elapsedMs + " ms");
         assertTrue(d.allowed(), "fail_open is the default");
         assertEquals(ErrorCode.ETIMEDOUT, d.unreachableCause().code());
         assertTrue(elapsedMs >= 290 && elapsedMs < 3000, "timed out after " + elapsedMs + " ms");
@@ -49,8 +50,7 @@ class FailureTest {
       }
       // The connection is still good: the three late answers come first and
       // are dropped, then this call gets its own.
-      Decision after = client.acquire("ten", "stop".getBytes(
-          java.nio.charset.StandardCharsets.US_ASCII), 1, 10_000);
+      Decision after = client.acquire("ten", key, 1, 10_000);
       assertFalse(after.unreachable(), String.valueOf(after.unreachableCause()));
       // The request sent while the daemon was stopped was acted on (its
       // bytes were written), and never sent twice: 1 + 1 + 1 units spent.
@@ -185,6 +185,39 @@ class FailureTest {
       assertFalse(client.acquireAll(List.of(new Item("ten", "a", 1))).allowed());
       assertEquals(2, client.failedClosedCount());
       assertEquals(0, client.failedOpenCount());
+    }
+  }
+
+  static List<Thread> sluiceThreads() {
+    List<Thread> threads = new java.util.ArrayList<>();
+    for (Thread t : Thread.getAllStackTraces().keySet()) {
+      if (t.getName().startsWith("sluice-")) {
+        threads.add(t);
+      }
+    }
+    return threads;
+  }
+
+  @Test
+  void closeEndsEveryThreadOfTheClientAcrossReconnections() throws Exception {
+    List<Thread> before = sluiceThreads();
+    try (Daemon daemon = new Daemon(RULES).start()) {
+      SluiceClient client = SluiceClient.connect(
+          new SluiceClient.Options().socketPath(daemon.socket).timeoutMs(10_000));
+      assertTrue(client.acquire("ten", "threads").allowed());
+      daemon.stop();
+      daemon.start();
+      assertTrue(client.acquire("ten", "threads").allowed());
+      assertEquals(2, client.connectCount());
+      List<Thread> mine = sluiceThreads();
+      mine.removeAll(before);
+      // The timer thread and at least the live connection's reader.
+      assertTrue(mine.size() >= 2, mine.toString());
+      client.close();
+      for (Thread t : mine) {
+        t.join(10_000);
+        assertFalse(t.isAlive(), t + " still runs");
+      }
     }
   }
 
