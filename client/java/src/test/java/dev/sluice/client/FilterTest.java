@@ -64,11 +64,24 @@ class FilterTest {
     final Path base;
 
     Server(Filter filter) throws IOException, LifecycleException {
+      this(filterDef(filter));
+    }
+
+    static FilterDef filterDef(Filter filter) {
+      FilterDef def = new FilterDef();
+      def.setFilter(filter);
+      return def;
+    }
+
+    Server(FilterDef def) throws IOException, LifecycleException {
       base = Files.createTempDirectory(Path.of("/tmp"), "slt.");
       tomcat.setBaseDir(base.toString());
       tomcat.setPort(0);
       tomcat.getConnector();
       Context context = tomcat.addContext("", base.toString());
+      // The launcher loads these classes in a loader of its own: filters
+      // named by class (as in web.xml) are found through it.
+      context.setParentClassLoader(FilterTest.class.getClassLoader());
       Wrapper servlet = Tomcat.addServlet(context, "hello", new HttpServlet() {
         private static final long serialVersionUID = 1L;
 
@@ -80,9 +93,7 @@ class FilterTest {
         }
       });
       servlet.addMapping("/*");
-      FilterDef def = new FilterDef();
       def.setFilterName("sluice");
-      def.setFilter(filter);
       context.addFilterDef(def);
       FilterMap map = new FilterMap();
       map.setFilterName("sluice");
@@ -143,6 +154,26 @@ class FilterTest {
       HttpResponse<String> anonymous = server.get(null);
       assertEquals(200, anonymous.statusCode());
       assertFalse(anonymous.headers().firstValue("RateLimit").isPresent());
+    }
+  }
+
+  @Test
+  void aFilterConfiguredByInitParametersLimitsByItsHeader() throws Exception {
+    FilterDef def = new FilterDef();
+    def.setFilterClass(SluiceFilter.class.getName());
+    def.addInitParameter("socket", daemon.socket);
+    def.addInitParameter("rule", "api");
+    def.addInitParameter("key", "header:X-Api-Key");
+    def.addInitParameter("window-seconds", "3600");
+    def.addInitParameter("timeout-ms", "10000");
+    def.addInitParameter("unreachable", "fail_closed");
+    try (Server server = new Server(def)) {
+      HttpResponse<String> first = server.get("erin");
+      assertEquals(200, first.statusCode());
+      assertTrue(first.headers().firstValue("RateLimit").orElse("").matches("\"api\";r=1;t=[0-9]+"));
+      assertEquals("\"api\";q=2;w=3600", first.headers().firstValue("RateLimit-Policy").orElse(""));
+      assertEquals(200, server.get("erin").statusCode());
+      assertEquals(429, server.get("erin").statusCode());
     }
   }
 
