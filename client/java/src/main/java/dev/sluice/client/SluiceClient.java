@@ -47,8 +47,9 @@ import org.msgpack.value.ValueType;
  * msgid and appends the request to the connection's output. If no thread
  * is writing, the caller writes the output itself until it is empty
  * (requests other callers append meanwhile go out in the same writes);
- * when the socket takes nothing until the caller's deadline, a thread of
- * its own ("sluice-writer") finishes. Each connection has a reader thread
+ * when the socket takes nothing until the caller's deadline, the client's
+ * writer thread ("sluice-writer", started when needed) finishes. A call
+ * made inside a callback writes the same way, on the reader thread. Each connection has a reader thread
  * ("sluice-reader") that decodes answers and completes their futures (so
  * callbacks run there: do not block inside them); one timer thread per
  * client ("sluice-timeouts") fails calls whose timeout passed. The map of
@@ -273,6 +274,7 @@ public final class SluiceClient implements AutoCloseable {
   private final Object lock = new Object();
   private final ConcurrentHashMap<Integer, Pending> pending = new ConcurrentHashMap<>();
   private final ScheduledThreadPoolExecutor timers;
+  private final java.util.concurrent.ThreadPoolExecutor writer;
   private final LongAdder failedOpen = new LongAdder();
   private final LongAdder failedClosed = new LongAdder();
   private final LongAdder staleResponses = new LongAdder();
@@ -301,6 +303,12 @@ public final class SluiceClient implements AutoCloseable {
       return t;
     });
     this.timers.setRemoveOnCancelPolicy(true);
+    this.writer = new java.util.concurrent.ThreadPoolExecutor(0, 1, 1, TimeUnit.SECONDS,
+        new java.util.concurrent.LinkedBlockingQueue<>(), r -> {
+          Thread t = new Thread(r, "sluice-writer");
+          t.setDaemon(true);
+          return t;
+        });
   }
 
   /** A client of the daemon at `socketPath`, connected now; ECONNECT when it cannot be. */
@@ -509,6 +517,7 @@ public final class SluiceClient implements AutoCloseable {
     }
     failAll(dropped, new SluiceException(ErrorCode.ECLOSED, "the client was closed"));
     timers.shutdownNow();
+    writer.shutdown(); // a drain it runs ends: the connection is dead
   }
 
   // ---- requests ------------------------------------------------------------------------
@@ -876,14 +885,8 @@ public final class SluiceClient implements AutoCloseable {
       try {
         if (!writeAll(c, buffer, deadline)) {
           // The caller's deadline passed with bytes left (the daemon is not
-          // reading): a thread of its own finishes the batch and the queue.
-          final Conn conn0 = c;
-          final OutBuf batch0 = batch;
-          final ByteBuffer buffer0 = buffer;
-          Thread writer = new Thread(() -> drain(conn0, NO_DEADLINE, batch0, buffer0),
-              "sluice-writer");
-          writer.setDaemon(true);
-          writer.start();
+          // reading): the writer thread finishes the batch and the queue.
+          handOff(c, batch, buffer);
           return;
         }
       } catch (IOException e) {
@@ -922,6 +925,16 @@ public final class SluiceClient implements AutoCloseable {
       batch = null;
       buffer = null;
       failAll(dropped, dropError);
+    }
+  }
+
+  /** Has the writer thread drain `c`, starting with what is left of `batch`, if given. */
+  private void handOff(Conn c, OutBuf batch, ByteBuffer buffer) {
+    try {
+      writer.execute(() -> drain(c, NO_DEADLINE, batch, buffer));
+    } catch (java.util.concurrent.RejectedExecutionException e) {
+      // The client is closing: c is dead, and a drain here only fails what is queued.
+      drain(c, System.nanoTime(), batch, buffer);
     }
   }
 

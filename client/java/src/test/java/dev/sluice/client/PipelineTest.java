@@ -105,6 +105,33 @@ class PipelineTest {
   }
 
   @Test
+  void twentyThousandCallsMadeInsideACallbackAreAllAnswered() {
+    // 20 MB of requests made in a callback, on the reader thread, whose
+    // answers (2 MB, over the daemon's max_output_bytes) are read only once
+    // the callback returns: each is answered, on the one connection.
+    try (SluiceClient client = SluiceClient.connect(
+        new SluiceClient.Options().socketPath(daemon.socket).timeoutMs(60_000))) {
+      int n = 20_000;
+      List<CompletableFuture<Decision>> inner = new ArrayList<>(n);
+      CompletableFuture<Void> outer = client.acquireAsync("big", "outer").thenAccept(d -> {
+        for (int i = 0; i < n; i++) {
+          byte[] key = String.format("%05d", i).repeat(200).getBytes(
+              java.nio.charset.StandardCharsets.US_ASCII);
+          inner.add(client.acquireAsync("big", key, 1, 60_000));
+        }
+      });
+      outer.join();
+      assertEquals(n, inner.size());
+      for (CompletableFuture<Decision> call : inner) {
+        Decision d = call.join();
+        assertFalse(d.unreachable(), String.valueOf(d.unreachableCause()));
+        assertEquals(BIG - 1, d.remaining());
+      }
+      assertEquals(1, client.connectCount());
+    }
+  }
+
+  @Test
   void threadsShareOneClientAndEveryCallCounts() throws Exception {
     try (SluiceClient client = SluiceClient.connect(
         new SluiceClient.Options().socketPath(daemon.socket).timeoutMs(10_000))) {
