@@ -11,15 +11,15 @@ import java.nio.channels.SelectionKey;
 import java.nio.channels.Selector;
 import java.nio.channels.SocketChannel;
 import java.nio.charset.StandardCharsets;
+import java.util.ArrayDeque;
 import java.util.ArrayList;
+import java.util.HashMap;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ExecutionException;
-import java.util.concurrent.ScheduledFuture;
-import java.util.concurrent.ScheduledThreadPoolExecutor;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.LongAdder;
 import org.msgpack.core.MessageFormat;
@@ -45,11 +45,12 @@ import org.msgpack.value.ValueType;
  *
  * <p>Threads: a caller encodes its request, then under {@code lock} takes a
  * msgid and appends the request to the connection's output. If no thread
- * is writing, the caller writes the output itself until it is empty
- * (requests other callers append meanwhile go out in the same writes);
- * when the socket takes nothing until the caller's deadline, the client's
- * writer thread ("sluice-writer", started when needed) finishes. A call
- * made inside a callback writes the same way, on the reader thread. Each connection has a reader thread
+ * is writing, a lone call (nothing else in flight) writes the output
+ * itself, and so does a call in a callback on a reader thread; otherwise
+ * the client's writer thread ("sluice-writer", started when needed)
+ * writes, so that requests queued while it writes go out together. A
+ * caller whose write is not done by its deadline (the daemon is not
+ * reading) leaves the rest to the writer thread. Each connection has a reader thread
  * ("sluice-reader") that decodes answers and completes their futures (so
  * callbacks run there: do not block inside them); one timer thread per
  * client ("sluice-timeouts") fails calls whose timeout passed. The map of
@@ -146,7 +147,7 @@ public final class SluiceClient implements AutoCloseable {
     Conn conn;
     int state = QUEUED;
     int start; // offset in its connection's output buffer
-    volatile ScheduledFuture<?> timer;
+    long deadlineNs; // System.nanoTime() when it times out, if it has a timeout
 
     Pending(Kind kind, boolean policyApplies, int items, byte[] tail) {
       this.kind = kind;
@@ -156,12 +157,10 @@ public final class SluiceClient implements AutoCloseable {
     }
 
     void complete(Object value) {
-      cancelTimer();
       future.complete(value);
     }
 
     void fail(SluiceException e) {
-      cancelTimer();
       if (policyApplies && e.code().unreachable()) {
         (policy == UnreachablePolicy.FAIL_OPEN ? failedOpen : failedClosed).increment();
         Decision decision = Decision.ofPolicy(policy, e);
@@ -173,13 +172,6 @@ public final class SluiceClient implements AutoCloseable {
         }
       } else {
         future.completeExceptionally(e);
-      }
-    }
-
-    void cancelTimer() {
-      ScheduledFuture<?> t = timer;
-      if (t != null) {
-        t.cancel(false);
       }
     }
   }
@@ -273,7 +265,23 @@ public final class SluiceClient implements AutoCloseable {
   private final UnreachablePolicy policy;
   private final Object lock = new Object();
   private final ConcurrentHashMap<Integer, Pending> pending = new ConcurrentHashMap<>();
-  private final ScheduledThreadPoolExecutor timers;
+  /**
+   * Calls with a timeout, one queue per distinct timeout, so deadlines rise
+   * along each queue: the timer thread looks at the heads only. Answered
+   * calls leave lazily (at the head, when a call is queued or the timer
+   * looks). Guarded by `lock`.
+   */
+  private final HashMap<Long, ArrayDeque<Pending>> deadlines = new HashMap<>();
+  /** The queue of the last timeout used, for the common case of one timeout. */
+  private long lastTimeoutMs = -1;
+  private ArrayDeque<Pending> lastQueue;
+  /**
+   * The timer thread's state, guarded by `lock`: scanning (awake), waiting
+   * until timerWakeNs (System.nanoTime()), or waiting for a call to time.
+   */
+  private boolean timerAwake = true;
+  private boolean timerHasWake;
+  private long timerWakeNs;
   private final java.util.concurrent.ThreadPoolExecutor writer;
   private final LongAdder failedOpen = new LongAdder();
   private final LongAdder failedClosed = new LongAdder();
@@ -297,12 +305,9 @@ public final class SluiceClient implements AutoCloseable {
     this.address = UnixDomainSocketAddress.of(socketPath);
     this.policy = options.unreachablePolicy;
     this.nextMsgid = (int) options.firstMsgid;
-    this.timers = new ScheduledThreadPoolExecutor(1, r -> {
-      Thread t = new Thread(r, "sluice-timeouts");
-      t.setDaemon(true);
-      return t;
-    });
-    this.timers.setRemoveOnCancelPolicy(true);
+    Thread timer = new Thread(this::timeOutCalls, "sluice-timeouts");
+    timer.setDaemon(true);
+    timer.start();
     this.writer = new java.util.concurrent.ThreadPoolExecutor(0, 1, 1, TimeUnit.SECONDS,
         new java.util.concurrent.LinkedBlockingQueue<>(), r -> {
           Thread t = new Thread(r, "sluice-writer");
@@ -514,9 +519,9 @@ public final class SluiceClient implements AutoCloseable {
       }
       closed = true;
       dropped = conn != null ? kill(conn) : List.of();
+      lock.notifyAll(); // the timer thread ends
     }
     failAll(dropped, new SluiceException(ErrorCode.ECLOSED, "the client was closed"));
-    timers.shutdownNow();
     writer.shutdown(); // a drain it runs ends: the connection is dead
   }
 
@@ -654,6 +659,7 @@ public final class SluiceClient implements AutoCloseable {
       long timeoutMs) {
     Pending p = new Pending(kind, policyApplies, items, tail);
     Conn writeOn = null;
+    boolean handOff = false;
     SluiceException failure = null;
     synchronized (lock) {
       if (closed) {
@@ -673,9 +679,31 @@ public final class SluiceClient implements AutoCloseable {
         p.conn = conn;
         pending.put(p.msgid, p);
         conn.out.append(p);
+        if (timeoutMs >= 0) {
+          p.deadlineNs = System.nanoTime() + timeoutMs * 1_000_000;
+          if (timeoutMs != lastTimeoutMs) {
+            lastQueue = deadlines.computeIfAbsent(timeoutMs, t -> new ArrayDeque<>());
+            lastTimeoutMs = timeoutMs;
+          }
+          ArrayDeque<Pending> queue = lastQueue;
+          while (!queue.isEmpty() && queue.peekFirst().future.isDone()) {
+            queue.pollFirst();
+          }
+          queue.addLast(p);
+          if (!timerAwake && (!timerHasWake || p.deadlineNs - timerWakeNs < 0)) {
+            lock.notifyAll();
+          }
+        }
         if (!conn.writing) {
           conn.writing = true;
           writeOn = conn;
+          // With other calls in flight, the writer thread writes: callers
+          // return at once and what they queue meanwhile goes out in its
+          // next write, one syscall for many requests. A lone call writes
+          // itself, the shortest way to the daemon; so does a call in a
+          // callback on a reader thread (requests made there go out as the
+          // daemon takes them).
+          handOff = pending.size() > 1 && !(Thread.currentThread() instanceof ReaderThread);
         }
       }
     }
@@ -683,22 +711,68 @@ public final class SluiceClient implements AutoCloseable {
       p.fail(failure);
       return cast(p.future);
     }
-    if (timeoutMs >= 0) {
-      p.timer = timers.schedule(() -> expire(p), timeoutMs, TimeUnit.MILLISECONDS);
-      if (p.future.isDone()) {
-        p.cancelTimer();
-      }
-    }
-    if (writeOn != null) {
+    if (handOff) {
+      handOff(writeOn, null, null);
+    } else if (writeOn != null) {
       drain(writeOn, timeoutMs >= 0 ? System.nanoTime() + timeoutMs * 1_000_000 : NO_DEADLINE,
           null, null);
     }
     return cast(p.future);
   }
 
-  private void expire(Pending p) {
-    if (pending.remove(p.msgid, p)) {
-      p.fail(new SluiceException(ErrorCode.ETIMEDOUT, "no answer from the daemon in time"));
+  /** The timer thread: fails each call whose deadline passed, until close(). */
+  private void timeOutCalls() {
+    List<Pending> expired = new ArrayList<>();
+    for (;;) {
+      synchronized (lock) {
+        for (;;) {
+          if (closed) {
+            return;
+          }
+          long nowNs = System.nanoTime();
+          long nextNs = Long.MAX_VALUE;
+          boolean any = false;
+          for (ArrayDeque<Pending> queue : deadlines.values()) {
+            while (!queue.isEmpty()) {
+              Pending head = queue.peekFirst();
+              if (head.future.isDone()) {
+                queue.pollFirst();
+              } else if (head.deadlineNs - nowNs <= 0) {
+                expired.add(queue.pollFirst());
+              } else {
+                if (!any || head.deadlineNs - nextNs < 0) {
+                  nextNs = head.deadlineNs;
+                }
+                any = true;
+                break;
+              }
+            }
+          }
+          if (!expired.isEmpty()) {
+            break;
+          }
+          timerAwake = false;
+          timerHasWake = any;
+          timerWakeNs = nextNs;
+          try {
+            if (any) {
+              long waitNs = nextNs - nowNs;
+              lock.wait(waitNs / 1_000_000, (int) (waitNs % 1_000_000));
+            } else {
+              lock.wait();
+            }
+          } catch (InterruptedException e) {
+            return;
+          }
+          timerAwake = true;
+        }
+      }
+      for (Pending p : expired) {
+        if (pending.remove(p.msgid, p)) {
+          p.fail(new SluiceException(ErrorCode.ETIMEDOUT, "no answer from the daemon in time"));
+        }
+      }
+      expired.clear();
     }
   }
 
@@ -744,7 +818,7 @@ public final class SluiceClient implements AutoCloseable {
       throw new SluiceException(ErrorCode.ECONNECT, socketPath + ": " + e.getMessage(), e);
     }
     Conn c = new Conn(channel, readSelector);
-    Thread reader = new Thread(() -> readLoop(c), "sluice-reader");
+    Thread reader = new ReaderThread(() -> readLoop(c));
     reader.setDaemon(true);
     reader.start();
     connects.increment();
@@ -976,6 +1050,13 @@ public final class SluiceClient implements AutoCloseable {
   }
 
   // ---- responses -----------------------------------------------------------------------
+
+  /** The thread that reads a connection's answers and completes their futures. */
+  private static final class ReaderThread extends Thread {
+    ReaderThread(Runnable body) {
+      super(body, "sluice-reader");
+    }
+  }
 
   /** A response the library cannot read; the connection is unusable. */
   private static final class FatalFrame extends Exception {
