@@ -1080,6 +1080,7 @@ public final class SluiceClient implements AutoCloseable {
 
   private void readLoop(Conn c) {
     MessageUnpacker u = MessagePack.DEFAULT_UNPACKER_CONFIG.newUnpacker(new SelectingInput(c));
+    byte[] scratch = new byte[SCRATCH_BYTES];
     SluiceException end;
     try {
       for (;;) {
@@ -1088,7 +1089,7 @@ public final class SluiceClient implements AutoCloseable {
           end = new SluiceException(ErrorCode.ECLOSED, "connection closed by the daemon");
           break;
         }
-        readFrame(u);
+        readFrame(u, scratch);
         if (u.getTotalReadBytes() - frameStart > MAX_RESPONSE_BYTES) {
           throw new FatalFrame(ErrorCode.ETOOLARGE, "a response frame over 4 MiB");
         }
@@ -1113,7 +1114,7 @@ public final class SluiceClient implements AutoCloseable {
   }
 
   /** Reads one frame: a response, matched to its call, or a notification, skipped. */
-  private void readFrame(MessageUnpacker u) throws IOException, FatalFrame {
+  private void readFrame(MessageUnpacker u, byte[] scratch) throws IOException, FatalFrame {
     if (u.getNextFormat().getValueType() != ValueType.ARRAY) {
       throw new FatalFrame(ErrorCode.EPROTO, "a frame that is not an array");
     }
@@ -1147,7 +1148,7 @@ public final class SluiceClient implements AutoCloseable {
     }
     Object result;
     try {
-      result = readResult(u, p);
+      result = readResult(u, p, scratch);
     } catch (BadResult e) {
       p.fail(new SluiceException(ErrorCode.EPROTO, e.getMessage()));
       return;
@@ -1210,15 +1211,15 @@ public final class SluiceClient implements AutoCloseable {
     return String.valueOf(readValue(u, 1));
   }
 
-  private Object readResult(MessageUnpacker u, Pending p)
+  private Object readResult(MessageUnpacker u, Pending p, byte[] scratch)
       throws IOException, FatalFrame, BadResult {
     switch (p.kind) {
       case DECISION:
-        return readDecision(u);
+        return readDecision(u, scratch);
       case RELEASE:
         if (u.getNextFormat().getValueType() == ValueType.MAP) {
           try {
-            return readDecision(u);
+            return readDecision(u, scratch);
           } catch (BadResult e) {
             return new Decision(true, Mode.UNKNOWN, 0, 0, 0, 0, -1, null, null);
           }
@@ -1226,7 +1227,7 @@ public final class SluiceClient implements AutoCloseable {
         u.skipValue(); // the contract leaves release's result open: anything else means done
         return new Decision(true, Mode.UNKNOWN, 0, 0, 0, 0, -1, null, null);
       case ALL:
-        return readAll(u, p.items);
+        return readAll(u, p.items, scratch);
       case HEALTH: {
         Object value = readValue(u, 0);
         if (!(value instanceof Map)) {
@@ -1246,11 +1247,82 @@ public final class SluiceClient implements AutoCloseable {
     }
   }
 
+  private static final int SCRATCH_BYTES = 64;
+  // A decision map's keys, told apart by their bytes (no String per key).
+  private static final int KEY_OTHER = 0;
+  private static final int KEY_ALLOWED = 1;
+  private static final int KEY_MODE = 2;
+  private static final int KEY_REASON = 3;
+  private static final int KEY_REMAINING = 4;
+  private static final int KEY_LIMIT = 5;
+  private static final int KEY_RESET_AFTER_MS = 6;
+  private static final int KEY_RETRY_AFTER_MS = 7;
+  private static final int KEY_WAITED_MS = 8;
+  private static final byte[][] DECISION_KEYS = {
+      null, ascii("allowed"), ascii("mode"), ascii("reason"), ascii("remaining"), ascii("limit"),
+      ascii("reset_after_ms"), ascii("retry_after_ms"), ascii("waited_ms")};
+  private static final Mode[] MODES = Mode.values();
+  private static final byte[][] MODE_NAMES = new byte[MODES.length][];
+
+  static {
+    for (int i = 0; i < MODES.length; i++) {
+      MODE_NAMES[i] = ascii(MODES[i].wireName());
+    }
+  }
+
+  private static byte[] ascii(String text) {
+    return text.getBytes(StandardCharsets.US_ASCII);
+  }
+
+  /** Reads a str or bin of at most scratch.length bytes into scratch; -1 (skipped) if longer. */
+  private static int readShortBytes(MessageUnpacker u, byte[] scratch)
+      throws IOException, FatalFrame {
+    int len = u.getNextFormat().getValueType() == ValueType.BINARY ? u.unpackBinaryHeader()
+        : u.unpackRawStringHeader();
+    if (len < 0 || len > MAX_RESPONSE_BYTES) {
+      throw new FatalFrame(ErrorCode.ETOOLARGE, "a string over 4 MiB");
+    }
+    if (len > scratch.length) {
+      u.readPayload(len);
+      return -1;
+    }
+    u.readPayload(scratch, 0, len);
+    return len;
+  }
+
+  private static boolean bytesAre(byte[] scratch, int len, byte[] name) {
+    return len == name.length
+        && java.util.Arrays.equals(scratch, 0, len, name, 0, name.length);
+  }
+
+  /** Which decision key the next str or bin (a map key) is; KEY_OTHER for any other. */
+  private static int readDecisionKey(MessageUnpacker u, byte[] scratch)
+      throws IOException, FatalFrame {
+    int len = readShortBytes(u, scratch);
+    for (int k = 1; k < DECISION_KEYS.length; k++) {
+      if (bytesAre(scratch, len, DECISION_KEYS[k])) {
+        return k;
+      }
+    }
+    return KEY_OTHER;
+  }
+
+  /** The mode the next str or bin names; UNKNOWN for any other name. */
+  private static Mode readMode(MessageUnpacker u, byte[] scratch) throws IOException, FatalFrame {
+    int len = readShortBytes(u, scratch);
+    for (int m = 1; m < MODES.length; m++) {
+      if (bytesAre(scratch, len, MODE_NAMES[m])) {
+        return MODES[m];
+      }
+    }
+    return Mode.UNKNOWN;
+  }
+
   /**
    * Reads a decision map whole (so the stream stays framed even when the
    * map is malformed); keys this library does not know are skipped.
    */
-  private static Decision readDecision(MessageUnpacker u)
+  private static Decision readDecision(MessageUnpacker u, byte[] scratch)
       throws IOException, FatalFrame, BadResult {
     if (u.getNextFormat().getValueType() != ValueType.MAP) {
       u.skipValue();
@@ -1274,10 +1346,10 @@ public final class SluiceClient implements AutoCloseable {
         bad = true;
         continue;
       }
-      String key = readText(u);
+      int key = readDecisionKey(u, scratch);
       ValueType vt = u.getNextFormat().getValueType();
       switch (key) {
-        case "allowed":
+        case KEY_ALLOWED:
           if (vt == ValueType.BOOLEAN) {
             allowed = u.unpackBoolean();
             sawAllowed = true;
@@ -1286,26 +1358,26 @@ public final class SluiceClient implements AutoCloseable {
             bad = true;
           }
           break;
-        case "mode":
+        case KEY_MODE:
           if (vt == ValueType.STRING || vt == ValueType.BINARY) {
-            mode = Mode.fromWireName(readText(u));
+            mode = readMode(u, scratch);
           } else {
             u.skipValue();
             bad = true;
           }
           break;
-        case "reason":
+        case KEY_REASON:
           if (vt == ValueType.STRING || vt == ValueType.BINARY) {
             reason = readText(u);
           } else {
             u.skipValue();
           }
           break;
-        case "remaining":
-        case "limit":
-        case "reset_after_ms":
-        case "retry_after_ms":
-        case "waited_ms":
+        case KEY_REMAINING:
+        case KEY_LIMIT:
+        case KEY_RESET_AFTER_MS:
+        case KEY_RETRY_AFTER_MS:
+        case KEY_WAITED_MS:
           if (vt != ValueType.INTEGER || u.getNextFormat() == MessageFormat.UINT64) {
             u.skipValue();
             bad = true;
@@ -1313,16 +1385,16 @@ public final class SluiceClient implements AutoCloseable {
           }
           long v = u.unpackLong();
           switch (key) {
-            case "remaining":
+            case KEY_REMAINING:
               remaining = v;
               break;
-            case "limit":
+            case KEY_LIMIT:
               limit = v;
               break;
-            case "reset_after_ms":
+            case KEY_RESET_AFTER_MS:
               resetAfterMs = v;
               break;
-            case "retry_after_ms":
+            case KEY_RETRY_AFTER_MS:
               retryAfterMs = v;
               break;
             default:
@@ -1342,7 +1414,7 @@ public final class SluiceClient implements AutoCloseable {
         reason, null);
   }
 
-  private static AcquireAllResult readAll(MessageUnpacker u, int count)
+  private static AcquireAllResult readAll(MessageUnpacker u, int count, byte[] scratch)
       throws IOException, FatalFrame, BadResult {
     if (u.getNextFormat().getValueType() != ValueType.MAP) {
       u.skipValue();
@@ -1362,7 +1434,7 @@ public final class SluiceClient implements AutoCloseable {
         results = new ArrayList<>(m);
         for (int k = 0; k < m; k++) {
           try {
-            results.add(readDecision(u));
+            results.add(readDecision(u, scratch));
           } catch (BadResult e) {
             bad = e.getMessage();
           }
