@@ -46,11 +46,11 @@ import org.msgpack.value.ValueType;
  * <p>Threads: a caller encodes its request, then under {@code lock} takes a
  * msgid and appends the request to the connection's output. If no thread
  * is writing, a lone call (nothing else in flight) writes the output
- * itself, and so does a call in a callback on a reader thread; otherwise
- * the client's writer thread ("sluice-writer", started when needed)
- * writes, so that requests queued while it writes go out together. A
- * caller whose write is not done by its deadline (the daemon is not
- * reading) leaves the rest to the writer thread. Each connection has a reader thread
+ * itself; otherwise, and always for a call made in a callback on a reader
+ * thread, the client's writer thread ("sluice-writer", started when
+ * needed) writes, so that requests queued while it writes go out
+ * together. A caller whose write is not done by its deadline (the daemon
+ * is not reading) leaves the rest to the writer thread. Each connection has a reader thread
  * ("sluice-reader") that decodes answers and completes their futures (so
  * callbacks run there: do not block inside them); one timer thread per
  * client ("sluice-timeouts") fails calls whose timeout passed. The map of
@@ -700,10 +700,9 @@ public final class SluiceClient implements AutoCloseable {
           // With other calls in flight, the writer thread writes: callers
           // return at once and what they queue meanwhile goes out in its
           // next write, one syscall for many requests. A lone call writes
-          // itself, the shortest way to the daemon; so does a call in a
-          // callback on a reader thread (requests made there go out as the
-          // daemon takes them).
-          handOff = pending.size() > 1 && !(Thread.currentThread() instanceof ReaderThread);
+          // itself, the shortest way to the daemon, unless it is made in a
+          // callback: a reader thread must never wait for the socket.
+          handOff = pending.size() > 1 || Thread.currentThread() instanceof ReaderThread;
         }
       }
     }

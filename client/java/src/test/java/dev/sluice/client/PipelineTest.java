@@ -105,28 +105,26 @@ class PipelineTest {
   }
 
   @Test
-  void twentyThousandCallsMadeInsideACallbackAreAllAnswered() {
-    // 20 MB of requests made in a callback, on the reader thread, whose
-    // answers (2 MB, over the daemon's max_output_bytes) are read only once
-    // the callback returns: each is answered, on the one connection.
+  void callsChainedFromCallbacksOnTheReaderThreadAreAllAnswered() {
     try (SluiceClient client = SluiceClient.connect(
-        new SluiceClient.Options().socketPath(daemon.socket).timeoutMs(60_000))) {
-      int n = 20_000;
-      List<CompletableFuture<Decision>> inner = new ArrayList<>(n);
-      CompletableFuture<Void> outer = client.acquireAsync("big", "outer").thenAccept(d -> {
-        for (int i = 0; i < n; i++) {
-          byte[] key = String.format("%05d", i).repeat(200).getBytes(
-              java.nio.charset.StandardCharsets.US_ASCII);
-          inner.add(client.acquireAsync("big", key, 1, 60_000));
-        }
-      });
-      outer.join();
-      assertEquals(n, inner.size());
-      for (CompletableFuture<Decision> call : inner) {
-        Decision d = call.join();
-        assertFalse(d.unreachable(), String.valueOf(d.unreachableCause()));
-        assertEquals(BIG - 1, d.remaining());
+        new SluiceClient.Options().socketPath(daemon.socket).timeoutMs(-1))) {
+      // Each call is made in the callback of the one before: 500 in a row,
+      // each with 20 more sent alongside, all from the reader thread.
+      List<CompletableFuture<Decision>> side = java.util.Collections.synchronizedList(
+          new ArrayList<>());
+      CompletableFuture<Decision> chain = client.acquireAsync("big", "chain");
+      for (int i = 0; i < 500; i++) {
+        chain = chain.thenCompose(d -> {
+          for (int j = 0; j < 20; j++) {
+            side.add(client.acquireAsync("big", "side"));
+          }
+          return client.acquireAsync("big", "chain");
+        });
       }
+      assertEquals(BIG - 501, chain.orTimeout(60, java.util.concurrent.TimeUnit.SECONDS)
+          .join().remaining());
+      CompletableFuture.allOf(side.toArray(new CompletableFuture<?>[0])).join();
+      assertEquals(BIG - 10_000, client.peek("big", "side").remaining());
       assertEquals(1, client.connectCount());
     }
   }
