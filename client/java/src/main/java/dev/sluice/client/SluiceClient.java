@@ -88,6 +88,8 @@ public final class SluiceClient implements AutoCloseable {
 
   private static final int READ_CHUNK_BYTES = 64 * 1024;
   private static final long MAX_COST = 0xffff_ffffL;
+  /** Timeouts above this (about 100 years) wait without bound. */
+  private static final long MAX_TIMEOUT_MS = 100L * 365 * 24 * 3600 * 1000;
   /** A write deadline that never passes. */
   private static final long NO_DEADLINE = Long.MIN_VALUE;
 
@@ -657,6 +659,9 @@ public final class SluiceClient implements AutoCloseable {
   /** Queues a request on the connection (connecting first when there is none). */
   private <T> CompletableFuture<T> submit(Kind kind, boolean policyApplies, int items, byte[] tail,
       long timeoutMs) {
+    if (timeoutMs > MAX_TIMEOUT_MS) {
+      timeoutMs = -1; // beyond what nanoTime() arithmetic holds: no bound
+    }
     Pending p = new Pending(kind, policyApplies, items, tail);
     Conn writeOn = null;
     boolean handOff = false;

@@ -171,6 +171,14 @@ class MethodsTest {
   }
 
   @Test
+  void aTimeoutTooLargeForNanosecondsWaitsWithoutBound() {
+    assertTrue(client.acquire("five", "huge-timeout".getBytes(
+        java.nio.charset.StandardCharsets.US_ASCII), 1, Long.MAX_VALUE).allowed());
+    assertFalse(client.acquire("five", "huge-timeout".getBytes(
+        java.nio.charset.StandardCharsets.US_ASCII), 1, Long.MAX_VALUE).unreachable());
+  }
+
+  @Test
   void badArgumentsFailWithEinvalBeforeAnythingIsSent() {
     long before = client.nextMsgid();
     assertEquals(ErrorCode.EINVAL,
