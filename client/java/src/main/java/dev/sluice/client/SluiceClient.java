@@ -90,7 +90,7 @@ public final class SluiceClient implements AutoCloseable {
   private static final long MAX_COST = 0xffff_ffffL;
   /** Timeouts above this (about 100 years) wait without bound. */
   private static final long MAX_TIMEOUT_MS = 100L * 365 * 24 * 3600 * 1000;
-  /** A write deadline that never passes. */
+  /** A write deadline (deadlineNs) that never passes. */
   private static final long NO_DEADLINE = Long.MIN_VALUE;
 
   /** The options of a client; setters return this. */
@@ -877,7 +877,7 @@ public final class SluiceClient implements AutoCloseable {
    * dies, the requests of which no byte was written move to a new connection
    * (opened once per drain) or, when that fails, fail.
    */
-  private void drain(Conn c, long deadline, OutBuf resumeBatch, ByteBuffer resumeBuffer) {
+  private void drain(Conn c, long deadlineNs, OutBuf resumeBatch, ByteBuffer resumeBuffer) {
     boolean reconnected = false;
     OutBuf batch = resumeBatch;
     ByteBuffer buffer = resumeBuffer;
@@ -961,7 +961,7 @@ public final class SluiceClient implements AutoCloseable {
       }
       IOException failure = null;
       try {
-        if (!writeAll(c, buffer, deadline)) {
+        if (!writeAll(c, buffer, deadlineNs)) {
           // The caller's deadline passed with bytes left (the daemon is not
           // reading): the writer thread finishes the batch and the queue.
           handOff(c, batch, buffer);
@@ -1018,17 +1018,17 @@ public final class SluiceClient implements AutoCloseable {
 
   /**
    * Writes `buffer` whole, waiting for the socket to take more until
-   * `deadline` (System.nanoTime(), or NO_DEADLINE). Returns false when the
+   * `deadlineNs` (System.nanoTime(), or NO_DEADLINE). Returns false when the
    * deadline passed first.
    */
-  private static boolean writeAll(Conn c, ByteBuffer buffer, long deadline) throws IOException {
+  private static boolean writeAll(Conn c, ByteBuffer buffer, long deadlineNs) throws IOException {
     while (buffer.hasRemaining()) {
       if (c.channel.write(buffer) > 0) {
         continue;
       }
       long waitMs = 0;
-      if (deadline != NO_DEADLINE) {
-        long leftNs = deadline - System.nanoTime();
+      if (deadlineNs != NO_DEADLINE) {
+        long leftNs = deadlineNs - System.nanoTime();
         if (leftNs <= 0) {
           return false;
         }
