@@ -15,7 +15,8 @@ import org.msgpack.value.ValueType;
 /**
  * Decisions per second of the Java client against a running sluiced
  * (socket SLUICE_SOCKET, a rule `bench` that is a token bucket with a huge
- * limit), each mode for BENCH_SECONDS (default 3) after a short warm-up:
+ * limit), each mode for BENCH_SECONDS (default 3) after every mode has run
+ * unmeasured for up to 2 s (the JIT's warm-up):
  * <ul>
  *   <li>pipelined: one client, acquireAsync in batches of {@value #WINDOW}, two
  *       batches in flight;
@@ -39,12 +40,15 @@ public final class Bench {
     }
     try (SluiceClient client = SluiceClient.connect(
         new SluiceClient.Options().socketPath(socket).timeoutMs(10_000))) {
-      pipelined(client, keys, Math.min(0.5, seconds));
+      // The JIT needs a few seconds: every mode runs once unmeasured first,
+      // so that none is measured while its code (or msgpack's) is still cold.
+      double warmSeconds = Math.min(2, seconds);
+      pipelined(client, keys, warmSeconds);
+      sequential(client, keys, warmSeconds);
+      raw(socket, keys, warmSeconds);
       report("pipelined", pipelined(client, keys, seconds));
-      sequential(client, keys, Math.min(0.5, seconds));
       report("sequential", sequential(client, keys, seconds));
     }
-    raw(socket, keys, Math.min(0.5, seconds));
     report("raw_pipelined", raw(socket, keys, seconds));
   }
 
