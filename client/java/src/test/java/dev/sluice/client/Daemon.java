@@ -63,6 +63,19 @@ final class Daemon implements AutoCloseable {
     }
   }
 
+  /**
+   * Starts a second sluiced on the same config and socket path (the file is
+   * removed first, so it binds afresh while the first one, stopped or not,
+   * keeps its connections) and returns the first one's process, which the
+   * caller ends; stop() and close() end the second.
+   */
+  Process startReplacement() throws IOException, InterruptedException {
+    Process first = process;
+    Files.delete(Path.of(socket));
+    start();
+    return first;
+  }
+
   long pid() {
     return process.pid();
   }

@@ -98,6 +98,47 @@ class FailureTest {
   }
 
   @Test
+  void requestsNotOneByteOfWhichWasWrittenAreSentOnceOnTheNewConnection() throws Exception {
+    String rules = RULES + String.join("\n", "[[rule]]", "name = \"big\"",
+        "algorithm = \"fixed_window\"", "limit = 1000000", "period = \"1h\"", "");
+    try (Daemon daemon = new Daemon(rules).start();
+        SluiceClient client = SluiceClient.connect(
+            new SluiceClient.Options().socketPath(daemon.socket).timeoutMs(30_000))) {
+      assertFalse(client.acquire("big", "warm").unreachable());
+      daemon.signal("STOP");
+      // 3,000 requests of 4 KB: the socket takes a few hundred KB, the
+      // writer thread waits inside a batch, and the rest stay queued.
+      int n = 3_000;
+      List<CompletableFuture<Decision>> calls = new java.util.ArrayList<>();
+      for (int i = 0; i < n; i++) {
+        byte[] key = ("k" + "x".repeat(4000)).getBytes(java.nio.charset.StandardCharsets.US_ASCII);
+        calls.add(client.acquireAsync("big", key, 1, 30_000));
+      }
+      Process first = daemon.startReplacement();
+      first.destroyForcibly();
+      first.waitFor();
+
+      int resent = 0;
+      int dropped = 0;
+      for (CompletableFuture<Decision> call : calls) {
+        Decision d = call.join();
+        if (d.unreachable()) {
+          assertEquals(ErrorCode.ECLOSED, d.unreachableCause().code());
+          dropped++;
+        } else {
+          resent++;
+        }
+      }
+      assertTrue(dropped > 0, "requests written to the first daemon fail");
+      assertTrue(resent > 0, "requests never written go to the second daemon");
+      // The second daemon saw each re-sent request exactly once.
+      byte[] key = ("k" + "x".repeat(4000)).getBytes(java.nio.charset.StandardCharsets.US_ASCII);
+      assertEquals(1_000_000 - resent, client.peekAsync("big", key, 10_000).join().remaining());
+      assertEquals(2, client.connectCount());
+    }
+  }
+
+  @Test
   void aRestartedDaemonIsReconnectedToAtTheNextCall() throws Exception {
     try (Daemon daemon = new Daemon(RULES).start();
         SluiceClient client = SluiceClient.connect(
