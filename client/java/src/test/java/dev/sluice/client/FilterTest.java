@@ -41,12 +41,31 @@ class FilterTest {
 
   static Daemon daemon;
   static SluiceClient client;
+  // The servers' base dirs. Tomcat keeps the first one's as catalina.base
+  // for the JVM and may write there after that server stopped, so the tree
+  // is removed once, after the last server.
+  static Path tomcatRoot;
+
+  static void removeTree(Path root) throws IOException {
+    if (!Files.exists(root)) {
+      return;
+    }
+    try (var paths = Files.walk(root)) {
+      paths.sorted(java.util.Comparator.reverseOrder()).forEach(p -> p.toFile().delete());
+    }
+    if (Files.exists(root)) {
+      try (var paths = Files.walk(root)) {
+        throw new IOException("left behind: " + paths.toList());
+      }
+    }
+  }
   static final HttpClient http = HttpClient.newHttpClient();
 
   @BeforeAll
   static void startDaemon() throws Exception {
     TOMCAT_LOG.setLevel(Level.WARNING);
     TOMCAT_LOADER_LOG.setLevel(Level.SEVERE);
+    tomcatRoot = Files.createTempDirectory(Path.of("/tmp"), "slt.");
     daemon = new Daemon(RULES).start();
     client = SluiceClient.connect(
         new SluiceClient.Options().socketPath(daemon.socket).timeoutMs(10_000));
@@ -56,6 +75,7 @@ class FilterTest {
   static void stopDaemon() throws Exception {
     client.close();
     daemon.close();
+    removeTree(tomcatRoot);
   }
 
   /** A Tomcat on a free port serving "hello" at /*, behind `filter`. */
@@ -74,7 +94,7 @@ class FilterTest {
     }
 
     Server(FilterDef def) throws IOException, LifecycleException {
-      base = Files.createTempDirectory(Path.of("/tmp"), "slt.");
+      base = Files.createTempDirectory(tomcatRoot, "t");
       tomcat.setBaseDir(base.toString());
       tomcat.setPort(0);
       tomcat.getConnector();
@@ -115,9 +135,7 @@ class FilterTest {
     public void close() throws LifecycleException, IOException {
       tomcat.stop();
       tomcat.destroy();
-      try (var paths = Files.walk(base)) {
-        paths.sorted(java.util.Comparator.reverseOrder()).forEach(p -> p.toFile().delete());
-      }
+      removeTree(base);
     }
   }
 
