@@ -90,6 +90,11 @@ public final class SluiceClient implements AutoCloseable {
   private static final long MAX_COST = 0xffff_ffffL;
   /** Timeouts above this (about 100 years) wait without bound. */
   private static final long MAX_TIMEOUT_MS = 100L * 365 * 24 * 3600 * 1000;
+  // Method names, encoded once.
+  private static final byte[] ACQUIRE = "acquire".getBytes(StandardCharsets.US_ASCII);
+  private static final byte[] PEEK = "peek".getBytes(StandardCharsets.US_ASCII);
+  private static final byte[] RELEASE = "release".getBytes(StandardCharsets.US_ASCII);
+  private static final byte[] RESET = "reset".getBytes(StandardCharsets.US_ASCII);
   /** A write deadline (deadlineNs) that never passes. */
   private static final long NO_DEADLINE = Long.MIN_VALUE;
 
@@ -378,18 +383,18 @@ public final class SluiceClient implements AutoCloseable {
 
   /** May `key` spend one unit of `rule` now? Spends it when allowed. */
   public CompletableFuture<Decision> acquireAsync(String rule, String key) {
-    return acquireAsync(rule, utf8(key), 1, timeoutMs);
+    return itemCall(ACQUIRE, Kind.DECISION, true, rule, key, true, 1, -1, timeoutMs);
   }
 
   /** May `key` spend `cost` units of `rule` now? Spends them when allowed. */
   public CompletableFuture<Decision> acquireAsync(String rule, String key, long cost) {
-    return acquireAsync(rule, utf8(key), cost, timeoutMs);
+    return itemCall(ACQUIRE, Kind.DECISION, true, rule, key, true, cost, -1, timeoutMs);
   }
 
   /** {@link #acquireAsync(String, String, long)} with a key of any bytes and its own timeout. */
   public CompletableFuture<Decision> acquireAsync(String rule, byte[] key, long cost,
       long timeoutMs) {
-    return itemCall("acquire", Kind.DECISION, true, rule, key, true, cost, -1, timeoutMs);
+    return itemCall(ACQUIRE, Kind.DECISION, true, rule, key, true, cost, -1, timeoutMs);
   }
 
   /**
@@ -403,12 +408,12 @@ public final class SluiceClient implements AutoCloseable {
     if (maxWaitMs < 0 || maxWaitMs > MAX_COST) {
       return failed(new SluiceException(ErrorCode.EINVAL, "maxWaitMs must be 0 to 2^32-1"));
     }
-    return itemCall("acquire", Kind.DECISION, true, rule, key, true, cost, maxWaitMs, timeoutMs);
+    return itemCall(ACQUIRE, Kind.DECISION, true, rule, key, true, cost, maxWaitMs, timeoutMs);
   }
 
   /** Like acquire with cost 0: the key's state; spends nothing. */
   public CompletableFuture<Decision> peekAsync(String rule, byte[] key, long timeoutMs) {
-    return itemCall("peek", Kind.DECISION, false, rule, key, false, 0, -1, timeoutMs);
+    return itemCall(PEEK, Kind.DECISION, false, rule, key, false, 0, -1, timeoutMs);
   }
 
   /**
@@ -417,12 +422,12 @@ public final class SluiceClient implements AutoCloseable {
    */
   public CompletableFuture<Decision> releaseAsync(String rule, byte[] key, long cost,
       long timeoutMs) {
-    return itemCall("release", Kind.RELEASE, false, rule, key, true, cost, -1, timeoutMs);
+    return itemCall(RELEASE, Kind.RELEASE, false, rule, key, true, cost, -1, timeoutMs);
   }
 
   /** Admin only: forgets `key`'s state under `rule`; the fresh state as peek reports it. */
   public CompletableFuture<Decision> resetAsync(String rule, byte[] key, long timeoutMs) {
-    return itemCall("reset", Kind.DECISION, false, rule, key, false, 0, -1, timeoutMs);
+    return itemCall(RESET, Kind.DECISION, false, rule, key, false, 0, -1, timeoutMs);
   }
 
   /** All-or-nothing over `items` (at least one). */
@@ -545,8 +550,11 @@ public final class SluiceClient implements AutoCloseable {
     }
   }
 
-  /** [rule, key], [rule, key, cost] or, with maxWaitMs >= 0, [rule, key, cost, maxWaitMs]. */
-  private static void packItem(MessageBufferPacker p, String rule, byte[] key, boolean withCost,
+  /**
+   * [rule, key], [rule, key, cost] or, with maxWaitMs >= 0, [rule, key, cost,
+   * maxWaitMs]; `key` is a String or a byte[].
+   */
+  private static void packItem(MessageBufferPacker p, String rule, Object key, boolean withCost,
       long cost, long maxWaitMs) throws IOException {
     if (rule == null || key == null) {
       throw new SluiceException(ErrorCode.EINVAL, "rule and key must not be null");
@@ -554,13 +562,18 @@ public final class SluiceClient implements AutoCloseable {
     boolean waits = withCost && maxWaitMs >= 0;
     p.packArrayHeader(waits ? 4 : withCost ? 3 : 2);
     p.packString(rule);
-    // A key goes out as str when it is UTF-8 and as bin otherwise, as libsluice does.
-    if (isUtf8(key)) {
-      p.packRawStringHeader(key.length);
+    if (key instanceof String) {
+      p.packString((String) key);
     } else {
-      p.packBinaryHeader(key.length);
+      // A key goes out as str when it is UTF-8 and as bin otherwise, as libsluice does.
+      byte[] bytes = (byte[]) key;
+      if (isUtf8(bytes)) {
+        p.packRawStringHeader(bytes.length);
+      } else {
+        p.packBinaryHeader(bytes.length);
+      }
+      p.writePayload(bytes);
     }
-    p.writePayload(key);
     if (withCost) {
       p.packLong(cost);
     }
@@ -611,13 +624,15 @@ public final class SluiceClient implements AutoCloseable {
     return true;
   }
 
-  private <T> CompletableFuture<T> itemCall(String method, Kind kind, boolean policyApplies,
-      String rule, byte[] key, boolean withCost, long cost, long maxWaitMs, long timeoutMs) {
+  /** `key` is a String (sent as str) or a byte[] (str when UTF-8, else bin). */
+  private <T> CompletableFuture<T> itemCall(byte[] method, Kind kind, boolean policyApplies,
+      String rule, Object key, boolean withCost, long cost, long maxWaitMs, long timeoutMs) {
     byte[] tail;
     try {
       checkCost(cost);
       MessageBufferPacker p = packer();
-      p.packString(method);
+      p.packRawStringHeader(method.length);
+      p.writePayload(method);
       // The params array is the item itself: [rule, key, cost, ...].
       packItem(p, rule, key, withCost, cost, maxWaitMs);
       tail = p.toByteArray();
