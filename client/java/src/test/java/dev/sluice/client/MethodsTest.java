@@ -77,6 +77,15 @@ class MethodsTest {
   }
 
   @Test
+  void aStringKeyIsTheSameKeyAsItsUtf8Bytes() {
+    String key = "caf\u00e9 \u20ac \ud83d\ude00";
+    assertEquals(4, client.acquire("five", key).remaining());
+    byte[] bytes = key.getBytes(java.nio.charset.StandardCharsets.UTF_8);
+    assertEquals(3, client.acquire("five", bytes, 1, 10_000).remaining());
+    assertEquals(3, client.peek("five", key).remaining());
+  }
+
+  @Test
   void peekReportsTheStateAndSpendsNothing() {
     client.acquire("five", "peek", 2);
     for (int i = 0; i < 3; i++) {
