@@ -44,6 +44,7 @@ BENCH_PACKAGES := python3-matplotlib
 CLIENT_PACKAGES :=
 CLIENT_PACKAGES += python3-msgpack python3-uvicorn python3-pip python3-setuptools
 CLIENT_PACKAGES += golang-go golang-github-vmihailenco-msgpack.v5-dev
+CLIENT_PACKAGES += default-jdk-headless libmsgpack-java libjakarta-servlet-api-java junit5 libtomcat10-java
 FUZZ_PACKAGES := clang libclang-rt-14-dev
 VALGRIND_PACKAGES := valgrind
 FUZZ_TARGETS := rpc config lease_reply
