@@ -15,7 +15,8 @@
 #                   when no daemon run had a memory error or lost a block
 #   make bench      build optimised and print the benchmark figures: the
 #                   local path (bench/run.sh), the global path against a
-#                   redis-server of its own (bench/global.sh), and the fleet
+#                   redis-server of its own (bench/global.sh), the client
+#                   libraries of each language (bench/clients.sh), and the fleet
 #                   (bench/fleet.py: N daemons on one Redis under load shapes
 #                   and Redis faults), with PNG plots (bench/plots.py), into
 #                   bench/results/; BENCH_MODE=quick is a smoke run of under
@@ -117,6 +118,8 @@ bench: deps
 	$(call configure,build-release,Release,-DSLUICE_BUILD_TESTS=OFF)
 	./bench/run.sh build-release
 	./bench/global.sh build-release
+	$(call install,$(CLIENT_PACKAGES))
+	./bench/clients.sh build-release
 	/usr/bin/python3 bench/fleet.py build-release
 	/usr/bin/python3 bench/plots.py
 
