@@ -1021,16 +1021,14 @@ constexpr size_t kMaxOverridesPerRule = 100'000;
 constexpr size_t kMaxScannedOverridesPerRule = 256;
 constexpr std::array<std::string_view, 3> kLimitKeys = {"limit", "period", "burst"};
 
-constexpr std::array<Algorithm, 6> kAlgorithms = {
-    Algorithm::kTokenBucket,   Algorithm::kGcra,       Algorithm::kFixedWindow,
-    Algorithm::kSlidingWindow, Algorithm::kSlidingLog, Algorithm::kConcurrency};
+constexpr std::array<Algorithm, kAlgorithmCount> kAlgorithms = [] {
+  std::array<Algorithm, kAlgorithmCount> all{};
+  for (size_t i = 0; i < kAlgorithmCount; ++i) all[i] = kAlgorithmTraits[i].algorithm;
+  return all;
+}();
 constexpr std::array<Scope, 2> kScopes = {Scope::kLocal, Scope::kGlobal};
 constexpr std::array<RedisDownPolicy, 3> kRedisDownPolicies = {
     RedisDownPolicy::kLocal, RedisDownPolicy::kOpen, RedisDownPolicy::kClosed};
-
-bool hasBurst(Algorithm algorithm) {
-  return algorithm == Algorithm::kTokenBucket || algorithm == Algorithm::kGcra;
-}
 
 // Reads an enum-valued rule key: the value whose name (per `name`) is written.
 template <typename Enum, size_t N, typename NameOf>
@@ -1140,7 +1138,7 @@ class RuleReader {
     for (const toml::node* node : {max_wait, pace}) {
       if (node == nullptr) continue;
       const char* key = node == max_wait ? "max_wait" : "pace";
-      if (!hasBurst(rule->algorithm)) {
+      if (!algorithmTraits(rule->algorithm).waits) {
         refuse(*node, prefix_ + key + " applies only to token_bucket and gcra (a window cannot " +
                           "be reserved ahead), and this rule is " +
                           std::string(algorithmName(rule->algorithm)) + "; remove " + key +
@@ -1193,8 +1191,7 @@ class RuleReader {
       refuse(*node, prefix_ + "penalty is " + std::string(describe(*node)) + "; write " + example);
     }
     // A global rule shares its blocks through its lease script (lease.h).
-    bool leases = rule->limits.size() == 1 && rule->algorithm != Algorithm::kSlidingLog &&
-                  rule->algorithm != Algorithm::kConcurrency;
+    bool leases = rule->limits.size() == 1 && hasRateLeaseScript(rule->algorithm);
     if (rule->scope == Scope::kGlobal && !leases) {
       refuse(*node, prefix_ + "penalty on a global rule needs one of one limit that leases " +
                         "from Redis (token_bucket, gcra, fixed_window or sliding_window: a rule " +
@@ -1248,8 +1245,7 @@ class RuleReader {
       refuse(*node, prefix_ + "overrides is " + std::string(describe(*node)) +
                         "; write an array of tables, e.g. " + example);
     }
-    bool one_word = rule->algorithm != Algorithm::kSlidingLog &&
-                    rule->algorithm != Algorithm::kConcurrency;
+    bool one_word = algorithmTraits(rule->algorithm).state == StateShape::kOneWord;
     if (!one_word) {
       refuse(*node, prefix_ + "overrides apply to token_bucket, gcra, fixed_window and " +
                         "sliding_window rules, and this rule is " +
@@ -1392,7 +1388,7 @@ class RuleReader {
         refuse(*limits, prefix_ + "has " + std::to_string(array->size()) + " limits; write at " +
                             "most " + std::to_string(kMaxLimitsPerRule));
       }
-      if (rule->algorithm == Algorithm::kConcurrency && array->size() > 1) {
+      if (algorithmTraits(rule->algorithm).holds && array->size() > 1) {
         refuse(*limits, prefix_ + "a concurrency rule holds one limit; write one { limit = 4 } " +
                             "or split it into several rules");
       }
@@ -1455,27 +1451,27 @@ class RuleReader {
     if (period_node == nullptr && default_period_ns) {
       limit.period_ns = *default_period_ns;
     } else if (period_node == nullptr) {
-      if (algorithm != Algorithm::kConcurrency) {
+      if (!algorithmTraits(algorithm).holds) {
         refuse(where, prefix_ + "limit " + std::to_string(limit.limit) + " has no period; write " +
                           "e.g. period = \"1m\" (" + std::string(kDurationHint.substr(6)) + ")");
       }
     } else {
       limit.period_ns = durationValue(*period_node, prefix_ + "period", "period = \"1m\"");
-      bool none_allowed = algorithm == Algorithm::kConcurrency && limit.period_ns == 0;
+      bool none_allowed = algorithmTraits(algorithm).holds && limit.period_ns == 0;
       if (!none_allowed && (limit.period_ns < kMinPeriodNs || limit.period_ns > kMaxPeriodNs)) {
         std::string message = prefix_ + "period " + quote(*period_node->value<std::string>()) +
                               " is " + (limit.period_ns < kMinPeriodNs ? "below " : "above ") +
                               "the range; write a period from " +
                               quote(formatDuration(kMinPeriodNs)) + " to " +
                               quote(formatDuration(kMaxPeriodNs));
-        if (algorithm == Algorithm::kConcurrency) message += ", or \"0\" for no longest hold";
+        if (algorithmTraits(algorithm).holds) message += ", or \"0\" for no longest hold";
         refuse(*period_node, std::move(message));
       }
     }
 
     limit.burst = limit.limit;
     if (const toml::node* burst_node = table.get("burst")) {
-      if (!hasBurst(algorithm)) {
+      if (!algorithmTraits(algorithm).burst) {
         refuse(*burst_node, prefix_ + "burst applies only to token_bucket and gcra, and this " +
                                 "rule is " + alg + "; remove burst, or set algorithm = " +
                                 "\"token_bucket\"");
