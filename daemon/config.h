@@ -1,10 +1,13 @@
 // Config: the daemon's TOML configuration file, parsed and validated.
 //
 // Every option of [daemon], [limits], [keys], [access] and [redis] is declared once, in
-// the option table in config.cpp (key, type, bounds, one-line doc); the
-// defaults are the member initializers below, and the table reads them from
-// here, so a default is written in exactly one place. conf/sluice.toml is the
-// manual: it explains every option and shows its default.
+// the option table in config_options.cpp (key, type, bounds, one-line doc);
+// the defaults are the member initializers below, and the table reads them
+// from here, so a default is written in exactly one place. Every key of a
+// [[rule]] is declared once, in the rule key table in config_rules.cpp (type,
+// default, doc, which rules it applies to), and what each algorithm can do
+// in algorithm.h. conf/sluice.toml is the manual: it explains every option
+// and rule key and shows its default.
 //
 // A file is either accepted whole or refused with one message naming the
 // file, line and column of the first problem and what to write instead, in
@@ -192,5 +195,14 @@ struct ConfigOptionInfo {
   std::string_view doc;      // one line
 };
 std::vector<ConfigOptionInfo> configOptions();
+
+// One key of a [[rule]] table, from the rule key table, for documentation
+// and for the test that conf/sluice.toml documents every rule key.
+struct RuleKeyInfo {
+  std::string_view key;           // "algorithm", "limit", ...
+  std::string_view default_text;  // as the manual writes it; "" for none or required
+  std::string_view doc;           // one line
+};
+std::vector<RuleKeyInfo> ruleKeys();
 
 }  // namespace sluice

@@ -90,6 +90,52 @@ TEST(ConfigTest, ShippedConfigShowsEveryOptionWithItsDefault) {
   }
 }
 
+// The paragraph of the manual's RULES section that documents `key`: the line
+// "#   <key>  ..." and the lines indented under it; "" when there is none.
+std::string ruleKeyParagraph(const std::string& text, std::string_view key) {
+  const size_t rules = text.find("#### RULES ####");
+  if (rules == std::string::npos) return "";
+  const std::string head = "\n#   " + std::string(key) + " ";
+  size_t at = text.find(head, rules);
+  if (at == std::string::npos) return "";
+  std::string paragraph;
+  size_t line = at + 1;
+  do {
+    size_t end = text.find('\n', line);
+    paragraph += text.substr(line, end - line) + "\n";
+    line = end + 1;
+  } while (text.compare(line, 6, "#     ") == 0);
+  return paragraph;
+}
+
+// Verifies that the shipped file, being the manual, documents every key of
+// the rule key table in its RULES section with the key's default, every
+// algorithm of the algorithm table, and each algorithm's largest limit.
+TEST(ConfigTest, ShippedConfigDocumentsEveryRuleKey) {
+  const std::string text = test::readFile(sourceDir() + "/conf/sluice.toml");
+  ASSERT_FALSE(text.empty());
+  const std::vector<RuleKeyInfo> keys = ruleKeys();
+  ASSERT_GE(keys.size(), 13u);
+  for (const RuleKeyInfo& key : keys) {
+    const std::string paragraph = ruleKeyParagraph(text, key.key);
+    EXPECT_FALSE(paragraph.empty()) << "conf/sluice.toml does not document [[rule]] " << key.key;
+    EXPECT_FALSE(key.doc.empty()) << key.key;
+    if (!key.default_text.empty()) {
+      EXPECT_NE(paragraph.find(key.default_text), std::string::npos)
+          << "conf/sluice.toml does not show the default " << key.default_text << " of "
+          << key.key << ":\n" << paragraph;
+      EXPECT_NE(paragraph.find("efault"), std::string::npos) << paragraph;
+    }
+  }
+  const std::string limit = ruleKeyParagraph(text, "limit");
+  for (const AlgorithmTraits& row : kAlgorithmTraits) {
+    EXPECT_NE(text.find("\n#   " + std::string(row.name) + " "), std::string::npos)
+        << "conf/sluice.toml does not describe the algorithm " << row.name;
+    EXPECT_NE(limit.find(std::to_string(row.max_limit) + " for"), std::string::npos)
+        << "the limit paragraph does not give " << row.name << "'s maximum " << row.max_limit;
+  }
+}
+
 // Verifies that a missing file is refused with its path and the reason.
 TEST(ConfigTest, MissingFileIsRefusedWithItsPath) {
   ConfigResult result = loadConfigFile("/nonexistent/sluice.toml");
