@@ -34,7 +34,7 @@ constexpr std::array<std::string_view, 6> kSections = {"daemon", "limits", "keys
 
 // --- the file -------------------------------------------------------------------
 
-Config build(const toml::table& root, const std::string& source_name) {
+Config build(const toml::table& root, const std::string& source_name, ConfigChecks checks) {
   Config config;
   config.path = source_name;
   for (auto&& [key, node] : root) {
@@ -62,6 +62,7 @@ Config build(const toml::table& root, const std::string& source_name) {
   }
   if (config.redis) checkRedisMode(given["redis"], &*config.redis);
   checkFrameHoldsKey(config.limits, given["limits"]);
+  if (checks == ConfigChecks::kHost) checkSocketDirectory(config.daemon, given["daemon"]);
 
   std::vector<Rule> rules;
   if (const toml::node* node = root.get("rule")) rules = loadRules(*node, config.redis.has_value());
@@ -105,26 +106,34 @@ bool parseListenAddress(std::string_view text, std::string* host, uint16_t* port
   return true;
 }
 
-
-ConfigResult loadConfigString(std::string_view text, const std::string& source_name) {
+ConfigResult loadConfigString(std::string_view text, const std::string& source_name,
+                              ConfigChecks checks) {
   ConfigResult result;
   toml::table root;
   try {
     root = toml::parse(text, source_name);
   } catch (const toml::parse_error& error) {
-    result.error = locate(source_name, error.source().begin) + "invalid TOML: " +
-                   std::string(error.description());
+    const toml::source_position at = error.source().begin;
+    result.error = locate(source_name, at) + "invalid TOML: " + std::string(error.description());
+    // What the operator meant, when the line says it (an octal mode unquoted).
+    std::string_view line = text;
+    for (uint32_t n = 1; n < at.line && !line.empty(); ++n) {
+      size_t end = line.find('\n');
+      line = end == std::string_view::npos ? std::string_view() : line.substr(end + 1);
+    }
+    line = line.substr(0, line.find('\n'));
+    if (std::optional<std::string> hint = tomlErrorHint(line)) result.error += "; " + *hint;
     return result;
   }
   try {
-    result.config = build(root, source_name);
+    result.config = build(root, source_name, checks);
   } catch (const Refusal& refusal) {
     result.error = locate(source_name, refusal.at) + refusal.message;
   }
   return result;
 }
 
-ConfigResult loadConfigFile(const std::string& path) {
+ConfigResult loadConfigFile(const std::string& path, ConfigChecks checks) {
   std::ifstream file(path, std::ios::binary);
   if (!file) {
     ConfigResult result;
@@ -133,7 +142,7 @@ ConfigResult loadConfigFile(const std::string& path) {
   }
   std::ostringstream text;
   text << file.rdbuf();
-  return loadConfigString(text.str(), path);
+  return loadConfigString(text.str(), path, checks);
 }
 
 }  // namespace sluice

@@ -113,6 +113,9 @@ struct RedisConfig {
   // and db 0, the only database of a cluster).
   std::string username;   // "" when none (AUTH with password only)
   std::string password;   // "" when none; percent-decoded from a url
+  // The file the password was read from when the config was loaded (option
+  // password_file, any mode); "" when none.
+  std::string password_file;
   uint32_t db = 0;
   // Sentinel mode: the master's name as the sentinels know it ("": standalone
   // mode), the sentinels to ask (as written, and parsed), and the sentinels'
@@ -122,6 +125,7 @@ struct RedisConfig {
   std::vector<RedisAddress> sentinel_addresses;
   std::string sentinel_username;  // "" when none
   std::string sentinel_password;  // "" when the sentinels need no AUTH
+  std::string sentinel_password_file;  // where sentinel_password was read from; "" when none
   bool sentinel() const { return !sentinel_master.empty(); }
   // Cluster mode: the seed nodes to load the slot map from (as written, and
   // parsed); empty in the other modes.
@@ -167,12 +171,21 @@ struct ConfigResult {
   bool ok() const { return config.has_value(); }
 };
 
+// What loading checks besides the file itself.
+enum class ConfigChecks {
+  kFile,  // the file alone (tests, reloads: the socket is already bound)
+  // Also what the daemon will need of this machine when it starts: that the
+  // directory of the socket the file gives exists (--check-config, startup).
+  kHost,
+};
+
 // Reads and validates the file at `path`.
-ConfigResult loadConfigFile(const std::string& path);
+ConfigResult loadConfigFile(const std::string& path, ConfigChecks checks = ConfigChecks::kFile);
 
 // Validates `text`; `source_name` stands for the file name in messages and
 // in Config::path.
-ConfigResult loadConfigString(std::string_view text, const std::string& source_name);
+ConfigResult loadConfigString(std::string_view text, const std::string& source_name,
+                              ConfigChecks checks = ConfigChecks::kFile);
 
 // Splits a metrics address, "127.0.0.1:9464" or "[::1]:9464" (numeric hosts
 // only, port 1..65535), into host (IPv6 without brackets) and port; false

@@ -11,6 +11,7 @@
 
 #include <grp.h>
 #include <pwd.h>
+#include <sys/stat.h>
 
 namespace sluice {
 namespace config_detail {
@@ -28,6 +29,7 @@ enum class OptionType {
   kRedisUrl,    // redis://[user:password@]host[:port][/db] or unix:///path
   kText,        // printable string of min..max bytes
   kListenAddress,  // "" or a numeric "HOST:PORT" (parseListenAddress)
+  kSecretFile,  // "" or the absolute path of a file holding a secret (readSecretFile)
   kUsers,       // array of user names or uids
   kGroups,      // array of group names or gids
   kGroup,       // one group name or gid, or "" for none (stored as -1)
@@ -47,7 +49,7 @@ struct Option {
   std::string_view doc;
   // Integer-valued options (kCount, kBytes, kDuration, kFileMode, kGroup) use
   // get_int and set_int; string-valued ones (kSocketPath, kChoice, kRedisUrl,
-  // kText, kListenAddress) get_str and set_str; lists of ids (kUsers,
+  // kText, kListenAddress, kSecretFile) get_str and set_str; lists of ids (kUsers,
   // kGroups) get_ids and set_ids; lists of strings (kAddresses) get_list and
   // set_list. The default is read from a default-constructed Config (config.h).
   int64_t (*get_int)(const Config&) = nullptr;
@@ -84,10 +86,12 @@ constexpr int64_t kFrameOverheadBytes = 256;
 // Sentinel mode: the longest master name and the most sentinels.
 constexpr int64_t kMaxSentinelMasterBytes = 128;
 constexpr int64_t kMaxSentinels = 16;
+// The longest path of a file holding a secret.
+constexpr int64_t kMaxSecretFileBytes = 4096;
 // Cluster mode: the most seed nodes.
 constexpr int64_t kMaxClusterNodes = 64;
 
-const std::array<Option, 38> kOptions = {{
+const std::array<Option, 40> kOptions = {{
     {.section = "daemon", .key = "socket", .type = OptionType::kSocketPath,
      .max = kMaxSocketPathBytes, .doc = "path of the Unix socket clients connect to",
      SLUICE_STR_FIELD(daemon.socket_path)},
@@ -171,6 +175,11 @@ const std::array<Option, 38> kOptions = {{
     {.section = "redis", .key = "sentinel_password", .type = OptionType::kText, .min = 0,
      .max = 512, .doc = "Sentinel mode: the sentinels' password; \"\": no AUTH",
      SLUICE_STR_FIELD(redis->sentinel_password)},
+    {.section = "redis", .key = "sentinel_password_file", .type = OptionType::kSecretFile,
+     .max = kMaxSecretFileBytes,
+     .doc = "Sentinel mode: a file holding the sentinels' password (instead of "
+            "sentinel_password), readable by its owner only; \"\": none",
+     SLUICE_STR_FIELD(redis->sentinel_password_file)},
     {.section = "redis", .key = "cluster_nodes", .type = OptionType::kAddresses,
      .max = kMaxClusterNodes,
      .doc = "Cluster mode: nodes to load the slot map from, \"host:port\" each",
@@ -182,6 +191,11 @@ const std::array<Option, 38> kOptions = {{
     {.section = "redis", .key = "password", .type = OptionType::kText, .min = 0, .max = 512,
      .doc = "Sentinel and Cluster mode: the masters' password (with url: in the url)",
      SLUICE_STR_FIELD(redis->password)},
+    {.section = "redis", .key = "password_file", .type = OptionType::kSecretFile,
+     .max = kMaxSecretFileBytes,
+     .doc = "a file holding the masters' password (instead of password, or of the one in the "
+            "url), readable by its owner only; \"\": none",
+     SLUICE_STR_FIELD(redis->password_file)},
     {.section = "redis", .key = "db", .type = OptionType::kCount, .min = 0, .max = 999'999'999,
      .doc = "Sentinel mode: the master's database (with url: after the /)",
      SLUICE_INT_FIELD(redis->db)},
@@ -256,7 +270,8 @@ std::string defaultText(const Option& option) {
     case OptionType::kChoice:
     case OptionType::kRedisUrl:
     case OptionType::kText:
-    case OptionType::kListenAddress: return quote(option.get_str(c));
+    case OptionType::kListenAddress:
+    case OptionType::kSecretFile: return quote(option.get_str(c));
     case OptionType::kUsers:
     case OptionType::kGroups: {
       std::string text = "[";
@@ -463,6 +478,20 @@ void applyOption(const Option& option, const toml::node& node, Config* config) {
       option.set_list(*config, std::move(items));
       return;
     }
+    case OptionType::kSecretFile: {
+      const std::string& path = stringValue(node, what, example);
+      if (!path.empty() && !path.starts_with("/")) {
+        refuse(node, what + " " + quote(path) + " is not an absolute path; write one starting " +
+                         "with /, e.g. " + std::string(option.key) +
+                         " = \"/etc/sluice/redis.password\"");
+      }
+      if (static_cast<int64_t>(path.size()) > option.max) {
+        refuse(node, what + " is " + std::to_string(path.size()) + " bytes long; write at most " +
+                         std::to_string(option.max) + " bytes");
+      }
+      option.set_str(*config, path);
+      return;
+    }
     case OptionType::kListenAddress: {
       const std::string& text = stringValue(node, what, example);
       std::string host;
@@ -517,6 +546,48 @@ void checkFrameHoldsKey(const LimitsConfig& limits, const Given& given) {
                     "least max_key_bytes + " + std::to_string(kFrameOverheadBytes));
 }
 
+void checkSocketDirectory(const DaemonConfig& daemon, const Given& given) {
+  // The default's directory is the systemd unit's RuntimeDirectory, which
+  // exists by the time the unit runs --check-config.
+  auto socket = given.find("socket");
+  if (socket == given.end()) return;
+  const std::string& path = daemon.socket_path;
+  const size_t slash = path.rfind('/');
+  const std::string directory = slash == 0 ? "/" : path.substr(0, slash);
+  struct stat info{};
+  const bool exists = stat(directory.c_str(), &info) == 0;
+  if (exists && S_ISDIR(info.st_mode)) return;
+  const std::string problem = quote(directory) + (exists ? ", which is not a directory"
+                                                         : ", which does not exist");
+  const std::string fix = "create it (mkdir -p " + directory + ", or RuntimeDirectory= in the " +
+                          "daemon's systemd unit), or write a socket path in a directory that " +
+                          "exists";
+  refuse(*socket->second, "[daemon] socket " + quote(path) + " is in " + problem + "; " + fix);
+}
+
+std::optional<std::string> tomlErrorHint(std::string_view line) {
+  const size_t equals = line.find('=');
+  if (equals == std::string_view::npos) return std::nullopt;
+  auto trim = [](std::string_view text) {
+    while (!text.empty() && (text.front() == ' ' || text.front() == '\t')) text.remove_prefix(1);
+    while (!text.empty() && (text.back() == ' ' || text.back() == '\t' || text.back() == '\r')) {
+      text.remove_suffix(1);
+    }
+    return text;
+  };
+  const std::string_view key = trim(line.substr(0, equals));
+  std::string_view value = trim(line.substr(equals + 1));
+  value = value.substr(0, value.find('#'));
+  value = trim(value);
+  for (const Option& option : kOptions) {
+    if (option.type != OptionType::kFileMode || option.key != key) continue;
+    if (value.size() < 2 || value.front() != '0' || !allDigits(value)) return std::nullopt;
+    return "a mode with a leading zero is octal, which TOML reads only in quotes (or as 0o" +
+           std::string(value.substr(1)) + "); write " + std::string(key) + " = \"" +
+           std::string(value) + "\"";
+  }
+  return std::nullopt;
+}
 
 }  // namespace config_detail
 

@@ -3,8 +3,13 @@
 #include "config_values.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 namespace sluice {
 namespace config_detail {
@@ -40,7 +45,7 @@ std::optional<std::string> percentDecode(std::string_view text) {
 void checkClusterMode(const Given& given, const toml::node& nodes, RedisConfig* redis) {
   std::string line = std::to_string(nodes.source().begin.line);
   for (std::string_view key : {"url", "sentinel_master", "sentinels", "sentinel_username",
-                               "sentinel_password"}) {
+                               "sentinel_password", "sentinel_password_file"}) {
     auto it = given.find(key);
     if (it == given.end()) continue;
     refuse(*it->second,
@@ -69,6 +74,76 @@ void checkClusterMode(const Given& given, const toml::node& nodes, RedisConfig* 
     parseRedisAddress(text, &address, &problem);  // checked when given
     redis->cluster_addresses.push_back(std::move(address));
   }
+}
+
+// The longest password a file may hold, as the password option.
+constexpr size_t kMaxPasswordBytes = 512;
+
+// The password in the file at `path`, given as `what` at `where`: the file's
+// bytes without one trailing newline. Refuses a file the daemon cannot read,
+// one its group or others have any access to (the password would not be
+// the daemon's secret), and one that is empty, too long or not one line.
+std::string readSecretFile(const toml::node& where, const std::string& what,
+                           const std::string& path) {
+  const std::string subject = what + " " + quote(path);
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    refuse(where, subject + " cannot be read: " + std::strerror(errno) + "; write the path of " +
+                      "a file the daemon's user can read, holding the password alone");
+  }
+  struct stat info{};
+  std::string secret(kMaxPasswordBytes + 3, '\0');
+  ssize_t got = -1;
+  if (fstat(fd, &info) == 0 && S_ISREG(info.st_mode)) {
+    got = read(fd, secret.data(), secret.size());
+  }
+  const int read_errno = errno;
+  close(fd);
+  if (!S_ISREG(info.st_mode)) {
+    refuse(where, subject + " is not a regular file; write the path of a file holding the " +
+                      "password alone");
+  }
+  if ((info.st_mode & 077) != 0) {
+    refuse(where, subject + " is open to its group or others (mode " +
+                      formatMode(info.st_mode & 07777) + "); chmod 600 it, owned by the " +
+                      "daemon's user, so that only the daemon reads the password");
+  }
+  if (got < 0) {
+    refuse(where, subject + " cannot be read: " + std::strerror(read_errno) + "; write the " +
+                      "path of a file the daemon's user can read, holding the password alone");
+  }
+  secret.resize(static_cast<size_t>(got));
+  if (secret.ends_with('\n')) secret.pop_back();
+  if (secret.ends_with('\r')) secret.pop_back();
+  if (secret.empty()) {
+    refuse(where, subject + " is empty; write the password in it, alone on one line");
+  }
+  if (secret.size() > kMaxPasswordBytes) {
+    refuse(where, subject + " holds more than " + std::to_string(kMaxPasswordBytes) +
+                      " bytes; write the password in it, alone on one line");
+  }
+  if (std::any_of(secret.begin(), secret.end(),
+                  [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; })) {
+    refuse(where, subject + " holds more than one line or a control character; write the " +
+                      "password in it, alone on one line");
+  }
+  return secret;
+}
+
+// Reads the secret of option `file_key` (a path; "" for none) unless the
+// option `inline_key` also gives it, which is refused.
+std::optional<std::string> secretFromFile(const Given& given, std::string_view file_key,
+                                          std::string_view inline_key, const std::string& path) {
+  auto file = given.find(file_key);
+  if (file == given.end() || path.empty()) return std::nullopt;
+  if (auto written = given.find(inline_key); written != given.end()) {
+    refuse(*file->second, "[redis] " + std::string(file_key) + " and " + std::string(inline_key) +
+                              " (line " + std::to_string(written->second->source().begin.line) +
+                              ") both give the password; keep " + std::string(file_key) +
+                              ", which keeps the secret out of this file, and remove " +
+                              std::string(inline_key));
+  }
+  return readSecretFile(*file->second, "[redis] " + std::string(file_key), path);
 }
 
 }  // namespace
@@ -192,16 +267,32 @@ void checkRedisMode(const Given& given, RedisConfig* redis) {
                         "Redis Cluster reads as a hash tag; write a prefix without { and }, " +
                         "e.g. key_prefix = \"sluice:\"");
   }
+  // Passwords kept out of this file, each in place of its option; the
+  // sentinels' only in Sentinel mode (the checks below refuse it in others).
+  const std::optional<std::string> password =
+      secretFromFile(given, "password_file", "password", redis->password_file);
+  const bool sentinel_mode = at("sentinel_master") && !at("cluster_nodes") && !at("url");
+  const std::optional<std::string> sentinel_password =
+      sentinel_mode ? secretFromFile(given, "sentinel_password_file", "sentinel_password",
+                                     redis->sentinel_password_file)
+                    : std::nullopt;
+  if (password) redis->password = *password;
+  if (sentinel_password) redis->sentinel_password = *sentinel_password;
   if (const toml::node* nodes = at("cluster_nodes")) {
     checkClusterMode(given, *nodes, redis);
     return;
   }
   constexpr std::string_view kSentinelExample =
       "sentinel_master = \"mymaster\" and sentinels = [\"10.0.0.1:26379\", \"10.0.0.2:26379\"]";
-  const char* sentinel_keys[] = {"sentinel_master", "sentinels", "sentinel_username",
-                                 "sentinel_password", "username", "password", "db"};
+  const char* sentinel_keys[] = {"sentinel_master",   "sentinels", "sentinel_username",
+                                 "sentinel_password", "sentinel_password_file",
+                                 "username",          "password",  "db"};
+  // With a password_file, a standalone Redis takes the ACL user as username
+  // (a url holds a user only with its password).
+  auto standalone_key = [&](std::string_view key) { return key == "username" && password; };
   if (const toml::node* url = at("url")) {
     for (std::string_view key : sentinel_keys) {
+      if (standalone_key(key)) continue;
       if (const toml::node* node = at(key)) {
         bool credentials = !key.starts_with("sentinel");
         refuse(*node, "[redis] " + std::string(key) + " belongs to Sentinel mode, and this " +
@@ -218,6 +309,7 @@ void checkRedisMode(const Given& given, RedisConfig* redis) {
   const toml::node* sentinels = at("sentinels");
   if (master == nullptr) {
     for (std::string_view key : sentinel_keys) {
+      if (standalone_key(key)) continue;
       if (const toml::node* node = at(key)) {
         refuse(*node, "[redis] " + std::string(key) + " applies in Sentinel mode only, which " +
                           "needs sentinel_master, the master's name as the sentinels know it; " +
@@ -227,7 +319,17 @@ void checkRedisMode(const Given& given, RedisConfig* redis) {
     }
     // Standalone. The url was checked when given, and the default is valid,
     // so this only fills in the address fields.
+    const std::string username = redis->username;
     parseRedisUrl(redis->url, redis);
+    if (password) {
+      if (!redis->password.empty()) {
+        refuse(*at("password_file"), "[redis] password_file and the url both give the "
+                                     "password; keep password_file, which keeps the secret out "
+                                     "of this file, and write the url without user:password@");
+      }
+      redis->password = *password;
+      redis->username = username;
+    }
     return;
   }
   if (redis->sentinel_master.empty()) {

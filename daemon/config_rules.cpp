@@ -22,15 +22,32 @@ constexpr std::array<Scope, 2> kScopes = {Scope::kLocal, Scope::kGlobal};
 constexpr std::array<RedisDownPolicy, 3> kRedisDownPolicies = {
     RedisDownPolicy::kLocal, RedisDownPolicy::kOpen, RedisDownPolicy::kClosed};
 
-// Reads a value written as one of `names`; returns its index.
+// Names of algorithms that sluice writes another way, and how.
+struct AlgorithmAlias {
+  std::string_view name;
+  std::string_view instead;
+};
+constexpr std::array<AlgorithmAlias, 1> kAlgorithmAliases = {{
+    {"leaky_bucket",
+     "a leaky bucket is algorithm = \"gcra\" with pace = true (one unit per interval, no "
+     "burst); add max_wait = \"1s\" to queue requests rather than deny them"},
+}};
+
+// Reads a value written as one of `names`; returns its index. `aliases`
+// point a known name of something else to how it is written here.
 size_t choiceValue(const toml::node& node, const std::string& what,
-                   std::span<const std::string_view> names) {
+                   std::span<const std::string_view> names,
+                   std::span<const AlgorithmAlias> aliases = {}) {
   const std::string& text = stringValue(node, what, std::string(names.front()));
   for (size_t i = 0; i < names.size(); ++i) {
     if (names[i] == text) return i;
   }
   std::string message = what + " " + quote(text) + " is not one of " + joinQuoted(names);
-  if (auto suggestion = closest(text, names)) {
+  auto alias = std::find_if(aliases.begin(), aliases.end(),
+                            [&](const AlgorithmAlias& a) { return a.name == text; });
+  if (alias != aliases.end()) {
+    message += "; " + std::string(alias->instead);
+  } else if (auto suggestion = closest(text, names)) {
     message += "; did you mean " + quote(*suggestion) + "?";
   } else {
     message += "; write one of those";
@@ -259,7 +276,9 @@ void RuleReader::readAlgorithm(const toml::node* node, Rule* rule) {
   if (node == nullptr) return;
   std::vector<std::string_view> names;
   for (const AlgorithmTraits& row : kAlgorithmTraits) names.push_back(row.name);
-  rule->algorithm = kAlgorithmTraits[choiceValue(*node, prefix_ + "algorithm", names)].algorithm;
+  rule->algorithm =
+      kAlgorithmTraits[choiceValue(*node, prefix_ + "algorithm", names, kAlgorithmAliases)]
+          .algorithm;
 }
 
 void RuleReader::readScope(const toml::node* node, Rule* rule) {

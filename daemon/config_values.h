@@ -109,6 +109,15 @@ Given loadSection(const toml::table& table, std::string_view section, Config* co
 // A frame must have room for the longest key plus the rest of a request.
 void checkFrameHoldsKey(const LimitsConfig& limits, const Given& given);
 
+// The directory of the socket the file gives exists on this machine (a
+// missing one fails only at bind, after the file was called valid).
+void checkSocketDirectory(const DaemonConfig& daemon, const Given& given);
+
+// A hint for a TOML syntax error on `line` (the line the error is on), when
+// the line shows what was meant: `socket_mode = 0660` is an octal mode that
+// TOML reads as a decimal with a leading zero. nullopt for no hint.
+std::optional<std::string> tomlErrorHint(std::string_view line);
+
 // Fills the address fields of `redis` from `url`; returns what is wrong with
 // the url ("" when it is fine).
 std::string parseRedisUrl(std::string_view url, RedisConfig* redis);
