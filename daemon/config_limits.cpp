@@ -243,7 +243,8 @@ Limit RuleReader::readLimit(const toml::table& table, const toml::node& where,
 
   limit.burst = limit.limit;
   if (const toml::node* burst_node = table.get("burst")) {
-    if (std::optional<std::string> why = burstOnly(algorithm)) refuse(*burst_node, prefix_ + *why);
+    std::optional<std::string> why = burstOnly(algorithm);
+    if (why) refuse(*burst_node, prefix_ + *why);
     limit.burst = integerValue(*burst_node, prefix_ + "burst", "burst = 20");
     if (limit.burst < 1 || limit.burst > most) {
       refuse(*burst_node, prefix_ + "burst " + std::to_string(limit.burst) + " is out of " +

@@ -86,32 +86,30 @@ constexpr size_t kMaxPasswordBytes = 512;
 std::string readSecretFile(const toml::node& where, const std::string& what,
                            const std::string& path) {
   const std::string subject = what + " " + quote(path);
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    refuse(where, subject + " cannot be read: " + std::strerror(errno) + "; write the path of " +
-                      "a file the daemon's user can read, holding the password alone");
-  }
+  const std::string fix = "write the path of a file the daemon's user can read, holding the "
+                          "password alone";
+  // Only a regular file is opened: opening a FIFO would wait for a writer,
+  // and opening a device may do something.
   struct stat info{};
-  std::string secret(kMaxPasswordBytes + 3, '\0');
-  ssize_t got = -1;
-  if (fstat(fd, &info) == 0 && S_ISREG(info.st_mode)) {
-    got = read(fd, secret.data(), secret.size());
+  if (stat(path.c_str(), &info) != 0) {
+    refuse(where, subject + " cannot be read: " + std::strerror(errno) + "; " + fix);
   }
-  const int read_errno = errno;
-  close(fd);
-  if (!S_ISREG(info.st_mode)) {
-    refuse(where, subject + " is not a regular file; write the path of a file holding the " +
-                      "password alone");
-  }
+  if (!S_ISREG(info.st_mode)) refuse(where, subject + " is not a regular file; " + fix);
   if ((info.st_mode & 077) != 0) {
     refuse(where, subject + " is open to its group or others (mode " +
                       formatMode(info.st_mode & 07777) + "); chmod 600 it, owned by the " +
                       "daemon's user, so that only the daemon reads the password");
   }
-  if (got < 0) {
-    refuse(where, subject + " cannot be read: " + std::strerror(read_errno) + "; write the " +
-                      "path of a file the daemon's user can read, holding the password alone");
+  std::string secret(kMaxPasswordBytes + 3, '\0');
+  ssize_t got = -1;
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd >= 0) {
+    got = read(fd, secret.data(), secret.size());
+    const int read_errno = errno;
+    close(fd);
+    errno = read_errno;
   }
+  if (got < 0) refuse(where, subject + " cannot be read: " + std::strerror(errno) + "; " + fix);
   secret.resize(static_cast<size_t>(got));
   if (secret.ends_with('\n')) secret.pop_back();
   if (secret.ends_with('\r')) secret.pop_back();

@@ -243,7 +243,8 @@ Rule RuleReader::read() {
     if (row.read == nullptr) continue;
     const toml::node* node = table_.get(row.key);
     if (node != nullptr && row.refusing != nullptr) {
-      if (std::optional<std::string> why = row.refusing(rule, row.key)) refuse(*node, prefix_ + *why);
+      std::optional<std::string> why = row.refusing(rule, row.key);
+      if (why) refuse(*node, prefix_ + *why);
     }
     (this->*row.read)(node, &rule);
   }

@@ -95,8 +95,9 @@ int main(int argc, char** argv) {
   }
 
   // With --socket, the file's socket is not the one bound.
-  sluice::ConfigResult result = sluice::loadConfigFile(
-      config_path, socket_override.empty() ? sluice::ConfigChecks::kHost : sluice::ConfigChecks::kFile);
+  const sluice::ConfigChecks checks =
+      socket_override.empty() ? sluice::ConfigChecks::kHost : sluice::ConfigChecks::kFile;
+  sluice::ConfigResult result = sluice::loadConfigFile(config_path, checks);
   if (!result.ok()) {
     std::fprintf(stderr, "sluiced: %s\n", result.error.c_str());
     return 1;

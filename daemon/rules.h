@@ -130,10 +130,11 @@ constexpr uint32_t partId(uint32_t rule_id, size_t index) {
 
 // Whether RuleSet splits `rule` into parts: a global rule of several limits
 // whose algorithm keeps one state word per limit and has a rate lease
-// script (algorithm.h: token bucket, GCRA, the windows). Each part is a global rule of
-// one of its limits, which leases from Redis on its own (lease.h); the
-// dispatcher decides the rule on its parts together, all or nothing, and
-// reports them as the limiter reports a rule's limits (dispatch.h).
+// script (algorithm.h: token bucket, GCRA, the windows). Each part is a
+// global rule of one of its limits, which leases from Redis on its own
+// (lease.h); the dispatcher decides the rule on its parts together, all or
+// nothing, and reports them as the limiter reports a rule's limits
+// (dispatch.h).
 bool splitsIntoParts(const Rule& rule);
 
 // The Redis name of part `index` of the rule named `rule_name`: the name,

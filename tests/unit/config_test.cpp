@@ -831,8 +831,8 @@ TEST(ConfigTest, PasswordFilesAreReadIntoThePasswords) {
 }
 
 // Verifies that a password file its group or others may read is refused at
-// its line with the fix, as are an empty file, one of two lines and a url
-// that has its own password.
+// its line with the fix, as are an empty file, one of two lines, a FIFO and
+// a url that has its own password.
 TEST(ConfigTest, PasswordFileOpenToOthersOrNotOneLineIsRefusedAtItsLine) {
   test::TempDir dir;
   const std::string text_head = "[redis]\nurl = \"redis://h:6379\"\npassword_file = \"";
@@ -849,6 +849,10 @@ TEST(ConfigTest, PasswordFileOpenToOthersOrNotOneLineIsRefusedAtItsLine) {
   path = secretFile(dir, "s3cret\nmore\n", 0600);
   EXPECT_NE(errorOf(text_head + path + "\"\n").find("holds more than one line"),
             std::string::npos);
+  // A FIFO is refused without waiting for a writer.
+  const std::string fifo = dir.file("fifo");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_NE(errorOf(text_head + fifo + "\"\n").find("is not a regular file"), std::string::npos);
   path = secretFile(dir, "s3cret", 0600);
   EXPECT_NE(errorOf("[redis]\nurl = \"redis://:pw@h:6379\"\npassword_file = \"" + path + "\"\n")
                 .find("x.toml:3:17: [redis] password_file and the url both give the password"),
