@@ -19,6 +19,7 @@
 #include <vector>
 
 #include <arpa/inet.h>
+#include <sys/stat.h>
 
 #include <toml++/toml.h>
 
@@ -33,6 +34,27 @@ constexpr std::array<std::string_view, 6> kSections = {"daemon", "limits", "keys
                                                        "access", "redis", "rule"};
 
 // --- the file -------------------------------------------------------------------
+
+// The directory of the socket the file gives exists on this machine (a
+// missing one fails only at bind, after the file was called valid).
+void checkSocketDirectory(const DaemonConfig& daemon, const Given& given) {
+  // The default's directory is the systemd unit's RuntimeDirectory, which
+  // exists by the time the unit runs --check-config.
+  auto socket = given.find("socket");
+  if (socket == given.end()) return;
+  const std::string& path = daemon.socket_path;
+  const size_t slash = path.rfind('/');
+  const std::string directory = slash == 0 ? "/" : path.substr(0, slash);
+  struct stat info{};
+  const bool exists = stat(directory.c_str(), &info) == 0;
+  if (exists && S_ISDIR(info.st_mode)) return;
+  const std::string problem = quote(directory) + (exists ? ", which is not a directory"
+                                                         : ", which does not exist");
+  const std::string fix = "create it (mkdir -p " + directory + ", or RuntimeDirectory= in the " +
+                          "daemon's systemd unit), or write a socket path in a directory that " +
+                          "exists";
+  refuse(*socket->second, "[daemon] socket " + quote(path) + " is in " + problem + "; " + fix);
+}
 
 Config build(const toml::table& root, const std::string& source_name, ConfigChecks checks) {
   Config config;

@@ -11,7 +11,6 @@
 
 #include <grp.h>
 #include <pwd.h>
-#include <sys/stat.h>
 
 namespace sluice {
 namespace config_detail {
@@ -544,25 +543,6 @@ void checkFrameHoldsKey(const LimitsConfig& limits, const Given& given) {
                     " leaves no room for a key of max_key_bytes = " +
                     std::to_string(limits.max_key_bytes) + "; write max_frame_bytes of at " +
                     "least max_key_bytes + " + std::to_string(kFrameOverheadBytes));
-}
-
-void checkSocketDirectory(const DaemonConfig& daemon, const Given& given) {
-  // The default's directory is the systemd unit's RuntimeDirectory, which
-  // exists by the time the unit runs --check-config.
-  auto socket = given.find("socket");
-  if (socket == given.end()) return;
-  const std::string& path = daemon.socket_path;
-  const size_t slash = path.rfind('/');
-  const std::string directory = slash == 0 ? "/" : path.substr(0, slash);
-  struct stat info{};
-  const bool exists = stat(directory.c_str(), &info) == 0;
-  if (exists && S_ISDIR(info.st_mode)) return;
-  const std::string problem = quote(directory) + (exists ? ", which is not a directory"
-                                                         : ", which does not exist");
-  const std::string fix = "create it (mkdir -p " + directory + ", or RuntimeDirectory= in the " +
-                          "daemon's systemd unit), or write a socket path in a directory that " +
-                          "exists";
-  refuse(*socket->second, "[daemon] socket " + quote(path) + " is in " + problem + "; " + fix);
 }
 
 std::optional<std::string> tomlErrorHint(std::string_view line) {

@@ -109,10 +109,6 @@ Given loadSection(const toml::table& table, std::string_view section, Config* co
 // A frame must have room for the longest key plus the rest of a request.
 void checkFrameHoldsKey(const LimitsConfig& limits, const Given& given);
 
-// The directory of the socket the file gives exists on this machine (a
-// missing one fails only at bind, after the file was called valid).
-void checkSocketDirectory(const DaemonConfig& daemon, const Given& given);
-
 // A hint for a TOML syntax error on `line` (the line the error is on), when
 // the line shows what was meant: `socket_mode = 0660` is an octal mode that
 // TOML reads as a decimal with a leading zero. nullopt for no hint.
