@@ -80,6 +80,9 @@ struct AlgorithmTraits {
   // units for concurrency); "" when a global rule of it leases nothing and
   // is decided on the node's share at all times.
   std::string_view lease_script;
+  // The algorithm to suggest for a limit above max_limit, when one counts
+  // the same thing in less state; "" for none.
+  std::string_view for_larger_limits = {};
 };
 
 inline constexpr std::array<AlgorithmTraits, kAlgorithmCount> kAlgorithmTraits = {{
@@ -100,7 +103,8 @@ inline constexpr std::array<AlgorithmTraits, kAlgorithmCount> kAlgorithmTraits =
      .lease_script = "sliding_window.lua"},
     {.algorithm = Algorithm::kSlidingLog, .name = "sliding_log", .state = StateShape::kWordPerUnit,
      .max_limit = 1000, .burst = false, .waits = false, .refills = false, .windowed = false,
-     .holds = false, .leases_slice = false, .lease_script = ""},
+     .holds = false, .leases_slice = false, .lease_script = "",
+     .for_larger_limits = "sliding_window"},
     {.algorithm = Algorithm::kConcurrency, .name = "concurrency", .state = StateShape::kWordPerUnit,
      .max_limit = 1000, .burst = false, .waits = false, .refills = false, .windowed = false,
      .holds = true, .leases_slice = false, .lease_script = "concurrency.lua"},
@@ -125,6 +129,13 @@ constexpr bool rowsInEnumOrder() {
     if (row.leases_slice && row.lease_script.empty()) return false;
     if (row.waits && !row.refills) return false;
     if (row.holds && row.state != StateShape::kWordPerUnit) return false;
+    if (!row.for_larger_limits.empty()) {
+      bool found = false;
+      for (const AlgorithmTraits& other : kAlgorithmTraits) {
+        found = found || (other.name == row.for_larger_limits && other.max_limit > row.max_limit);
+      }
+      if (!found) return false;
+    }
   }
   return true;
 }

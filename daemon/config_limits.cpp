@@ -215,7 +215,8 @@ Limit RuleReader::readLimit(const toml::table& table, const toml::node& where,
     std::string message = prefix_ + "limit " + std::to_string(limit.limit) + " is above " +
                            std::to_string(most) + ", the most a " + alg + " rule can hold; " +
                            "write a limit up to " + std::to_string(most);
-    if (algorithm == Algorithm::kSlidingLog) message += ", or use algorithm = \"sliding_window\"";
+    const std::string_view larger = algorithmTraits(algorithm).for_larger_limits;
+    if (!larger.empty()) message += ", or use algorithm = \"" + std::string(larger) + "\"";
     refuse(*limit_node, std::move(message));
   }
 

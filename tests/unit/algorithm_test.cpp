@@ -111,7 +111,8 @@ TEST(AlgorithmTable, ConfigTakesAGlobalPenaltyExactlyWhereTheRuleLeasesASlice) {
 }
 
 // Verifies that the config takes a limit of the table's maximum and refuses
-// one more, naming the maximum.
+// one more, naming the maximum and, where the row has one, the algorithm
+// for larger limits.
 TEST(AlgorithmTable, ConfigTakesTheMaximumLimitAndRefusesOneMore) {
   for (const AlgorithmTraits& row : kAlgorithmTraits) {
     auto text = [&](int64_t limit) {
@@ -125,6 +126,9 @@ TEST(AlgorithmTable, ConfigTakesTheMaximumLimitAndRefusesOneMore) {
     EXPECT_NE(above.error.find("is above " + std::to_string(row.max_limit) + ", the most a " +
                                std::string(row.name) + " rule can hold"),
               std::string::npos)
+        << above.error;
+    const std::string larger = "or use algorithm = \"" + std::string(row.for_larger_limits) + "\"";
+    EXPECT_EQ(above.error.find(larger) != std::string::npos, !row.for_larger_limits.empty())
         << above.error;
   }
 }
