@@ -72,5 +72,4 @@ class RuleReader {
   std::string prefix_;
 };
 
-
 }  // namespace sluice::config_detail

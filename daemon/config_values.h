@@ -5,8 +5,8 @@
 // The loader is split by what it reads: config.cpp (the file and its
 // sections), config_options.cpp (the option table of [daemon], [limits],
 // [keys], [access] and [redis]), config_redis.cpp (Redis urls, addresses and
-// modes), config_rules.cpp (the [[rule]] key table) and config_values.cpp
-// (these helpers).
+// modes), config_rules.cpp (the [[rule]] key table), config_limits.cpp (a
+// rule's limits and overrides) and config_values.cpp (these helpers).
 //
 // Error policy: the first problem found is thrown as a Refusal (position plus
 // message) and caught by loadConfigString, which turns it into the
