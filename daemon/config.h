@@ -1,10 +1,13 @@
 // Config: the daemon's TOML configuration file, parsed and validated.
 //
 // Every option of [daemon], [limits], [keys], [access] and [redis] is declared once, in
-// the option table in config.cpp (key, type, bounds, one-line doc); the
-// defaults are the member initializers below, and the table reads them from
-// here, so a default is written in exactly one place. conf/sluice.toml is the
-// manual: it explains every option and shows its default.
+// the option table in config_options.cpp (key, type, bounds, one-line doc);
+// the defaults are the member initializers below, and the table reads them
+// from here, so a default is written in exactly one place. Every key of a
+// [[rule]] is declared once, in the rule key table in config_rules.cpp (type,
+// default, doc, which rules it applies to), and what each algorithm can do
+// in algorithm.h. conf/sluice.toml is the manual: it explains every option
+// and rule key and shows its default.
 //
 // A file is either accepted whole or refused with one message naming the
 // file, line and column of the first problem and what to write instead, in
@@ -110,6 +113,9 @@ struct RedisConfig {
   // and db 0, the only database of a cluster).
   std::string username;   // "" when none (AUTH with password only)
   std::string password;   // "" when none; percent-decoded from a url
+  // The file the password was read from when the config was loaded (option
+  // password_file, any mode); "" when none.
+  std::string password_file;
   uint32_t db = 0;
   // Sentinel mode: the master's name as the sentinels know it ("": standalone
   // mode), the sentinels to ask (as written, and parsed), and the sentinels'
@@ -119,6 +125,7 @@ struct RedisConfig {
   std::vector<RedisAddress> sentinel_addresses;
   std::string sentinel_username;  // "" when none
   std::string sentinel_password;  // "" when the sentinels need no AUTH
+  std::string sentinel_password_file;  // where sentinel_password was read from; "" when none
   bool sentinel() const { return !sentinel_master.empty(); }
   // Cluster mode: the seed nodes to load the slot map from (as written, and
   // parsed); empty in the other modes.
@@ -164,12 +171,21 @@ struct ConfigResult {
   bool ok() const { return config.has_value(); }
 };
 
+// What loading checks besides the file itself.
+enum class ConfigChecks {
+  kFile,  // the file alone (tests, reloads: the socket is already bound)
+  // Also what the daemon will need of this machine when it starts: that the
+  // directory of the socket the file gives exists (--check-config, startup).
+  kHost,
+};
+
 // Reads and validates the file at `path`.
-ConfigResult loadConfigFile(const std::string& path);
+ConfigResult loadConfigFile(const std::string& path, ConfigChecks checks = ConfigChecks::kFile);
 
 // Validates `text`; `source_name` stands for the file name in messages and
 // in Config::path.
-ConfigResult loadConfigString(std::string_view text, const std::string& source_name);
+ConfigResult loadConfigString(std::string_view text, const std::string& source_name,
+                              ConfigChecks checks = ConfigChecks::kFile);
 
 // Splits a metrics address, "127.0.0.1:9464" or "[::1]:9464" (numeric hosts
 // only, port 1..65535), into host (IPv6 without brackets) and port; false
@@ -192,5 +208,14 @@ struct ConfigOptionInfo {
   std::string_view doc;      // one line
 };
 std::vector<ConfigOptionInfo> configOptions();
+
+// One key of a [[rule]] table, from the rule key table, for documentation
+// and for the test that conf/sluice.toml documents every rule key.
+struct RuleKeyInfo {
+  std::string_view key;           // "algorithm", "limit", ...
+  std::string_view default_text;  // as the manual writes it; "" for none or required
+  std::string_view doc;           // one line
+};
+std::vector<RuleKeyInfo> ruleKeys();
 
 }  // namespace sluice

@@ -15,15 +15,11 @@ int64_t load(std::span<const std::atomic<uint64_t>> words, slice::Word word) {
   return static_cast<int64_t>(words[word].load(std::memory_order_acquire));
 }
 
-bool isBucket(Algorithm algorithm) {
-  return algorithm == Algorithm::kTokenBucket || algorithm == Algorithm::kGcra;
-}
-
 // How long a rule's global state remembers what was admitted: a window, or
 // the time a bucket takes to refill from empty.
 int64_t memoryNs(const Rule& rule) {
   const Limit& limit = rule.limits.front();
-  if (!isBucket(rule.algorithm)) return limit.period_ns;
+  if (!algorithmTraits(rule.algorithm).refills) return limit.period_ns;
   double refill = static_cast<double>(limit.period_ns) * static_cast<double>(limit.burst) /
                   static_cast<double>(limit.limit);
   return std::max<int64_t>(limit.period_ns, static_cast<int64_t>(refill));
@@ -38,7 +34,7 @@ bool leasable(const Rule& rule) {
 
 bool leasesHolding(const Rule& rule) {
   return rule.scope == Scope::kGlobal && rule.limits.size() == 1 &&
-         rule.algorithm == Algorithm::kConcurrency;
+         algorithmTraits(rule.algorithm).holds;
 }
 
 int64_t leaseCapacity(const Limit& limit) { return limit.burst > 0 ? limit.burst : limit.limit; }
@@ -251,7 +247,7 @@ Batch nextBatch(std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t 
   batch.n = std::max(batch.n, cost);
   bool warm = (flags & kWarm) != 0;
   batch.need = cost;
-  if (warm && isBucket(rule.algorithm)) {
+  if (warm && algorithmTraits(rule.algorithm).refills) {
     double refill = static_cast<double>(limit.limit) * static_cast<double>(lease_interval_ns) /
                     static_cast<double>(limit.period_ns);
     batch.need = std::max(cost, std::min(batch.n / 4, static_cast<int64_t>(refill)));

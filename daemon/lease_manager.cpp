@@ -2,6 +2,7 @@
 #include "lease_manager.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <memory>
 
 #include <spdlog/spdlog.h>
@@ -30,10 +31,6 @@ const RedisResult kNotSent{RedisStatus::kDisconnected, nullptr, "redis is down",
 
 bool neverSent(const RedisResult& result) { return &result == &kNotSent; }
 
-bool isWindow(Algorithm algorithm) {
-  return algorithm == Algorithm::kFixedWindow || algorithm == Algorithm::kSlidingWindow;
-}
-
 // The rule a request of `rule` is for: the variant of the override that
 // decides its key, whose limits the script is called with (same name, id
 // and algorithm, so the same Redis key).
@@ -52,10 +49,11 @@ LeaseManager::LeaseManager(RedisTarget& link, const RedisConfig& config, LeaseCo
     const scripts::ScriptSource& source = scripts::get(script);
     return link_.registerScript(std::string(source.name), std::string(source.source));
   };
-  token_bucket_ = add(scripts::Script::kTokenBucket);
-  gcra_ = add(scripts::Script::kGcra);
-  fixed_window_ = add(scripts::Script::kFixedWindow);
-  sliding_window_ = add(scripts::Script::kSlidingWindow);
+  for (const AlgorithmTraits& algorithm : kAlgorithmTraits) {
+    if (!algorithm.leases_slice) continue;
+    slice_scripts_[static_cast<size_t>(algorithm.algorithm)] =
+        add(*scripts::forAlgorithm(algorithm.algorithm));
+  }
   concurrency_ = add(scripts::Script::kConcurrency);
   penalty_ = add(scripts::Script::kPenalty);
 }
@@ -69,12 +67,12 @@ std::string LeaseManager::blockKey(std::string_view rule_name, std::string_view 
 }
 
 RedisLink::ScriptId LeaseManager::scriptFor(Algorithm algorithm) const {
-  switch (algorithm) {
-    case Algorithm::kGcra: return gcra_;
-    case Algorithm::kFixedWindow: return fixed_window_;
-    case Algorithm::kSlidingWindow: return sliding_window_;
-    default: return token_bucket_;
+  if (!algorithmTraits(algorithm).leases_slice) {
+    // Only a rule that leases a slice (leasable) is sent here.
+    spdlog::critical("no slice lease script for a {} rule", algorithmName(algorithm));
+    std::abort();
   }
+  return slice_scripts_[static_cast<size_t>(algorithm)];
 }
 
 void LeaseManager::onWakeup() { serveTaken(); }
@@ -310,7 +308,7 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, const Rule& rule,
       store(words, slice::kDenyUntil, now_ns + wait_ms * 1'000'000);
       return;
     }
-    if (isWindow(rule.algorithm)) {
+    if (algorithmTraits(rule.algorithm).windowed) {
       // The units count in the window the lease was granted in; they may
       // be spent only until it ends. Units of an older window are dropped.
       int64_t period_ms = periodMs(limit);

@@ -52,6 +52,7 @@
 // guard.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -242,8 +243,9 @@ class LeaseManager {
   const RedisConfig config_;
   LeaseContext context_;
   KeyTable::ReaderId reader_;
-  RedisLink::ScriptId token_bucket_ = 0, gcra_ = 0, fixed_window_ = 0, sliding_window_ = 0,
-                      concurrency_ = 0, penalty_ = 0;
+  // By algorithm, of those that lease a slice (algorithm.h).
+  std::array<RedisLink::ScriptId, kAlgorithmCount> slice_scripts_{};
+  RedisLink::ScriptId concurrency_ = 0, penalty_ = 0;
 
   struct ScriptCall {
     RedisLink::ScriptId script;

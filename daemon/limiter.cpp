@@ -58,11 +58,13 @@ const WordAlgorithm* wordAlgorithm(Algorithm algorithm) {
 }
 
 size_t limitWords(Algorithm algorithm, const Limit& limit) {
-  switch (algorithm) {
-    case Algorithm::kSlidingLog: return sliding_log::stateWords(limit);
-    case Algorithm::kConcurrency: return concurrency::stateWords(limit);
-    default: return 1;
+  switch (algorithmTraits(algorithm).state) {
+    case StateShape::kOneWord: return 1;
+    case StateShape::kWordPerUnit:
+      return algorithm == Algorithm::kSlidingLog ? sliding_log::stateWords(limit)
+                                                 : concurrency::stateWords(limit);
   }
+  return 1;  // not reached: the switch covers every shape
 }
 
 // Calls fn(limit, words) for each limit of the rule with its run of words.

@@ -83,7 +83,8 @@ int main(int argc, char** argv) {
   }
 
   if (!check_path.empty()) {
-    sluice::ConfigResult result = sluice::loadConfigFile(check_path);
+    sluice::ConfigResult result =
+        sluice::loadConfigFile(check_path, sluice::ConfigChecks::kHost);
     if (!result.ok()) {
       std::fprintf(stderr, "%s\n", result.error.c_str());
       return 1;
@@ -93,7 +94,10 @@ int main(int argc, char** argv) {
     return 0;
   }
 
-  sluice::ConfigResult result = sluice::loadConfigFile(config_path);
+  // With --socket, the file's socket is not the one bound.
+  const sluice::ConfigChecks checks =
+      socket_override.empty() ? sluice::ConfigChecks::kHost : sluice::ConfigChecks::kFile;
+  sluice::ConfigResult result = sluice::loadConfigFile(config_path, checks);
   if (!result.ok()) {
     std::fprintf(stderr, "sluiced: %s\n", result.error.c_str());
     return 1;

@@ -59,18 +59,6 @@ std::string partName(std::string_view rule_name, size_t index) {
   return name;
 }
 
-bool hasRateLeaseScript(Algorithm algorithm) {
-  switch (algorithm) {
-    case Algorithm::kTokenBucket:
-    case Algorithm::kGcra:
-    case Algorithm::kFixedWindow:
-    case Algorithm::kSlidingWindow: return true;
-    case Algorithm::kSlidingLog:
-    case Algorithm::kConcurrency: return false;
-  }
-  return false;
-}
-
 bool splitsIntoParts(const Rule& rule) {
   return rule.scope == Scope::kGlobal && rule.limits.size() >= 2 &&
          hasRateLeaseScript(rule.algorithm);
@@ -195,38 +183,14 @@ const Rule* RuleSet::find(std::string_view name) const {
   return it == by_name_.end() ? nullptr : it->second;
 }
 
-int64_t maxLimit(Algorithm algorithm) {
-  switch (algorithm) {
-    case Algorithm::kTokenBucket:
-    case Algorithm::kGcra: return 1'000'000'000;
-    case Algorithm::kFixedWindow: return 0xFFFFFFFFLL;
-    case Algorithm::kSlidingWindow: return (1LL << 20) - 1;
-    case Algorithm::kSlidingLog:
-    case Algorithm::kConcurrency: return 1000;
-  }
-  return 0;
-}
-
 bool canWait(const Rule& rule) {
-  return (rule.algorithm == Algorithm::kTokenBucket || rule.algorithm == Algorithm::kGcra) &&
+  return algorithmTraits(rule.algorithm).waits &&
          (rule.scope == Scope::kLocal || rule.limits.size() == 1);
 }
 
 const Rule* RuleSet::findById(uint32_t id) const {
   auto it = by_id_.find(id);
   return it == by_id_.end() ? nullptr : it->second;
-}
-
-std::string_view algorithmName(Algorithm algorithm) {
-  switch (algorithm) {
-    case Algorithm::kTokenBucket: return "token_bucket";
-    case Algorithm::kGcra: return "gcra";
-    case Algorithm::kFixedWindow: return "fixed_window";
-    case Algorithm::kSlidingWindow: return "sliding_window";
-    case Algorithm::kSlidingLog: return "sliding_log";
-    case Algorithm::kConcurrency: return "concurrency";
-  }
-  return "unknown";
 }
 
 std::string_view scopeName(Scope scope) {

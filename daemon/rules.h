@@ -18,16 +18,9 @@
 #include <unordered_map>
 #include <vector>
 
-namespace sluice {
+#include "algorithm.h"
 
-enum class Algorithm {
-  kTokenBucket,
-  kGcra,
-  kFixedWindow,
-  kSlidingWindow,
-  kSlidingLog,
-  kConcurrency,
-};
+namespace sluice {
 
 // Where a rule's state lives: only on this node, or shared by the fleet
 // through Redis leases.
@@ -135,16 +128,13 @@ constexpr uint32_t partId(uint32_t rule_id, size_t index) {
   return kPartIdBit | static_cast<uint32_t>(index) << kPartIndexShift | (rule_id & kRuleIdMask);
 }
 
-// Whether lua/ has a rate lease script for the algorithm (token bucket,
-// GCRA, the windows), so a global rule of it can lease a slice (lease.h).
-bool hasRateLeaseScript(Algorithm algorithm);
-
 // Whether RuleSet splits `rule` into parts: a global rule of several limits
 // whose algorithm keeps one state word per limit and has a rate lease
-// script (token bucket, GCRA, the windows). Each part is a global rule of
-// one of its limits, which leases from Redis on its own (lease.h); the
-// dispatcher decides the rule on its parts together, all or nothing, and
-// reports them as the limiter reports a rule's limits (dispatch.h).
+// script (algorithm.h: token bucket, GCRA, the windows). Each part is a
+// global rule of one of its limits, which leases from Redis on its own
+// (lease.h); the dispatcher decides the rule on its parts together, all or
+// nothing, and reports them as the limiter reports a rule's limits
+// (dispatch.h).
 bool splitsIntoParts(const Rule& rule);
 
 // The Redis name of part `index` of the rule named `rule_name`: the name,
@@ -218,18 +208,14 @@ class RuleSet {
 
 using RuleSetPtr = std::shared_ptr<const RuleSet>;
 
-// The largest `limit` (and `burst`) an algorithm can hold in its state; the
-// config loader refuses larger values. sliding_log and concurrency keep one
-// state word per unit, so they are for small limits only.
-int64_t maxLimit(Algorithm algorithm);
-
 // The longest any acquire may wait for its units (a rule's max_wait, a
 // request's max_wait_ms).
 constexpr int64_t kMaxWaitNs = 60'000'000'000;  // 60 s
 
-// Whether acquires on `rule` may wait for their units: token bucket and GCRA
-// (a window cannot be reserved ahead), local, or global with one limit (a
-// rule that leases; the waiter asks Redis again when its units are due).
+// Whether acquires on `rule` may wait for their units: an algorithm that
+// waits (algorithm.h: a bucket, as a window cannot be reserved ahead), local,
+// or global with one limit (a rule that leases; the waiter asks Redis again
+// when its units are due).
 bool canWait(const Rule& rule);
 
 // Whether `key` matches the glob `pattern`: * is any run of bytes, ? any one
@@ -240,7 +226,6 @@ bool globMatch(std::string_view pattern, std::string_view key);
 constexpr int64_t kMinPeriodNs = 1'000'000;                       // 1 ms
 constexpr int64_t kMaxPeriodNs = 366LL * 24 * 3600 * 1'000'000'000;  // 366 days
 
-std::string_view algorithmName(Algorithm algorithm);
 std::string_view scopeName(Scope scope);
 std::string_view redisDownPolicyName(RedisDownPolicy policy);
 

@@ -32,13 +32,9 @@ std::span<const ScriptSource> all() { return kScripts; }
 const ScriptSource& get(Script script) { return kScripts[static_cast<size_t>(script)]; }
 
 std::optional<Script> forAlgorithm(Algorithm algorithm) {
-  switch (algorithm) {
-    case Algorithm::kTokenBucket: return Script::kTokenBucket;
-    case Algorithm::kGcra: return Script::kGcra;
-    case Algorithm::kFixedWindow: return Script::kFixedWindow;
-    case Algorithm::kSlidingWindow: return Script::kSlidingWindow;
-    case Algorithm::kConcurrency: return Script::kConcurrency;
-    case Algorithm::kSlidingLog: return std::nullopt;
+  const std::string_view file = algorithmTraits(algorithm).lease_script;
+  for (const ScriptSource& source : kScripts) {
+    if (!file.empty() && source.name == file) return source.script;
   }
   return std::nullopt;
 }

@@ -49,8 +49,8 @@ struct ScriptSource {
 std::span<const ScriptSource> all();
 const ScriptSource& get(Script script);
 
-// The lease script of a global rule's algorithm; nullopt for sliding_log,
-// which has no lease form.
+// The lease script of a global rule's algorithm (its lease_script in
+// algorithm.h); nullopt for one that has none.
 std::optional<Script> forAlgorithm(Algorithm algorithm);
 
 // The operations of the lease scripts (ARGV[1]).

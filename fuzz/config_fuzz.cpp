@@ -1,5 +1,5 @@
 // config_fuzz: any bytes as a config file, through loadConfigString (the
-// TOML parser and every check of daemon/config.cpp), and as a duration.
+// TOML parser and every check of daemon/config*.cpp), and as a duration.
 //
 // Properties checked: a refusal names the file first ("fuzz.toml:line:col: "
 // or "fuzz.toml: "); an accepted file holds what config.h and rules.h promise

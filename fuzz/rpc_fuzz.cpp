@@ -170,7 +170,7 @@ Rule globalRule(uint32_t id, std::string name, Algorithm algorithm, std::vector<
   return rule;
 }
 
-// Two rule sets within the config loader's bounds (rules.h, config.cpp):
+// Two rule sets within the config loader's bounds (rules.h, config_rules.cpp):
 // local rules of every algorithm, multi-limit rules, the largest limits and
 // longest periods, a shadow rule; the policies: overrides of every match,
 // a penalty, bounded waiting and pacing; and global rules, shared by two

@@ -938,6 +938,38 @@ class LifecycleTest(unittest.TestCase):
                 self.assertEqual(proc.returncode, 0, proc.stderr)
                 self.assertEqual(proc.stdout, path + ": " + said)
 
+    # Verifies --check-config refuses a socket whose directory does not
+    # exist, at its line and with the fix, instead of calling the file valid
+    # and letting the daemon die at bind.
+    def test_check_config_refuses_a_socket_in_a_missing_directory(self):
+        with tempfile.TemporaryDirectory(dir="/tmp") as d:
+            path = os.path.join(d, "socket.toml")
+            missing = os.path.join(d, "missing")
+            with open(path, "w") as f:
+                f.write('[daemon]\nsocket = "%s/s.sock"\n' % missing)
+            proc = subprocess.run([SLUICED, "--check-config", path],
+                                  capture_output=True, text=True)
+            self.assertEqual(proc.returncode, 1, proc.stdout)
+            self.assertIn(path + ":2:10: [daemon] socket", proc.stderr)
+            self.assertIn("which does not exist; create it (mkdir -p %s" % missing, proc.stderr)
+            os.mkdir(missing)
+            proc = subprocess.run([SLUICED, "--check-config", path],
+                                  capture_output=True, text=True)
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+
+    # Verifies --check-config tells to quote an octal socket_mode, which TOML
+    # refuses unquoted.
+    def test_check_config_hints_to_quote_an_octal_socket_mode(self):
+        with tempfile.TemporaryDirectory(dir="/tmp") as d:
+            path = os.path.join(d, "mode.toml")
+            with open(path, "w") as f:
+                f.write('[daemon]\nsocket_mode = 0660\n')
+            proc = subprocess.run([SLUICED, "--check-config", path],
+                                  capture_output=True, text=True)
+            self.assertEqual(proc.returncode, 1, proc.stdout)
+            self.assertIn(path + ":2:", proc.stderr)
+            self.assertIn('write socket_mode = "0660"', proc.stderr)
+
 
 def tearDownModule():
     tear_down_module()

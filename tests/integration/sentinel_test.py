@@ -27,6 +27,7 @@ fleet_test.py's.
 """
 
 import math
+import os
 import signal
 import sys
 import threading
@@ -293,6 +294,27 @@ class SentinelAuthTest(SentinelCase):
         health = daemon.health()
         self.assertEqual((health["redis_mode"], health["redis_address"]),
                          ("sentinel", self.address(master)), health)
+        self.assertTrue(wait_for(lambda: daemon.client.result(
+            "acquire", "shared", "k")["mode"] == "normal", 2), daemon.logs())
+        self.assertGreater(master.script_calls(), 0)
+
+    # Verifies the passwords may be kept out of the config: the daemon reads
+    # sentinel_password_file and password_file (each chmod 600, one line)
+    # and logs in to the sentinel and the master with them.
+    def test_passwords_read_from_files(self):
+        master, sentinel = self.start_auth_deployment()
+        files = {}
+        for name, secret in (("sentinel", self.SENTINEL_PASSWORD), ("master", self.PASSWORD)):
+            files[name] = os.path.join(self.dir, name + ".password")
+            with open(os.open(files[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+                f.write(secret + "\n")
+        where = sentinel_section([sentinel]) + (
+            '\nsentinel_password_file = "%s"\nusername = "%s"\npassword_file = "%s"'
+            % (files["sentinel"], self.USER, files["master"]))
+        daemon = self.start_daemons(1, 0, where=where)[0]
+        with open(daemon.config) as config:
+            self.assertNotIn(self.PASSWORD, config.read())
+        self.assertTrue(wait_for(lambda: daemon.health()["redis"] == "up", 5), daemon.logs())
         self.assertTrue(wait_for(lambda: daemon.client.result(
             "acquire", "shared", "k")["mode"] == "normal", 2), daemon.logs())
         self.assertGreater(master.script_calls(), 0)

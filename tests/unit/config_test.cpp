@@ -9,6 +9,8 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include "test_support.h"
 
 namespace sluice {
@@ -87,6 +89,52 @@ TEST(ConfigTest, ShippedConfigShowsEveryOptionWithItsDefault) {
     std::string line = std::string(option.key) + " = " + option.default_text + "\n";
     EXPECT_NE(text.find(line), std::string::npos)
         << "conf/sluice.toml does not show [" << option.section << "] " << line;
+  }
+}
+
+// The paragraph of the manual's RULES section that documents `key`: the line
+// "#   <key>  ..." and the lines indented under it; "" when there is none.
+std::string ruleKeyParagraph(const std::string& text, std::string_view key) {
+  const size_t rules = text.find("#### RULES ####");
+  if (rules == std::string::npos) return "";
+  const std::string head = "\n#   " + std::string(key) + " ";
+  size_t at = text.find(head, rules);
+  if (at == std::string::npos) return "";
+  std::string paragraph;
+  size_t line = at + 1;
+  do {
+    size_t end = text.find('\n', line);
+    paragraph += text.substr(line, end - line) + "\n";
+    line = end + 1;
+  } while (text.compare(line, 6, "#     ") == 0);
+  return paragraph;
+}
+
+// Verifies that the shipped file, being the manual, documents every key of
+// the rule key table in its RULES section with the key's default, every
+// algorithm of the algorithm table, and each algorithm's largest limit.
+TEST(ConfigTest, ShippedConfigDocumentsEveryRuleKey) {
+  const std::string text = test::readFile(sourceDir() + "/conf/sluice.toml");
+  ASSERT_FALSE(text.empty());
+  const std::vector<RuleKeyInfo> keys = ruleKeys();
+  ASSERT_GE(keys.size(), 13u);
+  for (const RuleKeyInfo& key : keys) {
+    const std::string paragraph = ruleKeyParagraph(text, key.key);
+    EXPECT_FALSE(paragraph.empty()) << "conf/sluice.toml does not document [[rule]] " << key.key;
+    EXPECT_FALSE(key.doc.empty()) << key.key;
+    if (!key.default_text.empty()) {
+      EXPECT_NE(paragraph.find(key.default_text), std::string::npos)
+          << "conf/sluice.toml does not show the default " << key.default_text << " of "
+          << key.key << ":\n" << paragraph;
+      EXPECT_NE(paragraph.find("efault"), std::string::npos) << paragraph;
+    }
+  }
+  const std::string limit = ruleKeyParagraph(text, "limit");
+  for (const AlgorithmTraits& row : kAlgorithmTraits) {
+    EXPECT_NE(text.find("\n#   " + std::string(row.name) + " "), std::string::npos)
+        << "conf/sluice.toml does not describe the algorithm " << row.name;
+    EXPECT_NE(limit.find(std::to_string(row.max_limit) + " for"), std::string::npos)
+        << "the limit paragraph does not give " << row.name << "'s maximum " << row.max_limit;
   }
 }
 
@@ -688,12 +736,128 @@ const Refusal kRefusals[] = {
      "write a list in brackets, e.g. users = [\"www-data\", 1001]"},
     {"access_admin_group_boolean", "[access]\nadmin_group = true\n", "2:15",
      "write a group name in quotes or a number"},
+    {"socket_mode_unquoted_octal", "[daemon]\nsocket_mode = 0660\n", "2:19",
+     "leading zeroes are prohibited; a mode with a leading zero is octal, which TOML reads only "
+     "in quotes (or as 0o660); write socket_mode = \"0660\""},
+    {"rule_leaky_bucket_algorithm",
+     "[[rule]]\nname = \"r\"\nalgorithm = \"leaky_bucket\"\nlimit = 5\nperiod = \"1s\"\n", "3:13",
+     "algorithm \"leaky_bucket\" is not one of \"token_bucket\", \"gcra\", \"fixed_window\", "
+     "\"sliding_window\", \"sliding_log\", \"concurrency\"; a leaky bucket is algorithm = "
+     "\"gcra\" with pace = true"},
+    {"redis_password_file_and_password",
+     "[redis]\nsentinel_master = \"m\"\nsentinels = [\"10.0.0.1:26379\"]\n"
+     "password = \"x\"\npassword_file = \"/etc/sluice/redis.password\"\n",
+     "5:17", "[redis] password_file and password (line 4) both give the password; keep "
+     "password_file"},
+    {"redis_password_file_relative", "[redis]\npassword_file = \"redis.password\"\n", "2:17",
+     "is not an absolute path; write one starting with /"},
+    {"redis_sentinel_password_file_with_url",
+     "[redis]\nurl = \"redis://h:6379\"\nsentinel_password_file = \"/etc/sluice/s\"\n", "3:26",
+     "[redis] sentinel_password_file belongs to Sentinel mode, and this section also has url"},
+    {"redis_password_file_missing",
+     "[redis]\npassword_file = \"/nonexistent/sluice/redis.password\"\n", "2:17",
+     "[redis] password_file \"/nonexistent/sluice/redis.password\" cannot be read: No such file "
+     "or directory; write the path of a file the daemon's user can read"},
 };
 
 INSTANTIATE_TEST_SUITE_P(Refusals, ConfigRefusalTest, testing::ValuesIn(kRefusals),
                          [](const testing::TestParamInfo<Refusal>& info) {
                            return std::string(info.param.what);
                          });
+
+// --- what the file names on this machine --------------------------------------------
+
+// Verifies that a socket in a directory that does not exist is refused at its
+// line with the fix when the host is checked (--check-config, startup), and
+// taken when only the file is (tests, reloads).
+TEST(ConfigTest, SocketInADirectoryThatDoesNotExistIsRefusedWhenTheHostIsChecked) {
+  const std::string text = "[daemon]\nsocket = \"/nonexistent-sluice-dir/s.sock\"\n";
+  ConfigResult host = loadConfigString(text, "x.toml", ConfigChecks::kHost);
+  ASSERT_FALSE(host.ok());
+  EXPECT_EQ(host.error,
+            "x.toml:2:10: [daemon] socket \"/nonexistent-sluice-dir/s.sock\" is in "
+            "\"/nonexistent-sluice-dir\", which does not exist; create it (mkdir -p "
+            "/nonexistent-sluice-dir, or RuntimeDirectory= in the daemon's systemd unit), or "
+            "write a socket path in a directory that exists");
+  EXPECT_TRUE(loadConfigString(text, "x.toml", ConfigChecks::kFile).ok());
+
+  test::TempDir dir;
+  test::writeFile(dir.file("file"), "");
+  ConfigResult under_file = loadConfigString(
+      "[daemon]\nsocket = \"" + dir.file("file") + "/s.sock\"\n", "x.toml", ConfigChecks::kHost);
+  ASSERT_FALSE(under_file.ok());
+  EXPECT_NE(under_file.error.find("which is not a directory"), std::string::npos)
+      << under_file.error;
+  ConfigResult fine = loadConfigString("[daemon]\nsocket = \"" + dir.file("s.sock") + "\"\n",
+                                       "x.toml", ConfigChecks::kHost);
+  EXPECT_TRUE(fine.ok()) << fine.error;
+}
+
+// A file holding `secret` with permission bits `mode`, in `dir`.
+std::string secretFile(const test::TempDir& dir, const std::string& secret, mode_t mode) {
+  const std::string path = dir.file("secret");
+  test::writeFile(path, secret);
+  EXPECT_EQ(chmod(path.c_str(), mode), 0);
+  return path;
+}
+
+// Verifies that password_file's one line (without its newline) becomes the
+// masters' password, with the url's host and an ACL user in username, and
+// that sentinel_password_file's becomes the sentinels'.
+TEST(ConfigTest, PasswordFilesAreReadIntoThePasswords) {
+  test::TempDir dir;
+  const std::string path = secretFile(dir, "s3cret\n", 0600);
+  Config standalone = mustLoad("[redis]\nurl = \"redis://10.0.0.1:6380/2\"\nusername = \"lease\"\n"
+                               "password_file = \"" + path + "\"\n");
+  ASSERT_TRUE(standalone.redis.has_value());
+  EXPECT_EQ(standalone.redis->password, "s3cret");
+  EXPECT_EQ(standalone.redis->username, "lease");
+  EXPECT_EQ(standalone.redis->host, "10.0.0.1");
+  EXPECT_EQ(standalone.redis->port, 6380);
+  EXPECT_EQ(standalone.redis->db, 2u);
+  EXPECT_EQ(standalone.redis->password_file, path);
+
+  Config sentinel = mustLoad("[redis]\nsentinel_master = \"m\"\nsentinels = [\"10.0.0.1:26379\"]\n"
+                             "sentinel_password_file = \"" + path + "\"\npassword_file = \"" +
+                             path + "\"\n");
+  ASSERT_TRUE(sentinel.redis.has_value());
+  EXPECT_EQ(sentinel.redis->sentinel_password, "s3cret");
+  EXPECT_EQ(sentinel.redis->password, "s3cret");
+
+  Config cluster = mustLoad("[redis]\ncluster_nodes = [\"10.0.0.1:6379\"]\nusername = \"u\"\n"
+                            "password_file = \"" + path + "\"\n");
+  ASSERT_TRUE(cluster.redis.has_value());
+  EXPECT_EQ(cluster.redis->password, "s3cret");
+}
+
+// Verifies that a password file its group or others may read is refused at
+// its line with the fix, as are an empty file, one of two lines, a FIFO and
+// a url that has its own password.
+TEST(ConfigTest, PasswordFileOpenToOthersOrNotOneLineIsRefusedAtItsLine) {
+  test::TempDir dir;
+  const std::string text_head = "[redis]\nurl = \"redis://h:6379\"\npassword_file = \"";
+  std::string path = secretFile(dir, "s3cret\n", 0640);
+  EXPECT_EQ(errorOf(text_head + path + "\"\n"),
+            "x.toml:3:17: [redis] password_file \"" + path + "\" is open to its group or others "
+            "(mode 0640); chmod 600 it, owned by the daemon's user, so that only the daemon "
+            "reads the password");
+  path = secretFile(dir, "s3cret\n", 0604);
+  EXPECT_NE(errorOf(text_head + path + "\"\n").find("(mode 0604); chmod 600"), std::string::npos);
+  path = secretFile(dir, "\n", 0600);
+  EXPECT_NE(errorOf(text_head + path + "\"\n").find("is empty; write the password in it"),
+            std::string::npos);
+  path = secretFile(dir, "s3cret\nmore\n", 0600);
+  EXPECT_NE(errorOf(text_head + path + "\"\n").find("holds more than one line"),
+            std::string::npos);
+  // A FIFO is refused without waiting for a writer.
+  const std::string fifo = dir.file("fifo");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_NE(errorOf(text_head + fifo + "\"\n").find("is not a regular file"), std::string::npos);
+  path = secretFile(dir, "s3cret", 0600);
+  EXPECT_NE(errorOf("[redis]\nurl = \"redis://:pw@h:6379\"\npassword_file = \"" + path + "\"\n")
+                .find("x.toml:3:17: [redis] password_file and the url both give the password"),
+            std::string::npos);
+}
 
 // Verifies that [access] resolves user and group names to ids (root exists
 // on every machine) and keeps numbers as they are.

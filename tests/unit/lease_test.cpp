@@ -188,6 +188,25 @@ TEST_F(SliceTest, RoomyGrantsGrowTheBatchAndATightOneResetsIt) {
   EXPECT_EQ(slice::nextBatch(words(), now, 1, rule, 2, kInterval).n, 50'000);
 }
 
+// Verifies that a warm key waits for a quarter batch exactly when its
+// algorithm refills (algorithm.h): a bucket's units trickle back within a
+// lease interval, a window's do not, so a window asks only for the cost.
+TEST_F(SliceTest, AWarmKeyWaitsForAQuarterBatchExactlyWhereItsAlgorithmRefills) {
+  for (const AlgorithmTraits& row : kAlgorithmTraits) {
+    if (!row.leases_slice) continue;
+    for (std::atomic<uint64_t>& word : words_) word.store(0);
+    Rule rule = bucketRule(10'000, 1'000 * kMs, 1000);
+    rule.algorithm = row.algorithm;
+    ASSERT_TRUE(leasable(rule)) << row.name;
+    slice::nextBatch(words(), 1 * kMs, 1, rule, 2, kInterval);
+    grant(1);
+    words_[slice::kDemand].store(200);
+    slice::Batch warm = slice::nextBatch(words(), 201 * kMs, 1, rule, 2, kInterval);
+    EXPECT_EQ(warm.n, 100) << row.name;
+    EXPECT_EQ(warm.need, row.refills ? 25 : 1) << row.name;
+  }
+}
+
 // Verifies a slow bucket (8 an hour) never asks for more than one request's
 // cost, so its last units are not stranded in Redis; nor does a window,
 // whose units do not trickle back.

@@ -15,6 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include <sys/stat.h>
+
 #include "redis_server.h"
 #include "test_support.h"
 #include "uv_loop.h"
@@ -462,6 +464,23 @@ TEST_F(RedisLinkTest, AuthenticatesWithRequirepass) {
   RedisConfig config = configFor(server);
   config.password = "s3cret";
   startLink(config);
+  ASSERT_TRUE(waitConnected());
+  EXPECT_EQ(roundTrip({"SET", "k", "v"}).status, RedisStatus::kOk);
+  closeAll();
+}
+
+// Verifies that a config whose password is kept in a password_file (chmod
+// 600, one line) authenticates to a Redis started with --requirepass.
+TEST_F(RedisLinkTest, AuthenticatesWithThePasswordOfAPasswordFile) {
+  RedisServer server({"--requirepass", "s3cret"});
+  test::TempDir dir;
+  const std::string secret = dir.file("redis.password");
+  test::writeFile(secret, "s3cret\n");
+  ASSERT_EQ(chmod(secret.c_str(), 0600), 0);
+  ConfigResult loaded = loadConfigString(
+      "[redis]\nurl = \"" + server.url() + "\"\npassword_file = \"" + secret + "\"\n", "x.toml");
+  ASSERT_TRUE(loaded.ok()) << loaded.error;
+  startLink(*loaded.config->redis);
   ASSERT_TRUE(waitConnected());
   EXPECT_EQ(roundTrip({"SET", "k", "v"}).status, RedisStatus::kOk);
   closeAll();
