@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "breaker.h"
 #include "holding.h"
 #include "limiter.h"
 #include "penalty.h"
@@ -17,16 +18,6 @@ int64_t load(std::span<const std::atomic<uint64_t>> words, slice::Word word) {
 
 bool isBucket(Algorithm algorithm) {
   return algorithm == Algorithm::kTokenBucket || algorithm == Algorithm::kGcra;
-}
-
-// How long a rule's global state remembers what was admitted: a window, or
-// the time a bucket takes to refill from empty.
-int64_t memoryNs(const Rule& rule) {
-  const Limit& limit = rule.limits.front();
-  if (!isBucket(rule.algorithm)) return limit.period_ns;
-  double refill = static_cast<double>(limit.period_ns) * static_cast<double>(limit.burst) /
-                  static_cast<double>(limit.limit);
-  return std::max<int64_t>(limit.period_ns, static_cast<int64_t>(refill));
 }
 
 }  // namespace
@@ -334,9 +325,11 @@ size_t WaitLines::size() const {
 
 LeaseBroker::LeaseBroker(int64_t lease_interval_ns) : lease_interval_ns_(lease_interval_ns) {}
 
-bool LeaseBroker::learning(const Rule& rule, int64_t now_ns) const {
+int64_t LeaseBroker::learningUntilNs(const Rule& rule) const {
   int64_t since = learning_since_ns_.load(std::memory_order_acquire);
-  return since != 0 && now_ns - since < memoryNs(rule);
+  if (since == 0) return 0;
+  return since + learningSpanNs(rule, learning_holding_ns_.load(std::memory_order_acquire),
+                                learning_reconnect_ns_.load(std::memory_order_acquire));
 }
 
 bool LeaseBroker::learningAny(int64_t now_ns) const {
@@ -363,10 +356,13 @@ void LeaseBroker::setBreaker(Breaker breaker, int64_t now_ns) {
   }
 }
 
-void LeaseBroker::startLearning(int64_t now_ns, int64_t longest_period_ns) {
+void LeaseBroker::startLearning(int64_t now_ns, int64_t holding_memory_ns, int64_t reconnect_ns,
+                                int64_t longest_ns) {
   counters_.learning_entries.fetch_add(1, std::memory_order_relaxed);
+  learning_holding_ns_.store(holding_memory_ns, std::memory_order_release);
+  learning_reconnect_ns_.store(reconnect_ns, std::memory_order_release);
   learning_since_ns_.store(now_ns, std::memory_order_release);
-  learning_until_ns_.store(now_ns + longest_period_ns, std::memory_order_release);
+  learning_until_ns_.store(now_ns + longest_ns, std::memory_order_release);
 }
 
 void LeaseBroker::takeRequests(std::vector<LeaseRequest>* out) {

@@ -6,7 +6,6 @@
 
 #include <spdlog/spdlog.h>
 
-#include "clock.h"
 #include "holding.h"
 #include "limiter.h"
 #include "penalty.h"
@@ -47,7 +46,11 @@ LeaseManager::LeaseManager(RedisTarget& link, const RedisConfig& config, LeaseCo
     : link_(link),
       config_(config),
       context_(std::move(context)),
-      reader_(context_.keys->registerReader()) {
+      reader_(context_.keys->registerReader()),
+      breaker_(*context_.broker, *this,
+               {config.lease_ttl_ms * 1'000'000,
+                static_cast<int64_t>(link.options().longestBackoffMs() * 1e6)},
+               context_.rules) {
   auto add = [&](scripts::Script script) {
     const scripts::ScriptSource& source = scripts::get(script);
     return link_.registerScript(std::string(source.name), std::string(source.source));
@@ -108,20 +111,20 @@ bool LeaseManager::serve(const LeaseRequest& request, const RuleSetPtr& rules, b
       if (rule != nullptr && leasesHolding(*rule)) {
         return serveHoldingReturn(request, *rule, rules, room);
       }
-      if (rule == nullptr || !up_) return true;
+      if (rule == nullptr || !breaker_.redisUp()) return true;
       if (!room) return false;
       sendReturn(*rule, request.key, request.n, request.lease_now_ms, config_.lease_timeout_ms,
                  nullptr);
       return true;
     case LeaseRequest::Kind::kDebit:
-      if (rule == nullptr || !leasable(*rule) || !up_) return true;
+      if (rule == nullptr || !leasable(*rule) || !breaker_.redisUp()) return true;
       if (!room) return false;
       sendDebitNow(*rule, request.variant, request.key, request.n);
       return true;
     case LeaseRequest::Kind::kBlock:
     case LeaseRequest::Kind::kReset: {
       bool block = request.kind == LeaseRequest::Kind::kBlock;
-      if (rule == nullptr || !leasable(*rule) || !up_ || (block && !rule->penalty)) return true;
+      if (rule == nullptr || !leasable(*rule) || !breaker_.redisUp() || (block && !rule->penalty)) return true;
       if (!room) return false;
       sendPenalty(*rule, request.key,
                   block ? scripts::PenaltyOp::kBlock : scripts::PenaltyOp::kReset, request.n);
@@ -129,7 +132,7 @@ bool LeaseManager::serve(const LeaseRequest& request, const RuleSetPtr& rules, b
     }
     case LeaseRequest::Kind::kLease: break;
   }
-  if (rule == nullptr || !(leasable(*rule) || leasesHolding(*rule)) || !up_ ||
+  if (rule == nullptr || !(leasable(*rule) || leasesHolding(*rule)) || !breaker_.redisUp() ||
       !context_.broker->leasing()) {
     // Not now: the workers decide by on_redis_down until the breaker closes.
     finish(request.rule_id, request.key, nullptr);
@@ -223,14 +226,14 @@ void LeaseManager::sendPenalty(const Rule& rule, std::string_view key, scripts::
 }
 
 void LeaseManager::leaseFailed(const LeaseRequest& request, const RedisResult& result) {
-  int64_t now_ns = monotonicNowNs();
+  int64_t now_ns = now();
   context_.broker->counters().failed.fetch_add(1, std::memory_order_relaxed);
   // A timeout or a lost connection opens the breaker (the link reports
   // it first); an answer we cannot use sends this key to its policy for a
   // while. So does a call that failed while Redis as a whole is still up:
   // in Cluster mode, this key's master alone is unreachable (cluster.h).
   bool answered = result.status == RedisStatus::kOk || result.status == RedisStatus::kRedisError;
-  bool master_lost = !answered && up_;
+  bool master_lost = !answered && breaker_.redisUp();
   if (answered || master_lost) {
     std::string error = result.status == RedisStatus::kOk ? "a reply that is not a lease"
                         : master_lost ? "that the key's master is unreachable (" +
@@ -266,7 +269,7 @@ void LeaseManager::countLease(const scripts::LeaseReply& reply, const RedisResul
 void LeaseManager::onLeaseReply(const LeaseRequest& request, const Rule& rule,
                                 const RedisResult& result) {
   const Limit& limit = rule.limits.front();
-  int64_t now_ns = monotonicNowNs();
+  int64_t now_ns = now();
   std::optional<scripts::LeaseReply> reply;
   if (result.status == RedisStatus::kOk) {
     if (auto values = result.reply->integers()) reply = scripts::parseLeaseReply(*values);
@@ -329,7 +332,7 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, const Rule& rule,
   });
   if (!applied && reply->granted > 0) {
     // The key was evicted while its lease was in flight: give the units back.
-    if (up_) sendReturn(rule, request.key, reply->granted, reply->now_ms, config_.lease_timeout_ms, nullptr);
+    if (breaker_.redisUp()) sendReturn(rule, request.key, reply->granted, reply->now_ms, config_.lease_timeout_ms, nullptr);
   }
 }
 
@@ -370,7 +373,7 @@ void LeaseManager::callHolding(const Rule& rule, const RuleSetPtr& rules, std::s
   HeldKey at{rule.id, std::string(key)};
   Holding& holding = holdings_[at];
   ++holding.in_flight;
-  holding.last_call_ns = monotonicNowNs();
+  holding.last_call_ns = now();
   callScript(concurrency_, {stateKey(rule.name, key)},
              scripts::concurrencyArgv(op, n, need, rule.limits.front(), config_.lease_ttl_ms,
                                       context_.node_id),
@@ -403,7 +406,7 @@ void LeaseManager::sendHoldingLease(const LeaseRequest& request, const Rule& rul
           return;
         }
         countLease(*reply, result);
-        int64_t now_ns = monotonicNowNs();
+        int64_t now_ns = now();
         finish(request.rule_id, request.key, [&](Words words) {
           if (words.size() != entryWords(rule)) return;
           slice::noteGrant(words, reply->granted, reply->remaining);
@@ -426,7 +429,8 @@ void LeaseManager::sendHoldingLease(const LeaseRequest& request, const Rule& rul
       });
 }
 
-void LeaseManager::leaseDebts(const std::function<void()>& answered, size_t* pending) {
+void LeaseManager::leaseDebts(const std::function<void()>& answered,
+                              const std::function<void(size_t)>& expect) {
   RuleSetPtr rules = context_.rules();
   std::vector<std::pair<const Rule*, LeaseRequest>> leases;
   context_.keys->visit([&](KeyTable::Entry& entry) {
@@ -442,7 +446,7 @@ void LeaseManager::leaseDebts(const std::function<void()>& answered, size_t* pen
     leases.emplace_back(rule, std::move(request));
   });
   if (leases.empty()) return;
-  *pending += leases.size();  // before any answer: one may come at once
+  expect(leases.size());  // before any answer: one may come at once
   spdlog::info("lease: leasing back the units {} keys' callers acquired in fallback",
                leases.size());
   for (auto& [rule, request] : leases) sendHoldingLease(request, *rule, rules, answered);
@@ -450,11 +454,11 @@ void LeaseManager::leaseDebts(const std::function<void()>& answered, size_t* pen
 
 bool LeaseManager::serveHoldingReturn(const LeaseRequest& request, const Rule& rule,
                                       const RuleSetPtr& rules, bool room) {
-  if (up_ && !room) return false;
+  if (breaker_.redisUp() && !room) return false;
   {
     KeyTable::ReadGuard guard(*context_.keys, reader_);
     if (auto words = holdingWords(context_.keys->find(rule.id, request.key), rule)) {
-      if (!up_) {
+      if (!breaker_.redisUp()) {
         // Not sent: the units stay this node's, back in the pool they left.
         slice::refund(*words, request.n);
         return true;
@@ -464,7 +468,7 @@ bool LeaseManager::serveHoldingReturn(const LeaseRequest& request, const Rule& r
     }
   }
   // (An entry gone with Redis down leaves its units to expire in Redis.)
-  if (up_) sendHoldingReturn(rule, rules, request.key, request.n, true, nullptr);
+  if (breaker_.redisUp()) sendHoldingReturn(rule, rules, request.key, request.n, true, nullptr);
   return true;
 }
 
@@ -512,7 +516,7 @@ void LeaseManager::reconcile(const Rule& rule, const RuleSetPtr& rules, const st
   if (lost > 0) {
     context_.broker->counters().lost_units.fetch_add(static_cast<uint64_t>(lost),
                                                       std::memory_order_relaxed);
-    int64_t now_ns = monotonicNowNs();
+    int64_t now_ns = now();
     if (now_ns - lost_logged_ns_ >= 10'000'000'000) {  // at most every 10 s
       lost_logged_ns_ = now_ns;
       spdlog::warn("lease: redis no longer holds {} units of rule {} for this node (the holding "
@@ -523,22 +527,22 @@ void LeaseManager::reconcile(const Rule& rule, const RuleSetPtr& rules, const st
   }
   if (excess > 0) {
     // Units Redis holds that this node does not know of: given back.
-    if (up_) sendHoldingReturn(rule, rules, key, excess, false, nullptr);
+    if (breaker_.redisUp()) sendHoldingReturn(rule, rules, key, excess, false, nullptr);
     return;
   }
   if (reply.held == 0 && believed == 0 && !debt) holdings_.erase(it);
 }
 
 void LeaseManager::renewHoldings() {
-  if (!up_ || context_.broker->breaker() != Breaker::kClosed) return;
+  if (!breaker_.redisUp() || context_.broker->breaker() != Breaker::kClosed) return;
   passHoldings(false, nullptr, nullptr);
 }
 
 void LeaseManager::passHoldings(bool recovering, const std::function<void()>& answered,
-                                size_t* pending) {
+                                const std::function<void(size_t)>& expect) {
   if (holdings_.empty()) return;
   RuleSetPtr rules = context_.rules();
-  int64_t now_ns = monotonicNowNs();
+  int64_t now_ns = now();
   int64_t renew_ns = config_.lease_ttl_ms * 1'000'000 / kRenewalsPerTtl;
   struct Call {
     const Rule* rule;
@@ -606,7 +610,7 @@ void LeaseManager::passHoldings(bool recovering, const std::function<void()>& an
     }
   }
   for (auto& [rule, request] : debts) sendHoldingLease(request, *rule, rules);
-  if (pending != nullptr) *pending += calls.size();  // before any answer: one may come at once
+  if (expect) expect(calls.size());  // before any answer: one may come at once
   auto then = [answered](const scripts::LeaseReply*, const RedisResult&) {
     if (answered) answered();
   };
@@ -671,7 +675,7 @@ void LeaseManager::sendDebitNow(const Rule& rule, uint32_t variant, std::string_
 }
 
 void LeaseManager::retryDebits() {
-  if (unsent_debits_.empty() || !up_) return;
+  if (unsent_debits_.empty() || !breaker_.redisUp()) return;
   RuleSetPtr rules = context_.rules();
   std::map<DebitKey, int64_t> debits;
   debits.swap(unsent_debits_);
@@ -683,124 +687,44 @@ void LeaseManager::retryDebits() {
 }
 
 void LeaseManager::onDown() {
-  up_ = false;
-  ++half_open_epoch_;
-  half_open_pending_ = 0;
+  breaker_.down(now());
   dropWaiting();
   serveTaken();  // sends nothing now: the leases waiting are finished, the rest dropped
-  context_.broker->setBreaker(Breaker::kOpen, monotonicNowNs());
-  spdlog::warn("lease: breaker open; global rules follow on_redis_down");
-  context_.broker->notifyWorkers();
 }
 
-void LeaseManager::onUp() {
-  up_ = true;
-  ++half_open_epoch_;
-  int64_t now_ns = monotonicNowNs();
-  int64_t opened_ns = context_.broker->openSinceNs();
-  fallback_began_ns_ = opened_ns != 0 ? opened_ns : now_ns;
-  context_.broker->setBreaker(Breaker::kHalfOpen, now_ns);
-  startHalfOpen();
-}
-
-void LeaseManager::startHalfOpen() {
-  uint64_t epoch = half_open_epoch_;
-  half_open_pending_ = 1;  // INFO
-  auto answered = [this, epoch] {
-    if (epoch != half_open_epoch_) return;  // a newer transition owns the breaker
-    --half_open_pending_;
-    checkHalfOpenDone();
-  };
-
-  // Debits wait for INFO (its default sections: server, replication and
-  // more): a Redis that lost the fleet's state gets none.
-  bool sent = link_.command(
-      {"INFO"},
-      [this, epoch, answered](const RedisResult& result) {
-        bool state_lost = false;
-        if (result.status == RedisStatus::kOk) {
-          std::string_view text = result.reply->str();
-          auto field = [&](std::string_view name) {
-            size_t at = text.find(std::string("\n") + std::string(name) + ":");
-            if (at == std::string_view::npos) return std::string();
-            std::string_view rest = text.substr(at + name.size() + 2);
-            return std::string(rest.substr(0, rest.find_first_of("\r\n")));
-          };
-          std::string run_id = field("run_id");
-          std::string replid = field("master_replid");
-          if (!run_id.empty()) {
-            bool changed = !run_id_.empty() && run_id != run_id_;
-            bool failed_over = changed && !replid_.empty() && field("master_replid2") == replid_;
-            state_lost = changed && !failed_over;
-            if (changed) startLearning(run_id, failed_over);
-            run_id_ = run_id;
-            replid_ = replid;
-          }
-        }
-        if (epoch == half_open_epoch_) {
-          debitFallback(state_lost, answered);
-          passHoldings(true, answered, &half_open_pending_);
-          leaseDebts(answered, &half_open_pending_);
-        }
-        answered();
-      },
-      config_.lease_timeout_ms + config_.health_timeout_ms);
-  if (!sent) {
-    --half_open_pending_;
-    debitFallback(false, answered);
-    passHoldings(true, answered, &half_open_pending_);
-    leaseDebts(answered, &half_open_pending_);
-  }
-  checkHalfOpenDone();
-}
+void LeaseManager::onUp() { breaker_.up(now()); }
 
 void LeaseManager::newMaster(std::string_view master) {
   spdlog::warn("lease: cluster master {} took over slots: a replica promoted without the writes "
                "it had not replicated, or a node added; learning mode, each node also holds to "
                "its share for one period, and until every node can have reconnected",
                master);
-  context_.broker->startLearning(monotonicNowNs(), learningSpanNs());
+  breaker_.newMaster(now());
 }
 
-int64_t LeaseManager::learningSpanNs() const {
-  RuleSetPtr rules = context_.rules();
-  int64_t longest = 0;
-  auto remember = [&](const Rule& rule) {
-    // Every node renews its holdings as it comes back, and finds within a
-    // lease_ttl what Redis lost.
-    if (leasesHolding(rule)) longest = std::max(longest, config_.lease_ttl_ms * 1'000'000);
-    if (leasable(rule)) {
-      const Limit& limit = rule.limits.front();
-      longest = std::max(longest, std::max(limit.period_ns,
-                                           limit.period_ns / limit.limit * leaseCapacity(limit)));
-    }
-  };
-  for (const Rule& rule : rules->rules()) remember(rule);
-  for (const Rule& part : rules->parts()) remember(part);
-  // The other nodes come back each on its own reconnect backoff and spend
-  // their fallback shares until then: holding to its share until the last of
-  // them is back keeps the fleet's sum at the limit.
-  return std::max(longest, static_cast<int64_t>(link_.options().longestBackoffMs() * 1e6));
+bool LeaseManager::askIdentity(uint64_t epoch) {
+  // INFO's default sections hold server (run_id) and replication.
+  return link_.command(
+      {"INFO"},
+      [this, epoch](const RedisResult& result) {
+        std::optional<RedisIdentity> identity;
+        if (result.status == RedisStatus::kOk) identity = parseInfo(result.reply->str());
+        breaker_.identified(epoch, identity, now());
+      },
+      config_.lease_timeout_ms + config_.health_timeout_ms);
 }
 
-void LeaseManager::startLearning(const std::string& run_id, bool failed_over) {
-  if (failed_over) {
-    spdlog::warn("lease: redis run_id changed ({} -> {}): a replica of the last master took "
-                 "over, without the writes it had not replicated; learning mode, each node "
-                 "also holds to its share for one period, and until every node can have "
-                 "reconnected; fallback admissions are debited to it",
-                 run_id_, run_id);
-  } else {
-    spdlog::warn("lease: redis run_id changed ({} -> {}): it restarted without the fleet's "
-                 "state; learning mode, each node also holds to its share for one period, and "
-                 "until every node can have reconnected; fallback admissions are not debited "
-                 "to the new state",
-                 run_id_, run_id);
-  }
-  context_.broker->startLearning(monotonicNowNs(), learningSpanNs());
+void LeaseManager::recover(uint64_t epoch, bool state_lost, int64_t fallback_span_ms) {
+  auto answered = [this, epoch] { breaker_.answered(epoch, now()); };
+  auto expect = [this, epoch](size_t calls) { breaker_.expect(epoch, calls); };
+  debitFallback(state_lost, fallback_span_ms, answered, expect);
+  passHoldings(true, answered, expect);
+  leaseDebts(answered, expect);
 }
 
-void LeaseManager::debitFallback(bool state_lost, const std::function<void()>& answered) {
+void LeaseManager::debitFallback(bool state_lost, int64_t span_ms,
+                                 const std::function<void()>& answered,
+                                 const std::function<void(size_t)>& expect) {
   // Each global rule's share entries count what fallback admitted.
   RuleSetPtr rules = context_.rules();
   struct Debit {
@@ -826,23 +750,15 @@ void LeaseManager::debitFallback(bool state_lost, const std::function<void()>& a
   // shares' spending since it came back already account for the time, and
   // what was admitted before it came back has no state to be charged to.
   if (state_lost || debits.empty()) return;
-  half_open_pending_ += debits.size();  // before any answer: one may come at once
+  expect(debits.size());  // before any answer: one may come at once
   // The units were admitted over the whole fallback span, which the shares
   // held to the limit: charged over it, they leave no debt for the span.
-  int64_t span_ms = std::max<int64_t>(monotonicNowNs() - fallback_began_ns_, 0) / 1'000'000;
   for (const Debit& debit : debits) {
     sendDebit(*debit.rule, debit.key, debit.units, span_ms,
               [answered](const RedisResult&) { answered(); });
   }
   spdlog::info("lease: debiting {} keys' fallback admissions of the last {} ms", debits.size(),
                span_ms);
-}
-
-void LeaseManager::checkHalfOpenDone() {
-  if (!up_ || half_open_pending_ > 0 || context_.broker->breaker() != Breaker::kHalfOpen) return;
-  context_.broker->setBreaker(Breaker::kClosed, monotonicNowNs());
-  spdlog::info("lease: breaker closed; global rules lease from redis");
-  context_.broker->notifyWorkers();
 }
 
 void LeaseManager::returnAll(int64_t timeout_ms, std::function<void()> done) {
@@ -857,7 +773,7 @@ void LeaseManager::returnAll(int64_t timeout_ms, std::function<void()> done) {
     bool holding;  // a concurrency holding's, every unit of it: the node is leaving
   };
   std::vector<Return> returns;
-  int64_t now_ns = monotonicNowNs();
+  int64_t now_ns = now();
   context_.keys->visit([&](KeyTable::Entry& entry) {
     const Rule* rule = rules->findById(entry.ruleId());
     if (rule != nullptr && leasesHolding(*rule) && entry.state().size() == entryWords(*rule)) {
@@ -879,7 +795,7 @@ void LeaseManager::returnAll(int64_t timeout_ms, std::function<void()> done) {
                          false});
     }
   });
-  if (!up_ || returns.empty()) {
+  if (!breaker_.redisUp() || returns.empty()) {
     done();
     return;
   }

@@ -1,22 +1,8 @@
 // LeaseManager: the control thread's half of the lease path. It turns the
 // workers' LeaseRequests into EVALSHA calls of the lease scripts, applies
-// the answers to the keys' slices (lease.h), and runs the breaker's
-// transitions (DESIGN.md, "Fallback"):
-//
-//   open ──(Redis up)──> half_open ──(debits and INFO answered)──> closed
-//     ^                      │                                       │
-//     └──────(Redis down: link lost, PING error, a command timed out)┘
-//
-//  - open: global rules follow on_redis_down; lease requests are dropped.
-//  - half_open: what the node admitted in fallback (counted per key in the
-//    share entries) is debited to the global state, so the fleet does not
-//    get a second budget for the same period; INFO's run_id is compared
-//    with the last one seen, and a changed run_id (Redis restarted, or
-//    failed over) starts learning mode. A restarted Redis lost the fleet's
-//    state and gets no debits; a promoted replica (its master_replid2 is
-//    the old master's master_replid) holds the state but for the writes
-//    not yet replicated, and gets them.
-//  - closed: leasing.
+// the answers to the keys' slices (lease.h), and sends the calls the
+// breaker asks for (breaker.h: what happens when Redis goes down and comes
+// back) as its BreakerActions.
 //
 // Global concurrency rules lease holdings (holding.h, lua/concurrency.lua):
 // units this node holds in Redis until it returns them, each node's holding
@@ -60,6 +46,8 @@
 #include <string>
 #include <vector>
 
+#include "breaker.h"
+#include "clock.h"
 #include "config.h"
 #include "key_table.h"
 #include "lease.h"
@@ -80,6 +68,9 @@ struct LeaseContext {
   std::function<std::optional<int64_t>()> redis_now_us;
   // This node's id, the owner of its concurrency holdings. Set by Control.
   std::string node_id;
+  // The clock every time the manager and its breaker use comes from
+  // (monotonic ns); tests drive a simulated one.
+  std::function<int64_t()> now_ns = monotonicNowNs;
 };
 
 // A concurrency holding is renewed this many times per lease_ttl when its
@@ -121,7 +112,7 @@ constexpr int64_t kLeaseErrorBackoffNs = 1'000'000'000;
 // Keys whose debits wait to be sent again (LeaseManager::retryDebits).
 constexpr size_t kMaxUnsentDebits = 65'536;
 
-class LeaseManager {
+class LeaseManager : private BreakerActions {
  public:
   // Registers the lease scripts on `link` (so before link.start()).
   LeaseManager(RedisTarget& link, const RedisConfig& config, LeaseContext context);
@@ -171,14 +162,14 @@ class LeaseManager {
   // A worker's debit of units admitted just now (LeaseRequest::Kind::kDebit);
   // one that cannot be sent waits in unsent_debits_ for retryDebits().
   void sendDebitNow(const Rule& rule, uint32_t variant, std::string_view key, int64_t units);
-  // Redis came back with a new run_id: learning mode (lease.h).
-  void startLearning(const std::string& run_id, bool failed_over);
-  // How long learning lasts: the longest memory of a leasable rule, and at
-  // least until every node can have reconnected.
-  int64_t learningSpanNs() const;
-  // Debits what the fallback shares admitted (nothing when Redis lost the
-  // state); each debit's answer calls `answered`.
-  void debitFallback(bool state_lost, const std::function<void()>& answered);
+  // BreakerActions (breaker.h).
+  bool askIdentity(uint64_t epoch) override;
+  void recover(uint64_t epoch, bool state_lost, int64_t fallback_span_ms) override;
+  // Debits what the fallback shares admitted over span_ms (nothing when
+  // Redis lost the state); `expect` counts the debits before they are sent,
+  // and each one's answer calls `answered`.
+  void debitFallback(bool state_lost, int64_t span_ms, const std::function<void()>& answered,
+                     const std::function<void(size_t)>& expect);
   // Serves taken requests, taking more from the broker as those run out,
   // while the pipeline has room for their script calls (all of them when
   // `all`); a request that sends nothing (Redis down, rule gone) needs no room.
@@ -216,7 +207,8 @@ class LeaseManager {
   // Half-open: leases back the debts of every holding (units acquired in
   // fallback beyond its pool), so that Redis counts them before this node
   // closes its breaker. Visits the whole key table, as debitFallback does.
-  void leaseDebts(const std::function<void()>& answered, size_t* pending);
+  void leaseDebts(const std::function<void()>& answered,
+                  const std::function<void(size_t)>& expect);
   // A worker's (the sweep's) return of units that left a pool.
   bool serveHoldingReturn(const LeaseRequest& request, const Rule& rule, const RuleSetPtr& rules,
                           bool room);
@@ -227,15 +219,15 @@ class LeaseManager {
   void reconcile(const Rule& rule, const RuleSetPtr& rules, const std::string& key,
                  const scripts::LeaseReply& reply);
   // A renewal pass; `recovering` (half-open) renews every holding and keeps
-  // surpluses. Each call's answer runs `answered`; `pending` (may be null)
-  // grows by the number of calls before any is sent.
-  void passHoldings(bool recovering, const std::function<void()>& answered, size_t* pending);
+  // surpluses. Each call's answer runs `answered`; `expect` (may be null)
+  // gets the number of calls before any is sent.
+  void passHoldings(bool recovering, const std::function<void()>& answered,
+                    const std::function<void(size_t)>& expect);
   // Clears the in-flight bit of (rule_id, key), after `apply` has run on its
   // words (when the entry is still there); then wakes the workers.
   void finish(uint32_t rule_id, std::string_view key,
               const std::function<void(std::span<std::atomic<uint64_t>>)>& apply);
-  void startHalfOpen();
-  void checkHalfOpenDone();
+  int64_t now() const { return context_.now_ns(); }
   RedisLink::ScriptId scriptFor(Algorithm algorithm) const;
 
   RedisTarget& link_;
@@ -260,10 +252,6 @@ class LeaseManager {
   std::vector<LeaseRequest> taken_;
   size_t taken_next_ = 0;
   bool serving_ = false;  // serveTaken() is running (a callback must not re-enter it)
-  bool up_ = false;
-  uint64_t half_open_epoch_ = 0;  // bumped on every onUp/onDown
-  int64_t fallback_began_ns_ = 0;  // onUp: when the breaker last opened
-  size_t half_open_pending_ = 0;  // debits and INFO not answered yet
   // Debits that could not be sent, by (rule id, variant, key): units. At
   // most kMaxUnsentDebits keys; beyond, a debit is dropped (and logged).
   struct DebitKey {
@@ -286,9 +274,8 @@ class LeaseManager {
   };
   std::map<HeldKey, Holding> holdings_;
   int64_t lost_logged_ns_ = 0;  // holdings found expired are logged this often at most
-  std::string run_id_;            // of the Redis we last talked to
-  std::string replid_;            // its master_replid
   std::string last_error_;        // the last lease error logged
+  CircuitBreaker breaker_;        // last: built on the members above
 };
 
 }  // namespace sluice

@@ -1,0 +1,453 @@
+// Tests for the breaker (breaker.h) on a simulated clock: every transition
+// of CircuitBreaker driven by events with a fake BreakerActions, and the
+// lease manager's half of it (INFO, debits, the negative cache) with a fake
+// RedisTarget that answers when the test says so. No Redis, no sleeps.
+#include "breaker.h"
+
+#include <gtest/gtest.h>
+#include <hiredis/hiredis.h>
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lease_manager.h"
+
+namespace sluice {
+namespace {
+
+constexpr int64_t kMs = 1'000'000;
+constexpr int64_t kSecond = 1'000 * kMs;
+constexpr int64_t kHour = 3'600 * kSecond;
+// The simulated clock starts here (0 would read as "never").
+constexpr int64_t kStart = 1'000 * kSecond;
+
+Rule globalRule(std::string name, int64_t limit, int64_t period_ns,
+                Algorithm algorithm = Algorithm::kTokenBucket) {
+  Rule rule;
+  rule.name = std::move(name);
+  rule.scope = Scope::kGlobal;
+  rule.algorithm = algorithm;
+  rule.limits = {Limit{.limit = limit, .period_ns = period_ns,
+                       .burst = algorithm == Algorithm::kTokenBucket ? limit : 0}};
+  return rule;
+}
+
+// Records what the breaker asks for; the test answers.
+class FakeActions : public BreakerActions {
+ public:
+  bool askIdentity(uint64_t epoch) override {
+    identity_epochs.push_back(epoch);
+    return can_ask;
+  }
+  void recover(uint64_t epoch, bool state_lost, int64_t fallback_span_ms) override {
+    recoveries.push_back({epoch, state_lost, fallback_span_ms});
+    if (breaker != nullptr && calls > 0) breaker->expect(epoch, calls);
+  }
+
+  struct Recovery {
+    uint64_t epoch;
+    bool state_lost;
+    int64_t span_ms;
+  };
+  CircuitBreaker* breaker = nullptr;
+  bool can_ask = true;
+  size_t calls = 0;  // recovery calls each recover() sends
+  std::vector<uint64_t> identity_epochs;
+  std::vector<Recovery> recoveries;
+};
+
+RedisIdentity identity(std::string run_id, std::string replid = "r1", std::string replid2 = "") {
+  return {std::move(run_id), std::move(replid), std::move(replid2)};
+}
+
+class BreakerTest : public ::testing::Test {
+ protected:
+  BreakerTest() {
+    std::vector<Rule> rules;
+    rules.push_back(globalRule("per-second", 10, kSecond));
+    rules.push_back(globalRule("per-hour", 8, kHour));
+    rules.push_back(globalRule("slots", 4, 60 * kSecond, Algorithm::kConcurrency));
+    rules_ = std::make_shared<const RuleSet>(std::move(rules), 2);
+    actions_.breaker = &breaker_;
+  }
+
+  const Rule& rule(std::string_view name) { return *rules_->find(name); }
+
+  // Up, identified as `who`, every recovery call answered: closed.
+  void recoverAs(const RedisIdentity& who) {
+    breaker_.up(now_);
+    breaker_.identified(breaker_.epoch(), who, now_);
+    while (breaker_.pending() > 0) breaker_.answered(breaker_.epoch(), now_);
+    ASSERT_EQ(breaker_.state(), Breaker::kClosed);
+  }
+
+  int64_t now_ = kStart;
+  RuleSetPtr rules_;
+  LeaseBroker broker_{100 * kMs};
+  FakeActions actions_;
+  CircuitBreaker breaker_{broker_, actions_, {5 * kSecond, 2'400 * kMs}, [this] { return rules_; }};
+};
+
+// Verifies that a breaker starts open and goes half-open, asking Redis who
+// it is, when Redis answers.
+TEST_F(BreakerTest, StartsOpenAndGoesHalfOpenAskingWhoRedisIsWhenItAnswers) {
+  EXPECT_EQ(breaker_.state(), Breaker::kOpen);
+  EXPECT_FALSE(broker_.leasing());
+  breaker_.up(now_);
+  EXPECT_EQ(breaker_.state(), Breaker::kHalfOpen);
+  EXPECT_EQ(broker_.breaker(), Breaker::kHalfOpen);
+  ASSERT_EQ(actions_.identity_epochs.size(), 1u);
+  EXPECT_EQ(actions_.identity_epochs[0], breaker_.epoch());
+}
+
+// Verifies that half-open closes only once the identity and every recovery
+// call are answered, and that workers then lease.
+TEST_F(BreakerTest, HalfOpenClosesOnlyOnceEveryRecoveryCallIsAnswered) {
+  actions_.calls = 2;
+  breaker_.up(now_);
+  breaker_.identified(breaker_.epoch(), identity("a"), now_);
+  ASSERT_EQ(actions_.recoveries.size(), 1u);
+  EXPECT_EQ(breaker_.pending(), 2u);
+  breaker_.answered(breaker_.epoch(), now_);
+  EXPECT_EQ(breaker_.state(), Breaker::kHalfOpen);
+  EXPECT_FALSE(broker_.leasing());
+  breaker_.answered(breaker_.epoch(), now_);
+  EXPECT_EQ(breaker_.state(), Breaker::kClosed);
+  EXPECT_TRUE(broker_.leasing());
+}
+
+// Verifies that a down opens a closed breaker at once and counts an entry
+// into fallback.
+TEST_F(BreakerTest, ADownOpensAClosedBreaker) {
+  recoverAs(identity("a"));
+  uint64_t entries = broker_.stats(now_).fallback_entries;
+  breaker_.down(now_);
+  EXPECT_EQ(breaker_.state(), Breaker::kOpen);
+  EXPECT_FALSE(broker_.leasing());
+  EXPECT_EQ(broker_.stats(now_).fallback_entries, entries + 1);
+}
+
+// Verifies that the same run_id after an outage gets the fallback debits,
+// charged over the whole fallback span, and starts no learning.
+TEST_F(BreakerTest, TheSameRedisGetsDebitsOverTheFallbackSpanAndNoLearning) {
+  recoverAs(identity("a"));
+  breaker_.down(now_);
+  now_ += 3 * kSecond;
+  breaker_.down(now_);  // a second report of the same outage: the span began at the first
+  now_ += 2 * kSecond;
+  recoverAs(identity("a"));
+  ASSERT_EQ(actions_.recoveries.size(), 2u);
+  EXPECT_FALSE(actions_.recoveries[1].state_lost);
+  EXPECT_EQ(actions_.recoveries[1].span_ms, 5'000);
+  EXPECT_FALSE(broker_.learning(rule("per-hour"), now_));
+  EXPECT_EQ(broker_.stats(now_).learning_entries, 0u);
+}
+
+// Verifies that a Redis restarted empty (new run_id, another replication
+// history) gets no debits and starts learning mode.
+TEST_F(BreakerTest, ARestartedRedisGetsNoDebitsAndStartsLearning) {
+  recoverAs(identity("a", "r1"));
+  breaker_.down(now_);
+  now_ += kSecond;
+  recoverAs(identity("b", "r2"));
+  ASSERT_EQ(actions_.recoveries.size(), 2u);
+  EXPECT_TRUE(actions_.recoveries[1].state_lost);
+  EXPECT_TRUE(broker_.learning(rule("per-hour"), now_));
+  EXPECT_TRUE(broker_.learningAny(now_));
+  EXPECT_EQ(broker_.stats(now_).learning_entries, 1u);
+}
+
+// Verifies that a promoted replica (its master_replid2 is the old master's
+// master_replid) gets the debits, and learning mode for what it missed.
+TEST_F(BreakerTest, APromotedReplicaGetsDebitsAndStartsLearning) {
+  recoverAs(identity("a", "r1"));
+  breaker_.down(now_);
+  recoverAs(identity("b", "r2", "r1"));
+  EXPECT_FALSE(actions_.recoveries[1].state_lost);
+  EXPECT_TRUE(broker_.learning(rule("per-second"), now_));
+}
+
+// Verifies that learning ends per rule: a rule of a second learns until
+// every node can have reconnected (2.4 s here), one of an hour for its
+// hour, a concurrency rule for lease_ttl.
+TEST_F(BreakerTest, LearningEndsForEachRuleAfterItsOwnSpan) {
+  recoverAs(identity("a", "r1"));
+  breaker_.down(now_);
+  recoverAs(identity("b", "r2"));
+  int64_t began = now_;
+  EXPECT_EQ(broker_.learningUntilNs(rule("per-second")), began + 2'400 * kMs);
+  EXPECT_EQ(broker_.learningUntilNs(rule("per-hour")), began + kHour);
+  EXPECT_EQ(broker_.learningUntilNs(rule("slots")), began + 5 * kSecond);
+
+  EXPECT_TRUE(broker_.learning(rule("per-second"), began + 2'399 * kMs));
+  EXPECT_FALSE(broker_.learning(rule("per-second"), began + 2'400 * kMs));
+  EXPECT_TRUE(broker_.learning(rule("slots"), began + 4 * kSecond));
+  EXPECT_FALSE(broker_.learning(rule("slots"), began + 5 * kSecond));
+  EXPECT_TRUE(broker_.learning(rule("per-hour"), began + kHour - 1));
+  EXPECT_FALSE(broker_.learning(rule("per-hour"), began + kHour));
+  // The fleet-wide flag lasts as long as the longest rule.
+  EXPECT_TRUE(broker_.learningAny(began + kHour - 1));
+  EXPECT_FALSE(broker_.learningAny(began + kHour));
+}
+
+// Verifies that a bucket whose burst is above its limit learns for its
+// refill from empty, longer than its period.
+TEST(LearningSpan, ABucketLearnsForItsRefillFromEmpty) {
+  Rule rule = globalRule("bursty", 10, kSecond);
+  rule.limits.front().burst = 40;
+  EXPECT_EQ(learningSpanNs(rule, 0, 0), 4 * kSecond);
+  EXPECT_EQ(learningSpanNs(rule, 0, 9 * kSecond), 9 * kSecond);
+}
+
+// Verifies that a down during half-open opens the breaker again, and that
+// the answers of that half-open state no longer count.
+TEST_F(BreakerTest, ADownDuringHalfOpenReopensAndItsLateAnswersCountForNothing) {
+  actions_.calls = 1;
+  breaker_.up(now_);
+  uint64_t old_epoch = breaker_.epoch();
+  breaker_.identified(old_epoch, identity("a"), now_);
+  EXPECT_EQ(breaker_.state(), Breaker::kHalfOpen);
+  breaker_.down(now_);
+  EXPECT_EQ(breaker_.state(), Breaker::kOpen);
+  breaker_.answered(old_epoch, now_);
+  EXPECT_EQ(breaker_.state(), Breaker::kOpen);
+
+  // Up again: the late answer of the old epoch does not close it either.
+  breaker_.up(now_);
+  breaker_.identified(breaker_.epoch(), identity("a"), now_);
+  EXPECT_EQ(breaker_.pending(), 1u);
+  breaker_.answered(old_epoch, now_);
+  EXPECT_EQ(breaker_.state(), Breaker::kHalfOpen);
+  breaker_.answered(breaker_.epoch(), now_);
+  EXPECT_EQ(breaker_.state(), Breaker::kClosed);
+}
+
+// Verifies that an identity answer of an older half-open state still
+// records who Redis is, but starts no recovery.
+TEST_F(BreakerTest, ALateIdentityStartsNoRecovery) {
+  breaker_.up(now_);
+  uint64_t old_epoch = breaker_.epoch();
+  breaker_.down(now_);
+  breaker_.identified(old_epoch, identity("a"), now_);
+  EXPECT_TRUE(actions_.recoveries.empty());
+  EXPECT_EQ(breaker_.state(), Breaker::kOpen);
+}
+
+// Verifies that when INFO cannot be sent the breaker recovers as for the
+// same Redis (debits) and closes.
+TEST_F(BreakerTest, AnIdentityThatCannotBeAskedRecoversWithDebits) {
+  actions_.can_ask = false;
+  breaker_.up(now_);
+  ASSERT_EQ(actions_.recoveries.size(), 1u);
+  EXPECT_FALSE(actions_.recoveries[0].state_lost);
+  EXPECT_EQ(breaker_.state(), Breaker::kClosed);
+}
+
+// Verifies that recovery calls answered at once, from inside recover(),
+// do not close the breaker before the others are sent.
+TEST_F(BreakerTest, RecoveryCallsAnsweredAtOnceDoNotCloseTheBreakerEarly) {
+  class Eager : public FakeActions {
+   public:
+    void recover(uint64_t epoch, bool, int64_t) override {
+      breaker->expect(epoch, 1);
+      breaker->answered(epoch, kStart);  // failed at once (not sent)
+      closed_between = breaker->state() == Breaker::kClosed;
+      breaker->expect(epoch, 1);
+      second_epoch = epoch;
+    }
+    bool closed_between = false;
+    uint64_t second_epoch = 0;
+  } eager;
+  CircuitBreaker breaker(broker_, eager, {}, [this] { return rules_; });
+  eager.breaker = &breaker;
+  breaker.up(now_);
+  breaker.identified(breaker.epoch(), identity("a"), now_);
+  EXPECT_FALSE(eager.closed_between);
+  EXPECT_EQ(breaker.state(), Breaker::kHalfOpen);
+  breaker.answered(eager.second_epoch, now_);
+  EXPECT_EQ(breaker.state(), Breaker::kClosed);
+}
+
+// Verifies that a new cluster master starts learning mode without opening
+// the breaker.
+TEST_F(BreakerTest, ANewClusterMasterStartsLearningWithoutOpening) {
+  recoverAs(identity("a"));
+  breaker_.newMaster(now_);
+  EXPECT_EQ(breaker_.state(), Breaker::kClosed);
+  EXPECT_TRUE(broker_.learning(rule("per-hour"), now_));
+}
+
+// Verifies that INFO's fields are read from their lines, and that a text
+// without run_id is no identity.
+TEST(ParseInfo, ReadsRunIdAndReplicationIds) {
+  std::string info =
+      "# Server\r\nredis_version:7.0.15\r\nrun_id:abc123\r\ntcp_port:6379\r\n"
+      "# Replication\r\nrole:master\r\nmaster_replid:r1\r\nmaster_replid2:r0\r\n";
+  std::optional<RedisIdentity> who = parseInfo(info);
+  ASSERT_TRUE(who);
+  EXPECT_EQ(who->run_id, "abc123");
+  EXPECT_EQ(who->master_replid, "r1");
+  EXPECT_EQ(who->master_replid2, "r0");
+  EXPECT_FALSE(parseInfo("# Server\r\nredis_version:7.0.15\r\n"));
+  EXPECT_FALSE(parseInfo(""));
+}
+
+// --- The lease manager's half, on a fake Redis ---------------------------------
+
+// A RedisTarget that keeps every call until the test answers it.
+class FakeRedis : public RedisTarget {
+ public:
+  struct Call {
+    bool script = false;
+    std::vector<std::string> argv;  // a command's words, or a script's args
+    std::vector<std::string> keys;  // a script's keys
+    RedisCallback callback;
+  };
+
+  void onConnected(std::function<void()>) override {}
+  void onDisconnected(std::function<void(std::string_view)>) override {}
+  ScriptId registerScript(std::string, std::string) override { return scripts_++; }
+  void start() override {}
+  void close(std::function<void()> on_closed) override { on_closed(); }
+  bool connected() const override { return up; }
+  std::string address() const override { return "fake:0"; }
+  const RedisLinkOptions& options() const override { return options_; }
+  bool command(std::span<const std::string_view> argv, RedisCallback callback,
+               int64_t) override {
+    if (!up) return false;
+    calls.push_back({false, {argv.begin(), argv.end()}, {}, std::move(callback)});
+    return true;
+  }
+  bool evalsha(ScriptId, std::span<const std::string_view> keys,
+               std::span<const std::string_view> args, RedisCallback callback, int64_t) override {
+    if (!up) return false;
+    calls.push_back({true, {args.begin(), args.end()}, {keys.begin(), keys.end()},
+                     std::move(callback)});
+    return true;
+  }
+
+  Call take() {
+    Call call = std::move(calls.front());
+    calls.pop_front();
+    return call;
+  }
+  // Answers the oldest call with a string (INFO) or integers (a script).
+  void answerString(const std::string& text) {
+    Call call = take();
+    redisReply reply{};
+    reply.type = REDIS_REPLY_STRING;
+    reply.str = const_cast<char*>(text.data());
+    reply.len = text.size();
+    RedisReply view(&reply);
+    call.callback({RedisStatus::kOk, &view, "", 100});
+  }
+  void answerIntegers(std::vector<long long> values) {
+    Call call = take();
+    std::vector<redisReply> elements(values.size());
+    std::vector<redisReply*> pointers;
+    for (size_t i = 0; i < values.size(); ++i) {
+      elements[i].type = REDIS_REPLY_INTEGER;
+      elements[i].integer = values[i];
+      pointers.push_back(&elements[i]);
+    }
+    redisReply reply{};
+    reply.type = REDIS_REPLY_ARRAY;
+    reply.elements = values.size();
+    reply.element = pointers.data();
+    RedisReply view(&reply);
+    call.callback({RedisStatus::kOk, &view, "", 100});
+  }
+
+  bool up = true;
+  std::deque<Call> calls;
+
+ private:
+  ScriptId scripts_ = 0;
+  RedisLinkOptions options_;
+};
+
+std::string info(const std::string& run_id, const std::string& replid) {
+  return "# Server\r\nrun_id:" + run_id + "\r\n# Replication\r\nmaster_replid:" + replid +
+         "\r\nmaster_replid2:0000\r\n";
+}
+
+class ManagerBreakerTest : public ::testing::Test {
+ protected:
+  ManagerBreakerTest() {
+    std::vector<Rule> rules;
+    rules.push_back(globalRule("hourly", 8, kHour));
+    rules_ = std::make_shared<const RuleSet>(std::move(rules), 2);
+    LeaseContext context;
+    context.keys = &keys_;
+    context.broker = &broker_;
+    context.rules = [this] { return rules_; };
+    context.node_id = "node-a";
+    context.now_ns = [this] { return now_; };
+    manager_ = std::make_unique<LeaseManager>(redis_, config_, context);
+  }
+
+  const Rule& hourly() { return *rules_->find("hourly"); }
+
+  // Up, INFO answered as (run_id, replid).
+  void upAs(const std::string& run_id, const std::string& replid) {
+    manager_->onUp();
+    ASSERT_FALSE(redis_.calls.empty());
+    ASSERT_EQ(redis_.calls.front().argv, std::vector<std::string>{"INFO"});
+    redis_.answerString(info(run_id, replid));
+  }
+
+  // Counts `units` admitted in fallback on `key`'s share entry.
+  void admitInFallback(std::string_view key, int64_t units) {
+    const Rule& share = *rules_->fallbackShare(hourly());
+    KeyTable::ReadGuard guard(keys_, reader_);
+    KeyTable::Entry* entry = keys_.findOrInsert(share.id, key, entryWords(share), now_);
+    ASSERT_NE(entry, nullptr);
+    entry->state()[undebitedWord(share)].fetch_add(static_cast<uint64_t>(units));
+  }
+
+  int64_t now_ = kStart;
+  RedisConfig config_;
+  RuleSetPtr rules_;
+  KeyTable keys_{KeyTableOptions{}};
+  KeyTable::ReaderId reader_ = keys_.registerReader();
+  LeaseBroker broker_{100 * kMs};
+  FakeRedis redis_;
+  std::unique_ptr<LeaseManager> manager_;
+};
+
+// Verifies that the same Redis after an outage is debited what the fallback
+// share admitted, and that the breaker closes only once the debit is answered.
+TEST_F(ManagerBreakerTest, TheSameRedisIsDebitedBeforeTheBreakerCloses) {
+  upAs("run-a", "r1");
+  ASSERT_EQ(broker_.breaker(), Breaker::kClosed);
+  manager_->onDown();
+  admitInFallback("k", 3);
+  now_ += 4 * kSecond;
+  upAs("run-a", "r1");
+  ASSERT_EQ(redis_.calls.size(), 1u);
+  EXPECT_TRUE(redis_.calls.front().script);
+  EXPECT_EQ(redis_.calls.front().keys.front(), manager_->stateKey("hourly", "k"));
+  EXPECT_EQ(broker_.breaker(), Breaker::kHalfOpen);
+  redis_.answerIntegers({0, 5, 0, 0, kStart / kMs});
+  EXPECT_EQ(broker_.breaker(), Breaker::kClosed);
+  EXPECT_EQ(broker_.stats(now_).debited_units, 3u);
+}
+
+// Verifies that a Redis restarted empty is debited nothing, closes at once,
+// and puts the rule in learning mode.
+TEST_F(ManagerBreakerTest, ARestartedRedisIsDebitedNothingAndTheRuleLearns) {
+  upAs("run-a", "r1");
+  manager_->onDown();
+  admitInFallback("k", 3);
+  now_ += 4 * kSecond;
+  upAs("run-b", "r2");
+  EXPECT_TRUE(redis_.calls.empty());
+  EXPECT_EQ(broker_.breaker(), Breaker::kClosed);
+  EXPECT_TRUE(broker_.learning(hourly(), now_));
+  EXPECT_EQ(broker_.learningUntilNs(hourly()), now_ + kHour);
+}
+
+}  // namespace
+}  // namespace sluice
