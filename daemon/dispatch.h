@@ -211,9 +211,11 @@ class Dispatcher {
   bool park(const DeferTo& to, const Wait& wait, int64_t due_ns, uint32_t msgid, std::string* out);
   // Sends a lease request for a key of `rule` whose in-flight bit the
   // caller claimed; `deciding` is the rule's variant for the key, `words`
-  // the entry's.
+  // the entry's, `spent` what the caller took from the slice (0: it waits
+  // for the lease).
   void requestLease(const Rule& rule, const Rule& deciding, std::string_view key,
-                    std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t cost);
+                    std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t cost,
+                    int64_t spent);
   // Global concurrency rules (holding.h): acquire, peek and release.
   bool holdOne(const rpc::Request& request, const Rule& rule, int64_t now_ns, std::string* out,
                const DeferTo* defer);
@@ -292,6 +294,9 @@ class Dispatcher {
   // fallback admits (undebited) when `count_undebited`. nullopt: table full.
   std::optional<Decision> acquireShare(const Rule& share, std::string_view key, int64_t now_ns,
                                        int64_t cost, bool count_undebited);
+  // What the fallback share of global `rule` would answer for `cost` on
+  // `key` now, spending nothing.
+  Decision lookShare(const Rule& rule, std::string_view key, int64_t now_ns, int64_t cost);
   // Records units a share admitted for a leasable global rule: debited at
   // once while Redis is up, else counted in the entry for the recovery.
   // `share` is the share itself (not a variant); `words` its entry's.

@@ -197,6 +197,10 @@ TakeResult take(std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t 
   return result;
 }
 
+void unclaim(std::span<std::atomic<uint64_t>> words) {
+  words[kFlags].fetch_and(~kInFlight, std::memory_order_acq_rel);
+}
+
 void refund(std::span<std::atomic<uint64_t>> words, int64_t cost) {
   words[kUnits].fetch_add(static_cast<uint64_t>(cost), std::memory_order_acq_rel);
 }

@@ -169,6 +169,10 @@ TakeResult take(std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t 
 // Reports what take() would answer, spending and claiming nothing.
 TakeResult look(std::span<const std::atomic<uint64_t>> words, int64_t now_ns, int64_t cost);
 
+// Gives up the in-flight bit take() claimed, for a lease that will not be
+// sent after all.
+void unclaim(std::span<std::atomic<uint64_t>> words);
+
 // Puts back units taken by take() (an all-or-nothing group that failed).
 void refund(std::span<std::atomic<uint64_t>> words, int64_t cost);
 

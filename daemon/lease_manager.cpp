@@ -310,7 +310,9 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, const Rule& rule,
       // Nothing until retry_after_ms: deny locally until then, so an
       // over-limit key costs Redis nothing. "Never" waits a period.
       int64_t wait_ms = reply->never ? periodMs(limit) : std::max<int64_t>(reply->retry_after_ms, 1);
-      store(words, slice::kDenyUntil, now_ns + wait_ms * 1'000'000);
+      int64_t wait_ns = wait_ms * 1'000'000;
+      if (context_.broker->learning(rule, now_ns)) wait_ns = std::min(wait_ns, kLearningRecheckNs);
+      store(words, slice::kDenyUntil, now_ns + wait_ns);
       return;
     }
     if (isWindow(rule.algorithm)) {

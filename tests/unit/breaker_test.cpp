@@ -7,12 +7,19 @@
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
 
+#include <cmath>
 #include <deque>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "access.h"
+#include "dispatch.h"
 #include "lease_manager.h"
+#include "metrics.h"
+#include "redis_keys.h"
+#include "rpc.h"
 
 namespace sluice {
 namespace {
@@ -23,9 +30,11 @@ constexpr int64_t kHour = 3'600 * kSecond;
 // The simulated clock starts here (0 would read as "never").
 constexpr int64_t kStart = 1'000 * kSecond;
 
-Rule globalRule(std::string name, int64_t limit, int64_t period_ns,
+// A global rule; its id (what names its keys) is its position in the test's list.
+Rule globalRule(uint32_t id, std::string name, int64_t limit, int64_t period_ns,
                 Algorithm algorithm = Algorithm::kTokenBucket) {
   Rule rule;
+  rule.id = id;
   rule.name = std::move(name);
   rule.scope = Scope::kGlobal;
   rule.algorithm = algorithm;
@@ -66,9 +75,9 @@ class BreakerTest : public ::testing::Test {
  protected:
   BreakerTest() {
     std::vector<Rule> rules;
-    rules.push_back(globalRule("per-second", 10, kSecond));
-    rules.push_back(globalRule("per-hour", 8, kHour));
-    rules.push_back(globalRule("slots", 4, 60 * kSecond, Algorithm::kConcurrency));
+    rules.push_back(globalRule(1, "per-second", 10, kSecond));
+    rules.push_back(globalRule(2, "per-hour", 8, kHour));
+    rules.push_back(globalRule(3, "slots", 4, 60 * kSecond, Algorithm::kConcurrency));
     rules_ = std::make_shared<const RuleSet>(std::move(rules), 2);
     actions_.breaker = &breaker_;
   }
@@ -195,7 +204,7 @@ TEST_F(BreakerTest, LearningEndsForEachRuleAfterItsOwnSpan) {
 // Verifies that a bucket whose burst is above its limit learns for its
 // refill from empty, longer than its period.
 TEST(LearningSpan, ABucketLearnsForItsRefillFromEmpty) {
-  Rule rule = globalRule("bursty", 10, kSecond);
+  Rule rule = globalRule(1, "bursty", 10, kSecond);
   rule.limits.front().burst = 40;
   EXPECT_EQ(learningSpanNs(rule, 0, 0), 4 * kSecond);
   EXPECT_EQ(learningSpanNs(rule, 0, 9 * kSecond), 9 * kSecond);
@@ -377,7 +386,7 @@ class ManagerBreakerTest : public ::testing::Test {
  protected:
   ManagerBreakerTest() {
     std::vector<Rule> rules;
-    rules.push_back(globalRule("hourly", 8, kHour));
+    rules.push_back(globalRule(1, "hourly", 8, kHour));
     rules_ = std::make_shared<const RuleSet>(std::move(rules), 2);
     LeaseContext context;
     context.keys = &keys_;
@@ -447,6 +456,270 @@ TEST_F(ManagerBreakerTest, ARestartedRedisIsDebitedNothingAndTheRuleLearns) {
   EXPECT_EQ(broker_.breaker(), Breaker::kClosed);
   EXPECT_TRUE(broker_.learning(hourly(), now_));
   EXPECT_EQ(broker_.learningUntilNs(hourly()), now_ + kHour);
+}
+
+
+// --- Learning on a fleet of two nodes, in one process -------------------------
+
+// One Redis shared by the nodes' fake links: a token bucket per Redis key
+// (the rate scripts' lease, return and debit) and a pool per key
+// (concurrency's lease, renew and return), on the test's clock.
+class FakeRedisState {
+ public:
+  explicit FakeRedisState(const int64_t& now_ns) : now_ns_(now_ns) {}
+
+  // Redis restarted empty: a new run_id and no keys.
+  void restart(std::string run_id) {
+    run_id_ = std::move(run_id);
+    buckets_.clear();
+    pools_.clear();
+  }
+  const std::string& runId() const { return run_id_; }
+  // Units the bucket of `state_key` holds now.
+  double& tokens(const std::string& state_key, double burst) {
+    Bucket& bucket = bucket_(state_key, burst);
+    return bucket.tokens;
+  }
+
+  std::vector<long long> run(const FakeRedis::Call& call) {
+    const std::vector<std::string>& a = call.argv;
+    const std::string& key = call.keys.front();
+    long long now_ms = now_ns_ / kMs;
+    if (a.size() == 7 && a[0] != "peek" && !std::isdigit(static_cast<unsigned char>(a[5][0]))) {
+      return concurrency(a, key, now_ms);  // {op, n, need, limit, ttl, node_id, now}
+    }
+    int64_t n = std::stoll(a[1]);
+    int64_t need = std::stoll(a[2]);
+    double limit = std::stod(a[3]);
+    double period_ms = std::stod(a[4]);
+    Bucket& bucket = bucket_(key, std::stod(a[5]));
+    bucket.tokens = std::min(bucket.burst, bucket.tokens + static_cast<double>(now_ns_ - bucket.at_ns) /
+                                               kMs * limit / period_ms);
+    bucket.at_ns = now_ns_;
+    long long granted = 0;
+    long long retry_ms = 0;
+    if (a[0] == "lease") {
+      if (bucket.tokens >= static_cast<double>(need)) {
+        granted = std::min<long long>(n, static_cast<long long>(bucket.tokens));
+        bucket.tokens -= static_cast<double>(granted);
+      } else {
+        retry_ms = static_cast<long long>(
+            std::ceil((static_cast<double>(need) - bucket.tokens) * period_ms / limit));
+      }
+    } else if (a[0] == "return") {
+      bucket.tokens = std::min(bucket.burst, bucket.tokens + static_cast<double>(n));
+    } else if (a[0] == "debit") {
+      bucket.tokens -= static_cast<double>(n);
+    }
+    return {granted, std::max<long long>(static_cast<long long>(bucket.tokens), 0), retry_ms, 0,
+            now_ms};
+  }
+
+ private:
+  struct Bucket {
+    double burst = 0;
+    double tokens = 0;
+    int64_t at_ns = 0;
+  };
+  Bucket& bucket_(const std::string& key, double burst) {
+    auto [it, fresh] = buckets_.try_emplace(key);
+    if (fresh) it->second = {burst, burst, now_ns_};
+    return it->second;
+  }
+
+  std::vector<long long> concurrency(const std::vector<std::string>& a, const std::string& key,
+                                     long long now_ms) {
+    std::map<std::string, long long>& held = pools_[key];
+    long long limit = std::stoll(a[3]);
+    long long in_use = 0;
+    for (const auto& [node, units] : held) in_use += units;
+    long long n = std::stoll(a[1]);
+    long long need = std::stoll(a[2]);
+    long long& mine = held[a[5]];
+    long long granted = 0;
+    if (a[0] == "lease" && limit - in_use >= need) {
+      granted = std::min(n, limit - in_use);
+      mine += granted;
+      in_use += granted;
+    } else if (a[0] == "return") {
+      long long back = std::min(n, mine);
+      mine -= back;
+      in_use -= back;
+    }
+    return {granted, limit - in_use, granted == 0 && a[0] == "lease" ? 1000 : 0, 0, now_ms, mine};
+  }
+
+  const int64_t& now_ns_;
+  std::string run_id_ = "run-1";
+  std::map<std::string, Bucket> buckets_;
+  std::map<std::string, std::map<std::string, long long>> pools_;
+};
+
+// What a worker's dispatcher asks of the daemon; nothing here is checked.
+class QuietStatus final : public DaemonStatus {
+ public:
+  int64_t uptimeMs() const override { return 0; }
+  size_t workers() const override { return 1; }
+  MetricsSnapshot metrics() const override { return {}; }
+  size_t connections() const override { return 0; }
+  size_t handles() const override { return 0; }
+  RedisHealth redisHealth() const override { return {}; }
+  LeaseStats leaseStats() const override { return {}; }
+  std::vector<RuleSnapshot> ruleMetrics() const override { return {}; }
+  HistogramSnapshot leaseLatency() const override { return {}; }
+  bool reload(std::string*) override { return false; }
+};
+
+// One node: its key table, broker, lease manager (on a fake link to the
+// shared Redis) and one worker's dispatcher, all on the test's clock.
+class Node {
+ public:
+  Node(std::string id, FakeRedisState& redis, RuleSetPtr rules, const int64_t& now_ns)
+      : redis_(redis), rules_(std::move(rules)), now_ns_(now_ns) {
+    LeaseContext context;
+    context.keys = &keys_;
+    context.broker = &broker_;
+    context.rules = [this] { return rules_; };
+    context.node_id = std::move(id);
+    context.now_ns = [this] { return now_ns_; };
+    manager_ = std::make_unique<LeaseManager>(link_, config_, context);
+    dispatcher_ = std::make_unique<Dispatcher>(keys_, metrics_.shard(0), status_, &broker_);
+    dispatcher_->setRules(rules_);
+    peer_.allowed = true;
+  }
+
+  // Redis answers (again): the breaker goes through half-open to closed.
+  void up() {
+    manager_->onUp();
+    pump();
+  }
+  void down() { manager_->onDown(); }
+
+  // One acquire of `cost` on (rule, key); true when allowed. Every call it
+  // makes of Redis is answered before it returns.
+  bool acquire(std::string_view rule, std::string_view key, int64_t cost = 1) {
+    rpc::Request request;
+    request.msgid = 1;
+    request.method = rpc::Method::kAcquire;
+    request.method_name = "acquire";
+    request.items = {rpc::Item{.rule = rule, .key = key, .cost = cost}};
+    std::string out;
+    {
+      KeyTable::ReadGuard guard(keys_, reader_);
+      dispatcher_->handle(request, peer_, now_ns_, &out);
+    }
+    pump();
+    return out.find(std::string("\xa7" "allowed" "\xc3")) != std::string::npos;
+  }
+
+  // Serves the broker's requests and answers every call, until none is left.
+  void pump() {
+    manager_->onWakeup();
+    while (!link_.calls.empty()) {
+      if (!link_.calls.front().script) {
+        link_.answerString(info(redis_.runId(), "replid-" + redis_.runId()));
+      } else {
+        std::vector<long long> reply = redis_.run(link_.calls.front());
+        link_.answerIntegers(reply);
+      }
+      manager_->onWakeup();
+    }
+  }
+
+  LeaseBroker& broker() { return broker_; }
+
+ private:
+  FakeRedisState& redis_;
+  RuleSetPtr rules_;
+  const int64_t& now_ns_;
+  RedisConfig config_;
+  KeyTable keys_{KeyTableOptions{}};
+  KeyTable::ReaderId reader_ = keys_.registerReader();
+  Metrics metrics_{1};
+  QuietStatus status_;
+  LeaseBroker broker_{100 * kMs};
+  FakeRedis link_;
+  std::unique_ptr<LeaseManager> manager_;
+  std::unique_ptr<Dispatcher> dispatcher_;
+  Peer peer_;
+};
+
+// Two nodes on one Redis that restarts empty: learning mode on both.
+class LearningFleetTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::vector<Rule> rules;
+    rules.push_back(globalRule(1, "hourly", 8, kHour));
+    rules.push_back(globalRule(3, "slots", 4, 60 * kSecond, Algorithm::kConcurrency));
+    rules_ = std::make_shared<const RuleSet>(std::move(rules), 2);
+    a_ = std::make_unique<Node>("node-a", redis_, rules_, now_);
+    b_ = std::make_unique<Node>("node-b", redis_, rules_, now_);
+    a_->up();
+    b_->up();
+    ASSERT_TRUE(a_->broker().leasing());
+    a_->down();
+    b_->down();
+    redis_.restart("run-2");
+    now_ += kSecond;
+    a_->up();
+    b_->up();
+    ASSERT_TRUE(a_->broker().leasing());
+    ASSERT_TRUE(a_->broker().learning(*rules_->find("hourly"), now_));
+  }
+
+  // Acquires `count` times on `node`, a millisecond apart; how many passed.
+  int acquires(Node& node, std::string_view rule, int count) {
+    int allowed = 0;
+    for (int i = 0; i < count; ++i) {
+      now_ += kMs;
+      if (node.acquire(rule, "k")) ++allowed;
+    }
+    return allowed;
+  }
+
+  std::string stateKey(std::string_view rule) {
+    return redisStateKey(RedisConfig{}.key_prefix, rule, "k");
+  }
+
+  int64_t now_ = kStart;
+  FakeRedisState redis_{now_};
+  RuleSetPtr rules_;
+  std::unique_ptr<Node> a_;
+  std::unique_ptr<Node> b_;
+};
+
+// Verifies that a learning node leases no more than its share: after an
+// empty restart, node A, asked far beyond its share, leaves the other half
+// of an 8-an-hour bucket in Redis, and node B spends it.
+TEST_F(LearningFleetTest, ALearningNodeLeasesNoMoreThanItsShare) {
+  EXPECT_EQ(acquires(*a_, "hourly", 12), 4);
+  EXPECT_GE(redis_.tokens(stateKey("hourly"), 8), 4.0);
+  EXPECT_EQ(acquires(*b_, "hourly", 12), 4);
+}
+
+// Verifies that while a rule learns, Redis's "nothing until t" is asked
+// again within kLearningRecheckNs, so units another node gives back are
+// spent long before t.
+TEST_F(LearningFleetTest, ANegativeCacheDoesNotOutliveUnitsAnotherNodeReturns) {
+  redis_.tokens(stateKey("hourly"), 8) = 0;  // the others leased everything
+  EXPECT_EQ(acquires(*b_, "hourly", 1), 1);  // a cold key: its share decides
+  EXPECT_EQ(acquires(*b_, "hourly", 1), 0);  // Redis: nothing for 7.5 minutes
+  redis_.tokens(stateKey("hourly"), 8) += 3;  // another node's idle return
+  now_ += kLearningRecheckNs;
+  EXPECT_EQ(acquires(*b_, "hourly", 1), 1);
+}
+
+// Verifies that a global concurrency rule is capped at its share only while
+// it learns itself (lease_ttl and the reconnect backoff), not while another
+// rule (an hourly one) still learns.
+TEST_F(LearningFleetTest, AConcurrencyRuleIsCappedOnlyWhileItLearnsItself) {
+  const Rule& slots = *rules_->find("slots");
+  ASSERT_TRUE(a_->broker().learning(slots, now_));
+  EXPECT_EQ(acquires(*a_, "slots", 4), 2);
+  now_ = a_->broker().learningUntilNs(slots);
+  ASSERT_TRUE(a_->broker().learning(*rules_->find("hourly"), now_));
+  a_->pump();
+  EXPECT_EQ(acquires(*a_, "slots", 2), 2);
 }
 
 }  // namespace
