@@ -41,6 +41,23 @@ int64_t learningSpanNs(const Rule& rule, int64_t holding_memory_ns, int64_t reco
   return std::max(memory_ns, reconnect_ns);
 }
 
+std::vector<LearningRule> learningRules(const RuleSet& rules, const LeaseBroker& broker,
+                                        int64_t now_ns) {
+  std::vector<LearningRule> learning;
+  for (const Rule& rule : rules.rules()) {
+    int64_t until_ns = 0;
+    auto consider = [&](const Rule& leased) {
+      if (leasable(leased) || leasesHolding(leased)) {
+        until_ns = std::max(until_ns, broker.learningUntilNs(leased));
+      }
+    };
+    consider(rule);
+    for (const Rule& part : rules.parts(rule)) consider(part);
+    if (until_ns > now_ns) learning.push_back({rule.name, (until_ns - now_ns + 999'999) / 1'000'000});
+  }
+  return learning;
+}
+
 CircuitBreaker::CircuitBreaker(LeaseBroker& broker, BreakerActions& actions, Options options,
                                std::function<RuleSetPtr()> rules)
     : broker_(broker), actions_(actions), options_(options), rules_(std::move(rules)) {}

@@ -49,6 +49,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "lease.h"
 #include "rules.h"
@@ -69,6 +70,16 @@ std::optional<RedisIdentity> parseInfo(std::string_view info);
 // the rule (its period, or a bucket's refill from empty when longer;
 // holding_memory_ns for a concurrency rule), and at least reconnect_ns.
 int64_t learningSpanNs(const Rule& rule, int64_t holding_memory_ns, int64_t reconnect_ns);
+
+// A configured rule in learning mode and how long it still learns.
+struct LearningRule {
+  std::string name;
+  int64_t left_ms = 0;  // until it stops learning (rounded up)
+};
+// The configured global rules of `rules` that learn at now_ns, in order; a
+// rule of several limits learns while any of its parts does.
+std::vector<LearningRule> learningRules(const RuleSet& rules, const LeaseBroker& broker,
+                                        int64_t now_ns);
 
 // The calls the breaker asks for; implemented by the lease manager.
 class BreakerActions {

@@ -1400,7 +1400,7 @@ void Dispatcher::writeHealth(uint32_t msgid, std::string* out) {
   RedisHealth redis = status_.redisHealth();
   rpc::writeResultHeader(out, msgid);
   msgpack::Writer w(out);
-  w.writeMapHeader(14);
+  w.writeMapHeader(15);
   w.writeStr("status");
   w.writeStr(redis.configured && !redis.up ? "degraded" : "ok");
   w.writeStr("redis");
@@ -1425,6 +1425,12 @@ void Dispatcher::writeHealth(uint32_t msgid, std::string* out) {
   }
   w.writeStr("learning");
   w.writeBool(redis.learning);
+  w.writeStr("learning_rules");
+  w.writeMapHeader(static_cast<uint32_t>(redis.learning_rules.size()));
+  for (const LearningRule& rule : redis.learning_rules) {
+    w.writeStr(rule.name);
+    w.writeInt(rule.left_ms);
+  }
   w.writeStr("leased_units");
   w.writeInt(redis.leased_units);
   w.writeStr("nodes");

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "access.h"
+#include "breaker.h"
 #include "key_table.h"
 #include "lease.h"
 #include "limiter.h"
@@ -373,6 +374,7 @@ struct RedisHealth {
   bool up = false;
   Breaker breaker = Breaker::kOpen;
   bool learning = false;    // some rule is in learning mode
+  std::vector<LearningRule> learning_rules;  // which, and for how long (breaker.h)
   // Leased units this node holds and has not spent (an estimate: granted
   // minus returned minus spent).
   int64_t leased_units = 0;

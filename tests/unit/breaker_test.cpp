@@ -18,6 +18,7 @@
 #include "dispatch.h"
 #include "lease_manager.h"
 #include "metrics.h"
+#include "prometheus.h"
 #include "redis_keys.h"
 #include "rpc.h"
 
@@ -199,6 +200,55 @@ TEST_F(BreakerTest, LearningEndsForEachRuleAfterItsOwnSpan) {
   // The fleet-wide flag lasts as long as the longest rule.
   EXPECT_TRUE(broker_.learningAny(began + kHour - 1));
   EXPECT_FALSE(broker_.learningAny(began + kHour));
+}
+
+// Verifies that health's list of learning rules names each configured rule
+// while it learns, with the time it has left, and drops it once it is done.
+TEST_F(BreakerTest, LearningRulesListsEachRuleWhileItLearns) {
+  recoverAs(identity("a", "r1"));
+  breaker_.down(now_);
+  recoverAs(identity("b", "r2"));
+  now_ += 3 * kSecond;
+  std::vector<LearningRule> learning = learningRules(*rules_, broker_, now_);
+  ASSERT_EQ(learning.size(), 2u);
+  EXPECT_EQ(learning[0].name, "per-hour");
+  EXPECT_EQ(learning[0].left_ms, 3'597'000);
+  EXPECT_EQ(learning[1].name, "slots");
+  EXPECT_EQ(learning[1].left_ms, 2'000);
+  EXPECT_TRUE(learningRules(*rules_, broker_, now_ + kHour).empty());
+}
+
+// Verifies that a rule of several limits learns while its longest part does.
+TEST(LearningRules, ARuleOfSeveralLimitsLearnsWhileAnyPartDoes) {
+  Rule rule = globalRule(1, "both", 10, kSecond);
+  rule.limits.push_back(Limit{.limit = 100, .period_ns = kHour, .burst = 100});
+  std::vector<Rule> rules;
+  rules.push_back(std::move(rule));
+  rules.push_back(globalRule(2, "local", 10, kHour));
+  rules.back().scope = Scope::kLocal;
+  RuleSet set(std::move(rules), 2);
+  LeaseBroker broker(100 * kMs);
+  EXPECT_TRUE(learningRules(set, broker, kStart).empty());
+  broker.startLearning(kStart, 0, 0, kHour);
+  std::vector<LearningRule> learning = learningRules(set, broker, kStart + kSecond);
+  ASSERT_EQ(learning.size(), 1u);
+  EXPECT_EQ(learning[0].name, "both");
+  EXPECT_EQ(learning[0].left_ms, 3'599'000);
+}
+
+// Verifies that /metrics shows one sluice_learning_seconds sample per rule
+// in learning mode.
+TEST(LearningRules, MetricsShowSecondsLeftPerLearningRule) {
+  MetricsView view;
+  view.redis.emplace();
+  view.redis->learning = true;
+  view.redis->learning_rules = {{"hourly", 3'597'000}, {"slots", 2'500}};
+  std::string text = renderPrometheus(view);
+  EXPECT_NE(text.find("# TYPE sluice_learning_seconds gauge\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("sluice_learning_seconds{rule=\"hourly\"} 3597\n"), std::string::npos);
+  EXPECT_NE(text.find("sluice_learning_seconds{rule=\"slots\"} 2.5\n"), std::string::npos);
+  view.redis->learning_rules.clear();
+  EXPECT_EQ(renderPrometheus(view).find("sluice_learning_seconds{"), std::string::npos);
 }
 
 // Verifies that a bucket whose burst is above its limit learns for its
