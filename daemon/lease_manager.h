@@ -53,6 +53,7 @@
 #include "lease.h"
 #include "redis_link.h"
 #include "rules.h"
+#include "script_pipe.h"
 #include "scripts.h"
 
 namespace sluice {
@@ -82,22 +83,6 @@ constexpr int64_t kRenewalsPerTtl = 3;
 // a frozen Redis's socket), so it cannot take units before this node's
 // debit after the outage.
 constexpr int64_t kMinLeaseDeadlineUs = 1'000'000;
-
-// Script calls (leases, returns, debits) waiting on Redis at once; the rest
-// wait, in order. Redis runs scripts one at a time, so a deeper pipeline adds
-// only queueing delay: 10,000 keys going idle (or starting) together would
-// otherwise queue 10,000 scripts, whose last ones wait longer than
-// lease_timeout, and a command past its deadline makes the link drop the
-// connection as if Redis were dead. A call's deadline starts when it is sent.
-//
-// The workers' and the sweep's requests wait as LeaseRequests (in the
-// broker's queue, or taken and not served yet), and become script calls
-// (argv, Redis keys, callback: some 400 bytes more each) only when the
-// pipeline has room for them. A sweep submits one return per key gone idle,
-// thousands every sweep interval; as script calls all at once they took
-// megabytes of the control thread's malloc arena each time, memory the arena
-// kept, fragmented, and grew in steps as larger bursts came (bench/soak).
-constexpr size_t kMaxScriptsInFlight = 128;
 
 // After a burst, a taken batch of requests keeps at most this much capacity
 // (LeaseRequests); a larger buffer is freed, so that one burst of returns
@@ -183,17 +168,11 @@ class LeaseManager : private BreakerActions {
   // Serves one request; false, doing nothing, when it would send a script
   // call and there is no `room`.
   bool serve(const LeaseRequest& request, const RuleSetPtr& rules, bool room);
-  // Sends (or queues: see kMaxScriptsInFlight) an EVALSHA of rule's lease
-  // script on (rule, key); `on_result` gets its result, kDisconnected when
-  // Redis went down before it could be sent.
+  // Sends (or queues: script_pipe.h) an EVALSHA of rule's lease script on
+  // (rule, key); `on_result` gets its result, kDisconnected when Redis went
+  // down before it could be sent.
   void callScript(const Rule& rule, std::string_view key, std::vector<std::string> argv,
                   int64_t timeout_ms, RedisCallback on_result);
-  // The same for any script and keys.
-  void callScript(RedisLink::ScriptId script, std::vector<std::string> keys,
-                  std::vector<std::string> argv, int64_t timeout_ms, RedisCallback on_result);
-  void sendWaiting();
-  // Fails every queued call (Redis went down).
-  void dropWaiting();
   void onLeaseReply(const LeaseRequest& request, const Rule& rule, const RedisResult& result);
   // A lease that got no usable answer: counted, and the key follows its
   // policy for a while when Redis answered (or its master alone is lost).
@@ -243,15 +222,7 @@ class LeaseManager : private BreakerActions {
   RedisLink::ScriptId token_bucket_ = 0, gcra_ = 0, fixed_window_ = 0, sliding_window_ = 0,
                       concurrency_ = 0, penalty_ = 0;
 
-  struct ScriptCall {
-    RedisLink::ScriptId script;
-    std::vector<std::string> keys;
-    std::vector<std::string> argv;
-    int64_t timeout_ms;
-    RedisCallback on_result;
-  };
-  std::deque<ScriptCall> waiting_;  // in order; sent as in_flight_ allows
-  size_t in_flight_ = 0;            // script calls sent and not answered
+  ScriptPipe pipe_;  // every script call goes through it
 
   // Requests taken from the broker; those from taken_next_ on are not served
   // yet (see kMaxScriptsInFlight).
