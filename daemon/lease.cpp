@@ -336,10 +336,6 @@ int64_t LeaseBroker::learningUntilNs(const Rule& rule) const {
                                 learning_reconnect_ns_.load(std::memory_order_acquire));
 }
 
-bool LeaseBroker::learningAny(int64_t now_ns) const {
-  return now_ns < learning_until_ns_.load(std::memory_order_acquire);
-}
-
 void LeaseBroker::submit(LeaseRequest request) {
   std::lock_guard<std::mutex> lock(mutex_);
   queue_.push_back(std::move(request));

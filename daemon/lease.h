@@ -334,12 +334,17 @@ class LeaseBroker {
   Breaker breaker() const { return static_cast<Breaker>(breaker_.load(std::memory_order_acquire)); }
   // Whether `rule` is in learning mode at now_ns (breaker.h): Redis came
   // back without the fleet's state less than the rule's learning span ago,
-  // so each node also holds itself to its share of the rule.
-  bool learning(const Rule& rule, int64_t now_ns) const { return now_ns < learningUntilNs(rule); }
+  // so each node also holds itself to its share of the rule. Once every
+  // rule is done, one load.
+  bool learning(const Rule& rule, int64_t now_ns) const {
+    return learningAny(now_ns) && now_ns < learningUntilNs(rule);
+  }
   // When `rule`'s learning mode ends (monotonic ns; 0: it never began).
   int64_t learningUntilNs(const Rule& rule) const;
   // Whether some rule may still be learning (the longest span at the start).
-  bool learningAny(int64_t now_ns) const;
+  bool learningAny(int64_t now_ns) const {
+    return now_ns < learning_until_ns_.load(std::memory_order_acquire);
+  }
 
   // Workers and the server's sweep: queue a request for the control thread.
   void submit(LeaseRequest request);
