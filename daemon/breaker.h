@@ -37,6 +37,10 @@
 // by which every node has renewed what it holds), and at least until every
 // node can have reconnected (the longest reconnect backoff). Learning is
 // per rule: learningSpanNs() below, asked through LeaseBroker::learning.
+// While a rule learns, a node's worker leases no more than the share still
+// allows (what it may not spend stays in Redis for the others), and Redis's
+// "nothing until t" is asked again after kLearningRecheckNs at most
+// (lease_manager.h), as the others give back what they did not spend.
 //
 // Thread model: a CircuitBreaker runs on the control thread only; workers
 // read its state through the LeaseBroker's atomics. Time comes in as now_ns
