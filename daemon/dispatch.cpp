@@ -471,7 +471,7 @@ void Dispatcher::requestLease(const Rule& rule, const Rule& deciding, std::strin
   // so that what this node may not spend stays in Redis for the others.
   int64_t share_left = INT64_MAX;
   if (broker_->learning(deciding, now_ns)) {
-    share_left = lookShare(rule, key, now_ns, cost).remaining - spent;
+    share_left = lookShare(rule, key, now_ns, 0).remaining - spent;  // cost 0: what it holds now
     if (share_left < (spent > 0 ? 1 : cost)) {
       slice::unclaim(words);
       return;

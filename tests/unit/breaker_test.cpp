@@ -455,6 +455,8 @@ class FakeRedisState {
     pools_.clear();
   }
   const std::string& runId() const { return run_id_; }
+  // Rate leases run so far.
+  int leases() const { return leases_; }
   // Units the bucket of `state_key` holds now.
   double& tokens(const std::string& state_key, double burst) {
     Bucket& bucket = bucket_(state_key, burst);
@@ -479,6 +481,7 @@ class FakeRedisState {
     long long granted = 0;
     long long retry_ms = 0;
     if (a[0] == "lease") {
+      ++leases_;
       if (bucket.tokens >= static_cast<double>(need)) {
         granted = std::min<long long>(n, static_cast<long long>(bucket.tokens));
         bucket.tokens -= static_cast<double>(granted);
@@ -530,6 +533,7 @@ class FakeRedisState {
   }
 
   const int64_t& now_ns_;
+  int leases_ = 0;
   std::string run_id_ = "run-1";
   std::map<std::string, Bucket> buckets_;
   std::map<std::string, std::map<std::string, long long>> pools_;
@@ -675,6 +679,16 @@ TEST_F(LearningFleetTest, ALearningNodeLeasesNoMoreThanItsShare) {
   EXPECT_EQ(acquires(*a_, "hourly", 12), 4);
   EXPECT_GE(redis_.tokens(stateKey("hourly"), 8), 4.0);
   EXPECT_EQ(acquires(*b_, "hourly", 12), 4);
+}
+
+// Verifies that a learning node whose share holds just one request's units
+// still leases them for a request that waits for its lease (an empty slice).
+TEST_F(LearningFleetTest, AShareHoldingJustTheCostStillLeasesIt) {
+  EXPECT_EQ(acquires(*a_, "hourly", 12), 4);
+  now_ += 16 * 60 * kSecond;  // the share (4 an hour) has one unit again
+  int leases = redis_.leases();
+  EXPECT_TRUE(a_->acquire("hourly", "k"));
+  EXPECT_EQ(redis_.leases(), leases + 1);
 }
 
 // Verifies that while a rule learns, Redis's "nothing until t" is asked
