@@ -1,7 +1,13 @@
-// Tests for the breaker (breaker.h) on a simulated clock: every transition
-// of CircuitBreaker driven by events with a fake BreakerActions, and the
-// lease manager's half of it (INFO, debits, the negative cache) with a fake
-// RedisTarget that answers when the test says so. No Redis, no sleeps.
+// Tests for the breaker (breaker.h) on a simulated clock, with no Redis and
+// no sleeps:
+//  - every transition of CircuitBreaker, driven by events, with a fake
+//    BreakerActions;
+//  - the lease manager's half of it (INFO, debits) on a fake RedisTarget
+//    (fake_redis.h) that answers when the test says so;
+//  - learning mode on a fleet of two nodes in one process (each a
+//    dispatcher and a lease manager) on one fake Redis: the share cap, the
+//    recheck of empty answers, per-rule learning, and health's and
+//    /metrics' view of it.
 #include "breaker.h"
 
 #include <gtest/gtest.h>
@@ -33,7 +39,7 @@ constexpr int64_t kHour = 3'600 * kSecond;
 // The simulated clock starts here (0 would read as "never").
 constexpr int64_t kStart = 1'000 * kSecond;
 
-// A global rule; its id (what names its keys) is its position in the test's list.
+// A global rule; `id` names its keys in the key table.
 Rule globalRule(uint32_t id, std::string name, int64_t limit, int64_t period_ns,
                 Algorithm algorithm = Algorithm::kTokenBucket) {
   Rule rule;
