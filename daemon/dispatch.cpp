@@ -439,6 +439,16 @@ std::optional<Decision> Dispatcher::acquireShare(const Rule& share, std::string_
   return decision;
 }
 
+Decision Dispatcher::lookShare(const Rule& rule, std::string_view key, int64_t now_ns,
+                              int64_t cost) {
+  const Rule& share = *rules_->fallbackShare(rule);
+  KeyTable::Entry* entry = currentEntry(share, key);
+  const Rule& deciding = decidingFor(share, key, entry);
+  return peek(deciding,
+              entry != nullptr ? entry->state().first(stateWords(deciding)) : freshState(deciding),
+              now_ns, cost);
+}
+
 void Dispatcher::noteFallbackSpend(const Rule& share, std::string_view key,
                                    std::span<std::atomic<uint64_t>> words, int64_t cost) {
   const Rule* global = rules_->findById(share.id & ~kFallbackIdBit);
@@ -460,9 +470,21 @@ void Dispatcher::noteFallbackSpend(const Rule& share, std::string_view key,
 
 void Dispatcher::requestLease(const Rule& rule, const Rule& deciding, std::string_view key,
                               std::span<std::atomic<uint64_t>> words, int64_t now_ns,
-                              int64_t cost) {
+                              int64_t cost, int64_t spent) {
+  // Learning: no more than the share allows once this request has spent,
+  // so that what this node may not spend stays in Redis for the others.
+  int64_t share_left = INT64_MAX;
+  if (broker_->learning(deciding, now_ns)) {
+    share_left = lookShare(rule, key, now_ns, 0).remaining - spent;  // cost 0: what it holds now
+    if (share_left < (spent > 0 ? 1 : cost)) {
+      slice::unclaim(words);
+      return;
+    }
+  }
   slice::Batch batch = slice::nextBatch(words, now_ns, cost, deciding, rules_->fallbackNodes(),
                                         broker_->leaseIntervalNs());
+  batch.n = std::min(batch.n, share_left);
+  batch.need = std::min(batch.need, batch.n);
   LeaseRequest request;
   request.rule_id = rule.id;
   request.variant = storedOverride(rule, words);
@@ -734,6 +756,14 @@ bool Dispatcher::spendLeased(const rpc::Request& request, const Rule& rule, int6
   int64_t due_ns = 0;  // a denial: when Redis said it has units again (exactly)
   if (item.cost > leaseCapacity(deciding.limits.front())) {
     decision = exceedsCapacity(deciding);
+  } else if (Decision share; broker_->learning(deciding, now_ns) &&
+             (!(share = lookShare(rule, item.key, now_ns, item.cost)).allowed ||
+              share.shadow_denied)) {
+    // Learning, and the share has nothing for it: the slice is left alone,
+    // so the node leases nothing past its share.
+    decision = share;
+    decision.allowed = false;
+    decision.shadow_denied = false;
   } else {
     bool first = wait.ticket != 0 && broker_->lines().first(wait.ticket);
     slice::TakeResult taken = takeSlice(rule, item.key, words, now_ns, item.cost, first);
@@ -758,7 +788,10 @@ bool Dispatcher::spendLeased(const rpc::Request& request, const Rule& rule, int6
       }
     }
     if (taken.dropped > 0) metrics_.lease_units_dropped.add(static_cast<uint64_t>(taken.dropped));
-    if (taken.must_request) requestLease(rule, deciding, item.key, entry_words, now_ns, item.cost);
+    if (taken.must_request) {
+      requestLease(rule, deciding, item.key, entry_words, now_ns, item.cost,
+                   taken.outcome == slice::Outcome::kTaken ? item.cost : 0);
+    }
     switch (taken.outcome) {
       case slice::Outcome::kTaken: {
         decision = sliceDecision(deciding, taken, now_ns);
@@ -919,7 +952,7 @@ Dispatcher::Held Dispatcher::acquireHeld(const Rule& rule, const rpc::Item& item
     // Learning (Redis came back without the fleet's state): the node also
     // holds to its share until every node has renewed what it holds.
     int64_t cap =
-        broker_->learningAny(now_ns) ? rules_->fallbackShare(rule)->limits.front().limit : 0;
+        broker_->learning(rule, now_ns) ? rules_->fallbackShare(rule)->limits.front().limit : 0;
     holding::Acquired got = holding::acquire(words, limit, now_ns, item.cost, asking_again_, cap);
     if (got.reclaimed > 0) metrics_.lease_units_released.add(static_cast<uint64_t>(got.reclaimed));
     if (got.taken.must_request) requestHolding(rule, item.key, words, now_ns, item.cost);
@@ -1141,7 +1174,10 @@ Dispatcher::Collected Dispatcher::collectEntry(const Rule& rule, const rpc::Item
       slice_words = entry->state().first(slice::kWords);
       slice::TakeResult taken = takeSlice(rule, key, slice_words, now_ns, cost, false);
       if (taken.dropped > 0) metrics_.lease_units_dropped.add(static_cast<uint64_t>(taken.dropped));
-      if (taken.must_request) requestLease(rule, deciding, key, entry->state(), now_ns, cost);
+      if (taken.must_request) {
+        requestLease(rule, deciding, key, entry->state(), now_ns, cost,
+                     taken.outcome == slice::Outcome::kTaken ? cost : 0);
+      }
       // Behind waiters with no answer from Redis yet, it waits for the
       // lease under way as on an empty slice.
       bool lease_coming = taken.outcome == slice::Outcome::kEmpty ||
@@ -1368,7 +1404,7 @@ void Dispatcher::writeHealth(rpc::MsgId msgid, std::string* out) {
   RedisHealth redis = status_.redisHealth();
   rpc::writeResultHeader(out, msgid);
   msgpack::Writer w(out);
-  w.writeMapHeader(14);
+  w.writeMapHeader(15);
   w.writeStr("status");
   w.writeStr(redis.configured && !redis.up ? "degraded" : "ok");
   w.writeStr("redis");
@@ -1393,6 +1429,12 @@ void Dispatcher::writeHealth(rpc::MsgId msgid, std::string* out) {
   }
   w.writeStr("learning");
   w.writeBool(redis.learning);
+  w.writeStr("learning_rules");
+  w.writeMapHeader(static_cast<uint32_t>(redis.learning_rules.size()));
+  for (const LearningRule& rule : redis.learning_rules) {
+    w.writeStr(rule.name);
+    w.writeInt(rule.left_ms);
+  }
   w.writeStr("leased_units");
   w.writeInt(redis.leased_units);
   w.writeStr("nodes");

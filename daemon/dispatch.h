@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "access.h"
+#include "breaker.h"
 #include "key_table.h"
 #include "lease.h"
 #include "limiter.h"
@@ -212,9 +213,11 @@ class Dispatcher {
   bool park(const DeferTo& to, const Wait& wait, int64_t due_ns, rpc::MsgId msgid, std::string* out);
   // Sends a lease request for a key of `rule` whose in-flight bit the
   // caller claimed; `deciding` is the rule's variant for the key, `words`
-  // the entry's.
+  // the entry's, `spent` what the caller took from the slice (0: it waits
+  // for the lease).
   void requestLease(const Rule& rule, const Rule& deciding, std::string_view key,
-                    std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t cost);
+                    std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t cost,
+                    int64_t spent);
   // Global concurrency rules (holding.h): acquire, peek and release.
   bool holdOne(const rpc::Request& request, const Rule& rule, int64_t now_ns, std::string* out,
                const DeferTo* defer);
@@ -293,6 +296,9 @@ class Dispatcher {
   // fallback admits (undebited) when `count_undebited`. nullopt: table full.
   std::optional<Decision> acquireShare(const Rule& share, std::string_view key, int64_t now_ns,
                                        int64_t cost, bool count_undebited);
+  // What the fallback share of global `rule` would answer for `cost` on
+  // `key` now, spending nothing.
+  Decision lookShare(const Rule& rule, std::string_view key, int64_t now_ns, int64_t cost);
   // Records units a share admitted for a leasable global rule: debited at
   // once while Redis is up, else counted in the entry for the recovery.
   // `share` is the share itself (not a variant); `words` its entry's.
@@ -369,6 +375,7 @@ struct RedisHealth {
   bool up = false;
   Breaker breaker = Breaker::kOpen;
   bool learning = false;    // some rule is in learning mode
+  std::vector<LearningRule> learning_rules;  // which, and for how long (breaker.h)
   // Leased units this node holds and has not spent (an estimate: granted
   // minus returned minus spent).
   int64_t leased_units = 0;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "breaker.h"
 #include "holding.h"
 #include "limiter.h"
 #include "penalty.h"
@@ -13,16 +14,6 @@ namespace {
 
 int64_t load(std::span<const std::atomic<uint64_t>> words, slice::Word word) {
   return static_cast<int64_t>(words[word].load(std::memory_order_acquire));
-}
-
-// How long a rule's global state remembers what was admitted: a window, or
-// the time a bucket takes to refill from empty.
-int64_t memoryNs(const Rule& rule) {
-  const Limit& limit = rule.limits.front();
-  if (!algorithmTraits(rule.algorithm).refills) return limit.period_ns;
-  double refill = static_cast<double>(limit.period_ns) * static_cast<double>(limit.burst) /
-                  static_cast<double>(limit.limit);
-  return std::max<int64_t>(limit.period_ns, static_cast<int64_t>(refill));
 }
 
 }  // namespace
@@ -202,6 +193,10 @@ TakeResult take(std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t 
   return result;
 }
 
+void unclaim(std::span<std::atomic<uint64_t>> words) {
+  words[kFlags].fetch_and(~kInFlight, std::memory_order_acq_rel);
+}
+
 void refund(std::span<std::atomic<uint64_t>> words, int64_t cost) {
   words[kUnits].fetch_add(static_cast<uint64_t>(cost), std::memory_order_acq_rel);
 }
@@ -330,13 +325,11 @@ size_t WaitLines::size() const {
 
 LeaseBroker::LeaseBroker(int64_t lease_interval_ns) : lease_interval_ns_(lease_interval_ns) {}
 
-bool LeaseBroker::learning(const Rule& rule, int64_t now_ns) const {
+int64_t LeaseBroker::learningUntilNs(const Rule& rule) const {
   int64_t since = learning_since_ns_.load(std::memory_order_acquire);
-  return since != 0 && now_ns - since < memoryNs(rule);
-}
-
-bool LeaseBroker::learningAny(int64_t now_ns) const {
-  return now_ns < learning_until_ns_.load(std::memory_order_acquire);
+  if (since == 0) return 0;
+  return since + learningSpanNs(rule, learning_holding_ns_.load(std::memory_order_acquire),
+                                learning_reconnect_ns_.load(std::memory_order_acquire));
 }
 
 void LeaseBroker::submit(LeaseRequest request) {
@@ -359,10 +352,13 @@ void LeaseBroker::setBreaker(Breaker breaker, int64_t now_ns) {
   }
 }
 
-void LeaseBroker::startLearning(int64_t now_ns, int64_t longest_period_ns) {
+void LeaseBroker::startLearning(int64_t now_ns, int64_t holding_memory_ns, int64_t reconnect_ns,
+                                int64_t longest_ns) {
   counters_.learning_entries.fetch_add(1, std::memory_order_relaxed);
+  learning_holding_ns_.store(holding_memory_ns, std::memory_order_release);
+  learning_reconnect_ns_.store(reconnect_ns, std::memory_order_release);
   learning_since_ns_.store(now_ns, std::memory_order_release);
-  learning_until_ns_.store(now_ns + longest_period_ns, std::memory_order_release);
+  learning_until_ns_.store(now_ns + longest_ns, std::memory_order_release);
 }
 
 void LeaseBroker::takeRequests(std::vector<LeaseRequest>* out) {

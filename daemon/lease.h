@@ -169,6 +169,10 @@ TakeResult take(std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t 
 // Reports what take() would answer, spending and claiming nothing.
 TakeResult look(std::span<const std::atomic<uint64_t>> words, int64_t now_ns, int64_t cost);
 
+// Gives up the in-flight bit take() claimed, for a lease that will not be
+// sent after all.
+void unclaim(std::span<std::atomic<uint64_t>> words);
+
 // Puts back units taken by take() (an all-or-nothing group that failed).
 void refund(std::span<std::atomic<uint64_t>> words, int64_t cost);
 
@@ -328,11 +332,19 @@ class LeaseBroker {
   // Workers: global rules lease while the breaker is closed.
   bool leasing() const { return breaker() == Breaker::kClosed; }
   Breaker breaker() const { return static_cast<Breaker>(breaker_.load(std::memory_order_acquire)); }
-  // Whether `rule` is in learning mode at now_ns: Redis came back without
-  // the fleet's state less than one of the rule's periods ago, so each node
-  // also holds itself to its share.
-  bool learning(const Rule& rule, int64_t now_ns) const;
-  bool learningAny(int64_t now_ns) const;
+  // Whether `rule` is in learning mode at now_ns (breaker.h): Redis came
+  // back without the fleet's state less than the rule's learning span ago,
+  // so each node also holds itself to its share of the rule. Once every
+  // rule is done, one load.
+  bool learning(const Rule& rule, int64_t now_ns) const {
+    return learningAny(now_ns) && now_ns < learningUntilNs(rule);
+  }
+  // When `rule`'s learning mode ends (monotonic ns; 0: it never began).
+  int64_t learningUntilNs(const Rule& rule) const;
+  // Whether some rule may still be learning (the longest span at the start).
+  bool learningAny(int64_t now_ns) const {
+    return now_ns < learning_until_ns_.load(std::memory_order_acquire);
+  }
 
   // Workers and the server's sweep: queue a request for the control thread.
   void submit(LeaseRequest request);
@@ -341,7 +353,11 @@ class LeaseBroker {
   void setBreaker(Breaker breaker, int64_t now_ns);
   // While the breaker is open: since when (monotonic ns); 0 otherwise.
   int64_t openSinceNs() const { return open_since_ns_.load(std::memory_order_acquire); }
-  void startLearning(int64_t now_ns, int64_t longest_period_ns);
+  // Learning mode starts at now_ns (CircuitBreaker): each rule learns for
+  // learningSpanNs(rule, holding_memory_ns, reconnect_ns), the longest of
+  // them longest_ns.
+  void startLearning(int64_t now_ns, int64_t holding_memory_ns, int64_t reconnect_ns,
+                     int64_t longest_ns);
   // Takes every queued request.
   void takeRequests(std::vector<LeaseRequest>* out);
   // The handle submit() wakes (nullptr: none yet, requests wait).
@@ -368,7 +384,9 @@ class LeaseBroker {
   const int64_t lease_interval_ns_;
   std::atomic<int> breaker_{static_cast<int>(Breaker::kOpen)};
   std::atomic<int64_t> learning_since_ns_{0};  // 0: never
-  std::atomic<int64_t> learning_until_ns_{0};
+  std::atomic<int64_t> learning_holding_ns_{0};
+  std::atomic<int64_t> learning_reconnect_ns_{0};
+  std::atomic<int64_t> learning_until_ns_{0};  // the longest rule's end
   std::atomic<int64_t> open_since_ns_{0};      // while open: since when
   std::atomic<uint64_t> open_ns_total_{0};     // closed periods of fallback
   Counters counters_;

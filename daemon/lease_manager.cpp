@@ -1,4 +1,4 @@
-// LeaseManager: leases, returns, debits and the breaker; see lease_manager.h.
+// LeaseManager: leases, returns, debits and the breaker's calls; see lease_manager.h.
 #include "lease_manager.h"
 
 #include <algorithm>
@@ -7,7 +7,6 @@
 
 #include <spdlog/spdlog.h>
 
-#include "clock.h"
 #include "holding.h"
 #include "limiter.h"
 #include "penalty.h"
@@ -25,11 +24,6 @@ void store(Words words, slice::Word word, int64_t value) {
 
 int64_t periodMs(const Limit& limit) { return (limit.period_ns + 999'999) / 1'000'000; }
 
-// The result of a call that never reached Redis; callbacks get this very
-// object, so neverSent() tells it from a call lost on its way.
-const RedisResult kNotSent{RedisStatus::kDisconnected, nullptr, "redis is down", 0};
-
-bool neverSent(const RedisResult& result) { return &result == &kNotSent; }
 
 // The rule a request of `rule` is for: the variant of the override that
 // decides its key, whose limits the script is called with (same name, id
@@ -44,7 +38,12 @@ LeaseManager::LeaseManager(RedisTarget& link, const RedisConfig& config, LeaseCo
     : link_(link),
       config_(config),
       context_(std::move(context)),
-      reader_(context_.keys->registerReader()) {
+      reader_(context_.keys->registerReader()),
+      pipe_(link, [this] { serveTaken(); }),
+      breaker_(*context_.broker, *this,
+               {config.lease_ttl_ms * 1'000'000,
+                static_cast<int64_t>(link.options().longestBackoffMs() * 1e6)},
+               context_.rules) {
   auto add = [&](scripts::Script script) {
     const scripts::ScriptSource& source = scripts::get(script);
     return link_.registerScript(std::string(source.name), std::string(source.source));
@@ -90,8 +89,8 @@ void LeaseManager::serveTaken(bool all) {
     }
     if (!rules) rules = context_.rules();
     // With the pipeline full, the rest wait where they are, in order, until
-    // a reply makes room (each reply's callback, in sendWaiting, serves on).
-    bool room = all || (in_flight_ < kMaxScriptsInFlight && waiting_.empty());
+    // a reply makes room (each answer serves on: the pipe's `answered`).
+    bool room = all || pipe_.hasRoom();
     if (!serve(taken_[taken_next_], rules, room)) break;
     ++taken_next_;
   }
@@ -106,20 +105,20 @@ bool LeaseManager::serve(const LeaseRequest& request, const RuleSetPtr& rules, b
       if (rule != nullptr && leasesHolding(*rule)) {
         return serveHoldingReturn(request, *rule, rules, room);
       }
-      if (rule == nullptr || !up_) return true;
+      if (rule == nullptr || !breaker_.redisUp()) return true;
       if (!room) return false;
       sendReturn(*rule, request.key, request.n, request.lease_now_ms, config_.lease_timeout_ms,
                  nullptr);
       return true;
     case LeaseRequest::Kind::kDebit:
-      if (rule == nullptr || !leasable(*rule) || !up_) return true;
+      if (rule == nullptr || !leasable(*rule) || !breaker_.redisUp()) return true;
       if (!room) return false;
       sendDebitNow(*rule, request.variant, request.key, request.n);
       return true;
     case LeaseRequest::Kind::kBlock:
     case LeaseRequest::Kind::kReset: {
       bool block = request.kind == LeaseRequest::Kind::kBlock;
-      if (rule == nullptr || !leasable(*rule) || !up_ || (block && !rule->penalty)) return true;
+      if (rule == nullptr || !leasable(*rule) || !breaker_.redisUp() || (block && !rule->penalty)) return true;
       if (!room) return false;
       sendPenalty(*rule, request.key,
                   block ? scripts::PenaltyOp::kBlock : scripts::PenaltyOp::kReset, request.n);
@@ -127,7 +126,7 @@ bool LeaseManager::serve(const LeaseRequest& request, const RuleSetPtr& rules, b
     }
     case LeaseRequest::Kind::kLease: break;
   }
-  if (rule == nullptr || !(leasable(*rule) || leasesHolding(*rule)) || !up_ ||
+  if (rule == nullptr || !(leasable(*rule) || leasesHolding(*rule)) || !breaker_.redisUp() ||
       !context_.broker->leasing()) {
     // Not now: the workers decide by on_redis_down until the breaker closes.
     finish(request.rule_id, request.key, nullptr);
@@ -144,45 +143,8 @@ bool LeaseManager::serve(const LeaseRequest& request, const RuleSetPtr& rules, b
 
 void LeaseManager::callScript(const Rule& rule, std::string_view key, std::vector<std::string> argv,
                               int64_t timeout_ms, RedisCallback on_result) {
-  callScript(scriptFor(rule.algorithm), {stateKey(rule.name, key)}, std::move(argv), timeout_ms,
+  pipe_.call(scriptFor(rule.algorithm), {stateKey(rule.name, key)}, std::move(argv), timeout_ms,
              std::move(on_result));
-}
-
-void LeaseManager::callScript(RedisLink::ScriptId script, std::vector<std::string> keys,
-                              std::vector<std::string> argv, int64_t timeout_ms,
-                              RedisCallback on_result) {
-  waiting_.push_back({script, std::move(keys), std::move(argv), timeout_ms, std::move(on_result)});
-  sendWaiting();
-}
-
-void LeaseManager::sendWaiting() {
-  while (in_flight_ < kMaxScriptsInFlight && !waiting_.empty()) {
-    ScriptCall call = std::move(waiting_.front());
-    waiting_.pop_front();
-    std::vector<std::string_view> args(call.argv.begin(), call.argv.end());
-    std::vector<std::string_view> keys(call.keys.begin(), call.keys.end());
-    RedisCallback on_result = std::move(call.on_result);
-    ++in_flight_;
-    bool sent = link_.evalsha(
-        call.script, keys, args,
-        [this, on_result](const RedisResult& result) {
-          --in_flight_;
-          on_result(result);
-          sendWaiting();
-          serveTaken();
-        },
-        call.timeout_ms);
-    if (!sent) {
-      --in_flight_;
-      on_result(kNotSent);
-    }
-  }
-}
-
-void LeaseManager::dropWaiting() {
-  std::deque<ScriptCall> dropped;
-  dropped.swap(waiting_);
-  for (ScriptCall& call : dropped) call.on_result(kNotSent);
 }
 
 void LeaseManager::sendLease(const LeaseRequest& request, const Rule& rule, RuleSetPtr rules) {
@@ -197,7 +159,7 @@ void LeaseManager::sendLease(const LeaseRequest& request, const Rule& rule, Rule
   // A rule with a penalty asks for the key's block too (the script's KEYS[2]).
   std::vector<std::string> keys = {stateKey(rule.name, request.key)};
   if (rule.penalty) keys.push_back(blockKey(rule.name, request.key));
-  callScript(scriptFor(rule.algorithm), std::move(keys),
+  pipe_.call(scriptFor(rule.algorithm), std::move(keys),
              scripts::leaseArgv(request.n, request.need, limit, deadline_us),
              config_.lease_timeout_ms,
              [this, request, &rule, rules = std::move(rules)](const RedisResult& result) {
@@ -207,7 +169,7 @@ void LeaseManager::sendLease(const LeaseRequest& request, const Rule& rule, Rule
 
 void LeaseManager::sendPenalty(const Rule& rule, std::string_view key, scripts::PenaltyOp op,
                                int64_t block_ms) {
-  callScript(penalty_, {stateKey(rule.name, key), blockKey(rule.name, key)},
+  pipe_.call(penalty_, {stateKey(rule.name, key), blockKey(rule.name, key)},
              scripts::penaltyArgv(op, block_ms), config_.lease_timeout_ms,
              [this, op](const RedisResult& result) {
                if (result.status == RedisStatus::kOk) return;
@@ -221,14 +183,14 @@ void LeaseManager::sendPenalty(const Rule& rule, std::string_view key, scripts::
 }
 
 void LeaseManager::leaseFailed(const LeaseRequest& request, const RedisResult& result) {
-  int64_t now_ns = monotonicNowNs();
+  int64_t now_ns = now();
   context_.broker->counters().failed.fetch_add(1, std::memory_order_relaxed);
   // A timeout or a lost connection opens the breaker (the link reports
   // it first); an answer we cannot use sends this key to its policy for a
   // while. So does a call that failed while Redis as a whole is still up:
   // in Cluster mode, this key's master alone is unreachable (cluster.h).
   bool answered = result.status == RedisStatus::kOk || result.status == RedisStatus::kRedisError;
-  bool master_lost = !answered && up_;
+  bool master_lost = !answered && breaker_.redisUp();
   if (answered || master_lost) {
     std::string error = result.status == RedisStatus::kOk ? "a reply that is not a lease"
                         : master_lost ? "that the key's master is unreachable (" +
@@ -264,7 +226,7 @@ void LeaseManager::countLease(const scripts::LeaseReply& reply, const RedisResul
 void LeaseManager::onLeaseReply(const LeaseRequest& request, const Rule& rule,
                                 const RedisResult& result) {
   const Limit& limit = rule.limits.front();
-  int64_t now_ns = monotonicNowNs();
+  int64_t now_ns = now();
   std::optional<scripts::LeaseReply> reply;
   if (result.status == RedisStatus::kOk) {
     if (auto values = result.reply->integers()) reply = scripts::parseLeaseReply(*values);
@@ -305,7 +267,9 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, const Rule& rule,
       // Nothing until retry_after_ms: deny locally until then, so an
       // over-limit key costs Redis nothing. "Never" waits a period.
       int64_t wait_ms = reply->never ? periodMs(limit) : std::max<int64_t>(reply->retry_after_ms, 1);
-      store(words, slice::kDenyUntil, now_ns + wait_ms * 1'000'000);
+      int64_t wait_ns = wait_ms * 1'000'000;
+      if (context_.broker->learning(rule, now_ns)) wait_ns = std::min(wait_ns, kLearningRecheckNs);
+      store(words, slice::kDenyUntil, now_ns + wait_ns);
       return;
     }
     if (algorithmTraits(rule.algorithm).windowed) {
@@ -327,7 +291,7 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, const Rule& rule,
   });
   if (!applied && reply->granted > 0) {
     // The key was evicted while its lease was in flight: give the units back.
-    if (up_) sendReturn(rule, request.key, reply->granted, reply->now_ms, config_.lease_timeout_ms, nullptr);
+    if (breaker_.redisUp()) sendReturn(rule, request.key, reply->granted, reply->now_ms, config_.lease_timeout_ms, nullptr);
   }
 }
 
@@ -344,281 +308,6 @@ void LeaseManager::finish(uint32_t rule_id, std::string_view key,
     }
   }
   context_.broker->notifyWorkers();
-}
-
-// --- Concurrency holdings (holding.h) ----------------------------------------
-
-namespace {
-
-// A concurrency entry's words, when `entry` is one of `rule`'s.
-std::optional<Words> holdingWords(KeyTable::Entry* entry, const Rule& rule) {
-  if (entry == nullptr || entry->state().size() != entryWords(rule)) return std::nullopt;
-  return entry->state();
-}
-
-int64_t load(Words words, size_t word) {
-  return static_cast<int64_t>(words[word].load(std::memory_order_acquire));
-}
-
-}  // namespace
-
-void LeaseManager::callHolding(const Rule& rule, const RuleSetPtr& rules, std::string_view key,
-                               scripts::Op op, int64_t n, int64_t need, int64_t timeout_ms,
-                               HoldingDone then) {
-  HeldKey at{rule.id, std::string(key)};
-  Holding& holding = holdings_[at];
-  ++holding.in_flight;
-  holding.last_call_ns = monotonicNowNs();
-  callScript(concurrency_, {stateKey(rule.name, key)},
-             scripts::concurrencyArgv(op, n, need, rule.limits.front(), config_.lease_ttl_ms,
-                                      context_.node_id),
-             timeout_ms,
-             [this, at = std::move(at), &rule, rules, then = std::move(then)](
-                 const RedisResult& result) {
-               std::optional<scripts::LeaseReply> reply;
-               if (result.status == RedisStatus::kOk) {
-                 if (auto values = result.reply->integers()) {
-                   reply = scripts::parseLeaseReply(*values, scripts::Script::kConcurrency);
-                 }
-               }
-               if (auto it = holdings_.find(at); it != holdings_.end()) --it->second.in_flight;
-               if (then) then(reply ? &*reply : nullptr, result);
-               if (reply) reconcile(rule, rules, at.key, *reply);
-             });
-}
-
-void LeaseManager::sendHoldingLease(const LeaseRequest& request, const Rule& rule,
-                                    const RuleSetPtr& rules, std::function<void()> done) {
-  context_.broker->counters().requested.fetch_add(1, std::memory_order_relaxed);
-  callHolding(
-      rule, rules, request.key, scripts::Op::kLease, request.n, request.need,
-      config_.lease_timeout_ms,
-      [this, request, &rule, done = std::move(done)](const scripts::LeaseReply* reply,
-                                                     const RedisResult& result) {
-        if (reply == nullptr || reply->granted > request.n) {
-          leaseFailed(request, result);
-          if (done) done();
-          return;
-        }
-        countLease(*reply, result);
-        int64_t now_ns = monotonicNowNs();
-        finish(request.rule_id, request.key, [&](Words words) {
-          if (words.size() != entryWords(rule)) return;
-          slice::noteGrant(words, reply->granted, reply->remaining);
-          if (reply->granted == 0) {
-            // Redis's retry_after is when holdings expire, but a return may
-            // free units sooner: ask again after a lease interval at most.
-            int64_t wait_ms = std::clamp<int64_t>(reply->retry_after_ms, 1,
-                                                  config_.lease_interval_ms);
-            store(words, slice::kDenyUntil, now_ns + wait_ms * 1'000'000);
-            return;
-          }
-          words[holding::kHeld].fetch_add(static_cast<uint64_t>(reply->granted),
-                                          std::memory_order_acq_rel);
-          words[slice::kUnits].fetch_add(static_cast<uint64_t>(reply->granted),
-                                         std::memory_order_acq_rel);
-          store(words, slice::kDenyUntil, 0);
-          words[slice::kFlags].fetch_or(slice::kWarm, std::memory_order_acq_rel);
-        });
-        if (done) done();
-      });
-}
-
-void LeaseManager::leaseDebts(const std::function<void()>& answered, size_t* pending) {
-  RuleSetPtr rules = context_.rules();
-  std::vector<std::pair<const Rule*, LeaseRequest>> leases;
-  context_.keys->visit([&](KeyTable::Entry& entry) {
-    const Rule* rule = rules->findById(entry.ruleId());
-    if (rule == nullptr || !leasesHolding(*rule)) return;
-    auto words = holdingWords(&entry, *rule);
-    if (!words || holding::pool(*words) >= 0 || !holding::claimLease(*words)) return;
-    LeaseRequest request;
-    request.rule_id = rule->id;
-    request.key = std::string(entry.key());
-    request.n = std::min(-holding::pool(*words), rule->limits.front().limit);
-    request.need = 1;
-    leases.emplace_back(rule, std::move(request));
-  });
-  if (leases.empty()) return;
-  *pending += leases.size();  // before any answer: one may come at once
-  spdlog::info("lease: leasing back the units {} keys' callers acquired in fallback",
-               leases.size());
-  for (auto& [rule, request] : leases) sendHoldingLease(request, *rule, rules, answered);
-}
-
-bool LeaseManager::serveHoldingReturn(const LeaseRequest& request, const Rule& rule,
-                                      const RuleSetPtr& rules, bool room) {
-  if (up_ && !room) return false;
-  {
-    KeyTable::ReadGuard guard(*context_.keys, reader_);
-    if (auto words = holdingWords(context_.keys->find(rule.id, request.key), rule)) {
-      if (!up_) {
-        // Not sent: the units stay this node's, back in the pool they left.
-        slice::refund(*words, request.n);
-        return true;
-      }
-      (*words)[holding::kHeld].fetch_sub(static_cast<uint64_t>(request.n),
-                                         std::memory_order_acq_rel);
-    }
-  }
-  // (An entry gone with Redis down leaves its units to expire in Redis.)
-  if (up_) sendHoldingReturn(rule, rules, request.key, request.n, true, nullptr);
-  return true;
-}
-
-void LeaseManager::sendHoldingReturn(const Rule& rule, const RuleSetPtr& rules,
-                                     std::string_view key, int64_t units, bool counted,
-                                     std::function<void()> done) {
-  callHolding(rule, rules, key, scripts::Op::kReturn, units, 0, config_.lease_timeout_ms,
-              [this, units, counted, done = std::move(done)](const scripts::LeaseReply* reply,
-                                                             const RedisResult&) {
-                if (reply != nullptr && counted) {
-                  context_.broker->counters().returned_units.fetch_add(
-                      static_cast<uint64_t>(units), std::memory_order_relaxed);
-                }
-                if (done) done();
-              });
-}
-
-void LeaseManager::reconcile(const Rule& rule, const RuleSetPtr& rules, const std::string& key,
-                             const scripts::LeaseReply& reply) {
-  auto it = holdings_.find(HeldKey{rule.id, key});
-  if (it == holdings_.end()) return;
-  Holding& held = it->second;
-  held.redis_held = reply.held;
-  if (held.in_flight > 0) return;  // the last answer tells what Redis holds after all of them
-  int64_t excess = reply.held;     // with no entry, nothing here needs them
-  int64_t believed = 0;
-  int64_t lost = 0;
-  bool debt = false;
-  {
-    KeyTable::ReadGuard guard(*context_.keys, reader_);
-    if (auto words = holdingWords(context_.keys->find(rule.id, key), rule)) {
-      believed = load(*words, holding::kHeld);
-      if (reply.held < believed) {
-        // The holding expired in Redis (or shrank): those units are gone, and
-        // the units callers hold here beyond what is left are a debt.
-        lost = believed - reply.held;
-        (*words)[slice::kUnits].fetch_sub(static_cast<uint64_t>(lost), std::memory_order_acq_rel);
-        (*words)[holding::kHeld].store(static_cast<uint64_t>(reply.held), std::memory_order_release);
-        believed = reply.held;
-      }
-      excess = reply.held - believed;
-      debt = holding::pool(*words) < 0;
-    }
-  }
-  if (lost > 0) {
-    context_.broker->counters().lost_units.fetch_add(static_cast<uint64_t>(lost),
-                                                      std::memory_order_relaxed);
-    int64_t now_ns = monotonicNowNs();
-    if (now_ns - lost_logged_ns_ >= 10'000'000'000) {  // at most every 10 s
-      lost_logged_ns_ = now_ns;
-      spdlog::warn("lease: redis no longer holds {} units of rule {} for this node (the holding "
-                   "expired: redis stalled, restarted or was unreachable longer than lease_ttl); "
-                   "units callers hold here are leased again before new ones are handed out",
-                   lost, rule.name);
-    }
-  }
-  if (excess > 0) {
-    // Units Redis holds that this node does not know of: given back.
-    if (up_) sendHoldingReturn(rule, rules, key, excess, false, nullptr);
-    return;
-  }
-  if (reply.held == 0 && believed == 0 && !debt) holdings_.erase(it);
-}
-
-void LeaseManager::renewHoldings() {
-  if (!up_ || context_.broker->breaker() != Breaker::kClosed) return;
-  passHoldings(false, nullptr, nullptr);
-}
-
-void LeaseManager::passHoldings(bool recovering, const std::function<void()>& answered,
-                                size_t* pending) {
-  if (holdings_.empty()) return;
-  RuleSetPtr rules = context_.rules();
-  int64_t now_ns = monotonicNowNs();
-  int64_t renew_ns = config_.lease_ttl_ms * 1'000'000 / kRenewalsPerTtl;
-  struct Call {
-    const Rule* rule;
-    std::string key;
-    scripts::Op op;
-    int64_t n;
-  };
-  std::vector<Call> calls;  // returns and renewals
-  std::vector<std::pair<const Rule*, LeaseRequest>> debts;
-  {
-    KeyTable::ReadGuard guard(*context_.keys, reader_);
-    for (auto it = holdings_.begin(); it != holdings_.end();) {
-      const auto& [at, held] = *it;
-      const Rule* rule = rules->findById(at.rule_id);
-      if (rule == nullptr || !leasesHolding(*rule)) {
-        // The rule changed: its old holdings expire in Redis.
-        it = holdings_.erase(it);
-        continue;
-      }
-      if (held.in_flight > 0) {  // its answer renews it, and reconciles
-        ++it;
-        continue;
-      }
-      auto words = holdingWords(context_.keys->find(at.rule_id, at.key), *rule);
-      if (!words) {
-        // The key went (idle, evicted): what Redis still holds goes back.
-        if (held.redis_held > 0) {
-          calls.push_back({rule, at.key, scripts::Op::kReturn, held.redis_held});
-          ++it;
-        } else {
-          it = holdings_.erase(it);
-        }
-        continue;
-      }
-      if (int64_t reclaimed = holding::reclaim(*words, now_ns)) {
-        context_.broker->counters().released_units.fetch_add(static_cast<uint64_t>(reclaimed),
-                                                             std::memory_order_relaxed);
-      }
-      int64_t surplus = recovering ? 0 : holding::takeSurplus(*words);
-      if (int64_t pool = holding::pool(*words); pool < 0) {
-        // Units acquired in fallback (the key's lease failed or came late)
-        // beyond its pool: leased back, which also renews the holding. A
-        // lease on the way already asks for them.
-        if (!recovering && holding::claimLease(*words)) {
-          LeaseRequest request;
-          request.rule_id = rule->id;
-          request.key = at.key;
-          request.n = std::min(-pool, rule->limits.front().limit);
-          request.need = 1;
-          debts.emplace_back(rule, std::move(request));
-        }
-      } else if (surplus > 0) {
-        (*words)[holding::kHeld].fetch_sub(static_cast<uint64_t>(surplus),
-                                           std::memory_order_acq_rel);
-        calls.push_back({rule, at.key, scripts::Op::kReturn, surplus});
-      } else if (load(*words, holding::kHeld) > 0 || held.redis_held > 0) {
-        if (recovering || now_ns - held.last_call_ns >= renew_ns / 2) {
-          calls.push_back({rule, at.key, scripts::Op::kRenew, 0});
-        }
-      } else {
-        it = holdings_.erase(it);
-        continue;
-      }
-      ++it;
-    }
-  }
-  for (auto& [rule, request] : debts) sendHoldingLease(request, *rule, rules);
-  if (pending != nullptr) *pending += calls.size();  // before any answer: one may come at once
-  auto then = [answered](const scripts::LeaseReply*, const RedisResult&) {
-    if (answered) answered();
-  };
-  for (const Call& call : calls) {
-    if (call.op == scripts::Op::kRenew) {
-      context_.broker->counters().renewed.fetch_add(1, std::memory_order_relaxed);
-      callHolding(*call.rule, rules, call.key, call.op, 0, 0, config_.lease_timeout_ms, then);
-    } else {
-      sendHoldingReturn(*call.rule, rules, call.key, call.n, true,
-                        [answered] {
-                          if (answered) answered();
-                        });
-    }
-  }
 }
 
 void LeaseManager::sendReturn(const Rule& rule, std::string_view key, int64_t units,
@@ -653,7 +342,7 @@ void LeaseManager::sendDebitNow(const Rule& rule, uint32_t variant, std::string_
   sendDebit(rule, key, units, 0,
             [this, id = rule.id, variant, key = std::string(key), units](const RedisResult& result) {
               // A call lost on its way may have run: only one never sent waits.
-              if (!neverSent(result)) return;
+              if (!ScriptPipe::neverSent(result)) return;
               DebitKey at{id, variant, key};
               auto it = unsent_debits_.find(at);
               if (it != unsent_debits_.end()) {
@@ -669,7 +358,7 @@ void LeaseManager::sendDebitNow(const Rule& rule, uint32_t variant, std::string_
 }
 
 void LeaseManager::retryDebits() {
-  if (unsent_debits_.empty() || !up_) return;
+  if (unsent_debits_.empty() || !breaker_.redisUp()) return;
   RuleSetPtr rules = context_.rules();
   std::map<DebitKey, int64_t> debits;
   debits.swap(unsent_debits_);
@@ -681,124 +370,44 @@ void LeaseManager::retryDebits() {
 }
 
 void LeaseManager::onDown() {
-  up_ = false;
-  ++half_open_epoch_;
-  half_open_pending_ = 0;
-  dropWaiting();
+  breaker_.down(now());
+  pipe_.dropWaiting();
   serveTaken();  // sends nothing now: the leases waiting are finished, the rest dropped
-  context_.broker->setBreaker(Breaker::kOpen, monotonicNowNs());
-  spdlog::warn("lease: breaker open; global rules follow on_redis_down");
-  context_.broker->notifyWorkers();
 }
 
-void LeaseManager::onUp() {
-  up_ = true;
-  ++half_open_epoch_;
-  int64_t now_ns = monotonicNowNs();
-  int64_t opened_ns = context_.broker->openSinceNs();
-  fallback_began_ns_ = opened_ns != 0 ? opened_ns : now_ns;
-  context_.broker->setBreaker(Breaker::kHalfOpen, now_ns);
-  startHalfOpen();
-}
-
-void LeaseManager::startHalfOpen() {
-  uint64_t epoch = half_open_epoch_;
-  half_open_pending_ = 1;  // INFO
-  auto answered = [this, epoch] {
-    if (epoch != half_open_epoch_) return;  // a newer transition owns the breaker
-    --half_open_pending_;
-    checkHalfOpenDone();
-  };
-
-  // Debits wait for INFO (its default sections: server, replication and
-  // more): a Redis that lost the fleet's state gets none.
-  bool sent = link_.command(
-      {"INFO"},
-      [this, epoch, answered](const RedisResult& result) {
-        bool state_lost = false;
-        if (result.status == RedisStatus::kOk) {
-          std::string_view text = result.reply->str();
-          auto field = [&](std::string_view name) {
-            size_t at = text.find(std::string("\n") + std::string(name) + ":");
-            if (at == std::string_view::npos) return std::string();
-            std::string_view rest = text.substr(at + name.size() + 2);
-            return std::string(rest.substr(0, rest.find_first_of("\r\n")));
-          };
-          std::string run_id = field("run_id");
-          std::string replid = field("master_replid");
-          if (!run_id.empty()) {
-            bool changed = !run_id_.empty() && run_id != run_id_;
-            bool failed_over = changed && !replid_.empty() && field("master_replid2") == replid_;
-            state_lost = changed && !failed_over;
-            if (changed) startLearning(run_id, failed_over);
-            run_id_ = run_id;
-            replid_ = replid;
-          }
-        }
-        if (epoch == half_open_epoch_) {
-          debitFallback(state_lost, answered);
-          passHoldings(true, answered, &half_open_pending_);
-          leaseDebts(answered, &half_open_pending_);
-        }
-        answered();
-      },
-      config_.lease_timeout_ms + config_.health_timeout_ms);
-  if (!sent) {
-    --half_open_pending_;
-    debitFallback(false, answered);
-    passHoldings(true, answered, &half_open_pending_);
-    leaseDebts(answered, &half_open_pending_);
-  }
-  checkHalfOpenDone();
-}
+void LeaseManager::onUp() { breaker_.up(now()); }
 
 void LeaseManager::newMaster(std::string_view master) {
   spdlog::warn("lease: cluster master {} took over slots: a replica promoted without the writes "
                "it had not replicated, or a node added; learning mode, each node also holds to "
                "its share for one period, and until every node can have reconnected",
                master);
-  context_.broker->startLearning(monotonicNowNs(), learningSpanNs());
+  breaker_.newMaster(now());
 }
 
-int64_t LeaseManager::learningSpanNs() const {
-  RuleSetPtr rules = context_.rules();
-  int64_t longest = 0;
-  auto remember = [&](const Rule& rule) {
-    // Every node renews its holdings as it comes back, and finds within a
-    // lease_ttl what Redis lost.
-    if (leasesHolding(rule)) longest = std::max(longest, config_.lease_ttl_ms * 1'000'000);
-    if (leasable(rule)) {
-      const Limit& limit = rule.limits.front();
-      longest = std::max(longest, std::max(limit.period_ns,
-                                           limit.period_ns / limit.limit * leaseCapacity(limit)));
-    }
-  };
-  for (const Rule& rule : rules->rules()) remember(rule);
-  for (const Rule& part : rules->parts()) remember(part);
-  // The other nodes come back each on its own reconnect backoff and spend
-  // their fallback shares until then: holding to its share until the last of
-  // them is back keeps the fleet's sum at the limit.
-  return std::max(longest, static_cast<int64_t>(link_.options().longestBackoffMs() * 1e6));
+bool LeaseManager::askIdentity(uint64_t epoch) {
+  // INFO's default sections hold server (run_id) and replication.
+  return link_.command(
+      {"INFO"},
+      [this, epoch](const RedisResult& result) {
+        std::optional<RedisIdentity> identity;
+        if (result.status == RedisStatus::kOk) identity = parseInfo(result.reply->str());
+        breaker_.identified(epoch, identity, now());
+      },
+      config_.lease_timeout_ms + config_.health_timeout_ms);
 }
 
-void LeaseManager::startLearning(const std::string& run_id, bool failed_over) {
-  if (failed_over) {
-    spdlog::warn("lease: redis run_id changed ({} -> {}): a replica of the last master took "
-                 "over, without the writes it had not replicated; learning mode, each node "
-                 "also holds to its share for one period, and until every node can have "
-                 "reconnected; fallback admissions are debited to it",
-                 run_id_, run_id);
-  } else {
-    spdlog::warn("lease: redis run_id changed ({} -> {}): it restarted without the fleet's "
-                 "state; learning mode, each node also holds to its share for one period, and "
-                 "until every node can have reconnected; fallback admissions are not debited "
-                 "to the new state",
-                 run_id_, run_id);
-  }
-  context_.broker->startLearning(monotonicNowNs(), learningSpanNs());
+void LeaseManager::recover(uint64_t epoch, bool state_lost, int64_t fallback_span_ms) {
+  auto answered = [this, epoch] { breaker_.answered(epoch, now()); };
+  auto expect = [this, epoch](size_t calls) { breaker_.expect(epoch, calls); };
+  debitFallback(state_lost, fallback_span_ms, answered, expect);
+  passHoldings(true, answered, expect);
+  leaseDebts(answered, expect);
 }
 
-void LeaseManager::debitFallback(bool state_lost, const std::function<void()>& answered) {
+void LeaseManager::debitFallback(bool state_lost, int64_t span_ms,
+                                 const std::function<void()>& answered,
+                                 const std::function<void(size_t)>& expect) {
   // Each global rule's share entries count what fallback admitted.
   RuleSetPtr rules = context_.rules();
   struct Debit {
@@ -824,23 +433,15 @@ void LeaseManager::debitFallback(bool state_lost, const std::function<void()>& a
   // shares' spending since it came back already account for the time, and
   // what was admitted before it came back has no state to be charged to.
   if (state_lost || debits.empty()) return;
-  half_open_pending_ += debits.size();  // before any answer: one may come at once
+  expect(debits.size());  // before any answer: one may come at once
   // The units were admitted over the whole fallback span, which the shares
   // held to the limit: charged over it, they leave no debt for the span.
-  int64_t span_ms = std::max<int64_t>(monotonicNowNs() - fallback_began_ns_, 0) / 1'000'000;
   for (const Debit& debit : debits) {
     sendDebit(*debit.rule, debit.key, debit.units, span_ms,
               [answered](const RedisResult&) { answered(); });
   }
   spdlog::info("lease: debiting {} keys' fallback admissions of the last {} ms", debits.size(),
                span_ms);
-}
-
-void LeaseManager::checkHalfOpenDone() {
-  if (!up_ || half_open_pending_ > 0 || context_.broker->breaker() != Breaker::kHalfOpen) return;
-  context_.broker->setBreaker(Breaker::kClosed, monotonicNowNs());
-  spdlog::info("lease: breaker closed; global rules lease from redis");
-  context_.broker->notifyWorkers();
 }
 
 void LeaseManager::returnAll(int64_t timeout_ms, std::function<void()> done) {
@@ -855,7 +456,7 @@ void LeaseManager::returnAll(int64_t timeout_ms, std::function<void()> done) {
     bool holding;  // a concurrency holding's, every unit of it: the node is leaving
   };
   std::vector<Return> returns;
-  int64_t now_ns = monotonicNowNs();
+  int64_t now_ns = now();
   context_.keys->visit([&](KeyTable::Entry& entry) {
     const Rule* rule = rules->findById(entry.ruleId());
     if (rule != nullptr && leasesHolding(*rule) && entry.state().size() == entryWords(*rule)) {
@@ -877,7 +478,7 @@ void LeaseManager::returnAll(int64_t timeout_ms, std::function<void()> done) {
                          false});
     }
   });
-  if (!up_ || returns.empty()) {
+  if (!breaker_.redisUp() || returns.empty()) {
     done();
     return;
   }

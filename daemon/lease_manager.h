@@ -1,22 +1,8 @@
 // LeaseManager: the control thread's half of the lease path. It turns the
 // workers' LeaseRequests into EVALSHA calls of the lease scripts, applies
-// the answers to the keys' slices (lease.h), and runs the breaker's
-// transitions (docs/design.md, "Fallback"):
-//
-//   open ──(Redis up)──> half_open ──(debits and INFO answered)──> closed
-//     ^                      │                                       │
-//     └──────(Redis down: link lost, PING error, a command timed out)┘
-//
-//  - open: global rules follow on_redis_down; lease requests are dropped.
-//  - half_open: what the node admitted in fallback (counted per key in the
-//    share entries) is debited to the global state, so the fleet does not
-//    get a second budget for the same period; INFO's run_id is compared
-//    with the last one seen, and a changed run_id (Redis restarted, or
-//    failed over) starts learning mode. A restarted Redis lost the fleet's
-//    state and gets no debits; a promoted replica (its master_replid2 is
-//    the old master's master_replid) holds the state but for the writes
-//    not yet replicated, and gets them.
-//  - closed: leasing.
+// the answers to the keys' slices (lease.h), and sends the calls the
+// breaker asks for (breaker.h: what happens when Redis goes down and comes
+// back) as its BreakerActions.
 //
 // Global concurrency rules lease holdings (holding.h, lua/concurrency.lua):
 // units this node holds in Redis until it returns them, each node's holding
@@ -54,18 +40,20 @@
 
 #include <array>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "breaker.h"
+#include "clock.h"
 #include "config.h"
 #include "key_table.h"
 #include "lease.h"
 #include "redis_link.h"
 #include "rules.h"
+#include "script_pipe.h"
 #include "scripts.h"
 
 namespace sluice {
@@ -81,6 +69,9 @@ struct LeaseContext {
   std::function<std::optional<int64_t>()> redis_now_us;
   // This node's id, the owner of its concurrency holdings. Set by Control.
   std::string node_id;
+  // The clock every time the manager and its breaker use comes from
+  // (monotonic ns); tests drive a simulated one.
+  std::function<int64_t()> now_ns = monotonicNowNs;
 };
 
 // A concurrency holding is renewed this many times per lease_ttl when its
@@ -93,22 +84,6 @@ constexpr int64_t kRenewalsPerTtl = 3;
 // debit after the outage.
 constexpr int64_t kMinLeaseDeadlineUs = 1'000'000;
 
-// Script calls (leases, returns, debits) waiting on Redis at once; the rest
-// wait, in order. Redis runs scripts one at a time, so a deeper pipeline adds
-// only queueing delay: 10,000 keys going idle (or starting) together would
-// otherwise queue 10,000 scripts, whose last ones wait longer than
-// lease_timeout, and a command past its deadline makes the link drop the
-// connection as if Redis were dead. A call's deadline starts when it is sent.
-//
-// The workers' and the sweep's requests wait as LeaseRequests (in the
-// broker's queue, or taken and not served yet), and become script calls
-// (argv, Redis keys, callback: some 400 bytes more each) only when the
-// pipeline has room for them. A sweep submits one return per key gone idle,
-// thousands every sweep interval; as script calls all at once they took
-// megabytes of the control thread's malloc arena each time, memory the arena
-// kept, fragmented, and grew in steps as larger bursts came (bench/soak).
-constexpr size_t kMaxScriptsInFlight = 128;
-
 // After a burst, a taken batch of requests keeps at most this much capacity
 // (LeaseRequests); a larger buffer is freed, so that one burst of returns
 // does not hold its peak memory for the daemon's life.
@@ -119,10 +94,16 @@ constexpr size_t kMaxKeptRequests = 1024;
 // its on_redis_down policy this long before it leases again.
 constexpr int64_t kLeaseErrorBackoffNs = 1'000'000'000;
 
+// While a rule learns (breaker.h), Redis's "nothing until t" for a key is
+// asked again after this at most: the other nodes give back what they
+// leased and did not spend (idle keys, a stop), and Redis, which lost what
+// they had spent, may have those units long before t.
+constexpr int64_t kLearningRecheckNs = 1'000'000'000;
+
 // Keys whose debits wait to be sent again (LeaseManager::retryDebits).
 constexpr size_t kMaxUnsentDebits = 65'536;
 
-class LeaseManager {
+class LeaseManager : private BreakerActions {
  public:
   // Registers the lease scripts on `link` (so before link.start()).
   LeaseManager(RedisTarget& link, const RedisConfig& config, LeaseContext context);
@@ -172,14 +153,14 @@ class LeaseManager {
   // A worker's debit of units admitted just now (LeaseRequest::Kind::kDebit);
   // one that cannot be sent waits in unsent_debits_ for retryDebits().
   void sendDebitNow(const Rule& rule, uint32_t variant, std::string_view key, int64_t units);
-  // Redis came back with a new run_id: learning mode (lease.h).
-  void startLearning(const std::string& run_id, bool failed_over);
-  // How long learning lasts: the longest memory of a leasable rule, and at
-  // least until every node can have reconnected.
-  int64_t learningSpanNs() const;
-  // Debits what the fallback shares admitted (nothing when Redis lost the
-  // state); each debit's answer calls `answered`.
-  void debitFallback(bool state_lost, const std::function<void()>& answered);
+  // BreakerActions (breaker.h).
+  bool askIdentity(uint64_t epoch) override;
+  void recover(uint64_t epoch, bool state_lost, int64_t fallback_span_ms) override;
+  // Debits what the fallback shares admitted over span_ms (nothing when
+  // Redis lost the state); `expect` counts the debits before they are sent,
+  // and each one's answer calls `answered`.
+  void debitFallback(bool state_lost, int64_t span_ms, const std::function<void()>& answered,
+                     const std::function<void(size_t)>& expect);
   // Serves taken requests, taking more from the broker as those run out,
   // while the pipeline has room for their script calls (all of them when
   // `all`); a request that sends nothing (Redis down, rule gone) needs no room.
@@ -187,17 +168,11 @@ class LeaseManager {
   // Serves one request; false, doing nothing, when it would send a script
   // call and there is no `room`.
   bool serve(const LeaseRequest& request, const RuleSetPtr& rules, bool room);
-  // Sends (or queues: see kMaxScriptsInFlight) an EVALSHA of rule's lease
-  // script on (rule, key); `on_result` gets its result, kDisconnected when
-  // Redis went down before it could be sent.
+  // Sends (or queues: script_pipe.h) an EVALSHA of rule's lease script on
+  // (rule, key); `on_result` gets its result, kDisconnected when Redis went
+  // down before it could be sent.
   void callScript(const Rule& rule, std::string_view key, std::vector<std::string> argv,
                   int64_t timeout_ms, RedisCallback on_result);
-  // The same for any script and keys.
-  void callScript(RedisLink::ScriptId script, std::vector<std::string> keys,
-                  std::vector<std::string> argv, int64_t timeout_ms, RedisCallback on_result);
-  void sendWaiting();
-  // Fails every queued call (Redis went down).
-  void dropWaiting();
   void onLeaseReply(const LeaseRequest& request, const Rule& rule, const RedisResult& result);
   // A lease that got no usable answer: counted, and the key follows its
   // policy for a while when Redis answered (or its master alone is lost).
@@ -217,7 +192,8 @@ class LeaseManager {
   // Half-open: leases back the debts of every holding (units acquired in
   // fallback beyond its pool), so that Redis counts them before this node
   // closes its breaker. Visits the whole key table, as debitFallback does.
-  void leaseDebts(const std::function<void()>& answered, size_t* pending);
+  void leaseDebts(const std::function<void()>& answered,
+                  const std::function<void(size_t)>& expect);
   // A worker's (the sweep's) return of units that left a pool.
   bool serveHoldingReturn(const LeaseRequest& request, const Rule& rule, const RuleSetPtr& rules,
                           bool room);
@@ -228,15 +204,15 @@ class LeaseManager {
   void reconcile(const Rule& rule, const RuleSetPtr& rules, const std::string& key,
                  const scripts::LeaseReply& reply);
   // A renewal pass; `recovering` (half-open) renews every holding and keeps
-  // surpluses. Each call's answer runs `answered`; `pending` (may be null)
-  // grows by the number of calls before any is sent.
-  void passHoldings(bool recovering, const std::function<void()>& answered, size_t* pending);
+  // surpluses. Each call's answer runs `answered`; `expect` (may be null)
+  // gets the number of calls before any is sent.
+  void passHoldings(bool recovering, const std::function<void()>& answered,
+                    const std::function<void(size_t)>& expect);
   // Clears the in-flight bit of (rule_id, key), after `apply` has run on its
   // words (when the entry is still there); then wakes the workers.
   void finish(uint32_t rule_id, std::string_view key,
               const std::function<void(std::span<std::atomic<uint64_t>>)>& apply);
-  void startHalfOpen();
-  void checkHalfOpenDone();
+  int64_t now() const { return context_.now_ns(); }
   RedisLink::ScriptId scriptFor(Algorithm algorithm) const;
 
   RedisTarget& link_;
@@ -247,25 +223,13 @@ class LeaseManager {
   std::array<RedisLink::ScriptId, kAlgorithmCount> slice_scripts_{};
   RedisLink::ScriptId concurrency_ = 0, penalty_ = 0;
 
-  struct ScriptCall {
-    RedisLink::ScriptId script;
-    std::vector<std::string> keys;
-    std::vector<std::string> argv;
-    int64_t timeout_ms;
-    RedisCallback on_result;
-  };
-  std::deque<ScriptCall> waiting_;  // in order; sent as in_flight_ allows
-  size_t in_flight_ = 0;            // script calls sent and not answered
+  ScriptPipe pipe_;  // every script call goes through it
 
   // Requests taken from the broker; those from taken_next_ on are not served
   // yet (see kMaxScriptsInFlight).
   std::vector<LeaseRequest> taken_;
   size_t taken_next_ = 0;
   bool serving_ = false;  // serveTaken() is running (a callback must not re-enter it)
-  bool up_ = false;
-  uint64_t half_open_epoch_ = 0;  // bumped on every onUp/onDown
-  int64_t fallback_began_ns_ = 0;  // onUp: when the breaker last opened
-  size_t half_open_pending_ = 0;  // debits and INFO not answered yet
   // Debits that could not be sent, by (rule id, variant, key): units. At
   // most kMaxUnsentDebits keys; beyond, a debit is dropped (and logged).
   struct DebitKey {
@@ -288,9 +252,8 @@ class LeaseManager {
   };
   std::map<HeldKey, Holding> holdings_;
   int64_t lost_logged_ns_ = 0;  // holdings found expired are logged this often at most
-  std::string run_id_;            // of the Redis we last talked to
-  std::string replid_;            // its master_replid
   std::string last_error_;        // the last lease error logged
+  CircuitBreaker breaker_;        // last: built on the members above
 };
 
 }  // namespace sluice

@@ -186,6 +186,12 @@ std::string renderPrometheus(const MetricsView& view) {
     }
     w.single("sluice_learning", "gauge", "1 while some rule leases cautiously (learning mode).",
              h.learning ? 1 : 0);
+    w.family("sluice_learning_seconds", "gauge",
+             "Seconds until the rule stops leasing cautiously; only rules in learning mode.");
+    for (const LearningRule& rule : h.learning_rules) {
+      w.sample("sluice_learning_seconds", "rule=\"" + escape(rule.name) + "\"",
+               static_cast<double>(rule.left_ms) / 1e3);
+    }
     w.single("sluice_fallback_entries_total", "counter", "Times the breaker opened.",
              static_cast<double>(l.fallback_entries));
     w.single("sluice_fallback_seconds_total", "counter", "Time spent with the breaker open.",

@@ -175,6 +175,9 @@ RedisHealth Server::redisHealth() const {
   int64_t now_ns = monotonicNowNs();
   health.breaker = broker_->breaker();
   health.learning = broker_->learningAny(now_ns);
+  if (RuleSetPtr rules = rules_.load(std::memory_order_acquire)) {
+    health.learning_rules = learningRules(*rules, *broker_, now_ns);
+  }
   LeaseStats leases = broker_->stats(now_ns);
   MetricsSnapshot metrics = metrics_.snapshot();
   // A concurrency holding's units come back into its pool (released or

@@ -636,6 +636,10 @@ class FleetFaultTest(FleetCase):
                            if t >= t_recovery and h["redis"] == "up") for node in run.health]
             checks.append(("health says learning = true after reconnecting to an empty Redis "
                            "(per node %s)" % learned, all(learned)))
+            named = [any("shared" in (h.get("learning_rules") or {}) for t, h in node
+                         if t >= t_recovery and h["redis"] == "up") for node in run.health]
+            checks.append(("health's learning_rules names the rule while it learns "
+                           "(per node %s)" % named, all(named)))
         checks.append(("health has breaker, learning and leased_units",
                        all({"breaker", "learning", "leased_units"} <= set(h)
                            for node in run.health for _, h in node)))

@@ -383,7 +383,7 @@ TEST(LeaseBrokerTest, LearningLastsOneRulePeriod) {
   bucket.algorithm = Algorithm::kTokenBucket;
   bucket.limits = {Limit{.limit = 10, .period_ns = 1'000 * kMs, .burst = 30}};  // 3 s to refill
   EXPECT_FALSE(broker.learning(window, 5'000 * kMs));
-  broker.startLearning(5'000 * kMs, 3'000 * kMs);
+  broker.startLearning(5'000 * kMs, 0, 0, 3'000 * kMs);
   EXPECT_TRUE(broker.learning(window, 5'999 * kMs));
   EXPECT_FALSE(broker.learning(window, 6'000 * kMs));
   EXPECT_TRUE(broker.learning(bucket, 7'999 * kMs));

@@ -1,0 +1,155 @@
+// CircuitBreaker: what this node does when Redis goes down and comes back
+// (docs/design.md, "Fallback"): the breaker's states, the fallback span, the
+// recovery calls of the half-open state (debits and debts), and learning
+// mode. It decides; the lease manager (lease_manager.h) sends the calls it
+// asks for, and the LeaseBroker (lease.h) shows its state to the workers.
+//
+//                 down                    up
+//   closed ─────────────────> open ───────────────> half_open
+//     ^                        ^                        │
+//     │                        └─────── down ───────────┤
+//     └──────────── every recovery call answered ───────┘
+//
+//  - closed: global rules lease from Redis.
+//  - open: Redis is unreachable (link lost, PING error, a command timed
+//    out); global rules follow on_redis_down and nothing is sent. The
+//    fallback span starts when the breaker opens.
+//  - half_open: Redis answers again. The breaker asks who it is (INFO) and
+//    compares its run_id with the last one seen:
+//      same run_id (or the first ever): what the fallback shares admitted
+//        is debited, charged over the fallback span, so the fleet does not
+//        get a second budget for the same period;
+//      new run_id whose master_replid2 is the last master_replid (a
+//        promoted replica, which holds the state but for the writes not
+//        yet replicated): debits, and learning mode;
+//      any other new run_id (Redis restarted empty): no debits (there is
+//        no state to charge them to), and learning mode.
+//    Then every concurrency holding is renewed and every holding's debt
+//    leased back. Once the identity and every one of these calls are
+//    answered (or failed), the breaker closes. A down on the way opens it
+//    again; the calls of an older half-open state no longer count (each
+//    transition starts a new epoch).
+//
+// Learning mode (Redis lost the fleet's state, or in a cluster a master
+// took over slots it did not hold): each node also holds itself to its
+// fallback share of every global rule, for one memory of that rule (a
+// window, a bucket's refill from empty; lease_ttl for a concurrency rule,
+// by which every node has renewed what it holds), and at least until every
+// node can have reconnected (the longest reconnect backoff). Learning is
+// per rule: learningSpanNs() below, asked through LeaseBroker::learning.
+// While a rule learns, a node's worker leases no more than the share still
+// allows (what it may not spend stays in Redis for the others), and Redis's
+// "nothing until t" is asked again after kLearningRecheckNs at most
+// (lease_manager.h), as the others give back what they did not spend.
+//
+// Thread model: a CircuitBreaker runs on the control thread only; workers
+// read its state through the LeaseBroker's atomics. Time comes in as now_ns
+// arguments (monotonic ns): the breaker never reads a clock.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "lease.h"
+#include "rules.h"
+
+namespace sluice {
+
+// Who a Redis server is, from INFO.
+struct RedisIdentity {
+  std::string run_id;          // changes when the process restarts
+  std::string master_replid;   // its replication history
+  std::string master_replid2;  // the history it continued (a promoted replica)
+};
+
+// Reads INFO's text; nullopt when it carries no run_id.
+std::optional<RedisIdentity> parseInfo(std::string_view info);
+
+// How long `rule` learns after Redis lost the fleet's state: one memory of
+// the rule (its period, or a bucket's refill from empty when longer;
+// holding_memory_ns for a concurrency rule), and at least reconnect_ns.
+int64_t learningSpanNs(const Rule& rule, int64_t holding_memory_ns, int64_t reconnect_ns);
+
+// A configured rule in learning mode and how long it still learns.
+struct LearningRule {
+  std::string name;
+  int64_t left_ms = 0;  // until it stops learning (rounded up)
+};
+// The configured global rules of `rules` that learn at now_ns, in order; a
+// rule of several limits learns while any of its parts does.
+std::vector<LearningRule> learningRules(const RuleSet& rules, const LeaseBroker& broker,
+                                        int64_t now_ns);
+
+// The calls the breaker asks for; implemented by the lease manager.
+class BreakerActions {
+ public:
+  virtual ~BreakerActions() = default;
+  // Asks Redis who it is (INFO); the answer goes to
+  // CircuitBreaker::identified(epoch, ...). False when it could not be
+  // sent: then no answer comes.
+  virtual bool askIdentity(uint64_t epoch) = 0;
+  // Sends the half-open calls: the debits of what the fallback shares
+  // admitted, charged over fallback_span_ms (with state_lost the shares'
+  // counts are cleared and nothing is debited), the renewal of every
+  // holding, and the lease of every holding's debt. Tells the breaker of
+  // each call with expect(epoch, 1) before it is sent, and of its answer
+  // or failure with answered(epoch, now_ns).
+  virtual void recover(uint64_t epoch, bool state_lost, int64_t fallback_span_ms) = 0;
+};
+
+class CircuitBreaker {
+ public:
+  struct Options {
+    int64_t holding_memory_ns = 0;  // lease_ttl
+    int64_t reconnect_ns = 0;       // the longest reconnect backoff
+  };
+  // `broker` shows the state to the workers; `rules` gives the current rule
+  // set (for the fleet-wide end of learning). All outlive the breaker.
+  CircuitBreaker(LeaseBroker& broker, BreakerActions& actions, Options options,
+                 std::function<RuleSetPtr()> rules);
+  CircuitBreaker(const CircuitBreaker&) = delete;
+  CircuitBreaker& operator=(const CircuitBreaker&) = delete;
+
+  // Redis became unreachable: open.
+  void down(int64_t now_ns);
+  // Redis answers again: half-open, and asks who it is.
+  void up(int64_t now_ns);
+  // INFO's answer for `epoch` (nullopt: no answer, or no run_id in it).
+  void identified(uint64_t epoch, const std::optional<RedisIdentity>& identity, int64_t now_ns);
+  // A recovery call of `epoch` is about to be sent / was answered or failed.
+  void expect(uint64_t epoch, size_t calls);
+  void answered(uint64_t epoch, int64_t now_ns);
+  // A cluster master took over slots it did not hold: learning mode.
+  void newMaster(int64_t now_ns);
+
+  Breaker state() const { return state_; }
+  // Whether Redis is reachable (half-open or closed).
+  bool redisUp() const { return state_ != Breaker::kOpen; }
+  // Bumped by every down and up: the calls of an older one do not count.
+  uint64_t epoch() const { return epoch_; }
+  // Recovery calls (and the identity) not answered yet.
+  size_t pending() const { return pending_; }
+
+ private:
+  void publish(Breaker state, int64_t now_ns);
+  void startLearning(int64_t now_ns);
+  void closeWhenDone(int64_t now_ns);
+
+  LeaseBroker& broker_;
+  BreakerActions& actions_;
+  const Options options_;
+  std::function<RuleSetPtr()> rules_;
+  Breaker state_ = Breaker::kOpen;
+  uint64_t epoch_ = 0;
+  size_t pending_ = 0;
+  int64_t open_since_ns_ = 0;  // when the breaker last opened (0: never: the start)
+  bool known_ = false;         // some INFO has been read
+  RedisIdentity last_;         // of the Redis we last talked to
+};
+
+}  // namespace sluice

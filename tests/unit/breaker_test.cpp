@@ -1,0 +1,726 @@
+// Tests for the breaker (breaker.h) on a simulated clock, with no Redis and
+// no sleeps:
+//  - every transition of CircuitBreaker, driven by events, with a fake
+//    BreakerActions;
+//  - the lease manager's half of it (INFO, debits) on a fake RedisTarget
+//    (fake_redis.h) that answers when the test says so;
+//  - learning mode on a fleet of two nodes in one process (each a
+//    dispatcher and a lease manager) on one fake Redis: the share cap, the
+//    recheck of empty answers, per-rule learning, and health's and
+//    /metrics' view of it.
+#include "breaker.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "access.h"
+#include "dispatch.h"
+#include "fake_redis.h"
+#include "lease_manager.h"
+#include "metrics.h"
+#include "prometheus.h"
+#include "redis_keys.h"
+#include "rpc.h"
+
+namespace sluice {
+namespace {
+
+using test::FakeRedis;
+
+constexpr int64_t kMs = 1'000'000;
+constexpr int64_t kSecond = 1'000 * kMs;
+constexpr int64_t kHour = 3'600 * kSecond;
+// The simulated clock starts here (0 would read as "never").
+constexpr int64_t kStart = 1'000 * kSecond;
+
+// A global rule; `id` names its keys in the key table.
+Rule globalRule(uint32_t id, std::string name, int64_t limit, int64_t period_ns,
+                Algorithm algorithm = Algorithm::kTokenBucket) {
+  Rule rule;
+  rule.id = id;
+  rule.name = std::move(name);
+  rule.scope = Scope::kGlobal;
+  rule.algorithm = algorithm;
+  rule.limits = {Limit{.limit = limit, .period_ns = period_ns,
+                       .burst = algorithm == Algorithm::kTokenBucket ? limit : 0}};
+  return rule;
+}
+
+// Records what the breaker asks for; the test answers.
+class FakeActions : public BreakerActions {
+ public:
+  bool askIdentity(uint64_t epoch) override {
+    identity_epochs.push_back(epoch);
+    return can_ask;
+  }
+  void recover(uint64_t epoch, bool state_lost, int64_t fallback_span_ms) override {
+    recoveries.push_back({epoch, state_lost, fallback_span_ms});
+    if (breaker != nullptr && calls > 0) breaker->expect(epoch, calls);
+  }
+
+  struct Recovery {
+    uint64_t epoch;
+    bool state_lost;
+    int64_t span_ms;
+  };
+  CircuitBreaker* breaker = nullptr;
+  bool can_ask = true;
+  size_t calls = 0;  // recovery calls each recover() sends
+  std::vector<uint64_t> identity_epochs;
+  std::vector<Recovery> recoveries;
+};
+
+RedisIdentity identity(std::string run_id, std::string replid = "r1", std::string replid2 = "") {
+  return {std::move(run_id), std::move(replid), std::move(replid2)};
+}
+
+class BreakerTest : public ::testing::Test {
+ protected:
+  BreakerTest() {
+    std::vector<Rule> rules;
+    rules.push_back(globalRule(1, "per-second", 10, kSecond));
+    rules.push_back(globalRule(2, "per-hour", 8, kHour));
+    rules.push_back(globalRule(3, "slots", 4, 60 * kSecond, Algorithm::kConcurrency));
+    rules_ = std::make_shared<const RuleSet>(std::move(rules), 2);
+    actions_.breaker = &breaker_;
+  }
+
+  const Rule& rule(std::string_view name) { return *rules_->find(name); }
+
+  // Up, identified as `who`, every recovery call answered: closed.
+  void recoverAs(const RedisIdentity& who) {
+    breaker_.up(now_);
+    breaker_.identified(breaker_.epoch(), who, now_);
+    while (breaker_.pending() > 0) breaker_.answered(breaker_.epoch(), now_);
+    ASSERT_EQ(breaker_.state(), Breaker::kClosed);
+  }
+
+  int64_t now_ = kStart;
+  RuleSetPtr rules_;
+  LeaseBroker broker_{100 * kMs};
+  FakeActions actions_;
+  CircuitBreaker breaker_{broker_, actions_, {5 * kSecond, 2'400 * kMs}, [this] { return rules_; }};
+};
+
+// Verifies that a breaker starts open and goes half-open, asking Redis who
+// it is, when Redis answers.
+TEST_F(BreakerTest, StartsOpenAndGoesHalfOpenAskingWhoRedisIsWhenItAnswers) {
+  EXPECT_EQ(breaker_.state(), Breaker::kOpen);
+  EXPECT_FALSE(broker_.leasing());
+  breaker_.up(now_);
+  EXPECT_EQ(breaker_.state(), Breaker::kHalfOpen);
+  EXPECT_EQ(broker_.breaker(), Breaker::kHalfOpen);
+  ASSERT_EQ(actions_.identity_epochs.size(), 1u);
+  EXPECT_EQ(actions_.identity_epochs[0], breaker_.epoch());
+}
+
+// Verifies that half-open closes only once the identity and every recovery
+// call are answered, and that workers then lease.
+TEST_F(BreakerTest, HalfOpenClosesOnlyOnceEveryRecoveryCallIsAnswered) {
+  actions_.calls = 2;
+  breaker_.up(now_);
+  breaker_.identified(breaker_.epoch(), identity("a"), now_);
+  ASSERT_EQ(actions_.recoveries.size(), 1u);
+  EXPECT_EQ(breaker_.pending(), 2u);
+  breaker_.answered(breaker_.epoch(), now_);
+  EXPECT_EQ(breaker_.state(), Breaker::kHalfOpen);
+  EXPECT_FALSE(broker_.leasing());
+  breaker_.answered(breaker_.epoch(), now_);
+  EXPECT_EQ(breaker_.state(), Breaker::kClosed);
+  EXPECT_TRUE(broker_.leasing());
+}
+
+// Verifies that a down opens a closed breaker at once and counts an entry
+// into fallback.
+TEST_F(BreakerTest, ADownOpensAClosedBreaker) {
+  recoverAs(identity("a"));
+  uint64_t entries = broker_.stats(now_).fallback_entries;
+  breaker_.down(now_);
+  EXPECT_EQ(breaker_.state(), Breaker::kOpen);
+  EXPECT_FALSE(broker_.leasing());
+  EXPECT_EQ(broker_.stats(now_).fallback_entries, entries + 1);
+}
+
+// Verifies that the same run_id after an outage gets the fallback debits,
+// charged over the whole fallback span, and starts no learning.
+TEST_F(BreakerTest, TheSameRedisGetsDebitsOverTheFallbackSpanAndNoLearning) {
+  recoverAs(identity("a"));
+  breaker_.down(now_);
+  now_ += 3 * kSecond;
+  breaker_.down(now_);  // a second report of the same outage: the span began at the first
+  now_ += 2 * kSecond;
+  recoverAs(identity("a"));
+  ASSERT_EQ(actions_.recoveries.size(), 2u);
+  EXPECT_FALSE(actions_.recoveries[1].state_lost);
+  EXPECT_EQ(actions_.recoveries[1].span_ms, 5'000);
+  EXPECT_FALSE(broker_.learning(rule("per-hour"), now_));
+  EXPECT_EQ(broker_.stats(now_).learning_entries, 0u);
+}
+
+// Verifies that a Redis restarted empty (new run_id, another replication
+// history) gets no debits and starts learning mode.
+TEST_F(BreakerTest, ARestartedRedisGetsNoDebitsAndStartsLearning) {
+  recoverAs(identity("a", "r1"));
+  breaker_.down(now_);
+  now_ += kSecond;
+  recoverAs(identity("b", "r2"));
+  ASSERT_EQ(actions_.recoveries.size(), 2u);
+  EXPECT_TRUE(actions_.recoveries[1].state_lost);
+  EXPECT_TRUE(broker_.learning(rule("per-hour"), now_));
+  EXPECT_TRUE(broker_.learningAny(now_));
+  EXPECT_EQ(broker_.stats(now_).learning_entries, 1u);
+}
+
+// Verifies that a promoted replica (its master_replid2 is the old master's
+// master_replid) gets the debits, and learning mode for what it missed.
+TEST_F(BreakerTest, APromotedReplicaGetsDebitsAndStartsLearning) {
+  recoverAs(identity("a", "r1"));
+  breaker_.down(now_);
+  recoverAs(identity("b", "r2", "r1"));
+  EXPECT_FALSE(actions_.recoveries[1].state_lost);
+  EXPECT_TRUE(broker_.learning(rule("per-second"), now_));
+}
+
+// Verifies that learning ends per rule: a rule of a second learns until
+// every node can have reconnected (2.4 s here), one of an hour for its
+// hour, a concurrency rule for lease_ttl.
+TEST_F(BreakerTest, LearningEndsForEachRuleAfterItsOwnSpan) {
+  recoverAs(identity("a", "r1"));
+  breaker_.down(now_);
+  recoverAs(identity("b", "r2"));
+  int64_t began = now_;
+  EXPECT_EQ(broker_.learningUntilNs(rule("per-second")), began + 2'400 * kMs);
+  EXPECT_EQ(broker_.learningUntilNs(rule("per-hour")), began + kHour);
+  EXPECT_EQ(broker_.learningUntilNs(rule("slots")), began + 5 * kSecond);
+
+  EXPECT_TRUE(broker_.learning(rule("per-second"), began + 2'399 * kMs));
+  EXPECT_FALSE(broker_.learning(rule("per-second"), began + 2'400 * kMs));
+  EXPECT_TRUE(broker_.learning(rule("slots"), began + 4 * kSecond));
+  EXPECT_FALSE(broker_.learning(rule("slots"), began + 5 * kSecond));
+  EXPECT_TRUE(broker_.learning(rule("per-hour"), began + kHour - 1));
+  EXPECT_FALSE(broker_.learning(rule("per-hour"), began + kHour));
+  // The fleet-wide flag lasts as long as the longest rule.
+  EXPECT_TRUE(broker_.learningAny(began + kHour - 1));
+  EXPECT_FALSE(broker_.learningAny(began + kHour));
+}
+
+// Verifies that health's list of learning rules names each configured rule
+// while it learns, with the time it has left, and drops it once it is done.
+TEST_F(BreakerTest, LearningRulesListsEachRuleWhileItLearns) {
+  recoverAs(identity("a", "r1"));
+  breaker_.down(now_);
+  recoverAs(identity("b", "r2"));
+  now_ += 3 * kSecond;
+  std::vector<LearningRule> learning = learningRules(*rules_, broker_, now_);
+  ASSERT_EQ(learning.size(), 2u);
+  EXPECT_EQ(learning[0].name, "per-hour");
+  EXPECT_EQ(learning[0].left_ms, 3'597'000);
+  EXPECT_EQ(learning[1].name, "slots");
+  EXPECT_EQ(learning[1].left_ms, 2'000);
+  EXPECT_TRUE(learningRules(*rules_, broker_, now_ + kHour).empty());
+}
+
+// Verifies that a rule of several limits learns while its longest part does.
+TEST(LearningRules, ARuleOfSeveralLimitsLearnsWhileAnyPartDoes) {
+  Rule rule = globalRule(1, "both", 10, kSecond);
+  rule.limits.push_back(Limit{.limit = 100, .period_ns = kHour, .burst = 100});
+  std::vector<Rule> rules;
+  rules.push_back(std::move(rule));
+  rules.push_back(globalRule(2, "local", 10, kHour));
+  rules.back().scope = Scope::kLocal;
+  RuleSet set(std::move(rules), 2);
+  LeaseBroker broker(100 * kMs);
+  EXPECT_TRUE(learningRules(set, broker, kStart).empty());
+  broker.startLearning(kStart, 0, 0, kHour);
+  std::vector<LearningRule> learning = learningRules(set, broker, kStart + kSecond);
+  ASSERT_EQ(learning.size(), 1u);
+  EXPECT_EQ(learning[0].name, "both");
+  EXPECT_EQ(learning[0].left_ms, 3'599'000);
+}
+
+// Verifies that /metrics shows one sluice_learning_seconds sample per rule
+// in learning mode.
+TEST(LearningRules, MetricsShowSecondsLeftPerLearningRule) {
+  MetricsView view;
+  view.redis.emplace();
+  view.redis->learning = true;
+  view.redis->learning_rules = {{"hourly", 3'597'000}, {"slots", 2'500}};
+  std::string text = renderPrometheus(view);
+  EXPECT_NE(text.find("# TYPE sluice_learning_seconds gauge\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("sluice_learning_seconds{rule=\"hourly\"} 3597\n"), std::string::npos);
+  EXPECT_NE(text.find("sluice_learning_seconds{rule=\"slots\"} 2.5\n"), std::string::npos);
+  view.redis->learning_rules.clear();
+  EXPECT_EQ(renderPrometheus(view).find("sluice_learning_seconds{"), std::string::npos);
+}
+
+// Verifies that a bucket whose burst is above its limit learns for its
+// refill from empty, longer than its period.
+TEST(LearningSpan, ABucketLearnsForItsRefillFromEmpty) {
+  Rule rule = globalRule(1, "bursty", 10, kSecond);
+  rule.limits.front().burst = 40;
+  EXPECT_EQ(learningSpanNs(rule, 0, 0), 4 * kSecond);
+  EXPECT_EQ(learningSpanNs(rule, 0, 9 * kSecond), 9 * kSecond);
+}
+
+// Verifies that a down during half-open opens the breaker again, and that
+// the answers of that half-open state no longer count.
+TEST_F(BreakerTest, ADownDuringHalfOpenReopensAndItsLateAnswersCountForNothing) {
+  actions_.calls = 1;
+  breaker_.up(now_);
+  uint64_t old_epoch = breaker_.epoch();
+  breaker_.identified(old_epoch, identity("a"), now_);
+  EXPECT_EQ(breaker_.state(), Breaker::kHalfOpen);
+  breaker_.down(now_);
+  EXPECT_EQ(breaker_.state(), Breaker::kOpen);
+  breaker_.answered(old_epoch, now_);
+  EXPECT_EQ(breaker_.state(), Breaker::kOpen);
+
+  // Up again: the late answer of the old epoch does not close it either.
+  breaker_.up(now_);
+  breaker_.identified(breaker_.epoch(), identity("a"), now_);
+  EXPECT_EQ(breaker_.pending(), 1u);
+  breaker_.answered(old_epoch, now_);
+  EXPECT_EQ(breaker_.state(), Breaker::kHalfOpen);
+  breaker_.answered(breaker_.epoch(), now_);
+  EXPECT_EQ(breaker_.state(), Breaker::kClosed);
+}
+
+// Verifies that an identity answer of an older half-open state still
+// records who Redis is, but starts no recovery.
+TEST_F(BreakerTest, ALateIdentityStartsNoRecovery) {
+  breaker_.up(now_);
+  uint64_t old_epoch = breaker_.epoch();
+  breaker_.down(now_);
+  breaker_.identified(old_epoch, identity("a"), now_);
+  EXPECT_TRUE(actions_.recoveries.empty());
+  EXPECT_EQ(breaker_.state(), Breaker::kOpen);
+}
+
+// Verifies that when INFO cannot be sent the breaker recovers as for the
+// same Redis (debits) and closes.
+TEST_F(BreakerTest, AnIdentityThatCannotBeAskedRecoversWithDebits) {
+  actions_.can_ask = false;
+  breaker_.up(now_);
+  ASSERT_EQ(actions_.recoveries.size(), 1u);
+  EXPECT_FALSE(actions_.recoveries[0].state_lost);
+  EXPECT_EQ(breaker_.state(), Breaker::kClosed);
+}
+
+// Verifies that recovery calls answered at once, from inside recover(),
+// do not close the breaker before the others are sent.
+TEST_F(BreakerTest, RecoveryCallsAnsweredAtOnceDoNotCloseTheBreakerEarly) {
+  class Eager : public FakeActions {
+   public:
+    void recover(uint64_t epoch, bool, int64_t) override {
+      breaker->expect(epoch, 1);
+      breaker->answered(epoch, kStart);  // failed at once (not sent)
+      closed_between = breaker->state() == Breaker::kClosed;
+      breaker->expect(epoch, 1);
+      second_epoch = epoch;
+    }
+    bool closed_between = false;
+    uint64_t second_epoch = 0;
+  } eager;
+  CircuitBreaker breaker(broker_, eager, {}, [this] { return rules_; });
+  eager.breaker = &breaker;
+  breaker.up(now_);
+  breaker.identified(breaker.epoch(), identity("a"), now_);
+  EXPECT_FALSE(eager.closed_between);
+  EXPECT_EQ(breaker.state(), Breaker::kHalfOpen);
+  breaker.answered(eager.second_epoch, now_);
+  EXPECT_EQ(breaker.state(), Breaker::kClosed);
+}
+
+// Verifies that a new cluster master starts learning mode without opening
+// the breaker.
+TEST_F(BreakerTest, ANewClusterMasterStartsLearningWithoutOpening) {
+  recoverAs(identity("a"));
+  breaker_.newMaster(now_);
+  EXPECT_EQ(breaker_.state(), Breaker::kClosed);
+  EXPECT_TRUE(broker_.learning(rule("per-hour"), now_));
+}
+
+// Verifies that INFO's fields are read from their lines, and that a text
+// without run_id is no identity.
+TEST(ParseInfo, ReadsRunIdAndReplicationIds) {
+  std::string info =
+      "# Server\r\nredis_version:7.0.15\r\nrun_id:abc123\r\ntcp_port:6379\r\n"
+      "# Replication\r\nrole:master\r\nmaster_replid:r1\r\nmaster_replid2:r0\r\n";
+  std::optional<RedisIdentity> who = parseInfo(info);
+  ASSERT_TRUE(who);
+  EXPECT_EQ(who->run_id, "abc123");
+  EXPECT_EQ(who->master_replid, "r1");
+  EXPECT_EQ(who->master_replid2, "r0");
+  EXPECT_FALSE(parseInfo("# Server\r\nredis_version:7.0.15\r\n"));
+  EXPECT_FALSE(parseInfo(""));
+}
+
+// --- The lease manager's half, on a fake Redis ---------------------------------
+
+std::string info(const std::string& run_id, const std::string& replid) {
+  return "# Server\r\nrun_id:" + run_id + "\r\n# Replication\r\nmaster_replid:" + replid +
+         "\r\nmaster_replid2:0000\r\n";
+}
+
+class ManagerBreakerTest : public ::testing::Test {
+ protected:
+  ManagerBreakerTest() {
+    std::vector<Rule> rules;
+    rules.push_back(globalRule(1, "hourly", 8, kHour));
+    rules_ = std::make_shared<const RuleSet>(std::move(rules), 2);
+    LeaseContext context;
+    context.keys = &keys_;
+    context.broker = &broker_;
+    context.rules = [this] { return rules_; };
+    context.node_id = "node-a";
+    context.now_ns = [this] { return now_; };
+    manager_ = std::make_unique<LeaseManager>(redis_, config_, context);
+  }
+
+  const Rule& hourly() { return *rules_->find("hourly"); }
+
+  // Up, INFO answered as (run_id, replid).
+  void upAs(const std::string& run_id, const std::string& replid) {
+    manager_->onUp();
+    ASSERT_FALSE(redis_.calls.empty());
+    ASSERT_EQ(redis_.calls.front().argv, std::vector<std::string>{"INFO"});
+    redis_.answerString(info(run_id, replid));
+  }
+
+  // Counts `units` admitted in fallback on `key`'s share entry.
+  void admitInFallback(std::string_view key, int64_t units) {
+    const Rule& share = *rules_->fallbackShare(hourly());
+    KeyTable::ReadGuard guard(keys_, reader_);
+    KeyTable::Entry* entry = keys_.findOrInsert(share.id, key, entryWords(share), now_);
+    ASSERT_NE(entry, nullptr);
+    entry->state()[undebitedWord(share)].fetch_add(static_cast<uint64_t>(units));
+  }
+
+  int64_t now_ = kStart;
+  RedisConfig config_;
+  RuleSetPtr rules_;
+  KeyTable keys_{KeyTableOptions{}};
+  KeyTable::ReaderId reader_ = keys_.registerReader();
+  LeaseBroker broker_{100 * kMs};
+  FakeRedis redis_;
+  std::unique_ptr<LeaseManager> manager_;
+};
+
+// Verifies that the same Redis after an outage is debited what the fallback
+// share admitted, and that the breaker closes only once the debit is answered.
+TEST_F(ManagerBreakerTest, TheSameRedisIsDebitedBeforeTheBreakerCloses) {
+  upAs("run-a", "r1");
+  ASSERT_EQ(broker_.breaker(), Breaker::kClosed);
+  manager_->onDown();
+  admitInFallback("k", 3);
+  now_ += 4 * kSecond;
+  upAs("run-a", "r1");
+  ASSERT_EQ(redis_.calls.size(), 1u);
+  EXPECT_TRUE(redis_.calls.front().script);
+  EXPECT_EQ(redis_.calls.front().keys.front(), manager_->stateKey("hourly", "k"));
+  EXPECT_EQ(broker_.breaker(), Breaker::kHalfOpen);
+  redis_.answerIntegers({0, 5, 0, 0, kStart / kMs});
+  EXPECT_EQ(broker_.breaker(), Breaker::kClosed);
+  EXPECT_EQ(broker_.stats(now_).debited_units, 3u);
+}
+
+// Verifies that a Redis restarted empty is debited nothing, closes at once,
+// and puts the rule in learning mode.
+TEST_F(ManagerBreakerTest, ARestartedRedisIsDebitedNothingAndTheRuleLearns) {
+  upAs("run-a", "r1");
+  manager_->onDown();
+  admitInFallback("k", 3);
+  now_ += 4 * kSecond;
+  upAs("run-b", "r2");
+  EXPECT_TRUE(redis_.calls.empty());
+  EXPECT_EQ(broker_.breaker(), Breaker::kClosed);
+  EXPECT_TRUE(broker_.learning(hourly(), now_));
+  EXPECT_EQ(broker_.learningUntilNs(hourly()), now_ + kHour);
+}
+
+
+// --- Learning on a fleet of two nodes, in one process -------------------------
+
+// One Redis shared by the nodes' fake links: a token bucket per Redis key
+// (the rate scripts' lease, return and debit) and a pool per key
+// (concurrency's lease, renew and return), on the test's clock.
+class FakeRedisState {
+ public:
+  explicit FakeRedisState(const int64_t& now_ns) : now_ns_(now_ns) {}
+
+  // Redis restarted empty: a new run_id and no keys.
+  void restart(std::string run_id) {
+    run_id_ = std::move(run_id);
+    buckets_.clear();
+    pools_.clear();
+  }
+  const std::string& runId() const { return run_id_; }
+  // Rate leases run so far.
+  int leases() const { return leases_; }
+  // Units the bucket of `state_key` holds now.
+  double& tokens(const std::string& state_key, double burst) {
+    Bucket& bucket = bucket_(state_key, burst);
+    return bucket.tokens;
+  }
+
+  std::vector<long long> run(const FakeRedis::Call& call) {
+    const std::vector<std::string>& a = call.argv;
+    const std::string& key = call.keys.front();
+    long long now_ms = now_ns_ / kMs;
+    if (a.size() == 7 && a[0] != "peek" && !std::isdigit(static_cast<unsigned char>(a[5][0]))) {
+      return concurrency(a, key, now_ms);  // {op, n, need, limit, ttl, node_id, now}
+    }
+    int64_t n = std::stoll(a[1]);
+    int64_t need = std::stoll(a[2]);
+    double limit = std::stod(a[3]);
+    double period_ms = std::stod(a[4]);
+    Bucket& bucket = bucket_(key, std::stod(a[5]));
+    bucket.tokens = std::min(bucket.burst, bucket.tokens + static_cast<double>(now_ns_ - bucket.at_ns) /
+                                               kMs * limit / period_ms);
+    bucket.at_ns = now_ns_;
+    long long granted = 0;
+    long long retry_ms = 0;
+    if (a[0] == "lease") {
+      ++leases_;
+      if (bucket.tokens >= static_cast<double>(need)) {
+        granted = std::min<long long>(n, static_cast<long long>(bucket.tokens));
+        bucket.tokens -= static_cast<double>(granted);
+      } else {
+        retry_ms = static_cast<long long>(
+            std::ceil((static_cast<double>(need) - bucket.tokens) * period_ms / limit));
+      }
+    } else if (a[0] == "return") {
+      bucket.tokens = std::min(bucket.burst, bucket.tokens + static_cast<double>(n));
+    } else if (a[0] == "debit") {
+      bucket.tokens -= static_cast<double>(n);
+    }
+    return {granted, std::max<long long>(static_cast<long long>(bucket.tokens), 0), retry_ms, 0,
+            now_ms};
+  }
+
+ private:
+  struct Bucket {
+    double burst = 0;
+    double tokens = 0;
+    int64_t at_ns = 0;
+  };
+  Bucket& bucket_(const std::string& key, double burst) {
+    auto [it, fresh] = buckets_.try_emplace(key);
+    if (fresh) it->second = {burst, burst, now_ns_};
+    return it->second;
+  }
+
+  std::vector<long long> concurrency(const std::vector<std::string>& a, const std::string& key,
+                                     long long now_ms) {
+    std::map<std::string, long long>& held = pools_[key];
+    long long limit = std::stoll(a[3]);
+    long long in_use = 0;
+    for (const auto& [node, units] : held) in_use += units;
+    long long n = std::stoll(a[1]);
+    long long need = std::stoll(a[2]);
+    long long& mine = held[a[5]];
+    long long granted = 0;
+    if (a[0] == "lease" && limit - in_use >= need) {
+      granted = std::min(n, limit - in_use);
+      mine += granted;
+      in_use += granted;
+    } else if (a[0] == "return") {
+      long long back = std::min(n, mine);
+      mine -= back;
+      in_use -= back;
+    }
+    return {granted, limit - in_use, granted == 0 && a[0] == "lease" ? 1000 : 0, 0, now_ms, mine};
+  }
+
+  const int64_t& now_ns_;
+  int leases_ = 0;
+  std::string run_id_ = "run-1";
+  std::map<std::string, Bucket> buckets_;
+  std::map<std::string, std::map<std::string, long long>> pools_;
+};
+
+// What a worker's dispatcher asks of the daemon; nothing here is checked.
+class QuietStatus final : public DaemonStatus {
+ public:
+  int64_t uptimeMs() const override { return 0; }
+  size_t workers() const override { return 1; }
+  MetricsSnapshot metrics() const override { return {}; }
+  size_t connections() const override { return 0; }
+  size_t handles() const override { return 0; }
+  RedisHealth redisHealth() const override { return {}; }
+  LeaseStats leaseStats() const override { return {}; }
+  std::vector<RuleSnapshot> ruleMetrics() const override { return {}; }
+  HistogramSnapshot leaseLatency() const override { return {}; }
+  bool reload(std::string*) override { return false; }
+};
+
+// One node: its key table, broker, lease manager (on a fake link to the
+// shared Redis) and one worker's dispatcher, all on the test's clock.
+class Node {
+ public:
+  Node(std::string id, FakeRedisState& redis, RuleSetPtr rules, const int64_t& now_ns)
+      : redis_(redis), rules_(std::move(rules)), now_ns_(now_ns) {
+    LeaseContext context;
+    context.keys = &keys_;
+    context.broker = &broker_;
+    context.rules = [this] { return rules_; };
+    context.node_id = std::move(id);
+    context.now_ns = [this] { return now_ns_; };
+    manager_ = std::make_unique<LeaseManager>(link_, config_, context);
+    dispatcher_ = std::make_unique<Dispatcher>(keys_, metrics_.shard(0), status_, &broker_);
+    dispatcher_->setRules(rules_);
+    peer_.allowed = true;
+  }
+
+  // Redis answers (again): the breaker goes through half-open to closed.
+  void up() {
+    manager_->onUp();
+    pump();
+  }
+  void down() { manager_->onDown(); }
+
+  // One acquire of `cost` on (rule, key); true when allowed. Every call it
+  // makes of Redis is answered before it returns.
+  bool acquire(std::string_view rule, std::string_view key, int64_t cost = 1) {
+    rpc::Request request;
+    request.msgid = 1;
+    request.method = rpc::Method::kAcquire;
+    request.method_name = "acquire";
+    request.items = {rpc::Item{.rule = rule, .key = key, .cost = cost}};
+    std::string out;
+    {
+      KeyTable::ReadGuard guard(keys_, reader_);
+      dispatcher_->handle(request, peer_, now_ns_, &out);
+    }
+    pump();
+    return out.find(std::string("\xa7" "allowed" "\xc3")) != std::string::npos;
+  }
+
+  // Serves the broker's requests and answers every call, until none is left.
+  void pump() {
+    manager_->onWakeup();
+    while (!link_.calls.empty()) {
+      if (!link_.calls.front().script) {
+        link_.answerString(info(redis_.runId(), "replid-" + redis_.runId()));
+      } else {
+        std::vector<long long> reply = redis_.run(link_.calls.front());
+        link_.answerIntegers(reply);
+      }
+      manager_->onWakeup();
+    }
+  }
+
+  LeaseBroker& broker() { return broker_; }
+
+ private:
+  FakeRedisState& redis_;
+  RuleSetPtr rules_;
+  const int64_t& now_ns_;
+  RedisConfig config_;
+  KeyTable keys_{KeyTableOptions{}};
+  KeyTable::ReaderId reader_ = keys_.registerReader();
+  Metrics metrics_{1};
+  QuietStatus status_;
+  LeaseBroker broker_{100 * kMs};
+  FakeRedis link_;
+  std::unique_ptr<LeaseManager> manager_;
+  std::unique_ptr<Dispatcher> dispatcher_;
+  Peer peer_;
+};
+
+// Two nodes on one Redis that restarts empty: learning mode on both.
+class LearningFleetTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::vector<Rule> rules;
+    rules.push_back(globalRule(1, "hourly", 8, kHour));
+    rules.push_back(globalRule(3, "slots", 4, 60 * kSecond, Algorithm::kConcurrency));
+    rules_ = std::make_shared<const RuleSet>(std::move(rules), 2);
+    a_ = std::make_unique<Node>("node-a", redis_, rules_, now_);
+    b_ = std::make_unique<Node>("node-b", redis_, rules_, now_);
+    a_->up();
+    b_->up();
+    ASSERT_TRUE(a_->broker().leasing());
+    a_->down();
+    b_->down();
+    redis_.restart("run-2");
+    now_ += kSecond;
+    a_->up();
+    b_->up();
+    ASSERT_TRUE(a_->broker().leasing());
+    ASSERT_TRUE(a_->broker().learning(*rules_->find("hourly"), now_));
+  }
+
+  // Acquires `count` times on `node`, a millisecond apart; how many passed.
+  int acquires(Node& node, std::string_view rule, int count) {
+    int allowed = 0;
+    for (int i = 0; i < count; ++i) {
+      now_ += kMs;
+      if (node.acquire(rule, "k")) ++allowed;
+    }
+    return allowed;
+  }
+
+  std::string stateKey(std::string_view rule) {
+    return redisStateKey(RedisConfig{}.key_prefix, rule, "k");
+  }
+
+  int64_t now_ = kStart;
+  FakeRedisState redis_{now_};
+  RuleSetPtr rules_;
+  std::unique_ptr<Node> a_;
+  std::unique_ptr<Node> b_;
+};
+
+// Verifies that a learning node leases no more than its share: after an
+// empty restart, node A, asked far beyond its share, leaves the other half
+// of an 8-an-hour bucket in Redis, and node B spends it.
+TEST_F(LearningFleetTest, ALearningNodeLeasesNoMoreThanItsShare) {
+  EXPECT_EQ(acquires(*a_, "hourly", 12), 4);
+  EXPECT_GE(redis_.tokens(stateKey("hourly"), 8), 4.0);
+  EXPECT_EQ(acquires(*b_, "hourly", 12), 4);
+}
+
+// Verifies that a learning node whose share holds just one request's units
+// still leases them for a request that waits for its lease (an empty slice).
+TEST_F(LearningFleetTest, AShareHoldingJustTheCostStillLeasesIt) {
+  EXPECT_EQ(acquires(*a_, "hourly", 12), 4);
+  now_ += 16 * 60 * kSecond;  // the share (4 an hour) has one unit again
+  int leases = redis_.leases();
+  EXPECT_TRUE(a_->acquire("hourly", "k"));
+  EXPECT_EQ(redis_.leases(), leases + 1);
+}
+
+// Verifies that while a rule learns, Redis's "nothing until t" is asked
+// again within kLearningRecheckNs, so units another node gives back are
+// spent long before t.
+TEST_F(LearningFleetTest, ANegativeCacheDoesNotOutliveUnitsAnotherNodeReturns) {
+  redis_.tokens(stateKey("hourly"), 8) = 0;  // the others leased everything
+  EXPECT_EQ(acquires(*b_, "hourly", 1), 1);  // a cold key: its share decides
+  EXPECT_EQ(acquires(*b_, "hourly", 1), 0);  // Redis: nothing for 7.5 minutes
+  redis_.tokens(stateKey("hourly"), 8) += 3;  // another node's idle return
+  now_ += kLearningRecheckNs;
+  EXPECT_EQ(acquires(*b_, "hourly", 1), 1);
+}
+
+// Verifies that a global concurrency rule is capped at its share only while
+// it learns itself (lease_ttl and the reconnect backoff), not while another
+// rule (an hourly one) still learns.
+TEST_F(LearningFleetTest, AConcurrencyRuleIsCappedOnlyWhileItLearnsItself) {
+  const Rule& slots = *rules_->find("slots");
+  ASSERT_TRUE(a_->broker().learning(slots, now_));
+  EXPECT_EQ(acquires(*a_, "slots", 4), 2);
+  now_ = a_->broker().learningUntilNs(slots);
+  ASSERT_TRUE(a_->broker().learning(*rules_->find("hourly"), now_));
+  a_->pump();
+  EXPECT_EQ(acquires(*a_, "slots", 2), 2);
+}
+
+}  // namespace
+}  // namespace sluice
