@@ -31,10 +31,20 @@ Decision policyDecision(const Rule& rule, Mode mode) {
   return decision;
 }
 
+// A release names a rule whose units come back with time, not by a release.
+std::string notReleasable(const Rule& rule) {
+  // Built only on this error path, so the allocation does not matter.
+  return "release gives back units of concurrency rules, and rule \"" + rule.name + "\" is " +
+         std::string(algorithmName(rule.algorithm)) + ": its units come back with time";
+}
+
 std::string unknownRule(std::string_view name) {
   // Built only on this error path, so the allocation does not matter.
   return "no rule named \"" + std::string(name) + "\"";
 }
+
+// The mode of a global rule's decisions made on its lease.
+Mode leasedMode(const Rule& rule) { return rule.shadow ? Mode::kShadow : Mode::kNormal; }
 
 // A rule's penalty as it applies: a shadow rule only observes, so never.
 const Penalty* activePenalty(const Rule& rule) {
@@ -555,6 +565,11 @@ bool Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::st
     error(request.msgid, rpc::ErrorCode::kUnknownRule, unknownRule(item.rule), out);
     return false;
   }
+  if (request.method == rpc::Method::kRelease && configured->algorithm != Algorithm::kConcurrency) {
+    if (defer_to != nullptr) leaveLine(defer_to->wait.ticket);
+    error(request.msgid, rpc::ErrorCode::kBadRequest, notReleasable(*configured), out);
+    return false;
+  }
   bool spends = request.method == rpc::Method::kAcquire && item.cost > 0;
   if (item.max_wait_ms > 0 && !canWait(*configured)) {
     error(request.msgid, rpc::ErrorCode::kBadRequest,
@@ -653,9 +668,11 @@ bool Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::st
                              ? penalty::blockedFor(penaltyState(*rule, entry->state()), now_ns)
                              : 0;
     if (rule != configured) blocked_ns = globalBlockedFor(*configured, item.key, now_ns);
-    if (request.method == rpc::Method::kRelease && entry != nullptr) {
-      entry->touch(now_ns);
-      decision = release(deciding, state, now_ns, item.cost);
+    if (request.method == rpc::Method::kRelease) {
+      // A key that holds nothing gives nothing back: the answer is peek's.
+      if (entry != nullptr) entry->touch(now_ns);
+      decision = entry != nullptr ? release(deciding, state, now_ns, item.cost)
+                                  : peek(deciding, state, now_ns, 0);
     } else if (blocked_ns > 0) {
       decision = blockedDecision(deciding, blocked_ns);
       mode = Mode::kBlocked;
@@ -1020,9 +1037,10 @@ bool Dispatcher::holdOne(const rpc::Request& request, const Rule& rule, int64_t 
   KeyTable::Entry* entry = currentEntry(rule, item.key);
   if (entry == nullptr) {
     mode = broker_->leasing() ? (rule.shadow ? Mode::kShadow : Mode::kNormal) : route(rule).mode;
-    decision = item.cost > rule.limits.front().limit
-                   ? exceedsCapacity(rule)
-                   : peek(rule, freshState(rule), now_ns, std::max<int64_t>(item.cost, 0));
+    // A release on a key that holds nothing gives nothing back: peek's answer.
+    int64_t cost = request.method == rpc::Method::kRelease ? 0 : std::max<int64_t>(item.cost, 0);
+    decision = cost > rule.limits.front().limit ? exceedsCapacity(rule)
+                                                : peek(rule, freshState(rule), now_ns, cost);
   } else {
     std::span<std::atomic<uint64_t>> words = entry->state();
     int64_t cost = item.cost;
@@ -1683,7 +1701,7 @@ void Dispatcher::reset(const rpc::Request& request, const Peer& peer, int64_t no
       if (freed > 0) metrics_.lease_units_released.add(static_cast<uint64_t>(freed));
     }
     rpc::writeDecision(out, request.msgid, peek(*rule, freshState(*rule), now_ns, 0),
-                       broker_->leasing() ? Mode::kNormal : route(*rule).mode);
+                       broker_->leasing() ? leasedMode(*rule) : route(*rule).mode);
     return;
   }
   // A rule decided on its parts resets each of them as a rule that leases.
@@ -1709,8 +1727,9 @@ void Dispatcher::reset(const rpc::Request& request, const Peer& peer, int64_t no
     forgetKey(rule->scope == Scope::kGlobal ? *rules_->fallbackShare(*rule) : *rule, item.key);
   }
   const Rule& deciding = decidingFor(*rule, item.key, nullptr);
-  rpc::writeDecision(out, request.msgid, peek(deciding, freshState(deciding), now_ns, 0),
-                     route(*rule).mode);
+  // A rule that leases decides the fresh key on its lease (Redis is up).
+  Mode mode = leasable(*rule) || !parts.empty() ? leasedMode(*rule) : route(*rule).mode;
+  rpc::writeDecision(out, request.msgid, peek(deciding, freshState(deciding), now_ns, 0), mode);
 }
 
 void Dispatcher::forgetKey(const Rule& rule, std::string_view key) {
