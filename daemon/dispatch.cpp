@@ -11,57 +11,12 @@ namespace sluice {
 
 namespace {
 
-constexpr std::string_view kVersion = SLUICE_VERSION;
-
-// The answer of a global rule whose policy is "open" or "closed" while Redis
-// is unreachable; nothing is spent.
-Decision policyDecision(const Rule& rule, Mode mode) {
-  Decision decision;
-  decision.allowed = mode == Mode::kOpen;
-  decision.limit = rule.limits.front().limit;
-  decision.remaining = decision.allowed ? decision.limit : 0;
-  int64_t period_ms = rule.limits.front().period_ns / 1'000'000;
-  decision.reset_after_ms = period_ms;
-  decision.retry_after_ms = decision.allowed ? 0 : std::max<int64_t>(period_ms, 1);
-  if (rule.shadow && !decision.allowed) {
-    decision.allowed = true;
-    decision.shadow_denied = true;
-    decision.retry_after_ms = 0;
-  }
-  return decision;
-}
-
 // A release names a rule whose units come back with time, not by a release.
 std::string notReleasable(const Rule& rule) {
   // Built only on this error path, so the allocation does not matter.
   return "release gives back units of concurrency rules, and rule \"" + rule.name + "\" is " +
          std::string(algorithmName(rule.algorithm)) + ": its units come back with time";
 }
-
-std::string unknownRule(std::string_view name) {
-  // Built only on this error path, so the allocation does not matter.
-  return "no rule named \"" + std::string(name) + "\"";
-}
-
-// The mode of a global rule's decisions made on its lease.
-Mode leasedMode(const Rule& rule) { return rule.shadow ? Mode::kShadow : Mode::kNormal; }
-
-// A rule's penalty as it applies: a shadow rule only observes, so never.
-const Penalty* activePenalty(const Rule& rule) {
-  return rule.penalty && !rule.shadow ? &*rule.penalty : nullptr;
-}
-
-// The answer for a key blocked by its rule's penalty for `left_ns` more.
-Decision blockedDecision(const Rule& rule, int64_t left_ns) {
-  Decision decision;
-  decision.limit = rule.limits.front().limit;
-  decision.retry_after_ms = (left_ns + 999'999) / 1'000'000;
-  decision.reset_after_ms = decision.retry_after_ms;
-  return decision;
-}
-
-// The most overrides of one rule that `rules` lists.
-constexpr size_t kMaxListedOverrides = 100;
 
 constexpr std::string_view kTooManyWaiting =
     "too many requests are waiting for units on this worker; retry later";
@@ -74,15 +29,9 @@ Dispatcher::Dispatcher(KeyTable& keys, MetricsShard& metrics, DaemonStatus& stat
                        LeaseBroker* broker, int64_t lease_timeout_ns)
     : keys_(keys),
       metrics_(metrics),
-      status_(status),
       broker_(broker),
-      lease_timeout_ns_(lease_timeout_ns) {}
-
-void Dispatcher::error(uint32_t msgid, rpc::ErrorCode code, std::string_view message,
-                       std::string* out) {
-  metrics_.errors[static_cast<size_t>(code)].add();
-  rpc::writeError(out, msgid, code, message);
-}
+      lease_timeout_ns_(lease_timeout_ns),
+      admin_(keys, metrics, status, broker) {}
 
 void Dispatcher::handleParseError(const rpc::ParseResult& result, std::string* out) {
   if (result.has_msgid) {
@@ -90,23 +39,6 @@ void Dispatcher::handleParseError(const rpc::ParseResult& result, std::string* o
   } else {
     metrics_.errors[static_cast<size_t>(result.error)].add();
   }
-}
-
-Dispatcher::Route Dispatcher::route(const Rule& rule) const {
-  Mode shadow_or = rule.shadow ? Mode::kShadow : Mode::kLocal;
-  if (rule.scope == Scope::kLocal) {
-    return {&rule, shadow_or};
-  }
-  // A global rule that is not deciding on leases right now (Redis down, the
-  // key's lease failed or timed out, or the rule has no lease form) answers
-  // as its on_redis_down policy says (DESIGN.md, "Fallback").
-  switch (rule.on_redis_down) {
-    case RedisDownPolicy::kLocal:
-      return {rules_->fallbackShare(rule), rule.shadow ? Mode::kShadow : Mode::kFallback};
-    case RedisDownPolicy::kOpen: return {nullptr, rule.shadow ? Mode::kShadow : Mode::kOpen};
-    case RedisDownPolicy::kClosed: return {nullptr, rule.shadow ? Mode::kShadow : Mode::kClosed};
-  }
-  return {nullptr, Mode::kClosed};
 }
 
 void Dispatcher::setRules(RuleSetPtr rules) {
@@ -161,11 +93,11 @@ bool Dispatcher::handle(const rpc::Request& request, const Peer& peer, int64_t n
     case rpc::Method::kPeek:
     case rpc::Method::kRelease: deferred = acquireOne(request, now_ns, target, defer); break;
     case rpc::Method::kAcquireAll: deferred = acquireAll(request, now_ns, target, defer); break;
-    case rpc::Method::kHealth: writeHealth(request.msgid, target); break;
-    case rpc::Method::kStats: writeStats(request.msgid, target); break;
-    case rpc::Method::kRules: writeRules(request.msgid, target); break;
-    case rpc::Method::kReload: reload(request.msgid, peer, target); break;
-    case rpc::Method::kReset: reset(request, peer, now_ns, target); break;
+    case rpc::Method::kHealth:
+    case rpc::Method::kStats:
+    case rpc::Method::kRules:
+    case rpc::Method::kReload:
+    case rpc::Method::kReset: admin_.handle(*rules_, request, peer, now_ns, target); break;
     case rpc::Method::kUnknown:
       error(request.msgid, rpc::ErrorCode::kUnknownMethod, "no such method", target);
       break;
@@ -409,29 +341,6 @@ void Dispatcher::answerWaiters(int64_t now_ns, bool all) {
   }
 }
 
-KeyTable::Entry* Dispatcher::currentEntry(const Rule& rule, std::string_view key) {
-  KeyTable::Entry* entry = keys_.find(rule.id, key);
-  // An entry of the rule's old shape, before a reload, is none.
-  return entry != nullptr && entry->state().size() == entryWords(rule) ? entry : nullptr;
-}
-
-const Rule& Dispatcher::decidingFor(const Rule& rule, std::string_view key,
-                                    KeyTable::Entry* entry) {
-  return entry != nullptr ? decidingRule(*rules_, rule, key, entry->state())
-                          : rules_->variant(rule, rules_->matchOverride(rule, key));
-}
-
-std::span<std::atomic<uint64_t>> Dispatcher::freshState(const Rule& rule) {
-  size_t words = stateWords(rule);
-  if (fresh_.size() < words) {
-    fresh_ = std::vector<std::atomic<uint64_t>>(words);
-  }
-  for (size_t i = 0; i < words; ++i) {
-    fresh_[i].store(0, std::memory_order_relaxed);
-  }
-  return {fresh_.data(), words};
-}
-
 std::optional<Decision> Dispatcher::acquireShare(const Rule& share, std::string_view key,
                                                  int64_t now_ns, int64_t cost,
                                                  bool count_undebited) {
@@ -526,31 +435,6 @@ Decision sliceDecision(const Rule& rule, const slice::TakeResult& taken, int64_t
   decision.reset_after_ms = std::max(
       decision.retry_after_ms,
       static_cast<int64_t>(static_cast<double>(missing) * period_ms / static_cast<double>(limit.limit) + 0.999));
-  return decision;
-}
-
-Decision exceedsCapacity(const Rule& rule) {
-  Decision decision;
-  decision.limit = rule.limits.front().limit;
-  decision.cost_exceeds_limit = true;
-  return decision;
-}
-
-void applyShadow(const Rule& rule, Decision* decision) {
-  if (rule.shadow && !decision->allowed) {
-    decision->allowed = true;
-    decision->shadow_denied = true;
-    decision->retry_after_ms = 0;
-  }
-}
-
-// A decision as a rule that is not in shadow mode would have it: a shadow
-// denial is a denial again (with no retry_after: applyShadow dropped it).
-Decision withoutShadow(Decision decision) {
-  if (decision.shadow_denied) {
-    decision.allowed = false;
-    decision.shadow_denied = false;
-  }
   return decision;
 }
 
@@ -1376,374 +1260,6 @@ void Dispatcher::peekParts(const rpc::Request& request, const Rule& configured, 
   Decision decision = merged.decision();
   applyShadow(configured, &decision);
   rpc::writeDecision(out, request.msgid, decision, mode);
-}
-
-void Dispatcher::writeHealth(uint32_t msgid, std::string* out) {
-  RedisHealth redis = status_.redisHealth();
-  rpc::writeResultHeader(out, msgid);
-  msgpack::Writer w(out);
-  w.writeMapHeader(14);
-  w.writeStr("status");
-  w.writeStr(redis.configured && !redis.up ? "degraded" : "ok");
-  w.writeStr("redis");
-  w.writeStr(!redis.configured ? "none" : redis.up ? "up" : "down");
-  w.writeStr("breaker");
-  if (redis.configured) {
-    w.writeStr(breakerName(redis.breaker));
-  } else {
-    w.writeNil();
-  }
-  w.writeStr("redis_mode");
-  if (redis.configured) {
-    w.writeStr(redis.mode);
-  } else {
-    w.writeNil();
-  }
-  w.writeStr("redis_address");
-  if (!redis.address.empty()) {
-    w.writeStr(redis.address);
-  } else {
-    w.writeNil();
-  }
-  w.writeStr("learning");
-  w.writeBool(redis.learning);
-  w.writeStr("leased_units");
-  w.writeInt(redis.leased_units);
-  w.writeStr("nodes");
-  w.writeUint(redis.nodes);
-  w.writeStr("clock_offset_ms");
-  if (redis.clock_offset_ms) {
-    w.writeInt(*redis.clock_offset_ms);
-  } else {
-    w.writeNil();
-  }
-  w.writeStr("version");
-  w.writeStr(kVersion);
-  w.writeStr("uptime_ms");
-  w.writeInt(status_.uptimeMs());
-  w.writeStr("connections");
-  w.writeUint(status_.connections());
-  w.writeStr("handles");
-  w.writeUint(status_.handles());
-  w.writeStr("keys");
-  w.writeUint(keys_.size());
-}
-
-namespace {
-
-// A latency histogram for a person: how many, the mean, and the bucket bounds
-// that the median, p99 and p999 fall under (nil beyond the last bound).
-void writeLatency(msgpack::Writer& w, const HistogramSnapshot& latency) {
-  uint64_t count = latency.count();
-  w.writeMapHeader(5);
-  w.writeStr("count");
-  w.writeUint(count);
-  w.writeStr("mean_us");
-  w.writeUint(count > 0 ? latency.sum_us / count : 0);
-  for (auto [name, q] : {std::pair{"p50_us_le", 0.5}, {"p99_us_le", 0.99}, {"p999_us_le", 0.999}}) {
-    w.writeStr(name);
-    if (auto bound = latency.quantileBoundUs(q)) {
-      w.writeUint(*bound);
-    } else {
-      w.writeNil();
-    }
-  }
-}
-
-// Counts by mode, leaving out the modes with none.
-void writeNonZeroModes(msgpack::Writer& w, const std::array<uint64_t, kModes>& counts) {
-  w.writeMapHeader(static_cast<uint32_t>(std::count_if(counts.begin(), counts.end(),
-                                                       [](uint64_t n) { return n > 0; })));
-  for (size_t i = 0; i < kModes; ++i) {
-    if (counts[i] == 0) continue;
-    w.writeStr(modeName(static_cast<Mode>(i)));
-    w.writeUint(counts[i]);
-  }
-}
-
-void writeLimits(msgpack::Writer& w, const std::vector<Limit>& limits) {
-  w.writeArrayHeader(static_cast<uint32_t>(limits.size()));
-  for (const Limit& limit : limits) {
-    w.writeMapHeader(3);
-    w.writeStr("limit");
-    w.writeInt(limit.limit);
-    w.writeStr("period_ms");
-    w.writeInt(limit.period_ns / 1'000'000);
-    w.writeStr("burst");
-    w.writeInt(limit.burst);
-  }
-}
-
-}  // namespace
-
-void Dispatcher::writeStats(uint32_t msgid, std::string* out) {
-  MetricsSnapshot s = status_.metrics();
-  LeaseStats leases = status_.leaseStats();
-  rpc::writeResultHeader(out, msgid);
-  msgpack::Writer w(out);
-  w.writeMapHeader(13);
-  w.writeStr("leases");
-  std::pair<std::string_view, uint64_t> lease_fields[] = {
-      {"requested", leases.requested},
-      {"granted", leases.granted},
-      {"empty", leases.empty},
-      {"failed", leases.failed},
-      {"granted_units", leases.granted_units},
-      {"spent_units", s.lease_units_spent},
-      {"returned_units", leases.returned_units},
-      {"dropped_units", s.lease_units_dropped},
-      {"debited_units", leases.debited_units},
-      {"released_units", s.lease_units_released + leases.released_units},
-      {"lost_units", leases.lost_units},
-      {"renewed", leases.renewed},
-      {"negative_cache_hits", s.lease_negative_hits},
-      {"deferred", s.lease_deferred},
-      {"deferred_expired", s.lease_deferred_expired},
-      {"latency_us_avg", leases.requested - leases.failed > 0
-                             ? leases.latency_us_sum / (leases.requested - leases.failed)
-                             : 0},
-      {"latency_us_max", leases.latency_us_max},
-      {"fallback_entries", leases.fallback_entries},
-      {"fallback_ms", leases.fallback_ms},
-      {"learning_entries", leases.learning_entries},
-  };
-  w.writeMapHeader(static_cast<uint32_t>(std::size(lease_fields)) + 1);
-  for (auto [name, value] : lease_fields) {
-    w.writeStr(name);
-    w.writeUint(value);
-  }
-  w.writeStr("latency");
-  writeLatency(w, status_.leaseLatency());
-  w.writeStr("decisions");
-  w.writeUint(s.decisions());
-  w.writeStr("requests");
-  w.writeUint(s.requests);
-  w.writeStr("allowed");
-  w.writeMapHeader(kModes);
-  for (size_t i = 0; i < kModes; ++i) {
-    w.writeStr(modeName(static_cast<Mode>(i)));
-    w.writeUint(s.allowed[i]);
-  }
-  w.writeStr("denied");
-  w.writeMapHeader(kModes);
-  for (size_t i = 0; i < kModes; ++i) {
-    w.writeStr(modeName(static_cast<Mode>(i)));
-    w.writeUint(s.denied[i]);
-  }
-  w.writeStr("shadow_denied");
-  w.writeUint(s.shadow_denied);
-  w.writeStr("penalty_blocks");
-  w.writeUint(s.penalty_blocks);
-  w.writeStr("decision_latency");
-  writeLatency(w, s.decision_latency);
-  // Only rules that have decided something: a reload keeps dropped rules'
-  // totals (metrics.h), and a person wants to see where traffic went.
-  std::vector<RuleSnapshot> rules = status_.ruleMetrics();
-  std::erase_if(rules, [](const RuleSnapshot& rule) {
-    auto none = [](const auto& counts) {
-      return std::all_of(counts.begin(), counts.end(), [](uint64_t n) { return n == 0; });
-    };
-    return none(rule.allowed) && none(rule.denied);
-  });
-  w.writeStr("rules");
-  w.writeMapHeader(static_cast<uint32_t>(rules.size()));
-  for (const RuleSnapshot& rule : rules) {
-    w.writeStr(rule.name);
-    w.writeMapHeader(2);
-    w.writeStr("allowed");
-    writeNonZeroModes(w, rule.allowed);
-    w.writeStr("denied");
-    writeNonZeroModes(w, rule.denied);
-  }
-  w.writeStr("errors");
-  w.writeMapHeader(kErrorCodes);
-  for (size_t i = 0; i < kErrorCodes; ++i) {
-    w.writeStr(rpc::errorCodeName(static_cast<rpc::ErrorCode>(i)));
-    w.writeUint(s.errors[i]);
-  }
-  w.writeStr("connections");
-  w.writeMapHeader(5);
-  w.writeStr("accepted");
-  w.writeUint(s.connections_accepted);
-  w.writeStr("refused");  // over [limits] max_connections
-  w.writeUint(s.connections_refused[static_cast<size_t>(RefuseReason::kMaxConnections)]);
-  w.writeStr("refused_per_user");
-  w.writeUint(s.connections_refused[static_cast<size_t>(RefuseReason::kMaxPerUser)]);
-  w.writeStr("forbidden");
-  w.writeUint(s.connections_forbidden);
-  w.writeStr("closed");
-  w.writeMapHeader(kCloseReasons);
-  for (size_t i = 0; i < kCloseReasons; ++i) {
-    w.writeStr(closeReasonName(static_cast<CloseReason>(i)));
-    w.writeUint(s.connections_closed[i]);
-  }
-  KeyTableStats keys = keys_.stats();
-  w.writeStr("keys");
-  w.writeMapHeader(6);
-  w.writeStr("count");
-  w.writeUint(keys.size);
-  w.writeStr("bytes");
-  w.writeUint(keys.bytes);
-  w.writeStr("inserts");
-  w.writeUint(keys.inserts);
-  w.writeStr("idle_evictions");
-  w.writeUint(keys.idle_evictions);
-  w.writeStr("forced_evictions");
-  w.writeUint(keys.forced_evictions);
-  w.writeStr("retired");
-  w.writeUint(keys.retired);
-  w.writeStr("uptime_ms");
-  w.writeInt(status_.uptimeMs());
-}
-
-void Dispatcher::writeRules(uint32_t msgid, std::string* out) {
-  rpc::writeResultHeader(out, msgid);
-  msgpack::Writer w(out);
-  const auto& rules = rules_->rules();
-  w.writeArrayHeader(static_cast<uint32_t>(rules.size()));
-  for (const Rule& rule : rules) {
-    w.writeMapHeader(11);
-    w.writeStr("name");
-    w.writeStr(rule.name);
-    w.writeStr("algorithm");
-    w.writeStr(algorithmName(rule.algorithm));
-    w.writeStr("scope");
-    w.writeStr(scopeName(rule.scope));
-    w.writeStr("on_redis_down");
-    w.writeStr(redisDownPolicyName(rule.on_redis_down));
-    w.writeStr("shadow");
-    w.writeBool(rule.shadow);
-    w.writeStr("max_wait_ms");
-    w.writeInt(rule.max_wait_ns / 1'000'000);
-    w.writeStr("pace");
-    w.writeBool(rule.pace);
-    w.writeStr("limits");
-    writeLimits(w, rule.limits);
-    w.writeStr("penalty");
-    if (rule.penalty) {
-      w.writeMapHeader(3);
-      w.writeStr("denials");
-      w.writeInt(rule.penalty->denials);
-      w.writeStr("window_ms");
-      w.writeInt(rule.penalty->window_ns / 1'000'000);
-      w.writeStr("block_ms");
-      w.writeInt(rule.penalty->block_ns / 1'000'000);
-    } else {
-      w.writeNil();
-    }
-    // A rule may have many exact-key overrides; the answer must stay far
-    // below max_output_bytes, so it lists the first ones and the count.
-    size_t listed = std::min(rule.overrides.size(), kMaxListedOverrides);
-    w.writeStr("override_count");
-    w.writeUint(rule.overrides.size());
-    w.writeStr("overrides");
-    w.writeArrayHeader(static_cast<uint32_t>(listed));
-    for (const Override& override : std::span(rule.overrides).first(listed)) {
-      w.writeMapHeader(2);
-      w.writeStr(override.match == Override::Match::kKey      ? "key"
-                 : override.match == Override::Match::kPrefix ? "prefix"
-                                                              : "glob");
-      w.writeStr(override.pattern);
-      w.writeStr("limits");
-      writeLimits(w, override.limits);
-    }
-  }
-}
-
-void Dispatcher::reload(uint32_t msgid, const Peer& peer, std::string* out) {
-  if (!peer.admin) {
-    error(msgid, rpc::ErrorCode::kForbidden,
-          "reload is for root, the daemon's user and members of [access] admin_group", out);
-    return;
-  }
-  std::string message;
-  if (!status_.reload(&message)) {
-    error(msgid, rpc::ErrorCode::kBadRequest, message, out);
-    return;
-  }
-  rpc::writeResultHeader(out, msgid);
-  msgpack::Writer w(out);
-  w.writeMapHeader(1);
-  w.writeStr("reloaded");
-  w.writeBool(true);
-}
-
-// An admin forgets a key's state, so that its next request is a fresh key's
-// (a key blocked by mistake, a test account). The words are zeroed one by
-// one: an acquire racing with the reset sees the old state or the fresh one
-// (for a rule of several limits, each limit's), never more than a fresh key
-// may spend. For a global rule that leases (each part of one decided on its
-// parts), the state and the block in Redis are reset too (penalty.lua),
-// which needs Redis up; other nodes see
-// the block lifted within kBlockRecheckNs (lease.h), and keep the units
-// their slices hold. A global rule that does not lease keeps its state in
-// this node's share. The answer is peek's on the fresh state.
-void Dispatcher::reset(const rpc::Request& request, const Peer& peer, int64_t now_ns,
-                       std::string* out) {
-  if (!peer.admin) {
-    error(request.msgid, rpc::ErrorCode::kForbidden,
-          "reset is for root, the daemon's user and members of [access] admin_group", out);
-    return;
-  }
-  const rpc::Item& item = request.items.front();
-  const Rule* rule = rules_->find(item.rule);
-  if (rule == nullptr) {
-    error(request.msgid, rpc::ErrorCode::kUnknownRule, unknownRule(item.rule), out);
-    return;
-  }
-  if (broker_ != nullptr && leasesHolding(*rule)) {
-    // A holding is this node's part of the fleet's units: the reset frees
-    // the units callers hold here into the pool (the other nodes' holdings
-    // are theirs), and the pool goes back to Redis as usual.
-    KeyTable::Entry* entry = keys_.find(rule->id, item.key);
-    if (entry != nullptr && entry->state().size() == entryWords(*rule)) {
-      int64_t freed = holding::release(entry->state(), now_ns, rule->limits.front().limit);
-      if (freed > 0) metrics_.lease_units_released.add(static_cast<uint64_t>(freed));
-    }
-    rpc::writeDecision(out, request.msgid, peek(*rule, freshState(*rule), now_ns, 0),
-                       broker_->leasing() ? leasedMode(*rule) : route(*rule).mode);
-    return;
-  }
-  // A rule decided on its parts resets each of them as a rule that leases.
-  std::span<const Rule> parts = broker_ != nullptr ? rules_->parts(*rule) : std::span<const Rule>();
-  if (leasable(*rule) || !parts.empty()) {
-    if (broker_ == nullptr || !broker_->leasing()) {
-      error(request.msgid, rpc::ErrorCode::kOverloaded,
-            "redis is unreachable, and the state of global rule \"" + rule->name +
-                "\" lives there; retry once health says redis is up",
-            out);
-      return;
-    }
-    for (const Rule& leased : parts.empty() ? std::span<const Rule>(rule, 1) : parts) {
-      LeaseRequest reset;
-      reset.kind = LeaseRequest::Kind::kReset;
-      reset.rule_id = leased.id;
-      reset.key = std::string(item.key);
-      broker_->submit(std::move(reset));
-      forgetKey(leased, item.key);
-    }
-  } else {
-    // A global rule that does not lease keeps its state in its share.
-    forgetKey(rule->scope == Scope::kGlobal ? *rules_->fallbackShare(*rule) : *rule, item.key);
-  }
-  const Rule& deciding = decidingFor(*rule, item.key, nullptr);
-  // A rule that leases decides the fresh key on its lease (Redis is up).
-  Mode mode = leasable(*rule) || !parts.empty() ? leasedMode(*rule) : route(*rule).mode;
-  rpc::writeDecision(out, request.msgid, peek(deciding, freshState(deciding), now_ns, 0), mode);
-}
-
-void Dispatcher::forgetKey(const Rule& rule, std::string_view key) {
-  // The state and the penalty's words (a block is lifted) start afresh;
-  // the override word after them stays, and so does a slice's in-flight
-  // bit (its lease's answer clears it).
-  KeyTable::Entry* entry = currentEntry(rule, key);
-  if (entry == nullptr) return;
-  size_t words = entryWords(rule) - (rule.overrides.empty() ? 0 : 1);
-  auto state = entry->state().first(words);
-  for (size_t i = 0; i < state.size(); ++i) {
-    bool in_flight = leasable(rule) && i == slice::kFlags;
-    state[i].fetch_and(in_flight ? slice::kInFlight : 0, std::memory_order_relaxed);
-  }
 }
 
 }  // namespace sluice

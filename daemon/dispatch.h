@@ -35,16 +35,19 @@
 #include <vector>
 
 #include "access.h"
+#include "admin.h"
+#include "failure.h"
 #include "key_table.h"
 #include "lease.h"
 #include "limiter.h"
+#include "lookup.h"
 #include "metrics.h"
+#include "policy.h"
 #include "rpc.h"
 #include "rules.h"
+#include "status.h"
 
 namespace sluice {
-
-class DaemonStatus;
 
 // Most requests one worker keeps deferred at once, and most bytes of their
 // frames (a frame may be up to max_frame_bytes, padded with entries the
@@ -270,24 +273,10 @@ class Dispatcher {
                     std::string* out, const DeferTo* defer);
   void peekParts(const rpc::Request& request, const Rule& configured, int64_t now_ns,
                  std::string* out);
-  // reset: zeroes the words of a key of `rule` (its state, slice or share).
-  void forgetKey(const Rule& rule, std::string_view key);
   // Whether a global rule decides on leases right now.
   bool leasing(const Rule& rule) const {
     return broker_ != nullptr && leasable(rule) && broker_->leasing();
   }
-  void writeHealth(uint32_t msgid, std::string* out);
-  void writeStats(uint32_t msgid, std::string* out);
-  void writeRules(uint32_t msgid, std::string* out);
-  void reload(uint32_t msgid, const Peer& peer, std::string* out);
-  void reset(const rpc::Request& request, const Peer& peer, int64_t now_ns, std::string* out);
-  // Which rule decides a configured rule's requests, and in which mode. A
-  // null rule means the rule's Redis-down policy answers without state.
-  struct Route {
-    const Rule* rule;
-    Mode mode;
-  };
-  Route route(const Rule& rule) const;
   // A limiter decision on the share entry of a global rule; counts what
   // fallback admits (undebited) when `count_undebited`. nullopt: table full.
   std::optional<Decision> acquireShare(const Rule& share, std::string_view key, int64_t now_ns,
@@ -305,23 +294,26 @@ class Dispatcher {
                    int64_t now_ns);
   // How long a global rule's key stays blocked, as this node knows (0: not).
   int64_t globalBlockedFor(const Rule& configured, std::string_view key, int64_t now_ns);
-  void error(uint32_t msgid, rpc::ErrorCode code, std::string_view message, std::string* out);
+  void error(uint32_t msgid, rpc::ErrorCode code, std::string_view message, std::string* out) {
+    answerError(metrics_, msgid, code, message, out);
+  }
+  Route route(const Rule& rule) const { return sluice::route(*rules_, rule); }
+  KeyTable::Entry* currentEntry(const Rule& rule, std::string_view key) {
+    return sluice::currentEntry(keys_, rule, key);
+  }
+  const Rule& decidingFor(const Rule& rule, std::string_view key, KeyTable::Entry* entry) {
+    return sluice::decidingFor(*rules_, rule, key, entry);
+  }
+  std::span<std::atomic<uint64_t>> freshState(const Rule& rule) { return fresh_.of(rule); }
   // Counts a decision on `configured`, the rule the request named.
   void count(const Rule& configured, const Decision& decision, Mode mode);
-  // The entry of (rule, key) as the rule is now: nullptr when there is none,
-  // or when it has the rule's old shape (before a reload). Creates nothing.
-  KeyTable::Entry* currentEntry(const Rule& rule, std::string_view key);
-  // The rule that decides `key` of `rule`: from its entry's override word,
-  // or worked out afresh without an entry.
-  const Rule& decidingFor(const Rule& rule, std::string_view key, KeyTable::Entry* entry);
-  std::span<std::atomic<uint64_t>> freshState(const Rule& rule);
 
   KeyTable& keys_;
   MetricsShard& metrics_;
-  DaemonStatus& status_;
   LeaseBroker* broker_;
   const int64_t lease_timeout_ns_;
   RuleSetPtr rules_;
+  Admin admin_;
   std::vector<RuleShard*> rule_shards_;  // per-rule counters, by position in rules_
   Deliver deliver_;
   std::deque<Deferred> deferred_;  // in deadline order (one timeout for all)
@@ -358,54 +350,8 @@ class Dispatcher {
   std::vector<AcquireItem> limited_;
   std::vector<Decision> decisions_;  // acquire_all: by request item
   std::vector<Mode> item_modes_;
-  std::vector<std::atomic<uint64_t>> fresh_;  // a fresh key's state, for peek
+  FreshState fresh_;  // a fresh key's state, for peek
   std::string message_;
-};
-
-// What `health` says about Redis (control.h owns the facts).
-struct RedisHealth {
-  bool configured = false;  // the config has a [redis] section
-  bool up = false;
-  Breaker breaker = Breaker::kOpen;
-  bool learning = false;    // some rule is in learning mode
-  // Leased units this node holds and has not spent (an estimate: granted
-  // minus returned minus spent).
-  int64_t leased_units = 0;
-  uint32_t nodes = 1;       // live nodes N, or expected_nodes before heartbeats
-  std::string_view mode;    // "standalone", "sentinel" or "cluster" ("" without Redis)
-  // The Redis last connected to, "host:port" or "unix:/path" (in Sentinel
-  // mode the master last found); "" before the first connection.
-  std::string address;
-  // Redis's TIME minus this host's wall clock, from the heartbeats; nullopt
-  // before the first heartbeat answers (and without Redis).
-  std::optional<int64_t> clock_offset_ms;
-};
-
-// What health, stats and reload need from the daemon as a whole. Implemented
-// by the server; every method may be called from any worker thread.
-class DaemonStatus {
- public:
-  virtual ~DaemonStatus() = default;
-  virtual int64_t uptimeMs() const = 0;
-  virtual size_t workers() const = 0;
-  virtual MetricsSnapshot metrics() const = 0;
-  // Open client connections.
-  virtual size_t connections() const = 0;
-  // Open libuv handles of every loop (uv_handles.h), each as its loop last
-  // counted them: the workers and the main loop about once a second, the
-  // control thread every health_interval.
-  virtual size_t handles() const = 0;
-  // Redis as the control thread last saw it.
-  virtual RedisHealth redisHealth() const = 0;
-  // The lease path's counters (all zero without Redis).
-  virtual LeaseStats leaseStats() const = 0;
-  // Decisions of each rule, summed over workers.
-  virtual std::vector<RuleSnapshot> ruleMetrics() const = 0;
-  // Round trips of lease scripts to Redis (empty without Redis).
-  virtual HistogramSnapshot leaseLatency() const = 0;
-  // Re-reads the config file and installs its rules on every worker. Returns
-  // false with a message when the file is refused (the old rules stay).
-  virtual bool reload(std::string* error) = 0;
 };
 
 }  // namespace sluice

@@ -17,6 +17,7 @@
 #include "msgpack.h"
 #include "rpc.h"
 #include "rules.h"
+#include "status.h"
 
 namespace sluice {
 namespace {
