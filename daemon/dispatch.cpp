@@ -18,8 +18,6 @@ std::string notReleasable(const Rule& rule) {
          std::string(algorithmName(rule.algorithm)) + ": its units come back with time";
 }
 
-constexpr std::string_view kTooManyWaiting =
-    "too many requests are waiting for units on this worker; retry later";
 constexpr std::string_view kTableFull =
     "the key table is full and no key could be evicted; raise [keys] max_keys or max_memory";
 
@@ -30,8 +28,11 @@ Dispatcher::Dispatcher(KeyTable& keys, MetricsShard& metrics, DaemonStatus& stat
     : keys_(keys),
       metrics_(metrics),
       broker_(broker),
-      lease_timeout_ns_(lease_timeout_ns),
-      admin_(keys, metrics, status, broker) {}
+      admin_(keys, metrics, status, broker),
+      waiting_(metrics, broker, lease_timeout_ns) {
+  waiting_.onAskAgain([this](const rpc::Request& request, int64_t now_ns, std::string* out,
+                             const Asker& asker) { return decide(request, now_ns, out, asker); });
+}
 
 void Dispatcher::handleParseError(const rpc::ParseResult& result, std::string* out) {
   if (result.has_msgid) {
@@ -85,14 +86,20 @@ bool Dispatcher::handle(const rpc::Request& request, const Peer& peer, int64_t n
     message_.clear();  // a notification's answer is dropped
     return false;
   }
-  DeferTo defer_to{owner, frame, now_ns + lease_timeout_ns_, false, Wait{}};
-  const DeferTo* defer = owner != nullptr && !request.notification ? &defer_to : nullptr;
+  Asker asker;
+  asker.owner = owner;
+  asker.msgid = request.msgid;
+  asker.frame = frame;
+  asker.deadline_ns = now_ns + waiting_.leaseTimeoutNs();
+  asker.may_wait = owner != nullptr && !request.notification;
   bool deferred = false;
   switch (request.method) {
     case rpc::Method::kAcquire:
     case rpc::Method::kPeek:
-    case rpc::Method::kRelease: deferred = acquireOne(request, now_ns, target, defer); break;
-    case rpc::Method::kAcquireAll: deferred = acquireAll(request, now_ns, target, defer); break;
+    case rpc::Method::kRelease:
+    case rpc::Method::kAcquireAll:
+      deferred = decide(request, now_ns, target, asker) != Outcome::kAnswered;
+      break;
     case rpc::Method::kHealth:
     case rpc::Method::kStats:
     case rpc::Method::kRules:
@@ -108,45 +115,6 @@ bool Dispatcher::handle(const rpc::Request& request, const Peer& peer, int64_t n
   return deferred;
 }
 
-bool Dispatcher::defer(const DeferTo* to, const Wait& wait) {
-  if (to == nullptr || deferred_.size() >= kMaxDeferred) return false;
-  if (!to->held) {
-    // A first deferral: keep the frame (the read buffer will be reused).
-    if (deferred_bytes_ + to->frame.size() > kMaxDeferredBytes) return false;
-    deferred_bytes_ += to->frame.size();
-    metrics_.lease_deferred.add();
-    deferred_.push_back({to->owner,
-                         std::string(reinterpret_cast<const char*>(to->frame.data()),
-                                     to->frame.size()),
-                         to->deadline_ns, wait});
-  }
-  return true;
-}
-
-bool Dispatcher::park(const DeferTo& to, const Wait& wait, int64_t due_ns, uint32_t msgid,
-                      std::string* out) {
-  if (parked_.size() + queued_.size() >= kMaxWaiters) {
-    error(msgid, rpc::ErrorCode::kOverloaded, kTooManyWaiting, out);
-    return false;
-  }
-  parked_.push_back({due_ns, wait, to.owner,
-                     std::string(reinterpret_cast<const char*>(to.frame.data()), to.frame.size())});
-  std::push_heap(parked_.begin(), parked_.end());
-  just_parked_ = true;
-  return true;
-}
-
-bool Dispatcher::queue(const DeferTo& to, const Wait& wait, uint32_t msgid, std::string* out) {
-  if (parked_.size() + queued_.size() >= kMaxWaiters) {
-    error(msgid, rpc::ErrorCode::kOverloaded, kTooManyWaiting, out);
-    return false;
-  }
-  queued_.push_back({wait, to.owner,
-                     std::string(reinterpret_cast<const char*>(to.frame.data()), to.frame.size())});
-  just_parked_ = true;
-  return true;
-}
-
 bool Dispatcher::stand(Wait& wait, const Rule& rule, const Rule& deciding, std::string_view key,
                        std::span<std::atomic<uint64_t>> words, int64_t cost, int64_t* ahead) {
   *ahead = 0;
@@ -160,185 +128,28 @@ bool Dispatcher::stand(Wait& wait, const Rule& rule, const Rule& deciding, std::
   return wait.ticket != 0;
 }
 
-void Dispatcher::leaveLine(uint64_t ticket, std::span<std::atomic<uint64_t>> words) {
-  if (ticket != 0 && broker_->lines().leave(ticket, words)) broker_->notifyWorkers();
+Outcome Dispatcher::decide(const rpc::Request& request, int64_t now_ns, std::string* out,
+                           const Asker& asker) {
+  return request.method == rpc::Method::kAcquireAll ? acquireAll(request, now_ns, out, asker)
+                                                    : acquireOne(request, now_ns, out, asker);
 }
 
-bool Dispatcher::reparse(std::string_view frame) {
-  rpc::Limits limits;
-  limits.max_depth = msgpack::Reader::kMaxSkipDepth;
-  limits.max_items = UINT32_MAX;
-  limits.max_frame_bytes = frame.size();
-  limits.max_key_bytes = frame.size();
-  auto bytes = std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(frame.data()), frame.size());
-  return rpc::parseRequest(bytes, limits, &retry_request_).status == rpc::ParseStatus::kOk;
+Outcome Dispatcher::waitUntilDue(const Asker& asker, const Wait& wait, int64_t due_ns,
+                                 std::string* out) {
+  if (waiting_.waitUntilDue(asker, wait, due_ns)) return Outcome::kWaitsUntilDue;
+  error(asker.msgid, rpc::ErrorCode::kOverloaded, Waiting::tooManyWaiting(), out);
+  return Outcome::kAnswered;
 }
 
-void Dispatcher::retryParked(int64_t now_ns, bool all) {
-  std::string response;
-  while (!parked_.empty() && (all || parked_.front().due_ns <= now_ns)) {
-    std::pop_heap(parked_.begin(), parked_.end());
-    Parked parked = std::move(parked_.back());
-    parked_.pop_back();
-    if (!reparse(parked.frame)) continue;  // cannot happen: it parsed before
-    auto bytes = std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(parked.frame.data()),
-                                          parked.frame.size());
-    DeferTo again{parked.owner, bytes, now_ns + lease_timeout_ns_, false, parked.wait};
-    response.clear();
-    // Stopping: answered at once, as a request that does not wait.
-    if (all) leaveLine(parked.wait.ticket);
-    asking_again_ = true;
-    bool waits = acquireOne(retry_request_, now_ns, &response, all ? nullptr : &again);
-    asking_again_ = false;
-    if (!waits && deliver_) deliver_(parked.owner, response);
-  }
-}
-
-void Dispatcher::retryQueued(int64_t now_ns, bool all) {
-  if (queued_.empty()) return;
-  WaitLines& lines = broker_->lines();
-  std::string response;
-  // A request served leaves its line, and the next may be on this worker:
-  // look again while a pass asked any.
-  for (bool asked = true; asked && !queued_.empty();) {
-    asked = false;
-    uint64_t promotions = lines.promotions();
-    bool promoted = promotions != seen_promotions_;
-    seen_promotions_ = promotions;
-    requeuing_.clear();
-    requeuing_.swap(queued_);
-    for (Queued& queued : requeuing_) {
-      bool ended = all || now_ns >= queued.wait.until_ns;
-      if (!ended && !(promoted && lines.first(queued.wait.ticket))) {
-        queued_.push_back(std::move(queued));
-        continue;
-      }
-      asked = true;
-      if (ended) {
-        // Its wait is over: asked as a request that waits no longer.
-        leaveLine(queued.wait.ticket);
-        queued.wait.ticket = 0;
-        queued.wait.until_ns = now_ns;
-      }
-      if (!reparse(queued.frame)) continue;  // cannot happen: it parsed before
-      auto bytes = std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(queued.frame.data()),
-                                            queued.frame.size());
-      DeferTo again{queued.owner, bytes, now_ns + lease_timeout_ns_, false, queued.wait};
-      response.clear();
-      just_parked_ = false;
-      asking_again_ = true;
-      bool waits = acquireOne(retry_request_, now_ns, &response, all ? nullptr : &again);
-      asking_again_ = false;
-      if (!waits && deliver_) deliver_(queued.owner, response);
-    }
-  }
-  requeuing_.clear();
-}
-
-void Dispatcher::retryDeferred(int64_t now_ns, bool all) {
-  answerWaiters(now_ns, all);
-  retryParked(now_ns, all);
-  retryQueued(now_ns, all);
-  retryDeferredLeases(now_ns, all);
-  // The first in a line, served from a lease that came, made the next first.
-  retryQueued(now_ns, all);
-}
-
-void Dispatcher::retryDeferredLeases(int64_t now_ns, bool all) {
-  if (deferred_.empty()) return;
-  retrying_.clear();
-  for (Deferred& deferred : deferred_) retrying_.push_back(std::move(deferred));
-  deferred_.clear();
-  deferred_bytes_ = 0;  // counted again for those that wait on
-  std::string response;
-  for (Deferred& deferred : retrying_) {
-    if (!reparse(deferred.frame)) continue;  // cannot happen: it parsed before
-    auto bytes = std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(deferred.frame.data()),
-                                          deferred.frame.size());
-    bool expired = all || now_ns >= deferred.deadline_ns;
-    if (expired) {
-      metrics_.lease_deferred_expired.add();
-      leaveLine(deferred.wait.ticket);  // asked as a request that does not wait
-    }
-    // A retry keeps its place (the frame stays in `deferred`) when it waits
-    // on for its lease; one that now waits for its units is parked instead.
-    DeferTo again{deferred.owner, bytes, deferred.deadline_ns, true, deferred.wait};
-    response.clear();
-    just_parked_ = false;
-    asking_again_ = true;
-    bool waits = retry_request_.method == rpc::Method::kAcquireAll
-                     ? acquireAll(retry_request_, now_ns, &response, expired ? nullptr : &again)
-                     : acquireOne(retry_request_, now_ns, &response, expired ? nullptr : &again);
-    asking_again_ = false;
-    if (just_parked_) continue;
-    if (waits) {
-      deferred_bytes_ += deferred.frame.size();
-      deferred_.push_back(std::move(deferred));
-      continue;
-    }
-    // It arrived lease_timeout before its deadline.
-    int64_t waited_ns = now_ns - (deferred.deadline_ns - lease_timeout_ns_);
-    metrics_.decision_latency.observe(static_cast<uint64_t>(std::max<int64_t>(waited_ns, 0)) / 1000);
-    if (deliver_) deliver_(deferred.owner, response);
-  }
-  retrying_.clear();
-}
-
-void Dispatcher::forget(void* owner) {
-  std::erase_if(deferred_, [&](const Deferred& deferred) {
-    if (deferred.owner != owner) return false;
-    deferred_bytes_ -= deferred.frame.size();
-    leaveLine(deferred.wait.ticket);
-    return true;
-  });
-  if (std::erase_if(waiters_, [owner](const Waiter& waiter) { return waiter.owner == owner; }) > 0) {
-    std::make_heap(waiters_.begin(), waiters_.end());
-  }
-  if (std::erase_if(parked_, [&](const Parked& parked) {
-        if (parked.owner != owner) return false;
-        leaveLine(parked.wait.ticket);
-        return true;
-      }) > 0) {
-    std::make_heap(parked_.begin(), parked_.end());
-  }
-  std::erase_if(queued_, [&](const Queued& queued) {
-    if (queued.owner != owner) return false;
-    leaveLine(queued.wait.ticket);
-    return true;
-  });
-}
-
-int64_t Dispatcher::nextDeadlineNs() const {
-  int64_t next = INT64_MAX;
-  if (!deferred_.empty()) next = deferred_.front().deadline_ns;
-  if (!waiters_.empty()) next = std::min(next, waiters_.front().due_ns);
-  if (!parked_.empty()) next = std::min(next, parked_.front().due_ns);
-  for (const Queued& queued : queued_) next = std::min(next, queued.wait.until_ns);
-  return next;
+Outcome Dispatcher::waitInLine(const Asker& asker, const Wait& wait, std::string* out) {
+  if (waiting_.waitInLine(asker, wait)) return Outcome::kWaitsInLine;
+  error(asker.msgid, rpc::ErrorCode::kOverloaded, Waiting::tooManyWaiting(), out);
+  return Outcome::kAnswered;
 }
 
 int64_t Dispatcher::maxWaitNs(const Rule& rule, const rpc::Item& item) const {
   if (!canWait(rule)) return 0;
   return item.max_wait_ms >= 0 ? item.max_wait_ms * 1'000'000 : rule.max_wait_ns;
-}
-
-void Dispatcher::answerWaiters(int64_t now_ns, bool all) {
-  std::string response;
-  while (!waiters_.empty() && (all || waiters_.front().due_ns <= now_ns)) {
-    std::pop_heap(waiters_.begin(), waiters_.end());
-    Waiter waiter = std::move(waiters_.back());
-    waiters_.pop_back();
-    Decision decision = waiter.decision;
-    if (waiter.due_ns > now_ns) {
-      // Stopping before its units are due: the normal denial.
-      decision.allowed = false;
-      decision.retry_after_ms = (waiter.due_ns - now_ns + 999'999) / 1'000'000;
-    }
-    response.clear();
-    rpc::writeDecision(&response, waiter.msgid, decision, waiter.mode,
-                       (std::min(now_ns, waiter.due_ns) - waiter.since_ns) / 1'000'000);
-    if (deliver_) deliver_(waiter.owner, response);
-  }
 }
 
 std::optional<Decision> Dispatcher::acquireShare(const Rule& share, std::string_view key,
@@ -440,19 +251,19 @@ Decision sliceDecision(const Rule& rule, const slice::TakeResult& taken, int64_t
 
 }  // namespace
 
-bool Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::string* out,
-                            const DeferTo* defer_to) {
+Outcome Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::string* out,
+                               const Asker& asker) {
   const rpc::Item& item = request.items.front();
   const Rule* configured = rules_->find(item.rule);
   if (configured == nullptr) {
-    if (defer_to != nullptr) leaveLine(defer_to->wait.ticket);  // the rule went in a reload
+    leaveLine(asker.wait.ticket);  // the rule went in a reload
     error(request.msgid, rpc::ErrorCode::kUnknownRule, unknownRule(item.rule), out);
-    return false;
+    return Outcome::kAnswered;
   }
   if (request.method == rpc::Method::kRelease && configured->algorithm != Algorithm::kConcurrency) {
-    if (defer_to != nullptr) leaveLine(defer_to->wait.ticket);
+    leaveLine(asker.wait.ticket);
     error(request.msgid, rpc::ErrorCode::kBadRequest, notReleasable(*configured), out);
-    return false;
+    return Outcome::kAnswered;
   }
   bool spends = request.method == rpc::Method::kAcquire && item.cost > 0;
   if (item.max_wait_ms > 0 && !canWait(*configured)) {
@@ -462,23 +273,25 @@ bool Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::st
               std::string(algorithmName(configured->algorithm)) +
               (configured->limits.size() > 1 ? " of several limits" : ""),
           out);
-    return false;
+    return Outcome::kAnswered;
   }
   if (broker_ != nullptr && leasesHolding(*configured)) {
-    return holdOne(request, *configured, now_ns, out, defer_to);
+    return holdOne(request, *configured, now_ns, out, asker);
   }
-  if (leasing(*configured) && spends) return acquireLeased(request, *configured, now_ns, out, defer_to);
+  if (leasing(*configured) && spends) {
+    return acquireLeased(request, *configured, now_ns, out, asker);
+  }
   // A request that stood in a global rule's line is asked again, and the
   // rule no longer leases: it leaves the line.
-  if (defer_to != nullptr) leaveLine(defer_to->wait.ticket);
+  leaveLine(asker.wait.ticket);
   if (broker_ != nullptr && configured->part_count > 0) {
-    if (spends) return acquireParts(request, *configured, now_ns, out, defer_to);
+    if (spends) return acquireParts(request, *configured, now_ns, out, asker);
     peekParts(request, *configured, now_ns, out);
-    return false;
+    return Outcome::kAnswered;
   }
   if (leasing(*configured)) {
     peekLeased(request, *configured, now_ns, out);
-    return false;
+    return Outcome::kAnswered;
   }
   auto [rule, mode] = route(*configured);
   if (rule == nullptr) {
@@ -487,7 +300,7 @@ bool Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::st
       count(*configured, decision, mode);
     }
     rpc::writeDecision(out, request.msgid, decision, mode);
-    return false;
+    return Outcome::kAnswered;
   }
 
   Decision decision;
@@ -495,7 +308,7 @@ bool Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::st
     KeyTable::Entry* entry = keys_.findOrInsert(rule->id, item.key, entryWords(*rule), now_ns);
     if (entry == nullptr) {
       error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
-      return false;
+      return Outcome::kAnswered;
     }
     const Rule& deciding = decidingRule(*rules_, *rule, item.key, entry->state());
     auto state = entry->state().first(stateWords(deciding));
@@ -514,17 +327,17 @@ bool Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::st
         decision = blockedDecision(deciding, left_ns);
         count(*configured, decision, Mode::kBlocked);
         rpc::writeDecision(out, request.msgid, decision, Mode::kBlocked);
-        return false;
+        return Outcome::kAnswered;
       }
     }
     // Only a request that gets an answer may wait (not a notification).
-    int64_t max_wait_ns = defer_to != nullptr && rule == configured ? maxWaitNs(*rule, item) : 0;
-    if (max_wait_ns > 0 && waiters_.size() >= kMaxWaiters) {
+    int64_t max_wait_ns = asker.may_wait && rule == configured ? maxWaitNs(*rule, item) : 0;
+    if (max_wait_ns > 0 && !waiting_.mayReserve()) {
       decision = acquire(deciding, state, now_ns, item.cost);
       if (!decision.allowed && !decision.cost_exceeds_limit &&
           decision.retry_after_ms * 1'000'000 <= max_wait_ns) {
-        error(request.msgid, rpc::ErrorCode::kOverloaded, kTooManyWaiting, out);
-        return false;
+        error(request.msgid, rpc::ErrorCode::kOverloaded, Waiting::tooManyWaiting(), out);
+        return Outcome::kAnswered;
       }
     } else {
       decision = acquire(deciding, state, now_ns, item.cost, max_wait_ns);
@@ -535,13 +348,12 @@ bool Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::st
     count(*configured, decision, mode);
     if (penalty != nullptr) countDenial(*configured, item.key, penalty_entry, decision, now_ns);
     if (decision.wait_ns > 0) {
-      waiters_.push_back({now_ns + decision.wait_ns, waiter_seq_++, now_ns, defer_to->owner,
-                          request.msgid, decision, mode});
-      std::push_heap(waiters_.begin(), waiters_.end());
-      return true;
+      waiting_.reserve(asker.owner, request.msgid, decision, mode, now_ns,
+                       now_ns + decision.wait_ns);
+      return Outcome::kWaitsReserved;
     }
     rpc::writeDecision(out, request.msgid, decision, mode, max_wait_ns > 0 ? 0 : -1);
-    return false;
+    return Outcome::kAnswered;
   } else {
     // peek, release and cost 0 never create a key: an absent key is fresh.
     KeyTable::Entry* entry = currentEntry(*rule, item.key);
@@ -565,46 +377,47 @@ bool Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::st
     }
   }
   rpc::writeDecision(out, request.msgid, decision, mode);
-  return false;
+  return Outcome::kAnswered;
 }
 
-bool Dispatcher::acquireLeased(const rpc::Request& request, const Rule& rule, int64_t now_ns,
-                               std::string* out, const DeferTo* defer_to) {
+Outcome Dispatcher::acquireLeased(const rpc::Request& request, const Rule& rule, int64_t now_ns,
+                                  std::string* out, const Asker& asker) {
   const rpc::Item& item = request.items.front();
   // A request that may wait for its units (max_wait): its wait, from its
   // arrival; a retry brings its own. Answers say how long it waited.
   Wait wait;
-  if (defer_to != nullptr && defer_to->wait.until_ns != 0) {
-    wait = defer_to->wait;
-  } else if (int64_t max_wait_ns = defer_to != nullptr ? maxWaitNs(rule, item) : 0) {
-    wait = {now_ns, now_ns + max_wait_ns, waiter_seq_++, 0};
+  if (asker.may_wait && asker.wait.until_ns != 0) {
+    wait = asker.wait;
+  } else if (int64_t max_wait_ns = asker.may_wait ? maxWaitNs(rule, item) : 0) {
+    wait = {now_ns, now_ns + max_wait_ns, waiting_.nextSeq(), 0};
   }
   KeyTable::Entry* entry = keys_.findOrInsert(rule.id, item.key, entryWords(rule), now_ns);
   if (entry == nullptr) {
     leaveLine(wait.ticket);
     error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
-    return false;
+    return Outcome::kAnswered;
   }
   auto entry_words = entry->state();
-  bool kept = spendLeased(request, rule, now_ns, entry_words, wait, out, defer_to);
+  Outcome outcome = spendLeased(request, rule, now_ns, entry_words, wait, out, asker);
   // Answered: whatever became of it, it no longer stands in line.
-  if (!kept) leaveLine(wait.ticket, entry_words.first(slice::kWords));
-  return kept;
+  if (outcome == Outcome::kAnswered) leaveLine(wait.ticket, entry_words.first(slice::kWords));
+  return outcome;
 }
 
 slice::TakeResult Dispatcher::takeSlice(const Rule& rule, std::string_view key,
                                         std::span<std::atomic<uint64_t>> words, int64_t now_ns,
-                                        int64_t cost, bool first_in_line) {
-  slice::TakeResult taken = slice::take(words, now_ns, cost, asking_again_, first_in_line);
+                                        int64_t cost, bool again,
+                                        bool first_in_line) {
+  slice::TakeResult taken = slice::take(words, now_ns, cost, again, first_in_line);
   if (taken.outcome == slice::Outcome::kQueued && !broker_->lines().standing(rule.id, key, words)) {
     taken = slice::take(words, now_ns, cost, true, first_in_line);  // demand counted already
   }
   return taken;
 }
 
-bool Dispatcher::spendLeased(const rpc::Request& request, const Rule& rule, int64_t now_ns,
-                             std::span<std::atomic<uint64_t>> entry_words, Wait& wait,
-                             std::string* out, const DeferTo* defer_to) {
+Outcome Dispatcher::spendLeased(const rpc::Request& request, const Rule& rule, int64_t now_ns,
+                                std::span<std::atomic<uint64_t>> entry_words, Wait& wait,
+                                std::string* out, const Asker& asker) {
   const rpc::Item& item = request.items.front();
   Mode mode = rule.shadow ? Mode::kShadow : Mode::kNormal;
   const Rule& deciding = decidingRule(*rules_, rule, item.key, entry_words);
@@ -619,11 +432,11 @@ bool Dispatcher::spendLeased(const rpc::Request& request, const Rule& rule, int6
                            : 0;
   if (blocked_ns > 0) {
     bool recheck = now_ns >= static_cast<int64_t>(words[slice::kDenyUntil].load(std::memory_order_acquire));
-    if (!recheck || defer_to == nullptr) {
+    if (!recheck || !asker.may_wait) {
       Decision blocked = blockedDecision(deciding, blocked_ns);
       count(rule, blocked, Mode::kBlocked);
       rpc::writeDecision(out, request.msgid, blocked, Mode::kBlocked, waited_ms);
-      return false;
+      return Outcome::kAnswered;
     }
     words[slice::kUnits].store(0, std::memory_order_release);  // a lease's, granted late
   }
@@ -633,8 +446,8 @@ bool Dispatcher::spendLeased(const rpc::Request& request, const Rule& rule, int6
     decision = exceedsCapacity(deciding);
   } else {
     bool first = wait.ticket != 0 && broker_->lines().first(wait.ticket);
-    slice::TakeResult taken = takeSlice(rule, item.key, words, now_ns, item.cost, first);
-    if (taken.outcome == slice::Outcome::kQueued && waits && defer_to != nullptr) {
+    slice::TakeResult taken = takeSlice(rule, item.key, words, now_ns, item.cost, asker.again, first);
+    if (taken.outcome == slice::Outcome::kQueued && waits && asker.may_wait) {
       // Others of this node wait for the key's units, and came first: it
       // waits for its turn behind them.
       int64_t ahead = 0;
@@ -648,7 +461,7 @@ bool Dispatcher::spendLeased(const rpc::Request& request, const Rule& rule, int6
             static_cast<double>(limit.limit)));
         wait.until_ns = 0;
       } else if (!broker_->lines().first(wait.ticket)) {
-        return queue(*defer_to, wait, request.msgid, out);
+        return waitInLine(asker, wait, out);
       } else {
         // The line emptied between the two: it leads the line now.
         taken = slice::take(words, now_ns, item.cost, true, true);
@@ -667,7 +480,7 @@ bool Dispatcher::spendLeased(const rpc::Request& request, const Rule& rule, int6
             slice::refund(words, item.cost);
             if (!share) {
               error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
-              return false;
+              return Outcome::kAnswered;
             }
             decision = *share;
             decision.allowed = false;
@@ -687,17 +500,19 @@ bool Dispatcher::spendLeased(const rpc::Request& request, const Rule& rule, int6
         // Others of this node wait for the key's units. One that does not
         // wait may wait for the lease under way, and has what the line
         // leaves of it.
-        if (taken.until_ns == 0 && wait.until_ns == 0 && defer(defer_to, wait)) return true;
+        if (taken.until_ns == 0 && wait.until_ns == 0 && waitForLease(asker, wait)) {
+          return Outcome::kWaitsForLease;
+        }
         decision = sliceDecision(deciding, taken, now_ns);
         break;
       case slice::Outcome::kEmpty:
         // A waiter stands in line while its lease comes, so that requests
         // after it do not spend what the lease brings for it.
-        if (waits && defer_to != nullptr) {
+        if (waits && asker.may_wait) {
           int64_t ahead = 0;
           stand(wait, rule, deciding, item.key, words, item.cost, &ahead);  // leads an empty line
         }
-        if (defer(defer_to, wait)) return true;
+        if (waitForLease(asker, wait)) return Outcome::kWaitsForLease;
         [[fallthrough]];
       case slice::Outcome::kFallback: {
         // No lease in time, or the key's lease failed: the policy decides.
@@ -708,14 +523,14 @@ bool Dispatcher::spendLeased(const rpc::Request& request, const Rule& rule, int6
           std::optional<Decision> shared = acquireShare(*share, item.key, now_ns, item.cost, true);
           if (!shared) {
             error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
-            return false;
+            return Outcome::kAnswered;
           }
           decision = *shared;
         }
         count(rule, decision, policy_mode);
         countDenial(rule, item.key, entry_words, decision, now_ns);
         rpc::writeDecision(out, request.msgid, decision, policy_mode, waited_ms);
-        return false;
+        return Outcome::kAnswered;
       }
     }
   }
@@ -729,13 +544,13 @@ bool Dispatcher::spendLeased(const rpc::Request& request, const Rule& rule, int6
       decision.retry_after_ms > 0 && due_ns <= wait.until_ns) {
     int64_t ahead = 0;
     if (stand(wait, rule, deciding, item.key, words, item.cost, &ahead)) {
-      return park(*defer_to, wait, due_ns, request.msgid, out);
+      return waitUntilDue(asker, wait, due_ns, out);
     }
   }
   count(rule, decision, mode);
   countDenial(rule, item.key, entry_words, decision, now_ns);
   rpc::writeDecision(out, request.msgid, decision, mode, waited_ms);
-  return false;
+  return Outcome::kAnswered;
 }
 
 int64_t Dispatcher::globalBlockedFor(const Rule& configured, std::string_view key,
@@ -801,7 +616,7 @@ void Dispatcher::requestHolding(const Rule& rule, std::string_view key,
 }
 
 Dispatcher::Held Dispatcher::acquireHeld(const Rule& rule, const rpc::Item& item, int64_t now_ns,
-                                         const DeferTo* defer_to, Decision* decision, Mode* mode,
+                                         const Asker& asker, Decision* decision, Mode* mode,
                                          std::span<std::atomic<uint64_t>>* held_words) {
   const Limit& limit = rule.limits.front();
   *mode = rule.shadow ? Mode::kShadow : Mode::kNormal;
@@ -817,7 +632,7 @@ Dispatcher::Held Dispatcher::acquireHeld(const Rule& rule, const rpc::Item& item
     // holds to its share until every node has renewed what it holds.
     int64_t cap =
         broker_->learningAny(now_ns) ? rules_->fallbackShare(rule)->limits.front().limit : 0;
-    holding::Acquired got = holding::acquire(words, limit, now_ns, item.cost, asking_again_, cap);
+    holding::Acquired got = holding::acquire(words, limit, now_ns, item.cost, asker.again, cap);
     if (got.reclaimed > 0) metrics_.lease_units_released.add(static_cast<uint64_t>(got.reclaimed));
     if (got.taken.must_request) requestHolding(rule, item.key, words, now_ns, item.cost);
     switch (got.taken.outcome) {
@@ -837,7 +652,7 @@ Dispatcher::Held Dispatcher::acquireHeld(const Rule& rule, const rpc::Item& item
         }
         return Held::kAnswered;
       case slice::Outcome::kEmpty:
-        if (defer(defer_to)) return Held::kDeferred;
+        if (waitForLease(asker)) return Held::kDeferred;
         [[fallthrough]];
       case slice::Outcome::kQueued:  // never: concurrency requests do not wait in line
       case slice::Outcome::kFallback: break;
@@ -897,25 +712,25 @@ Decision Dispatcher::peekHeld(const Rule& rule, std::span<const std::atomic<uint
   return decision;
 }
 
-bool Dispatcher::holdOne(const rpc::Request& request, const Rule& rule, int64_t now_ns,
-                         std::string* out, const DeferTo* defer_to) {
+Outcome Dispatcher::holdOne(const rpc::Request& request, const Rule& rule, int64_t now_ns,
+                            std::string* out, const Asker& asker) {
   const rpc::Item& item = request.items.front();
   Decision decision;
   Mode mode = Mode::kNormal;
   if (request.method == rpc::Method::kAcquire && item.cost > 0) {
     std::span<std::atomic<uint64_t>> held;
-    switch (acquireHeld(rule, item, now_ns, defer_to, &decision, &mode, &held)) {
-      case Held::kDeferred: return true;
+    switch (acquireHeld(rule, item, now_ns, asker, &decision, &mode, &held)) {
+      case Held::kDeferred: return Outcome::kWaitsForLease;
       case Held::kTableFull:
         error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
-        return false;
+        return Outcome::kAnswered;
       case Held::kHeld:
       case Held::kAnswered: break;
     }
     applyShadow(rule, &decision);
     count(rule, decision, mode);
     rpc::writeDecision(out, request.msgid, decision, mode);
-    return false;
+    return Outcome::kAnswered;
   }
   // peek, release and cost 0 never create a key: an absent key is fresh.
   KeyTable::Entry* entry = currentEntry(rule, item.key);
@@ -940,7 +755,7 @@ bool Dispatcher::holdOne(const rpc::Request& request, const Rule& rule, int64_t 
   }
   applyShadow(rule, &decision);
   rpc::writeDecision(out, request.msgid, decision, mode);
-  return false;
+  return Outcome::kAnswered;
 }
 
 // --- acquire_all, and rules decided on their parts -----------------------------
@@ -967,7 +782,7 @@ void Dispatcher::refundEntries(int64_t now_ns) {
 }
 
 Dispatcher::Collected Dispatcher::collectItem(const Rule& configured, const rpc::Item& item,
-                                              int64_t now_ns, const DeferTo* defer_to,
+                                              int64_t now_ns, const Asker& asker,
                                               bool* denied) {
   groups_.push_back({&configured, item.key, items_.size(), 0});
   // Without Redis, a global rule decides on its share (route), parts or not.
@@ -977,8 +792,10 @@ Dispatcher::Collected Dispatcher::collectItem(const Rule& configured, const rpc:
   // still asked (without deferring again, and refunded), so that their
   // leases are on the way too and all come within one round trip.
   bool deferred = false;
+  Asker no_wait = asker;
+  no_wait.may_wait = false;
   for (const Rule& rule : parts.empty() ? std::span<const Rule>(&configured, 1) : parts) {
-    switch (collectEntry(rule, item, now_ns, deferred ? nullptr : defer_to, denied)) {
+    switch (collectEntry(rule, item, now_ns, deferred ? no_wait : asker, denied)) {
       case Collected::kOk: break;
       case Collected::kDeferred: deferred = true; break;
       case Collected::kTableFull: return Collected::kTableFull;
@@ -989,7 +806,7 @@ Dispatcher::Collected Dispatcher::collectItem(const Rule& configured, const rpc:
 }
 
 Dispatcher::Collected Dispatcher::collectEntry(const Rule& rule, const rpc::Item& item,
-                                               int64_t now_ns, const DeferTo* defer_to,
+                                               int64_t now_ns, const Asker& asker,
                                                bool* denied) {
   const std::string_view key = item.key;
   const int64_t cost = item.cost;
@@ -1014,7 +831,7 @@ Dispatcher::Collected Dispatcher::collectEntry(const Rule& rule, const rpc::Item
   }
   std::span<std::atomic<uint64_t>> held_words;
   if (!decided && broker_ != nullptr && leasesHolding(rule) && cost > 0) {
-    switch (acquireHeld(rule, item, now_ns, defer_to, &acquire_item.decision, &mode,
+    switch (acquireHeld(rule, item, now_ns, asker, &acquire_item.decision, &mode,
                         &held_words)) {
       case Held::kDeferred: return Collected::kDeferred;
       case Held::kTableFull: return Collected::kTableFull;
@@ -1037,14 +854,14 @@ Dispatcher::Collected Dispatcher::collectEntry(const Rule& rule, const rpc::Item
       decided = true;
     } else {
       slice_words = entry->state().first(slice::kWords);
-      slice::TakeResult taken = takeSlice(rule, key, slice_words, now_ns, cost, false);
+      slice::TakeResult taken = takeSlice(rule, key, slice_words, now_ns, cost, asker.again, false);
       if (taken.dropped > 0) metrics_.lease_units_dropped.add(static_cast<uint64_t>(taken.dropped));
       if (taken.must_request) requestLease(rule, deciding, key, entry->state(), now_ns, cost);
       // Behind waiters with no answer from Redis yet, it waits for the
       // lease under way as on an empty slice.
       bool lease_coming = taken.outcome == slice::Outcome::kEmpty ||
                           (taken.outcome == slice::Outcome::kQueued && taken.until_ns == 0);
-      if (lease_coming && defer(defer_to)) return Collected::kDeferred;
+      if (lease_coming && waitForLease(asker)) return Collected::kDeferred;
       if (taken.outcome == slice::Outcome::kTaken || taken.outcome == slice::Outcome::kDenied ||
           taken.outcome == slice::Outcome::kQueued) {
         if (taken.outcome == slice::Outcome::kTaken) taken_units = cost;
@@ -1180,8 +997,8 @@ Decision Dispatcher::groupDecision(const Group& group, Mode* mode) const {
   return decision;
 }
 
-bool Dispatcher::acquireAll(const rpc::Request& request, int64_t now_ns, std::string* out,
-                            const DeferTo* defer_to) {
+Outcome Dispatcher::acquireAll(const rpc::Request& request, int64_t now_ns, std::string* out,
+                               const Asker& asker) {
   startEntries();
   bool denied = false;
   for (const rpc::Item& item : request.items) {
@@ -1189,15 +1006,15 @@ bool Dispatcher::acquireAll(const rpc::Request& request, int64_t now_ns, std::st
     if (configured == nullptr) {
       refundEntries(now_ns);
       error(request.msgid, rpc::ErrorCode::kUnknownRule, unknownRule(item.rule), out);
-      return false;
+      return Outcome::kAnswered;
     }
-    switch (collectItem(*configured, item, now_ns, defer_to, &denied)) {
+    switch (collectItem(*configured, item, now_ns, asker, &denied)) {
       case Collected::kOk: break;
-      case Collected::kDeferred: refundEntries(now_ns); return true;
+      case Collected::kDeferred: refundEntries(now_ns); return Outcome::kWaitsForLease;
       case Collected::kTableFull:
         refundEntries(now_ns);
         error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
-        return false;
+        return Outcome::kAnswered;
     }
   }
   bool allowed = settleEntries(now_ns, denied);
@@ -1210,27 +1027,27 @@ bool Dispatcher::acquireAll(const rpc::Request& request, int64_t now_ns, std::st
     count(*group.configured, decisions_.back(), mode);
   }
   rpc::writeDecisions(out, request.msgid, allowed, decisions_, item_modes_);
-  return false;
+  return Outcome::kAnswered;
 }
 
-bool Dispatcher::acquireParts(const rpc::Request& request, const Rule& configured, int64_t now_ns,
-                              std::string* out, const DeferTo* defer_to) {
+Outcome Dispatcher::acquireParts(const rpc::Request& request, const Rule& configured,
+                                 int64_t now_ns, std::string* out, const Asker& asker) {
   startEntries();
   bool denied = false;
-  switch (collectItem(configured, request.items.front(), now_ns, defer_to, &denied)) {
+  switch (collectItem(configured, request.items.front(), now_ns, asker, &denied)) {
     case Collected::kOk: break;
-    case Collected::kDeferred: refundEntries(now_ns); return true;
+    case Collected::kDeferred: refundEntries(now_ns); return Outcome::kWaitsForLease;
     case Collected::kTableFull:
       refundEntries(now_ns);
       error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
-      return false;
+      return Outcome::kAnswered;
   }
   settleEntries(now_ns, denied);
   Mode mode = Mode::kLocal;
   Decision decision = groupDecision(groups_.front(), &mode);
   count(configured, decision, mode);
   rpc::writeDecision(out, request.msgid, decision, mode);
-  return false;
+  return Outcome::kAnswered;
 }
 
 void Dispatcher::peekParts(const rpc::Request& request, const Rule& configured, int64_t now_ns,

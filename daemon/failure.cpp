@@ -15,9 +15,7 @@ void answerError(MetricsShard& metrics, uint32_t msgid, rpc::ErrorCode code,
 
 void impossible(std::string_view what) {
   spdlog::critical("impossible state, a bug: {}", what);
-#if !defined(NDEBUG) || defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-  std::abort();
-#endif
+  if constexpr (kImpossibleAborts) std::abort();
 }
 
 std::string unknownRule(std::string_view name) {

@@ -28,6 +28,13 @@ namespace sluice {
 void answerError(MetricsShard& metrics, uint32_t msgid, rpc::ErrorCode code,
                  std::string_view message, std::string* out);
 
+// Whether impossible() aborts: in debug and sanitizer builds.
+#if !defined(NDEBUG) || defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kImpossibleAborts = true;
+#else
+inline constexpr bool kImpossibleAborts = false;
+#endif
+
 // Reports an impossible state (see above): logs `what`, then aborts in debug
 // and sanitizer builds; returns in release builds, where the caller answers
 // INTERNAL.
