@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "answer.h"
 #include "key_table.h"
 #include "lease.h"
 #include "metrics.h"
@@ -48,68 +49,6 @@ class TestStatus final : public DaemonStatus {
   const Metrics& metrics_;
 };
 
-// One decoded answer: an error's code and message, or a result map's
-// integers, booleans and strings by name.
-struct Answer {
-  uint32_t msgid = 0;
-  std::string error;  // the error's code; "" for a result
-  std::string message;
-  std::map<std::string, int64_t> ints;
-  std::map<std::string, bool> bools;
-  std::map<std::string, std::string> strs;
-
-  bool allowed() const { return bools.at("allowed"); }
-  int64_t remaining() const { return ints.at("remaining"); }
-  const std::string& mode() const { return strs.at("mode"); }
-};
-
-Answer decode(std::string_view bytes) {
-  Answer answer;
-  msgpack::Reader r(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), bytes.size());
-  uint32_t count = 0;
-  int64_t type = 0;
-  int64_t msgid = 0;
-  EXPECT_TRUE(r.readArrayHeader(&count) && count == 4);
-  EXPECT_TRUE(r.readInt(&type) && type == 1);
-  EXPECT_TRUE(r.readInt(&msgid));
-  answer.msgid = static_cast<uint32_t>(msgid);
-  bool is_error = r.peekType() == msgpack::Type::kMap;
-  if (!is_error) {
-    EXPECT_TRUE(r.readNil());
-  }
-  uint32_t entries = 0;
-  EXPECT_TRUE(r.readMapHeader(&entries));
-  for (uint32_t i = 0; i < entries; ++i) {
-    std::string_view name;
-    EXPECT_TRUE(r.readStr(&name));
-    switch (r.peekType()) {
-      case msgpack::Type::kBool: {
-        bool value = false;
-        r.readBool(&value);
-        answer.bools[std::string(name)] = value;
-        break;
-      }
-      case msgpack::Type::kInt: {
-        int64_t value = 0;
-        r.readInt(&value);
-        answer.ints[std::string(name)] = value;
-        break;
-      }
-      case msgpack::Type::kStr: {
-        std::string_view value;
-        r.readStr(&value);
-        if (is_error && name == "code") answer.error = value;
-        if (is_error && name == "message") answer.message = value;
-        answer.strs[std::string(name)] = value;
-        break;
-      }
-      default: r.skip(16, 1024);
-    }
-  }
-  EXPECT_TRUE(r.ok());
-  return answer;
-}
-
 Rule makeRule(uint32_t id, std::string name, Algorithm algorithm, Limit limit,
               Scope scope = Scope::kLocal) {
   Rule rule;
@@ -123,12 +62,31 @@ Rule makeRule(uint32_t id, std::string name, Algorithm algorithm, Limit limit,
 }
 
 std::vector<Rule> testRules() {
-  return {
+  std::vector<Rule> rules = {
       makeRule(1, "jobs", Algorithm::kConcurrency, {2, 0, 2}),
       makeRule(2, "api", Algorithm::kTokenBucket, {3, 1 * kS, 3}),
       makeRule(3, "g_jobs", Algorithm::kConcurrency, {4, 0, 4}, Scope::kGlobal),
       makeRule(4, "g_api", Algorithm::kTokenBucket, {10, 1 * kS, 10}, Scope::kGlobal),
+      makeRule(5, "wait", Algorithm::kTokenBucket, {2, 1 * kS, 2}),
   };
+  rules.back().max_wait_ns = 1 * kS;
+  return rules;
+}
+
+// A request's frame as a client sends it: [0, msgid, method, [rule, key, cost]].
+std::string frameOf(uint32_t msgid, std::string_view method, std::string_view rule,
+                    std::string_view key, int64_t cost) {
+  std::string frame;
+  msgpack::Writer w(&frame);
+  w.writeArrayHeader(4);
+  w.writeInt(0);
+  w.writeUint(msgid);
+  w.writeStr(method);
+  w.writeArrayHeader(3);
+  w.writeStr(rule);
+  w.writeStr(key);
+  w.writeInt(cost);
+  return frame;
 }
 
 // One worker's dispatcher over its own key table; `leasing` gives it a
@@ -143,6 +101,10 @@ class DispatchTest : public ::testing::Test {
     }
     dispatcher_.emplace(keys_, metrics_.shard(0), status_, broker_.get());
     dispatcher_->setRules(std::make_shared<const RuleSet>(testRules(), 2));
+    dispatcher_->onDeliver([this](void* owner, std::string_view response) {
+      EXPECT_EQ(owner, static_cast<void*>(this)) << "an answer goes to the one that asked";
+      delivered_.push_back(decode(response));
+    });
   }
 
   static KeyTableOptions options() {
@@ -169,6 +131,34 @@ class DispatchTest : public ::testing::Test {
     EXPECT_EQ(answer.msgid, msgid_);
     return answer;
   }
+  // Sends an acquire as a connection does (its frame, this test as its
+  // owner), so that it may wait: nullopt while it waits, its answer if it
+  // is answered at once.
+  std::optional<Answer> send(std::string_view rule, std::string_view key, int64_t cost = 1) {
+    std::string frame = frameOf(++msgid_, "acquire", rule, key, cost);
+    auto bytes = std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(frame.data()),
+                                          frame.size());
+    rpc::Request request;
+    EXPECT_EQ(rpc::parseRequest(bytes, rpc::Limits{}, &request).status, rpc::ParseStatus::kOk);
+    Peer peer;
+    peer.allowed = true;
+    std::string out;
+    bool waits = false;
+    {
+      KeyTable::ReadGuard guard(keys_, reader_);
+      waits = dispatcher_->handle(request, peer, now_ns_, &out, this, bytes);
+    }
+    EXPECT_EQ(waits, out.empty());
+    if (waits) return std::nullopt;
+    return decode(out);
+  }
+  // What the worker's timer does at now_ns_ (every waiter with `all`).
+  void retry(bool all = false) {
+    KeyTable::ReadGuard guard(keys_, reader_);
+    dispatcher_->retryDeferred(now_ns_, all);
+  }
+  size_t waiting(WaitKind kind) const { return dispatcher_->waiting().count(kind); }
+
   Answer acquire(std::string_view rule, std::string_view key, int64_t cost = 1) {
     return call(rpc::Method::kAcquire, rule, key, cost);
   }
@@ -190,6 +180,7 @@ class DispatchTest : public ::testing::Test {
   std::optional<Dispatcher> dispatcher_;
   int64_t now_ns_ = kStart;
   uint32_t msgid_ = 0;
+  std::vector<Answer> delivered_;
 };
 
 class LeasingDispatchTest : public DispatchTest {
@@ -276,6 +267,73 @@ TEST_F(LeasingDispatchTest, ResetOfALeasingRuleAnswersTheModeItDecidesIn) {
 TEST_F(DispatchTest, ResetOfAGlobalRuleWithoutRedisAnswersInFallback) {
   EXPECT_EQ(reset("g_jobs", "k").mode(), "fallback");
   EXPECT_EQ(reset("api", "k").mode(), "local");
+}
+
+// --- waiting -------------------------------------------------------------------
+
+// Verifies a request allowed on a reservation waits until its units are due
+// and is answered then, with how long it waited.
+TEST_F(DispatchTest, ARequestOnAReservationIsAnsweredWhenItsUnitsAreDue) {
+  ASSERT_TRUE(send("wait", "k", 2)->allowed());
+  EXPECT_FALSE(send("wait", "k").has_value());
+  EXPECT_EQ(waiting(WaitKind::kReserved), 1u);
+  EXPECT_EQ(dispatcher_->nextDeadlineNs(), kStart + 500 * kMs);
+  now_ns_ = kStart + 499 * kMs;
+  retry();
+  EXPECT_TRUE(delivered_.empty());
+  now_ns_ = kStart + 500 * kMs;
+  retry();
+  ASSERT_EQ(delivered_.size(), 1u);
+  EXPECT_EQ(delivered_[0].msgid, 2u);
+  EXPECT_TRUE(delivered_[0].allowed());
+  EXPECT_EQ(delivered_[0].ints.at("waited_ms"), 500);
+  EXPECT_FALSE(dispatcher_->hasDeferred());
+}
+
+// Verifies a worker that stops answers a reservation not yet due with the
+// denial it would have had, saying when its units would have been due.
+TEST_F(DispatchTest, StoppingAnswersAReservationNotYetDueWithADenial) {
+  ASSERT_TRUE(send("wait", "k", 2)->allowed());
+  ASSERT_FALSE(send("wait", "k").has_value());
+  now_ns_ = kStart + 100 * kMs;
+  retry(true);
+  ASSERT_EQ(delivered_.size(), 1u);
+  EXPECT_FALSE(delivered_[0].allowed());
+  EXPECT_EQ(delivered_[0].ints.at("retry_after_ms"), 400);
+  EXPECT_FALSE(dispatcher_->hasDeferred());
+}
+
+// Verifies the waiters of a connection that has gone are dropped unanswered.
+TEST_F(DispatchTest, ForgetDropsTheWaitersOfAnOwnerThatHasGone) {
+  ASSERT_TRUE(send("wait", "k", 2)->allowed());
+  ASSERT_FALSE(send("wait", "k").has_value());
+  dispatcher_->forget(this);
+  EXPECT_FALSE(dispatcher_->hasDeferred());
+  now_ns_ = kStart + 1 * kS;
+  retry();
+  EXPECT_TRUE(delivered_.empty());
+}
+
+// Verifies a request on a cold key of a leasing rule waits for the key's
+// lease (one lease asked for), and that when none comes within
+// lease_timeout its rule's on_redis_down policy answers it.
+TEST_F(LeasingDispatchTest, AColdKeyWaitsForItsLeaseThenItsPolicyAnswers) {
+  EXPECT_FALSE(send("g_api", "cold").has_value());
+  EXPECT_EQ(waiting(WaitKind::kLease), 1u);
+  std::vector<LeaseRequest> sent;
+  broker_->takeRequests(&sent);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].kind, LeaseRequest::Kind::kLease);
+  EXPECT_EQ(sent[0].key, "cold");
+  now_ns_ = kStart + 49 * kMs;
+  retry();
+  EXPECT_TRUE(delivered_.empty());
+  now_ns_ = kStart + 50 * kMs;  // the default lease_timeout
+  retry();
+  ASSERT_EQ(delivered_.size(), 1u);
+  EXPECT_TRUE(delivered_[0].allowed());
+  EXPECT_EQ(delivered_[0].mode(), "fallback");
+  EXPECT_FALSE(dispatcher_->hasDeferred());
 }
 
 }  // namespace
