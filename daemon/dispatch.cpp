@@ -29,7 +29,8 @@ Dispatcher::Dispatcher(KeyTable& keys, MetricsShard& metrics, DaemonStatus& stat
       metrics_(metrics),
       broker_(broker),
       admin_(keys, metrics, status, broker),
-      waiting_(metrics, broker, lease_timeout_ns) {
+      waiting_(metrics, broker, lease_timeout_ns),
+      holding_(keys, metrics, broker, waiting_) {
   waiting_.onAskAgain([this](const rpc::Request& request, int64_t now_ns, std::string* out,
                              const Asker& asker) { return decide(request, now_ns, out, asker); });
 }
@@ -602,116 +603,6 @@ Decision Dispatcher::lookLeased(const Rule& rule, std::string_view key, int64_t 
 
 // --- Global concurrency rules: holdings (holding.h) ---------------------------
 
-void Dispatcher::requestHolding(const Rule& rule, std::string_view key,
-                                std::span<std::atomic<uint64_t>> words, int64_t now_ns,
-                                int64_t cost) {
-  slice::Batch batch = holding::nextBatch(words, now_ns, cost, rule, rules_->fallbackNodes(),
-                                          broker_->leaseIntervalNs());
-  LeaseRequest request;
-  request.rule_id = rule.id;
-  request.key = std::string(key);
-  request.n = batch.n;
-  request.need = batch.need;
-  broker_->submit(std::move(request));
-}
-
-Dispatcher::Held Dispatcher::acquireHeld(const Rule& rule, const rpc::Item& item, int64_t now_ns,
-                                         const Asker& asker, Decision* decision, Mode* mode,
-                                         std::span<std::atomic<uint64_t>>* held_words) {
-  const Limit& limit = rule.limits.front();
-  *mode = rule.shadow ? Mode::kShadow : Mode::kNormal;
-  if (item.cost > limit.limit) {
-    *decision = exceedsCapacity(rule);
-    return Held::kAnswered;
-  }
-  KeyTable::Entry* entry = keys_.findOrInsert(rule.id, item.key, entryWords(rule), now_ns);
-  if (entry == nullptr) return Held::kTableFull;
-  std::span<std::atomic<uint64_t>> words = entry->state();
-  if (broker_->leasing()) {
-    // Learning (Redis came back without the fleet's state): the node also
-    // holds to its share until every node has renewed what it holds.
-    int64_t cap =
-        broker_->learningAny(now_ns) ? rules_->fallbackShare(rule)->limits.front().limit : 0;
-    holding::Acquired got = holding::acquire(words, limit, now_ns, item.cost, asker.again, cap);
-    if (got.reclaimed > 0) metrics_.lease_units_released.add(static_cast<uint64_t>(got.reclaimed));
-    if (got.taken.must_request) requestHolding(rule, item.key, words, now_ns, item.cost);
-    switch (got.taken.outcome) {
-      case slice::Outcome::kTaken:
-        metrics_.lease_units_spent.add(static_cast<uint64_t>(item.cost));
-        *decision = holding::decide(words, limit, now_ns, item.cost, got.taken.left, true);
-        *held_words = words;
-        return Held::kHeld;
-      case slice::Outcome::kDenied:
-        if (got.capped) {
-          *decision = holding::decide(words, limit, now_ns, item.cost,
-                                      cap - holding::live(words, now_ns), false);
-        } else {
-          metrics_.lease_negative_hits.add();
-          *decision = holding::decide(words, limit, now_ns, item.cost, 0, false,
-                                      std::max<int64_t>(got.taken.until_ns - now_ns, 1));
-        }
-        return Held::kAnswered;
-      case slice::Outcome::kEmpty:
-        if (waitForLease(asker)) return Held::kDeferred;
-        [[fallthrough]];
-      case slice::Outcome::kQueued:  // never: concurrency requests do not wait in line
-      case slice::Outcome::kFallback: break;
-    }
-  }
-  // Redis is down, or this key's lease failed or came too late: the policy
-  // decides. "local" holds units at the node's share on the same slots, so
-  // releases find them whatever the mode was; what it holds beyond the
-  // pool is the pool's debt, leased back once Redis answers.
-  auto [share, policy_mode] = route(rule);
-  *mode = policy_mode;
-  if (share == nullptr) {
-    *decision = policyDecision(rule, policy_mode);
-    return Held::kAnswered;
-  }
-  int64_t cap = share->limits.front().limit;
-  int64_t reclaimed = 0;
-  bool held = holding::acquireLocal(words, limit, now_ns, item.cost, cap, &reclaimed);
-  if (reclaimed > 0) metrics_.lease_units_released.add(static_cast<uint64_t>(reclaimed));
-  *decision = holding::decide(words, limit, now_ns, item.cost,
-                              cap - holding::live(words, now_ns), held);
-  decision->limit = cap;
-  if (!held) return Held::kAnswered;
-  metrics_.lease_units_spent.add(static_cast<uint64_t>(item.cost));
-  *held_words = words;
-  return Held::kHeld;
-}
-
-Decision Dispatcher::peekHeld(const Rule& rule, std::span<const std::atomic<uint64_t>> words,
-                              int64_t now_ns, int64_t cost, Mode* mode) {
-  const Limit& limit = rule.limits.front();
-  *mode = rule.shadow ? Mode::kShadow : Mode::kNormal;
-  if (broker_->leasing()) {
-    slice::TakeResult looked = slice::look(words.first(slice::kWords), now_ns, cost);
-    switch (looked.outcome) {
-      case slice::Outcome::kTaken:
-        return holding::decide(words, limit, now_ns, cost, looked.left, true);
-      case slice::Outcome::kDenied:
-        return holding::decide(words, limit, now_ns, cost, 0, false,
-                               std::max<int64_t>(looked.until_ns - now_ns, 1));
-      case slice::Outcome::kEmpty:
-        // Nothing held here, and Redis has not said no: a lease would be asked for.
-        return holding::decide(words, limit, now_ns, cost, 0, true);
-      case slice::Outcome::kQueued:  // never: concurrency requests do not wait in line
-      case slice::Outcome::kFallback: break;
-    }
-  }
-  auto [share, policy_mode] = route(rule);
-  *mode = policy_mode;
-  if (share == nullptr) return policyDecision(rule, policy_mode);
-  int64_t cap = share->limits.front().limit;
-  int64_t free_units = cap - holding::live(words, now_ns);
-  bool allowed = free_units >= cost;
-  Decision decision = holding::decide(words, limit, now_ns, cost,
-                                      allowed ? free_units - cost : free_units, allowed);
-  decision.limit = cap;
-  return decision;
-}
-
 Outcome Dispatcher::holdOne(const rpc::Request& request, const Rule& rule, int64_t now_ns,
                             std::string* out, const Asker& asker) {
   const rpc::Item& item = request.items.front();
@@ -719,40 +610,21 @@ Outcome Dispatcher::holdOne(const rpc::Request& request, const Rule& rule, int64
   Mode mode = Mode::kNormal;
   if (request.method == rpc::Method::kAcquire && item.cost > 0) {
     std::span<std::atomic<uint64_t>> held;
-    switch (acquireHeld(rule, item, now_ns, asker, &decision, &mode, &held)) {
-      case Held::kDeferred: return Outcome::kWaitsForLease;
-      case Held::kTableFull:
+    switch (holding_.acquire(*rules_, rule, item, now_ns, asker, &decision, &mode, &held)) {
+      case HoldingPath::Held::kWaitsForLease: return Outcome::kWaitsForLease;
+      case HoldingPath::Held::kTableFull:
         error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
         return Outcome::kAnswered;
-      case Held::kHeld:
-      case Held::kAnswered: break;
+      case HoldingPath::Held::kHeld:
+      case HoldingPath::Held::kAnswered: break;
     }
     applyShadow(rule, &decision);
     count(rule, decision, mode);
     rpc::writeDecision(out, request.msgid, decision, mode);
     return Outcome::kAnswered;
   }
-  // peek, release and cost 0 never create a key: an absent key is fresh.
-  KeyTable::Entry* entry = currentEntry(rule, item.key);
-  if (entry == nullptr) {
-    mode = broker_->leasing() ? (rule.shadow ? Mode::kShadow : Mode::kNormal) : route(rule).mode;
-    // A release on a key that holds nothing gives nothing back: peek's answer.
-    int64_t cost = request.method == rpc::Method::kRelease ? 0 : std::max<int64_t>(item.cost, 0);
-    decision = cost > rule.limits.front().limit ? exceedsCapacity(rule)
-                                                : peek(rule, freshState(rule), now_ns, cost);
-  } else {
-    std::span<std::atomic<uint64_t>> words = entry->state();
-    int64_t cost = item.cost;
-    if (request.method == rpc::Method::kRelease) {
-      entry->touch(now_ns);
-      int64_t freed = holding::release(words, now_ns, item.cost);
-      if (freed > 0) metrics_.lease_units_released.add(static_cast<uint64_t>(freed));
-      cost = 0;  // the answer reports the state afterwards
-    }
-    decision = item.cost > rule.limits.front().limit && cost > 0
-                   ? exceedsCapacity(rule)
-                   : peekHeld(rule, words, now_ns, std::max<int64_t>(cost, 0), &mode);
-  }
+  decision = holding_.look(*rules_, rule, item, request.method == rpc::Method::kRelease, now_ns,
+                           &mode);
   applyShadow(rule, &decision);
   rpc::writeDecision(out, request.msgid, decision, mode);
   return Outcome::kAnswered;
@@ -774,10 +646,7 @@ void Dispatcher::startEntries() {
 void Dispatcher::refundEntries(int64_t now_ns) {
   for (size_t i = 0; i < taken_.size(); ++i) {
     if (taken_[i] > 0) slice::refund(slices_[i], taken_[i]);
-    if (!held_[i].empty()) {
-      holding::refund(held_[i], entry_rules_[i]->limits.front(), now_ns, items_[i].cost);
-      metrics_.lease_units_released.add(static_cast<uint64_t>(items_[i].cost));
-    }
+    if (!held_[i].empty()) holding_.refund(*entry_rules_[i], held_[i], now_ns, items_[i].cost);
   }
 }
 
@@ -831,12 +700,12 @@ Dispatcher::Collected Dispatcher::collectEntry(const Rule& rule, const rpc::Item
   }
   std::span<std::atomic<uint64_t>> held_words;
   if (!decided && broker_ != nullptr && leasesHolding(rule) && cost > 0) {
-    switch (acquireHeld(rule, item, now_ns, asker, &acquire_item.decision, &mode,
-                        &held_words)) {
-      case Held::kDeferred: return Collected::kDeferred;
-      case Held::kTableFull: return Collected::kTableFull;
-      case Held::kHeld:
-      case Held::kAnswered: break;
+    switch (holding_.acquire(*rules_, rule, item, now_ns, asker, &acquire_item.decision, &mode,
+                             &held_words)) {
+      case HoldingPath::Held::kWaitsForLease: return Collected::kDeferred;
+      case HoldingPath::Held::kTableFull: return Collected::kTableFull;
+      case HoldingPath::Held::kHeld:
+      case HoldingPath::Held::kAnswered: break;
     }
     applyShadow(rule, &acquire_item.decision);
     *denied = *denied || !acquire_item.decision.allowed;

@@ -37,6 +37,7 @@
 #include "access.h"
 #include "admin.h"
 #include "failure.h"
+#include "holding_path.h"
 #include "key_table.h"
 #include "lease.h"
 #include "limiter.h"
@@ -141,22 +142,9 @@ class Dispatcher {
   // the entry's.
   void requestLease(const Rule& rule, const Rule& deciding, std::string_view key,
                     std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t cost);
-  // Global concurrency rules (holding.h): acquire, peek and release.
+  // Global concurrency rules (holding_path.h): acquire, peek and release.
   Outcome holdOne(const rpc::Request& request, const Rule& rule, int64_t now_ns,
                   std::string* out, const Asker& asker);
-  // What an acquire on a holding came to: its units are held (the decision
-  // allows; refund them with holding::refund if the group fails), it is
-  // answered (denied, or by a policy, holding nothing), deferred for a
-  // lease, or the key table is full.
-  enum class Held { kHeld, kAnswered, kDeferred, kTableFull };
-  Held acquireHeld(const Rule& rule, const rpc::Item& item, int64_t now_ns, const Asker& asker,
-                   Decision* decision, Mode* mode, std::span<std::atomic<uint64_t>>* words);
-  // What an acquire of `cost` would answer on a holding, holding nothing.
-  Decision peekHeld(const Rule& rule, std::span<const std::atomic<uint64_t>> words,
-                    int64_t now_ns, int64_t cost, Mode* mode);
-  // Sends a lease request for a holding whose in-flight bit the caller claimed.
-  void requestHolding(const Rule& rule, std::string_view key,
-                      std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t cost);
   // acquire_all, and acquire on a rule decided on its parts (RuleSet::parts),
   // in three steps. collectItem() decides a request item on its rule, or
   // on each of its rule's parts: an entry each (items_ and the vectors
@@ -239,6 +227,7 @@ class Dispatcher {
   Admin admin_;
   std::vector<RuleShard*> rule_shards_;  // per-rule counters, by position in rules_
   Waiting waiting_;
+  HoldingPath holding_;
   // Entries (collectItem), each: its limiter item (the decision, and the
   // share or state the limiter spends on, if it does), its mode, its rule
   // (the configured rule or a part), units taken from its slice, the
