@@ -18,8 +18,6 @@ std::string notReleasable(const Rule& rule) {
          std::string(algorithmName(rule.algorithm)) + ": its units come back with time";
 }
 
-constexpr std::string_view kTableFull =
-    "the key table is full and no key could be evicted; raise [keys] max_keys or max_memory";
 
 }  // namespace
 
@@ -30,6 +28,8 @@ Dispatcher::Dispatcher(KeyTable& keys, MetricsShard& metrics, DaemonStatus& stat
       broker_(broker),
       admin_(keys, metrics, status, broker),
       waiting_(metrics, broker, lease_timeout_ns),
+      policy_(keys, metrics, broker),
+      lease_(keys, metrics, broker, waiting_, policy_),
       holding_(keys, metrics, broker, waiting_) {
   waiting_.onAskAgain([this](const rpc::Request& request, int64_t now_ns, std::string* out,
                              const Asker& asker) { return decide(request, now_ns, out, asker); });
@@ -116,17 +116,14 @@ bool Dispatcher::handle(const rpc::Request& request, const Peer& peer, int64_t n
   return deferred;
 }
 
-bool Dispatcher::stand(Wait& wait, const Rule& rule, const Rule& deciding, std::string_view key,
-                       std::span<std::atomic<uint64_t>> words, int64_t cost, int64_t* ahead) {
-  *ahead = 0;
-  if (wait.ticket != 0) return true;
-  // What the fleet could give the line within the wait, at the most.
-  const Limit& limit = deciding.limits.front();
-  double refill = static_cast<double>(limit.limit) * static_cast<double>(wait.until_ns - wait.since_ns) /
-                  static_cast<double>(limit.period_ns);
-  int64_t servable = leaseCapacity(limit) + static_cast<int64_t>(refill);
-  wait.ticket = broker_->lines().join(rule.id, key, words, cost, servable - cost, ahead);
-  return wait.ticket != 0;
+void Dispatcher::answer(const Rule& configured, uint32_t msgid, const Verdict& verdict, bool counts,
+                        std::string* out) {
+  if (verdict.failed) {
+    error(msgid, verdict.error, verdict.message, out);
+    return;
+  }
+  if (counts) count(configured, verdict.decision, verdict.mode);
+  rpc::writeDecision(out, msgid, verdict.decision, verdict.mode, verdict.waited_ms);
 }
 
 Outcome Dispatcher::decide(const rpc::Request& request, int64_t now_ns, std::string* out,
@@ -135,134 +132,17 @@ Outcome Dispatcher::decide(const rpc::Request& request, int64_t now_ns, std::str
                                                     : acquireOne(request, now_ns, out, asker);
 }
 
-Outcome Dispatcher::waitUntilDue(const Asker& asker, const Wait& wait, int64_t due_ns,
-                                 std::string* out) {
-  if (waiting_.waitUntilDue(asker, wait, due_ns)) return Outcome::kWaitsUntilDue;
-  error(asker.msgid, rpc::ErrorCode::kOverloaded, Waiting::tooManyWaiting(), out);
-  return Outcome::kAnswered;
-}
-
-Outcome Dispatcher::waitInLine(const Asker& asker, const Wait& wait, std::string* out) {
-  if (waiting_.waitInLine(asker, wait)) return Outcome::kWaitsInLine;
-  error(asker.msgid, rpc::ErrorCode::kOverloaded, Waiting::tooManyWaiting(), out);
-  return Outcome::kAnswered;
-}
-
-int64_t Dispatcher::maxWaitNs(const Rule& rule, const rpc::Item& item) const {
-  if (!canWait(rule)) return 0;
-  return item.max_wait_ms >= 0 ? item.max_wait_ms * 1'000'000 : rule.max_wait_ns;
-}
-
-std::optional<Decision> Dispatcher::acquireShare(const Rule& share, std::string_view key,
-                                                 int64_t now_ns, int64_t cost,
-                                                 bool count_undebited) {
-  KeyTable::Entry* entry = keys_.findOrInsert(share.id, key, entryWords(share), now_ns);
-  if (entry == nullptr) return std::nullopt;
-  const Rule& deciding = decidingRule(*rules_, share, key, entry->state());
-  Decision decision = acquire(deciding, entry->state().first(stateWords(deciding)), now_ns, cost);
-  if (count_undebited && decision.allowed && !decision.shadow_denied) {
-    noteFallbackSpend(share, key, entry->state(), cost);
-  }
-  return decision;
-}
-
-void Dispatcher::noteFallbackSpend(const Rule& share, std::string_view key,
-                                   std::span<std::atomic<uint64_t>> words, int64_t cost) {
-  const Rule* global = rules_->findById(share.id & ~kFallbackIdBit);
-  if (broker_ == nullptr || global == nullptr || !leasable(*global)) return;
-  if (broker_->leasing()) {
-    // Redis is up but this key could not lease (its lease failed or was
-    // late): debit the units now rather than at the next outage's end.
-    LeaseRequest debit;
-    debit.kind = LeaseRequest::Kind::kDebit;
-    debit.rule_id = global->id;
-    debit.key = std::string(key);
-    debit.n = cost;
-    debit.variant = storedOverride(share, words);
-    broker_->submit(std::move(debit));
-    return;
-  }
-  words[undebitedWord(share)].fetch_add(static_cast<uint64_t>(cost), std::memory_order_acq_rel);
-}
-
-void Dispatcher::requestLease(const Rule& rule, const Rule& deciding, std::string_view key,
-                              std::span<std::atomic<uint64_t>> words, int64_t now_ns,
-                              int64_t cost) {
-  slice::Batch batch = slice::nextBatch(words, now_ns, cost, deciding, rules_->fallbackNodes(),
-                                        broker_->leaseIntervalNs());
-  LeaseRequest request;
-  request.rule_id = rule.id;
-  request.variant = storedOverride(rule, words);
-  request.key = std::string(key);
-  request.n = batch.n;
-  request.need = batch.need;
-  broker_->submit(std::move(request));
-}
-
-void Dispatcher::countDenial(const Rule& configured, std::string_view key,
-                             std::span<std::atomic<uint64_t>> entry_words,
-                             const Decision& decision, int64_t now_ns) {
-  const Penalty* penalty = activePenalty(configured);
-  if (penalty == nullptr || entry_words.empty() || decision.allowed ||
-      decision.cost_exceeds_limit) {
-    return;
-  }
-  auto words = penaltyState(configured, entry_words);
-  if (!penalty::recordDenial(*penalty, words, now_ns)) return;
-  metrics_.penalty_blocks.add();
-  if (configured.scope != Scope::kGlobal || broker_ == nullptr || !broker_->leasing()) return;
-  // Shared through Redis, where every node's next lease of the key finds it.
-  // This node asks Redis again after kBlockRecheckNs (lease.h), with nothing
-  // left to spend meanwhile.
-  LeaseRequest block;
-  block.kind = LeaseRequest::Kind::kBlock;
-  block.rule_id = configured.id;
-  block.key = std::string(key);
-  block.n = (penalty->block_ns + 999'999) / 1'000'000;
-  broker_->submit(std::move(block));
-  entry_words[slice::kUnits].store(0, std::memory_order_release);
-  entry_words[slice::kDenyUntil].store(
-      static_cast<uint64_t>(now_ns + std::min(penalty->block_ns, kBlockRecheckNs)),
-      std::memory_order_release);
-}
-
-namespace {
-
-int64_t ceilMs(int64_t ns) { return ns <= 0 ? 0 : (ns + 999'999) / 1'000'000; }
-
-// A decision made on a slice (normal mode).
-Decision sliceDecision(const Rule& rule, const slice::TakeResult& taken, int64_t now_ns) {
-  const Limit& limit = rule.limits.front();
-  Decision decision;
-  decision.limit = limit.limit;
-  decision.allowed = taken.outcome == slice::Outcome::kTaken;
-  decision.remaining = decision.allowed ? taken.left : 0;
-  if (taken.outcome == slice::Outcome::kDenied || taken.outcome == slice::Outcome::kQueued) {
-    // In line behind waiters (until_ns 0): as soon as they are served.
-    decision.retry_after_ms = std::max<int64_t>(ceilMs(taken.until_ns - now_ns), 1);
-  }
-  // Until the global state is full again, as far as this node can tell.
-  int64_t missing = std::max<int64_t>(leaseCapacity(limit) - decision.remaining, 0);
-  double period_ms = static_cast<double>(limit.period_ns) / 1e6;
-  decision.reset_after_ms = std::max(
-      decision.retry_after_ms,
-      static_cast<int64_t>(static_cast<double>(missing) * period_ms / static_cast<double>(limit.limit) + 0.999));
-  return decision;
-}
-
-}  // namespace
-
 Outcome Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::string* out,
                                const Asker& asker) {
   const rpc::Item& item = request.items.front();
   const Rule* configured = rules_->find(item.rule);
   if (configured == nullptr) {
-    leaveLine(asker.wait.ticket);  // the rule went in a reload
+    waiting_.leaveLine(asker.wait.ticket);  // the rule went in a reload
     error(request.msgid, rpc::ErrorCode::kUnknownRule, unknownRule(item.rule), out);
     return Outcome::kAnswered;
   }
   if (request.method == rpc::Method::kRelease && configured->algorithm != Algorithm::kConcurrency) {
-    leaveLine(asker.wait.ticket);
+    waiting_.leaveLine(asker.wait.ticket);
     error(request.msgid, rpc::ErrorCode::kBadRequest, notReleasable(*configured), out);
     return Outcome::kAnswered;
   }
@@ -280,11 +160,14 @@ Outcome Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std:
     return holdOne(request, *configured, now_ns, out, asker);
   }
   if (leasing(*configured) && spends) {
-    return acquireLeased(request, *configured, now_ns, out, asker);
+    Verdict verdict;
+    Outcome outcome = lease_.acquire(*rules_, *configured, item, now_ns, asker, &verdict);
+    if (outcome == Outcome::kAnswered) answer(*configured, request.msgid, verdict, true, out);
+    return outcome;
   }
   // A request that stood in a global rule's line is asked again, and the
   // rule no longer leases: it leaves the line.
-  leaveLine(asker.wait.ticket);
+  waiting_.leaveLine(asker.wait.ticket);
   if (broker_ != nullptr && configured->part_count > 0) {
     if (spends) return acquireParts(request, *configured, now_ns, out, asker);
     peekParts(request, *configured, now_ns, out);
@@ -344,10 +227,12 @@ Outcome Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std:
       decision = acquire(deciding, state, now_ns, item.cost, max_wait_ns);
     }
     if (rule != configured && decision.allowed && !decision.shadow_denied) {
-      noteFallbackSpend(*rule, item.key, entry->state(), item.cost);
+      policy_.noteFallbackSpend(*rules_, *rule, item.key, entry->state(), item.cost);
     }
     count(*configured, decision, mode);
-    if (penalty != nullptr) countDenial(*configured, item.key, penalty_entry, decision, now_ns);
+    if (penalty != nullptr) {
+      policy_.countDenial(*configured, item.key, penalty_entry, decision, now_ns);
+    }
     if (decision.wait_ns > 0) {
       waiting_.reserve(asker.owner, request.msgid, decision, mode, now_ns,
                        now_ns + decision.wait_ns);
@@ -364,7 +249,7 @@ Outcome Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std:
     int64_t blocked_ns = entry != nullptr && activePenalty(*rule) != nullptr
                              ? penalty::blockedFor(penaltyState(*rule, entry->state()), now_ns)
                              : 0;
-    if (rule != configured) blocked_ns = globalBlockedFor(*configured, item.key, now_ns);
+    if (rule != configured) blocked_ns = policy_.globalBlockedFor(*configured, item.key, now_ns);
     if (request.method == rpc::Method::kRelease) {
       // A key that holds nothing gives nothing back: the answer is peek's.
       if (entry != nullptr) entry->touch(now_ns);
@@ -381,224 +266,12 @@ Outcome Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std:
   return Outcome::kAnswered;
 }
 
-Outcome Dispatcher::acquireLeased(const rpc::Request& request, const Rule& rule, int64_t now_ns,
-                                  std::string* out, const Asker& asker) {
-  const rpc::Item& item = request.items.front();
-  // A request that may wait for its units (max_wait): its wait, from its
-  // arrival; a retry brings its own. Answers say how long it waited.
-  Wait wait;
-  if (asker.may_wait && asker.wait.until_ns != 0) {
-    wait = asker.wait;
-  } else if (int64_t max_wait_ns = asker.may_wait ? maxWaitNs(rule, item) : 0) {
-    wait = {now_ns, now_ns + max_wait_ns, waiting_.nextSeq(), 0};
-  }
-  KeyTable::Entry* entry = keys_.findOrInsert(rule.id, item.key, entryWords(rule), now_ns);
-  if (entry == nullptr) {
-    leaveLine(wait.ticket);
-    error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
-    return Outcome::kAnswered;
-  }
-  auto entry_words = entry->state();
-  Outcome outcome = spendLeased(request, rule, now_ns, entry_words, wait, out, asker);
-  // Answered: whatever became of it, it no longer stands in line.
-  if (outcome == Outcome::kAnswered) leaveLine(wait.ticket, entry_words.first(slice::kWords));
-  return outcome;
-}
-
-slice::TakeResult Dispatcher::takeSlice(const Rule& rule, std::string_view key,
-                                        std::span<std::atomic<uint64_t>> words, int64_t now_ns,
-                                        int64_t cost, bool again,
-                                        bool first_in_line) {
-  slice::TakeResult taken = slice::take(words, now_ns, cost, again, first_in_line);
-  if (taken.outcome == slice::Outcome::kQueued && !broker_->lines().standing(rule.id, key, words)) {
-    taken = slice::take(words, now_ns, cost, true, first_in_line);  // demand counted already
-  }
-  return taken;
-}
-
-Outcome Dispatcher::spendLeased(const rpc::Request& request, const Rule& rule, int64_t now_ns,
-                                std::span<std::atomic<uint64_t>> entry_words, Wait& wait,
-                                std::string* out, const Asker& asker) {
-  const rpc::Item& item = request.items.front();
-  Mode mode = rule.shadow ? Mode::kShadow : Mode::kNormal;
-  const Rule& deciding = decidingRule(*rules_, rule, item.key, entry_words);
-  auto words = entry_words.first(slice::kWords);
-  // Its wait has not ended: it may stand in the key's line.
-  const bool waits = wait.until_ns > now_ns;
-  const int64_t waited_ms = wait.until_ns != 0 ? (now_ns - wait.since_ns) / 1'000'000 : -1;
-  // A blocked key is answered here, until its block is due to be asked of
-  // Redis again (kBlockRecheckNs): then its lease says whether it stands.
-  int64_t blocked_ns = activePenalty(rule) != nullptr
-                           ? penalty::blockedFor(penaltyState(rule, entry_words), now_ns)
-                           : 0;
-  if (blocked_ns > 0) {
-    bool recheck = now_ns >= static_cast<int64_t>(words[slice::kDenyUntil].load(std::memory_order_acquire));
-    if (!recheck || !asker.may_wait) {
-      Decision blocked = blockedDecision(deciding, blocked_ns);
-      count(rule, blocked, Mode::kBlocked);
-      rpc::writeDecision(out, request.msgid, blocked, Mode::kBlocked, waited_ms);
-      return Outcome::kAnswered;
-    }
-    words[slice::kUnits].store(0, std::memory_order_release);  // a lease's, granted late
-  }
-  Decision decision;
-  int64_t due_ns = 0;  // a denial: when Redis said it has units again (exactly)
-  if (item.cost > leaseCapacity(deciding.limits.front())) {
-    decision = exceedsCapacity(deciding);
-  } else {
-    bool first = wait.ticket != 0 && broker_->lines().first(wait.ticket);
-    slice::TakeResult taken = takeSlice(rule, item.key, words, now_ns, item.cost, asker.again, first);
-    if (taken.outcome == slice::Outcome::kQueued && waits && asker.may_wait) {
-      // Others of this node wait for the key's units, and came first: it
-      // waits for its turn behind them.
-      int64_t ahead = 0;
-      if (!stand(wait, rule, deciding, item.key, words, item.cost, &ahead)) {
-        // More wait ahead of it than its wait could bring: the normal
-        // denial, at once, and a retry hint of the line's turn at the
-        // fleet's rate.
-        const Limit& limit = deciding.limits.front();
-        taken.until_ns = std::max(taken.until_ns, now_ns + static_cast<int64_t>(
-            static_cast<double>(ahead) * static_cast<double>(limit.period_ns) /
-            static_cast<double>(limit.limit)));
-        wait.until_ns = 0;
-      } else if (!broker_->lines().first(wait.ticket)) {
-        return waitInLine(asker, wait, out);
-      } else {
-        // The line emptied between the two: it leads the line now.
-        taken = slice::take(words, now_ns, item.cost, true, true);
-      }
-    }
-    if (taken.dropped > 0) metrics_.lease_units_dropped.add(static_cast<uint64_t>(taken.dropped));
-    if (taken.must_request) requestLease(rule, deciding, item.key, entry_words, now_ns, item.cost);
-    switch (taken.outcome) {
-      case slice::Outcome::kTaken: {
-        decision = sliceDecision(deciding, taken, now_ns);
-        if (broker_->learning(deciding, now_ns)) {
-          // Redis came back without the fleet's state: hold to the share too.
-          std::optional<Decision> share =
-              acquireShare(*rules_->fallbackShare(rule), item.key, now_ns, item.cost, false);
-          if (!share || !share->allowed || share->shadow_denied) {
-            slice::refund(words, item.cost);
-            if (!share) {
-              error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
-              return Outcome::kAnswered;
-            }
-            decision = *share;
-            decision.allowed = false;
-            decision.shadow_denied = false;
-            break;
-          }
-        }
-        metrics_.lease_units_spent.add(static_cast<uint64_t>(item.cost));
-        break;
-      }
-      case slice::Outcome::kDenied:
-        metrics_.lease_negative_hits.add();
-        decision = sliceDecision(deciding, taken, now_ns);
-        due_ns = taken.until_ns;
-        break;
-      case slice::Outcome::kQueued:
-        // Others of this node wait for the key's units. One that does not
-        // wait may wait for the lease under way, and has what the line
-        // leaves of it.
-        if (taken.until_ns == 0 && wait.until_ns == 0 && waitForLease(asker, wait)) {
-          return Outcome::kWaitsForLease;
-        }
-        decision = sliceDecision(deciding, taken, now_ns);
-        break;
-      case slice::Outcome::kEmpty:
-        // A waiter stands in line while its lease comes, so that requests
-        // after it do not spend what the lease brings for it.
-        if (waits && asker.may_wait) {
-          int64_t ahead = 0;
-          stand(wait, rule, deciding, item.key, words, item.cost, &ahead);  // leads an empty line
-        }
-        if (waitForLease(asker, wait)) return Outcome::kWaitsForLease;
-        [[fallthrough]];
-      case slice::Outcome::kFallback: {
-        // No lease in time, or the key's lease failed: the policy decides.
-        auto [share, policy_mode] = route(rule);
-        if (share == nullptr) {
-          decision = policyDecision(rule, policy_mode);
-        } else {
-          std::optional<Decision> shared = acquireShare(*share, item.key, now_ns, item.cost, true);
-          if (!shared) {
-            error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
-            return Outcome::kAnswered;
-          }
-          decision = *shared;
-        }
-        count(rule, decision, policy_mode);
-        countDenial(rule, item.key, entry_words, decision, now_ns);
-        rpc::writeDecision(out, request.msgid, decision, policy_mode, waited_ms);
-        return Outcome::kAnswered;
-      }
-    }
-  }
-  applyShadow(rule, &decision);
-  // Redis has no units until retry_after_ms: a request that may wait that
-  // long stands in the key's line, parked, and is asked again then (and
-  // counts as one decision, once answered). Those that come after it queue
-  // behind it (kQueued).
-  if (due_ns == 0) due_ns = now_ns + decision.retry_after_ms * 1'000'000;
-  if (wait.until_ns != 0 && !decision.allowed && !decision.cost_exceeds_limit &&
-      decision.retry_after_ms > 0 && due_ns <= wait.until_ns) {
-    int64_t ahead = 0;
-    if (stand(wait, rule, deciding, item.key, words, item.cost, &ahead)) {
-      return waitUntilDue(asker, wait, due_ns, out);
-    }
-  }
-  count(rule, decision, mode);
-  countDenial(rule, item.key, entry_words, decision, now_ns);
-  rpc::writeDecision(out, request.msgid, decision, mode, waited_ms);
-  return Outcome::kAnswered;
-}
-
-int64_t Dispatcher::globalBlockedFor(const Rule& configured, std::string_view key,
-                                     int64_t now_ns) {
-  if (activePenalty(configured) == nullptr) return 0;
-  KeyTable::Entry* entry = currentEntry(configured, key);
-  if (entry == nullptr) return 0;
-  return penalty::blockedFor(penaltyState(configured, entry->state()), now_ns);
-}
-
 void Dispatcher::peekLeased(const rpc::Request& request, const Rule& rule, int64_t now_ns,
                             std::string* out) {
   const rpc::Item& item = request.items.front();
   Mode mode = Mode::kNormal;
-  Decision decision = lookLeased(rule, item.key, now_ns, item.cost, &mode);
+  Decision decision = lease_.look(*rules_, rule, item.key, now_ns, item.cost, &mode);
   rpc::writeDecision(out, request.msgid, decision, mode);
-}
-
-Decision Dispatcher::lookLeased(const Rule& rule, std::string_view key, int64_t now_ns,
-                                int64_t cost, Mode* mode) {
-  *mode = rule.shadow ? Mode::kShadow : Mode::kNormal;
-  KeyTable::Entry* entry = currentEntry(rule, key);
-  const Rule& deciding = decidingFor(rule, key, entry);
-  Decision decision;
-  if (int64_t blocked_ns = globalBlockedFor(rule, key, now_ns)) {
-    decision = blockedDecision(deciding, blocked_ns);
-    *mode = Mode::kBlocked;
-  } else if (cost > leaseCapacity(deciding.limits.front())) {
-    decision = exceedsCapacity(deciding);
-  } else if (entry == nullptr) {
-    // No slice: report a fresh key, as a local rule does.
-    decision = peek(deciding, freshState(deciding), now_ns, cost);
-  } else {
-    auto words = entry->state().first(slice::kWords);
-    slice::TakeResult looked = slice::look(words, now_ns, cost);
-    if (looked.outcome == slice::Outcome::kQueued && !broker_->lines().standing(rule.id, key, words)) {
-      looked = slice::look(words, now_ns, cost);  // the line had gone
-    }
-    if (looked.outcome == slice::Outcome::kEmpty) {
-      // Nothing held here, and Redis has not said no: a lease would be asked for.
-      looked.outcome = slice::Outcome::kTaken;
-      looked.left = 0;
-    }
-    decision = sliceDecision(deciding, looked, now_ns);
-  }
-  applyShadow(rule, &decision);
-  return decision;
 }
 
 // --- Global concurrency rules: holdings (holding.h) ---------------------------
@@ -690,7 +363,7 @@ Dispatcher::Collected Dispatcher::collectEntry(const Rule& rule, const rpc::Item
   Mode mode = Mode::kLocal;
   bool decided = false;
   if (int64_t blocked_ns = cost > 0 && rule.scope == Scope::kGlobal
-                               ? globalBlockedFor(rule, key, now_ns)
+                               ? policy_.globalBlockedFor(rule, key, now_ns)
                                : 0) {
     // A blocked key denies the group, as a closed policy does.
     acquire_item.decision = blockedDecision(decidingFor(rule, key, nullptr), blocked_ns);
@@ -723,14 +396,17 @@ Dispatcher::Collected Dispatcher::collectEntry(const Rule& rule, const rpc::Item
       decided = true;
     } else {
       slice_words = entry->state().first(slice::kWords);
-      slice::TakeResult taken = takeSlice(rule, key, slice_words, now_ns, cost, asker.again, false);
+      slice::TakeResult taken =
+          lease_.take(rule, key, slice_words, now_ns, cost, asker.again, false);
       if (taken.dropped > 0) metrics_.lease_units_dropped.add(static_cast<uint64_t>(taken.dropped));
-      if (taken.must_request) requestLease(rule, deciding, key, entry->state(), now_ns, cost);
+      if (taken.must_request) {
+        lease_.requestLease(*rules_, rule, deciding, key, entry->state(), now_ns, cost);
+      }
       // Behind waiters with no answer from Redis yet, it waits for the
       // lease under way as on an empty slice.
       bool lease_coming = taken.outcome == slice::Outcome::kEmpty ||
                           (taken.outcome == slice::Outcome::kQueued && taken.until_ns == 0);
-      if (lease_coming && waitForLease(asker)) return Collected::kDeferred;
+      if (lease_coming && waiting_.waitForLease(asker, {})) return Collected::kDeferred;
       if (taken.outcome == slice::Outcome::kTaken || taken.outcome == slice::Outcome::kDenied ||
           taken.outcome == slice::Outcome::kQueued) {
         if (taken.outcome == slice::Outcome::kTaken) taken_units = cost;
@@ -824,7 +500,8 @@ bool Dispatcher::settleEntries(int64_t now_ns, bool denied) {
     for (size_t i = group.first; i < group.first + group.count; ++i) {
       if (allowed && taken_[i] > 0) metrics_.lease_units_spent.add(static_cast<uint64_t>(taken_[i]));
       if (allowed && shares_[i].share != nullptr && !items_[i].decision.shadow_denied) {
-        noteFallbackSpend(*shares_[i].share, group.key, shares_[i].words, items_[i].cost);
+        policy_.noteFallbackSpend(*rules_, *shares_[i].share, group.key, shares_[i].words,
+                                  items_[i].cost);
       }
     }
   }
@@ -928,7 +605,7 @@ void Dispatcher::peekParts(const rpc::Request& request, const Rule& configured, 
     Mode part_mode = Mode::kLocal;
     Decision decision;
     if (leasing(part)) {
-      decision = lookLeased(part, item.key, now_ns, item.cost, &part_mode);
+      decision = lease_.look(*rules_, part, item.key, now_ns, item.cost, &part_mode);
     } else if (auto [share, policy_mode] = route(part); share == nullptr) {
       part_mode = policy_mode;
       decision = policyDecision(part, policy_mode);

@@ -38,6 +38,7 @@
 #include "admin.h"
 #include "failure.h"
 #include "holding_path.h"
+#include "lease_path.h"
 #include "key_table.h"
 #include "lease.h"
 #include "limiter.h"
@@ -90,9 +91,6 @@ class Dispatcher {
   void handleParseError(const rpc::ParseResult& result, std::string* out);
 
  private:
-  // How long a request on `rule` may wait for its units: its max_wait_ms,
-  // else the rule's max_wait; 0 when it cannot wait.
-  int64_t maxWaitNs(const Rule& rule, const rpc::Item& item) const;
   // Decides a request of the request methods (acquire, acquire_all, peek,
   // release): answered into `out`, or waiting (waiting.h).
   Outcome decide(const rpc::Request& request, int64_t now_ns, std::string* out,
@@ -101,47 +99,11 @@ class Dispatcher {
                      const Asker& asker);
   Outcome acquireAll(const rpc::Request& request, int64_t now_ns, std::string* out,
                      const Asker& asker);
-  Outcome acquireLeased(const rpc::Request& request, const Rule& rule, int64_t now_ns,
-                        std::string* out, const Asker& asker);
-  // acquireLeased's decision on the key's entry; `wait` gets the request's
-  // ticket when it joins the key's line.
-  Outcome spendLeased(const rpc::Request& request, const Rule& rule, int64_t now_ns,
-                      std::span<std::atomic<uint64_t>> entry_words, Wait& wait, std::string* out,
-                      const Asker& asker);
-  // slice::take() for a key of `rule`, clearing a line mark its line has
-  // outlived (and taking again).
-  slice::TakeResult takeSlice(const Rule& rule, std::string_view key,
-                              std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t cost,
-                              bool again, bool first_in_line);
-  // Puts a waiting request for `cost` units of a key of `rule` (`deciding`
-  // its limits) in the key's line, if it is not in it yet. False when more
-  // units wait ahead of it (`ahead`) than the fleet could give the line
-  // within its wait: it is refused.
-  bool stand(Wait& wait, const Rule& rule, const Rule& deciding, std::string_view key,
-             std::span<std::atomic<uint64_t>> words, int64_t cost, int64_t* ahead);
-  void leaveLine(uint64_t ticket, std::span<std::atomic<uint64_t>> words = {}) {
-    waiting_.leaveLine(ticket, words);
-  }
-  // Queues a waiting request behind the others in its key's line (or, with
-  // waitUntilDue, until due_ns); answers OVERLOADED into `out` when too
-  // many wait on this worker.
-  Outcome waitInLine(const Asker& asker, const Wait& wait, std::string* out);
-  Outcome waitUntilDue(const Asker& asker, const Wait& wait, int64_t due_ns, std::string* out);
-  // Keeps a request that waits for its key's lease; false when it may not.
-  bool waitForLease(const Asker& asker, const Wait& wait = {}) {
-    return waiting_.waitForLease(asker, wait);
-  }
+  // Counts (when it `counts`) and answers a verdict on `configured`.
+  void answer(const Rule& configured, uint32_t msgid, const Verdict& verdict, bool counts,
+              std::string* out);
   void peekLeased(const rpc::Request& request, const Rule& rule, int64_t now_ns,
                   std::string* out);
-  // What an acquire of `cost` would answer on a key of a leasable `rule`,
-  // spending and claiming nothing; `mode` gets its mode.
-  Decision lookLeased(const Rule& rule, std::string_view key, int64_t now_ns, int64_t cost,
-                      Mode* mode);
-  // Sends a lease request for a key of `rule` whose in-flight bit the
-  // caller claimed; `deciding` is the rule's variant for the key, `words`
-  // the entry's.
-  void requestLease(const Rule& rule, const Rule& deciding, std::string_view key,
-                    std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t cost);
   // Global concurrency rules (holding_path.h): acquire, peek and release.
   Outcome holdOne(const rpc::Request& request, const Rule& rule, int64_t now_ns,
                   std::string* out, const Asker& asker);
@@ -189,23 +151,6 @@ class Dispatcher {
   bool leasing(const Rule& rule) const {
     return broker_ != nullptr && leasable(rule) && broker_->leasing();
   }
-  // A limiter decision on the share entry of a global rule; counts what
-  // fallback admits (undebited) when `count_undebited`. nullopt: table full.
-  std::optional<Decision> acquireShare(const Rule& share, std::string_view key, int64_t now_ns,
-                                       int64_t cost, bool count_undebited);
-  // Records units a share admitted for a leasable global rule: debited at
-  // once while Redis is up, else counted in the entry for the recovery.
-  // `share` is the share itself (not a variant); `words` its entry's.
-  void noteFallbackSpend(const Rule& share, std::string_view key,
-                         std::span<std::atomic<uint64_t>> words, int64_t cost);
-  // Counts a denial toward `configured`'s penalty in the words of the entry
-  // that holds it (the key's, or for a global rule its slice entry); at the
-  // D-th, blocks the key, for a global rule across the fleet (lease.h).
-  void countDenial(const Rule& configured, std::string_view key,
-                   std::span<std::atomic<uint64_t>> entry_words, const Decision& decision,
-                   int64_t now_ns);
-  // How long a global rule's key stays blocked, as this node knows (0: not).
-  int64_t globalBlockedFor(const Rule& configured, std::string_view key, int64_t now_ns);
   void error(uint32_t msgid, rpc::ErrorCode code, std::string_view message, std::string* out) {
     answerError(metrics_, msgid, code, message, out);
   }
@@ -227,6 +172,8 @@ class Dispatcher {
   Admin admin_;
   std::vector<RuleShard*> rule_shards_;  // per-rule counters, by position in rules_
   Waiting waiting_;
+  PolicyPath policy_;
+  LeasePath lease_;
   HoldingPath holding_;
   // Entries (collectItem), each: its limiter item (the decision, and the
   // share or state the limiter spends on, if it does), its mode, its rule

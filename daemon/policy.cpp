@@ -2,6 +2,11 @@
 #include "policy.h"
 
 #include <algorithm>
+#include <string>
+
+#include "limiter.h"
+#include "lookup.h"
+#include "penalty.h"
 
 namespace sluice {
 
@@ -60,6 +65,73 @@ Decision withoutShadow(Decision decision) {
     decision.shadow_denied = false;
   }
   return decision;
+}
+
+std::optional<Decision> PolicyPath::acquireShare(const RuleSet& rules, const Rule& share,
+                                                 std::string_view key, int64_t now_ns,
+                                                 int64_t cost, bool count_undebited) {
+  KeyTable::Entry* entry = keys_.findOrInsert(share.id, key, entryWords(share), now_ns);
+  if (entry == nullptr) return std::nullopt;
+  const Rule& deciding = decidingRule(rules, share, key, entry->state());
+  Decision decision = acquire(deciding, entry->state().first(stateWords(deciding)), now_ns, cost);
+  if (count_undebited && decision.allowed && !decision.shadow_denied) {
+    noteFallbackSpend(rules, share, key, entry->state(), cost);
+  }
+  return decision;
+}
+
+void PolicyPath::noteFallbackSpend(const RuleSet& rules, const Rule& share, std::string_view key,
+                                   std::span<std::atomic<uint64_t>> words, int64_t cost) {
+  const Rule* global = rules.findById(share.id & ~kFallbackIdBit);
+  if (broker_ == nullptr || global == nullptr || !leasable(*global)) return;
+  if (broker_->leasing()) {
+    // Redis is up but this key could not lease (its lease failed or was
+    // late): debit the units now rather than at the next outage's end.
+    LeaseRequest debit;
+    debit.kind = LeaseRequest::Kind::kDebit;
+    debit.rule_id = global->id;
+    debit.key = std::string(key);
+    debit.n = cost;
+    debit.variant = storedOverride(share, words);
+    broker_->submit(std::move(debit));
+    return;
+  }
+  words[undebitedWord(share)].fetch_add(static_cast<uint64_t>(cost), std::memory_order_acq_rel);
+}
+
+void PolicyPath::countDenial(const Rule& configured, std::string_view key,
+                             std::span<std::atomic<uint64_t>> entry_words,
+                             const Decision& decision, int64_t now_ns) {
+  const Penalty* penalty = activePenalty(configured);
+  if (penalty == nullptr || entry_words.empty() || decision.allowed ||
+      decision.cost_exceeds_limit) {
+    return;
+  }
+  auto words = penaltyState(configured, entry_words);
+  if (!penalty::recordDenial(*penalty, words, now_ns)) return;
+  metrics_.penalty_blocks.add();
+  if (configured.scope != Scope::kGlobal || broker_ == nullptr || !broker_->leasing()) return;
+  // Shared through Redis, where every node's next lease of the key finds it.
+  // This node asks Redis again after kBlockRecheckNs (lease.h), with nothing
+  // left to spend meanwhile.
+  LeaseRequest block;
+  block.kind = LeaseRequest::Kind::kBlock;
+  block.rule_id = configured.id;
+  block.key = std::string(key);
+  block.n = (penalty->block_ns + 999'999) / 1'000'000;
+  broker_->submit(std::move(block));
+  entry_words[slice::kUnits].store(0, std::memory_order_release);
+  entry_words[slice::kDenyUntil].store(
+      static_cast<uint64_t>(now_ns + std::min(penalty->block_ns, kBlockRecheckNs)),
+      std::memory_order_release);
+}
+
+int64_t PolicyPath::globalBlockedFor(const Rule& configured, std::string_view key,
+                                     int64_t now_ns) {
+  if (activePenalty(configured) == nullptr) return 0;
+  KeyTable::Entry* entry = currentEntry(keys_, configured, key);
+  if (entry == nullptr) return 0;
+  return penalty::blockedFor(penaltyState(configured, entry->state()), now_ns);
 }
 
 }  // namespace sluice

@@ -10,13 +10,22 @@
 // shadow rule reports mode shadow whatever decided it. A key blocked by its
 // rule's penalty is denied in mode blocked until the block ends.
 //
-// Pure functions of their arguments: any thread, no clock, no allocation.
-// Times are the decision's wire units (ms), from the rule's ns.
+// The free functions are pure functions of their arguments: any thread, no
+// clock, no allocation. Times are the decision's wire units (ms), from the
+// rule's ns. PolicyPath (below) decides on state: the fallback share and the
+// penalty's blocks.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <optional>
+#include <span>
+#include <string_view>
 
 #include "decision.h"
+#include "key_table.h"
+#include "lease.h"
+#include "metrics.h"
 #include "rules.h"
 
 namespace sluice {
@@ -54,5 +63,40 @@ void applyShadow(const Rule& rule, Decision* decision);
 // A decision as a rule that is not in shadow mode would have it: a shadow
 // denial is a denial again (with no retry_after: applyShadow dropped it).
 Decision withoutShadow(Decision decision);
+
+// The decisions of the policy path that keep state: a global rule deciding on
+// its fallback share (on_redis_down "local"), and penalties, whose blocks a
+// global rule shares across the fleet through Redis. One worker's, called
+// only from its loop, inside its KeyTable::ReadGuard; `broker` is null
+// without Redis.
+class PolicyPath {
+ public:
+  PolicyPath(KeyTable& keys, MetricsShard& metrics, LeaseBroker* broker)
+      : keys_(keys), metrics_(metrics), broker_(broker) {}
+
+  // A limiter decision on the share entry of a global rule; counts what
+  // fallback admits (undebited) when `count_undebited`. nullopt: table full.
+  std::optional<Decision> acquireShare(const RuleSet& rules, const Rule& share,
+                                       std::string_view key, int64_t now_ns, int64_t cost,
+                                       bool count_undebited);
+  // Records units a share admitted for a leasable global rule: debited at
+  // once while Redis is up, else counted in the entry for the recovery.
+  // `share` is the share itself (not a variant); `words` its entry's.
+  void noteFallbackSpend(const RuleSet& rules, const Rule& share, std::string_view key,
+                         std::span<std::atomic<uint64_t>> words, int64_t cost);
+  // Counts a denial toward `configured`'s penalty in the words of the entry
+  // that holds it (the key's, or for a global rule its slice entry); at the
+  // D-th, blocks the key, for a global rule across the fleet (lease.h).
+  void countDenial(const Rule& configured, std::string_view key,
+                   std::span<std::atomic<uint64_t>> entry_words, const Decision& decision,
+                   int64_t now_ns);
+  // How long a global rule's key stays blocked, as this node knows (0: not).
+  int64_t globalBlockedFor(const Rule& configured, std::string_view key, int64_t now_ns);
+
+ private:
+  KeyTable& keys_;
+  MetricsShard& metrics_;
+  LeaseBroker* broker_;
+};
 
 }  // namespace sluice

@@ -150,7 +150,8 @@ TEST_F(WaitingTest, AFrameThatDoesNotParseAgainIsAnsweredInternal) {
   asker.owner = this;
   asker.msgid = 9;
   asker.may_wait = true;
-  asker.frame = std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(junk.data()), junk.size());
+  asker.frame =
+      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(junk.data()), junk.size());
   ASSERT_TRUE(waiting_.waitUntilDue(asker, {}, 10 * kMs));
   if constexpr (kImpossibleAborts) {
     EXPECT_DEATH(waiting_.askAgain(10 * kMs, false), "impossible state");
