@@ -30,6 +30,7 @@ Dispatcher::Dispatcher(KeyTable& keys, MetricsShard& metrics, DaemonStatus& stat
       waiting_(metrics, broker, lease_timeout_ns),
       policy_(keys, metrics, broker),
       lease_(keys, metrics, broker, waiting_, policy_),
+      local_(keys, waiting_, policy_),
       holding_(keys, metrics, broker, waiting_) {
   waiting_.onAskAgain([this](const rpc::Request& request, int64_t now_ns, std::string* out,
                              const Asker& asker) { return decide(request, now_ns, out, asker); });
@@ -187,82 +188,20 @@ Outcome Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std:
     return Outcome::kAnswered;
   }
 
-  Decision decision;
+  Verdict verdict;
   if (spends) {
-    KeyTable::Entry* entry = keys_.findOrInsert(rule->id, item.key, entryWords(*rule), now_ns);
-    if (entry == nullptr) {
-      error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
-      return Outcome::kAnswered;
+    Outcome outcome =
+        local_.acquire(*rules_, *configured, *rule, mode, item, now_ns, asker, &verdict);
+    if (outcome == Outcome::kWaitsReserved) {
+      count(*configured, verdict.decision, verdict.mode);
+      return outcome;
     }
-    const Rule& deciding = decidingRule(*rules_, *rule, item.key, entry->state());
-    auto state = entry->state().first(stateWords(deciding));
-    // The penalty's words: in the key's entry; for a global rule deciding on
-    // its share, in the key's slice entry, where leasing keeps them too.
-    const Penalty* penalty = activePenalty(*configured);
-    std::span<std::atomic<uint64_t>> penalty_entry = entry->state();
-    if (penalty != nullptr && rule != configured) {
-      KeyTable::Entry* slice_entry =
-          keys_.findOrInsert(configured->id, item.key, entryWords(*configured), now_ns);
-      penalty_entry = slice_entry != nullptr ? slice_entry->state() : std::span<std::atomic<uint64_t>>();
-      if (slice_entry == nullptr) penalty = nullptr;  // table full: unblocked, uncounted
-    }
-    if (penalty != nullptr) {
-      if (int64_t left_ns = penalty::blockedFor(penaltyState(*configured, penalty_entry), now_ns)) {
-        decision = blockedDecision(deciding, left_ns);
-        count(*configured, decision, Mode::kBlocked);
-        rpc::writeDecision(out, request.msgid, decision, Mode::kBlocked);
-        return Outcome::kAnswered;
-      }
-    }
-    // Only a request that gets an answer may wait (not a notification).
-    int64_t max_wait_ns = asker.may_wait && rule == configured ? maxWaitNs(*rule, item) : 0;
-    if (max_wait_ns > 0 && !waiting_.mayReserve()) {
-      decision = acquire(deciding, state, now_ns, item.cost);
-      if (!decision.allowed && !decision.cost_exceeds_limit &&
-          decision.retry_after_ms * 1'000'000 <= max_wait_ns) {
-        error(request.msgid, rpc::ErrorCode::kOverloaded, Waiting::tooManyWaiting(), out);
-        return Outcome::kAnswered;
-      }
-    } else {
-      decision = acquire(deciding, state, now_ns, item.cost, max_wait_ns);
-    }
-    if (rule != configured && decision.allowed && !decision.shadow_denied) {
-      policy_.noteFallbackSpend(*rules_, *rule, item.key, entry->state(), item.cost);
-    }
-    count(*configured, decision, mode);
-    if (penalty != nullptr) {
-      policy_.countDenial(*configured, item.key, penalty_entry, decision, now_ns);
-    }
-    if (decision.wait_ns > 0) {
-      waiting_.reserve(asker.owner, request.msgid, decision, mode, now_ns,
-                       now_ns + decision.wait_ns);
-      return Outcome::kWaitsReserved;
-    }
-    rpc::writeDecision(out, request.msgid, decision, mode, max_wait_ns > 0 ? 0 : -1);
+    answer(*configured, request.msgid, verdict, true, out);
     return Outcome::kAnswered;
-  } else {
-    // peek, release and cost 0 never create a key: an absent key is fresh.
-    KeyTable::Entry* entry = currentEntry(*rule, item.key);
-    const Rule& deciding = decidingFor(*rule, item.key, entry);
-    auto state =
-        entry != nullptr ? entry->state().first(stateWords(deciding)) : freshState(deciding);
-    int64_t blocked_ns = entry != nullptr && activePenalty(*rule) != nullptr
-                             ? penalty::blockedFor(penaltyState(*rule, entry->state()), now_ns)
-                             : 0;
-    if (rule != configured) blocked_ns = policy_.globalBlockedFor(*configured, item.key, now_ns);
-    if (request.method == rpc::Method::kRelease) {
-      // A key that holds nothing gives nothing back: the answer is peek's.
-      if (entry != nullptr) entry->touch(now_ns);
-      decision = entry != nullptr ? release(deciding, state, now_ns, item.cost)
-                                  : peek(deciding, state, now_ns, 0);
-    } else if (blocked_ns > 0) {
-      decision = blockedDecision(deciding, blocked_ns);
-      mode = Mode::kBlocked;
-    } else {
-      decision = peek(deciding, state, now_ns, item.cost);
-    }
   }
-  rpc::writeDecision(out, request.msgid, decision, mode);
+  verdict = local_.look(*rules_, *configured, *rule, mode, item,
+                        request.method == rpc::Method::kRelease, now_ns);
+  answer(*configured, request.msgid, verdict, false, out);
   return Outcome::kAnswered;
 }
 

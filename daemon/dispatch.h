@@ -39,6 +39,7 @@
 #include "failure.h"
 #include "holding_path.h"
 #include "lease_path.h"
+#include "local_path.h"
 #include "key_table.h"
 #include "lease.h"
 #include "limiter.h"
@@ -174,6 +175,7 @@ class Dispatcher {
   Waiting waiting_;
   PolicyPath policy_;
   LeasePath lease_;
+  LocalPath local_;
   HoldingPath holding_;
   // Entries (collectItem), each: its limiter item (the decision, and the
   // share or state the limiter spends on, if it does), its mode, its rule
