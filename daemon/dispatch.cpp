@@ -18,7 +18,6 @@ std::string notReleasable(const Rule& rule) {
          std::string(algorithmName(rule.algorithm)) + ": its units come back with time";
 }
 
-
 }  // namespace
 
 Dispatcher::Dispatcher(KeyTable& keys, MetricsShard& metrics, DaemonStatus& status,

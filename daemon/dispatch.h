@@ -1,54 +1,56 @@
-// Dispatch: turns one parsed request into its response.
+// Dispatch: the MessagePack-RPC front of one worker: a parsed request in,
+// its encoded response out.
+//
+// The request path reads one way: the front (here) checks the peer, sends
+// the admin methods to Admin (admin.h), routes an acquire, peek or release
+// to the decision path its units come from, and encodes what the path
+// answers (a Verdict, verdict.h) or leaves the request waiting (Outcome,
+// waiting.h). The paths, each in its own file:
+//   - local state, by the limiter: a local rule's key, or a global rule's
+//     fallback share (local_path.h);
+//   - a leasable global rule's leased slice, while Redis is up
+//     (lease_path.h);
+//   - a global concurrency rule's held pool (holding_path.h);
+//   - policy: routing, "open", "closed", blocks and the share's debits
+//     (policy.h).
+// acquire_all, and an acquire on a global rule of several limits (decided
+// on its parts, RuleSet::parts, each a leasable rule of one limit), decide
+// their entries all or nothing (collectItem / settleEntries, here).
+//
+// A request that cannot be answered yet waits (waiting.h has the model):
+// handle() returns true and writes nothing; the answer goes later to the
+// deliver callback, with the owner (the connection) handle() was given.
 //
 // A Dispatcher belongs to one worker thread and is called only from that
-// worker's loop. It looks the rule up in the worker's current rule set, the
-// key in the shared key table, runs the limiter and appends the encoded
-// response to the connection's output. On a warm key it allocates nothing:
-// its scratch vectors keep their capacity between requests.
-//
-// The caller must hold a KeyTable::ReadGuard around handle() and
-// retryDeferred(), so that the entries they look up stay alive until the
-// decision is made.
-//
-// Global rules (with a LeaseBroker): while the breaker is closed, a leasable
-// rule's acquire spends from the key's slice (lease.h), and a global
-// concurrency rule's acquire holds units from the key's holding
-// (holding.h), which in fallback also decides at the node's share. A global
-// rule of several limits decides on its parts (RuleSet::parts), each a
-// leasable rule of one of its limits, as acquire_all decides its items: all
-// or nothing, reported as one decision. A key whose slice is
-// empty while its lease is on the way is deferred: handle() keeps a copy of
-// the request's frame and answers it later, from retryDeferred(), when a
-// lease reply has arrived (the worker is woken) or, at the latest,
-// lease_timeout after it was read, by the rule's on_redis_down policy. Other
-// requests on the same loop are served meanwhile. Answers to deferred
-// requests go to the deliver callback, with the owner (the connection) that
-// handle() was given.
+// worker's loop. The caller must hold a KeyTable::ReadGuard around handle()
+// and retryDeferred(), so that the entries they look up stay alive until
+// the decision is made. On a warm key it allocates nothing: its scratch
+// vectors keep their capacity between requests.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
-#include <functional>
-#include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "access.h"
 #include "admin.h"
 #include "failure.h"
 #include "holding_path.h"
-#include "lease_path.h"
-#include "local_path.h"
 #include "key_table.h"
 #include "lease.h"
+#include "lease_path.h"
 #include "limiter.h"
+#include "local_path.h"
 #include "lookup.h"
 #include "metrics.h"
 #include "policy.h"
 #include "rpc.h"
 #include "rules.h"
 #include "status.h"
+#include "verdict.h"
 #include "waiting.h"
 
 namespace sluice {
