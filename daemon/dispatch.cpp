@@ -244,27 +244,21 @@ Outcome Dispatcher::holdOne(const rpc::Request& request, const Rule& rule, int64
 // --- acquire_all, and rules decided on their parts -----------------------------
 
 void Dispatcher::startEntries() {
-  items_.clear();
-  modes_.clear();
-  entry_rules_.clear();
-  taken_.clear();
-  slices_.clear();
-  shares_.clear();
-  held_.clear();
+  entries_.clear();
   groups_.clear();
 }
 
 void Dispatcher::refundEntries(int64_t now_ns) {
-  for (size_t i = 0; i < taken_.size(); ++i) {
-    if (taken_[i] > 0) slice::refund(slices_[i], taken_[i]);
-    if (!held_[i].empty()) holding_.refund(*entry_rules_[i], held_[i], now_ns, items_[i].cost);
+  for (const Entry& entry : entries_) {
+    if (entry.taken > 0) slice::refund(entry.slice, entry.taken);
+    if (!entry.held.empty()) holding_.refund(*entry.rule, entry.held, now_ns, entry.item.cost);
   }
 }
 
 Dispatcher::Collected Dispatcher::collectItem(const Rule& configured, const rpc::Item& item,
                                               int64_t now_ns, const Asker& asker,
                                               bool* denied) {
-  groups_.push_back({&configured, item.key, items_.size(), 0});
+  groups_.push_back({&configured, item.key, entries_.size(), 0});
   // Without Redis, a global rule decides on its share (route), parts or not.
   std::span<const Rule> parts =
       broker_ != nullptr ? rules_->parts(configured) : std::span<const Rule>();
@@ -281,7 +275,7 @@ Dispatcher::Collected Dispatcher::collectItem(const Rule& configured, const rpc:
       case Collected::kTableFull: return Collected::kTableFull;
     }
   }
-  groups_.back().count = items_.size() - groups_.back().first;
+  groups_.back().count = entries_.size() - groups_.back().first;
   return deferred ? Collected::kDeferred : Collected::kOk;
 }
 
@@ -297,7 +291,9 @@ Dispatcher::Collected Dispatcher::collectEntry(const Rule& rule, const rpc::Item
   acquire_item.cost = cost;
   int64_t taken_units = 0;
   std::span<std::atomic<uint64_t>> slice_words;
-  const Rule* share_rule = nullptr;  // spent in fallback: count for debit
+  const Rule* share_rule = nullptr;  // the share the limiter decides on
+  const Rule* share_spend = nullptr;  // spent in fallback: count for debit
+  std::span<std::atomic<uint64_t>> share_words;
   Mode mode = Mode::kLocal;
   bool decided = false;
   if (int64_t blocked_ns = cost > 0 && rule.scope == Scope::kGlobal
@@ -388,23 +384,18 @@ Dispatcher::Collected Dispatcher::collectEntry(const Rule& rule, const rpc::Item
       acquire_item.decision = blockedDecision(deciding, blocked_ns);
       mode = Mode::kBlocked;
       *denied = true;
-      shares_.push_back({});
     } else {
       acquire_item.rule = &deciding;
       acquire_item.state = entry->state().first(stateWords(deciding));
       // Spent in fallback (not learning): counted for the debit afterwards.
-      bool counts = share_rule != &rule && taken_units == 0;
-      shares_.push_back(counts ? ShareSpend{share_rule, entry->state()} : ShareSpend{});
+      if (share_rule != &rule && taken_units == 0) {
+        share_spend = share_rule;
+        share_words = entry->state();
+      }
     }
-  } else {
-    shares_.push_back({});
   }
-  items_.push_back(acquire_item);
-  modes_.push_back(mode);
-  entry_rules_.push_back(&rule);
-  taken_.push_back(taken_units);
-  slices_.push_back(slice_words);
-  held_.push_back(held_words);
+  entries_.push_back({acquire_item, mode, &rule, taken_units, slice_words, share_spend,
+                      share_words, held_words});
   return Collected::kOk;
 }
 
@@ -412,9 +403,9 @@ bool Dispatcher::settleEntries(int64_t now_ns, bool denied) {
   // The limiter's items are the ones with a rule; a denial above means none
   // of them may spend, so they are only looked at.
   limited_.clear();
-  for (AcquireItem& item : items_) {
-    if (item.rule != nullptr) {
-      limited_.push_back(item);
+  for (const Entry& entry : entries_) {
+    if (entry.item.rule != nullptr) {
+      limited_.push_back(entry.item);
     }
   }
   bool allowed = !denied;
@@ -426,20 +417,23 @@ bool Dispatcher::settleEntries(int64_t now_ns, bool denied) {
     allowed = sluice::acquireAll(limited_, now_ns);
   }
   if (!allowed) refundEntries(now_ns);
-  for (size_t i = 0, next = 0; i < items_.size(); ++i) {
-    if (items_[i].rule == nullptr) continue;
+  size_t next = 0;
+  for (Entry& entry : entries_) {
+    if (entry.item.rule == nullptr) continue;
     const Decision& limited = limited_[next++].decision;
     // A learning entry keeps its slice's answer unless the share said no.
-    if (taken_[i] == 0 || !limited.allowed) items_[i].decision = limited;
-    if (taken_[i] > 0 && !limited.allowed) items_[i].decision.allowed = false;
+    if (entry.taken == 0 || !limited.allowed) entry.item.decision = limited;
+    if (entry.taken > 0 && !limited.allowed) entry.item.decision.allowed = false;
   }
   for (const Group& group : groups_) {
     if (allowed && group.count > 1 && group.configured->shadow) refundShadowGroup(group, now_ns);
-    for (size_t i = group.first; i < group.first + group.count; ++i) {
-      if (allowed && taken_[i] > 0) metrics_.lease_units_spent.add(static_cast<uint64_t>(taken_[i]));
-      if (allowed && shares_[i].share != nullptr && !items_[i].decision.shadow_denied) {
-        policy_.noteFallbackSpend(*rules_, *shares_[i].share, group.key, shares_[i].words,
-                                  items_[i].cost);
+    for (const Entry& entry : std::span(entries_).subspan(group.first, group.count)) {
+      if (allowed && entry.taken > 0) {
+        metrics_.lease_units_spent.add(static_cast<uint64_t>(entry.taken));
+      }
+      if (allowed && entry.share != nullptr && !entry.item.decision.shadow_denied) {
+        policy_.noteFallbackSpend(*rules_, *entry.share, group.key, entry.share_words,
+                                  entry.item.cost);
       }
     }
   }
@@ -449,32 +443,33 @@ bool Dispatcher::settleEntries(int64_t now_ns, bool denied) {
 void Dispatcher::refundShadowGroup(const Group& group, int64_t now_ns) {
   // A shadow rule spends nothing on a request one of its limits denies, as
   // the limiter's rule of several limits does.
-  auto entries = std::span(items_).subspan(group.first, group.count);
+  auto entries = std::span(entries_).subspan(group.first, group.count);
   if (std::none_of(entries.begin(), entries.end(),
-                   [](const AcquireItem& item) { return item.decision.shadow_denied; })) {
+                   [](const Entry& entry) { return entry.item.decision.shadow_denied; })) {
     return;
   }
-  for (size_t i = group.first; i < group.first + group.count; ++i) {
-    if (taken_[i] > 0) slice::refund(slices_[i], taken_[i]);
-    taken_[i] = 0;
-    const AcquireItem& item = items_[i];
+  for (Entry& entry : entries) {
+    if (entry.taken > 0) slice::refund(entry.slice, entry.taken);
+    entry.taken = 0;
+    const AcquireItem& item = entry.item;
     if (item.rule != nullptr && item.decision.allowed && !item.decision.shadow_denied) {
       refund(*item.rule, item.state, now_ns, item.cost);
     }
-    shares_[i] = {};
+    entry.share = nullptr;
+    entry.share_words = {};
   }
 }
 
 Decision Dispatcher::groupDecision(const Group& group, Mode* mode) const {
   if (group.count == 1) {
-    *mode = modes_[group.first];
-    return items_[group.first].decision;
+    *mode = entries_[group.first].mode;
+    return entries_[group.first].item.decision;
   }
   // The parts report as the limits of a local rule do (limiter.h); the mode
   // is the reported part's.
   MostRestrictive merged;
   for (size_t i = group.first; i < group.first + group.count; ++i) {
-    if (merged.add(withoutShadow(items_[i].decision))) *mode = modes_[i];
+    if (merged.add(withoutShadow(entries_[i].item.decision))) *mode = entries_[i].mode;
   }
   Decision decision = merged.decision();
   applyShadow(*group.configured, &decision);

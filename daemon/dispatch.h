@@ -112,8 +112,7 @@ class Dispatcher {
                   std::string* out, const Asker& asker);
   // acquire_all, and acquire on a rule decided on its parts (RuleSet::parts),
   // in three steps. collectItem() decides a request item on its rule, or
-  // on each of its rule's parts: an entry each (items_ and the vectors
-  // beside it). settleEntries() spends all entries' units or none. Then
+  // on each of its rule's parts: an entry each (entries_). settleEntries() spends all entries' units or none. Then
   // groupDecision() reports an item's entries as one decision.
   //
   // An entry spends from its slice (a rule that leases), holds units of its
@@ -139,7 +138,7 @@ class Dispatcher {
   // Gives back what the entries took from slices and holdings.
   void refundEntries(int64_t now_ns);
   // Spends every entry's units or none; each entry's decision is then in
-  // items_. True when all were allowed.
+  // entries_. True when all were allowed.
   bool settleEntries(int64_t now_ns, bool denied);
   // A shadow rule's parts: gives back what they spent when one denied.
   void refundShadowGroup(const Group& group, int64_t now_ns);
@@ -179,22 +178,22 @@ class Dispatcher {
   LeasePath lease_;
   LocalPath local_;
   HoldingPath holding_;
-  // Entries (collectItem), each: its limiter item (the decision, and the
-  // share or state the limiter spends on, if it does), its mode, its rule
-  // (the configured rule or a part), units taken from its slice, the
-  // slice's words, the share and its entry's words when fallback spends on
-  // it (else none), and the holding's words when it holds units (else none).
-  struct ShareSpend {
+  // An entry of acquire_all or of a rule decided on its parts (collectItem).
+  struct Entry {
+    // Its limiter item: the decision, and the share or state the limiter
+    // spends on, if it does (a rule; none when decided without the limiter).
+    AcquireItem item;
+    Mode mode = Mode::kLocal;
+    const Rule* rule = nullptr;  // the configured rule or a part
+    int64_t taken = 0;           // units taken from its slice
+    std::span<std::atomic<uint64_t>> slice;  // the slice's words, when it has one
+    // The share and its entry's words when fallback spends on it (a debit
+    // to note once the group is allowed); else none.
     const Rule* share = nullptr;
-    std::span<std::atomic<uint64_t>> words;
+    std::span<std::atomic<uint64_t>> share_words;
+    std::span<std::atomic<uint64_t>> held;  // the holding's words when it holds units
   };
-  std::vector<AcquireItem> items_;
-  std::vector<Mode> modes_;
-  std::vector<const Rule*> entry_rules_;
-  std::vector<int64_t> taken_;
-  std::vector<std::span<std::atomic<uint64_t>>> slices_;
-  std::vector<ShareSpend> shares_;
-  std::vector<std::span<std::atomic<uint64_t>>> held_;
+  std::vector<Entry> entries_;
   std::vector<Group> groups_;
 
   // Scratch space reused between requests.
