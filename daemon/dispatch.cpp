@@ -369,7 +369,8 @@ Dispatcher::Collected Dispatcher::collectEntry(const Rule& rule, const rpc::Item
     }
   }
   if (!decided) {
-    KeyTable::Entry* entry = keys_.findOrInsert(share_rule->id, key, entryWords(*share_rule), now_ns);
+    KeyTable::Entry* entry =
+        keys_.findOrInsert(share_rule->id, key, entryWords(*share_rule), now_ns);
     if (entry == nullptr) {
       if (taken_units > 0) slice::refund(slice_words, taken_units);
       return Collected::kTableFull;

@@ -112,8 +112,9 @@ class Dispatcher {
                   std::string* out, const Asker& asker);
   // acquire_all, and acquire on a rule decided on its parts (RuleSet::parts),
   // in three steps. collectItem() decides a request item on its rule, or
-  // on each of its rule's parts: an entry each (entries_). settleEntries() spends all entries' units or none. Then
-  // groupDecision() reports an item's entries as one decision.
+  // on each of its rule's parts: an entry each (entries_). settleEntries()
+  // spends all entries' units or none. Then groupDecision() reports an
+  // item's entries as one decision.
   //
   // An entry spends from its slice (a rule that leases), holds units of its
   // holding (a global concurrency rule), or goes to the limiter on its
