@@ -159,6 +159,22 @@ class DispatchTest : public ::testing::Test {
   }
   size_t waiting(WaitKind kind) const { return dispatcher_->waiting().count(kind); }
 
+  // acquire_all of (rule, key, cost) items, answered at once.
+  Answer acquireAll(std::vector<rpc::Item> items) {
+    rpc::Request request;
+    request.msgid = ++msgid_;
+    request.method = rpc::Method::kAcquireAll;
+    request.items = std::move(items);
+    Peer peer;
+    peer.allowed = true;
+    std::string out;
+    {
+      KeyTable::ReadGuard guard(keys_, reader_);
+      EXPECT_FALSE(dispatcher_->handle(request, peer, now_ns_, &out));
+    }
+    return decode(out);
+  }
+
   Answer acquire(std::string_view rule, std::string_view key, int64_t cost = 1) {
     return call(rpc::Method::kAcquire, rule, key, cost);
   }
@@ -267,6 +283,35 @@ TEST_F(LeasingDispatchTest, ResetOfALeasingRuleAnswersTheModeItDecidesIn) {
 TEST_F(DispatchTest, ResetOfAGlobalRuleWithoutRedisAnswersInFallback) {
   EXPECT_EQ(reset("g_jobs", "k").mode(), "fallback");
   EXPECT_EQ(reset("api", "k").mode(), "local");
+}
+
+// --- acquire_all -----------------------------------------------------------------
+
+// Verifies acquire_all spends on every item or on none: a denial of one
+// item leaves the others' units where they were.
+TEST_F(DispatchTest, AcquireAllSpendsOnEveryItemOrOnNone) {
+  ASSERT_TRUE(acquire("api", "b", 3).allowed());
+  Answer denied = acquireAll({{"api", "a", 2, -1}, {"jobs", "j", 1, -1}, {"api", "b", 1, -1}});
+  EXPECT_FALSE(denied.allowed());
+  EXPECT_EQ(peek("api", "a").remaining(), 3);
+  EXPECT_EQ(peek("jobs", "j").remaining(), 2);
+  Answer allowed = acquireAll({{"api", "a", 2, -1}, {"jobs", "j", 1, -1}});
+  EXPECT_TRUE(allowed.allowed());
+  EXPECT_EQ(peek("api", "a").remaining(), 1);
+  EXPECT_EQ(peek("jobs", "j").remaining(), 1);
+}
+
+// Verifies acquire_all over a leasing rule and a local one, without a lease
+// yet and unable to wait, decides the leased item by its policy and spends
+// on both.
+TEST_F(LeasingDispatchTest, AcquireAllWithoutALeaseDecidesByThePolicy) {
+  Answer answer = acquireAll({{"g_api", "k", 2, -1}, {"api", "k", 1, -1}});
+  EXPECT_TRUE(answer.allowed());
+  EXPECT_EQ(peek("api", "k").remaining(), 2);
+  std::vector<LeaseRequest> sent;
+  broker_->takeRequests(&sent);
+  ASSERT_FALSE(sent.empty());
+  EXPECT_EQ(sent[0].kind, LeaseRequest::Kind::kLease);
 }
 
 // --- waiting -------------------------------------------------------------------
