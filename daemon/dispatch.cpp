@@ -11,52 +11,12 @@ namespace sluice {
 
 namespace {
 
-constexpr std::string_view kVersion = SLUICE_VERSION;
-
-// The answer of a global rule whose policy is "open" or "closed" while Redis
-// is unreachable; nothing is spent.
-Decision policyDecision(const Rule& rule, Mode mode) {
-  Decision decision;
-  decision.allowed = mode == Mode::kOpen;
-  decision.limit = rule.limits.front().limit;
-  decision.remaining = decision.allowed ? decision.limit : 0;
-  int64_t period_ms = rule.limits.front().period_ns / 1'000'000;
-  decision.reset_after_ms = period_ms;
-  decision.retry_after_ms = decision.allowed ? 0 : std::max<int64_t>(period_ms, 1);
-  if (rule.shadow && !decision.allowed) {
-    decision.allowed = true;
-    decision.shadow_denied = true;
-    decision.retry_after_ms = 0;
-  }
-  return decision;
-}
-
-std::string unknownRule(std::string_view name) {
+// A release names a rule whose units come back with time, not by a release.
+std::string notReleasable(const Rule& rule) {
   // Built only on this error path, so the allocation does not matter.
-  return "no rule named \"" + std::string(name) + "\"";
+  return "release gives back units of concurrency rules, and rule \"" + rule.name + "\" is " +
+         std::string(algorithmName(rule.algorithm)) + ": its units come back with time";
 }
-
-// A rule's penalty as it applies: a shadow rule only observes, so never.
-const Penalty* activePenalty(const Rule& rule) {
-  return rule.penalty && !rule.shadow ? &*rule.penalty : nullptr;
-}
-
-// The answer for a key blocked by its rule's penalty for `left_ns` more.
-Decision blockedDecision(const Rule& rule, int64_t left_ns) {
-  Decision decision;
-  decision.limit = rule.limits.front().limit;
-  decision.retry_after_ms = (left_ns + 999'999) / 1'000'000;
-  decision.reset_after_ms = decision.retry_after_ms;
-  return decision;
-}
-
-// The most overrides of one rule that `rules` lists.
-constexpr size_t kMaxListedOverrides = 100;
-
-constexpr std::string_view kTooManyWaiting =
-    "too many requests are waiting for units on this worker; retry later";
-constexpr std::string_view kTableFull =
-    "the key table is full and no key could be evicted; raise [keys] max_keys or max_memory";
 
 }  // namespace
 
@@ -64,14 +24,15 @@ Dispatcher::Dispatcher(KeyTable& keys, MetricsShard& metrics, DaemonStatus& stat
                        LeaseBroker* broker, int64_t lease_timeout_ns)
     : keys_(keys),
       metrics_(metrics),
-      status_(status),
       broker_(broker),
-      lease_timeout_ns_(lease_timeout_ns) {}
-
-void Dispatcher::error(rpc::MsgId msgid, rpc::ErrorCode code, std::string_view message,
-                       std::string* out) {
-  metrics_.errors[static_cast<size_t>(code)].add();
-  rpc::writeError(out, msgid, code, message);
+      admin_(keys, metrics, status, broker),
+      waiting_(metrics, broker, lease_timeout_ns),
+      policy_(keys, metrics, broker),
+      lease_(keys, metrics, broker, waiting_, policy_),
+      local_(keys, waiting_, policy_),
+      holding_(keys, metrics, broker, waiting_) {
+  waiting_.onAskAgain([this](const rpc::Request& request, int64_t now_ns, std::string* out,
+                             const Asker& asker) { return decide(request, now_ns, out, asker); });
 }
 
 void Dispatcher::handleParseError(const rpc::ParseResult& result, std::string* out) {
@@ -84,23 +45,6 @@ void Dispatcher::handleParseError(const rpc::ParseResult& result, std::string* o
   if (result.status == rpc::ParseStatus::kFatal) {
     rpc::writeErrorNotification(out, result.error, result.message);
   }
-}
-
-Dispatcher::Route Dispatcher::route(const Rule& rule) const {
-  Mode shadow_or = rule.shadow ? Mode::kShadow : Mode::kLocal;
-  if (rule.scope == Scope::kLocal) {
-    return {&rule, shadow_or};
-  }
-  // A global rule that is not deciding on leases right now (Redis down, the
-  // key's lease failed or timed out, or the rule has no lease form) answers
-  // as its on_redis_down policy says (docs/design.md, "Fallback").
-  switch (rule.on_redis_down) {
-    case RedisDownPolicy::kLocal:
-      return {rules_->fallbackShare(rule), rule.shadow ? Mode::kShadow : Mode::kFallback};
-    case RedisDownPolicy::kOpen: return {nullptr, rule.shadow ? Mode::kShadow : Mode::kOpen};
-    case RedisDownPolicy::kClosed: return {nullptr, rule.shadow ? Mode::kShadow : Mode::kClosed};
-  }
-  return {nullptr, Mode::kClosed};
 }
 
 void Dispatcher::setRules(RuleSetPtr rules) {
@@ -147,19 +91,25 @@ bool Dispatcher::handle(const rpc::Request& request, const Peer& peer, int64_t n
     message_.clear();  // a notification's answer is dropped
     return false;
   }
-  DeferTo defer_to{owner, frame, now_ns + lease_timeout_ns_, false, Wait{}};
-  const DeferTo* defer = owner != nullptr && !request.notification ? &defer_to : nullptr;
+  Asker asker;
+  asker.owner = owner;
+  asker.msgid = request.msgid;
+  asker.frame = frame;
+  asker.deadline_ns = now_ns + waiting_.leaseTimeoutNs();
+  asker.may_wait = owner != nullptr && !request.notification;
   bool deferred = false;
   switch (request.method) {
     case rpc::Method::kAcquire:
     case rpc::Method::kPeek:
-    case rpc::Method::kRelease: deferred = acquireOne(request, now_ns, target, defer); break;
-    case rpc::Method::kAcquireAll: deferred = acquireAll(request, now_ns, target, defer); break;
-    case rpc::Method::kHealth: writeHealth(request.msgid, target); break;
-    case rpc::Method::kStats: writeStats(request.msgid, target); break;
-    case rpc::Method::kRules: writeRules(request.msgid, target); break;
-    case rpc::Method::kReload: reload(request.msgid, peer, target); break;
-    case rpc::Method::kReset: reset(request, peer, now_ns, target); break;
+    case rpc::Method::kRelease:
+    case rpc::Method::kAcquireAll:
+      deferred = decide(request, now_ns, target, asker) != Outcome::kAnswered;
+      break;
+    case rpc::Method::kHealth:
+    case rpc::Method::kStats:
+    case rpc::Method::kRules:
+    case rpc::Method::kReload:
+    case rpc::Method::kReset: admin_.handle(*rules_, request, peer, now_ns, target); break;
     case rpc::Method::kUnknown:
       error(request.msgid, rpc::ErrorCode::kUnknownMethod, "no such method", target);
       break;
@@ -170,416 +120,35 @@ bool Dispatcher::handle(const rpc::Request& request, const Peer& peer, int64_t n
   return deferred;
 }
 
-bool Dispatcher::defer(const DeferTo* to, const Wait& wait) {
-  if (to == nullptr || deferred_.size() >= kMaxDeferred) return false;
-  if (!to->held) {
-    // A first deferral: keep the frame (the read buffer will be reused).
-    if (deferred_bytes_ + to->frame.size() > kMaxDeferredBytes) return false;
-    deferred_bytes_ += to->frame.size();
-    metrics_.lease_deferred.add();
-    deferred_.push_back({to->owner,
-                         std::string(reinterpret_cast<const char*>(to->frame.data()),
-                                     to->frame.size()),
-                         to->deadline_ns, wait});
-  }
-  return true;
-}
-
-bool Dispatcher::park(const DeferTo& to, const Wait& wait, int64_t due_ns, rpc::MsgId msgid,
-                      std::string* out) {
-  if (parked_.size() + queued_.size() >= kMaxWaiters) {
-    error(msgid, rpc::ErrorCode::kOverloaded, kTooManyWaiting, out);
-    return false;
-  }
-  parked_.push_back({due_ns, wait, to.owner,
-                     std::string(reinterpret_cast<const char*>(to.frame.data()), to.frame.size())});
-  std::push_heap(parked_.begin(), parked_.end());
-  just_parked_ = true;
-  return true;
-}
-
-bool Dispatcher::queue(const DeferTo& to, const Wait& wait, rpc::MsgId msgid, std::string* out) {
-  if (parked_.size() + queued_.size() >= kMaxWaiters) {
-    error(msgid, rpc::ErrorCode::kOverloaded, kTooManyWaiting, out);
-    return false;
-  }
-  queued_.push_back({wait, to.owner,
-                     std::string(reinterpret_cast<const char*>(to.frame.data()), to.frame.size())});
-  just_parked_ = true;
-  return true;
-}
-
-bool Dispatcher::stand(Wait& wait, const Rule& rule, const Rule& deciding, std::string_view key,
-                       std::span<std::atomic<uint64_t>> words, int64_t cost, int64_t* ahead) {
-  *ahead = 0;
-  if (wait.ticket != 0) return true;
-  // What the fleet could give the line within the wait, at the most.
-  const Limit& limit = deciding.limits.front();
-  double refill = static_cast<double>(limit.limit) * static_cast<double>(wait.until_ns - wait.since_ns) /
-                  static_cast<double>(limit.period_ns);
-  int64_t servable = leaseCapacity(limit) + static_cast<int64_t>(refill);
-  wait.ticket = broker_->lines().join(rule.id, key, words, cost, servable - cost, ahead);
-  return wait.ticket != 0;
-}
-
-void Dispatcher::leaveLine(uint64_t ticket, std::span<std::atomic<uint64_t>> words) {
-  if (ticket != 0 && broker_->lines().leave(ticket, words)) broker_->notifyWorkers();
-}
-
-bool Dispatcher::reparse(std::string_view frame) {
-  rpc::Limits limits;
-  limits.max_depth = msgpack::Reader::kMaxSkipDepth;
-  limits.max_items = UINT32_MAX;
-  limits.max_frame_bytes = frame.size();
-  limits.max_key_bytes = frame.size();
-  auto bytes = std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(frame.data()), frame.size());
-  return rpc::parseRequest(bytes, limits, &retry_request_).status == rpc::ParseStatus::kOk;
-}
-
-void Dispatcher::retryParked(int64_t now_ns, bool all) {
-  std::string response;
-  while (!parked_.empty() && (all || parked_.front().due_ns <= now_ns)) {
-    std::pop_heap(parked_.begin(), parked_.end());
-    Parked parked = std::move(parked_.back());
-    parked_.pop_back();
-    if (!reparse(parked.frame)) continue;  // cannot happen: it parsed before
-    auto bytes = std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(parked.frame.data()),
-                                          parked.frame.size());
-    DeferTo again{parked.owner, bytes, now_ns + lease_timeout_ns_, false, parked.wait};
-    response.clear();
-    // Stopping: answered at once, as a request that does not wait.
-    if (all) leaveLine(parked.wait.ticket);
-    asking_again_ = true;
-    bool waits = acquireOne(retry_request_, now_ns, &response, all ? nullptr : &again);
-    asking_again_ = false;
-    if (!waits && deliver_) deliver_(parked.owner, response);
-  }
-}
-
-void Dispatcher::retryQueued(int64_t now_ns, bool all) {
-  if (queued_.empty()) return;
-  WaitLines& lines = broker_->lines();
-  std::string response;
-  // A request served leaves its line, and the next may be on this worker:
-  // look again while a pass asked any.
-  for (bool asked = true; asked && !queued_.empty();) {
-    asked = false;
-    uint64_t promotions = lines.promotions();
-    bool promoted = promotions != seen_promotions_;
-    seen_promotions_ = promotions;
-    requeuing_.clear();
-    requeuing_.swap(queued_);
-    for (Queued& queued : requeuing_) {
-      bool ended = all || now_ns >= queued.wait.until_ns;
-      if (!ended && !(promoted && lines.first(queued.wait.ticket))) {
-        queued_.push_back(std::move(queued));
-        continue;
-      }
-      asked = true;
-      if (ended) {
-        // Its wait is over: asked as a request that waits no longer.
-        leaveLine(queued.wait.ticket);
-        queued.wait.ticket = 0;
-        queued.wait.until_ns = now_ns;
-      }
-      if (!reparse(queued.frame)) continue;  // cannot happen: it parsed before
-      auto bytes = std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(queued.frame.data()),
-                                            queued.frame.size());
-      DeferTo again{queued.owner, bytes, now_ns + lease_timeout_ns_, false, queued.wait};
-      response.clear();
-      just_parked_ = false;
-      asking_again_ = true;
-      bool waits = acquireOne(retry_request_, now_ns, &response, all ? nullptr : &again);
-      asking_again_ = false;
-      if (!waits && deliver_) deliver_(queued.owner, response);
-    }
-  }
-  requeuing_.clear();
-}
-
-void Dispatcher::retryDeferred(int64_t now_ns, bool all) {
-  answerWaiters(now_ns, all);
-  retryParked(now_ns, all);
-  retryQueued(now_ns, all);
-  retryDeferredLeases(now_ns, all);
-  // The first in a line, served from a lease that came, made the next first.
-  retryQueued(now_ns, all);
-}
-
-void Dispatcher::retryDeferredLeases(int64_t now_ns, bool all) {
-  if (deferred_.empty()) return;
-  retrying_.clear();
-  for (Deferred& deferred : deferred_) retrying_.push_back(std::move(deferred));
-  deferred_.clear();
-  deferred_bytes_ = 0;  // counted again for those that wait on
-  std::string response;
-  for (Deferred& deferred : retrying_) {
-    if (!reparse(deferred.frame)) continue;  // cannot happen: it parsed before
-    auto bytes = std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(deferred.frame.data()),
-                                          deferred.frame.size());
-    bool expired = all || now_ns >= deferred.deadline_ns;
-    if (expired) {
-      metrics_.lease_deferred_expired.add();
-      leaveLine(deferred.wait.ticket);  // asked as a request that does not wait
-    }
-    // A retry keeps its place (the frame stays in `deferred`) when it waits
-    // on for its lease; one that now waits for its units is parked instead.
-    DeferTo again{deferred.owner, bytes, deferred.deadline_ns, true, deferred.wait};
-    response.clear();
-    just_parked_ = false;
-    asking_again_ = true;
-    bool waits = retry_request_.method == rpc::Method::kAcquireAll
-                     ? acquireAll(retry_request_, now_ns, &response, expired ? nullptr : &again)
-                     : acquireOne(retry_request_, now_ns, &response, expired ? nullptr : &again);
-    asking_again_ = false;
-    if (just_parked_) continue;
-    if (waits) {
-      deferred_bytes_ += deferred.frame.size();
-      deferred_.push_back(std::move(deferred));
-      continue;
-    }
-    // It arrived lease_timeout before its deadline.
-    int64_t waited_ns = now_ns - (deferred.deadline_ns - lease_timeout_ns_);
-    metrics_.decision_latency.observe(static_cast<uint64_t>(std::max<int64_t>(waited_ns, 0)) / 1000);
-    if (deliver_) deliver_(deferred.owner, response);
-  }
-  retrying_.clear();
-}
-
-void Dispatcher::forget(void* owner) {
-  std::erase_if(deferred_, [&](const Deferred& deferred) {
-    if (deferred.owner != owner) return false;
-    deferred_bytes_ -= deferred.frame.size();
-    leaveLine(deferred.wait.ticket);
-    return true;
-  });
-  if (std::erase_if(waiters_, [owner](const Waiter& waiter) { return waiter.owner == owner; }) > 0) {
-    std::make_heap(waiters_.begin(), waiters_.end());
-  }
-  if (std::erase_if(parked_, [&](const Parked& parked) {
-        if (parked.owner != owner) return false;
-        leaveLine(parked.wait.ticket);
-        return true;
-      }) > 0) {
-    std::make_heap(parked_.begin(), parked_.end());
-  }
-  std::erase_if(queued_, [&](const Queued& queued) {
-    if (queued.owner != owner) return false;
-    leaveLine(queued.wait.ticket);
-    return true;
-  });
-}
-
-int64_t Dispatcher::nextDeadlineNs() const {
-  int64_t next = INT64_MAX;
-  if (!deferred_.empty()) next = deferred_.front().deadline_ns;
-  if (!waiters_.empty()) next = std::min(next, waiters_.front().due_ns);
-  if (!parked_.empty()) next = std::min(next, parked_.front().due_ns);
-  for (const Queued& queued : queued_) next = std::min(next, queued.wait.until_ns);
-  return next;
-}
-
-int64_t Dispatcher::maxWaitNs(const Rule& rule, const rpc::Item& item) const {
-  if (!canWait(rule)) return 0;
-  return item.max_wait_ms >= 0 ? item.max_wait_ms * 1'000'000 : rule.max_wait_ns;
-}
-
-void Dispatcher::answerWaiters(int64_t now_ns, bool all) {
-  std::string response;
-  while (!waiters_.empty() && (all || waiters_.front().due_ns <= now_ns)) {
-    std::pop_heap(waiters_.begin(), waiters_.end());
-    Waiter waiter = std::move(waiters_.back());
-    waiters_.pop_back();
-    Decision decision = waiter.decision;
-    if (waiter.due_ns > now_ns) {
-      // Stopping before its units are due: the normal denial.
-      decision.allowed = false;
-      decision.retry_after_ms = (waiter.due_ns - now_ns + 999'999) / 1'000'000;
-    }
-    response.clear();
-    rpc::writeDecision(&response, waiter.msgid, decision, waiter.mode,
-                       (std::min(now_ns, waiter.due_ns) - waiter.since_ns) / 1'000'000);
-    if (deliver_) deliver_(waiter.owner, response);
-  }
-}
-
-KeyTable::Entry* Dispatcher::currentEntry(const Rule& rule, std::string_view key) {
-  KeyTable::Entry* entry = keys_.find(rule.id, key);
-  // An entry of the rule's old shape, before a reload, is none.
-  return entry != nullptr && entry->state().size() == entryWords(rule) ? entry : nullptr;
-}
-
-const Rule& Dispatcher::decidingFor(const Rule& rule, std::string_view key,
-                                    KeyTable::Entry* entry) {
-  return entry != nullptr ? decidingRule(*rules_, rule, key, entry->state())
-                          : rules_->variant(rule, rules_->matchOverride(rule, key));
-}
-
-std::span<std::atomic<uint64_t>> Dispatcher::freshState(const Rule& rule) {
-  size_t words = stateWords(rule);
-  if (fresh_.size() < words) {
-    fresh_ = std::vector<std::atomic<uint64_t>>(words);
-  }
-  for (size_t i = 0; i < words; ++i) {
-    fresh_[i].store(0, std::memory_order_relaxed);
-  }
-  return {fresh_.data(), words};
-}
-
-std::optional<Decision> Dispatcher::acquireShare(const Rule& share, std::string_view key,
-                                                 int64_t now_ns, int64_t cost,
-                                                 bool count_undebited) {
-  KeyTable::Entry* entry = keys_.findOrInsert(share.id, key, entryWords(share), now_ns);
-  if (entry == nullptr) return std::nullopt;
-  const Rule& deciding = decidingRule(*rules_, share, key, entry->state());
-  Decision decision = acquire(deciding, entry->state().first(stateWords(deciding)), now_ns, cost);
-  if (count_undebited && decision.allowed && !decision.shadow_denied) {
-    noteFallbackSpend(share, key, entry->state(), cost);
-  }
-  return decision;
-}
-
-Decision Dispatcher::lookShare(const Rule& rule, std::string_view key, int64_t now_ns,
-                              int64_t cost) {
-  const Rule& share = *rules_->fallbackShare(rule);
-  KeyTable::Entry* entry = currentEntry(share, key);
-  const Rule& deciding = decidingFor(share, key, entry);
-  return peek(deciding,
-              entry != nullptr ? entry->state().first(stateWords(deciding)) : freshState(deciding),
-              now_ns, cost);
-}
-
-void Dispatcher::noteFallbackSpend(const Rule& share, std::string_view key,
-                                   std::span<std::atomic<uint64_t>> words, int64_t cost) {
-  const Rule* global = rules_->findById(share.id & ~kFallbackIdBit);
-  if (broker_ == nullptr || global == nullptr || !leasable(*global)) return;
-  if (broker_->leasing()) {
-    // Redis is up but this key could not lease (its lease failed or was
-    // late): debit the units now rather than at the next outage's end.
-    LeaseRequest debit;
-    debit.kind = LeaseRequest::Kind::kDebit;
-    debit.rule_id = global->id;
-    debit.key = std::string(key);
-    debit.n = cost;
-    debit.variant = storedOverride(share, words);
-    broker_->submit(std::move(debit));
+void Dispatcher::answer(const Rule& configured, rpc::MsgId msgid, const Verdict& verdict, bool counts,
+                        std::string* out) {
+  if (verdict.failed) {
+    error(msgid, verdict.error, verdict.message, out);
     return;
   }
-  words[undebitedWord(share)].fetch_add(static_cast<uint64_t>(cost), std::memory_order_acq_rel);
+  if (counts) count(configured, verdict.decision, verdict.mode);
+  rpc::writeDecision(out, msgid, verdict.decision, verdict.mode, verdict.waited_ms);
 }
 
-void Dispatcher::requestLease(const Rule& rule, const Rule& deciding, std::string_view key,
-                              std::span<std::atomic<uint64_t>> words, int64_t now_ns,
-                              int64_t cost, int64_t spent) {
-  // Learning: no more than the share allows once this request has spent,
-  // so that what this node may not spend stays in Redis for the others.
-  int64_t share_left = INT64_MAX;
-  if (broker_->learning(deciding, now_ns)) {
-    share_left = lookShare(rule, key, now_ns, 0).remaining - spent;  // cost 0: what it holds now
-    if (share_left < (spent > 0 ? 1 : cost)) {
-      slice::unclaim(words);
-      return;
-    }
-  }
-  slice::Batch batch = slice::nextBatch(words, now_ns, cost, deciding, rules_->fallbackNodes(),
-                                        broker_->leaseIntervalNs());
-  batch.n = std::min(batch.n, share_left);
-  batch.need = std::min(batch.need, batch.n);
-  LeaseRequest request;
-  request.rule_id = rule.id;
-  request.variant = storedOverride(rule, words);
-  request.key = std::string(key);
-  request.n = batch.n;
-  request.need = batch.need;
-  broker_->submit(std::move(request));
+Outcome Dispatcher::decide(const rpc::Request& request, int64_t now_ns, std::string* out,
+                           const Asker& asker) {
+  return request.method == rpc::Method::kAcquireAll ? acquireAll(request, now_ns, out, asker)
+                                                    : acquireOne(request, now_ns, out, asker);
 }
 
-void Dispatcher::countDenial(const Rule& configured, std::string_view key,
-                             std::span<std::atomic<uint64_t>> entry_words,
-                             const Decision& decision, int64_t now_ns) {
-  const Penalty* penalty = activePenalty(configured);
-  if (penalty == nullptr || entry_words.empty() || decision.allowed ||
-      decision.cost_exceeds_limit) {
-    return;
-  }
-  auto words = penaltyState(configured, entry_words);
-  if (!penalty::recordDenial(*penalty, words, now_ns)) return;
-  metrics_.penalty_blocks.add();
-  if (configured.scope != Scope::kGlobal || broker_ == nullptr || !broker_->leasing()) return;
-  // Shared through Redis, where every node's next lease of the key finds it.
-  // This node asks Redis again after kBlockRecheckNs (lease.h), with nothing
-  // left to spend meanwhile.
-  LeaseRequest block;
-  block.kind = LeaseRequest::Kind::kBlock;
-  block.rule_id = configured.id;
-  block.key = std::string(key);
-  block.n = (penalty->block_ns + 999'999) / 1'000'000;
-  broker_->submit(std::move(block));
-  entry_words[slice::kUnits].store(0, std::memory_order_release);
-  entry_words[slice::kDenyUntil].store(
-      static_cast<uint64_t>(now_ns + std::min(penalty->block_ns, kBlockRecheckNs)),
-      std::memory_order_release);
-}
-
-namespace {
-
-int64_t ceilMs(int64_t ns) { return ns <= 0 ? 0 : (ns + 999'999) / 1'000'000; }
-
-// A decision made on a slice (normal mode).
-Decision sliceDecision(const Rule& rule, const slice::TakeResult& taken, int64_t now_ns) {
-  const Limit& limit = rule.limits.front();
-  Decision decision;
-  decision.limit = limit.limit;
-  decision.allowed = taken.outcome == slice::Outcome::kTaken;
-  decision.remaining = decision.allowed ? taken.left : 0;
-  if (taken.outcome == slice::Outcome::kDenied || taken.outcome == slice::Outcome::kQueued) {
-    // In line behind waiters (until_ns 0): as soon as they are served.
-    decision.retry_after_ms = std::max<int64_t>(ceilMs(taken.until_ns - now_ns), 1);
-  }
-  // Until the global state is full again, as far as this node can tell.
-  int64_t missing = std::max<int64_t>(leaseCapacity(limit) - decision.remaining, 0);
-  double period_ms = static_cast<double>(limit.period_ns) / 1e6;
-  decision.reset_after_ms = std::max(
-      decision.retry_after_ms,
-      static_cast<int64_t>(static_cast<double>(missing) * period_ms / static_cast<double>(limit.limit) + 0.999));
-  return decision;
-}
-
-Decision exceedsCapacity(const Rule& rule) {
-  Decision decision;
-  decision.limit = rule.limits.front().limit;
-  decision.cost_exceeds_limit = true;
-  return decision;
-}
-
-void applyShadow(const Rule& rule, Decision* decision) {
-  if (rule.shadow && !decision->allowed) {
-    decision->allowed = true;
-    decision->shadow_denied = true;
-    decision->retry_after_ms = 0;
-  }
-}
-
-// A decision as a rule that is not in shadow mode would have it: a shadow
-// denial is a denial again (with no retry_after: applyShadow dropped it).
-Decision withoutShadow(Decision decision) {
-  if (decision.shadow_denied) {
-    decision.allowed = false;
-    decision.shadow_denied = false;
-  }
-  return decision;
-}
-
-}  // namespace
-
-bool Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::string* out,
-                            const DeferTo* defer_to) {
+Outcome Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::string* out,
+                               const Asker& asker) {
   const rpc::Item& item = request.items.front();
   const Rule* configured = rules_->find(item.rule);
   if (configured == nullptr) {
-    if (defer_to != nullptr) leaveLine(defer_to->wait.ticket);  // the rule went in a reload
+    waiting_.leaveLine(asker.wait.ticket);  // the rule went in a reload
     error(request.msgid, rpc::ErrorCode::kUnknownRule, unknownRule(item.rule), out);
-    return false;
+    return Outcome::kAnswered;
+  }
+  if (request.method == rpc::Method::kRelease && configured->algorithm != Algorithm::kConcurrency) {
+    waiting_.leaveLine(asker.wait.ticket);
+    error(request.msgid, rpc::ErrorCode::kBadRequest, notReleasable(*configured), out);
+    return Outcome::kAnswered;
   }
   bool spends = request.method == rpc::Method::kAcquire && item.cost > 0;
   if (item.max_wait_ms > 0 && !canWait(*configured)) {
@@ -589,23 +158,28 @@ bool Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::st
               std::string(algorithmName(configured->algorithm)) +
               (configured->limits.size() > 1 ? " of several limits" : ""),
           out);
-    return false;
+    return Outcome::kAnswered;
   }
   if (broker_ != nullptr && leasesHolding(*configured)) {
-    return holdOne(request, *configured, now_ns, out, defer_to);
+    return holdOne(request, *configured, now_ns, out, asker);
   }
-  if (leasing(*configured) && spends) return acquireLeased(request, *configured, now_ns, out, defer_to);
+  if (leasing(*configured) && spends) {
+    Verdict verdict;
+    Outcome outcome = lease_.acquire(*rules_, *configured, item, now_ns, asker, &verdict);
+    if (outcome == Outcome::kAnswered) answer(*configured, request.msgid, verdict, true, out);
+    return outcome;
+  }
   // A request that stood in a global rule's line is asked again, and the
   // rule no longer leases: it leaves the line.
-  if (defer_to != nullptr) leaveLine(defer_to->wait.ticket);
+  waiting_.leaveLine(asker.wait.ticket);
   if (broker_ != nullptr && configured->part_count > 0) {
-    if (spends) return acquireParts(request, *configured, now_ns, out, defer_to);
+    if (spends) return acquireParts(request, *configured, now_ns, out, asker);
     peekParts(request, *configured, now_ns, out);
-    return false;
+    return Outcome::kAnswered;
   }
   if (leasing(*configured)) {
     peekLeased(request, *configured, now_ns, out);
-    return false;
+    return Outcome::kAnswered;
   }
   auto [rule, mode] = route(*configured);
   if (rule == nullptr) {
@@ -614,497 +188,81 @@ bool Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::st
       count(*configured, decision, mode);
     }
     rpc::writeDecision(out, request.msgid, decision, mode);
-    return false;
+    return Outcome::kAnswered;
   }
 
-  Decision decision;
+  Verdict verdict;
   if (spends) {
-    KeyTable::Entry* entry = keys_.findOrInsert(rule->id, item.key, entryWords(*rule), now_ns);
-    if (entry == nullptr) {
-      error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
-      return false;
+    Outcome outcome =
+        local_.acquire(*rules_, *configured, *rule, mode, item, now_ns, asker, &verdict);
+    if (outcome == Outcome::kWaitsReserved) {
+      count(*configured, verdict.decision, verdict.mode);
+      return outcome;
     }
-    const Rule& deciding = decidingRule(*rules_, *rule, item.key, entry->state());
-    auto state = entry->state().first(stateWords(deciding));
-    // The penalty's words: in the key's entry; for a global rule deciding on
-    // its share, in the key's slice entry, where leasing keeps them too.
-    const Penalty* penalty = activePenalty(*configured);
-    std::span<std::atomic<uint64_t>> penalty_entry = entry->state();
-    if (penalty != nullptr && rule != configured) {
-      KeyTable::Entry* slice_entry =
-          keys_.findOrInsert(configured->id, item.key, entryWords(*configured), now_ns);
-      penalty_entry = slice_entry != nullptr ? slice_entry->state() : std::span<std::atomic<uint64_t>>();
-      if (slice_entry == nullptr) penalty = nullptr;  // table full: unblocked, uncounted
-    }
-    if (penalty != nullptr) {
-      if (int64_t left_ns = penalty::blockedFor(penaltyState(*configured, penalty_entry), now_ns)) {
-        decision = blockedDecision(deciding, left_ns);
-        count(*configured, decision, Mode::kBlocked);
-        rpc::writeDecision(out, request.msgid, decision, Mode::kBlocked);
-        return false;
-      }
-    }
-    // Only a request that gets an answer may wait (not a notification).
-    int64_t max_wait_ns = defer_to != nullptr && rule == configured ? maxWaitNs(*rule, item) : 0;
-    if (max_wait_ns > 0 && waiters_.size() >= kMaxWaiters) {
-      decision = acquire(deciding, state, now_ns, item.cost);
-      if (!decision.allowed && !decision.cost_exceeds_limit &&
-          decision.retry_after_ms * 1'000'000 <= max_wait_ns) {
-        error(request.msgid, rpc::ErrorCode::kOverloaded, kTooManyWaiting, out);
-        return false;
-      }
-    } else {
-      decision = acquire(deciding, state, now_ns, item.cost, max_wait_ns);
-    }
-    if (rule != configured && decision.allowed && !decision.shadow_denied) {
-      noteFallbackSpend(*rule, item.key, entry->state(), item.cost);
-    }
-    count(*configured, decision, mode);
-    if (penalty != nullptr) countDenial(*configured, item.key, penalty_entry, decision, now_ns);
-    if (decision.wait_ns > 0) {
-      waiters_.push_back({now_ns + decision.wait_ns, waiter_seq_++, now_ns, defer_to->owner,
-                          request.msgid, decision, mode});
-      std::push_heap(waiters_.begin(), waiters_.end());
-      return true;
-    }
-    rpc::writeDecision(out, request.msgid, decision, mode, max_wait_ns > 0 ? 0 : -1);
-    return false;
-  } else {
-    // peek, release and cost 0 never create a key: an absent key is fresh.
-    KeyTable::Entry* entry = currentEntry(*rule, item.key);
-    const Rule& deciding = decidingFor(*rule, item.key, entry);
-    auto state =
-        entry != nullptr ? entry->state().first(stateWords(deciding)) : freshState(deciding);
-    int64_t blocked_ns = entry != nullptr && activePenalty(*rule) != nullptr
-                             ? penalty::blockedFor(penaltyState(*rule, entry->state()), now_ns)
-                             : 0;
-    if (rule != configured) blocked_ns = globalBlockedFor(*configured, item.key, now_ns);
-    if (request.method == rpc::Method::kRelease && entry != nullptr) {
-      entry->touch(now_ns);
-      decision = release(deciding, state, now_ns, item.cost);
-    } else if (blocked_ns > 0) {
-      decision = blockedDecision(deciding, blocked_ns);
-      mode = Mode::kBlocked;
-    } else {
-      decision = peek(deciding, state, now_ns, item.cost);
-    }
+    answer(*configured, request.msgid, verdict, true, out);
+    return Outcome::kAnswered;
   }
-  rpc::writeDecision(out, request.msgid, decision, mode);
-  return false;
-}
-
-bool Dispatcher::acquireLeased(const rpc::Request& request, const Rule& rule, int64_t now_ns,
-                               std::string* out, const DeferTo* defer_to) {
-  const rpc::Item& item = request.items.front();
-  // A request that may wait for its units (max_wait): its wait, from its
-  // arrival; a retry brings its own. Answers say how long it waited.
-  Wait wait;
-  if (defer_to != nullptr && defer_to->wait.until_ns != 0) {
-    wait = defer_to->wait;
-  } else if (int64_t max_wait_ns = defer_to != nullptr ? maxWaitNs(rule, item) : 0) {
-    wait = {now_ns, now_ns + max_wait_ns, waiter_seq_++, 0};
-  }
-  KeyTable::Entry* entry = keys_.findOrInsert(rule.id, item.key, entryWords(rule), now_ns);
-  if (entry == nullptr) {
-    leaveLine(wait.ticket);
-    error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
-    return false;
-  }
-  auto entry_words = entry->state();
-  bool kept = spendLeased(request, rule, now_ns, entry_words, wait, out, defer_to);
-  // Answered: whatever became of it, it no longer stands in line.
-  if (!kept) leaveLine(wait.ticket, entry_words.first(slice::kWords));
-  return kept;
-}
-
-slice::TakeResult Dispatcher::takeSlice(const Rule& rule, std::string_view key,
-                                        std::span<std::atomic<uint64_t>> words, int64_t now_ns,
-                                        int64_t cost, bool first_in_line) {
-  slice::TakeResult taken = slice::take(words, now_ns, cost, asking_again_, first_in_line);
-  if (taken.outcome == slice::Outcome::kQueued && !broker_->lines().standing(rule.id, key, words)) {
-    taken = slice::take(words, now_ns, cost, true, first_in_line);  // demand counted already
-  }
-  return taken;
-}
-
-bool Dispatcher::spendLeased(const rpc::Request& request, const Rule& rule, int64_t now_ns,
-                             std::span<std::atomic<uint64_t>> entry_words, Wait& wait,
-                             std::string* out, const DeferTo* defer_to) {
-  const rpc::Item& item = request.items.front();
-  Mode mode = rule.shadow ? Mode::kShadow : Mode::kNormal;
-  const Rule& deciding = decidingRule(*rules_, rule, item.key, entry_words);
-  auto words = entry_words.first(slice::kWords);
-  // Its wait has not ended: it may stand in the key's line.
-  const bool waits = wait.until_ns > now_ns;
-  const int64_t waited_ms = wait.until_ns != 0 ? (now_ns - wait.since_ns) / 1'000'000 : -1;
-  // A blocked key is answered here, until its block is due to be asked of
-  // Redis again (kBlockRecheckNs): then its lease says whether it stands.
-  int64_t blocked_ns = activePenalty(rule) != nullptr
-                           ? penalty::blockedFor(penaltyState(rule, entry_words), now_ns)
-                           : 0;
-  if (blocked_ns > 0) {
-    bool recheck = now_ns >= static_cast<int64_t>(words[slice::kDenyUntil].load(std::memory_order_acquire));
-    if (!recheck || defer_to == nullptr) {
-      Decision blocked = blockedDecision(deciding, blocked_ns);
-      count(rule, blocked, Mode::kBlocked);
-      rpc::writeDecision(out, request.msgid, blocked, Mode::kBlocked, waited_ms);
-      return false;
-    }
-    words[slice::kUnits].store(0, std::memory_order_release);  // a lease's, granted late
-  }
-  Decision decision;
-  int64_t due_ns = 0;  // a denial: when Redis said it has units again (exactly)
-  if (item.cost > leaseCapacity(deciding.limits.front())) {
-    decision = exceedsCapacity(deciding);
-  } else if (Decision share; broker_->learning(deciding, now_ns) &&
-             (!(share = lookShare(rule, item.key, now_ns, item.cost)).allowed ||
-              share.shadow_denied)) {
-    // Learning, and the share has nothing for it: the slice is left alone,
-    // so the node leases nothing past its share.
-    decision = share;
-    decision.allowed = false;
-    decision.shadow_denied = false;
-  } else {
-    bool first = wait.ticket != 0 && broker_->lines().first(wait.ticket);
-    slice::TakeResult taken = takeSlice(rule, item.key, words, now_ns, item.cost, first);
-    if (taken.outcome == slice::Outcome::kQueued && waits && defer_to != nullptr) {
-      // Others of this node wait for the key's units, and came first: it
-      // waits for its turn behind them.
-      int64_t ahead = 0;
-      if (!stand(wait, rule, deciding, item.key, words, item.cost, &ahead)) {
-        // More wait ahead of it than its wait could bring: the normal
-        // denial, at once, and a retry hint of the line's turn at the
-        // fleet's rate.
-        const Limit& limit = deciding.limits.front();
-        taken.until_ns = std::max(taken.until_ns, now_ns + static_cast<int64_t>(
-            static_cast<double>(ahead) * static_cast<double>(limit.period_ns) /
-            static_cast<double>(limit.limit)));
-        wait.until_ns = 0;
-      } else if (!broker_->lines().first(wait.ticket)) {
-        return queue(*defer_to, wait, request.msgid, out);
-      } else {
-        // The line emptied between the two: it leads the line now.
-        taken = slice::take(words, now_ns, item.cost, true, true);
-      }
-    }
-    if (taken.dropped > 0) metrics_.lease_units_dropped.add(static_cast<uint64_t>(taken.dropped));
-    if (taken.must_request) {
-      requestLease(rule, deciding, item.key, entry_words, now_ns, item.cost,
-                   taken.outcome == slice::Outcome::kTaken ? item.cost : 0);
-    }
-    switch (taken.outcome) {
-      case slice::Outcome::kTaken: {
-        decision = sliceDecision(deciding, taken, now_ns);
-        if (broker_->learning(deciding, now_ns)) {
-          // Redis came back without the fleet's state: hold to the share too.
-          std::optional<Decision> share =
-              acquireShare(*rules_->fallbackShare(rule), item.key, now_ns, item.cost, false);
-          if (!share || !share->allowed || share->shadow_denied) {
-            slice::refund(words, item.cost);
-            if (!share) {
-              error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
-              return false;
-            }
-            decision = *share;
-            decision.allowed = false;
-            decision.shadow_denied = false;
-            break;
-          }
-        }
-        metrics_.lease_units_spent.add(static_cast<uint64_t>(item.cost));
-        break;
-      }
-      case slice::Outcome::kDenied:
-        metrics_.lease_negative_hits.add();
-        decision = sliceDecision(deciding, taken, now_ns);
-        due_ns = taken.until_ns;
-        break;
-      case slice::Outcome::kQueued:
-        // Others of this node wait for the key's units. One that does not
-        // wait may wait for the lease under way, and has what the line
-        // leaves of it.
-        if (taken.until_ns == 0 && wait.until_ns == 0 && defer(defer_to, wait)) return true;
-        decision = sliceDecision(deciding, taken, now_ns);
-        break;
-      case slice::Outcome::kEmpty:
-        // A waiter stands in line while its lease comes, so that requests
-        // after it do not spend what the lease brings for it.
-        if (waits && defer_to != nullptr) {
-          int64_t ahead = 0;
-          stand(wait, rule, deciding, item.key, words, item.cost, &ahead);  // leads an empty line
-        }
-        if (defer(defer_to, wait)) return true;
-        [[fallthrough]];
-      case slice::Outcome::kFallback: {
-        // No lease in time, or the key's lease failed: the policy decides.
-        auto [share, policy_mode] = route(rule);
-        if (share == nullptr) {
-          decision = policyDecision(rule, policy_mode);
-        } else {
-          std::optional<Decision> shared = acquireShare(*share, item.key, now_ns, item.cost, true);
-          if (!shared) {
-            error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
-            return false;
-          }
-          decision = *shared;
-        }
-        count(rule, decision, policy_mode);
-        countDenial(rule, item.key, entry_words, decision, now_ns);
-        rpc::writeDecision(out, request.msgid, decision, policy_mode, waited_ms);
-        return false;
-      }
-    }
-  }
-  applyShadow(rule, &decision);
-  // Redis has no units until retry_after_ms: a request that may wait that
-  // long stands in the key's line, parked, and is asked again then (and
-  // counts as one decision, once answered). Those that come after it queue
-  // behind it (kQueued).
-  if (due_ns == 0) due_ns = now_ns + decision.retry_after_ms * 1'000'000;
-  if (wait.until_ns != 0 && !decision.allowed && !decision.cost_exceeds_limit &&
-      decision.retry_after_ms > 0 && due_ns <= wait.until_ns) {
-    int64_t ahead = 0;
-    if (stand(wait, rule, deciding, item.key, words, item.cost, &ahead)) {
-      return park(*defer_to, wait, due_ns, request.msgid, out);
-    }
-  }
-  count(rule, decision, mode);
-  countDenial(rule, item.key, entry_words, decision, now_ns);
-  rpc::writeDecision(out, request.msgid, decision, mode, waited_ms);
-  return false;
-}
-
-int64_t Dispatcher::globalBlockedFor(const Rule& configured, std::string_view key,
-                                     int64_t now_ns) {
-  if (activePenalty(configured) == nullptr) return 0;
-  KeyTable::Entry* entry = currentEntry(configured, key);
-  if (entry == nullptr) return 0;
-  return penalty::blockedFor(penaltyState(configured, entry->state()), now_ns);
+  verdict = local_.look(*rules_, *configured, *rule, mode, item,
+                        request.method == rpc::Method::kRelease, now_ns);
+  answer(*configured, request.msgid, verdict, false, out);
+  return Outcome::kAnswered;
 }
 
 void Dispatcher::peekLeased(const rpc::Request& request, const Rule& rule, int64_t now_ns,
                             std::string* out) {
   const rpc::Item& item = request.items.front();
   Mode mode = Mode::kNormal;
-  Decision decision = lookLeased(rule, item.key, now_ns, item.cost, &mode);
+  Decision decision = lease_.look(*rules_, rule, item.key, now_ns, item.cost, &mode);
   rpc::writeDecision(out, request.msgid, decision, mode);
-}
-
-Decision Dispatcher::lookLeased(const Rule& rule, std::string_view key, int64_t now_ns,
-                                int64_t cost, Mode* mode) {
-  *mode = rule.shadow ? Mode::kShadow : Mode::kNormal;
-  KeyTable::Entry* entry = currentEntry(rule, key);
-  const Rule& deciding = decidingFor(rule, key, entry);
-  Decision decision;
-  if (int64_t blocked_ns = globalBlockedFor(rule, key, now_ns)) {
-    decision = blockedDecision(deciding, blocked_ns);
-    *mode = Mode::kBlocked;
-  } else if (cost > leaseCapacity(deciding.limits.front())) {
-    decision = exceedsCapacity(deciding);
-  } else if (entry == nullptr) {
-    // No slice: report a fresh key, as a local rule does.
-    decision = peek(deciding, freshState(deciding), now_ns, cost);
-  } else {
-    auto words = entry->state().first(slice::kWords);
-    slice::TakeResult looked = slice::look(words, now_ns, cost);
-    if (looked.outcome == slice::Outcome::kQueued && !broker_->lines().standing(rule.id, key, words)) {
-      looked = slice::look(words, now_ns, cost);  // the line had gone
-    }
-    if (looked.outcome == slice::Outcome::kEmpty) {
-      // Nothing held here, and Redis has not said no: a lease would be asked for.
-      looked.outcome = slice::Outcome::kTaken;
-      looked.left = 0;
-    }
-    decision = sliceDecision(deciding, looked, now_ns);
-  }
-  applyShadow(rule, &decision);
-  return decision;
 }
 
 // --- Global concurrency rules: holdings (holding.h) ---------------------------
 
-void Dispatcher::requestHolding(const Rule& rule, std::string_view key,
-                                std::span<std::atomic<uint64_t>> words, int64_t now_ns,
-                                int64_t cost) {
-  slice::Batch batch = holding::nextBatch(words, now_ns, cost, rule, rules_->fallbackNodes(),
-                                          broker_->leaseIntervalNs());
-  LeaseRequest request;
-  request.rule_id = rule.id;
-  request.key = std::string(key);
-  request.n = batch.n;
-  request.need = batch.need;
-  broker_->submit(std::move(request));
-}
-
-Dispatcher::Held Dispatcher::acquireHeld(const Rule& rule, const rpc::Item& item, int64_t now_ns,
-                                         const DeferTo* defer_to, Decision* decision, Mode* mode,
-                                         std::span<std::atomic<uint64_t>>* held_words) {
-  const Limit& limit = rule.limits.front();
-  *mode = rule.shadow ? Mode::kShadow : Mode::kNormal;
-  if (item.cost > limit.limit) {
-    *decision = exceedsCapacity(rule);
-    return Held::kAnswered;
-  }
-  KeyTable::Entry* entry = keys_.findOrInsert(rule.id, item.key, entryWords(rule), now_ns);
-  if (entry == nullptr) return Held::kTableFull;
-  std::span<std::atomic<uint64_t>> words = entry->state();
-  if (broker_->leasing()) {
-    // Learning (Redis came back without the fleet's state): the node also
-    // holds to its share until every node has renewed what it holds.
-    int64_t cap =
-        broker_->learning(rule, now_ns) ? rules_->fallbackShare(rule)->limits.front().limit : 0;
-    holding::Acquired got = holding::acquire(words, limit, now_ns, item.cost, asking_again_, cap);
-    if (got.reclaimed > 0) metrics_.lease_units_released.add(static_cast<uint64_t>(got.reclaimed));
-    if (got.taken.must_request) requestHolding(rule, item.key, words, now_ns, item.cost);
-    switch (got.taken.outcome) {
-      case slice::Outcome::kTaken:
-        metrics_.lease_units_spent.add(static_cast<uint64_t>(item.cost));
-        *decision = holding::decide(words, limit, now_ns, item.cost, got.taken.left, true);
-        *held_words = words;
-        return Held::kHeld;
-      case slice::Outcome::kDenied:
-        if (got.capped) {
-          *decision = holding::decide(words, limit, now_ns, item.cost,
-                                      cap - holding::live(words, now_ns), false);
-        } else {
-          metrics_.lease_negative_hits.add();
-          *decision = holding::decide(words, limit, now_ns, item.cost, 0, false,
-                                      std::max<int64_t>(got.taken.until_ns - now_ns, 1));
-        }
-        return Held::kAnswered;
-      case slice::Outcome::kEmpty:
-        if (defer(defer_to)) return Held::kDeferred;
-        [[fallthrough]];
-      case slice::Outcome::kQueued:  // never: concurrency requests do not wait in line
-      case slice::Outcome::kFallback: break;
-    }
-  }
-  // Redis is down, or this key's lease failed or came too late: the policy
-  // decides. "local" holds units at the node's share on the same slots, so
-  // releases find them whatever the mode was; what it holds beyond the
-  // pool is the pool's debt, leased back once Redis answers.
-  auto [share, policy_mode] = route(rule);
-  *mode = policy_mode;
-  if (share == nullptr) {
-    *decision = policyDecision(rule, policy_mode);
-    return Held::kAnswered;
-  }
-  int64_t cap = share->limits.front().limit;
-  int64_t reclaimed = 0;
-  bool held = holding::acquireLocal(words, limit, now_ns, item.cost, cap, &reclaimed);
-  if (reclaimed > 0) metrics_.lease_units_released.add(static_cast<uint64_t>(reclaimed));
-  *decision = holding::decide(words, limit, now_ns, item.cost,
-                              cap - holding::live(words, now_ns), held);
-  decision->limit = cap;
-  if (!held) return Held::kAnswered;
-  metrics_.lease_units_spent.add(static_cast<uint64_t>(item.cost));
-  *held_words = words;
-  return Held::kHeld;
-}
-
-Decision Dispatcher::peekHeld(const Rule& rule, std::span<const std::atomic<uint64_t>> words,
-                              int64_t now_ns, int64_t cost, Mode* mode) {
-  const Limit& limit = rule.limits.front();
-  *mode = rule.shadow ? Mode::kShadow : Mode::kNormal;
-  if (broker_->leasing()) {
-    slice::TakeResult looked = slice::look(words.first(slice::kWords), now_ns, cost);
-    switch (looked.outcome) {
-      case slice::Outcome::kTaken:
-        return holding::decide(words, limit, now_ns, cost, looked.left, true);
-      case slice::Outcome::kDenied:
-        return holding::decide(words, limit, now_ns, cost, 0, false,
-                               std::max<int64_t>(looked.until_ns - now_ns, 1));
-      case slice::Outcome::kEmpty:
-        // Nothing held here, and Redis has not said no: a lease would be asked for.
-        return holding::decide(words, limit, now_ns, cost, 0, true);
-      case slice::Outcome::kQueued:  // never: concurrency requests do not wait in line
-      case slice::Outcome::kFallback: break;
-    }
-  }
-  auto [share, policy_mode] = route(rule);
-  *mode = policy_mode;
-  if (share == nullptr) return policyDecision(rule, policy_mode);
-  int64_t cap = share->limits.front().limit;
-  int64_t free_units = cap - holding::live(words, now_ns);
-  bool allowed = free_units >= cost;
-  Decision decision = holding::decide(words, limit, now_ns, cost,
-                                      allowed ? free_units - cost : free_units, allowed);
-  decision.limit = cap;
-  return decision;
-}
-
-bool Dispatcher::holdOne(const rpc::Request& request, const Rule& rule, int64_t now_ns,
-                         std::string* out, const DeferTo* defer_to) {
+Outcome Dispatcher::holdOne(const rpc::Request& request, const Rule& rule, int64_t now_ns,
+                            std::string* out, const Asker& asker) {
   const rpc::Item& item = request.items.front();
   Decision decision;
   Mode mode = Mode::kNormal;
   if (request.method == rpc::Method::kAcquire && item.cost > 0) {
     std::span<std::atomic<uint64_t>> held;
-    switch (acquireHeld(rule, item, now_ns, defer_to, &decision, &mode, &held)) {
-      case Held::kDeferred: return true;
-      case Held::kTableFull:
+    switch (holding_.acquire(*rules_, rule, item, now_ns, asker, &decision, &mode, &held)) {
+      case HoldingPath::Held::kWaitsForLease: return Outcome::kWaitsForLease;
+      case HoldingPath::Held::kTableFull:
         error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
-        return false;
-      case Held::kHeld:
-      case Held::kAnswered: break;
+        return Outcome::kAnswered;
+      case HoldingPath::Held::kHeld:
+      case HoldingPath::Held::kAnswered: break;
     }
     applyShadow(rule, &decision);
     count(rule, decision, mode);
     rpc::writeDecision(out, request.msgid, decision, mode);
-    return false;
+    return Outcome::kAnswered;
   }
-  // peek, release and cost 0 never create a key: an absent key is fresh.
-  KeyTable::Entry* entry = currentEntry(rule, item.key);
-  if (entry == nullptr) {
-    mode = broker_->leasing() ? (rule.shadow ? Mode::kShadow : Mode::kNormal) : route(rule).mode;
-    decision = item.cost > rule.limits.front().limit
-                   ? exceedsCapacity(rule)
-                   : peek(rule, freshState(rule), now_ns, std::max<int64_t>(item.cost, 0));
-  } else {
-    std::span<std::atomic<uint64_t>> words = entry->state();
-    int64_t cost = item.cost;
-    if (request.method == rpc::Method::kRelease) {
-      entry->touch(now_ns);
-      int64_t freed = holding::release(words, now_ns, item.cost);
-      if (freed > 0) metrics_.lease_units_released.add(static_cast<uint64_t>(freed));
-      cost = 0;  // the answer reports the state afterwards
-    }
-    decision = item.cost > rule.limits.front().limit && cost > 0
-                   ? exceedsCapacity(rule)
-                   : peekHeld(rule, words, now_ns, std::max<int64_t>(cost, 0), &mode);
-  }
+  decision = holding_.look(*rules_, rule, item, request.method == rpc::Method::kRelease, now_ns,
+                           &mode);
   applyShadow(rule, &decision);
   rpc::writeDecision(out, request.msgid, decision, mode);
-  return false;
+  return Outcome::kAnswered;
 }
 
 // --- acquire_all, and rules decided on their parts -----------------------------
 
 void Dispatcher::startEntries() {
-  items_.clear();
-  modes_.clear();
-  entry_rules_.clear();
-  taken_.clear();
-  slices_.clear();
-  shares_.clear();
-  held_.clear();
+  entries_.clear();
   groups_.clear();
 }
 
 void Dispatcher::refundEntries(int64_t now_ns) {
-  for (size_t i = 0; i < taken_.size(); ++i) {
-    if (taken_[i] > 0) slice::refund(slices_[i], taken_[i]);
-    if (!held_[i].empty()) {
-      holding::refund(held_[i], entry_rules_[i]->limits.front(), now_ns, items_[i].cost);
-      metrics_.lease_units_released.add(static_cast<uint64_t>(items_[i].cost));
-    }
+  for (const Entry& entry : entries_) {
+    if (entry.taken > 0) slice::refund(entry.slice, entry.taken);
+    if (!entry.held.empty()) holding_.refund(*entry.rule, entry.held, now_ns, entry.item.cost);
   }
 }
 
 Dispatcher::Collected Dispatcher::collectItem(const Rule& configured, const rpc::Item& item,
-                                              int64_t now_ns, const DeferTo* defer_to,
+                                              int64_t now_ns, const Asker& asker,
                                               bool* denied) {
-  groups_.push_back({&configured, item.key, items_.size(), 0});
+  groups_.push_back({&configured, item.key, entries_.size(), 0});
   // Without Redis, a global rule decides on its share (route), parts or not.
   std::span<const Rule> parts =
       broker_ != nullptr ? rules_->parts(configured) : std::span<const Rule>();
@@ -1112,19 +270,21 @@ Dispatcher::Collected Dispatcher::collectItem(const Rule& configured, const rpc:
   // still asked (without deferring again, and refunded), so that their
   // leases are on the way too and all come within one round trip.
   bool deferred = false;
+  Asker no_wait = asker;
+  no_wait.may_wait = false;
   for (const Rule& rule : parts.empty() ? std::span<const Rule>(&configured, 1) : parts) {
-    switch (collectEntry(rule, item, now_ns, deferred ? nullptr : defer_to, denied)) {
+    switch (collectEntry(rule, item, now_ns, deferred ? no_wait : asker, denied)) {
       case Collected::kOk: break;
       case Collected::kDeferred: deferred = true; break;
       case Collected::kTableFull: return Collected::kTableFull;
     }
   }
-  groups_.back().count = items_.size() - groups_.back().first;
+  groups_.back().count = entries_.size() - groups_.back().first;
   return deferred ? Collected::kDeferred : Collected::kOk;
 }
 
 Dispatcher::Collected Dispatcher::collectEntry(const Rule& rule, const rpc::Item& item,
-                                               int64_t now_ns, const DeferTo* defer_to,
+                                               int64_t now_ns, const Asker& asker,
                                                bool* denied) {
   const std::string_view key = item.key;
   const int64_t cost = item.cost;
@@ -1135,11 +295,13 @@ Dispatcher::Collected Dispatcher::collectEntry(const Rule& rule, const rpc::Item
   acquire_item.cost = cost;
   int64_t taken_units = 0;
   std::span<std::atomic<uint64_t>> slice_words;
-  const Rule* share_rule = nullptr;  // spent in fallback: count for debit
+  const Rule* share_rule = nullptr;  // the share the limiter decides on
+  const Rule* share_spend = nullptr;  // spent in fallback: count for debit
+  std::span<std::atomic<uint64_t>> share_words;
   Mode mode = Mode::kLocal;
   bool decided = false;
   if (int64_t blocked_ns = cost > 0 && rule.scope == Scope::kGlobal
-                               ? globalBlockedFor(rule, key, now_ns)
+                               ? policy_.globalBlockedFor(rule, key, now_ns)
                                : 0) {
     // A blocked key denies the group, as a closed policy does.
     acquire_item.decision = blockedDecision(decidingFor(rule, key, nullptr), blocked_ns);
@@ -1149,12 +311,12 @@ Dispatcher::Collected Dispatcher::collectEntry(const Rule& rule, const rpc::Item
   }
   std::span<std::atomic<uint64_t>> held_words;
   if (!decided && broker_ != nullptr && leasesHolding(rule) && cost > 0) {
-    switch (acquireHeld(rule, item, now_ns, defer_to, &acquire_item.decision, &mode,
-                        &held_words)) {
-      case Held::kDeferred: return Collected::kDeferred;
-      case Held::kTableFull: return Collected::kTableFull;
-      case Held::kHeld:
-      case Held::kAnswered: break;
+    switch (holding_.acquire(*rules_, rule, item, now_ns, asker, &acquire_item.decision, &mode,
+                             &held_words)) {
+      case HoldingPath::Held::kWaitsForLease: return Collected::kDeferred;
+      case HoldingPath::Held::kTableFull: return Collected::kTableFull;
+      case HoldingPath::Held::kHeld:
+      case HoldingPath::Held::kAnswered: break;
     }
     applyShadow(rule, &acquire_item.decision);
     *denied = *denied || !acquire_item.decision.allowed;
@@ -1172,17 +334,18 @@ Dispatcher::Collected Dispatcher::collectEntry(const Rule& rule, const rpc::Item
       decided = true;
     } else {
       slice_words = entry->state().first(slice::kWords);
-      slice::TakeResult taken = takeSlice(rule, key, slice_words, now_ns, cost, false);
+      slice::TakeResult taken =
+          lease_.take(rule, key, slice_words, now_ns, cost, asker.again, false);
       if (taken.dropped > 0) metrics_.lease_units_dropped.add(static_cast<uint64_t>(taken.dropped));
       if (taken.must_request) {
-        requestLease(rule, deciding, key, entry->state(), now_ns, cost,
-                     taken.outcome == slice::Outcome::kTaken ? cost : 0);
+        lease_.requestLease(*rules_, rule, deciding, key, entry->state(), now_ns, cost,
+                            taken.outcome == slice::Outcome::kTaken ? cost : 0);
       }
       // Behind waiters with no answer from Redis yet, it waits for the
       // lease under way as on an empty slice.
       bool lease_coming = taken.outcome == slice::Outcome::kEmpty ||
                           (taken.outcome == slice::Outcome::kQueued && taken.until_ns == 0);
-      if (lease_coming && defer(defer_to)) return Collected::kDeferred;
+      if (lease_coming && waiting_.waitForLease(asker, {})) return Collected::kDeferred;
       if (taken.outcome == slice::Outcome::kTaken || taken.outcome == slice::Outcome::kDenied ||
           taken.outcome == slice::Outcome::kQueued) {
         if (taken.outcome == slice::Outcome::kTaken) taken_units = cost;
@@ -1211,7 +374,8 @@ Dispatcher::Collected Dispatcher::collectEntry(const Rule& rule, const rpc::Item
     }
   }
   if (!decided) {
-    KeyTable::Entry* entry = keys_.findOrInsert(share_rule->id, key, entryWords(*share_rule), now_ns);
+    KeyTable::Entry* entry =
+        keys_.findOrInsert(share_rule->id, key, entryWords(*share_rule), now_ns);
     if (entry == nullptr) {
       if (taken_units > 0) slice::refund(slice_words, taken_units);
       return Collected::kTableFull;
@@ -1226,23 +390,18 @@ Dispatcher::Collected Dispatcher::collectEntry(const Rule& rule, const rpc::Item
       acquire_item.decision = blockedDecision(deciding, blocked_ns);
       mode = Mode::kBlocked;
       *denied = true;
-      shares_.push_back({});
     } else {
       acquire_item.rule = &deciding;
       acquire_item.state = entry->state().first(stateWords(deciding));
       // Spent in fallback (not learning): counted for the debit afterwards.
-      bool counts = share_rule != &rule && taken_units == 0;
-      shares_.push_back(counts ? ShareSpend{share_rule, entry->state()} : ShareSpend{});
+      if (share_rule != &rule && taken_units == 0) {
+        share_spend = share_rule;
+        share_words = entry->state();
+      }
     }
-  } else {
-    shares_.push_back({});
   }
-  items_.push_back(acquire_item);
-  modes_.push_back(mode);
-  entry_rules_.push_back(&rule);
-  taken_.push_back(taken_units);
-  slices_.push_back(slice_words);
-  held_.push_back(held_words);
+  entries_.push_back({acquire_item, mode, &rule, taken_units, slice_words, share_spend,
+                      share_words, held_words});
   return Collected::kOk;
 }
 
@@ -1250,9 +409,9 @@ bool Dispatcher::settleEntries(int64_t now_ns, bool denied) {
   // The limiter's items are the ones with a rule; a denial above means none
   // of them may spend, so they are only looked at.
   limited_.clear();
-  for (AcquireItem& item : items_) {
-    if (item.rule != nullptr) {
-      limited_.push_back(item);
+  for (const Entry& entry : entries_) {
+    if (entry.item.rule != nullptr) {
+      limited_.push_back(entry.item);
     }
   }
   bool allowed = !denied;
@@ -1264,19 +423,23 @@ bool Dispatcher::settleEntries(int64_t now_ns, bool denied) {
     allowed = sluice::acquireAll(limited_, now_ns);
   }
   if (!allowed) refundEntries(now_ns);
-  for (size_t i = 0, next = 0; i < items_.size(); ++i) {
-    if (items_[i].rule == nullptr) continue;
+  size_t next = 0;
+  for (Entry& entry : entries_) {
+    if (entry.item.rule == nullptr) continue;
     const Decision& limited = limited_[next++].decision;
     // A learning entry keeps its slice's answer unless the share said no.
-    if (taken_[i] == 0 || !limited.allowed) items_[i].decision = limited;
-    if (taken_[i] > 0 && !limited.allowed) items_[i].decision.allowed = false;
+    if (entry.taken == 0 || !limited.allowed) entry.item.decision = limited;
+    if (entry.taken > 0 && !limited.allowed) entry.item.decision.allowed = false;
   }
   for (const Group& group : groups_) {
     if (allowed && group.count > 1 && group.configured->shadow) refundShadowGroup(group, now_ns);
-    for (size_t i = group.first; i < group.first + group.count; ++i) {
-      if (allowed && taken_[i] > 0) metrics_.lease_units_spent.add(static_cast<uint64_t>(taken_[i]));
-      if (allowed && shares_[i].share != nullptr && !items_[i].decision.shadow_denied) {
-        noteFallbackSpend(*shares_[i].share, group.key, shares_[i].words, items_[i].cost);
+    for (const Entry& entry : std::span(entries_).subspan(group.first, group.count)) {
+      if (allowed && entry.taken > 0) {
+        metrics_.lease_units_spent.add(static_cast<uint64_t>(entry.taken));
+      }
+      if (allowed && entry.share != nullptr && !entry.item.decision.shadow_denied) {
+        policy_.noteFallbackSpend(*rules_, *entry.share, group.key, entry.share_words,
+                                  entry.item.cost);
       }
     }
   }
@@ -1286,40 +449,41 @@ bool Dispatcher::settleEntries(int64_t now_ns, bool denied) {
 void Dispatcher::refundShadowGroup(const Group& group, int64_t now_ns) {
   // A shadow rule spends nothing on a request one of its limits denies, as
   // the limiter's rule of several limits does.
-  auto entries = std::span(items_).subspan(group.first, group.count);
+  auto entries = std::span(entries_).subspan(group.first, group.count);
   if (std::none_of(entries.begin(), entries.end(),
-                   [](const AcquireItem& item) { return item.decision.shadow_denied; })) {
+                   [](const Entry& entry) { return entry.item.decision.shadow_denied; })) {
     return;
   }
-  for (size_t i = group.first; i < group.first + group.count; ++i) {
-    if (taken_[i] > 0) slice::refund(slices_[i], taken_[i]);
-    taken_[i] = 0;
-    const AcquireItem& item = items_[i];
+  for (Entry& entry : entries) {
+    if (entry.taken > 0) slice::refund(entry.slice, entry.taken);
+    entry.taken = 0;
+    const AcquireItem& item = entry.item;
     if (item.rule != nullptr && item.decision.allowed && !item.decision.shadow_denied) {
       refund(*item.rule, item.state, now_ns, item.cost);
     }
-    shares_[i] = {};
+    entry.share = nullptr;
+    entry.share_words = {};
   }
 }
 
 Decision Dispatcher::groupDecision(const Group& group, Mode* mode) const {
   if (group.count == 1) {
-    *mode = modes_[group.first];
-    return items_[group.first].decision;
+    *mode = entries_[group.first].mode;
+    return entries_[group.first].item.decision;
   }
   // The parts report as the limits of a local rule do (limiter.h); the mode
   // is the reported part's.
   MostRestrictive merged;
   for (size_t i = group.first; i < group.first + group.count; ++i) {
-    if (merged.add(withoutShadow(items_[i].decision))) *mode = modes_[i];
+    if (merged.add(withoutShadow(entries_[i].item.decision))) *mode = entries_[i].mode;
   }
   Decision decision = merged.decision();
   applyShadow(*group.configured, &decision);
   return decision;
 }
 
-bool Dispatcher::acquireAll(const rpc::Request& request, int64_t now_ns, std::string* out,
-                            const DeferTo* defer_to) {
+Outcome Dispatcher::acquireAll(const rpc::Request& request, int64_t now_ns, std::string* out,
+                               const Asker& asker) {
   startEntries();
   bool denied = false;
   for (const rpc::Item& item : request.items) {
@@ -1327,15 +491,15 @@ bool Dispatcher::acquireAll(const rpc::Request& request, int64_t now_ns, std::st
     if (configured == nullptr) {
       refundEntries(now_ns);
       error(request.msgid, rpc::ErrorCode::kUnknownRule, unknownRule(item.rule), out);
-      return false;
+      return Outcome::kAnswered;
     }
-    switch (collectItem(*configured, item, now_ns, defer_to, &denied)) {
+    switch (collectItem(*configured, item, now_ns, asker, &denied)) {
       case Collected::kOk: break;
-      case Collected::kDeferred: refundEntries(now_ns); return true;
+      case Collected::kDeferred: refundEntries(now_ns); return Outcome::kWaitsForLease;
       case Collected::kTableFull:
         refundEntries(now_ns);
         error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
-        return false;
+        return Outcome::kAnswered;
     }
   }
   bool allowed = settleEntries(now_ns, denied);
@@ -1348,27 +512,27 @@ bool Dispatcher::acquireAll(const rpc::Request& request, int64_t now_ns, std::st
     count(*group.configured, decisions_.back(), mode);
   }
   rpc::writeDecisions(out, request.msgid, allowed, decisions_, item_modes_);
-  return false;
+  return Outcome::kAnswered;
 }
 
-bool Dispatcher::acquireParts(const rpc::Request& request, const Rule& configured, int64_t now_ns,
-                              std::string* out, const DeferTo* defer_to) {
+Outcome Dispatcher::acquireParts(const rpc::Request& request, const Rule& configured,
+                                 int64_t now_ns, std::string* out, const Asker& asker) {
   startEntries();
   bool denied = false;
-  switch (collectItem(configured, request.items.front(), now_ns, defer_to, &denied)) {
+  switch (collectItem(configured, request.items.front(), now_ns, asker, &denied)) {
     case Collected::kOk: break;
-    case Collected::kDeferred: refundEntries(now_ns); return true;
+    case Collected::kDeferred: refundEntries(now_ns); return Outcome::kWaitsForLease;
     case Collected::kTableFull:
       refundEntries(now_ns);
       error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
-      return false;
+      return Outcome::kAnswered;
   }
   settleEntries(now_ns, denied);
   Mode mode = Mode::kLocal;
   Decision decision = groupDecision(groups_.front(), &mode);
   count(configured, decision, mode);
   rpc::writeDecision(out, request.msgid, decision, mode);
-  return false;
+  return Outcome::kAnswered;
 }
 
 void Dispatcher::peekParts(const rpc::Request& request, const Rule& configured, int64_t now_ns,
@@ -1380,7 +544,7 @@ void Dispatcher::peekParts(const rpc::Request& request, const Rule& configured, 
     Mode part_mode = Mode::kLocal;
     Decision decision;
     if (leasing(part)) {
-      decision = lookLeased(part, item.key, now_ns, item.cost, &part_mode);
+      decision = lease_.look(*rules_, part, item.key, now_ns, item.cost, &part_mode);
     } else if (auto [share, policy_mode] = route(part); share == nullptr) {
       part_mode = policy_mode;
       decision = policyDecision(part, policy_mode);
@@ -1398,381 +562,6 @@ void Dispatcher::peekParts(const rpc::Request& request, const Rule& configured, 
   Decision decision = merged.decision();
   applyShadow(configured, &decision);
   rpc::writeDecision(out, request.msgid, decision, mode);
-}
-
-void Dispatcher::writeHealth(rpc::MsgId msgid, std::string* out) {
-  RedisHealth redis = status_.redisHealth();
-  rpc::writeResultHeader(out, msgid);
-  msgpack::Writer w(out);
-  w.writeMapHeader(15);
-  w.writeStr("status");
-  w.writeStr(redis.configured && !redis.up ? "degraded" : "ok");
-  w.writeStr("redis");
-  w.writeStr(!redis.configured ? "none" : redis.up ? "up" : "down");
-  w.writeStr("breaker");
-  if (redis.configured) {
-    w.writeStr(breakerName(redis.breaker));
-  } else {
-    w.writeNil();
-  }
-  w.writeStr("redis_mode");
-  if (redis.configured) {
-    w.writeStr(redis.mode);
-  } else {
-    w.writeNil();
-  }
-  w.writeStr("redis_address");
-  if (!redis.address.empty()) {
-    w.writeStr(redis.address);
-  } else {
-    w.writeNil();
-  }
-  w.writeStr("learning");
-  w.writeBool(redis.learning);
-  w.writeStr("learning_rules");
-  w.writeMapHeader(static_cast<uint32_t>(redis.learning_rules.size()));
-  for (const LearningRule& rule : redis.learning_rules) {
-    w.writeStr(rule.name);
-    w.writeInt(rule.left_ms);
-  }
-  w.writeStr("leased_units");
-  w.writeInt(redis.leased_units);
-  w.writeStr("nodes");
-  w.writeUint(redis.nodes);
-  w.writeStr("clock_offset_ms");
-  if (redis.clock_offset_ms) {
-    w.writeInt(*redis.clock_offset_ms);
-  } else {
-    w.writeNil();
-  }
-  w.writeStr("version");
-  w.writeStr(kVersion);
-  w.writeStr("uptime_ms");
-  w.writeInt(status_.uptimeMs());
-  w.writeStr("connections");
-  w.writeUint(status_.connections());
-  w.writeStr("handles");
-  w.writeUint(status_.handles());
-  w.writeStr("keys");
-  w.writeUint(keys_.size());
-}
-
-namespace {
-
-// A latency histogram for a person: how many, the mean, and the bucket bounds
-// that the median, p99 and p999 fall under (nil beyond the last bound).
-void writeLatency(msgpack::Writer& w, const HistogramSnapshot& latency) {
-  uint64_t count = latency.count();
-  w.writeMapHeader(5);
-  w.writeStr("count");
-  w.writeUint(count);
-  w.writeStr("mean_us");
-  w.writeUint(count > 0 ? latency.sum_us / count : 0);
-  for (auto [name, q] : {std::pair{"p50_us_le", 0.5}, {"p99_us_le", 0.99}, {"p999_us_le", 0.999}}) {
-    w.writeStr(name);
-    if (auto bound = latency.quantileBoundUs(q)) {
-      w.writeUint(*bound);
-    } else {
-      w.writeNil();
-    }
-  }
-}
-
-// Counts by mode, leaving out the modes with none.
-void writeNonZeroModes(msgpack::Writer& w, const std::array<uint64_t, kModes>& counts) {
-  w.writeMapHeader(static_cast<uint32_t>(std::count_if(counts.begin(), counts.end(),
-                                                       [](uint64_t n) { return n > 0; })));
-  for (size_t i = 0; i < kModes; ++i) {
-    if (counts[i] == 0) continue;
-    w.writeStr(modeName(static_cast<Mode>(i)));
-    w.writeUint(counts[i]);
-  }
-}
-
-void writeLimits(msgpack::Writer& w, const std::vector<Limit>& limits) {
-  w.writeArrayHeader(static_cast<uint32_t>(limits.size()));
-  for (const Limit& limit : limits) {
-    w.writeMapHeader(3);
-    w.writeStr("limit");
-    w.writeInt(limit.limit);
-    w.writeStr("period_ms");
-    w.writeInt(limit.period_ns / 1'000'000);
-    w.writeStr("burst");
-    w.writeInt(limit.burst);
-  }
-}
-
-}  // namespace
-
-void Dispatcher::writeStats(rpc::MsgId msgid, std::string* out) {
-  MetricsSnapshot s = status_.metrics();
-  LeaseStats leases = status_.leaseStats();
-  rpc::writeResultHeader(out, msgid);
-  msgpack::Writer w(out);
-  w.writeMapHeader(14);
-  w.writeStr("leases");
-  std::pair<std::string_view, uint64_t> lease_fields[] = {
-      {"requested", leases.requested},
-      {"granted", leases.granted},
-      {"empty", leases.empty},
-      {"failed", leases.failed},
-      {"granted_units", leases.granted_units},
-      {"spent_units", s.lease_units_spent},
-      {"returned_units", leases.returned_units},
-      {"dropped_units", s.lease_units_dropped},
-      {"debited_units", leases.debited_units},
-      {"released_units", s.lease_units_released + leases.released_units},
-      {"lost_units", leases.lost_units},
-      {"renewed", leases.renewed},
-      {"negative_cache_hits", s.lease_negative_hits},
-      {"deferred", s.lease_deferred},
-      {"deferred_expired", s.lease_deferred_expired},
-      {"latency_us_avg", leases.requested - leases.failed > 0
-                             ? leases.latency_us_sum / (leases.requested - leases.failed)
-                             : 0},
-      {"latency_us_max", leases.latency_us_max},
-      {"fallback_entries", leases.fallback_entries},
-      {"fallback_ms", leases.fallback_ms},
-      {"learning_entries", leases.learning_entries},
-  };
-  w.writeMapHeader(static_cast<uint32_t>(std::size(lease_fields)) + 1);
-  for (auto [name, value] : lease_fields) {
-    w.writeStr(name);
-    w.writeUint(value);
-  }
-  w.writeStr("latency");
-  writeLatency(w, status_.leaseLatency());
-  w.writeStr("decisions");
-  w.writeUint(s.decisions());
-  w.writeStr("requests");
-  w.writeUint(s.requests);
-  w.writeStr("allowed");
-  w.writeMapHeader(kModes);
-  for (size_t i = 0; i < kModes; ++i) {
-    w.writeStr(modeName(static_cast<Mode>(i)));
-    w.writeUint(s.allowed[i]);
-  }
-  w.writeStr("denied");
-  w.writeMapHeader(kModes);
-  for (size_t i = 0; i < kModes; ++i) {
-    w.writeStr(modeName(static_cast<Mode>(i)));
-    w.writeUint(s.denied[i]);
-  }
-  w.writeStr("shadow_denied");
-  w.writeUint(s.shadow_denied);
-  w.writeStr("penalty_blocks");
-  w.writeUint(s.penalty_blocks);
-  w.writeStr("decision_latency");
-  writeLatency(w, s.decision_latency);
-  // Only rules that have decided something: a reload keeps dropped rules'
-  // totals (metrics.h), and a person wants to see where traffic went.
-  std::vector<RuleSnapshot> rules = status_.ruleMetrics();
-  std::erase_if(rules, [](const RuleSnapshot& rule) {
-    auto none = [](const auto& counts) {
-      return std::all_of(counts.begin(), counts.end(), [](uint64_t n) { return n == 0; });
-    };
-    return none(rule.allowed) && none(rule.denied);
-  });
-  w.writeStr("rules");
-  w.writeMapHeader(static_cast<uint32_t>(rules.size()));
-  for (const RuleSnapshot& rule : rules) {
-    w.writeStr(rule.name);
-    w.writeMapHeader(2);
-    w.writeStr("allowed");
-    writeNonZeroModes(w, rule.allowed);
-    w.writeStr("denied");
-    writeNonZeroModes(w, rule.denied);
-  }
-  w.writeStr("errors");
-  w.writeMapHeader(kErrorCodes);
-  for (size_t i = 0; i < kErrorCodes; ++i) {
-    w.writeStr(rpc::errorCodeName(static_cast<rpc::ErrorCode>(i)));
-    w.writeUint(s.errors[i]);
-  }
-  w.writeStr("unknown_fields");
-  w.writeUint(s.unknown_fields);
-  w.writeStr("connections");
-  w.writeMapHeader(5);
-  w.writeStr("accepted");
-  w.writeUint(s.connections_accepted);
-  w.writeStr("refused");  // over [limits] max_connections
-  w.writeUint(s.connections_refused[static_cast<size_t>(RefuseReason::kMaxConnections)]);
-  w.writeStr("refused_per_user");
-  w.writeUint(s.connections_refused[static_cast<size_t>(RefuseReason::kMaxPerUser)]);
-  w.writeStr("forbidden");
-  w.writeUint(s.connections_forbidden);
-  w.writeStr("closed");
-  w.writeMapHeader(kCloseReasons);
-  for (size_t i = 0; i < kCloseReasons; ++i) {
-    w.writeStr(closeReasonName(static_cast<CloseReason>(i)));
-    w.writeUint(s.connections_closed[i]);
-  }
-  KeyTableStats keys = keys_.stats();
-  w.writeStr("keys");
-  w.writeMapHeader(6);
-  w.writeStr("count");
-  w.writeUint(keys.size);
-  w.writeStr("bytes");
-  w.writeUint(keys.bytes);
-  w.writeStr("inserts");
-  w.writeUint(keys.inserts);
-  w.writeStr("idle_evictions");
-  w.writeUint(keys.idle_evictions);
-  w.writeStr("forced_evictions");
-  w.writeUint(keys.forced_evictions);
-  w.writeStr("retired");
-  w.writeUint(keys.retired);
-  w.writeStr("uptime_ms");
-  w.writeInt(status_.uptimeMs());
-}
-
-void Dispatcher::writeRules(rpc::MsgId msgid, std::string* out) {
-  rpc::writeResultHeader(out, msgid);
-  msgpack::Writer w(out);
-  const auto& rules = rules_->rules();
-  w.writeArrayHeader(static_cast<uint32_t>(rules.size()));
-  for (const Rule& rule : rules) {
-    w.writeMapHeader(11);
-    w.writeStr("name");
-    w.writeStr(rule.name);
-    w.writeStr("algorithm");
-    w.writeStr(algorithmName(rule.algorithm));
-    w.writeStr("scope");
-    w.writeStr(scopeName(rule.scope));
-    w.writeStr("on_redis_down");
-    w.writeStr(redisDownPolicyName(rule.on_redis_down));
-    w.writeStr("shadow");
-    w.writeBool(rule.shadow);
-    w.writeStr("max_wait_ms");
-    w.writeInt(rule.max_wait_ns / 1'000'000);
-    w.writeStr("pace");
-    w.writeBool(rule.pace);
-    w.writeStr("limits");
-    writeLimits(w, rule.limits);
-    w.writeStr("penalty");
-    if (rule.penalty) {
-      w.writeMapHeader(3);
-      w.writeStr("denials");
-      w.writeInt(rule.penalty->denials);
-      w.writeStr("window_ms");
-      w.writeInt(rule.penalty->window_ns / 1'000'000);
-      w.writeStr("block_ms");
-      w.writeInt(rule.penalty->block_ns / 1'000'000);
-    } else {
-      w.writeNil();
-    }
-    // A rule may have many exact-key overrides; the answer must stay far
-    // below max_output_bytes, so it lists the first ones and the count.
-    size_t listed = std::min(rule.overrides.size(), kMaxListedOverrides);
-    w.writeStr("override_count");
-    w.writeUint(rule.overrides.size());
-    w.writeStr("overrides");
-    w.writeArrayHeader(static_cast<uint32_t>(listed));
-    for (const Override& override : std::span(rule.overrides).first(listed)) {
-      w.writeMapHeader(2);
-      w.writeStr(override.match == Override::Match::kKey      ? "key"
-                 : override.match == Override::Match::kPrefix ? "prefix"
-                                                              : "glob");
-      w.writeStr(override.pattern);
-      w.writeStr("limits");
-      writeLimits(w, override.limits);
-    }
-  }
-}
-
-void Dispatcher::reload(rpc::MsgId msgid, const Peer& peer, std::string* out) {
-  if (!peer.admin) {
-    error(msgid, rpc::ErrorCode::kForbidden,
-          "reload is for root, the daemon's user and members of [access] admin_group", out);
-    return;
-  }
-  std::string message;
-  if (!status_.reload(&message)) {
-    error(msgid, rpc::ErrorCode::kBadRequest, message, out);
-    return;
-  }
-  rpc::writeResultHeader(out, msgid);
-  msgpack::Writer w(out);
-  w.writeMapHeader(1);
-  w.writeStr("reloaded");
-  w.writeBool(true);
-}
-
-// An admin forgets a key's state, so that its next request is a fresh key's
-// (a key blocked by mistake, a test account). The words are zeroed one by
-// one: an acquire racing with the reset sees the old state or the fresh one
-// (for a rule of several limits, each limit's), never more than a fresh key
-// may spend. For a global rule that leases (each part of one decided on its
-// parts), the state and the block in Redis are reset too (penalty.lua),
-// which needs Redis up; other nodes see
-// the block lifted within kBlockRecheckNs (lease.h), and keep the units
-// their slices hold. A global rule that does not lease keeps its state in
-// this node's share. The answer is peek's on the fresh state.
-void Dispatcher::reset(const rpc::Request& request, const Peer& peer, int64_t now_ns,
-                       std::string* out) {
-  if (!peer.admin) {
-    error(request.msgid, rpc::ErrorCode::kForbidden,
-          "reset is for root, the daemon's user and members of [access] admin_group", out);
-    return;
-  }
-  const rpc::Item& item = request.items.front();
-  const Rule* rule = rules_->find(item.rule);
-  if (rule == nullptr) {
-    error(request.msgid, rpc::ErrorCode::kUnknownRule, unknownRule(item.rule), out);
-    return;
-  }
-  if (broker_ != nullptr && leasesHolding(*rule)) {
-    // A holding is this node's part of the fleet's units: the reset frees
-    // the units callers hold here into the pool (the other nodes' holdings
-    // are theirs), and the pool goes back to Redis as usual.
-    KeyTable::Entry* entry = keys_.find(rule->id, item.key);
-    if (entry != nullptr && entry->state().size() == entryWords(*rule)) {
-      int64_t freed = holding::release(entry->state(), now_ns, rule->limits.front().limit);
-      if (freed > 0) metrics_.lease_units_released.add(static_cast<uint64_t>(freed));
-    }
-    rpc::writeDecision(out, request.msgid, peek(*rule, freshState(*rule), now_ns, 0),
-                       broker_->leasing() ? Mode::kNormal : route(*rule).mode);
-    return;
-  }
-  // A rule decided on its parts resets each of them as a rule that leases.
-  std::span<const Rule> parts = broker_ != nullptr ? rules_->parts(*rule) : std::span<const Rule>();
-  if (leasable(*rule) || !parts.empty()) {
-    if (broker_ == nullptr || !broker_->leasing()) {
-      error(request.msgid, rpc::ErrorCode::kOverloaded,
-            "redis is unreachable, and the state of global rule \"" + rule->name +
-                "\" lives there; retry once health says redis is up",
-            out);
-      return;
-    }
-    for (const Rule& leased : parts.empty() ? std::span<const Rule>(rule, 1) : parts) {
-      LeaseRequest reset;
-      reset.kind = LeaseRequest::Kind::kReset;
-      reset.rule_id = leased.id;
-      reset.key = std::string(item.key);
-      broker_->submit(std::move(reset));
-      forgetKey(leased, item.key);
-    }
-  } else {
-    // A global rule that does not lease keeps its state in its share.
-    forgetKey(rule->scope == Scope::kGlobal ? *rules_->fallbackShare(*rule) : *rule, item.key);
-  }
-  const Rule& deciding = decidingFor(*rule, item.key, nullptr);
-  rpc::writeDecision(out, request.msgid, peek(deciding, freshState(deciding), now_ns, 0),
-                     route(*rule).mode);
-}
-
-void Dispatcher::forgetKey(const Rule& rule, std::string_view key) {
-  // The state and the penalty's words (a block is lifted) start afresh;
-  // the override word after them stays, and so does a slice's in-flight
-  // bit (its lease's answer clears it).
-  KeyTable::Entry* entry = currentEntry(rule, key);
-  if (entry == nullptr) return;
-  size_t words = entryWords(rule) - (rule.overrides.empty() ? 0 : 1);
-  auto state = entry->state().first(words);
-  for (size_t i = 0; i < state.size(); ++i) {
-    bool in_flight = leasable(rule) && i == slice::kFlags;
-    state[i].fetch_and(in_flight ? slice::kInFlight : 0, std::memory_order_relaxed);
-  }
 }
 
 }  // namespace sluice

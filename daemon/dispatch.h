@@ -1,62 +1,59 @@
-// Dispatch: turns one parsed request into its response.
+// Dispatch: the MessagePack-RPC front of one worker: a parsed request in,
+// its encoded response out.
+//
+// The request path reads one way: the front (here) checks the peer, sends
+// the admin methods to Admin (admin.h), routes an acquire, peek or release
+// to the decision path its units come from, and encodes what the path
+// answers (a Verdict, verdict.h) or leaves the request waiting (Outcome,
+// waiting.h). The paths, each in its own file:
+//   - local state, by the limiter: a local rule's key, or a global rule's
+//     fallback share (local_path.h);
+//   - a leasable global rule's leased slice, while Redis is up
+//     (lease_path.h);
+//   - a global concurrency rule's held pool (holding_path.h);
+//   - policy: routing, "open", "closed", blocks and the share's debits
+//     (policy.h).
+// acquire_all, and an acquire on a global rule of several limits (decided
+// on its parts, RuleSet::parts, each a leasable rule of one limit), decide
+// their entries all or nothing (collectItem / settleEntries, here).
+//
+// A request that cannot be answered yet waits (waiting.h has the model):
+// handle() returns true and writes nothing; the answer goes later to the
+// deliver callback, with the owner (the connection) handle() was given.
 //
 // A Dispatcher belongs to one worker thread and is called only from that
-// worker's loop. It looks the rule up in the worker's current rule set, the
-// key in the shared key table, runs the limiter and appends the encoded
-// response to the connection's output. On a warm key it allocates nothing:
-// its scratch vectors keep their capacity between requests.
-//
-// The caller must hold a KeyTable::ReadGuard around handle() and
-// retryDeferred(), so that the entries they look up stay alive until the
-// decision is made.
-//
-// Global rules (with a LeaseBroker): while the breaker is closed, a leasable
-// rule's acquire spends from the key's slice (lease.h), and a global
-// concurrency rule's acquire holds units from the key's holding
-// (holding.h), which in fallback also decides at the node's share. A global
-// rule of several limits decides on its parts (RuleSet::parts), each a
-// leasable rule of one of its limits, as acquire_all decides its items: all
-// or nothing, reported as one decision. A key whose slice is
-// empty while its lease is on the way is deferred: handle() keeps a copy of
-// the request's frame and answers it later, from retryDeferred(), when a
-// lease reply has arrived (the worker is woken) or, at the latest,
-// lease_timeout after it was read, by the rule's on_redis_down policy. Other
-// requests on the same loop are served meanwhile. Answers to deferred
-// requests go to the deliver callback, with the owner (the connection) that
-// handle() was given.
+// worker's loop. The caller must hold a KeyTable::ReadGuard around handle()
+// and retryDeferred(), so that the entries they look up stay alive until
+// the decision is made. On a warm key it allocates nothing: its scratch
+// vectors keep their capacity between requests.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
-#include <functional>
-#include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "access.h"
-#include "breaker.h"
+#include "admin.h"
+#include "failure.h"
+#include "holding_path.h"
 #include "key_table.h"
 #include "lease.h"
+#include "lease_path.h"
 #include "limiter.h"
+#include "local_path.h"
+#include "lookup.h"
 #include "metrics.h"
+#include "policy.h"
 #include "rpc.h"
 #include "rules.h"
+#include "status.h"
+#include "verdict.h"
+#include "waiting.h"
 
 namespace sluice {
-
-class DaemonStatus;
-
-// Most requests one worker keeps deferred at once, and most bytes of their
-// frames (a frame may be up to max_frame_bytes, padded with entries the
-// parser skips); beyond either, cold keys are answered at once by their
-// on_redis_down policy.
-constexpr size_t kMaxDeferred = 65'536;
-constexpr size_t kMaxDeferredBytes = 16u << 20;
-// Most requests one worker holds waiting for reserved units (bounded
-// waiting); beyond it, a request that would have to wait is refused with
-// OVERLOADED. Per key, waiting is bounded by the rule's rate times max_wait.
-constexpr size_t kMaxWaiters = 65'536;
 
 class Dispatcher {
  public:
@@ -68,8 +65,8 @@ class Dispatcher {
   void setRules(RuleSetPtr rules);
 
   // Where answers to deferred requests go: (owner, encoded response).
-  using Deliver = std::function<void(void* owner, std::string_view response)>;
-  void onDeliver(Deliver deliver) { deliver_ = std::move(deliver); }
+  using Deliver = Waiting::Deliver;
+  void onDeliver(Deliver deliver) { waiting_.onDeliver(std::move(deliver)); }
 
   // Answers `request` into `out` (nothing for a notification). now_ns is the
   // monotonic time of the read that carried the request. With an owner and
@@ -83,162 +80,42 @@ class Dispatcher {
   // waiting for reserved units that are due. With `all` (the worker is
   // stopping) every one is answered: a lease wait by its policy, a unit wait
   // with a denial (retry_after_ms says when its units would have been due).
-  void retryDeferred(int64_t now_ns, bool all);
+  // (waiting.h has the model.)
+  void retryDeferred(int64_t now_ns, bool all) { waiting_.askAgain(now_ns, all); }
   // Drops the deferred requests of an owner that has gone away.
-  void forget(void* owner);
-  bool hasDeferred() const {
-    return !deferred_.empty() || !waiters_.empty() || !parked_.empty() || !queued_.empty();
-  }
+  void forget(void* owner) { waiting_.forget(owner); }
+  bool hasDeferred() const { return waiting_.any(); }
   // The earliest deadline or due time of a deferred request (hasDeferred() only).
-  int64_t nextDeadlineNs() const;
+  int64_t nextDeadlineNs() const { return waiting_.nextDeadlineNs(); }
+  // The requests waiting, by kind (tests).
+  const Waiting& waiting() const { return waiting_; }
 
   // Answers a request that could not be parsed: the error to its msgid, or
   // before a close (kFatal) without one, an error notification.
   void handleParseError(const rpc::ParseResult& result, std::string* out);
 
  private:
-  // What a request that may wait for its units (max_wait) has of its wait:
-  // when it arrived, when the wait ends (0: it does not wait), its place in
-  // arrival order, and on a global rule its ticket in the key's line once
-  // it stands in one (WaitLines; 0: it does not). Carried along while it is
-  // deferred, parked and queued.
-  struct Wait {
-    int64_t since_ns = 0;
-    int64_t until_ns = 0;
-    uint64_t seq = 0;
-    uint64_t ticket = 0;
-  };
-  // A request that may wait for a lease: who to answer, its bytes, and
-  // whether it is already in deferred_ (a retry: a deferral keeps its place).
-  struct DeferTo {
-    void* owner;
-    std::span<const uint8_t> frame;
-    int64_t deadline_ns;
-    bool held = false;
-    Wait wait;  // a waiting request's, when it comes back
-  };
-  struct Deferred {
-    void* owner;
-    std::string frame;
-    int64_t deadline_ns;
-    Wait wait;
-  };
-  // A request on a global rule that waits for units Redis will have at
-  // due_ns (its lease said "nothing until then"): asked again then, with
-  // what is left of its wait.
-  struct Parked {
-    int64_t due_ns;
-    Wait wait;
-    void* owner;
-    std::string frame;
-    // The heap's order: the earliest due first, then arrival order.
-    bool operator<(const Parked& other) const {
-      return due_ns != other.due_ns ? due_ns > other.due_ns : wait.seq > other.wait.seq;
-    }
-  };
-  // A request on a global rule that stands in its key's line behind others:
-  // asked again when it becomes first, or answered when its wait ends.
-  struct Queued {
-    Wait wait;
-    void* owner;
-    std::string frame;
-  };
-  // A request allowed on a reservation, answered when its units are due.
-  struct Waiter {
-    int64_t due_ns;
-    uint64_t seq;  // arrival order, for requests due at the same time
-    int64_t since_ns;
-    void* owner;
-    rpc::MsgId msgid;
-    Decision decision;
-    Mode mode;
-    // The heap's order: the earliest due first.
-    bool operator<(const Waiter& other) const {
-      return due_ns != other.due_ns ? due_ns > other.due_ns : seq > other.seq;
-    }
-  };
-  // How long a request on `rule` may wait for its units: its max_wait_ms,
-  // else the rule's max_wait; 0 when it cannot wait.
-  int64_t maxWaitNs(const Rule& rule, const rpc::Item& item) const;
-  void answerWaiters(int64_t now_ns, bool all);
-  // Asks again for the parked requests that are due (every one with `all`).
-  void retryParked(int64_t now_ns, bool all);
-  // Asks again for the requests deferred for a lease (each one with `all`).
-  void retryDeferredLeases(int64_t now_ns, bool all);
-  // Asks again for the queued requests that became first in their line,
-  // and answers those whose wait ended (every one with `all`).
-  void retryQueued(int64_t now_ns, bool all);
-  // Parses a held frame into retry_request_ again (with bounds that admit
-  // it: it parsed once already); false if it does not (it cannot).
-  bool reparse(std::string_view frame);
-  // Both return true when they deferred the request (defer non-null only).
-  bool acquireOne(const rpc::Request& request, int64_t now_ns, std::string* out,
-                  const DeferTo* defer);
-  bool acquireAll(const rpc::Request& request, int64_t now_ns, std::string* out,
-                  const DeferTo* defer);
-  bool acquireLeased(const rpc::Request& request, const Rule& rule, int64_t now_ns,
-                     std::string* out, const DeferTo* defer);
-  // acquireLeased's decision on the key's entry; `wait` gets the request's
-  // ticket when it joins the key's line.
-  bool spendLeased(const rpc::Request& request, const Rule& rule, int64_t now_ns,
-                   std::span<std::atomic<uint64_t>> entry_words, Wait& wait, std::string* out,
-                   const DeferTo* defer);
-  // slice::take() for a key of `rule`, clearing a line mark its line has
-  // outlived (and taking again).
-  slice::TakeResult takeSlice(const Rule& rule, std::string_view key,
-                              std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t cost,
-                              bool first_in_line);
-  // Puts a waiting request for `cost` units of a key of `rule` (`deciding`
-  // its limits) in the key's line, if it is not in it yet. False when more
-  // units wait ahead of it (`ahead`) than the fleet could give the line
-  // within its wait: it is refused.
-  bool stand(Wait& wait, const Rule& rule, const Rule& deciding, std::string_view key,
-             std::span<std::atomic<uint64_t>> words, int64_t cost, int64_t* ahead);
-  // Takes a ticket out of its line and wakes the workers when another
-  // request became first; `words` are the key's slice words, if at hand.
-  void leaveLine(uint64_t ticket, std::span<std::atomic<uint64_t>> words = {});
-  // Queues a waiting request behind the others in its key's line; false
-  // (and an OVERLOADED answer in `out`) when too many wait on this worker.
-  bool queue(const DeferTo& to, const Wait& wait, rpc::MsgId msgid, std::string* out);
+  // Decides a request of the request methods (acquire, acquire_all, peek,
+  // release): answered into `out`, or waiting (waiting.h).
+  Outcome decide(const rpc::Request& request, int64_t now_ns, std::string* out,
+                 const Asker& asker);
+  Outcome acquireOne(const rpc::Request& request, int64_t now_ns, std::string* out,
+                     const Asker& asker);
+  Outcome acquireAll(const rpc::Request& request, int64_t now_ns, std::string* out,
+                     const Asker& asker);
+  // Counts (when it `counts`) and answers a verdict on `configured`.
+  void answer(const Rule& configured, rpc::MsgId msgid, const Verdict& verdict, bool counts,
+              std::string* out);
   void peekLeased(const rpc::Request& request, const Rule& rule, int64_t now_ns,
                   std::string* out);
-  // What an acquire of `cost` would answer on a key of a leasable `rule`,
-  // spending and claiming nothing; `mode` gets its mode.
-  Decision lookLeased(const Rule& rule, std::string_view key, int64_t now_ns, int64_t cost,
-                      Mode* mode);
-  bool defer(const DeferTo* to, const Wait& wait);
-  bool defer(const DeferTo* to) { return defer(to, Wait{}); }
-  // Parks a waiting request until due_ns; false (and an OVERLOADED answer in
-  // `out`) when too many are parked.
-  bool park(const DeferTo& to, const Wait& wait, int64_t due_ns, rpc::MsgId msgid, std::string* out);
-  // Sends a lease request for a key of `rule` whose in-flight bit the
-  // caller claimed; `deciding` is the rule's variant for the key, `words`
-  // the entry's, `spent` what the caller took from the slice (0: it waits
-  // for the lease).
-  void requestLease(const Rule& rule, const Rule& deciding, std::string_view key,
-                    std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t cost,
-                    int64_t spent);
-  // Global concurrency rules (holding.h): acquire, peek and release.
-  bool holdOne(const rpc::Request& request, const Rule& rule, int64_t now_ns, std::string* out,
-               const DeferTo* defer);
-  // What an acquire on a holding came to: its units are held (the decision
-  // allows; refund them with holding::refund if the group fails), it is
-  // answered (denied, or by a policy, holding nothing), deferred for a
-  // lease, or the key table is full.
-  enum class Held { kHeld, kAnswered, kDeferred, kTableFull };
-  Held acquireHeld(const Rule& rule, const rpc::Item& item, int64_t now_ns, const DeferTo* defer,
-                   Decision* decision, Mode* mode, std::span<std::atomic<uint64_t>>* words);
-  // What an acquire of `cost` would answer on a holding, holding nothing.
-  Decision peekHeld(const Rule& rule, std::span<const std::atomic<uint64_t>> words,
-                    int64_t now_ns, int64_t cost, Mode* mode);
-  // Sends a lease request for a holding whose in-flight bit the caller claimed.
-  void requestHolding(const Rule& rule, std::string_view key,
-                      std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t cost);
+  // Global concurrency rules (holding_path.h): acquire, peek and release.
+  Outcome holdOne(const rpc::Request& request, const Rule& rule, int64_t now_ns,
+                  std::string* out, const Asker& asker);
   // acquire_all, and acquire on a rule decided on its parts (RuleSet::parts),
   // in three steps. collectItem() decides a request item on its rule, or
-  // on each of its rule's parts: an entry each (items_ and the vectors
-  // beside it). settleEntries() spends all entries' units or none. Then
-  // groupDecision() reports an item's entries as one decision.
+  // on each of its rule's parts: an entry each (entries_). settleEntries()
+  // spends all entries' units or none. Then groupDecision() reports an
+  // item's entries as one decision.
   //
   // An entry spends from its slice (a rule that leases), holds units of its
   // holding (a global concurrency rule), or goes to the limiter on its
@@ -257,163 +134,76 @@ class Dispatcher {
   // returns, the caller refunds (refundEntries) unless it settles. `denied`
   // is set when an entry denies without the limiter (it stays set).
   Collected collectItem(const Rule& configured, const rpc::Item& item, int64_t now_ns,
-                        const DeferTo* defer, bool* denied);
+                        const Asker& asker, bool* denied);
   Collected collectEntry(const Rule& rule, const rpc::Item& item, int64_t now_ns,
-                         const DeferTo* defer, bool* denied);
+                         const Asker& asker, bool* denied);
   // Gives back what the entries took from slices and holdings.
   void refundEntries(int64_t now_ns);
   // Spends every entry's units or none; each entry's decision is then in
-  // items_. True when all were allowed.
+  // entries_. True when all were allowed.
   bool settleEntries(int64_t now_ns, bool denied);
   // A shadow rule's parts: gives back what they spent when one denied.
   void refundShadowGroup(const Group& group, int64_t now_ns);
   // The decision and mode reported for a request item.
   Decision groupDecision(const Group& group, Mode* mode) const;
   // acquire and peek on a rule decided on its parts.
-  bool acquireParts(const rpc::Request& request, const Rule& configured, int64_t now_ns,
-                    std::string* out, const DeferTo* defer);
+  Outcome acquireParts(const rpc::Request& request, const Rule& configured, int64_t now_ns,
+                       std::string* out, const Asker& asker);
   void peekParts(const rpc::Request& request, const Rule& configured, int64_t now_ns,
                  std::string* out);
-  // reset: zeroes the words of a key of `rule` (its state, slice or share).
-  void forgetKey(const Rule& rule, std::string_view key);
   // Whether a global rule decides on leases right now.
   bool leasing(const Rule& rule) const {
     return broker_ != nullptr && leasable(rule) && broker_->leasing();
   }
-  void writeHealth(rpc::MsgId msgid, std::string* out);
-  void writeStats(rpc::MsgId msgid, std::string* out);
-  void writeRules(rpc::MsgId msgid, std::string* out);
-  void reload(rpc::MsgId msgid, const Peer& peer, std::string* out);
-  void reset(const rpc::Request& request, const Peer& peer, int64_t now_ns, std::string* out);
-  // Which rule decides a configured rule's requests, and in which mode. A
-  // null rule means the rule's Redis-down policy answers without state.
-  struct Route {
-    const Rule* rule;
-    Mode mode;
-  };
-  Route route(const Rule& rule) const;
-  // A limiter decision on the share entry of a global rule; counts what
-  // fallback admits (undebited) when `count_undebited`. nullopt: table full.
-  std::optional<Decision> acquireShare(const Rule& share, std::string_view key, int64_t now_ns,
-                                       int64_t cost, bool count_undebited);
-  // What the fallback share of global `rule` would answer for `cost` on
-  // `key` now, spending nothing.
-  Decision lookShare(const Rule& rule, std::string_view key, int64_t now_ns, int64_t cost);
-  // Records units a share admitted for a leasable global rule: debited at
-  // once while Redis is up, else counted in the entry for the recovery.
-  // `share` is the share itself (not a variant); `words` its entry's.
-  void noteFallbackSpend(const Rule& share, std::string_view key,
-                         std::span<std::atomic<uint64_t>> words, int64_t cost);
-  // Counts a denial toward `configured`'s penalty in the words of the entry
-  // that holds it (the key's, or for a global rule its slice entry); at the
-  // D-th, blocks the key, for a global rule across the fleet (lease.h).
-  void countDenial(const Rule& configured, std::string_view key,
-                   std::span<std::atomic<uint64_t>> entry_words, const Decision& decision,
-                   int64_t now_ns);
-  // How long a global rule's key stays blocked, as this node knows (0: not).
-  int64_t globalBlockedFor(const Rule& configured, std::string_view key, int64_t now_ns);
-  void error(rpc::MsgId msgid, rpc::ErrorCode code, std::string_view message, std::string* out);
+  void error(rpc::MsgId msgid, rpc::ErrorCode code, std::string_view message, std::string* out) {
+    answerError(metrics_, msgid, code, message, out);
+  }
+  Route route(const Rule& rule) const { return sluice::route(*rules_, rule); }
+  KeyTable::Entry* currentEntry(const Rule& rule, std::string_view key) {
+    return sluice::currentEntry(keys_, rule, key);
+  }
+  const Rule& decidingFor(const Rule& rule, std::string_view key, KeyTable::Entry* entry) {
+    return sluice::decidingFor(*rules_, rule, key, entry);
+  }
+  std::span<std::atomic<uint64_t>> freshState(const Rule& rule) { return fresh_.of(rule); }
   // Counts a decision on `configured`, the rule the request named.
   void count(const Rule& configured, const Decision& decision, Mode mode);
-  // The entry of (rule, key) as the rule is now: nullptr when there is none,
-  // or when it has the rule's old shape (before a reload). Creates nothing.
-  KeyTable::Entry* currentEntry(const Rule& rule, std::string_view key);
-  // The rule that decides `key` of `rule`: from its entry's override word,
-  // or worked out afresh without an entry.
-  const Rule& decidingFor(const Rule& rule, std::string_view key, KeyTable::Entry* entry);
-  std::span<std::atomic<uint64_t>> freshState(const Rule& rule);
 
   KeyTable& keys_;
   MetricsShard& metrics_;
-  DaemonStatus& status_;
   LeaseBroker* broker_;
-  const int64_t lease_timeout_ns_;
   RuleSetPtr rules_;
+  Admin admin_;
   std::vector<RuleShard*> rule_shards_;  // per-rule counters, by position in rules_
-  Deliver deliver_;
-  std::deque<Deferred> deferred_;  // in deadline order (one timeout for all)
-  size_t deferred_bytes_ = 0;      // of deferred_'s frames
-  std::vector<Waiter> waiters_;    // a heap (std::push_heap), earliest due on top
-  std::vector<Parked> parked_;     // a heap too
-  std::vector<Queued> queued_;     // in no particular order (tickets order them)
-  std::vector<Queued> requeuing_;  // retryQueued's scratch
-  uint64_t seen_promotions_ = 0;   // WaitLines::promotions() when last looked
-  bool just_parked_ = false;       // the last acquire parked its request
-  bool asking_again_ = false;      // retrying a deferred or parked request
-  uint64_t waiter_seq_ = 0;
-  std::vector<Deferred> retrying_;
-  rpc::Request retry_request_;
-  // Entries (collectItem), each: its limiter item (the decision, and the
-  // share or state the limiter spends on, if it does), its mode, its rule
-  // (the configured rule or a part), units taken from its slice, the
-  // slice's words, the share and its entry's words when fallback spends on
-  // it (else none), and the holding's words when it holds units (else none).
-  struct ShareSpend {
+  Waiting waiting_;
+  PolicyPath policy_;
+  LeasePath lease_;
+  LocalPath local_;
+  HoldingPath holding_;
+  // An entry of acquire_all or of a rule decided on its parts (collectItem).
+  struct Entry {
+    // Its limiter item: the decision, and the share or state the limiter
+    // spends on, if it does (a rule; none when decided without the limiter).
+    AcquireItem item;
+    Mode mode = Mode::kLocal;
+    const Rule* rule = nullptr;  // the configured rule or a part
+    int64_t taken = 0;           // units taken from its slice
+    std::span<std::atomic<uint64_t>> slice;  // the slice's words, when it has one
+    // The share and its entry's words when fallback spends on it (a debit
+    // to note once the group is allowed); else none.
     const Rule* share = nullptr;
-    std::span<std::atomic<uint64_t>> words;
+    std::span<std::atomic<uint64_t>> share_words;
+    std::span<std::atomic<uint64_t>> held;  // the holding's words when it holds units
   };
-  std::vector<AcquireItem> items_;
-  std::vector<Mode> modes_;
-  std::vector<const Rule*> entry_rules_;
-  std::vector<int64_t> taken_;
-  std::vector<std::span<std::atomic<uint64_t>>> slices_;
-  std::vector<ShareSpend> shares_;
-  std::vector<std::span<std::atomic<uint64_t>>> held_;
+  std::vector<Entry> entries_;
   std::vector<Group> groups_;
 
   // Scratch space reused between requests.
   std::vector<AcquireItem> limited_;
   std::vector<Decision> decisions_;  // acquire_all: by request item
   std::vector<Mode> item_modes_;
-  std::vector<std::atomic<uint64_t>> fresh_;  // a fresh key's state, for peek
+  FreshState fresh_;  // a fresh key's state, for peek
   std::string message_;
-};
-
-// What `health` says about Redis (control.h owns the facts).
-struct RedisHealth {
-  bool configured = false;  // the config has a [redis] section
-  bool up = false;
-  Breaker breaker = Breaker::kOpen;
-  bool learning = false;    // some rule is in learning mode
-  std::vector<LearningRule> learning_rules;  // which, and for how long (breaker.h)
-  // Leased units this node holds and has not spent (an estimate: granted
-  // minus returned minus spent).
-  int64_t leased_units = 0;
-  uint32_t nodes = 1;       // live nodes N, or expected_nodes before heartbeats
-  std::string_view mode;    // "standalone", "sentinel" or "cluster" ("" without Redis)
-  // The Redis last connected to, "host:port" or "unix:/path" (in Sentinel
-  // mode the master last found); "" before the first connection.
-  std::string address;
-  // Redis's TIME minus this host's wall clock, from the heartbeats; nullopt
-  // before the first heartbeat answers (and without Redis).
-  std::optional<int64_t> clock_offset_ms;
-};
-
-// What health, stats and reload need from the daemon as a whole. Implemented
-// by the server; every method may be called from any worker thread.
-class DaemonStatus {
- public:
-  virtual ~DaemonStatus() = default;
-  virtual int64_t uptimeMs() const = 0;
-  virtual size_t workers() const = 0;
-  virtual MetricsSnapshot metrics() const = 0;
-  // Open client connections.
-  virtual size_t connections() const = 0;
-  // Open libuv handles of every loop (uv_handles.h), each as its loop last
-  // counted them: the workers and the main loop about once a second, the
-  // control thread every health_interval.
-  virtual size_t handles() const = 0;
-  // Redis as the control thread last saw it.
-  virtual RedisHealth redisHealth() const = 0;
-  // The lease path's counters (all zero without Redis).
-  virtual LeaseStats leaseStats() const = 0;
-  // Decisions of each rule, summed over workers.
-  virtual std::vector<RuleSnapshot> ruleMetrics() const = 0;
-  // Round trips of lease scripts to Redis (empty without Redis).
-  virtual HistogramSnapshot leaseLatency() const = 0;
-  // Re-reads the config file and installs its rules on every worker. Returns
-  // false with a message when the file is refused (the old rules stay).
-  virtual bool reload(std::string* error) = 0;
 };
 
 }  // namespace sluice

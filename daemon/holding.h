@@ -30,7 +30,7 @@
 // leasing; its next lease asks for the debt on top of the cost, and grants
 // pay the debt first.
 //
-// Modes (dispatch.cpp decides which applies):
+// Modes (holding_path.cpp decides which applies):
 //  - leasing: acquire() spends from the pool; with `cap` > 0 (learning
 //    mode), the node also holds to its share of the limit;
 //  - fallback (breaker open, or the key's lease failed or came late) with

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "dispatch.h"
+#include "status.h"
 #include "key_table.h"
 #include "lease.h"
 #include "metrics.h"

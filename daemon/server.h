@@ -39,7 +39,7 @@
 #include "access.h"
 #include "config.h"
 #include "control.h"
-#include "dispatch.h"
+#include "status.h"
 #include "key_table.h"
 #include "metrics.h"
 #include "prometheus.h"

@@ -158,8 +158,11 @@ SLUICE_API int sluice_acquire_wait(sluice_client* client, const char* rule, cons
 /* Like acquire with cost 0: reports the state, spends nothing. */
 SLUICE_API int sluice_peek(sluice_client* client, const char* rule, const void* key,
                            size_t key_len, int timeout_ms, sluice_decision* out);
-/* Gives `cost` units of a concurrency rule back. `out` may be NULL; when the
- * daemon's result is not a decision map, *out is zeroed with allowed = 1. */
+/* Gives `cost` units of a concurrency rule back (more than are held gives
+ * back what is held); *out is the state afterwards, as sluice_peek reports
+ * it. A rule of another algorithm is refused (SLUICE_ESERVER, BAD_REQUEST).
+ * `out` may be NULL; when the daemon's result is not a decision map, *out is
+ * zeroed with allowed = 1. */
 SLUICE_API int sluice_release(sluice_client* client, const char* rule, const void* key,
                               size_t key_len, uint32_t cost, int timeout_ms,
                               sluice_decision* out);

@@ -1,0 +1,309 @@
+// Lease path: leasable global rules on their slices; see lease_path.h.
+#include "lease_path.h"
+
+#include <algorithm>
+#include <optional>
+#include <string>
+
+#include "limiter.h"
+#include "penalty.h"
+
+namespace sluice {
+
+int64_t maxWaitNs(const Rule& rule, const rpc::Item& item) {
+  if (!canWait(rule)) return 0;
+  return item.max_wait_ms >= 0 ? item.max_wait_ms * 1'000'000 : rule.max_wait_ns;
+}
+
+namespace {
+
+int64_t ceilMs(int64_t ns) { return ns <= 0 ? 0 : (ns + 999'999) / 1'000'000; }
+
+}  // namespace
+
+Decision sliceDecision(const Rule& rule, const slice::TakeResult& taken, int64_t now_ns) {
+  const Limit& limit = rule.limits.front();
+  Decision decision;
+  decision.limit = limit.limit;
+  decision.allowed = taken.outcome == slice::Outcome::kTaken;
+  decision.remaining = decision.allowed ? taken.left : 0;
+  if (taken.outcome == slice::Outcome::kDenied || taken.outcome == slice::Outcome::kQueued) {
+    // In line behind waiters (until_ns 0): as soon as they are served.
+    decision.retry_after_ms = std::max<int64_t>(ceilMs(taken.until_ns - now_ns), 1);
+  }
+  // Until the global state is full again, as far as this node can tell.
+  int64_t missing = std::max<int64_t>(leaseCapacity(limit) - decision.remaining, 0);
+  double period_ms = static_cast<double>(limit.period_ns) / 1e6;
+  decision.reset_after_ms = std::max(
+      decision.retry_after_ms,
+      static_cast<int64_t>(static_cast<double>(missing) * period_ms / static_cast<double>(limit.limit) + 0.999));
+  return decision;
+}
+
+
+Outcome LeasePath::acquire(const RuleSet& rules, const Rule& rule, const rpc::Item& item,
+                           int64_t now_ns, const Asker& asker, Verdict* verdict) {
+  // A request that may wait for its units (max_wait): its wait, from its
+  // arrival; a retry brings its own. Answers say how long it waited.
+  Wait wait;
+  if (asker.may_wait && asker.wait.until_ns != 0) {
+    wait = asker.wait;
+  } else if (int64_t max_wait_ns = asker.may_wait ? maxWaitNs(rule, item) : 0) {
+    wait = {now_ns, now_ns + max_wait_ns, waiting_.nextSeq(), 0};
+  }
+  KeyTable::Entry* entry = keys_.findOrInsert(rule.id, item.key, entryWords(rule), now_ns);
+  if (entry == nullptr) {
+    waiting_.leaveLine(wait.ticket);
+    verdict->fail(rpc::ErrorCode::kOverloaded, kTableFull);
+    return Outcome::kAnswered;
+  }
+  auto entry_words = entry->state();
+  Outcome outcome = spend(rules, rule, item, now_ns, entry_words, wait, asker, verdict);
+  // Answered: whatever became of it, it no longer stands in line.
+  if (outcome == Outcome::kAnswered) {
+    waiting_.leaveLine(wait.ticket, entry_words.first(slice::kWords));
+  }
+  return outcome;
+}
+
+slice::TakeResult LeasePath::take(const Rule& rule, std::string_view key,
+                                  std::span<std::atomic<uint64_t>> words, int64_t now_ns,
+                                  int64_t cost, bool again, bool first_in_line) {
+  slice::TakeResult taken = slice::take(words, now_ns, cost, again, first_in_line);
+  if (taken.outcome == slice::Outcome::kQueued && !broker_->lines().standing(rule.id, key, words)) {
+    taken = slice::take(words, now_ns, cost, true, first_in_line);  // demand counted already
+  }
+  return taken;
+}
+
+Outcome LeasePath::spend(const RuleSet& rules, const Rule& rule, const rpc::Item& item,
+                         int64_t now_ns, std::span<std::atomic<uint64_t>> entry_words, Wait& wait,
+                         const Asker& asker, Verdict* verdict) {
+  Mode mode = rule.shadow ? Mode::kShadow : Mode::kNormal;
+  const Rule& deciding = decidingRule(rules, rule, item.key, entry_words);
+  auto words = entry_words.first(slice::kWords);
+  // Its wait has not ended: it may stand in the key's line.
+  const bool waits = wait.until_ns > now_ns;
+  const int64_t waited_ms = wait.until_ns != 0 ? (now_ns - wait.since_ns) / 1'000'000 : -1;
+  // A blocked key is answered here, until its block is due to be asked of
+  // Redis again (kBlockRecheckNs): then its lease says whether it stands.
+  int64_t blocked_ns = activePenalty(rule) != nullptr
+                           ? penalty::blockedFor(penaltyState(rule, entry_words), now_ns)
+                           : 0;
+  if (blocked_ns > 0) {
+    bool recheck = now_ns >= static_cast<int64_t>(words[slice::kDenyUntil].load(std::memory_order_acquire));
+    if (!recheck || !asker.may_wait) {
+      Decision blocked = blockedDecision(deciding, blocked_ns);
+      verdict->decide(blocked, Mode::kBlocked, waited_ms);
+      return Outcome::kAnswered;
+    }
+    words[slice::kUnits].store(0, std::memory_order_release);  // a lease's, granted late
+  }
+  Decision decision;
+  int64_t due_ns = 0;  // a denial: when Redis said it has units again (exactly)
+  if (item.cost > leaseCapacity(deciding.limits.front())) {
+    decision = exceedsCapacity(deciding);
+  } else if (Decision share; broker_->learning(deciding, now_ns) &&
+             (!(share = lookShare(rules, rule, item.key, now_ns, item.cost)).allowed ||
+              share.shadow_denied)) {
+    // Learning, and the share has nothing for it: the slice is left alone,
+    // so the node leases nothing past its share.
+    decision = share;
+    decision.allowed = false;
+    decision.shadow_denied = false;
+  } else {
+    bool first = wait.ticket != 0 && broker_->lines().first(wait.ticket);
+    slice::TakeResult taken = take(rule, item.key, words, now_ns, item.cost, asker.again, first);
+    if (taken.outcome == slice::Outcome::kQueued && waits && asker.may_wait) {
+      // Others of this node wait for the key's units, and came first: it
+      // waits for its turn behind them.
+      int64_t ahead = 0;
+      if (!stand(wait, rule, deciding, item.key, words, item.cost, &ahead)) {
+        // More wait ahead of it than its wait could bring: the normal
+        // denial, at once, and a retry hint of the line's turn at the
+        // fleet's rate.
+        const Limit& limit = deciding.limits.front();
+        taken.until_ns = std::max(taken.until_ns, now_ns + static_cast<int64_t>(
+            static_cast<double>(ahead) * static_cast<double>(limit.period_ns) /
+            static_cast<double>(limit.limit)));
+        wait.until_ns = 0;
+      } else if (!broker_->lines().first(wait.ticket)) {
+        if (waiting_.waitInLine(asker, wait)) return Outcome::kWaitsInLine;
+        verdict->fail(rpc::ErrorCode::kOverloaded, Waiting::tooManyWaiting());
+        return Outcome::kAnswered;
+      } else {
+        // The line emptied between the two: it leads the line now.
+        taken = slice::take(words, now_ns, item.cost, true, true);
+      }
+    }
+    if (taken.dropped > 0) metrics_.lease_units_dropped.add(static_cast<uint64_t>(taken.dropped));
+    if (taken.must_request) {
+      requestLease(rules, rule, deciding, item.key, entry_words, now_ns, item.cost,
+                   taken.outcome == slice::Outcome::kTaken ? item.cost : 0);
+    }
+    switch (taken.outcome) {
+      case slice::Outcome::kTaken: {
+        decision = sliceDecision(deciding, taken, now_ns);
+        if (broker_->learning(deciding, now_ns)) {
+          // Redis came back without the fleet's state: hold to the share too.
+          std::optional<Decision> share = policy_.acquireShare(
+              rules, *rules.fallbackShare(rule), item.key, now_ns, item.cost, false);
+          if (!share || !share->allowed || share->shadow_denied) {
+            slice::refund(words, item.cost);
+            if (!share) {
+              verdict->fail(rpc::ErrorCode::kOverloaded, kTableFull);
+              return Outcome::kAnswered;
+            }
+            decision = *share;
+            decision.allowed = false;
+            decision.shadow_denied = false;
+            break;
+          }
+        }
+        metrics_.lease_units_spent.add(static_cast<uint64_t>(item.cost));
+        break;
+      }
+      case slice::Outcome::kDenied:
+        metrics_.lease_negative_hits.add();
+        decision = sliceDecision(deciding, taken, now_ns);
+        due_ns = taken.until_ns;
+        break;
+      case slice::Outcome::kQueued:
+        // Others of this node wait for the key's units. One that does not
+        // wait may wait for the lease under way, and has what the line
+        // leaves of it.
+        if (taken.until_ns == 0 && wait.until_ns == 0 && waiting_.waitForLease(asker, wait)) {
+          return Outcome::kWaitsForLease;
+        }
+        decision = sliceDecision(deciding, taken, now_ns);
+        break;
+      case slice::Outcome::kEmpty:
+        // A waiter stands in line while its lease comes, so that requests
+        // after it do not spend what the lease brings for it.
+        if (waits && asker.may_wait) {
+          int64_t ahead = 0;
+          stand(wait, rule, deciding, item.key, words, item.cost, &ahead);  // leads an empty line
+        }
+        if (waiting_.waitForLease(asker, wait)) return Outcome::kWaitsForLease;
+        [[fallthrough]];
+      case slice::Outcome::kFallback: {
+        // No lease in time, or the key's lease failed: the policy decides.
+        auto [share, policy_mode] = route(rules, rule);
+        if (share == nullptr) {
+          decision = policyDecision(rule, policy_mode);
+        } else {
+          std::optional<Decision> shared =
+              policy_.acquireShare(rules, *share, item.key, now_ns, item.cost, true);
+          if (!shared) {
+            verdict->fail(rpc::ErrorCode::kOverloaded, kTableFull);
+            return Outcome::kAnswered;
+          }
+          decision = *shared;
+        }
+        policy_.countDenial(rule, item.key, entry_words, decision, now_ns);
+        verdict->decide(decision, policy_mode, waited_ms);
+        return Outcome::kAnswered;
+      }
+    }
+  }
+  applyShadow(rule, &decision);
+  // Redis has no units until retry_after_ms: a request that may wait that
+  // long stands in the key's line, parked, and is asked again then (and
+  // counts as one decision, once answered). Those that come after it queue
+  // behind it (kQueued).
+  if (due_ns == 0) due_ns = now_ns + decision.retry_after_ms * 1'000'000;
+  if (wait.until_ns != 0 && !decision.allowed && !decision.cost_exceeds_limit &&
+      decision.retry_after_ms > 0 && due_ns <= wait.until_ns) {
+    int64_t ahead = 0;
+    if (stand(wait, rule, deciding, item.key, words, item.cost, &ahead)) {
+      if (waiting_.waitUntilDue(asker, wait, due_ns)) return Outcome::kWaitsUntilDue;
+      verdict->fail(rpc::ErrorCode::kOverloaded, Waiting::tooManyWaiting());
+      return Outcome::kAnswered;
+    }
+  }
+  policy_.countDenial(rule, item.key, entry_words, decision, now_ns);
+  verdict->decide(decision, mode, waited_ms);
+  return Outcome::kAnswered;
+}
+
+Decision LeasePath::look(const RuleSet& rules, const Rule& rule, std::string_view key,
+                         int64_t now_ns, int64_t cost, Mode* mode) {
+  *mode = rule.shadow ? Mode::kShadow : Mode::kNormal;
+  KeyTable::Entry* entry = currentEntry(keys_, rule, key);
+  const Rule& deciding = decidingFor(rules, rule, key, entry);
+  Decision decision;
+  if (int64_t blocked_ns = policy_.globalBlockedFor(rule, key, now_ns)) {
+    decision = blockedDecision(deciding, blocked_ns);
+    *mode = Mode::kBlocked;
+  } else if (cost > leaseCapacity(deciding.limits.front())) {
+    decision = exceedsCapacity(deciding);
+  } else if (entry == nullptr) {
+    // No slice: report a fresh key, as a local rule does.
+    decision = peek(deciding, fresh_.of(deciding), now_ns, cost);
+  } else {
+    auto words = entry->state().first(slice::kWords);
+    slice::TakeResult looked = slice::look(words, now_ns, cost);
+    if (looked.outcome == slice::Outcome::kQueued && !broker_->lines().standing(rule.id, key, words)) {
+      looked = slice::look(words, now_ns, cost);  // the line had gone
+    }
+    if (looked.outcome == slice::Outcome::kEmpty) {
+      // Nothing held here, and Redis has not said no: a lease would be asked for.
+      looked.outcome = slice::Outcome::kTaken;
+      looked.left = 0;
+    }
+    decision = sliceDecision(deciding, looked, now_ns);
+  }
+  applyShadow(rule, &decision);
+  return decision;
+}
+
+bool LeasePath::stand(Wait& wait, const Rule& rule, const Rule& deciding, std::string_view key,
+                      std::span<std::atomic<uint64_t>> words, int64_t cost, int64_t* ahead) {
+  *ahead = 0;
+  if (wait.ticket != 0) return true;
+  // What the fleet could give the line within the wait, at the most.
+  const Limit& limit = deciding.limits.front();
+  double refill = static_cast<double>(limit.limit) * static_cast<double>(wait.until_ns - wait.since_ns) /
+                  static_cast<double>(limit.period_ns);
+  int64_t servable = leaseCapacity(limit) + static_cast<int64_t>(refill);
+  wait.ticket = broker_->lines().join(rule.id, key, words, cost, servable - cost, ahead);
+  return wait.ticket != 0;
+}
+
+Decision LeasePath::lookShare(const RuleSet& rules, const Rule& rule, std::string_view key,
+                              int64_t now_ns, int64_t cost) {
+  const Rule& share = *rules.fallbackShare(rule);
+  KeyTable::Entry* entry = currentEntry(keys_, share, key);
+  const Rule& deciding = decidingFor(rules, share, key, entry);
+  return peek(deciding,
+              entry != nullptr ? entry->state().first(stateWords(deciding)) : fresh_.of(deciding),
+              now_ns, cost);
+}
+
+void LeasePath::requestLease(const RuleSet& rules, const Rule& rule, const Rule& deciding,
+                             std::string_view key, std::span<std::atomic<uint64_t>> words,
+                             int64_t now_ns, int64_t cost, int64_t spent) {
+  // Learning: no more than the share allows once this request has spent,
+  // so that what this node may not spend stays in Redis for the others.
+  int64_t share_left = INT64_MAX;
+  if (broker_->learning(deciding, now_ns)) {
+    share_left = lookShare(rules, rule, key, now_ns, 0).remaining - spent;  // cost 0: what it holds now
+    if (share_left < (spent > 0 ? 1 : cost)) {
+      slice::unclaim(words);
+      return;
+    }
+  }
+  slice::Batch batch = slice::nextBatch(words, now_ns, cost, deciding, rules.fallbackNodes(),
+                                        broker_->leaseIntervalNs());
+  batch.n = std::min(batch.n, share_left);
+  batch.need = std::min(batch.need, batch.n);
+  LeaseRequest request;
+  request.rule_id = rule.id;
+  request.variant = storedOverride(rule, words);
+  request.key = std::string(key);
+  request.n = batch.n;
+  request.need = batch.need;
+  broker_->submit(std::move(request));
+}
+
+}  // namespace sluice

@@ -1,0 +1,100 @@
+// Lease path: decisions of a leasable global rule while Redis is up, on the
+// key's slice (lease.h): units leased from Redis in batches, spent here one
+// acquire at a time.
+//
+// An acquire takes its cost from the slice. Below the low-water mark it asks
+// for the next batch (one lease in flight per key). On an empty slice it
+// waits for the lease under way (Waiting, kLease), or, when it may not wait
+// or the key's lease failed or came late, the rule's on_redis_down policy
+// decides (policy.h). Redis's "nothing until t" is cached in the slice
+// (denied until then). A request that may wait (max_wait) and would be
+// denied until a time within its wait stands in the key's line (WaitLines)
+// and waits until then (kDue) or behind those who came first (kLine). While
+// learning, an acquire must also pass the node's share. A key blocked by its
+// rule's penalty is denied until its block is due to be asked of Redis again.
+//
+// A LeasePath belongs to one worker (its Dispatcher) and is called only
+// from that worker's loop, inside its KeyTable::ReadGuard, and only with a
+// broker. now_ns is the daemon's monotonic clock, passed in.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "decision.h"
+#include "key_table.h"
+#include "lease.h"
+#include "lookup.h"
+#include "metrics.h"
+#include "policy.h"
+#include "rpc.h"
+#include "rules.h"
+#include "verdict.h"
+#include "waiting.h"
+
+namespace sluice {
+
+// How long a request on `rule` may wait for its units: its max_wait_ms,
+// else the rule's max_wait; 0 when it cannot wait.
+int64_t maxWaitNs(const Rule& rule, const rpc::Item& item);
+
+// A decision made on a slice (normal mode), before shadow.
+Decision sliceDecision(const Rule& rule, const slice::TakeResult& taken, int64_t now_ns);
+
+class LeasePath {
+ public:
+  // Its methods are called only with a broker (`broker` non-null).
+  LeasePath(KeyTable& keys, MetricsShard& metrics, LeaseBroker* broker, Waiting& waiting,
+            PolicyPath& policy)
+      : keys_(keys), metrics_(metrics), broker_(broker), waiting_(waiting), policy_(policy) {}
+
+  // Acquires item.cost (> 0) units of a key of a leasable `rule`: answered
+  // (`verdict`, after shadow), or waiting (Outcome).
+  Outcome acquire(const RuleSet& rules, const Rule& rule, const rpc::Item& item, int64_t now_ns,
+                  const Asker& asker, Verdict* verdict);
+  // What an acquire of `cost` would answer on a key of `rule`, spending and
+  // claiming nothing; `mode` gets its mode. After shadow.
+  Decision look(const RuleSet& rules, const Rule& rule, std::string_view key, int64_t now_ns,
+                int64_t cost, Mode* mode);
+  // slice::take() for a key of `rule`, clearing a line mark its line has
+  // outlived (and taking again).
+  slice::TakeResult take(const Rule& rule, std::string_view key,
+                         std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t cost,
+                         bool again, bool first_in_line);
+  // Sends a lease request for a key of `rule` whose in-flight bit the
+  // caller claimed; `deciding` is the rule's variant for the key, `words`
+  // the entry's, `spent` what the caller took from the slice (0: it waits
+  // for the lease). While the rule learns, the lease is capped at what the
+  // node's share has left (none: the bit is given back, nothing is sent).
+  void requestLease(const RuleSet& rules, const Rule& rule, const Rule& deciding,
+                    std::string_view key, std::span<std::atomic<uint64_t>> words, int64_t now_ns,
+                    int64_t cost, int64_t spent);
+  // What the fallback share of global `rule` would answer for `cost` on
+  // `key` now, spending nothing.
+  Decision lookShare(const RuleSet& rules, const Rule& rule, std::string_view key, int64_t now_ns,
+                     int64_t cost);
+
+ private:
+  // acquire()'s decision on the key's entry; `wait` gets the request's
+  // ticket when it joins the key's line.
+  Outcome spend(const RuleSet& rules, const Rule& rule, const rpc::Item& item, int64_t now_ns,
+                std::span<std::atomic<uint64_t>> entry_words, Wait& wait, const Asker& asker,
+                Verdict* verdict);
+  // Puts a waiting request for `cost` units of a key of `rule` (`deciding`
+  // its limits) in the key's line, if it is not in it yet. False when more
+  // units wait ahead of it (`ahead`) than the fleet could give the line
+  // within its wait: it is refused.
+  bool stand(Wait& wait, const Rule& rule, const Rule& deciding, std::string_view key,
+             std::span<std::atomic<uint64_t>> words, int64_t cost, int64_t* ahead);
+
+  KeyTable& keys_;
+  MetricsShard& metrics_;
+  LeaseBroker* broker_;
+  Waiting& waiting_;
+  PolicyPath& policy_;
+  FreshState fresh_;
+};
+
+}  // namespace sluice

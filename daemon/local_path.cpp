@@ -1,0 +1,95 @@
+// Local path: the limiter on this node's state; see local_path.h.
+#include "local_path.h"
+
+#include <span>
+
+#include "lease.h"
+#include "lease_path.h"
+#include "limiter.h"
+#include "penalty.h"
+
+namespace sluice {
+
+Outcome LocalPath::acquire(const RuleSet& rules, const Rule& configured, const Rule& rule,
+                           Mode mode, const rpc::Item& item, int64_t now_ns, const Asker& asker,
+                           Verdict* verdict) {
+  KeyTable::Entry* entry = keys_.findOrInsert(rule.id, item.key, entryWords(rule), now_ns);
+  if (entry == nullptr) {
+    verdict->fail(rpc::ErrorCode::kOverloaded, kTableFull);
+    return Outcome::kAnswered;
+  }
+  const Rule& deciding = decidingRule(rules, rule, item.key, entry->state());
+  auto state = entry->state().first(stateWords(deciding));
+  // The penalty's words: in the key's entry; for a global rule deciding on
+  // its share, in the key's slice entry, where leasing keeps them too.
+  const Penalty* penalty = activePenalty(configured);
+  std::span<std::atomic<uint64_t>> penalty_entry = entry->state();
+  if (penalty != nullptr && &rule != &configured) {
+    KeyTable::Entry* slice_entry =
+        keys_.findOrInsert(configured.id, item.key, entryWords(configured), now_ns);
+    penalty_entry = slice_entry != nullptr ? slice_entry->state()
+                                          : std::span<std::atomic<uint64_t>>();
+    if (slice_entry == nullptr) penalty = nullptr;  // table full: unblocked, uncounted
+  }
+  if (penalty != nullptr) {
+    if (int64_t left_ns = penalty::blockedFor(penaltyState(configured, penalty_entry), now_ns)) {
+      verdict->decide(blockedDecision(deciding, left_ns), Mode::kBlocked);
+      return Outcome::kAnswered;
+    }
+  }
+  // Only a request that gets an answer may wait (not a notification).
+  int64_t max_wait_ns = asker.may_wait && &rule == &configured ? maxWaitNs(rule, item) : 0;
+  Decision decision;
+  if (max_wait_ns > 0 && !waiting_.mayReserve()) {
+    decision = sluice::acquire(deciding, state, now_ns, item.cost);
+    if (!decision.allowed && !decision.cost_exceeds_limit &&
+        decision.retry_after_ms * 1'000'000 <= max_wait_ns) {
+      verdict->fail(rpc::ErrorCode::kOverloaded, Waiting::tooManyWaiting());
+      return Outcome::kAnswered;
+    }
+  } else {
+    decision = sluice::acquire(deciding, state, now_ns, item.cost, max_wait_ns);
+  }
+  if (&rule != &configured && decision.allowed && !decision.shadow_denied) {
+    policy_.noteFallbackSpend(rules, rule, item.key, entry->state(), item.cost);
+  }
+  if (penalty != nullptr) {
+    policy_.countDenial(configured, item.key, penalty_entry, decision, now_ns);
+  }
+  verdict->decide(decision, mode, max_wait_ns > 0 ? 0 : -1);
+  if (decision.wait_ns > 0) {
+    waiting_.reserve(asker.owner, asker.msgid, decision, mode, now_ns, now_ns + decision.wait_ns);
+    return Outcome::kWaitsReserved;
+  }
+  return Outcome::kAnswered;
+}
+
+Verdict LocalPath::look(const RuleSet& rules, const Rule& configured, const Rule& rule, Mode mode,
+                        const rpc::Item& item, bool release, int64_t now_ns) {
+  // peek, release and cost 0 never create a key: an absent key is fresh.
+  KeyTable::Entry* entry = currentEntry(keys_, rule, item.key);
+  const Rule& deciding = decidingFor(rules, rule, item.key, entry);
+  auto state =
+      entry != nullptr ? entry->state().first(stateWords(deciding)) : fresh_.of(deciding);
+  int64_t blocked_ns = entry != nullptr && activePenalty(rule) != nullptr
+                           ? penalty::blockedFor(penaltyState(rule, entry->state()), now_ns)
+                           : 0;
+  if (&rule != &configured) blocked_ns = policy_.globalBlockedFor(configured, item.key, now_ns);
+  Decision decision;
+  if (release) {
+    // A key that holds nothing gives nothing back: the answer is peek's.
+    if (entry != nullptr) entry->touch(now_ns);
+    decision = entry != nullptr ? sluice::release(deciding, state, now_ns, item.cost)
+                                : peek(deciding, state, now_ns, 0);
+  } else if (blocked_ns > 0) {
+    decision = blockedDecision(deciding, blocked_ns);
+    mode = Mode::kBlocked;
+  } else {
+    decision = peek(deciding, state, now_ns, item.cost);
+  }
+  Verdict verdict;
+  verdict.decide(decision, mode);
+  return verdict;
+}
+
+}  // namespace sluice

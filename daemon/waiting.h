@@ -1,0 +1,223 @@
+// Waiting: the requests one worker answers later, and why each one waits.
+//
+// The waiting model. A request is answered when it is read, unless its
+// answer depends on something that has not happened yet. Then it becomes a
+// Waiter of one of four kinds, and the worker answers it later, through the
+// deliver callback, to the owner (the connection) that asked:
+//
+//   kLease     its key's slice (or holding) is empty while a lease is on the
+//              way. It is asked again when a lease reply has come (the worker
+//              is woken) or, at the latest, lease_timeout after it was read,
+//              when it is asked as a request that may not wait (its rule's
+//              on_redis_down policy answers it). Kept in deadline order.
+//   kDue       Redis said its key has no units until due_ns, and the request
+//              may wait that long (max_wait): it stands in the key's line
+//              (WaitLines) and is asked again at due_ns.
+//   kLine      others of this node wait for the same key and came first: it
+//              stands in the key's line behind them and is asked again when
+//              it becomes first, or when its wait ends (then as a request
+//              that waits no longer).
+//   kReserved  allowed on a reservation (bounded waiting on a local rule):
+//              its units are spent already, and its answer, written when it
+//              was decided, is sent at due_ns.
+//
+// Asking again: a waiter of the first three kinds keeps its request's frame
+// and is parsed again and decided again, by the dispatcher's ask-again
+// callback, with an Asker that says what it may still wait for and that its
+// demand was counted when it was first asked (Asker::again). What the
+// decision returns (Outcome) says whether it was answered or waits on, and
+// for which kind: a kLease waiter that still waits for its lease keeps its
+// place (Asker::kept), one that now waits for a due time or its turn moves.
+// A frame that parsed once always parses again; if it does not, that is an
+// impossible state (failure.h): it is answered INTERNAL, never dropped.
+//
+// Bounds (per worker): kMaxDeferred requests and kMaxDeferredBytes of frames
+// wait for leases (beyond them a cold key is answered at once, by its
+// policy); kMaxWaiters wait for a due time or their turn, and kMaxWaiters
+// more on reservations (beyond them a request that would wait is refused
+// with OVERLOADED).
+//
+// Stopping (askAgain with `all`): every waiter is answered at once, as a
+// request that may not wait; a reservation not yet due with the denial it
+// would have had (retry_after_ms says when its units would have been due).
+//
+// A Waiting belongs to one worker and is called only from that worker's
+// loop, inside its KeyTable::ReadGuard (asking again decides on entries).
+// Times are the daemon's monotonic clock in ns, passed in.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "decision.h"
+#include "lease.h"
+#include "metrics.h"
+#include "rpc.h"
+
+namespace sluice {
+
+// Most requests one worker keeps waiting for a lease at once, and most bytes
+// of their frames (a frame may be up to max_frame_bytes, padded with entries
+// the parser skips); beyond either, cold keys are answered at once by their
+// on_redis_down policy.
+constexpr size_t kMaxDeferred = 65'536;
+constexpr size_t kMaxDeferredBytes = 16u << 20;
+// Most requests one worker holds waiting for a due time or their turn, and
+// most on reservations; beyond it, a request that would have to wait is
+// refused with OVERLOADED. Per key, waiting is bounded by the rule's rate
+// times max_wait.
+constexpr size_t kMaxWaiters = 65'536;
+
+enum class WaitKind { kLease, kDue, kLine, kReserved };
+
+// What became of a request: answered (into the caller's buffer), or waiting,
+// of a kind (see above), to be answered through the deliver callback.
+enum class Outcome {
+  kAnswered,
+  kWaitsForLease,
+  kWaitsUntilDue,
+  kWaitsInLine,
+  kWaitsReserved,
+};
+
+// What a request that may wait for its units (max_wait) has of its wait:
+// when it arrived, when the wait ends (0: it does not wait), its place in
+// arrival order, and on a global rule its ticket in the key's line once it
+// stands in one (WaitLines; 0: it does not). Carried along while it waits.
+struct Wait {
+  int64_t since_ns = 0;
+  int64_t until_ns = 0;
+  uint64_t seq = 0;
+  uint64_t ticket = 0;
+};
+
+// Who asks, and what the request may wait for: the owner (the connection)
+// that gets a later answer and the request's frame (kept while it waits);
+// the deadline of a wait for a lease; its wait so far.
+struct Asker {
+  void* owner = nullptr;
+  rpc::MsgId msgid;
+  std::span<const uint8_t> frame;
+  int64_t deadline_ns = 0;
+  Wait wait;
+  // It may wait (it has an owner, is not a notification, and is not asked
+  // again as a request that may wait no longer).
+  bool may_wait = false;
+  // Asked again: its demand was counted when it was first asked.
+  bool again = false;
+  // A kLease waiter asked again: it keeps its place if it waits on.
+  bool kept = false;
+};
+
+// A request waiting, of any kind.
+struct Waiter {
+  WaitKind kind = WaitKind::kLease;
+  // kLease: its deadline; kDue, kReserved: when it is due; kLine: unused
+  // (its wait's until_ns ends it).
+  int64_t due_ns = 0;
+  Wait wait;  // kReserved: since_ns and seq only
+  void* owner = nullptr;
+  rpc::MsgId msgid;
+  std::string frame;  // kLease, kDue, kLine
+  Decision decision;  // kReserved
+  Mode mode = Mode::kLocal;  // kReserved
+  // The heaps' order (kDue, kReserved): the earliest due first, then arrival.
+  bool operator<(const Waiter& other) const {
+    return due_ns != other.due_ns ? due_ns > other.due_ns : wait.seq > other.wait.seq;
+  }
+};
+
+class Waiting {
+ public:
+  // Where later answers go: (owner, encoded response).
+  using Deliver = std::function<void(void* owner, std::string_view response)>;
+  // Decides a request again (parsed from a waiter's frame), answering into
+  // `out` unless it waits on.
+  using AskAgain = std::function<Outcome(const rpc::Request& request, int64_t now_ns,
+                                         std::string* out, const Asker& asker)>;
+
+  // `broker` is null without Redis (then nothing stands in a line);
+  // lease_timeout_ns bounds a wait for a lease.
+  Waiting(MetricsShard& metrics, LeaseBroker* broker, int64_t lease_timeout_ns);
+
+  void onDeliver(Deliver deliver) { deliver_ = std::move(deliver); }
+  void onAskAgain(AskAgain ask_again) { ask_again_ = std::move(ask_again); }
+  int64_t leaseTimeoutNs() const { return lease_timeout_ns_; }
+
+  // The next place in arrival order.
+  uint64_t nextSeq() { return seq_++; }
+
+  // Keeps a request that waits for its key's lease. False (nothing kept)
+  // when it may not wait or a bound is reached: the caller answers it now.
+  // A kept request (asker.kept) is the caller's to keep: true, nothing done.
+  bool waitForLease(const Asker& asker, const Wait& wait);
+  // Keeps a request until due_ns (kDue) or its turn in line (kLine); false
+  // when too many wait: the caller answers OVERLOADED (tooManyWaiting()).
+  bool waitUntilDue(const Asker& asker, const Wait& wait, int64_t due_ns);
+  bool waitInLine(const Asker& asker, const Wait& wait);
+  // Whether a reservation may be held (kMaxWaiters); the caller refuses the
+  // request with OVERLOADED otherwise.
+  bool mayReserve() const { return reserved_.size() < kMaxWaiters; }
+  // Holds the answer of a request allowed on a reservation until due_ns.
+  void reserve(void* owner, rpc::MsgId msgid, const Decision& decision, Mode mode,
+               int64_t since_ns, int64_t due_ns);
+  static constexpr std::string_view tooManyWaiting() {
+    return "too many requests are waiting for units on this worker; retry later";
+  }
+
+  // Takes a ticket out of its line and wakes the workers when another
+  // request became first; `words` are the key's slice words, if at hand.
+  void leaveLine(uint64_t ticket, std::span<std::atomic<uint64_t>> words = {});
+
+  // Answers the waiters that can be answered now (every one with `all`).
+  void askAgain(int64_t now_ns, bool all);
+  // Drops the waiters of an owner that has gone away.
+  void forget(void* owner);
+  bool any() const {
+    return !lease_.empty() || !reserved_.empty() || !due_.empty() || !line_.empty();
+  }
+  // The earliest deadline or due time of a waiter (any() only).
+  int64_t nextDeadlineNs() const;
+
+  // Waiters of each kind (tests and stats).
+  size_t count(WaitKind kind) const;
+
+ private:
+  void answerReserved(int64_t now_ns, bool all);
+  void askDue(int64_t now_ns, bool all);
+  void askLine(int64_t now_ns, bool all);
+  void askLease(int64_t now_ns, bool all);
+  // Asks a waiter's request again, answering into `out` unless it waits on.
+  // An impossible frame is answered INTERNAL (failure.h).
+  Outcome ask(const Waiter& waiter, int64_t now_ns, const Asker& asker, std::string* out);
+  void deliver(void* owner, std::string_view response) {
+    if (deliver_) deliver_(owner, response);
+  }
+  static std::string copyFrame(std::span<const uint8_t> frame) {
+    return {reinterpret_cast<const char*>(frame.data()), frame.size()};
+  }
+
+  MetricsShard& metrics_;
+  LeaseBroker* broker_;
+  const int64_t lease_timeout_ns_;
+  Deliver deliver_;
+  AskAgain ask_again_;
+  std::deque<Waiter> lease_;       // kLease, in deadline order (one timeout for all)
+  size_t lease_bytes_ = 0;         // of lease_'s frames
+  std::vector<Waiter> reserved_;   // kReserved: a heap (std::push_heap), earliest due on top
+  std::vector<Waiter> due_;        // kDue: a heap too
+  std::vector<Waiter> line_;       // kLine, in no particular order (tickets order them)
+  std::vector<Waiter> asking_;     // askLine's and askLease's scratch
+  uint64_t seen_promotions_ = 0;   // WaitLines::promotions() when last looked
+  uint64_t seq_ = 0;
+  rpc::Request request_;           // a waiter's request, parsed again
+  std::string response_;
+};
+
+}  // namespace sluice

@@ -1,0 +1,385 @@
+// The dispatcher (dispatch.h) on a simulated clock: requests in, decoded
+// answers out, against a real KeyTable, with an in-process LeaseBroker
+// (no Redis: the test plays the control thread) where leasing is involved.
+#include "dispatch.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "answer.h"
+#include "key_table.h"
+#include "lease.h"
+#include "metrics.h"
+#include "msgpack.h"
+#include "rpc.h"
+#include "rules.h"
+#include "status.h"
+
+namespace sluice {
+namespace {
+
+constexpr int64_t kMs = 1'000'000;
+constexpr int64_t kS = 1000 * kMs;
+constexpr int64_t kStart = 5 * kS;  // the simulated clock's first reading
+
+// The server's side of admin methods, for one worker.
+class TestStatus final : public DaemonStatus {
+ public:
+  explicit TestStatus(const Metrics& metrics) : metrics_(metrics) {}
+  int64_t uptimeMs() const override { return 1000; }
+  size_t workers() const override { return 1; }
+  MetricsSnapshot metrics() const override { return metrics_.snapshot(); }
+  size_t connections() const override { return 1; }
+  size_t handles() const override { return 0; }
+  RedisHealth redisHealth() const override { return {}; }
+  LeaseStats leaseStats() const override { return {}; }
+  std::vector<RuleSnapshot> ruleMetrics() const override { return metrics_.ruleSnapshots(); }
+  HistogramSnapshot leaseLatency() const override { return {}; }
+  bool reload(std::string* error) override {
+    *error = "reload is not part of these tests";
+    return false;
+  }
+
+ private:
+  const Metrics& metrics_;
+};
+
+Rule makeRule(uint32_t id, std::string name, Algorithm algorithm, Limit limit,
+              Scope scope = Scope::kLocal) {
+  Rule rule;
+  rule.id = id;
+  rule.name = std::move(name);
+  rule.algorithm = algorithm;
+  rule.limits = {limit};
+  rule.scope = scope;
+  rule.on_redis_down = RedisDownPolicy::kLocal;
+  return rule;
+}
+
+std::vector<Rule> testRules() {
+  std::vector<Rule> rules = {
+      makeRule(1, "jobs", Algorithm::kConcurrency, {2, 0, 2}),
+      makeRule(2, "api", Algorithm::kTokenBucket, {3, 1 * kS, 3}),
+      makeRule(3, "g_jobs", Algorithm::kConcurrency, {4, 0, 4}, Scope::kGlobal),
+      makeRule(4, "g_api", Algorithm::kTokenBucket, {10, 1 * kS, 10}, Scope::kGlobal),
+      makeRule(5, "wait", Algorithm::kTokenBucket, {2, 1 * kS, 2}),
+  };
+  rules.back().max_wait_ns = 1 * kS;
+  return rules;
+}
+
+// A request's frame as a client sends it: [0, msgid, method, [rule, key, cost]].
+std::string frameOf(uint32_t msgid, std::string_view method, std::string_view rule,
+                    std::string_view key, int64_t cost) {
+  std::string frame;
+  msgpack::Writer w(&frame);
+  w.writeArrayHeader(4);
+  w.writeInt(0);
+  w.writeUint(msgid);
+  w.writeStr(method);
+  w.writeArrayHeader(3);
+  w.writeStr(rule);
+  w.writeStr(key);
+  w.writeInt(cost);
+  return frame;
+}
+
+// One worker's dispatcher over its own key table; `leasing` gives it a
+// broker whose breaker is closed (Redis up), as the control thread sets it.
+class DispatchTest : public ::testing::Test {
+ protected:
+  explicit DispatchTest(bool leasing = false) : keys_(options()), reader_(keys_.registerReader()) {
+    if (leasing) {
+      broker_ = std::make_unique<LeaseBroker>(100 * kMs);
+      broker_->setBreaker(Breaker::kHalfOpen, kStart);
+      broker_->setBreaker(Breaker::kClosed, kStart);
+    }
+    dispatcher_.emplace(keys_, metrics_.shard(0), status_, broker_.get());
+    dispatcher_->setRules(std::make_shared<const RuleSet>(testRules(), 2));
+    dispatcher_->onDeliver([this](void* owner, std::string_view response) {
+      EXPECT_EQ(owner, static_cast<void*>(this)) << "an answer goes to the one that asked";
+      delivered_.push_back(decode(response));
+    });
+  }
+
+  static KeyTableOptions options() {
+    KeyTableOptions options;
+    options.max_keys = 64;
+    options.max_readers = 1;
+    return options;
+  }
+
+  Answer call(rpc::Method method, std::string_view rule, std::string_view key, int64_t cost = 1) {
+    rpc::Request request;
+    request.msgid = ++msgid_;
+    request.method = method;
+    request.items.push_back({rule, key, cost, -1});
+    Peer peer;
+    peer.allowed = true;
+    peer.admin = true;
+    std::string out;
+    {
+      KeyTable::ReadGuard guard(keys_, reader_);
+      EXPECT_FALSE(dispatcher_->handle(request, peer, now_ns_, &out));
+    }
+    Answer answer = decode(out);
+    EXPECT_EQ(answer.msgid, msgid_);
+    return answer;
+  }
+  // Sends an acquire as a connection does (its frame, this test as its
+  // owner), so that it may wait: nullopt while it waits, its answer if it
+  // is answered at once.
+  std::optional<Answer> send(std::string_view rule, std::string_view key, int64_t cost = 1) {
+    std::string frame = frameOf(++msgid_, "acquire", rule, key, cost);
+    auto bytes = std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(frame.data()),
+                                          frame.size());
+    rpc::Request request;
+    EXPECT_EQ(rpc::parseRequest(bytes, rpc::Limits{}, &request).status, rpc::ParseStatus::kOk);
+    Peer peer;
+    peer.allowed = true;
+    std::string out;
+    bool waits = false;
+    {
+      KeyTable::ReadGuard guard(keys_, reader_);
+      waits = dispatcher_->handle(request, peer, now_ns_, &out, this, bytes);
+    }
+    EXPECT_EQ(waits, out.empty());
+    if (waits) return std::nullopt;
+    return decode(out);
+  }
+  // What the worker's timer does at now_ns_ (every waiter with `all`).
+  void retry(bool all = false) {
+    KeyTable::ReadGuard guard(keys_, reader_);
+    dispatcher_->retryDeferred(now_ns_, all);
+  }
+  size_t waiting(WaitKind kind) const { return dispatcher_->waiting().count(kind); }
+
+  // acquire_all of (rule, key, cost) items, answered at once.
+  Answer acquireAll(std::vector<rpc::Item> items) {
+    rpc::Request request;
+    request.msgid = ++msgid_;
+    request.method = rpc::Method::kAcquireAll;
+    request.items = std::move(items);
+    Peer peer;
+    peer.allowed = true;
+    std::string out;
+    {
+      KeyTable::ReadGuard guard(keys_, reader_);
+      EXPECT_FALSE(dispatcher_->handle(request, peer, now_ns_, &out));
+    }
+    return decode(out);
+  }
+
+  Answer acquire(std::string_view rule, std::string_view key, int64_t cost = 1) {
+    return call(rpc::Method::kAcquire, rule, key, cost);
+  }
+  Answer peek(std::string_view rule, std::string_view key) {
+    return call(rpc::Method::kPeek, rule, key, 0);
+  }
+  Answer release(std::string_view rule, std::string_view key, int64_t cost = 1) {
+    return call(rpc::Method::kRelease, rule, key, cost);
+  }
+  Answer reset(std::string_view rule, std::string_view key) {
+    return call(rpc::Method::kReset, rule, key, 0);
+  }
+
+  KeyTable keys_;
+  KeyTable::ReaderId reader_;
+  Metrics metrics_{1};
+  TestStatus status_{metrics_};
+  std::unique_ptr<LeaseBroker> broker_;
+  std::optional<Dispatcher> dispatcher_;
+  int64_t now_ns_ = kStart;
+  uint32_t msgid_ = 0;
+  std::vector<Answer> delivered_;
+};
+
+class LeasingDispatchTest : public DispatchTest {
+ protected:
+  LeasingDispatchTest() : DispatchTest(true) {}
+};
+
+// --- release -------------------------------------------------------------------
+
+// Verifies a release on a key that holds nothing gives nothing back and
+// answers the state as peek reports it, however many units it names.
+TEST_F(DispatchTest, ReleaseOnAKeyThatHoldsNothingAnswersAsPeekDoes) {
+  Answer peeked = peek("jobs", "idle");
+  EXPECT_EQ(peeked.remaining(), 2);
+  for (int64_t cost : {1, 2, 5}) {
+    Answer released = release("jobs", "idle", cost);
+    EXPECT_EQ(released.error, "") << cost;
+    EXPECT_TRUE(released.allowed()) << cost;
+    EXPECT_EQ(released.remaining(), peeked.remaining()) << cost;
+    EXPECT_EQ(released.ints.count("reason") + released.strs.count("reason"), 0u) << cost;
+  }
+  EXPECT_EQ(acquire("jobs", "idle", 2).remaining(), 0);
+}
+
+// Verifies giving back more than is held gives back what was held.
+TEST_F(DispatchTest, ReleasingMoreThanIsHeldGivesBackWhatWasHeld) {
+  ASSERT_TRUE(acquire("jobs", "k").allowed());
+  Answer released = release("jobs", "k", 5);
+  EXPECT_TRUE(released.allowed());
+  EXPECT_EQ(released.remaining(), 2);
+  EXPECT_TRUE(acquire("jobs", "k", 2).allowed());
+  EXPECT_FALSE(acquire("jobs", "k").allowed());
+}
+
+// Verifies a release on a rule that is not a concurrency rule is refused
+// with an error naming the rule, and changes nothing.
+TEST_F(DispatchTest, ReleaseOnARuleThatIsNotConcurrencyIsABadRequest) {
+  ASSERT_TRUE(acquire("api", "k", 3).allowed());
+  Answer released = release("api", "k", 3);
+  EXPECT_EQ(released.error, "BAD_REQUEST");
+  EXPECT_NE(released.message.find("\"api\""), std::string::npos) << released.message;
+  EXPECT_NE(released.message.find("concurrency"), std::string::npos) << released.message;
+  EXPECT_EQ(peek("api", "k").remaining(), 0);
+  EXPECT_EQ(release("g_api", "k").error, "BAD_REQUEST");
+}
+
+// Verifies a global concurrency rule without Redis (deciding on its share)
+// answers a release on an idle key as peek does.
+TEST_F(DispatchTest, ReleaseOnAnIdleGlobalKeyWithoutRedisAnswersAsPeekDoes) {
+  Answer peeked = peek("g_jobs", "idle");
+  Answer released = release("g_jobs", "idle", 9);
+  EXPECT_TRUE(released.allowed());
+  EXPECT_EQ(released.remaining(), peeked.remaining());
+  EXPECT_EQ(released.mode(), peeked.mode());
+}
+
+// Verifies a global concurrency rule that leases answers a release on a key
+// it has never seen as peek does, and one over the limit is not denied.
+TEST_F(LeasingDispatchTest, ReleaseOnAnIdleLeasedKeyAnswersAsPeekDoes) {
+  Answer peeked = peek("g_jobs", "idle");
+  Answer released = release("g_jobs", "idle", 9);
+  EXPECT_TRUE(released.allowed());
+  EXPECT_EQ(released.remaining(), peeked.remaining());
+  EXPECT_EQ(released.mode(), "normal");
+}
+
+// --- reset ---------------------------------------------------------------------
+
+// Verifies reset of a leasing global rule while Redis is up reports the mode
+// the key is decided in (normal), and asks Redis to reset it too.
+TEST_F(LeasingDispatchTest, ResetOfALeasingRuleAnswersTheModeItDecidesIn) {
+  Answer reset_answer = reset("g_api", "k");
+  EXPECT_EQ(reset_answer.error, "");
+  EXPECT_EQ(reset_answer.mode(), "normal");
+  EXPECT_EQ(reset_answer.remaining(), 10);
+  std::vector<LeaseRequest> sent;
+  broker_->takeRequests(&sent);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent.front().kind, LeaseRequest::Kind::kReset);
+}
+
+// Verifies reset of a global rule without Redis answers in fallback, the
+// mode its share decides in.
+TEST_F(DispatchTest, ResetOfAGlobalRuleWithoutRedisAnswersInFallback) {
+  EXPECT_EQ(reset("g_jobs", "k").mode(), "fallback");
+  EXPECT_EQ(reset("api", "k").mode(), "local");
+}
+
+// --- acquire_all -----------------------------------------------------------------
+
+// Verifies acquire_all spends on every item or on none: a denial of one
+// item leaves the others' units where they were.
+TEST_F(DispatchTest, AcquireAllSpendsOnEveryItemOrOnNone) {
+  ASSERT_TRUE(acquire("api", "b", 3).allowed());
+  Answer denied = acquireAll({{"api", "a", 2, -1}, {"jobs", "j", 1, -1}, {"api", "b", 1, -1}});
+  EXPECT_FALSE(denied.allowed());
+  EXPECT_EQ(peek("api", "a").remaining(), 3);
+  EXPECT_EQ(peek("jobs", "j").remaining(), 2);
+  Answer allowed = acquireAll({{"api", "a", 2, -1}, {"jobs", "j", 1, -1}});
+  EXPECT_TRUE(allowed.allowed());
+  EXPECT_EQ(peek("api", "a").remaining(), 1);
+  EXPECT_EQ(peek("jobs", "j").remaining(), 1);
+}
+
+// Verifies acquire_all over a leasing rule and a local one, without a lease
+// yet and unable to wait, decides the leased item by its policy and spends
+// on both.
+TEST_F(LeasingDispatchTest, AcquireAllWithoutALeaseDecidesByThePolicy) {
+  Answer answer = acquireAll({{"g_api", "k", 2, -1}, {"api", "k", 1, -1}});
+  EXPECT_TRUE(answer.allowed());
+  EXPECT_EQ(peek("api", "k").remaining(), 2);
+  std::vector<LeaseRequest> sent;
+  broker_->takeRequests(&sent);
+  ASSERT_FALSE(sent.empty());
+  EXPECT_EQ(sent[0].kind, LeaseRequest::Kind::kLease);
+}
+
+// --- waiting -------------------------------------------------------------------
+
+// Verifies a request allowed on a reservation waits until its units are due
+// and is answered then, with how long it waited.
+TEST_F(DispatchTest, ARequestOnAReservationIsAnsweredWhenItsUnitsAreDue) {
+  ASSERT_TRUE(send("wait", "k", 2)->allowed());
+  EXPECT_FALSE(send("wait", "k").has_value());
+  EXPECT_EQ(waiting(WaitKind::kReserved), 1u);
+  EXPECT_EQ(dispatcher_->nextDeadlineNs(), kStart + 500 * kMs);
+  now_ns_ = kStart + 499 * kMs;
+  retry();
+  EXPECT_TRUE(delivered_.empty());
+  now_ns_ = kStart + 500 * kMs;
+  retry();
+  ASSERT_EQ(delivered_.size(), 1u);
+  EXPECT_EQ(delivered_[0].msgid, 2u);
+  EXPECT_TRUE(delivered_[0].allowed());
+  EXPECT_EQ(delivered_[0].ints.at("waited_ms"), 500);
+  EXPECT_FALSE(dispatcher_->hasDeferred());
+}
+
+// Verifies a worker that stops answers a reservation not yet due with the
+// denial it would have had, saying when its units would have been due.
+TEST_F(DispatchTest, StoppingAnswersAReservationNotYetDueWithADenial) {
+  ASSERT_TRUE(send("wait", "k", 2)->allowed());
+  ASSERT_FALSE(send("wait", "k").has_value());
+  now_ns_ = kStart + 100 * kMs;
+  retry(true);
+  ASSERT_EQ(delivered_.size(), 1u);
+  EXPECT_FALSE(delivered_[0].allowed());
+  EXPECT_EQ(delivered_[0].ints.at("retry_after_ms"), 400);
+  EXPECT_FALSE(dispatcher_->hasDeferred());
+}
+
+// Verifies the waiters of a connection that has gone are dropped unanswered.
+TEST_F(DispatchTest, ForgetDropsTheWaitersOfAnOwnerThatHasGone) {
+  ASSERT_TRUE(send("wait", "k", 2)->allowed());
+  ASSERT_FALSE(send("wait", "k").has_value());
+  dispatcher_->forget(this);
+  EXPECT_FALSE(dispatcher_->hasDeferred());
+  now_ns_ = kStart + 1 * kS;
+  retry();
+  EXPECT_TRUE(delivered_.empty());
+}
+
+// Verifies a request on a cold key of a leasing rule waits for the key's
+// lease (one lease asked for), and that when none comes within
+// lease_timeout its rule's on_redis_down policy answers it.
+TEST_F(LeasingDispatchTest, AColdKeyWaitsForItsLeaseThenItsPolicyAnswers) {
+  EXPECT_FALSE(send("g_api", "cold").has_value());
+  EXPECT_EQ(waiting(WaitKind::kLease), 1u);
+  std::vector<LeaseRequest> sent;
+  broker_->takeRequests(&sent);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].kind, LeaseRequest::Kind::kLease);
+  EXPECT_EQ(sent[0].key, "cold");
+  now_ns_ = kStart + 49 * kMs;
+  retry();
+  EXPECT_TRUE(delivered_.empty());
+  now_ns_ = kStart + 50 * kMs;  // the default lease_timeout
+  retry();
+  ASSERT_EQ(delivered_.size(), 1u);
+  EXPECT_TRUE(delivered_[0].allowed());
+  EXPECT_EQ(delivered_[0].mode(), "fallback");
+  EXPECT_FALSE(dispatcher_->hasDeferred());
+}
+
+}  // namespace
+}  // namespace sluice

@@ -1,0 +1,175 @@
+// The lease path (lease_path.h): a leasable global rule's acquires and peeks
+// on its slice, with an in-process LeaseBroker (the test plays the control
+// thread's lease replies), on a simulated clock.
+#include "lease_path.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "key_table.h"
+#include "lease.h"
+#include "metrics.h"
+#include "policy.h"
+#include "waiting.h"
+
+namespace sluice {
+namespace {
+
+constexpr int64_t kMs = 1'000'000;
+constexpr int64_t kS = 1000 * kMs;
+constexpr int64_t kStart = 5 * kS;
+
+Rule globalBucket(uint32_t id, std::string name, int64_t limit) {
+  Rule rule;
+  rule.id = id;
+  rule.name = std::move(name);
+  rule.scope = Scope::kGlobal;
+  rule.algorithm = Algorithm::kTokenBucket;
+  rule.on_redis_down = RedisDownPolicy::kLocal;
+  rule.limits = {Limit{.limit = limit, .period_ns = 1 * kS, .burst = limit}};
+  return rule;
+}
+
+std::vector<Rule> testRules() {
+  std::vector<Rule> rules = {globalBucket(1, "g", 10), globalBucket(2, "g_wait", 2)};
+  rules.back().max_wait_ns = 1 * kS;
+  return rules;
+}
+
+class LeasePathTest : public ::testing::Test {
+ protected:
+  LeasePathTest() : keys_(options()), reader_(keys_.registerReader()), guard_(keys_, reader_) {
+    broker_.setBreaker(Breaker::kHalfOpen, kStart);
+    broker_.setBreaker(Breaker::kClosed, kStart);
+  }
+  static KeyTableOptions options() {
+    KeyTableOptions options;
+    options.max_keys = 16;
+    options.max_readers = 1;
+    return options;
+  }
+  const Rule& rule(std::string_view name) const { return *rules_.find(name); }
+  Outcome acquire(std::string_view name, int64_t cost, bool may_wait = false) {
+    verdict_ = Verdict{};
+    Asker asker;
+    asker.owner = this;
+    asker.frame = std::span<const uint8_t>(frame_, sizeof frame_);
+    asker.deadline_ns = now_ns_ + 50 * kMs;
+    asker.may_wait = may_wait;
+    return path_.acquire(rules_, rule(name), {name, "k", cost, -1}, now_ns_, asker, &verdict_);
+  }
+  // What a lease reply does to the key's slice (lease_manager.cpp): units
+  // granted, and Redis's "nothing until" (0: none).
+  void reply(std::string_view name, int64_t units, int64_t deny_until_ns = 0) {
+    KeyTable::Entry* entry = keys_.find(rule(name).id, "k");
+    ASSERT_NE(entry, nullptr);
+    auto words = entry->state();
+    words[slice::kUnits].fetch_add(static_cast<uint64_t>(units));
+    words[slice::kDenyUntil].store(static_cast<uint64_t>(deny_until_ns));
+    words[slice::kFlags].fetch_or(slice::kWarm);
+    words[slice::kFlags].fetch_and(~slice::kInFlight);
+  }
+  std::vector<LeaseRequest> sent() {
+    std::vector<LeaseRequest> requests;
+    broker_.takeRequests(&requests);
+    return requests;
+  }
+
+  KeyTable keys_;
+  KeyTable::ReaderId reader_;
+  KeyTable::ReadGuard guard_;
+  Metrics metrics_{1};
+  LeaseBroker broker_{100 * kMs};
+  Waiting waiting_{metrics_.shard(0), &broker_, 50 * kMs};
+  PolicyPath policy_{keys_, metrics_.shard(0), &broker_};
+  LeasePath path_{keys_, metrics_.shard(0), &broker_, waiting_, policy_};
+  RuleSet rules_{testRules(), 2};
+  const uint8_t frame_[1] = {0};
+  int64_t now_ns_ = kStart;
+  Verdict verdict_;
+};
+
+// Verifies an acquire on a cold key asks for one lease, big enough for its
+// cost, and waits for it.
+TEST_F(LeasePathTest, AColdKeyAsksForOneLeaseAndWaitsForIt) {
+  EXPECT_EQ(acquire("g", 3, true), Outcome::kWaitsForLease);
+  EXPECT_EQ(acquire("g", 1, true), Outcome::kWaitsForLease);
+  std::vector<LeaseRequest> requests = sent();
+  ASSERT_EQ(requests.size(), 1u);
+  EXPECT_EQ(requests[0].kind, LeaseRequest::Kind::kLease);
+  EXPECT_GE(requests[0].need, 3);
+  EXPECT_EQ(waiting_.count(WaitKind::kLease), 2u);
+}
+
+// Verifies a request that may not wait, on a key with no units yet, is
+// decided by the rule's policy: "local" spends on the node's share.
+TEST_F(LeasePathTest, ARequestThatMayNotWaitIsDecidedOnTheShare) {
+  EXPECT_EQ(acquire("g", 5), Outcome::kAnswered);
+  EXPECT_FALSE(verdict_.failed);
+  EXPECT_EQ(verdict_.mode, Mode::kFallback);
+  EXPECT_TRUE(verdict_.decision.allowed);
+  EXPECT_EQ(acquire("g", 1), Outcome::kAnswered);
+  EXPECT_FALSE(verdict_.decision.allowed);  // the share of 10 over 2 nodes is spent
+}
+
+// Verifies granted units are spent in normal mode, one acquire at a time.
+TEST_F(LeasePathTest, GrantedUnitsAreSpentInNormalMode) {
+  ASSERT_EQ(acquire("g", 1, true), Outcome::kWaitsForLease);
+  reply("g", 3);
+  EXPECT_EQ(acquire("g", 2), Outcome::kAnswered);
+  EXPECT_EQ(verdict_.mode, Mode::kNormal);
+  EXPECT_TRUE(verdict_.decision.allowed);
+  EXPECT_EQ(verdict_.decision.remaining, 1);
+  EXPECT_EQ(metrics_.snapshot().lease_units_spent, 2u);
+}
+
+// Verifies Redis's "nothing until t" is kept: acquires are denied here
+// until then, with that retry hint.
+TEST_F(LeasePathTest, RedisSayingNothingUntilADeadlineDeniesLocallyUntilThen) {
+  ASSERT_EQ(acquire("g", 1, true), Outcome::kWaitsForLease);
+  reply("g", 0, kStart + 300 * kMs);
+  EXPECT_EQ(acquire("g", 1), Outcome::kAnswered);
+  EXPECT_FALSE(verdict_.decision.allowed);
+  EXPECT_EQ(verdict_.decision.retry_after_ms, 300);
+  EXPECT_EQ(metrics_.snapshot().lease_negative_hits, 1u);
+}
+
+// Verifies a request that may wait, denied until a time within its wait,
+// stands in the key's line and waits until then.
+TEST_F(LeasePathTest, ARequestDeniedUntilWithinItsWaitWaitsUntilDue) {
+  ASSERT_EQ(acquire("g_wait", 1), Outcome::kAnswered);  // on the share; a lease is asked for
+  reply("g_wait", 0, kStart + 300 * kMs);
+  EXPECT_EQ(acquire("g_wait", 1, true), Outcome::kWaitsUntilDue);
+  EXPECT_EQ(waiting_.count(WaitKind::kDue), 1u);
+  EXPECT_EQ(waiting_.nextDeadlineNs(), kStart + 300 * kMs);
+}
+
+// Verifies a request that may wait, behind one that waits for the key's
+// lease, waits for its turn in the key's line.
+TEST_F(LeasePathTest, ARequestBehindAWaiterWaitsInLine) {
+  ASSERT_EQ(acquire("g_wait", 1, true), Outcome::kWaitsForLease);  // leads the empty line
+  EXPECT_EQ(acquire("g_wait", 1, true), Outcome::kWaitsInLine);
+  EXPECT_EQ(waiting_.count(WaitKind::kLine), 1u);
+}
+
+// Verifies a cost over what the fleet could ever lease never passes.
+TEST_F(LeasePathTest, ACostOverTheLimitNeverPasses) {
+  EXPECT_EQ(acquire("g", 11), Outcome::kAnswered);
+  EXPECT_TRUE(verdict_.decision.cost_exceeds_limit);
+  EXPECT_TRUE(sent().empty());
+}
+
+// Verifies a peek on a key with no slice reports a fresh key and creates
+// nothing.
+TEST_F(LeasePathTest, APeekOnAKeyWithNoSliceReportsAFreshKey) {
+  Mode mode = Mode::kLocal;
+  Decision peeked = path_.look(rules_, rule("g"), "k", now_ns_, 0, &mode);
+  EXPECT_TRUE(peeked.allowed);
+  EXPECT_EQ(peeked.remaining, 10);
+  EXPECT_EQ(mode, Mode::kNormal);
+  EXPECT_EQ(keys_.find(rule("g").id, "k"), nullptr);
+}
+
+}  // namespace
+}  // namespace sluice
