@@ -222,7 +222,7 @@ slice::Batch nextBatch(Words words, int64_t now_ns, int64_t cost, const Rule& ru
 }
 
 Decision decide(ConstWords words, const Limit& limit, int64_t now_ns, int64_t cost,
-                int64_t free_units, bool allowed, int64_t retry_ns) {
+                int64_t free_units, bool allowed, int64_t retry_ns, int64_t others_back_ns) {
   std::array<int64_t, slots::kMaxSlots> deadlines_ns;
   size_t expiring = 0;
   int64_t last_ns = now_ns;
@@ -246,6 +246,12 @@ Decision decide(ConstWords words, const Limit& limit, int64_t now_ns, int64_t co
                        deadlines_ns.begin() + expiring);
       decision.retry_after_ms =
           time_math::ceilMs(static_cast<time_math::i128>(deadlines_ns[needed - 1]) - now_ns);
+    }
+    int64_t held_here = static_cast<int64_t>(words[kHeld].load(std::memory_order_acquire));
+    if (others_back_ns > 0 && held_here < limit.limit) {
+      int64_t back_ms = time_math::ceilMs(others_back_ns);
+      decision.retry_after_ms =
+          decision.retry_after_ms > 0 ? std::min(decision.retry_after_ms, back_ms) : back_ms;
     }
     decision.retry_after_ms = std::max(decision.retry_after_ms, time_math::ceilMs(retry_ns));
     decision.reset_after_ms = std::max(decision.reset_after_ms, decision.retry_after_ms);

@@ -124,8 +124,13 @@ slice::Batch nextBatch(std::span<std::atomic<uint64_t>> words, int64_t now_ns, i
 // whether the request got them); reset_after_ms is until the last unit held
 // here passes its deadline, and a denial's retry_after_ms until enough
 // deadlines pass for `cost` (0 when only releases can free them) or
-// `retry_ns` when that is later.
+// `retry_ns` when that is later. With `others_back_ns` > 0 (leasing: how
+// soon a unit another node releases can be leased here) and units held by
+// other nodes (this node holds fewer than the limit in Redis), a denial's
+// retry_after_ms is at most that, though never below `retry_ns`: a release
+// elsewhere usually comes long before a deadline here.
 Decision decide(std::span<const std::atomic<uint64_t>> words, const Limit& limit, int64_t now_ns,
-                int64_t cost, int64_t free_units, bool allowed, int64_t retry_ns = 0);
+                int64_t cost, int64_t free_units, bool allowed, int64_t retry_ns = 0,
+                int64_t others_back_ns = 0);
 
 }  // namespace sluice::holding

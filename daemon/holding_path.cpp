@@ -56,7 +56,8 @@ HoldingPath::Held HoldingPath::acquire(const RuleSet& rules, const Rule& rule,
         } else {
           metrics_.lease_negative_hits.add();
           *decision = holding::decide(words, limit, now_ns, item.cost, 0, false,
-                                      std::max<int64_t>(got.taken.until_ns - now_ns, 1));
+                                      std::max<int64_t>(got.taken.until_ns - now_ns, 1),
+                                      broker_->holdingReturnNs());
         }
         return Held::kAnswered;
       case slice::Outcome::kEmpty:
@@ -101,7 +102,8 @@ Decision HoldingPath::peekHeld(const RuleSet& rules, const Rule& rule,
         return holding::decide(words, limit, now_ns, cost, looked.left, true);
       case slice::Outcome::kDenied:
         return holding::decide(words, limit, now_ns, cost, 0, false,
-                               std::max<int64_t>(looked.until_ns - now_ns, 1));
+                               std::max<int64_t>(looked.until_ns - now_ns, 1),
+                               broker_->holdingReturnNs());
       case slice::Outcome::kEmpty:
         // Nothing held here, and Redis has not said no: a lease would be asked for.
         return holding::decide(words, limit, now_ns, cost, 0, true);

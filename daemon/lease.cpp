@@ -323,7 +323,8 @@ size_t WaitLines::size() const {
   return places_.size();
 }
 
-LeaseBroker::LeaseBroker(int64_t lease_interval_ns) : lease_interval_ns_(lease_interval_ns) {}
+LeaseBroker::LeaseBroker(int64_t lease_interval_ns, int64_t holding_return_ns)
+    : lease_interval_ns_(lease_interval_ns), holding_return_ns_(holding_return_ns) {}
 
 int64_t LeaseBroker::learningUntilNs(const Rule& rule) const {
   int64_t since = learning_since_ns_.load(std::memory_order_acquire);

@@ -323,11 +323,14 @@ std::string_view breakerName(Breaker breaker);
 class LeaseBroker {
  public:
   // lease_interval_ns: a batch covers about this much demand.
-  explicit LeaseBroker(int64_t lease_interval_ns);
+  // holding_return_ns: how long a unit of a global concurrency rule that a
+  // caller released on another node takes to be leasable here (0: unknown).
+  explicit LeaseBroker(int64_t lease_interval_ns, int64_t holding_return_ns = 0);
   LeaseBroker(const LeaseBroker&) = delete;
   LeaseBroker& operator=(const LeaseBroker&) = delete;
 
   int64_t leaseIntervalNs() const { return lease_interval_ns_; }
+  int64_t holdingReturnNs() const { return holding_return_ns_; }
 
   // Workers: global rules lease while the breaker is closed.
   bool leasing() const { return breaker() == Breaker::kClosed; }
@@ -382,6 +385,7 @@ class LeaseBroker {
 
  private:
   const int64_t lease_interval_ns_;
+  const int64_t holding_return_ns_;
   std::atomic<int> breaker_{static_cast<int>(Breaker::kOpen)};
   std::atomic<int64_t> learning_since_ns_{0};  // 0: never
   std::atomic<int64_t> learning_holding_ns_{0};

@@ -125,7 +125,12 @@ Server::Server(Config config)
   mallopt(M_ARENA_MAX, 1);
 #endif
   if (config_.redis) {
-    broker_ = std::make_unique<LeaseBroker>(config_.redis->lease_interval_ms * 1'000'000);
+    // A unit released on another node stays in its pool until a renewal
+    // pass finds it unused through a whole interval (up to two intervals),
+    // then this node asks again within a lease interval.
+    int64_t renewal_ns = config_.redis->lease_ttl_ms * 1'000'000 / kRenewalsPerTtl;
+    int64_t lease_interval_ns = config_.redis->lease_interval_ms * 1'000'000;
+    broker_ = std::make_unique<LeaseBroker>(lease_interval_ns, 2 * renewal_ns + lease_interval_ns);
     broker_->onReplies([this] {
       for (auto& worker : workers_) worker->notifyLeases();
     });

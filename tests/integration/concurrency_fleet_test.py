@@ -48,6 +48,13 @@ name = "jobs"
 algorithm = "concurrency"
 limit = {limit}
 scope = "global"
+
+[[rule]]
+name = "timed"
+algorithm = "concurrency"
+limit = 4
+period = "60s"
+scope = "global"
 """
 
 
@@ -143,6 +150,24 @@ class ConcurrencyFleetCase(DaemonPairCase):
         self.assertEqual(health["leased_units"], 0, health)  # all of them in use
         stats = a.client.result("stats")["leases"]
         self.assertEqual(stats["granted_units"], LIMIT, stats)
+
+    # Verifies a denial's retry_after_ms expects a unit the other daemon
+    # releases (back within two renewal intervals and a lease interval),
+    # not the deadline of the units this daemon holds (the rule's period,
+    # 60 s).
+    def test_a_denial_expects_units_the_other_daemon_releases(self):
+        a, b = self.daemons
+        for _ in range(2):
+            self.assertTrue(b.client.result("acquire", "timed", "k")["allowed"])
+        # b gives back what its pool leased beyond those two; a takes them.
+        for _ in range(2):
+            self.assertTrue(wait_for(
+                lambda: a.client.result("acquire", "timed", "k")["allowed"], timeout=5))
+        denied = b.client.result("acquire", "timed", "k")
+        self.assertFalse(denied["allowed"], denied)
+        back_ms = 2 * LEASE_TTL_S / 3 * 1000 + 100  # renewals, then a lease interval
+        self.assertGreater(denied["retry_after_ms"], 0, denied)
+        self.assertLessEqual(denied["retry_after_ms"], back_ms + 1, denied)
 
     # Verifies a busy key costs Redis next to nothing per acquire: releases
     # go back into the daemon's pool, not to Redis. Counted with MONITOR,

@@ -202,6 +202,28 @@ TEST_F(HoldingTest, DecisionsTellTheDeadlines) {
   EXPECT_EQ(allowed.limit, 10);
 }
 
+// Verifies a denial's retry while other nodes hold units: a unit released
+// there can be leased here long before a deadline here passes (limit 10,
+// period 1 s), so the retry is at most how soon it comes back, never below
+// the negative cache's wait; a node that holds the whole limit waits for
+// its own deadlines.
+TEST_F(HoldingTest, ADenialExpectsUnitsOtherNodesReleaseSooner) {
+  grant(2);              // the other nodes hold 8
+  acquire(0);            // until 1000 ms
+  acquire(500 * kMs);    // until 1500 ms
+  Decision sooner = holding::decide(words(), limit(), 600 * kMs, 2, 0, false, 0, 300 * kMs);
+  EXPECT_EQ(sooner.retry_after_ms, 300);
+  Decision later = holding::decide(words(), limit(), 600 * kMs, 2, 0, false, 0, 2000 * kMs);
+  EXPECT_EQ(later.retry_after_ms, 900);  // the deadlines here come first
+  Decision cached = holding::decide(words(), limit(), 600 * kMs, 2, 0, false, 400 * kMs, 300 * kMs);
+  EXPECT_EQ(cached.retry_after_ms, 400);  // Redis said no for 400 ms
+  Decision none_here = holding::decide(words(), limit(), 600 * kMs, 5, 0, false, 0, 300 * kMs);
+  EXPECT_EQ(none_here.retry_after_ms, 300);  // not enough deadlines here at all
+  grant(8);              // this node holds the whole limit
+  Decision all_here = holding::decide(words(), limit(), 600 * kMs, 2, 0, false, 0, 300 * kMs);
+  EXPECT_EQ(all_here.retry_after_ms, 900);
+}
+
 // Verifies that under racing acquires and releases on several threads the
 // units held here never exceed the holding, and that the invariant (pool +
 // held slots = holding) stands at the end.
