@@ -41,6 +41,32 @@ bench_result_name() {  # NAME
   if [ "${BENCH_MODE:-full}" = quick ]; then echo "$1-quick.md"; else echo "$1.md"; fi
 }
 
+# Starts a redis-server (no persistence, its files in DIR) on the first free
+# loopback port of a few random tries; sets `port` and `redis_pid` (the
+# caller stops it), or exits.
+start_redis() {  # DIR
+  local dir=$1 try
+  port=
+  redis_pid=
+  for _ in $(seq 20); do
+    try=$((20000 + RANDOM % 20000))
+    redis-server --port "$try" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" \
+      --logfile "$dir/redis.log" &
+    redis_pid=$!
+    for _ in $(seq 50); do
+      if redis-cli -p "$try" ping >/dev/null 2>&1; then port=$try; break; fi
+      kill -0 "$redis_pid" 2>/dev/null || break
+      sleep 0.05
+    done
+    [ -z "$port" ] || return 0
+    kill "$redis_pid" 2>/dev/null || true
+    wait "$redis_pid" 2>/dev/null || true
+    redis_pid=
+  done
+  echo "bench: could not start redis-server" >&2
+  exit 1
+}
+
 # Value of key=... on a line of load's output.
 field() { sed -n "s/.*\\b$1=\\([^ ]*\\).*/\\1/p" <<<"$2"; }
 

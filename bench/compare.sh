@@ -21,6 +21,9 @@
 # BENCH_CONNECTIONS (2), BENCH_WINDOW (64), BENCH_WORKERS (nproc).
 set -euo pipefail
 
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=bench/common.sh
+source "$here/common.sh"
 if [ $# -ne 2 ] || [ ! -x "$1/daemon/sluiced" ] || [ ! -x "$2/daemon/sluiced" ] ||
    [ ! -x "$2/bench/load" ]; then
   echo "usage: bench/compare.sh OLD_BUILD NEW_BUILD (builds with sluiced; NEW_BUILD with bench/load)" >&2
@@ -43,22 +46,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-port=
-for _ in $(seq 20); do
-  try=$((20000 + RANDOM % 20000))
-  redis-server --port "$try" --bind 127.0.0.1 --save '' --appendonly no --dir "$tmp" \
-    --logfile "$tmp/redis.log" &
-  redis_pid=$!
-  for _ in $(seq 50); do
-    if redis-cli -p "$try" ping >/dev/null 2>&1; then port=$try; break; fi
-    kill -0 "$redis_pid" 2>/dev/null || break
-    sleep 0.05
-  done
-  [ -z "$port" ] || { pids+=("$redis_pid"); break; }
-  kill "$redis_pid" 2>/dev/null || true
-  wait "$redis_pid" 2>/dev/null || true
-done
-[ -n "$port" ] || { echo "bench: could not start redis-server" >&2; exit 1; }
+start_redis "$tmp"
+pids+=("$redis_pid")
 
 # start NAME BUILD: one sluiced on its own socket, leasing from the Redis.
 start() {
@@ -106,7 +95,6 @@ EOF
 start old "$old_build"
 start new "$new_build"
 
-field() { sed -n "s/.*\\b$1=\\([^ ]*\\).*/\\1/p" <<<"$2"; }
 results="$tmp/results"
 : >"$results"
 # measure ROW BUILD_NAME ROUND: one measurement of ROW against one daemon.

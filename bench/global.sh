@@ -57,24 +57,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# Redis on the first free port of a few random tries.
-port=
-for _ in $(seq 20); do
-  try=$((20000 + RANDOM % 20000))
-  redis-server --port "$try" --bind 127.0.0.1 --save '' --appendonly no --dir "$tmp" \
-    --logfile "$tmp/redis.log" &
-  redis_pid=$!
-  for _ in $(seq 50); do
-    if redis-cli -p "$try" ping >/dev/null 2>&1; then port=$try; break; fi
-    kill -0 "$redis_pid" 2>/dev/null || break
-    sleep 0.05
-  done
-  [ -z "$port" ] || break
-  kill "$redis_pid" 2>/dev/null || true
-  wait "$redis_pid" 2>/dev/null || true
-  redis_pid=
-done
-[ -n "$port" ] || { echo "bench: could not start redis-server" >&2; exit 1; }
+start_redis "$tmp"
 rcli() { redis-cli -p "$port" "$@"; }
 
 cat >"$tmp/bench.toml" <<EOF
