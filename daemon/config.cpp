@@ -35,16 +35,24 @@ constexpr std::array<std::string_view, 6> kSections = {"daemon", "limits", "keys
 
 // --- the file -------------------------------------------------------------------
 
+// The directory of `path`, a socket path.
+std::string directoryOf(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
+}
+
 // The directory of the socket the file gives exists on this machine (a
 // missing one fails only at bind, after the file was called valid).
 void checkSocketDirectory(const DaemonConfig& daemon, const Given& given) {
-  // The default's directory is the systemd unit's RuntimeDirectory, which
-  // exists by the time the unit runs --check-config.
+  // The default's directory (/run/sluice) is the systemd unit's
+  // RuntimeDirectory, which exists by the time the unit runs
+  // --check-config, and not before the unit first ran: a file that names
+  // a socket there is not refused for it.
   auto socket = given.find("socket");
   if (socket == given.end()) return;
   const std::string& path = daemon.socket_path;
-  const size_t slash = path.rfind('/');
-  const std::string directory = slash == 0 ? "/" : path.substr(0, slash);
+  const std::string directory = directoryOf(path);
+  if (directory == directoryOf(DaemonConfig{}.socket_path)) return;
   struct stat info{};
   const bool exists = stat(directory.c_str(), &info) == 0;
   if (exists && S_ISDIR(info.st_mode)) return;

@@ -793,6 +793,19 @@ TEST(ConfigTest, SocketInADirectoryThatDoesNotExistIsRefusedWhenTheHostIsChecked
   EXPECT_TRUE(fine.ok()) << fine.error;
 }
 
+// Verifies the shipped config passes the host's checks whether /run/sluice
+// exists or not: its socket's directory is the systemd unit's
+// RuntimeDirectory, made when the unit starts (a fresh install's
+// --check-config runs before that).
+TEST(ConfigTest, ASocketInTheRuntimeDirectoryIsTakenBeforeTheUnitMadeIt) {
+  ConfigResult shipped =
+      loadConfigFile(std::string(SLUICE_SOURCE_DIR) + "/conf/sluice.toml", ConfigChecks::kHost);
+  EXPECT_TRUE(shipped.ok()) << shipped.error;
+  ConfigResult named = loadConfigString("[daemon]\nsocket = \"/run/sluice/other.sock\"\n",
+                                        "x.toml", ConfigChecks::kHost);
+  EXPECT_TRUE(named.ok()) << named.error;
+}
+
 // A file holding `secret` with permission bits `mode`, in `dir`.
 std::string secretFile(const test::TempDir& dir, const std::string& secret, mode_t mode) {
   const std::string path = dir.file("secret");
