@@ -3,6 +3,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cstdio>
 #include <cstdlib>
 
 namespace sluice {
@@ -15,7 +16,14 @@ void answerError(MetricsShard& metrics, rpc::MsgId msgid, rpc::ErrorCode code,
 
 void impossible(std::string_view what) {
   spdlog::critical("impossible state, a bug: {}", what);
-  if constexpr (kImpossibleAborts) std::abort();
+  if constexpr (kImpossibleAborts) {
+    // The log may go anywhere (stdout by default): the reason of the abort
+    // goes to stderr too, where a crash report looks for it.
+    spdlog::default_logger()->flush();
+    std::fprintf(stderr, "impossible state, a bug: %.*s\n", static_cast<int>(what.size()),
+                 what.data());
+    std::abort();
+  }
 }
 
 std::string unknownRule(std::string_view name) {
