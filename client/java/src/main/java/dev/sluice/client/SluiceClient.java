@@ -1409,6 +1409,42 @@ public final class SluiceClient implements AutoCloseable {
     }
   }
 
+  // The names above by length, so a key is compared with one or two names, not all.
+  private static final int[][] DECISION_KEYS_BY_LENGTH = byLength(DECISION_KEYS);
+  private static final int[][] MODE_NAMES_BY_LENGTH = byLength(MODE_NAMES);
+
+  /** For each length up to SCRATCH_BYTES, the indexes (from 1) of the names that long. */
+  private static int[][] byLength(byte[][] names) {
+    int[][] table = new int[SCRATCH_BYTES + 1][];
+    for (int len = 0; len <= SCRATCH_BYTES; len++) {
+      int count = 0;
+      for (int i = 1; i < names.length; i++) {
+        count += names[i].length == len ? 1 : 0;
+      }
+      table[len] = new int[count];
+      count = 0;
+      for (int i = 1; i < names.length; i++) {
+        if (names[i].length == len) {
+          table[len][count++] = i;
+        }
+      }
+    }
+    return table;
+  }
+
+  /** The index of the name scratch[0, len) is (len -1: skipped), 0 for none. */
+  private static int lookUp(byte[] scratch, int len, byte[][] names, int[][] byLength) {
+    if (len < 0) {
+      return 0;
+    }
+    for (int i : byLength[len]) {
+      if (java.util.Arrays.equals(scratch, 0, len, names[i], 0, len)) {
+        return i;
+      }
+    }
+    return 0;
+  }
+
   private static byte[] ascii(String text) {
     return text.getBytes(StandardCharsets.US_ASCII);
   }
@@ -1429,32 +1465,17 @@ public final class SluiceClient implements AutoCloseable {
     return len;
   }
 
-  private static boolean bytesAre(byte[] scratch, int len, byte[] name) {
-    return len == name.length
-        && java.util.Arrays.equals(scratch, 0, len, name, 0, name.length);
-  }
-
   /** Which decision key the next str or bin (a map key) is; KEY_OTHER for any other. */
   private static int readDecisionKey(MessageUnpacker u, byte[] scratch)
       throws IOException, FatalFrame {
     int len = readShortBytes(u, scratch);
-    for (int k = 1; k < DECISION_KEYS.length; k++) {
-      if (bytesAre(scratch, len, DECISION_KEYS[k])) {
-        return k;
-      }
-    }
-    return KEY_OTHER;
+    return lookUp(scratch, len, DECISION_KEYS, DECISION_KEYS_BY_LENGTH); // 0 is KEY_OTHER
   }
 
   /** The mode the next str or bin names; UNKNOWN for any other name. */
   private static Mode readMode(MessageUnpacker u, byte[] scratch) throws IOException, FatalFrame {
     int len = readShortBytes(u, scratch);
-    for (int m = 1; m < MODES.length; m++) {
-      if (bytesAre(scratch, len, MODE_NAMES[m])) {
-        return MODES[m];
-      }
-    }
-    return Mode.UNKNOWN;
+    return MODES[lookUp(scratch, len, MODE_NAMES, MODE_NAMES_BY_LENGTH)]; // 0 is UNKNOWN
   }
 
   /**
