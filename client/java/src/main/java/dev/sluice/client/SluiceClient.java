@@ -26,7 +26,6 @@ import org.msgpack.core.MessageFormat;
 import org.msgpack.core.MessageInsufficientBufferException;
 import org.msgpack.core.MessagePack;
 import org.msgpack.core.MessagePackException;
-import org.msgpack.core.MessageBufferPacker;
 import org.msgpack.core.MessageUnpacker;
 import org.msgpack.core.buffer.MessageBuffer;
 import org.msgpack.core.buffer.MessageBufferInput;
@@ -298,8 +297,140 @@ public final class SluiceClient implements AutoCloseable {
   private int nextMsgid; // guarded by lock
   private boolean closed; // guarded by lock
 
-  private static final ThreadLocal<MessageBufferPacker> PACKERS =
-      ThreadLocal.withInitial(MessagePack::newDefaultBufferPacker);
+  private static final ThreadLocal<Encoder> ENCODERS = ThreadLocal.withInitial(Encoder::new);
+
+  /**
+   * A request's method and params, encoded by hand into a thread's scratch
+   * buffer and copied out at their exact size. (msgpack-java's buffer packer
+   * allocates a fresh 8 KiB buffer after every clear(): one per call.) The
+   * encodings are msgpack-java's: the smallest header for each length and
+   * the smallest int for each non-negative number.
+   */
+  private static final class Encoder {
+    private static final int KEEP_BYTES = 64 * 1024;
+    byte[] buf = new byte[256];
+    int len;
+
+    Encoder reset() {
+      if (buf.length > KEEP_BYTES) {
+        buf = new byte[256]; // an acquire_all of many items: do not keep its buffer
+      }
+      len = 0;
+      return this;
+    }
+
+    private void ensure(int n) {
+      if (len + n > buf.length) {
+        buf = java.util.Arrays.copyOf(buf, Math.max(len + n, buf.length * 2));
+      }
+    }
+
+    private void put1(int b) {
+      buf[len++] = (byte) b;
+    }
+
+    private void put2(int v) {
+      buf[len++] = (byte) (v >>> 8);
+      buf[len++] = (byte) v;
+    }
+
+    private void put4(long v) {
+      buf[len++] = (byte) (v >>> 24);
+      buf[len++] = (byte) (v >>> 16);
+      buf[len++] = (byte) (v >>> 8);
+      buf[len++] = (byte) v;
+    }
+
+    void arrayHeader(int n) {
+      ensure(5);
+      if (n < 16) {
+        put1(0x90 | n);
+      } else if (n < 0x10000) {
+        put1(0xdc);
+        put2(n);
+      } else {
+        put1(0xdd);
+        put4(n);
+      }
+    }
+
+    void strHeader(int n) {
+      ensure(5);
+      if (n < 32) {
+        put1(0xa0 | n);
+      } else if (n < 0x100) {
+        put1(0xd9);
+        put1(n);
+      } else if (n < 0x10000) {
+        put1(0xda);
+        put2(n);
+      } else {
+        put1(0xdb);
+        put4(n);
+      }
+    }
+
+    void binHeader(int n) {
+      ensure(5);
+      if (n < 0x100) {
+        put1(0xc4);
+        put1(n);
+      } else if (n < 0x10000) {
+        put1(0xc5);
+        put2(n);
+      } else {
+        put1(0xc6);
+        put4(n);
+      }
+    }
+
+    /** A non-negative integer up to 2^32-1 (costs and waits are checked before). */
+    void uint(long v) {
+      ensure(5);
+      if (v < 0x80) {
+        put1((int) v);
+      } else if (v < 0x100) {
+        put1(0xcc);
+        put1((int) v);
+      } else if (v < 0x10000) {
+        put1(0xcd);
+        put2((int) v);
+      } else {
+        put1(0xce);
+        put4(v);
+      }
+    }
+
+    void raw(byte[] b) {
+      ensure(b.length);
+      System.arraycopy(b, 0, buf, len, b.length);
+      len += b.length;
+    }
+
+    /** A String as str, in UTF-8; ASCII (the usual key) without an intermediate array. */
+    void string(String s) {
+      int n = s.length();
+      int mark = len;
+      strHeader(n);
+      ensure(n);
+      for (int i = 0; i < n; i++) {
+        char c = s.charAt(i);
+        if (c >= 0x80) { // not ASCII: the header may be wrong, start again from UTF-8 bytes
+          len = mark;
+          byte[] utf8 = s.getBytes(StandardCharsets.UTF_8);
+          strHeader(utf8.length);
+          raw(utf8);
+          return;
+        }
+        buf[len + i] = (byte) c;
+      }
+      len += n;
+    }
+
+    byte[] toByteArray() {
+      return java.util.Arrays.copyOf(buf, len);
+    }
+  }
 
   /**
    * A client of the daemon named by `options`. It connects at its first
@@ -437,10 +568,10 @@ public final class SluiceClient implements AutoCloseable {
     }
     byte[] tail;
     try {
-      MessageBufferPacker p = packer();
-      p.packString("acquire_all");
-      p.packArrayHeader(1);
-      p.packArrayHeader(items.size());
+      Encoder p = encoder();
+      p.string("acquire_all");
+      p.arrayHeader(1);
+      p.arrayHeader(items.size());
       for (Item item : items) {
         checkCost(item.cost());
         packItem(p, item.rule(), item.key(), true, item.cost(), -1);
@@ -448,8 +579,6 @@ public final class SluiceClient implements AutoCloseable {
       tail = p.toByteArray();
     } catch (SluiceException e) {
       return failed(e);
-    } catch (IOException e) {
-      return failed(new SluiceException(ErrorCode.EINVAL, "cannot encode: " + e, e));
     }
     return submit(Kind.ALL, true, items.size(), tail, timeoutMs);
   }
@@ -538,10 +667,8 @@ public final class SluiceClient implements AutoCloseable {
     return key == null ? null : key.getBytes(StandardCharsets.UTF_8);
   }
 
-  private static MessageBufferPacker packer() {
-    MessageBufferPacker p = PACKERS.get();
-    p.clear();
-    return p;
+  private static Encoder encoder() {
+    return ENCODERS.get().reset();
   }
 
   private static void checkCost(long cost) {
@@ -554,31 +681,31 @@ public final class SluiceClient implements AutoCloseable {
    * [rule, key], [rule, key, cost] or, with maxWaitMs >= 0, [rule, key, cost,
    * maxWaitMs]; `key` is a String or a byte[].
    */
-  private static void packItem(MessageBufferPacker p, String rule, Object key, boolean withCost,
-      long cost, long maxWaitMs) throws IOException {
+  private static void packItem(Encoder p, String rule, Object key, boolean withCost,
+      long cost, long maxWaitMs) {
     if (rule == null || key == null) {
       throw new SluiceException(ErrorCode.EINVAL, "rule and key must not be null");
     }
     boolean waits = withCost && maxWaitMs >= 0;
-    p.packArrayHeader(waits ? 4 : withCost ? 3 : 2);
-    p.packString(rule);
+    p.arrayHeader(waits ? 4 : withCost ? 3 : 2);
+    p.string(rule);
     if (key instanceof String) {
-      p.packString((String) key);
+      p.string((String) key);
     } else {
       // A key goes out as str when it is UTF-8 and as bin otherwise, as libsluice does.
       byte[] bytes = (byte[]) key;
       if (isUtf8(bytes)) {
-        p.packRawStringHeader(bytes.length);
+        p.strHeader(bytes.length);
       } else {
-        p.packBinaryHeader(bytes.length);
+        p.binHeader(bytes.length);
       }
-      p.writePayload(bytes);
+      p.raw(bytes);
     }
     if (withCost) {
-      p.packLong(cost);
+      p.uint(cost);
     }
     if (waits) {
-      p.packLong(maxWaitMs);
+      p.uint(maxWaitMs);
     }
   }
 
@@ -630,16 +757,14 @@ public final class SluiceClient implements AutoCloseable {
     byte[] tail;
     try {
       checkCost(cost);
-      MessageBufferPacker p = packer();
-      p.packRawStringHeader(method.length);
-      p.writePayload(method);
+      Encoder p = encoder();
+      p.strHeader(method.length);
+      p.raw(method);
       // The params array is the item itself: [rule, key, cost, ...].
       packItem(p, rule, key, withCost, cost, maxWaitMs);
       tail = p.toByteArray();
     } catch (SluiceException e) {
       return failed(e);
-    } catch (IOException e) {
-      return failed(new SluiceException(ErrorCode.EINVAL, "cannot encode: " + e, e));
     }
     return submit(kind, policyApplies, 1, tail, timeoutMs);
   }
@@ -648,15 +773,10 @@ public final class SluiceClient implements AutoCloseable {
     if (method == null || method.isEmpty()) {
       return failed(new SluiceException(ErrorCode.EINVAL, "method must not be empty"));
     }
-    byte[] tail;
-    try {
-      MessageBufferPacker p = packer();
-      p.packString(method);
-      p.packArrayHeader(0);
-      tail = p.toByteArray();
-    } catch (IOException e) {
-      return failed(new SluiceException(ErrorCode.EINVAL, "cannot encode: " + e, e));
-    }
+    Encoder p = encoder();
+    p.string(method);
+    p.arrayHeader(0);
+    byte[] tail = p.toByteArray();
     return submit(kind, false, 0, tail, timeoutMs);
   }
 
@@ -1289,6 +1409,42 @@ public final class SluiceClient implements AutoCloseable {
     }
   }
 
+  // The names above by length, so a key is compared with one or two names, not all.
+  private static final int[][] DECISION_KEYS_BY_LENGTH = byLength(DECISION_KEYS);
+  private static final int[][] MODE_NAMES_BY_LENGTH = byLength(MODE_NAMES);
+
+  /** For each length up to SCRATCH_BYTES, the indexes (from 1) of the names that long. */
+  private static int[][] byLength(byte[][] names) {
+    int[][] table = new int[SCRATCH_BYTES + 1][];
+    for (int len = 0; len <= SCRATCH_BYTES; len++) {
+      int count = 0;
+      for (int i = 1; i < names.length; i++) {
+        count += names[i].length == len ? 1 : 0;
+      }
+      table[len] = new int[count];
+      count = 0;
+      for (int i = 1; i < names.length; i++) {
+        if (names[i].length == len) {
+          table[len][count++] = i;
+        }
+      }
+    }
+    return table;
+  }
+
+  /** The index of the name scratch[0, len) is (len -1: skipped), 0 for none. */
+  private static int lookUp(byte[] scratch, int len, byte[][] names, int[][] byLength) {
+    if (len < 0) {
+      return 0;
+    }
+    for (int i : byLength[len]) {
+      if (java.util.Arrays.equals(scratch, 0, len, names[i], 0, len)) {
+        return i;
+      }
+    }
+    return 0;
+  }
+
   private static byte[] ascii(String text) {
     return text.getBytes(StandardCharsets.US_ASCII);
   }
@@ -1309,32 +1465,17 @@ public final class SluiceClient implements AutoCloseable {
     return len;
   }
 
-  private static boolean bytesAre(byte[] scratch, int len, byte[] name) {
-    return len == name.length
-        && java.util.Arrays.equals(scratch, 0, len, name, 0, name.length);
-  }
-
   /** Which decision key the next str or bin (a map key) is; KEY_OTHER for any other. */
   private static int readDecisionKey(MessageUnpacker u, byte[] scratch)
       throws IOException, FatalFrame {
     int len = readShortBytes(u, scratch);
-    for (int k = 1; k < DECISION_KEYS.length; k++) {
-      if (bytesAre(scratch, len, DECISION_KEYS[k])) {
-        return k;
-      }
-    }
-    return KEY_OTHER;
+    return lookUp(scratch, len, DECISION_KEYS, DECISION_KEYS_BY_LENGTH); // 0 is KEY_OTHER
   }
 
   /** The mode the next str or bin names; UNKNOWN for any other name. */
   private static Mode readMode(MessageUnpacker u, byte[] scratch) throws IOException, FatalFrame {
     int len = readShortBytes(u, scratch);
-    for (int m = 1; m < MODES.length; m++) {
-      if (bytesAre(scratch, len, MODE_NAMES[m])) {
-        return MODES[m];
-      }
-    }
-    return Mode.UNKNOWN;
+    return MODES[lookUp(scratch, len, MODE_NAMES, MODE_NAMES_BY_LENGTH)]; // 0 is UNKNOWN
   }
 
   /**
