@@ -196,10 +196,15 @@ class Client:
                 return obj
 
     def call(self, method, *params):
-        """One request; returns (error, result) of its response."""
+        """One request; returns (error, result) of its response. An error
+        notification instead ([2, "error", [{code, message}]]: the daemon
+        refused the connection, or cannot read on, and closes it) raises
+        ConnectionError with its message, as the close after it would."""
         self.msgid += 1
         self.send([0, self.msgid, method, list(params)])
         response = self.recv()
+        if response[:2] == [2, "error"]:
+            raise ConnectionError("closed by the daemon: %s" % response[2][0]["message"])
         assert response[0] == 1 and response[1] == self.msgid, response
         return response[2], response[3]
 
