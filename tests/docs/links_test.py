@@ -217,9 +217,9 @@ class TheCheckerFindsWhatIsBroken(unittest.TestCase):
                           "README.md:1: link to docs/a.md#fallback, which has no such heading"])
 
     def test_a_mention_in_a_comment_of_a_missing_document_is_reported(self):
-        root = self.tree({"daemon/rpc.h": '// the wire contract in DESIGN.md ("Protocol").\n'})
+        root = self.tree({"daemon/rpc.h": '// the wire contract in CONTRACT.md ("Protocol").\n'})
         self.assertEqual(check(root),
-                         ["daemon/rpc.h:1: mentions DESIGN.md, which is not in the repository"])
+                         ["daemon/rpc.h:1: mentions CONTRACT.md, which is not in the repository"])
 
     def test_a_cited_section_that_does_not_exist_is_reported(self):
         root = self.tree({
