@@ -11,7 +11,7 @@ comes round to it.
 
 import time
 
-from .errors import ProtocolError, ServerError
+from .errors import UNREACHABLE, ProtocolError, ServerError
 from .results import MODE_UNREACHABLE, AllDecision, Decision, Health
 
 MSGID_LIMIT = 1 << 32
@@ -249,6 +249,25 @@ def policy_decision(policy, exc):
     if policy == FAIL_OPEN:
         return Decision(True, MODE_UNREACHABLE, error=exc)
     return Decision(False, MODE_UNREACHABLE, retry_after_ms=UNREACHABLE_RETRY_AFTER_MS, error=exc)
+
+
+def settle_many(results, policy, count_policy, return_exceptions):
+    """acquire_many's results, in place: a call the daemon could not answer
+    (UNREACHABLE) becomes the `policy` decision, passed through
+    `count_policy(decision, exc)` (the client counts it), unless the policy
+    is to raise; then any exception left is raised, or kept in the list
+    with `return_exceptions`."""
+    for i, result in enumerate(results):
+        if type(result) is Decision:
+            continue
+        if isinstance(result, UNREACHABLE):
+            decision = policy_decision(policy, result)
+            if decision is not None:
+                results[i] = count_policy(decision, result)
+                continue
+        if isinstance(result, BaseException) and not return_exceptions:
+            raise result
+    return results
 
 
 def policy_all(policy, exc, count):

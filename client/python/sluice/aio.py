@@ -28,7 +28,6 @@ import msgpack
 
 from . import _wire
 from .errors import CallTimeout, ConnectError, ConnectionClosed, ProtocolError, UNREACHABLE
-from .results import Decision
 
 # A write buffer over this waits for the socket to take some (drain()).
 WRITE_BUFFER_HIGH_BYTES = 256 * 1024
@@ -121,17 +120,7 @@ class AsyncClient:
             results = await self._call_many("acquire", params, timeout_ms, _wire.as_decision)
         except UNREACHABLE as exc:
             results = [exc] * len(params)
-        for i, result in enumerate(results):
-            if type(result) is Decision:
-                continue
-            if isinstance(result, UNREACHABLE):
-                decision = _wire.policy_decision(self.on_unreachable, result)
-                if decision is not None:
-                    results[i] = self._policy(decision, result)
-                    continue
-            if isinstance(result, BaseException) and not return_exceptions:
-                raise result
-        return results
+        return _wire.settle_many(results, self.on_unreachable, self._policy, return_exceptions)
 
     async def peek(self, rule, key, *, timeout_ms=None):
         return await self._call("peek", _wire.key_params(rule, key),

@@ -40,7 +40,6 @@ import msgpack
 
 from . import _wire
 from .errors import CallTimeout, ConnectError, ConnectionClosed, ProtocolError, UNREACHABLE
-from .results import Decision
 
 # Requests of one acquire_many in flight at once: bounds what the daemon
 # holds for the connection (its max_output_bytes) while a batch is written.
@@ -162,17 +161,7 @@ class Client:
             results = self._call_many("acquire", params, timeout_ms, _wire.as_decision)
         except UNREACHABLE as exc:
             results = [exc] * len(params)
-        for i, result in enumerate(results):
-            if type(result) is Decision:
-                continue
-            if isinstance(result, UNREACHABLE):
-                decision = _wire.policy_decision(self.on_unreachable, result)
-                if decision is not None:
-                    results[i] = self._policy(decision, result)
-                    continue
-            if isinstance(result, BaseException) and not return_exceptions:
-                raise result
-        return results
+        return _wire.settle_many(results, self.on_unreachable, self._policy, return_exceptions)
 
     def peek(self, rule, key, *, timeout_ms=None):
         """The key's state, as acquire with cost 0 would see it; spends nothing."""
