@@ -15,32 +15,6 @@
 
 namespace sluice::rpc {
 
-std::string_view errorCodeName(ErrorCode code) {
-  switch (code) {
-    case ErrorCode::kBadRequest: return "BAD_REQUEST";
-    case ErrorCode::kUnknownRule: return "UNKNOWN_RULE";
-    case ErrorCode::kUnknownMethod: return "UNKNOWN_METHOD";
-    case ErrorCode::kOverloaded: return "OVERLOADED";
-    case ErrorCode::kForbidden: return "FORBIDDEN";
-    case ErrorCode::kTooLarge: return "TOO_LARGE";
-    case ErrorCode::kInternal: return "INTERNAL";
-  }
-  return "INTERNAL";
-}
-
-Method methodFromName(std::string_view name) {
-  if (name == "acquire") return Method::kAcquire;
-  if (name == "acquire_all") return Method::kAcquireAll;
-  if (name == "peek") return Method::kPeek;
-  if (name == "release") return Method::kRelease;
-  if (name == "health") return Method::kHealth;
-  if (name == "stats") return Method::kStats;
-  if (name == "rules") return Method::kRules;
-  if (name == "reload") return Method::kReload;
-  if (name == "reset") return Method::kReset;
-  return Method::kUnknown;
-}
-
 namespace {
 
 using msgpack::Reader;

@@ -20,34 +20,17 @@
 
 #include "decision.h"
 #include "msgpack.h"
+#include "question.h"
 
 namespace sluice::rpc {
 
-// Stable error codes, sent as the `code` of an error map. Extend, never rename.
-enum class ErrorCode {
-  kBadRequest,     // BAD_REQUEST: the request's shape or a value is wrong
-  kUnknownRule,    // UNKNOWN_RULE: no rule has that name
-  kUnknownMethod,  // UNKNOWN_METHOD
-  kOverloaded,     // OVERLOADED: a bound was reached (keys, waiters, ...)
-  kForbidden,      // FORBIDDEN: the caller may not use this method
-  kTooLarge,       // TOO_LARGE: frame, key or item count over its limit
-  kInternal,       // INTERNAL: a bug; logged
-};
-std::string_view errorCodeName(ErrorCode code);
-
-enum class Method {
-  kAcquire,
-  kAcquireAll,
-  kPeek,
-  kRelease,
-  kHealth,
-  kStats,
-  kRules,
-  kReload,
-  kReset,
-  kUnknown,
-};
-Method methodFromName(std::string_view name);
+// The seam's words (question.h), as the wire contract spells them.
+using sluice::ErrorCode;
+using sluice::errorCodeName;
+using sluice::Item;
+using sluice::Method;
+using sluice::methodFromName;
+using sluice::MsgId;
 
 // Bounds on what one frame may contain; from the [limits] config section.
 struct Limits {
@@ -61,35 +44,6 @@ struct Limits {
                                 // elements plus map entries in any one value it
                                 // skips; also the most items of one acquire_all.
                                 // (The whole frame is bounded by max_frame_bytes.)
-};
-
-// One (rule, key, cost) of acquire, peek, release or acquire_all. The views
-// point into the parsed buffer and live as long as it does.
-struct Item {
-  std::string_view rule;
-  std::string_view key;
-  int64_t cost = 1;  // peek: 0
-  // acquire: how long the request may wait for its units (bounded waiting);
-  // -1 when it does not say, and the rule's max_wait applies.
-  int64_t max_wait_ms = -1;
-};
-
-// A request's msgid as the client wrote it: any MessagePack integer, from
-// -2^63 to 2^64-1. Its response carries the same value back, so a client that
-// counts ids past 2^32 without wrapping is answered like any other.
-struct MsgId {
-  uint64_t bits = 0;      // the value, in two's complement when negative
-  bool negative = false;  // written back as a signed integer
-
-  constexpr MsgId() = default;
-  // Implicit: ids are counted as integers.
-  constexpr MsgId(uint64_t value) : bits(value) {}  // NOLINT(google-explicit-constructor)
-  static constexpr MsgId ofSigned(int64_t value) {
-    MsgId id(static_cast<uint64_t>(value));
-    id.negative = value < 0;
-    return id;
-  }
-  friend constexpr bool operator==(MsgId, MsgId) = default;
 };
 
 struct Request {

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "answer.h"
+#include "response.h"
 #include "key_table.h"
 #include "lease.h"
 #include "metrics.h"
@@ -114,7 +114,7 @@ class DispatchTest : public ::testing::Test {
     return options;
   }
 
-  Answer call(rpc::Method method, std::string_view rule, std::string_view key, int64_t cost = 1) {
+  Response call(rpc::Method method, std::string_view rule, std::string_view key, int64_t cost = 1) {
     rpc::Request request;
     request.msgid = ++msgid_;
     request.method = method;
@@ -127,14 +127,14 @@ class DispatchTest : public ::testing::Test {
       KeyTable::ReadGuard guard(keys_, reader_);
       EXPECT_FALSE(dispatcher_->handle(request, peer, now_ns_, &out));
     }
-    Answer answer = decode(out);
+    Response answer = decode(out);
     EXPECT_EQ(answer.msgid, msgid_);
     return answer;
   }
   // Sends an acquire as a connection does (its frame, this test as its
   // owner), so that it may wait: nullopt while it waits, its answer if it
   // is answered at once.
-  std::optional<Answer> send(std::string_view rule, std::string_view key, int64_t cost = 1) {
+  std::optional<Response> send(std::string_view rule, std::string_view key, int64_t cost = 1) {
     std::string frame = frameOf(++msgid_, "acquire", rule, key, cost);
     auto bytes = std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(frame.data()),
                                           frame.size());
@@ -160,7 +160,7 @@ class DispatchTest : public ::testing::Test {
   size_t waiting(WaitKind kind) const { return dispatcher_->waiting().count(kind); }
 
   // acquire_all of (rule, key, cost) items, answered at once.
-  Answer acquireAll(std::vector<rpc::Item> items) {
+  Response acquireAll(std::vector<rpc::Item> items) {
     rpc::Request request;
     request.msgid = ++msgid_;
     request.method = rpc::Method::kAcquireAll;
@@ -175,16 +175,16 @@ class DispatchTest : public ::testing::Test {
     return decode(out);
   }
 
-  Answer acquire(std::string_view rule, std::string_view key, int64_t cost = 1) {
+  Response acquire(std::string_view rule, std::string_view key, int64_t cost = 1) {
     return call(rpc::Method::kAcquire, rule, key, cost);
   }
-  Answer peek(std::string_view rule, std::string_view key) {
+  Response peek(std::string_view rule, std::string_view key) {
     return call(rpc::Method::kPeek, rule, key, 0);
   }
-  Answer release(std::string_view rule, std::string_view key, int64_t cost = 1) {
+  Response release(std::string_view rule, std::string_view key, int64_t cost = 1) {
     return call(rpc::Method::kRelease, rule, key, cost);
   }
-  Answer reset(std::string_view rule, std::string_view key) {
+  Response reset(std::string_view rule, std::string_view key) {
     return call(rpc::Method::kReset, rule, key, 0);
   }
 
@@ -196,7 +196,7 @@ class DispatchTest : public ::testing::Test {
   std::optional<Dispatcher> dispatcher_;
   int64_t now_ns_ = kStart;
   uint32_t msgid_ = 0;
-  std::vector<Answer> delivered_;
+  std::vector<Response> delivered_;
 };
 
 class LeasingDispatchTest : public DispatchTest {
@@ -209,10 +209,10 @@ class LeasingDispatchTest : public DispatchTest {
 // Verifies a release on a key that holds nothing gives nothing back and
 // answers the state as peek reports it, however many units it names.
 TEST_F(DispatchTest, ReleaseOnAKeyThatHoldsNothingAnswersAsPeekDoes) {
-  Answer peeked = peek("jobs", "idle");
+  Response peeked = peek("jobs", "idle");
   EXPECT_EQ(peeked.remaining(), 2);
   for (int64_t cost : {1, 2, 5}) {
-    Answer released = release("jobs", "idle", cost);
+    Response released = release("jobs", "idle", cost);
     EXPECT_EQ(released.error, "") << cost;
     EXPECT_TRUE(released.allowed()) << cost;
     EXPECT_EQ(released.remaining(), peeked.remaining()) << cost;
@@ -224,7 +224,7 @@ TEST_F(DispatchTest, ReleaseOnAKeyThatHoldsNothingAnswersAsPeekDoes) {
 // Verifies giving back more than is held gives back what was held.
 TEST_F(DispatchTest, ReleasingMoreThanIsHeldGivesBackWhatWasHeld) {
   ASSERT_TRUE(acquire("jobs", "k").allowed());
-  Answer released = release("jobs", "k", 5);
+  Response released = release("jobs", "k", 5);
   EXPECT_TRUE(released.allowed());
   EXPECT_EQ(released.remaining(), 2);
   EXPECT_TRUE(acquire("jobs", "k", 2).allowed());
@@ -235,7 +235,7 @@ TEST_F(DispatchTest, ReleasingMoreThanIsHeldGivesBackWhatWasHeld) {
 // with an error naming the rule, and changes nothing.
 TEST_F(DispatchTest, ReleaseOnARuleThatIsNotConcurrencyIsABadRequest) {
   ASSERT_TRUE(acquire("api", "k", 3).allowed());
-  Answer released = release("api", "k", 3);
+  Response released = release("api", "k", 3);
   EXPECT_EQ(released.error, "BAD_REQUEST");
   EXPECT_NE(released.message.find("\"api\""), std::string::npos) << released.message;
   EXPECT_NE(released.message.find("concurrency"), std::string::npos) << released.message;
@@ -246,8 +246,8 @@ TEST_F(DispatchTest, ReleaseOnARuleThatIsNotConcurrencyIsABadRequest) {
 // Verifies a global concurrency rule without Redis (deciding on its share)
 // answers a release on an idle key as peek does.
 TEST_F(DispatchTest, ReleaseOnAnIdleGlobalKeyWithoutRedisAnswersAsPeekDoes) {
-  Answer peeked = peek("g_jobs", "idle");
-  Answer released = release("g_jobs", "idle", 9);
+  Response peeked = peek("g_jobs", "idle");
+  Response released = release("g_jobs", "idle", 9);
   EXPECT_TRUE(released.allowed());
   EXPECT_EQ(released.remaining(), peeked.remaining());
   EXPECT_EQ(released.mode(), peeked.mode());
@@ -256,8 +256,8 @@ TEST_F(DispatchTest, ReleaseOnAnIdleGlobalKeyWithoutRedisAnswersAsPeekDoes) {
 // Verifies a global concurrency rule that leases answers a release on a key
 // it has never seen as peek does, and one over the limit is not denied.
 TEST_F(LeasingDispatchTest, ReleaseOnAnIdleLeasedKeyAnswersAsPeekDoes) {
-  Answer peeked = peek("g_jobs", "idle");
-  Answer released = release("g_jobs", "idle", 9);
+  Response peeked = peek("g_jobs", "idle");
+  Response released = release("g_jobs", "idle", 9);
   EXPECT_TRUE(released.allowed());
   EXPECT_EQ(released.remaining(), peeked.remaining());
   EXPECT_EQ(released.mode(), "normal");
@@ -268,7 +268,7 @@ TEST_F(LeasingDispatchTest, ReleaseOnAnIdleLeasedKeyAnswersAsPeekDoes) {
 // Verifies reset of a leasing global rule while Redis is up reports the mode
 // the key is decided in (normal), and asks Redis to reset it too.
 TEST_F(LeasingDispatchTest, ResetOfALeasingRuleAnswersTheModeItDecidesIn) {
-  Answer reset_answer = reset("g_api", "k");
+  Response reset_answer = reset("g_api", "k");
   EXPECT_EQ(reset_answer.error, "");
   EXPECT_EQ(reset_answer.mode(), "normal");
   EXPECT_EQ(reset_answer.remaining(), 10);
@@ -291,11 +291,11 @@ TEST_F(DispatchTest, ResetOfAGlobalRuleWithoutRedisAnswersInFallback) {
 // item leaves the others' units where they were.
 TEST_F(DispatchTest, AcquireAllSpendsOnEveryItemOrOnNone) {
   ASSERT_TRUE(acquire("api", "b", 3).allowed());
-  Answer denied = acquireAll({{"api", "a", 2, -1}, {"jobs", "j", 1, -1}, {"api", "b", 1, -1}});
+  Response denied = acquireAll({{"api", "a", 2, -1}, {"jobs", "j", 1, -1}, {"api", "b", 1, -1}});
   EXPECT_FALSE(denied.allowed());
   EXPECT_EQ(peek("api", "a").remaining(), 3);
   EXPECT_EQ(peek("jobs", "j").remaining(), 2);
-  Answer allowed = acquireAll({{"api", "a", 2, -1}, {"jobs", "j", 1, -1}});
+  Response allowed = acquireAll({{"api", "a", 2, -1}, {"jobs", "j", 1, -1}});
   EXPECT_TRUE(allowed.allowed());
   EXPECT_EQ(peek("api", "a").remaining(), 1);
   EXPECT_EQ(peek("jobs", "j").remaining(), 1);
@@ -305,7 +305,7 @@ TEST_F(DispatchTest, AcquireAllSpendsOnEveryItemOrOnNone) {
 // yet and unable to wait, decides the leased item by its policy and spends
 // on both.
 TEST_F(LeasingDispatchTest, AcquireAllWithoutALeaseDecidesByThePolicy) {
-  Answer answer = acquireAll({{"g_api", "k", 2, -1}, {"api", "k", 1, -1}});
+  Response answer = acquireAll({{"g_api", "k", 2, -1}, {"api", "k", 1, -1}});
   EXPECT_TRUE(answer.allowed());
   EXPECT_EQ(peek("api", "k").remaining(), 2);
   std::vector<LeaseRequest> sent;

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "answer.h"
+#include "response.h"
 #include "failure.h"
 #include "metrics.h"
 #include "rpc.h"
@@ -68,7 +68,7 @@ class WaitingTest : public ::testing::Test {
   Metrics metrics_{1};
   Waiting waiting_{metrics_.shard(0), nullptr, kTimeout};
   std::vector<std::string> frames_{};
-  std::vector<Answer> delivered_;
+  std::vector<Response> delivered_;
   std::vector<Asked> asked_;
 };
 

@@ -13,9 +13,9 @@
 
 namespace sluice {
 
-// One decoded answer: an error's code and message, or a result map's
+// One decoded response: an error's code and message, or a result map's
 // integers, booleans and strings by name.
-struct Answer {
+struct Response {
   uint32_t msgid = 0;
   std::string error;  // the error's code; "" for a result
   std::string message;
@@ -28,8 +28,8 @@ struct Answer {
   const std::string& mode() const { return strs.at("mode"); }
 };
 
-inline Answer decode(std::string_view bytes) {
-  Answer answer;
+inline Response decode(std::string_view bytes) {
+  Response answer;
   msgpack::Reader r(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), bytes.size());
   uint32_t count = 0;
   int64_t type = 0;
