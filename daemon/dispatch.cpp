@@ -1,4 +1,4 @@
-// Dispatch: one request in, one response out; see dispatch.h.
+// Dispatch: the decision seam, one question in, its answer out; see dispatch.h.
 #include "dispatch.h"
 
 #include <algorithm>
@@ -20,31 +20,18 @@ std::string notReleasable(const Rule& rule) {
 
 }  // namespace
 
-Dispatcher::Dispatcher(KeyTable& keys, MetricsShard& metrics, DaemonStatus& status,
-                       LeaseBroker* broker, int64_t lease_timeout_ns)
+Dispatcher::Dispatcher(KeyTable& keys, MetricsShard& metrics, LeaseBroker* broker,
+                       int64_t lease_timeout_ns)
     : keys_(keys),
       metrics_(metrics),
       broker_(broker),
-      admin_(keys, metrics, status, broker),
       waiting_(metrics, broker, lease_timeout_ns),
       policy_(keys, metrics, broker),
       lease_(keys, metrics, broker, waiting_, policy_),
       local_(keys, waiting_, policy_),
       holding_(keys, metrics, broker, waiting_) {
-  waiting_.onAskAgain([this](const rpc::Request& request, int64_t now_ns, std::string* out,
-                             const Asker& asker) { return decide(request, now_ns, out, asker); });
-}
-
-void Dispatcher::handleParseError(const rpc::ParseResult& result, std::string* out) {
-  if (result.has_msgid) {
-    error(result.msgid, result.error, result.message, out);
-    return;
-  }
-  metrics_.errors[static_cast<size_t>(result.error)].add();
-  // The connection closes after a fatal frame: say why first.
-  if (result.status == rpc::ParseStatus::kFatal) {
-    rpc::writeErrorNotification(out, result.error, result.message);
-  }
+  waiting_.onAskAgain([this](const Question& question, int64_t now_ns, const Asker& asker,
+                             Answer* answer) { return decide(question, now_ns, asker, answer); });
 }
 
 void Dispatcher::setRules(RuleSetPtr rules) {
@@ -73,112 +60,83 @@ void Dispatcher::count(const Rule& configured, const Decision& decision, Mode mo
   }
 }
 
-bool Dispatcher::handle(const rpc::Request& request, const Peer& peer, int64_t now_ns,
-                        std::string* out, void* owner, std::span<const uint8_t> frame) {
-  metrics_.requests.add();
-  // A notification gets no answer: answer into a scratch buffer and drop it,
-  // so a notified acquire or release still takes effect. It never waits.
-  std::string* target = out;
-  if (request.notification) {
-    message_.clear();
-    target = &message_;
+Outcome Dispatcher::ask(const Question& question, int64_t now_ns, const Asker& asker,
+                        Answer* answer) {
+  answer->clear();
+  if (!decides(question.method) || question.items.empty() ||
+      (question.method != Method::kAcquireAll && question.items.size() != 1)) {
+    answer->fail(ErrorCode::kBadRequest,
+                 "a question is acquire, peek or release of one item, or acquire_all of one or "
+                 "more");
+  } else {
+    Asker asking = asker;
+    asking.question = question;
+    Outcome outcome = decide(question, now_ns, asking, answer);
+    if (outcome != Outcome::kAnswered) return outcome;
   }
-  if (!peer.allowed) {
-    error(request.msgid, rpc::ErrorCode::kForbidden,
-          "uid " + std::to_string(peer.uid) + " may not use this daemon: it is neither root nor " +
-              "the daemon's user, not in [access] users and in none of [access] groups",
-          target);
-    message_.clear();  // a notification's answer is dropped
-    return false;
-  }
-  Asker asker;
-  asker.owner = owner;
-  asker.msgid = request.msgid;
-  asker.frame = frame;
-  asker.deadline_ns = now_ns + waiting_.leaseTimeoutNs();
-  asker.may_wait = owner != nullptr && !request.notification;
-  bool deferred = false;
-  switch (request.method) {
-    case rpc::Method::kAcquire:
-    case rpc::Method::kPeek:
-    case rpc::Method::kRelease:
-    case rpc::Method::kAcquireAll:
-      deferred = decide(request, now_ns, target, asker) != Outcome::kAnswered;
-      break;
-    case rpc::Method::kHealth:
-    case rpc::Method::kStats:
-    case rpc::Method::kRules:
-    case rpc::Method::kReload:
-    case rpc::Method::kReset: admin_.handle(*rules_, request, peer, now_ns, target); break;
-    case rpc::Method::kUnknown:
-      error(request.msgid, rpc::ErrorCode::kUnknownMethod, "no such method", target);
-      break;
-  }
-  if (request.notification) {
-    message_.clear();
-  }
-  return deferred;
+  if (answer->failed) metrics_.errors[static_cast<size_t>(answer->error)].add();
+  return Outcome::kAnswered;
 }
 
-void Dispatcher::answer(const Rule& configured, rpc::MsgId msgid, const Verdict& verdict, bool counts,
-                        std::string* out) {
+void Dispatcher::answerVerdict(const Rule& configured, const Verdict& verdict, bool counts,
+                        Answer* answer) {
   if (verdict.failed) {
-    error(msgid, verdict.error, verdict.message, out);
+    answer->fail(verdict.error, verdict.message);
     return;
   }
   if (counts) count(configured, verdict.decision, verdict.mode);
-  rpc::writeDecision(out, msgid, verdict.decision, verdict.mode, verdict.waited_ms);
+  answer->decide(verdict.decision, verdict.mode, verdict.waited_ms);
 }
 
-Outcome Dispatcher::decide(const rpc::Request& request, int64_t now_ns, std::string* out,
-                           const Asker& asker) {
-  return request.method == rpc::Method::kAcquireAll ? acquireAll(request, now_ns, out, asker)
-                                                    : acquireOne(request, now_ns, out, asker);
+Outcome Dispatcher::decide(const Question& question, int64_t now_ns, const Asker& asker,
+                           Answer* answer) {
+  answer->method = question.method;
+  return question.method == Method::kAcquireAll ? acquireAll(question, now_ns, asker, answer)
+                                                : acquireOne(question, now_ns, asker, answer);
 }
 
-Outcome Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::string* out,
-                               const Asker& asker) {
-  const rpc::Item& item = request.items.front();
+Outcome Dispatcher::acquireOne(const Question& question, int64_t now_ns, const Asker& asker,
+                               Answer* answer) {
+  const Item& item = question.items.front();
   const Rule* configured = rules_->find(item.rule);
   if (configured == nullptr) {
     waiting_.leaveLine(asker.wait.ticket);  // the rule went in a reload
-    error(request.msgid, rpc::ErrorCode::kUnknownRule, unknownRule(item.rule), out);
+    answer->fail(ErrorCode::kUnknownRule, unknownRule(item.rule));
     return Outcome::kAnswered;
   }
-  if (request.method == rpc::Method::kRelease && configured->algorithm != Algorithm::kConcurrency) {
+  if (question.method == Method::kRelease && configured->algorithm != Algorithm::kConcurrency) {
     waiting_.leaveLine(asker.wait.ticket);
-    error(request.msgid, rpc::ErrorCode::kBadRequest, notReleasable(*configured), out);
+    answer->fail(ErrorCode::kBadRequest, notReleasable(*configured));
     return Outcome::kAnswered;
   }
-  bool spends = request.method == rpc::Method::kAcquire && item.cost > 0;
+  bool spends = question.method == Method::kAcquire && item.cost > 0;
   if (item.max_wait_ms > 0 && !canWait(*configured)) {
-    error(request.msgid, rpc::ErrorCode::kBadRequest,
-          "max_wait_ms applies to token_bucket and gcra rules of one limit, and rule \"" +
-              configured->name + "\" is " + std::string(scopeName(configured->scope)) + " " +
-              std::string(algorithmName(configured->algorithm)) +
-              (configured->limits.size() > 1 ? " of several limits" : ""),
-          out);
+    answer->fail(ErrorCode::kBadRequest,
+                 "max_wait_ms applies to token_bucket and gcra rules of one limit, and rule \"" +
+                     configured->name + "\" is " + std::string(scopeName(configured->scope)) +
+                     " " + std::string(algorithmName(configured->algorithm)) +
+                     (configured->limits.size() > 1 ? " of several limits" : ""));
     return Outcome::kAnswered;
   }
   if (broker_ != nullptr && leasesHolding(*configured)) {
-    return holdOne(request, *configured, now_ns, out, asker);
+    return holdOne(question, *configured, now_ns, asker, answer);
   }
   if (leasing(*configured) && spends) {
     Verdict verdict;
     Outcome outcome = lease_.acquire(*rules_, *configured, item, now_ns, asker, &verdict);
-    if (outcome == Outcome::kAnswered) answer(*configured, request.msgid, verdict, true, out);
+    if (outcome == Outcome::kAnswered) answerVerdict(*configured, verdict, true, answer);
     return outcome;
   }
   // A request that stood in a global rule's line is asked again, and the
   // rule no longer leases: it leaves the line.
   waiting_.leaveLine(asker.wait.ticket);
   if (broker_ != nullptr && configured->part_count > 0) {
-    if (spends) return acquireParts(request, *configured, now_ns, out, asker);
-    peekParts(request, *configured, now_ns, out);
+    if (spends) return acquireParts(item, *configured, now_ns, asker, answer);
+    peekParts(item, *configured, now_ns, answer);
     return Outcome::kAnswered;
   }
   if (leasing(*configured)) {
-    peekLeased(request, *configured, now_ns, out);
+    peekLeased(item, *configured, now_ns, answer);
     return Outcome::kAnswered;
   }
   auto [rule, mode] = route(*configured);
@@ -187,7 +145,7 @@ Outcome Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std:
     if (spends) {
       count(*configured, decision, mode);
     }
-    rpc::writeDecision(out, request.msgid, decision, mode);
+    answer->decide(decision, mode);
     return Outcome::kAnswered;
   }
 
@@ -199,49 +157,47 @@ Outcome Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std:
       count(*configured, verdict.decision, verdict.mode);
       return outcome;
     }
-    answer(*configured, request.msgid, verdict, true, out);
+    answerVerdict(*configured, verdict, true, answer);
     return Outcome::kAnswered;
   }
   verdict = local_.look(*rules_, *configured, *rule, mode, item,
-                        request.method == rpc::Method::kRelease, now_ns);
-  answer(*configured, request.msgid, verdict, false, out);
+                        question.method == Method::kRelease, now_ns);
+  answerVerdict(*configured, verdict, false, answer);
   return Outcome::kAnswered;
 }
 
-void Dispatcher::peekLeased(const rpc::Request& request, const Rule& rule, int64_t now_ns,
-                            std::string* out) {
-  const rpc::Item& item = request.items.front();
+void Dispatcher::peekLeased(const Item& item, const Rule& rule, int64_t now_ns, Answer* answer) {
   Mode mode = Mode::kNormal;
   Decision decision = lease_.look(*rules_, rule, item.key, now_ns, item.cost, &mode);
-  rpc::writeDecision(out, request.msgid, decision, mode);
+  answer->decide(decision, mode);
 }
 
 // --- Global concurrency rules: holdings (holding.h) ---------------------------
 
-Outcome Dispatcher::holdOne(const rpc::Request& request, const Rule& rule, int64_t now_ns,
-                            std::string* out, const Asker& asker) {
-  const rpc::Item& item = request.items.front();
+Outcome Dispatcher::holdOne(const Question& question, const Rule& rule, int64_t now_ns,
+                            const Asker& asker, Answer* answer) {
+  const Item& item = question.items.front();
   Decision decision;
   Mode mode = Mode::kNormal;
-  if (request.method == rpc::Method::kAcquire && item.cost > 0) {
+  if (question.method == Method::kAcquire && item.cost > 0) {
     std::span<std::atomic<uint64_t>> held;
     switch (holding_.acquire(*rules_, rule, item, now_ns, asker, &decision, &mode, &held)) {
       case HoldingPath::Held::kWaitsForLease: return Outcome::kWaitsForLease;
       case HoldingPath::Held::kTableFull:
-        error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
+        answer->fail(ErrorCode::kOverloaded, kTableFull);
         return Outcome::kAnswered;
       case HoldingPath::Held::kHeld:
       case HoldingPath::Held::kAnswered: break;
     }
     applyShadow(rule, &decision);
     count(rule, decision, mode);
-    rpc::writeDecision(out, request.msgid, decision, mode);
+    answer->decide(decision, mode);
     return Outcome::kAnswered;
   }
-  decision = holding_.look(*rules_, rule, item, request.method == rpc::Method::kRelease, now_ns,
+  decision = holding_.look(*rules_, rule, item, question.method == Method::kRelease, now_ns,
                            &mode);
   applyShadow(rule, &decision);
-  rpc::writeDecision(out, request.msgid, decision, mode);
+  answer->decide(decision, mode);
   return Outcome::kAnswered;
 }
 
@@ -259,7 +215,7 @@ void Dispatcher::refundEntries(int64_t now_ns) {
   }
 }
 
-Dispatcher::Collected Dispatcher::collectItem(const Rule& configured, const rpc::Item& item,
+Dispatcher::Collected Dispatcher::collectItem(const Rule& configured, const Item& item,
                                               int64_t now_ns, const Asker& asker,
                                               bool* denied) {
   groups_.push_back({&configured, item.key, entries_.size(), 0});
@@ -283,7 +239,7 @@ Dispatcher::Collected Dispatcher::collectItem(const Rule& configured, const rpc:
   return deferred ? Collected::kDeferred : Collected::kOk;
 }
 
-Dispatcher::Collected Dispatcher::collectEntry(const Rule& rule, const rpc::Item& item,
+Dispatcher::Collected Dispatcher::collectEntry(const Rule& rule, const Item& item,
                                                int64_t now_ns, const Asker& asker,
                                                bool* denied) {
   const std::string_view key = item.key;
@@ -482,15 +438,15 @@ Decision Dispatcher::groupDecision(const Group& group, Mode* mode) const {
   return decision;
 }
 
-Outcome Dispatcher::acquireAll(const rpc::Request& request, int64_t now_ns, std::string* out,
-                               const Asker& asker) {
+Outcome Dispatcher::acquireAll(const Question& question, int64_t now_ns, const Asker& asker,
+                               Answer* answer) {
   startEntries();
   bool denied = false;
-  for (const rpc::Item& item : request.items) {
+  for (const Item& item : question.items) {
     const Rule* configured = rules_->find(item.rule);
     if (configured == nullptr) {
       refundEntries(now_ns);
-      error(request.msgid, rpc::ErrorCode::kUnknownRule, unknownRule(item.rule), out);
+      answer->fail(ErrorCode::kUnknownRule, unknownRule(item.rule));
       return Outcome::kAnswered;
     }
     switch (collectItem(*configured, item, now_ns, asker, &denied)) {
@@ -498,46 +454,43 @@ Outcome Dispatcher::acquireAll(const rpc::Request& request, int64_t now_ns, std:
       case Collected::kDeferred: refundEntries(now_ns); return Outcome::kWaitsForLease;
       case Collected::kTableFull:
         refundEntries(now_ns);
-        error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
+        answer->fail(ErrorCode::kOverloaded, kTableFull);
         return Outcome::kAnswered;
     }
   }
   bool allowed = settleEntries(now_ns, denied);
-  decisions_.clear();
-  item_modes_.clear();
   for (const Group& group : groups_) {
     Mode mode = Mode::kLocal;
-    decisions_.push_back(groupDecision(group, &mode));
-    item_modes_.push_back(mode);
-    count(*group.configured, decisions_.back(), mode);
+    Decision decision = groupDecision(group, &mode);
+    answer->decide(decision, mode);
+    count(*group.configured, decision, mode);
   }
-  rpc::writeDecisions(out, request.msgid, allowed, decisions_, item_modes_);
+  answer->allowed = allowed;
   return Outcome::kAnswered;
 }
 
-Outcome Dispatcher::acquireParts(const rpc::Request& request, const Rule& configured,
-                                 int64_t now_ns, std::string* out, const Asker& asker) {
+Outcome Dispatcher::acquireParts(const Item& item, const Rule& configured, int64_t now_ns,
+                                 const Asker& asker, Answer* answer) {
   startEntries();
   bool denied = false;
-  switch (collectItem(configured, request.items.front(), now_ns, asker, &denied)) {
+  switch (collectItem(configured, item, now_ns, asker, &denied)) {
     case Collected::kOk: break;
     case Collected::kDeferred: refundEntries(now_ns); return Outcome::kWaitsForLease;
     case Collected::kTableFull:
       refundEntries(now_ns);
-      error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
+      answer->fail(ErrorCode::kOverloaded, kTableFull);
       return Outcome::kAnswered;
   }
   settleEntries(now_ns, denied);
   Mode mode = Mode::kLocal;
   Decision decision = groupDecision(groups_.front(), &mode);
   count(configured, decision, mode);
-  rpc::writeDecision(out, request.msgid, decision, mode);
+  answer->decide(decision, mode);
   return Outcome::kAnswered;
 }
 
-void Dispatcher::peekParts(const rpc::Request& request, const Rule& configured, int64_t now_ns,
-                           std::string* out) {
-  const rpc::Item& item = request.items.front();
+void Dispatcher::peekParts(const Item& item, const Rule& configured, int64_t now_ns,
+                           Answer* answer) {
   MostRestrictive merged;
   Mode mode = Mode::kLocal;
   for (const Rule& part : rules_->parts(configured)) {
@@ -561,7 +514,7 @@ void Dispatcher::peekParts(const rpc::Request& request, const Rule& configured, 
   }
   Decision decision = merged.decision();
   applyShadow(configured, &decision);
-  rpc::writeDecision(out, request.msgid, decision, mode);
+  answer->decide(decision, mode);
 }
 
 }  // namespace sluice
