@@ -14,9 +14,8 @@
 //   - a global concurrency rule's held pool (holding_path.h);
 //   - policy: routing, "open", "closed", blocks and the share's debits
 //     (policy.h).
-// acquire_all, and an acquire on a global rule of several limits (decided
-// on its parts, RuleSet::parts, each a leasable rule of one limit), decide
-// their entries all or nothing (collectItem / settleEntries, here).
+//   - all or nothing, on several entries: acquire_all, and an acquire on a
+//     global rule of several limits (group_path.h).
 //
 // A question that cannot be answered yet waits (waiting.h has the model):
 // ask() returns how it waits and fills nothing; its Answer goes later to
@@ -38,6 +37,7 @@
 #include <vector>
 
 #include "failure.h"
+#include "group_path.h"
 #include "holding_path.h"
 #include "key_table.h"
 #include "lease.h"
@@ -108,57 +108,11 @@ class Dispatcher {
   // Global concurrency rules (holding_path.h): acquire, peek and release.
   Outcome holdOne(const Question& question, const Rule& rule, int64_t now_ns,
                   const Asker& asker, Answer* answer);
-  // acquire_all, and acquire on a rule decided on its parts (RuleSet::parts),
-  // in three steps. collectItem() decides a request item on its rule, or
-  // on each of its rule's parts: an entry each (entries_). settleEntries()
-  // spends all entries' units or none. Then groupDecision() reports an
-  // item's entries as one decision.
-  //
-  // An entry spends from its slice (a rule that leases), holds units of its
-  // holding (a global concurrency rule), or goes to the limiter on its
-  // share (fallback, learning) or its own state (a local rule); a policy
-  // answers it ("open", "closed") or a block denies it.
-  enum class Collected { kOk, kDeferred, kTableFull };
-  // A request item's entries (groups_).
-  struct Group {
-    const Rule* configured;  // the rule the item named
-    std::string_view key;
-    size_t first;  // its first entry
-    size_t count;  // its entries: 1, or its rule's parts
-  };
-  void startEntries();
-  // Adds the entries of one request item on `configured`. Whatever it
-  // returns, the caller refunds (refundEntries) unless it settles. `denied`
-  // is set when an entry denies without the limiter (it stays set).
-  Collected collectItem(const Rule& configured, const Item& item, int64_t now_ns,
-                        const Asker& asker, bool* denied);
-  Collected collectEntry(const Rule& rule, const Item& item, int64_t now_ns,
-                         const Asker& asker, bool* denied);
-  // Gives back what the entries took from slices and holdings.
-  void refundEntries(int64_t now_ns);
-  // Spends every entry's units or none; each entry's decision is then in
-  // entries_. True when all were allowed.
-  bool settleEntries(int64_t now_ns, bool denied);
-  // A shadow rule's parts: gives back what they spent when one denied.
-  void refundShadowGroup(const Group& group, int64_t now_ns);
-  // The decision and mode reported for a request item.
-  Decision groupDecision(const Group& group, Mode* mode) const;
-  // acquire and peek on a rule decided on its parts.
-  Outcome acquireParts(const Item& item, const Rule& configured, int64_t now_ns,
-                       const Asker& asker, Answer* answer);
-  void peekParts(const Item& item, const Rule& configured, int64_t now_ns, Answer* answer);
   // Whether a global rule decides on leases right now.
   bool leasing(const Rule& rule) const {
     return broker_ != nullptr && leasable(rule) && broker_->leasing();
   }
   Route route(const Rule& rule) const { return sluice::route(*rules_, rule); }
-  KeyTable::Entry* currentEntry(const Rule& rule, std::string_view key) {
-    return sluice::currentEntry(keys_, rule, key);
-  }
-  const Rule& decidingFor(const Rule& rule, std::string_view key, KeyTable::Entry* entry) {
-    return sluice::decidingFor(*rules_, rule, key, entry);
-  }
-  std::span<std::atomic<uint64_t>> freshState(const Rule& rule) { return fresh_.of(rule); }
   // Counts a decision on `configured`, the rule the request named.
   void count(const Rule& configured, const Decision& decision, Mode mode);
 
@@ -172,27 +126,7 @@ class Dispatcher {
   LeasePath lease_;
   LocalPath local_;
   HoldingPath holding_;
-  // An entry of acquire_all or of a rule decided on its parts (collectItem).
-  struct Entry {
-    // Its limiter item: the decision, and the share or state the limiter
-    // spends on, if it does (a rule; none when decided without the limiter).
-    AcquireItem item;
-    Mode mode = Mode::kLocal;
-    const Rule* rule = nullptr;  // the configured rule or a part
-    int64_t taken = 0;           // units taken from its slice
-    std::span<std::atomic<uint64_t>> slice;  // the slice's words, when it has one
-    // The share and its entry's words when fallback spends on it (a debit
-    // to note once the group is allowed); else none.
-    const Rule* share = nullptr;
-    std::span<std::atomic<uint64_t>> share_words;
-    std::span<std::atomic<uint64_t>> held;  // the holding's words when it holds units
-  };
-  std::vector<Entry> entries_;
-  std::vector<Group> groups_;
-
-  // Scratch space reused between requests.
-  std::vector<AcquireItem> limited_;
-  FreshState fresh_;  // a fresh key's state, for peek
+  GroupPath group_;
 };
 
 }  // namespace sluice
