@@ -25,12 +25,14 @@
 
 #include "decision.h"
 #include "key_table.h"
+#include "entry.h"
 #include "lease.h"
 #include "lookup.h"
 #include "metrics.h"
 #include "policy.h"
 #include "rpc.h"
 #include "rules.h"
+#include "slice.h"
 #include "verdict.h"
 #include "waiting.h"
 

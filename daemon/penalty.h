@@ -29,7 +29,7 @@ int64_t blockedFor(std::span<const std::atomic<uint64_t>> words, int64_t now_ns)
 bool recordDenial(const Penalty& penalty, std::span<std::atomic<uint64_t>> words, int64_t now_ns);
 
 // Sets when the key's block ends (0: lifts it): for a global rule, as Redis
-// reports it (lease.h, kBlockRecheckNs).
+// reports it (slice.h, kBlockRecheckNs).
 void setBlockedUntil(std::span<std::atomic<uint64_t>> words, int64_t until_ns);
 
 // True when nothing is counted or blocked any more at now_ns (the words may

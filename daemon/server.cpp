@@ -546,19 +546,15 @@ void Server::onNodesChanged(uint32_t nodes) {
 
 void Server::returnSlice(const Rule& rule, std::string_view key,
                          std::span<std::atomic<uint64_t>> words, int64_t now_ns) {
-  auto word = [&](slice::Word w) {
-    return static_cast<int64_t>(words[w].load(std::memory_order_acquire));
-  };
-  int64_t expires = word(slice::kExpires);
-  auto units = static_cast<int64_t>(words[slice::kUnits].exchange(0, std::memory_order_acq_rel));
-  if (units <= 0 || !broker_ || (expires != 0 && now_ns >= expires)) return;
+  slice::Taken taken = slice::takeBack(words, now_ns);
+  if (taken.units <= 0 || !broker_) return;
   LeaseRequest back;
   back.kind = LeaseRequest::Kind::kReturn;
   back.rule_id = rule.id;
   back.variant = storedOverride(rule, words);
   back.key = std::string(key);
-  back.n = units;
-  back.lease_now_ms = word(slice::kLeaseNowMs);
+  back.n = taken.units;
+  back.lease_now_ms = taken.lease_now_ms;
   broker_->submit(std::move(back));
 }
 
@@ -566,7 +562,7 @@ void Server::onForcedEviction(uint32_t rule_id, std::string_view key,
                               std::span<std::atomic<uint64_t>> words) {
   // Only a global rule's slice holds units.
   if (!broker_ || (rule_id & kFallbackIdBit) != 0 || words.size() < slice::kWords ||
-      static_cast<int64_t>(words[slice::kUnits].load(std::memory_order_relaxed)) <= 0) {
+      !slice::holdsUnits(words)) {
     return;
   }
   RuleSetPtr rules = rules_.load(std::memory_order_acquire);
@@ -597,9 +593,7 @@ void Server::sweepKeys() {
     if ((rule->id & kFallbackIdBit) == 0 && leasesHolding(*rule)) {
       // A holding is idle when no caller holds a unit here (expired ones
       // come back first) and no lease is on the way; its pool goes back.
-      if ((words[slice::kFlags].load(std::memory_order_acquire) & slice::kInFlight) != 0) {
-        return false;
-      }
+      if (slice::inFlight(words)) return false;
       if (int64_t reclaimed = holding::reclaim(words, now_ns); reclaimed > 0 && broker_) {
         broker_->counters().released_units.fetch_add(static_cast<uint64_t>(reclaimed),
                                                      std::memory_order_relaxed);
@@ -609,13 +603,10 @@ void Server::sweepKeys() {
       return true;
     }
     if ((rule->id & kFallbackIdBit) == 0 && leasable(*rule)) {
-      auto word = [&](slice::Word w) { return static_cast<int64_t>(words[w].load(std::memory_order_acquire)); };
-      if ((word(slice::kFlags) & slice::kInFlight) != 0 || now_ns < word(slice::kDenyUntil)) {
-        return false;
-      }
+      if (!slice::idle(words, now_ns)) return false;
       // Requests wait in line for its units (the mark goes with the line).
-      if ((word(slice::kFlags) & slice::kLine) != 0 &&
-          broker_->lines().standing(rule->id, entry.key(), words.first(slice::kWords))) {
+      if (slice::lineMarked(words) &&
+          broker_->lines().standing(rule->id, entry.key(), slice::of(words))) {
         return false;
       }
       returnSlice(*rule, entry.key(), words, now_ns);
