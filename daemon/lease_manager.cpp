@@ -259,12 +259,11 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, const Rule& rule,
     }
     slice::noteGrant(words, reply->granted, reply->remaining);
     if (reply->granted == 0) {
-      // Nothing until retry_after_ms: deny locally until then, so an
-      // over-limit key costs Redis nothing. "Never" waits a period.
+      // Nothing until retry_after_ms: deny locally until then (but asked
+      // again after slice::kEmptyRecheckNs), so an over-limit key costs
+      // Redis little. "Never" waits a period.
       int64_t wait_ms = reply->never ? periodMs(limit) : std::max<int64_t>(reply->retry_after_ms, 1);
-      int64_t wait_ns = wait_ms * 1'000'000;
-      if (context_.broker->learning(rule, now_ns)) wait_ns = std::min(wait_ns, kLearningRecheckNs);
-      slice::applyEmpty(words, now_ns, wait_ns);
+      slice::applyEmpty(words, now_ns, wait_ms * 1'000'000);
       return;
     }
     int64_t expires_ns = 0;

@@ -94,12 +94,6 @@ constexpr size_t kMaxKeptRequests = 1024;
 // its on_redis_down policy this long before it leases again.
 constexpr int64_t kLeaseErrorBackoffNs = 1'000'000'000;
 
-// While a rule learns (breaker.h), Redis's "nothing until t" for a key is
-// asked again after this at most: the other nodes give back what they
-// leased and did not spend (idle keys, a stop), and Redis, which lost what
-// they had spent, may have those units long before t.
-constexpr int64_t kLearningRecheckNs = 1'000'000'000;
-
 // Keys whose debits wait to be sent again (LeaseManager::retryDebits).
 constexpr size_t kMaxUnsentDebits = 65'536;
 

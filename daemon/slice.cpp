@@ -120,13 +120,19 @@ TakeResult take(Words words, int64_t now_ns, int64_t cost, bool again,
       // Refill below a quarter of the last batch, so the next lease lands
       // before the slice runs dry.
       int64_t low_water = std::max<int64_t>(load(words, kBatch) / 4, 1);
-      if (result.left < low_water && now_ns >= load(words, kDenyUntil)) {
+      if (result.left < low_water &&
+          (now_ns >= load(words, kDenyUntil) || now_ns >= load(words, kRecheckAt))) {
         result.must_request = claim(words);
       }
       return result;
     }
   }
-  if (negativelyCached(words, now_ns, &result)) return result;
+  if (negativelyCached(words, now_ns, &result)) {
+    // Past its recheck time, the cache sends one lease to see whether units
+    // came back; the denial stands until its answer.
+    if (now_ns >= load(words, kRecheckAt)) result.must_request = claim(words);
+    return result;
+  }
   result.outcome = Outcome::kEmpty;
   result.must_request = claim(words);
   return result;
@@ -199,7 +205,9 @@ bool recheckBlock(Words words, int64_t now_ns) {
 
 void block(Words words, int64_t now_ns, int64_t block_ns) {
   store(words, kUnits, 0);
-  store(words, kDenyUntil, now_ns + std::min(block_ns, kBlockRecheckNs));
+  int64_t recheck_ns = now_ns + std::min(block_ns, kBlockRecheckNs);
+  store(words, kDenyUntil, recheck_ns);
+  store(words, kRecheckAt, recheck_ns);
 }
 
 void forget(Words words) {
@@ -226,6 +234,7 @@ void applyGrant(Words words, int64_t granted, int64_t lease_now_ms, int64_t expi
 
 void applyEmpty(Words words, int64_t now_ns, int64_t wait_ns) {
   store(words, kDenyUntil, now_ns + wait_ns);
+  store(words, kRecheckAt, now_ns + std::min(wait_ns, kEmptyRecheckNs));
 }
 
 int64_t leaseNowMs(ConstWords words) { return load(words, kLeaseNowMs); }

@@ -62,6 +62,7 @@ enum Word : size_t {
   kLeaseNowMs,     // Redis's clock (ms) at the last granting lease: its window
   kBatch,          // units asked for by the last lease request
   kRate,           // demand per lease interval, as last measured over one or more
+  kRecheckAt,      // ns: while kDenyUntil stands, when to ask Redis again anyway
   kWords
 };
 constexpr uint64_t kInFlight = 1;
@@ -89,12 +90,22 @@ constexpr int64_t kRoomyFactor = 4;
 // the blocks it knows of in full.
 constexpr int64_t kBlockRecheckNs = 1'000'000'000;
 
+// Redis's "nothing until t" is believed for this long at most: the other
+// nodes give back what they leased and did not spend (idle keys, a stop,
+// a learning node's surplus), and Redis may have those units long before
+// t. Denials still tell callers t (Redis's best word on it), but the first
+// take() after the recheck time also claims a lease, whose answer replaces
+// the cache. Asking again costs one lease per refused key, node and recheck
+// while the key is still being asked for.
+constexpr int64_t kEmptyRecheckNs = 1'000'000'000;
+
 // The slice of a key entry: its first kWords words.
 inline Words of(Words entry) { return entry.first(kWords); }
 
 enum class Outcome {
   kTaken,     // spent; `left` units remain
-  kDenied,    // negatively cached until `until_ns`
+  kDenied,    // negatively cached until `until_ns` (must_request: the cache
+              // is due for its recheck, and this caller claimed the lease)
   kEmpty,     // nothing to spend; a lease is in flight (maybe claimed now)
   kFallback,  // a lease failed lately: decide by on_redis_down
   kQueued,    // requests wait in line for the units; `until_ns` is when Redis
@@ -182,7 +193,8 @@ void applyGrant(Words words, int64_t granted, int64_t lease_now_ms, int64_t expi
                 bool new_window);
 
 // Redis had nothing for the key until now_ns + wait_ns: deny locally until
-// then.
+// then, and ask again after kEmptyRecheckNs at most (units other nodes
+// return come back into Redis sooner, and only a lease sees them).
 void applyEmpty(Words words, int64_t now_ns, int64_t wait_ns);
 
 // Redis's clock at the slice's last grant (ms; its window).

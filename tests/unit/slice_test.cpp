@@ -73,7 +73,7 @@ TEST_F(SliceTest, RefillBelowLowWater) {
 // Verifies the negative cache: after "nothing until t" the key is denied
 // locally until t, without claiming a lease, and may lease again after.
 TEST_F(SliceTest, NegativeCacheDeniesUntilItsTime) {
-  words_[slice::kDenyUntil].store(50 * kMs);
+  slice::applyEmpty(words(), 0, 50 * kMs);
   slice::TakeResult denied = slice::take(words(), 10 * kMs, 1);
   EXPECT_EQ(denied.outcome, slice::Outcome::kDenied);
   EXPECT_EQ(denied.until_ns, 50 * kMs);
@@ -266,6 +266,37 @@ TEST_F(SliceTest, AGrantFillsTheSliceAndANewWindowDropsTheOldOnesUnits) {
   slice::applyGrant(words(), 4, 8'000, 100 * kMs, true);
   EXPECT_EQ(slice::look(words(), 99 * kMs, 1).left, 3);  // 4 granted, the old 3 dropped, 1 looked
   EXPECT_EQ(slice::look(words(), 100 * kMs, 1).outcome, slice::Outcome::kEmpty);
+}
+
+// Verifies that Redis's "nothing until t" is believed until t when t is
+// near; when it is far, denials still say t, but the first take after
+// slice::kEmptyRecheckNs claims one lease to see whether other nodes gave
+// units back, and the others wait for its answer.
+TEST_F(SliceTest, AFarNegativeCacheClaimsOneLeaseAfterTheRecheckSpan) {
+  slice::applyEmpty(words(), 10 * kMs, 30 * kMs);
+  slice::TakeResult near = slice::take(words(), 39 * kMs, 1);
+  EXPECT_EQ(near.outcome, slice::Outcome::kDenied);
+  EXPECT_FALSE(near.must_request);
+  EXPECT_EQ(slice::take(words(), 40 * kMs, 1).outcome, slice::Outcome::kEmpty);
+  slice::unclaim(words());
+
+  const int64_t at_ns = 100 * kMs;
+  const int64_t t_ns = at_ns + 450'000 * kMs;  // 7.5 minutes
+  slice::applyEmpty(words(), at_ns, t_ns - at_ns);
+  slice::TakeResult before = slice::take(words(), at_ns + slice::kEmptyRecheckNs - 1, 1);
+  EXPECT_EQ(before.outcome, slice::Outcome::kDenied);
+  EXPECT_EQ(before.until_ns, t_ns);
+  EXPECT_FALSE(before.must_request);
+  slice::TakeResult due = slice::take(words(), at_ns + slice::kEmptyRecheckNs, 1);
+  EXPECT_EQ(due.outcome, slice::Outcome::kDenied);
+  EXPECT_EQ(due.until_ns, t_ns);
+  EXPECT_TRUE(due.must_request);
+  EXPECT_FALSE(slice::take(words(), at_ns + slice::kEmptyRecheckNs, 1).must_request);  // one lease
+  // Its answer: still nothing, so the cache stands for another recheck span.
+  slice::applyEmpty(words(), at_ns + slice::kEmptyRecheckNs, t_ns - at_ns - slice::kEmptyRecheckNs);
+  slice::unclaim(words());
+  EXPECT_FALSE(slice::take(words(), at_ns + 2 * slice::kEmptyRecheckNs - 1, 1).must_request);
+  EXPECT_TRUE(slice::take(words(), at_ns + 2 * slice::kEmptyRecheckNs, 1).must_request);
 }
 
 // Verifies that a block empties the slice and is asked of Redis again after
