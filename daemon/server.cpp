@@ -93,11 +93,12 @@ size_t workerCount(uint32_t configured) {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
-Server::Server(Config config)
+Server::Server(Config config, MonotonicClock clock)
     : config_(std::move(config)),
       access_(config_.access, geteuid()),
       user_connections_(config_.access.max_connections_per_user),
-      metrics_(workerCount(config_.daemon.workers)) {
+      metrics_(workerCount(config_.daemon.workers)),
+      clock_ns_(std::move(clock)) {
   rules_.store(config_.rules, std::memory_order_release);
   KeyTableOptions key_options;
   key_options.max_keys = config_.keys.max_keys;
@@ -134,12 +135,13 @@ Server::Server(Config config)
     broker_->onReplies([this] {
       for (auto& worker : workers_) worker->notifyLeases();
     });
-    control_ = std::make_unique<Control>(*config_.redis);
+    control_ = std::make_unique<Control>(*config_.redis, RedisLinkOptions{}, clock_ns_);
     control_->onNodesChanged([this](uint32_t nodes) { onNodesChanged(nodes); });
     LeaseContext context;
     context.keys = keys_.get();
     context.broker = broker_.get();
     context.rules = [this] { return rules_.load(std::memory_order_acquire); };
+    context.now_ns = clock_ns_;
     control_->attachLeases(std::move(context));
   }
 }
@@ -150,7 +152,7 @@ Server::~Server() {
   }
 }
 
-int64_t Server::uptimeMs() const { return (monotonicNowNs() / 1'000'000) - started_ms_; }
+int64_t Server::uptimeMs() const { return (clock_ns_() / 1'000'000) - started_ms_; }
 
 size_t Server::connections() const {
   size_t open = 0;
@@ -177,7 +179,7 @@ RedisHealth Server::redisHealth() const {
   health.nodes = snapshot.nodes;
   health.mode = control_->mode();
   health.address = std::move(snapshot.address);
-  int64_t now_ns = monotonicNowNs();
+  int64_t now_ns = clock_ns_();
   health.breaker = broker_->breaker();
   health.learning = broker_->learningAny(now_ns);
   if (RuleSetPtr rules = rules_.load(std::memory_order_acquire)) {
@@ -205,7 +207,7 @@ RedisHealth Server::redisHealth() const {
 }
 
 LeaseStats Server::leaseStats() const {
-  return broker_ ? broker_->stats(monotonicNowNs()) : LeaseStats{};
+  return broker_ ? broker_->stats(clock_ns_()) : LeaseStats{};
 }
 
 HistogramSnapshot Server::leaseLatency() const {
@@ -271,7 +273,7 @@ bool Server::listen(std::string* error) {
 }
 
 int Server::run() {
-  started_ms_ = monotonicNowNs() / 1'000'000;
+  started_ms_ = clock_ns_() / 1'000'000;
   uv_loop_init(&loop_);
   // Signals first: a SIGHUP or SIGTERM that arrives once clients can connect
   // must reach our handlers, not the default action.
@@ -571,13 +573,13 @@ void Server::onForcedEviction(uint32_t rule_id, std::string_view key,
   // (lease_manager.h), which finds the key gone.
   if (rule != nullptr && (leasable(*rule) || leasesHolding(*rule)) &&
       words.size() == entryWords(*rule)) {
-    returnSlice(*rule, key, words, monotonicNowNs());
+    returnSlice(*rule, key, words, clock_ns_());
   }
 }
 
 void Server::sweepKeys() {
   RuleSetPtr rules = rules_.load(std::memory_order_acquire);
-  int64_t now_ns = monotonicNowNs();
+  int64_t now_ns = clock_ns_();
   // A key is dropped when its rule is gone or its state is a fresh key's:
   // dropping it then changes no future decision. A global rule's idle slice
   // gives its unused units back to Redis as it goes; a share entry stays
