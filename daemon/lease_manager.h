@@ -1,6 +1,6 @@
 // LeaseManager: the control thread's half of the lease path. It turns the
 // workers' LeaseRequests into EVALSHA calls of the lease scripts, applies
-// the answers to the keys' slices (lease.h), and sends the calls the
+// the answers to the keys' slices (slice.h), and sends the calls the
 // breaker asks for (breaker.h: what happens when Redis goes down and comes
 // back) as its BreakerActions.
 //

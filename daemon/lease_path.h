@@ -1,5 +1,5 @@
 // Lease path: decisions of a leasable global rule while Redis is up, on the
-// key's slice (lease.h): units leased from Redis in batches, spent here one
+// key's slice (slice.h): units leased from Redis in batches, spent here one
 // acquire at a time.
 //
 // An acquire takes its cost from the slice. Below the low-water mark it asks

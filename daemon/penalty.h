@@ -1,6 +1,6 @@
 // Penalty: blocking a key that its rule keeps denying (rules.h, Penalty).
 //
-// State: kWords words of the key's entry, after the algorithm's state (lease.h
+// State: kWords words of the key's entry, after the algorithm's state (entry.h
 // has the layout), all zero for a key without denials:
 //  - kDenials: the denials counted in the current window, with the window's
 //    start: (start_ms + 1) << kCountBits | count. A window starts at the
