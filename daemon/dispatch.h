@@ -117,7 +117,6 @@ class Dispatcher {
   // Counts a decision on `configured`, the rule the request named.
   void count(const Rule& configured, const Decision& decision, Mode mode);
 
-  KeyTable& keys_;
   MetricsShard& metrics_;
   LeaseBroker* broker_;
   RuleSetPtr rules_;
