@@ -341,7 +341,7 @@ void Admin::reload(rpc::MsgId msgid, const Peer& peer, std::string* out) {
 // may spend. For a global rule that leases (each part of one decided on its
 // parts), the state and the block in Redis are reset too (penalty.lua),
 // which needs Redis up; other nodes see
-// the block lifted within kBlockRecheckNs (lease.h), and keep the units
+// the block lifted within slice::kBlockRecheckNs (slice.h), and keep the units
 // their slices hold. A global rule that does not lease keeps its state in
 // this node's share. The answer is peek's on the fresh state.
 void Admin::reset(const RuleSet& rules, const rpc::Request& request, const Peer& peer,
@@ -407,10 +407,12 @@ void Admin::forgetKey(const Rule& rule, std::string_view key) {
   if (entry == nullptr) return;
   size_t words = entryWords(rule) - (rule.overrides.empty() ? 0 : 1);
   auto state = entry->state().first(words);
-  for (size_t i = 0; i < state.size(); ++i) {
-    bool in_flight = leasable(rule) && i == slice::kFlags;
-    state[i].fetch_and(in_flight ? slice::kInFlight : 0, std::memory_order_relaxed);
+  size_t from = 0;
+  if (leasable(rule)) {
+    slice::forget(state);
+    from = slice::kWords;
   }
+  for (std::atomic<uint64_t>& word : state.subspan(from)) word.store(0, std::memory_order_relaxed);
 }
 
 }  // namespace sluice

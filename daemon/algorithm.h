@@ -159,7 +159,7 @@ constexpr std::optional<Algorithm> algorithmNamed(std::string_view name) {
 constexpr int64_t maxLimit(Algorithm algorithm) { return algorithmTraits(algorithm).max_limit; }
 
 // Whether lua/ has a rate lease script for the algorithm, so a global rule of
-// it can lease a slice (lease.h).
+// it can lease a slice (slice.h).
 constexpr bool hasRateLeaseScript(Algorithm algorithm) {
   return algorithmTraits(algorithm).leases_slice;
 }

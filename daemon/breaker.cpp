@@ -5,6 +5,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "entry.h"
+
 namespace sluice {
 
 std::optional<RedisIdentity> parseInfo(std::string_view info) {

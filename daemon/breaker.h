@@ -38,9 +38,10 @@
 // node can have reconnected (the longest reconnect backoff). Learning is
 // per rule: learningSpanNs() below, asked through LeaseBroker::learning.
 // While a rule learns, a node's worker leases no more than the share still
-// allows (what it may not spend stays in Redis for the others), and Redis's
-// "nothing until t" is asked again after kLearningRecheckNs at most
-// (lease_manager.h), as the others give back what they did not spend.
+// allows (what it may not spend stays in Redis for the others); Redis's
+// "nothing until t" is asked again after slice::kEmptyRecheckNs at most
+// (slice.h), learning or not, as the others give back what they did not
+// spend.
 //
 // Thread model: a CircuitBreaker runs on the control thread only; workers
 // read its state through the LeaseBroker's atomics. Time comes in as now_ns

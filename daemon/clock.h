@@ -20,12 +20,19 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 
 namespace sluice {
 
 // Monotonic time in nanoseconds (CLOCK_MONOTONIC), the clock every decision uses.
 int64_t monotonicNowNs();
+
+// The monotonic clock as something to inject: a class that reads the time
+// takes one (monotonicNowNs in the daemon) and reads it through that alone,
+// so a test can run it on a simulated clock. Called on the owner's threads;
+// a test's clock must be safe to call from each of them.
+using MonotonicClock = std::function<int64_t()>;
 
 // CLOCK_REALTIME minus CLOCK_MONOTONIC now, in microseconds: what turns a
 // monotonic time into this host's wall time. It moves when the wall clock is

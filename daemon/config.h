@@ -138,7 +138,7 @@ struct RedisConfig {
   std::string node_id;
   uint32_t expected_nodes = 1;    // live nodes assumed before heartbeats arrive
   int64_t lease_timeout_ms = 50;  // longest wait for one lease answer
-  // A lease covers about this much of a key's local demand (lease.h).
+  // A lease covers about this much of a key's local demand (slice.h).
   int64_t lease_interval_ms = 100;
   // A global concurrency rule's units held by a node live this long in
   // Redis unless renewed (holding.h): the units of a node that crashed, or

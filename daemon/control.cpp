@@ -17,12 +17,6 @@
 
 namespace sluice {
 
-namespace {
-
-int64_t monotonicNowUs() { return monotonicNowNs() / 1000; }
-
-}  // namespace
-
 std::string defaultNodeId() {
   char host[256] = {};
   if (gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0') {
@@ -31,9 +25,10 @@ std::string defaultNodeId() {
   return std::string(host) + ":" + std::to_string(getpid());
 }
 
-Control::Control(RedisConfig config, RedisLinkOptions link_options)
+Control::Control(RedisConfig config, RedisLinkOptions link_options, MonotonicClock clock)
     : config_(std::move(config)),
       link_options_(link_options),
+      clock_ns_(std::move(clock)),
       node_id_(config_.node_id.empty() ? defaultNodeId() : config_.node_id),
       members_key_(redisMembersKey(config_.key_prefix)),
       nodes_(std::max<uint32_t>(config_.expected_nodes, 1)) {}
@@ -113,7 +108,7 @@ void Control::start() {
     lease_context_.redis_now_us = [this]() -> std::optional<int64_t> {
       int64_t offset_us = clock_offset_us_.load(std::memory_order_acquire);
       if (offset_us == kNoOffset) return std::nullopt;
-      return monotonicNowUs() + offset_us;
+      return nowUs() + offset_us;
     };
     leases_ = std::make_unique<LeaseManager>(*redis_, config_, lease_context_);
     lease_context_.broker->setWakeup(&wakeup_);
@@ -195,7 +190,7 @@ void Control::onWakeup() {
 void Control::onConnected() {
   if (stopping_) return;
   reconnected_ = connected_at_us_ != 0;
-  connected_at_us_ = monotonicNowUs();
+  connected_at_us_ = nowUs();
   std::string address = redis_->address();
   if (!connected_to_.empty() && address != connected_to_) {
     spdlog::warn("control: redis is now {} (was {})", address, connected_to_);
@@ -258,7 +253,7 @@ void Control::beat() {
       scripts::HeartbeatOp::kBeat, node_id_, kHeartbeatTtlIntervals * config_.heartbeat_interval_ms);
   std::vector<std::string_view> args(argv.begin(), argv.end());
   std::string_view keys[] = {members_key_};
-  int64_t sent_us = monotonicNowUs();
+  int64_t sent_us = nowUs();
   beat_in_flight_ = redis_->evalsha(
       heartbeat_script_, keys, args,
       [this, sent_us](const RedisResult& result) { onHeartbeat(result, sent_us); },
@@ -266,7 +261,7 @@ void Control::beat() {
 }
 
 void Control::onHeartbeat(const RedisResult& result, int64_t sent_us) {
-  int64_t received_us = monotonicNowUs();
+  int64_t received_us = nowUs();
   beat_in_flight_ = false;
   if (result.status != RedisStatus::kOk) {
     // Timeouts and disconnects are the link's to report (and mark Redis down);

@@ -111,7 +111,10 @@ class Control {
  public:
   // Nothing runs before start(). `link_options` are the link's own knobs
   // (connect timeout, backoff).
-  explicit Control(RedisConfig config, RedisLinkOptions link_options = {});
+  // `clock` stamps heartbeats (the clock offset is Redis's time minus it)
+  // and connections.
+  explicit Control(RedisConfig config, RedisLinkOptions link_options = {},
+                   MonotonicClock clock = monotonicNowNs);
   // Stops and joins the thread when the owner has not.
   ~Control();
   Control(const Control&) = delete;
@@ -167,6 +170,8 @@ class Control {
 
   const RedisConfig config_;
   const RedisLinkOptions link_options_;
+  const MonotonicClock clock_ns_;
+  int64_t nowUs() const { return clock_ns_() / 1000; }
   const std::string node_id_;
   const std::string members_key_;
   std::function<void(uint32_t)> on_nodes_changed_;

@@ -22,8 +22,7 @@ std::string notReleasable(const Rule& rule) {
 
 Dispatcher::Dispatcher(KeyTable& keys, MetricsShard& metrics, LeaseBroker* broker,
                        int64_t lease_timeout_ns)
-    : keys_(keys),
-      metrics_(metrics),
+    : metrics_(metrics),
       broker_(broker),
       waiting_(metrics, broker, lease_timeout_ns),
       policy_(keys, metrics, broker),

@@ -91,6 +91,7 @@ class Dispatcher {
   // Drops the deferred questions of a recipient that has gone away.
   void forget(const Recipient* recipient) { waiting_.forget(recipient); }
   bool hasDeferred() const { return waiting_.any(); }
+  bool awaitsLeaseNews() const { return waiting_.awaitsNews(); }
   // The earliest deadline or due time of a deferred request (hasDeferred() only).
   int64_t nextDeadlineNs() const { return waiting_.nextDeadlineNs(); }
   // The requests waiting, by kind (tests).
@@ -116,7 +117,6 @@ class Dispatcher {
   // Counts a decision on `configured`, the rule the request named.
   void count(const Rule& configured, const Decision& decision, Mode mode);
 
-  KeyTable& keys_;
   MetricsShard& metrics_;
   LeaseBroker* broker_;
   RuleSetPtr rules_;

@@ -90,7 +90,7 @@ GroupPath::Collected GroupPath::collectEntry(const Rule& rule, const Item& item,
       *denied = *denied || !acquire_item.decision.allowed;
       decided = true;
     } else {
-      slice_words = entry->state().first(slice::kWords);
+      slice_words = slice::of(entry->state());
       slice::TakeResult taken =
           lease_.take(rule, key, slice_words, now_ns, cost, asker.again, false);
       lease_.afterTake(*rules_, rule, deciding, key, entry->state(), now_ns, cost, taken);

@@ -36,6 +36,7 @@
 #include "decision.h"
 #include "holding_path.h"
 #include "key_table.h"
+#include "entry.h"
 #include "lease.h"
 #include "lease_path.h"
 #include "limiter.h"
@@ -44,6 +45,7 @@
 #include "policy.h"
 #include "question.h"
 #include "rules.h"
+#include "slice.h"
 #include "waiting.h"
 
 namespace sluice {

@@ -259,4 +259,34 @@ Decision decide(ConstWords words, const Limit& limit, int64_t now_ns, int64_t co
   return decision;
 }
 
+int64_t held(ConstWords words) {
+  return static_cast<int64_t>(words[kHeld].load(std::memory_order_acquire));
+}
+
+void applyGrant(Words words, int64_t granted) {
+  words[kHeld].fetch_add(static_cast<uint64_t>(granted), std::memory_order_acq_rel);
+  words[slice::kUnits].fetch_add(static_cast<uint64_t>(granted), std::memory_order_acq_rel);
+  words[slice::kDenyUntil].store(0, std::memory_order_release);
+  words[slice::kFlags].fetch_or(slice::kWarm, std::memory_order_acq_rel);
+}
+
+void returned(Words words, int64_t units) {
+  words[kHeld].fetch_sub(static_cast<uint64_t>(units), std::memory_order_acq_rel);
+}
+
+int64_t reconcile(Words words, int64_t redis_held) {
+  int64_t believed = held(words);
+  if (redis_held >= believed) return 0;
+  int64_t lost = believed - redis_held;
+  words[slice::kUnits].fetch_sub(static_cast<uint64_t>(lost), std::memory_order_acq_rel);
+  words[kHeld].store(static_cast<uint64_t>(redis_held), std::memory_order_release);
+  return lost;
+}
+
+int64_t takeAll(Words words) {
+  auto held_units = static_cast<int64_t>(words[kHeld].exchange(0, std::memory_order_acq_rel));
+  words[slice::kUnits].store(0, std::memory_order_release);
+  return held_units;
+}
+
 }  // namespace sluice::holding

@@ -5,9 +5,9 @@
 // Each node leases units from Redis in batches into the key's pool and hands
 // them to local acquires; a release puts a unit back into the pool, not into
 // Redis, so a key that is busy costs Redis nothing per acquire. The key's
-// entry holds, in order (entryWords() in lease.h):
+// entry holds, in order (entryWords() in entry.h):
 //
-//  - the slice words (lease.h): slice::kUnits is the pool, units held from
+//  - the slice words (slice.h): slice::kUnits is the pool, units held from
 //    Redis that no caller holds now; the in-flight bit, the negative cache,
 //    the demand and the batch work as for a rate rule's slice;
 //  - kHeld: the units Redis holds for this node, as the node believes it;
@@ -49,8 +49,8 @@
 #include <span>
 
 #include "decision.h"
-#include "lease.h"
 #include "rules.h"
+#include "slice.h"
 
 namespace sluice::holding {
 
@@ -132,5 +132,27 @@ slice::Batch nextBatch(std::span<std::atomic<uint64_t>> words, int64_t now_ns, i
 Decision decide(std::span<const std::atomic<uint64_t>> words, const Limit& limit, int64_t now_ns,
                 int64_t cost, int64_t free_units, bool allowed, int64_t retry_ns = 0,
                 int64_t others_back_ns = 0);
+
+// --- The control thread: what Redis holds for the node ------------------------
+
+// The units Redis holds for this node, as the node believes it (kHeld).
+int64_t held(std::span<const std::atomic<uint64_t>> words);
+
+// A lease granted `granted` units: into kHeld and the pool; the negative
+// cache ends; the key is warm.
+void applyGrant(std::span<std::atomic<uint64_t>> words, int64_t granted);
+
+// `units` left the pool to go back to Redis (a return sent): out of kHeld.
+void returned(std::span<std::atomic<uint64_t>> words, int64_t units);
+
+// Redis says it holds `redis_held` units for the node. When that is fewer
+// than kHeld, the difference is lost (the holding expired, or shrank): it
+// leaves the pool too (which may go into debt) and kHeld becomes
+// redis_held. Returns the units lost (0: none).
+int64_t reconcile(std::span<std::atomic<uint64_t>> words, int64_t redis_held);
+
+// The node is leaving: every unit Redis holds for it goes back. Empties kHeld
+// and the pool; returns what kHeld held.
+int64_t takeAll(std::span<std::atomic<uint64_t>> words);
 
 }  // namespace sluice::holding

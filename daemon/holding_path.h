@@ -26,11 +26,13 @@
 
 #include "decision.h"
 #include "key_table.h"
+#include "entry.h"
 #include "lease.h"
 #include "lookup.h"
 #include "metrics.h"
 #include "rpc.h"
 #include "rules.h"
+#include "slice.h"
 #include "waiting.h"
 
 namespace sluice {

@@ -5,8 +5,10 @@
 
 #include <spdlog/spdlog.h>
 
+#include "entry.h"
 #include "holding.h"
 #include "lease_manager.h"
+#include "slice.h"
 
 namespace sluice {
 
@@ -18,10 +20,6 @@ using Words = std::span<std::atomic<uint64_t>>;
 std::optional<Words> holdingWords(KeyTable::Entry* entry, const Rule& rule) {
   if (entry == nullptr || entry->state().size() != entryWords(rule)) return std::nullopt;
   return entry->state();
-}
-
-int64_t load(Words words, size_t word) {
-  return static_cast<int64_t>(words[word].load(std::memory_order_acquire));
 }
 
 }  // namespace
@@ -74,16 +72,10 @@ void LeaseManager::sendHoldingLease(const LeaseRequest& request, const Rule& rul
             // free units sooner: ask again after a lease interval at most.
             int64_t wait_ms = std::clamp<int64_t>(reply->retry_after_ms, 1,
                                                   config_.lease_interval_ms);
-            words[slice::kDenyUntil].store(static_cast<uint64_t>(now_ns + wait_ms * 1'000'000),
-                                           std::memory_order_release);
+            slice::applyEmpty(words, now_ns, wait_ms * 1'000'000);
             return;
           }
-          words[holding::kHeld].fetch_add(static_cast<uint64_t>(reply->granted),
-                                          std::memory_order_acq_rel);
-          words[slice::kUnits].fetch_add(static_cast<uint64_t>(reply->granted),
-                                         std::memory_order_acq_rel);
-          words[slice::kDenyUntil].store(0, std::memory_order_release);
-          words[slice::kFlags].fetch_or(slice::kWarm, std::memory_order_acq_rel);
+          holding::applyGrant(words, reply->granted);
         });
         if (done) done();
       });
@@ -123,8 +115,7 @@ bool LeaseManager::serveHoldingReturn(const LeaseRequest& request, const Rule& r
         slice::refund(*words, request.n);
         return true;
       }
-      (*words)[holding::kHeld].fetch_sub(static_cast<uint64_t>(request.n),
-                                         std::memory_order_acq_rel);
+      holding::returned(*words, request.n);
     }
   }
   // (An entry gone with Redis down leaves its units to expire in Redis.)
@@ -160,15 +151,10 @@ void LeaseManager::reconcile(const Rule& rule, const RuleSetPtr& rules, const st
   {
     KeyTable::ReadGuard guard(*context_.keys, reader_);
     if (auto words = holdingWords(context_.keys->find(rule.id, key), rule)) {
-      believed = load(*words, holding::kHeld);
-      if (reply.held < believed) {
-        // The holding expired in Redis (or shrank): those units are gone, and
-        // the units callers hold here beyond what is left are a debt.
-        lost = believed - reply.held;
-        (*words)[slice::kUnits].fetch_sub(static_cast<uint64_t>(lost), std::memory_order_acq_rel);
-        (*words)[holding::kHeld].store(static_cast<uint64_t>(reply.held), std::memory_order_release);
-        believed = reply.held;
-      }
+      // A holding that expired in Redis (or shrank) lost units, and the
+      // units callers hold here beyond what is left are a debt.
+      lost = holding::reconcile(*words, reply.held);
+      believed = holding::held(*words);
       excess = reply.held - believed;
       debt = holding::pool(*words) < 0;
     }
@@ -255,10 +241,9 @@ void LeaseManager::passHoldings(bool recovering, const std::function<void()>& an
           debts.emplace_back(rule, std::move(request));
         }
       } else if (surplus > 0) {
-        (*words)[holding::kHeld].fetch_sub(static_cast<uint64_t>(surplus),
-                                           std::memory_order_acq_rel);
+        holding::returned(*words, surplus);
         calls.push_back({rule, at.key, scripts::Op::kReturn, surplus});
-      } else if (load(*words, holding::kHeld) > 0 || held.redis_held > 0) {
+      } else if (holding::held(*words) > 0 || held.redis_held > 0) {
         if (recovering || now_ns - held.last_call_ns >= renew_ns / 2) {
           calls.push_back({rule, at.key, scripts::Op::kRenew, 0});
         }

@@ -7,10 +7,12 @@
 
 #include <spdlog/spdlog.h>
 
+#include "entry.h"
 #include "holding.h"
 #include "limiter.h"
 #include "penalty.h"
 #include "redis_keys.h"
+#include "slice.h"
 
 namespace sluice {
 
@@ -18,12 +20,7 @@ namespace {
 
 using Words = std::span<std::atomic<uint64_t>>;
 
-void store(Words words, slice::Word word, int64_t value) {
-  words[word].store(static_cast<uint64_t>(value), std::memory_order_release);
-}
-
 int64_t periodMs(const Limit& limit) { return (limit.period_ns + 999'999) / 1'000'000; }
-
 
 // The rule a request of `rule` is for: the variant of the override that
 // decides its key, whose limits the script is called with (same name, id
@@ -203,7 +200,7 @@ void LeaseManager::leaseFailed(const LeaseRequest& request, const RedisResult& r
     }
   }
   finish(request.rule_id, request.key, [&](Words words) {
-    if (answered || master_lost) store(words, slice::kFallbackUntil, now_ns + kLeaseErrorBackoffNs);
+    if (answered || master_lost) slice::failUntil(words, now_ns + kLeaseErrorBackoffNs);
   });
 }
 
@@ -243,51 +240,44 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, const Rule& rule,
     applied = true;
     if (rule.penalty) {
       // The key's block, as Redis has it: held here until it ends, but asked
-      // again after kBlockRecheckNs (slice::kDenyUntil, which the workers
-      // read as the time to recheck while a block holds), so that a reset
-      // lifts it.
+      // again after slice::kBlockRecheckNs (the slice's negative cache,
+      // which the workers read as the time to recheck while a block holds),
+      // so that a reset lifts it.
       auto block = penaltyState(rule, words);
       if (reply->blocked_ms > 0) {
         int64_t left_ns = reply->blocked_ms * 1'000'000;
         penalty::setBlockedUntil(block, now_ns + left_ns);
-        store(words, slice::kUnits, 0);
-        store(words, slice::kDenyUntil, now_ns + std::min(left_ns, kBlockRecheckNs));
+        slice::block(words, now_ns, left_ns);
         return;
       }
       // A recheck found no block (lifted, or ended in Redis first). A lease
       // sent before this node blocked the key answers before its recheck
       // time, and leaves the block alone.
-      int64_t recheck_ns = static_cast<int64_t>(words[slice::kDenyUntil].load(std::memory_order_acquire));
-      if (penalty::blockedFor(block, now_ns) > 0 && now_ns >= recheck_ns) {
+      if (penalty::blockedFor(block, now_ns) > 0 && now_ns >= slice::deniedUntilNs(words)) {
         penalty::setBlockedUntil(block, 0);
       }
     }
     slice::noteGrant(words, reply->granted, reply->remaining);
     if (reply->granted == 0) {
-      // Nothing until retry_after_ms: deny locally until then, so an
-      // over-limit key costs Redis nothing. "Never" waits a period.
+      // Nothing until retry_after_ms: deny locally until then (but asked
+      // again after slice::kEmptyRecheckNs), so an over-limit key costs
+      // Redis little. "Never" waits a period.
       int64_t wait_ms = reply->never ? periodMs(limit) : std::max<int64_t>(reply->retry_after_ms, 1);
-      int64_t wait_ns = wait_ms * 1'000'000;
-      if (context_.broker->learning(rule, now_ns)) wait_ns = std::min(wait_ns, kLearningRecheckNs);
-      store(words, slice::kDenyUntil, now_ns + wait_ns);
+      slice::applyEmpty(words, now_ns, wait_ms * 1'000'000);
       return;
     }
+    int64_t expires_ns = 0;
+    bool new_window = false;
     if (algorithmTraits(rule.algorithm).windowed) {
       // The units count in the window the lease was granted in; they may
       // be spent only until it ends. Units of an older window are dropped.
       int64_t period_ms = periodMs(limit);
       int64_t window_end_ms = (reply->now_ms / period_ms + 1) * period_ms;
-      int64_t old_window = scripts::leaseWindow(
-          static_cast<int64_t>(words[slice::kLeaseNowMs].load(std::memory_order_acquire)), limit);
-      if (old_window != scripts::leaseWindow(reply->now_ms, limit)) {
-        store(words, slice::kUnits, 0);
-      }
-      store(words, slice::kExpires, now_ns + (window_end_ms - reply->now_ms) * 1'000'000);
+      new_window = scripts::leaseWindow(slice::leaseNowMs(words), limit) !=
+                   scripts::leaseWindow(reply->now_ms, limit);
+      expires_ns = now_ns + (window_end_ms - reply->now_ms) * 1'000'000;
     }
-    words[slice::kUnits].fetch_add(static_cast<uint64_t>(reply->granted), std::memory_order_acq_rel);
-    store(words, slice::kLeaseNowMs, reply->now_ms);
-    store(words, slice::kDenyUntil, 0);
-    words[slice::kFlags].fetch_or(slice::kWarm, std::memory_order_acq_rel);
+    slice::applyGrant(words, reply->granted, reply->now_ms, expires_ns, new_window);
   });
   if (!applied && reply->granted > 0) {
     // The key was evicted while its lease was in flight: give the units back.
@@ -304,7 +294,7 @@ void LeaseManager::finish(uint32_t rule_id, std::string_view key,
     if (entry != nullptr && entry->state().size() >= slice::kWords) {
       Words words = entry->state();
       if (apply) apply(words);
-      words[slice::kFlags].fetch_and(~slice::kInFlight, std::memory_order_acq_rel);
+      slice::unclaim(words);
     }
   }
   context_.broker->notifyWorkers();
@@ -460,22 +450,16 @@ void LeaseManager::returnAll(int64_t timeout_ms, std::function<void()> done) {
   context_.keys->visit([&](KeyTable::Entry& entry) {
     const Rule* rule = rules->findById(entry.ruleId());
     if (rule != nullptr && leasesHolding(*rule) && entry.state().size() == entryWords(*rule)) {
-      Words words = entry.state();
-      auto held = static_cast<int64_t>(words[holding::kHeld].exchange(0, std::memory_order_acq_rel));
-      words[slice::kUnits].store(0, std::memory_order_release);
+      int64_t held = holding::takeAll(entry.state());
       if (held > 0) returns.push_back({rule, std::string(entry.key()), held, 0, true});
       return;
     }
     if (rule == nullptr || !leasable(*rule) || entry.state().size() != entryWords(*rule)) return;
     Words words = entry.state();
-    int64_t expires = static_cast<int64_t>(words[slice::kExpires].load(std::memory_order_acquire));
-    auto units = static_cast<int64_t>(words[slice::kUnits].exchange(0, std::memory_order_acq_rel));
-    if (units > 0 && (expires == 0 || now_ns < expires)) {
+    slice::Taken back = slice::takeBack(words, now_ns);
+    if (back.units > 0) {
       returns.push_back({&variantOf(*rules, *rule, storedOverride(*rule, words)),
-                         std::string(entry.key()),
-                         units,
-                         static_cast<int64_t>(words[slice::kLeaseNowMs].load(std::memory_order_acquire)),
-                         false});
+                         std::string(entry.key()), back.units, back.lease_now_ms, false});
     }
   });
   if (!breaker_.redisUp() || returns.empty()) {

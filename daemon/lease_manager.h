@@ -1,6 +1,6 @@
 // LeaseManager: the control thread's half of the lease path. It turns the
 // workers' LeaseRequests into EVALSHA calls of the lease scripts, applies
-// the answers to the keys' slices (lease.h), and sends the calls the
+// the answers to the keys' slices (slice.h), and sends the calls the
 // breaker asks for (breaker.h: what happens when Redis goes down and comes
 // back) as its BreakerActions.
 //
@@ -93,12 +93,6 @@ constexpr size_t kMaxKeptRequests = 1024;
 // alone is unreachable while Redis as a whole is up (Cluster mode), follows
 // its on_redis_down policy this long before it leases again.
 constexpr int64_t kLeaseErrorBackoffNs = 1'000'000'000;
-
-// While a rule learns (breaker.h), Redis's "nothing until t" for a key is
-// asked again after this at most: the other nodes give back what they
-// leased and did not spend (idle keys, a stop), and Redis, which lost what
-// they had spent, may have those units long before t.
-constexpr int64_t kLearningRecheckNs = 1'000'000'000;
 
 // Keys whose debits wait to be sent again (LeaseManager::retryDebits).
 constexpr size_t kMaxUnsentDebits = 65'536;

@@ -61,7 +61,7 @@ Outcome LeasePath::acquire(const RuleSet& rules, const Rule& rule, const rpc::It
   Outcome outcome = spend(rules, rule, item, now_ns, entry_words, wait, asker, verdict);
   // Answered: whatever became of it, it no longer stands in line.
   if (outcome == Outcome::kAnswered) {
-    waiting_.leaveLine(wait.ticket, entry_words.first(slice::kWords));
+    waiting_.leaveLine(wait.ticket, slice::of(entry_words));
   }
   return outcome;
 }
@@ -81,23 +81,22 @@ Outcome LeasePath::spend(const RuleSet& rules, const Rule& rule, const rpc::Item
                          const Asker& asker, Verdict* verdict) {
   Mode mode = rule.shadow ? Mode::kShadow : Mode::kNormal;
   const Rule& deciding = decidingRule(rules, rule, item.key, entry_words);
-  auto words = entry_words.first(slice::kWords);
+  auto words = slice::of(entry_words);
   // Its wait has not ended: it may stand in the key's line.
   const bool waits = wait.until_ns > now_ns;
   const int64_t waited_ms = wait.until_ns != 0 ? (now_ns - wait.since_ns) / 1'000'000 : -1;
   // A blocked key is answered here, until its block is due to be asked of
-  // Redis again (kBlockRecheckNs): then its lease says whether it stands.
+  // Redis again (slice::kBlockRecheckNs): then its lease says whether it stands.
   int64_t blocked_ns = activePenalty(rule) != nullptr
                            ? penalty::blockedFor(penaltyState(rule, entry_words), now_ns)
                            : 0;
   if (blocked_ns > 0) {
-    bool recheck = now_ns >= static_cast<int64_t>(words[slice::kDenyUntil].load(std::memory_order_acquire));
-    if (!recheck || !asker.may_wait) {
+    if (now_ns < slice::deniedUntilNs(words) || !asker.may_wait) {
       Decision blocked = blockedDecision(deciding, blocked_ns);
       verdict->decide(blocked, Mode::kBlocked, waited_ms);
       return Outcome::kAnswered;
     }
-    words[slice::kUnits].store(0, std::memory_order_release);  // a lease's, granted late
+    slice::recheckBlock(words, now_ns);  // drops a lease's units, granted late
   }
   Decision decision;
   int64_t due_ns = 0;  // a denial: when Redis said it has units again (exactly)
@@ -237,7 +236,7 @@ Decision LeasePath::look(const RuleSet& rules, const Rule& rule, std::string_vie
     // No slice: report a fresh key, as a local rule does.
     decision = peek(deciding, fresh_.of(deciding), now_ns, cost);
   } else {
-    auto words = entry->state().first(slice::kWords);
+    auto words = slice::of(entry->state());
     slice::TakeResult looked = slice::look(words, now_ns, cost);
     if (looked.outcome == slice::Outcome::kQueued && !broker_->lines().standing(rule.id, key, words)) {
       looked = slice::look(words, now_ns, cost);  // the line had gone

@@ -1,5 +1,5 @@
 // Lease path: decisions of a leasable global rule while Redis is up, on the
-// key's slice (lease.h): units leased from Redis in batches, spent here one
+// key's slice (slice.h): units leased from Redis in batches, spent here one
 // acquire at a time.
 //
 // An acquire takes its cost from the slice. Below the low-water mark it asks
@@ -25,12 +25,14 @@
 
 #include "decision.h"
 #include "key_table.h"
+#include "entry.h"
 #include "lease.h"
 #include "lookup.h"
 #include "metrics.h"
 #include "policy.h"
 #include "rpc.h"
 #include "rules.h"
+#include "slice.h"
 #include "verdict.h"
 #include "waiting.h"
 

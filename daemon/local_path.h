@@ -26,6 +26,7 @@
 #include "lookup.h"
 #include "policy.h"
 #include "rpc.h"
+#include "entry.h"
 #include "rules.h"
 #include "verdict.h"
 #include "waiting.h"

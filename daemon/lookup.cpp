@@ -1,7 +1,7 @@
 // Lookup: entries looked at, never created; see lookup.h.
 #include "lookup.h"
 
-#include "lease.h"
+#include "entry.h"
 #include "limiter.h"
 
 namespace sluice {

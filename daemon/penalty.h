@@ -1,6 +1,6 @@
 // Penalty: blocking a key that its rule keeps denying (rules.h, Penalty).
 //
-// State: kWords words of the key's entry, after the algorithm's state (lease.h
+// State: kWords words of the key's entry, after the algorithm's state (entry.h
 // has the layout), all zero for a key without denials:
 //  - kDenials: the denials counted in the current window, with the window's
 //    start: (start_ms + 1) << kCountBits | count. A window starts at the
@@ -29,7 +29,7 @@ int64_t blockedFor(std::span<const std::atomic<uint64_t>> words, int64_t now_ns)
 bool recordDenial(const Penalty& penalty, std::span<std::atomic<uint64_t>> words, int64_t now_ns);
 
 // Sets when the key's block ends (0: lifts it): for a global rule, as Redis
-// reports it (lease.h, kBlockRecheckNs).
+// reports it (slice.h, kBlockRecheckNs).
 void setBlockedUntil(std::span<std::atomic<uint64_t>> words, int64_t until_ns);
 
 // True when nothing is counted or blocked any more at now_ns (the words may

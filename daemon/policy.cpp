@@ -112,7 +112,7 @@ void PolicyPath::countDenial(const Rule& configured, std::string_view key,
   metrics_.penalty_blocks.add();
   if (configured.scope != Scope::kGlobal || broker_ == nullptr || !broker_->leasing()) return;
   // Shared through Redis, where every node's next lease of the key finds it.
-  // This node asks Redis again after kBlockRecheckNs (lease.h), with nothing
+  // This node asks Redis again after slice::kBlockRecheckNs, with nothing
   // left to spend meanwhile.
   LeaseRequest block;
   block.kind = LeaseRequest::Kind::kBlock;
@@ -120,10 +120,7 @@ void PolicyPath::countDenial(const Rule& configured, std::string_view key,
   block.key = std::string(key);
   block.n = (penalty->block_ns + 999'999) / 1'000'000;
   broker_->submit(std::move(block));
-  entry_words[slice::kUnits].store(0, std::memory_order_release);
-  entry_words[slice::kDenyUntil].store(
-      static_cast<uint64_t>(now_ns + std::min(penalty->block_ns, kBlockRecheckNs)),
-      std::memory_order_release);
+  slice::block(entry_words, now_ns, penalty->block_ns);
 }
 
 int64_t PolicyPath::globalBlockedFor(const Rule& configured, std::string_view key,

@@ -24,9 +24,11 @@
 
 #include "decision.h"
 #include "key_table.h"
+#include "entry.h"
 #include "lease.h"
 #include "metrics.h"
 #include "rules.h"
+#include "slice.h"
 
 namespace sluice {
 

@@ -83,10 +83,10 @@ struct Rule {
   // each with as many limits as the rule, so that every key of the rule has
   // the same state layout; on a global rule, an override's limit is what the
   // fleet shares. Which one applies to a key is worked out
-  // once, when its entry is created, and kept in the entry (lease.h,
+  // once, when its entry is created, and kept in the entry (entry.h,
   // decidingRule); a reload that changes them changes the rule's id.
   std::vector<Override> overrides;
-  // On a global rule, only one that leases (lease.h): the block is shared
+  // On a global rule, only one that leases (entry.h, leasable): the block is shared
   // through Redis. A shadow rule never blocks.
   std::optional<Penalty> penalty;
 
@@ -132,7 +132,7 @@ constexpr uint32_t partId(uint32_t rule_id, size_t index) {
 // whose algorithm keeps one state word per limit and has a rate lease
 // script (algorithm.h: token bucket, GCRA, the windows). Each part is a
 // global rule of one of its limits, which leases from Redis on its own
-// (lease.h); the dispatcher decides the rule on its parts together, all or
+// (entry.h, leasable); the dispatcher decides the rule on its parts together, all or
 // nothing, and reports them as the limiter reports a rule's limits
 // (dispatch.h).
 bool splitsIntoParts(const Rule& rule);
@@ -164,7 +164,7 @@ class RuleSet {
   // The local share of a global rule or part (docs/design.md, "Fallback"): the
   // same rule with every limit and burst divided by the number of nodes (at
   // least 1), its overrides' too, scope local, its own id, and no penalty (a
-  // global rule's penalty state stays in its slice entries, lease.h).
+  // global rule's penalty state stays in its slice entries, entry.h).
   // nullptr for a local rule.
   const Rule* fallbackShare(const Rule& rule) const;
 

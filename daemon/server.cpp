@@ -93,11 +93,12 @@ size_t workerCount(uint32_t configured) {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
-Server::Server(Config config)
+Server::Server(Config config, MonotonicClock clock)
     : config_(std::move(config)),
       access_(config_.access, geteuid()),
       user_connections_(config_.access.max_connections_per_user),
-      metrics_(workerCount(config_.daemon.workers)) {
+      metrics_(workerCount(config_.daemon.workers)),
+      clock_ns_(std::move(clock)) {
   rules_.store(config_.rules, std::memory_order_release);
   KeyTableOptions key_options;
   key_options.max_keys = config_.keys.max_keys;
@@ -134,12 +135,13 @@ Server::Server(Config config)
     broker_->onReplies([this] {
       for (auto& worker : workers_) worker->notifyLeases();
     });
-    control_ = std::make_unique<Control>(*config_.redis);
+    control_ = std::make_unique<Control>(*config_.redis, RedisLinkOptions{}, clock_ns_);
     control_->onNodesChanged([this](uint32_t nodes) { onNodesChanged(nodes); });
     LeaseContext context;
     context.keys = keys_.get();
     context.broker = broker_.get();
     context.rules = [this] { return rules_.load(std::memory_order_acquire); };
+    context.now_ns = clock_ns_;
     control_->attachLeases(std::move(context));
   }
 }
@@ -150,7 +152,7 @@ Server::~Server() {
   }
 }
 
-int64_t Server::uptimeMs() const { return (monotonicNowNs() / 1'000'000) - started_ms_; }
+int64_t Server::uptimeMs() const { return (clock_ns_() / 1'000'000) - started_ms_; }
 
 size_t Server::connections() const {
   size_t open = 0;
@@ -177,7 +179,7 @@ RedisHealth Server::redisHealth() const {
   health.nodes = snapshot.nodes;
   health.mode = control_->mode();
   health.address = std::move(snapshot.address);
-  int64_t now_ns = monotonicNowNs();
+  int64_t now_ns = clock_ns_();
   health.breaker = broker_->breaker();
   health.learning = broker_->learningAny(now_ns);
   if (RuleSetPtr rules = rules_.load(std::memory_order_acquire)) {
@@ -205,7 +207,7 @@ RedisHealth Server::redisHealth() const {
 }
 
 LeaseStats Server::leaseStats() const {
-  return broker_ ? broker_->stats(monotonicNowNs()) : LeaseStats{};
+  return broker_ ? broker_->stats(clock_ns_()) : LeaseStats{};
 }
 
 HistogramSnapshot Server::leaseLatency() const {
@@ -271,7 +273,7 @@ bool Server::listen(std::string* error) {
 }
 
 int Server::run() {
-  started_ms_ = monotonicNowNs() / 1'000'000;
+  started_ms_ = clock_ns_() / 1'000'000;
   uv_loop_init(&loop_);
   // Signals first: a SIGHUP or SIGTERM that arrives once clients can connect
   // must reach our handlers, not the default action.
@@ -546,19 +548,15 @@ void Server::onNodesChanged(uint32_t nodes) {
 
 void Server::returnSlice(const Rule& rule, std::string_view key,
                          std::span<std::atomic<uint64_t>> words, int64_t now_ns) {
-  auto word = [&](slice::Word w) {
-    return static_cast<int64_t>(words[w].load(std::memory_order_acquire));
-  };
-  int64_t expires = word(slice::kExpires);
-  auto units = static_cast<int64_t>(words[slice::kUnits].exchange(0, std::memory_order_acq_rel));
-  if (units <= 0 || !broker_ || (expires != 0 && now_ns >= expires)) return;
+  slice::Taken taken = slice::takeBack(words, now_ns);
+  if (taken.units <= 0 || !broker_) return;
   LeaseRequest back;
   back.kind = LeaseRequest::Kind::kReturn;
   back.rule_id = rule.id;
   back.variant = storedOverride(rule, words);
   back.key = std::string(key);
-  back.n = units;
-  back.lease_now_ms = word(slice::kLeaseNowMs);
+  back.n = taken.units;
+  back.lease_now_ms = taken.lease_now_ms;
   broker_->submit(std::move(back));
 }
 
@@ -566,7 +564,7 @@ void Server::onForcedEviction(uint32_t rule_id, std::string_view key,
                               std::span<std::atomic<uint64_t>> words) {
   // Only a global rule's slice holds units.
   if (!broker_ || (rule_id & kFallbackIdBit) != 0 || words.size() < slice::kWords ||
-      static_cast<int64_t>(words[slice::kUnits].load(std::memory_order_relaxed)) <= 0) {
+      !slice::holdsUnits(words)) {
     return;
   }
   RuleSetPtr rules = rules_.load(std::memory_order_acquire);
@@ -575,13 +573,13 @@ void Server::onForcedEviction(uint32_t rule_id, std::string_view key,
   // (lease_manager.h), which finds the key gone.
   if (rule != nullptr && (leasable(*rule) || leasesHolding(*rule)) &&
       words.size() == entryWords(*rule)) {
-    returnSlice(*rule, key, words, monotonicNowNs());
+    returnSlice(*rule, key, words, clock_ns_());
   }
 }
 
 void Server::sweepKeys() {
   RuleSetPtr rules = rules_.load(std::memory_order_acquire);
-  int64_t now_ns = monotonicNowNs();
+  int64_t now_ns = clock_ns_();
   // A key is dropped when its rule is gone or its state is a fresh key's:
   // dropping it then changes no future decision. A global rule's idle slice
   // gives its unused units back to Redis as it goes; a share entry stays
@@ -597,9 +595,7 @@ void Server::sweepKeys() {
     if ((rule->id & kFallbackIdBit) == 0 && leasesHolding(*rule)) {
       // A holding is idle when no caller holds a unit here (expired ones
       // come back first) and no lease is on the way; its pool goes back.
-      if ((words[slice::kFlags].load(std::memory_order_acquire) & slice::kInFlight) != 0) {
-        return false;
-      }
+      if (slice::inFlight(words)) return false;
       if (int64_t reclaimed = holding::reclaim(words, now_ns); reclaimed > 0 && broker_) {
         broker_->counters().released_units.fetch_add(static_cast<uint64_t>(reclaimed),
                                                      std::memory_order_relaxed);
@@ -609,13 +605,10 @@ void Server::sweepKeys() {
       return true;
     }
     if ((rule->id & kFallbackIdBit) == 0 && leasable(*rule)) {
-      auto word = [&](slice::Word w) { return static_cast<int64_t>(words[w].load(std::memory_order_acquire)); };
-      if ((word(slice::kFlags) & slice::kInFlight) != 0 || now_ns < word(slice::kDenyUntil)) {
-        return false;
-      }
+      if (!slice::idle(words, now_ns)) return false;
       // Requests wait in line for its units (the mark goes with the line).
-      if ((word(slice::kFlags) & slice::kLine) != 0 &&
-          broker_->lines().standing(rule->id, entry.key(), words.first(slice::kWords))) {
+      if (slice::lineMarked(words) &&
+          broker_->lines().standing(rule->id, entry.key(), slice::of(words))) {
         return false;
       }
       returnSlice(*rule, entry.key(), words, now_ns);

@@ -49,7 +49,9 @@ namespace sluice {
 
 class Server : public DaemonStatus {
  public:
-  explicit Server(Config config);
+  // `clock` is the one the server, its control thread and its lease path
+  // read (the sweep, health, stats, uptime); workers read their own.
+  explicit Server(Config config, MonotonicClock clock = monotonicNowNs);
   ~Server() override;
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
@@ -114,6 +116,7 @@ class Server : public DaemonStatus {
   std::unique_ptr<KeyTable> keys_;
   Metrics metrics_;
   std::vector<std::unique_ptr<Worker>> workers_;
+  const MonotonicClock clock_ns_;
   int64_t started_ms_ = 0;
   // Set in the constructor when the config has [redis], never replaced: any
   // thread may read its snapshot() and the broker.

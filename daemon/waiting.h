@@ -180,6 +180,10 @@ class Waiting {
   }
   // The earliest deadline or due time of a waiter (any() only).
   int64_t nextDeadlineNs() const;
+  // Whether a waiter waits for news of the lease path: a lease's answer
+  // (kLease) or a promotion in its line (kLine). kDue and kReserved wait
+  // for their time alone.
+  bool awaitsNews() const { return !lease_.empty() || !line_.empty(); }
 
   // Waiters of each kind (tests and stats).
   size_t count(WaitKind kind) const;

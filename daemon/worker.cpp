@@ -157,14 +157,37 @@ void Worker::ping(uint64_t seq) {
 }
 
 void Worker::notifyLeases() {
+  // The caller wrote the slices first: see the thread model.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (!awaits_news_.load(std::memory_order_relaxed)) return;
   std::lock_guard<std::mutex> lock(mutex_);
+  wakeForNewsLocked();
+}
+
+void Worker::wakeForNewsLocked() {
   if (lease_news_ || wakeup_closed_) return;
   lease_news_ = true;
+  lease_wakeups_.fetch_add(1, std::memory_order_relaxed);
   uv_async_send(&wakeup_);
 }
 
+void Worker::noteWaiters() {
+  bool awaits = dispatcher_.awaitsLeaseNews();
+  if (awaits == awaits_news_.load(std::memory_order_relaxed)) return;
+  awaits_news_.store(awaits, std::memory_order_relaxed);
+  if (!awaits) return;
+  // A reply that came between this worker's lease request and the store
+  // above found the flag down and woke nobody: look at the slices once more.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  std::lock_guard<std::mutex> lock(mutex_);
+  wakeForNewsLocked();
+}
+
 void Worker::retryDeferred() {
-  if (!dispatcher_.hasDeferred()) return;
+  if (!dispatcher_.hasDeferred()) {
+    noteWaiters();  // the waiters' connections closed
+    return;
+  }
   {
     KeyTable::ReadGuard guard(keys_, reader_slot_);
     dispatcher_.retryDeferred(monotonicNowNs(), stopping_);
@@ -173,6 +196,7 @@ void Worker::retryDeferred() {
 }
 
 void Worker::armLeaseTimer() {
+  noteWaiters();
   if (!dispatcher_.hasDeferred()) {
     uv_timer_stop(&lease_timer_);
     return;

@@ -14,7 +14,16 @@
 //  - The control thread (control.h) runs the lease path: workers hand it
 //    lease requests through the LeaseBroker's queue; it writes the answers
 //    into the keys' slices and wakes the workers through notifyLeases() (the
-//    same uv_async_t), so a request deferred for a lease is answered.
+//    same uv_async_t), so a request deferred for a lease is answered. Only
+//    a worker holding requests that wait for such news (Waiting::awaitsNews)
+//    is woken: each worker publishes that in awaits_news_, and one that
+//    raises it wakes itself once, for a reply that came before it did (the
+//    control thread writes the slice before it reads the flag, the worker
+//    the flag before it reads the slice, both with a seq_cst fence between).
+//    Not per key: a woken worker asks all its lease and line waiters again
+//    (Waiting::askAgain), so a per-key registry would spare only workers
+//    that also wait on other keys, at the price of a shared map on every
+//    deferral.
 #pragma once
 
 #include <uv.h>
@@ -76,7 +85,10 @@ class Worker {
   void stop();
   void join();
   // Thread-safe: lease answers have arrived; deferred requests may go on.
+  // Wakes the worker only when it has requests that wait for them.
   void notifyLeases();
+  // Times notifyLeases() woke this worker (any thread; relaxed).
+  uint64_t leaseWakeups() const { return lease_wakeups_.load(std::memory_order_relaxed); }
   // Thread-safe: the loop stores `seq` as pong() once it gets to it, so the
   // server's watchdog can tell a live loop from a stuck one.
   void ping(uint64_t seq);
@@ -130,6 +142,11 @@ class Worker {
   void onSweep();
   // Answers the deferred requests that can be answered (all when stopping).
   void retryDeferred();
+  // Publishes whether requests wait for lease news (awaits_news_); on
+  // raising it, wakes this worker once to look at the slices again.
+  void noteWaiters();
+  // Sets lease_news_ and wakes the loop (the caller holds mutex_).
+  void wakeForNewsLocked();
   void beginStop();
   void finishIfDrained();
 
@@ -152,6 +169,10 @@ class Worker {
   std::mutex mutex_;                // guards inbox_, lease_news_, wakeup_closed_
   std::vector<Message> inbox_;
   bool lease_news_ = false;         // notifyLeases() since the last wakeup
+  // Whether this worker holds requests that wait for lease news: written by
+  // the worker (noteWaiters), read by the control thread (notifyLeases).
+  std::atomic<bool> awaits_news_{false};
+  std::atomic<uint64_t> lease_wakeups_{0};
   bool wakeup_closed_ = false;      // wakeup_ is closing: nothing may send to it
   std::vector<Message> taken_;      // loop thread only
 

@@ -6,7 +6,11 @@
 // timer would run it. It runs against a real KeyTable and two small rule
 // sets: local rules of every algorithm, the policies (overrides, a penalty,
 // bounded waiting, pacing), and global rules of each on_redis_down policy,
-// which without Redis decide on their fallback share or by their policy.
+// which lease from an in-process Redis (a LeaseBroker and the real
+// LeaseManager on a FakeRedis that the harness answers after each frame, as
+// the control thread would: grants while the key's units last, "nothing for
+// 50 ms" after, and now and then a reply that is not a lease, which sends
+// the key to its on_redis_down policy for a while).
 // Stops where the connection would: at an unfinished frame or after a fatal
 // one (the connection then closes and the dispatcher forgets its waiters).
 //
@@ -19,11 +23,13 @@
 //  - an error is {"code": <a known code>, "message": str} with a nil result;
 //  - a decision has remaining, limit, reset_after_ms and retry_after_ms in
 //    range, no retry hint when allowed, and a mode its rule can have: local
-//    or shadow for a local rule, fallback, open, closed or shadow for a
-//    global one, blocked (denied, with the block's time left) for a rule
+//    or shadow for a local rule, normal (leased), fallback, open, closed or
+//    shadow for a global one, blocked (denied, with the block's time left) for a rule
 //    with a penalty; open allows and closed denies;
 //  - waited_ms, when present, is within 0 and the longest wait (kMaxWaitNs),
-//    and every delivered answer has it;
+//    and every delivered answer to a local rule's request has it (a global
+//    rule's request may have waited for a lease, which its answer does not
+//    tell);
 //  - when the stream ends, every waiting request is answered once (or, after
 //    a fatal frame, forgotten), and nothing is left deferred;
 //  - msgpack::Reader::skipResumable, fed one byte at a time as a frame
@@ -34,8 +40,11 @@
 // arrives `msgid` microseconds after the frame before it, so the fuzzer moves
 // time (refills, window ends, waits, blocks) through a field the daemon only
 // echoes. Every input starts from a fresh daemon, so an input replays alone.
+#include <algorithm>
+#include <cctype>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <optional>
@@ -44,9 +53,15 @@
 #include <string_view>
 #include <vector>
 
+#include <spdlog/spdlog.h>
+
+#include "config.h"
 #include "dispatch.h"
+#include "fake_redis.h"
 #include "fuzz_check.h"
 #include "key_table.h"
+#include "lease.h"
+#include "lease_manager.h"
 #include "metrics.h"
 #include "msgpack.h"
 #include "rpc.h"
@@ -99,6 +114,73 @@ class FuzzStatus final : public DaemonStatus {
   bool reloaded_ = false;
 };
 
+constexpr int64_t kMs = 1'000'000;
+constexpr int64_t kS = 1000 * kMs;
+constexpr int64_t kDay = 24 * 3600 * kS;
+constexpr int64_t kStartNs = 5 * kS;
+
+// The global state of the in-process Redis: per Redis key, the units left
+// (starting at the limit the call names, at most 2^20) and, for a
+// concurrency rule, the units this node holds. It does not refill: a key
+// that has leased everything is told "nothing for 50 ms" from then on, so
+// both the grant and the negative cache are reached. Every 11th script call
+// gets a reply that is not a lease.
+class FuzzRedis {
+ public:
+  void answer(test::FakeRedis& link, int64_t now_ns) {
+    const test::FakeRedis::Call& call = link.calls.front();
+    if (!call.script) {
+      link.answerString("# Server\r\nrun_id:fuzz\r\n# Replication\r\nmaster_replid:fuzz\r\n");
+      return;
+    }
+    if (++calls_ % 11 == 5) {
+      link.answerString("not a lease");
+      return;
+    }
+    const std::vector<std::string>& a = call.argv;
+    auto num = [&](size_t i) -> int64_t {
+      return i < a.size() ? std::clamp<int64_t>(std::strtoll(a[i].c_str(), nullptr, 10), 0, 1 << 20)
+                          : 0;
+    };
+    // concurrency.lua's ARGV: {op, n, need, limit, ttl, node_id, now}; the
+    // rate scripts': {op, n, need, limit, period_ms, burst, ...}.
+    bool concurrency =
+        a.size() == 7 && !a[5].empty() && std::isdigit(static_cast<unsigned char>(a[5][0])) == 0;
+    std::string op = a.empty() ? "" : a[0];
+    int64_t capacity = concurrency ? num(3) : num(5);
+    auto [it, fresh] = state_.try_emplace(call.keys.empty() ? "" : call.keys.front());
+    State& state = it->second;
+    if (fresh) state.units = capacity;
+    long long granted = 0;
+    long long retry_ms = 0;
+    if (op == "lease") {
+      if (state.units >= num(2)) {
+        granted = std::min(num(1), state.units);
+        state.units -= granted;
+        state.held += granted;
+      } else {
+        retry_ms = 50;
+      }
+    } else if (op == "return") {
+      int64_t back = concurrency ? std::min(num(1), state.held) : num(1);
+      state.units = std::min(state.units + back, std::max(capacity, state.units));
+      state.held -= concurrency ? back : 0;
+    }
+    std::vector<long long> reply = {granted, state.units, retry_ms, 0,
+                                    1'700'000'000'000LL + now_ns / kMs};
+    reply.push_back(concurrency ? state.held : 0);  // held, or no block
+    link.answerIntegers(reply);
+  }
+
+ private:
+  struct State {
+    int64_t units = 0;
+    int64_t held = 0;
+  };
+  std::map<std::string, State> state_;
+  uint64_t calls_ = 0;
+};
+
 // What a worker holds; see makeDaemon(). `delivered` collects the answers
 // the dispatcher delivers to requests that waited, in the order it sends
 // them, until the harness checks them.
@@ -113,9 +195,29 @@ struct FuzzDaemon final : Recipient {
     delivered.push_back(std::move(response));
   }
 
+  // The control thread's turn: serves the broker's requests and answers
+  // every call, until none is left. Called with no ReadGuard held (the lease
+  // manager takes its own). True when a reply woke the worker.
+  bool pump() {
+    manager->onWakeup();
+    while (!link.calls.empty()) {
+      redis.answer(link, now_ns);
+      manager->onWakeup();
+    }
+    bool woken = lease_news;
+    lease_news = false;
+    return woken;
+  }
+
   KeyTable keys;
   KeyTable::ReaderId reader;
   Metrics metrics{1};
+  int64_t now_ns = kStartNs;
+  LeaseBroker broker{100 * kMs};
+  test::FakeRedis link;
+  FuzzRedis redis;
+  std::optional<LeaseManager> manager;
+  bool lease_news = false;  // the broker woke the worker
   std::optional<FuzzStatus> status;
   std::optional<Dispatcher> dispatcher;
   std::optional<RpcFront> front;
@@ -125,16 +227,33 @@ struct FuzzDaemon final : Recipient {
 std::vector<RuleSetPtr> makeRuleSets();
 
 // The one place that builds the daemon under test: a key table small enough
-// that eviction and the byte cap are reached, one worker's Dispatcher, and
-// the first of the rule sets that `reload` cycles through.
+// that eviction and the byte cap are reached, one worker's Dispatcher, the
+// lease path on the in-process Redis (its breaker closed before the first
+// frame), and the first of the rule sets that `reload` cycles through.
 std::unique_ptr<FuzzDaemon> makeDaemon() {
+  // The lease manager logs breaker changes and bad replies; millions of
+  // inputs would spend their time writing them.
+  static const bool quiet = (spdlog::set_level(spdlog::level::off), true);
+  (void)quiet;
   KeyTableOptions options;
   options.max_keys = 32;
   options.max_bytes = 32 * 1024;  // about three keys of sl_big
-  options.max_readers = 1;
+  options.max_readers = 2;        // the worker's and the lease manager's
   auto daemon = std::make_unique<FuzzDaemon>(options);
+  FuzzDaemon* d = daemon.get();
   daemon->status.emplace(daemon->metrics, makeRuleSets());
-  daemon->dispatcher.emplace(daemon->keys, daemon->metrics.shard(0));
+  LeaseContext context;
+  context.keys = &daemon->keys;
+  context.broker = &daemon->broker;
+  context.rules = [d] { return d->status->current(); };
+  context.node_id = "fuzz";
+  context.now_ns = [d] { return d->now_ns; };
+  daemon->manager.emplace(daemon->link, RedisConfig{}, context);
+  daemon->broker.onReplies([d] { d->lease_news = true; });
+  daemon->manager->onUp();
+  daemon->pump();
+  FUZZ_CHECK(daemon->broker.leasing(), "the in-process Redis closes the breaker");
+  daemon->dispatcher.emplace(daemon->keys, daemon->metrics.shard(0), &daemon->broker);
   daemon->dispatcher->setRules(daemon->status->current());
   daemon->front.emplace(*daemon->dispatcher, daemon->keys, daemon->metrics.shard(0),
                         *daemon->status, nullptr);
@@ -151,11 +270,6 @@ rpc::Limits fuzzLimits() {
   limits.max_items = 32;
   return limits;
 }
-
-constexpr int64_t kMs = 1'000'000;
-constexpr int64_t kS = 1000 * kMs;
-constexpr int64_t kDay = 24 * 3600 * kS;
-constexpr int64_t kStartNs = 5 * kS;
 
 Rule makeRule(uint32_t id, std::string name, Algorithm algorithm, std::vector<Limit> limits,
               bool shadow = false) {
@@ -275,13 +389,18 @@ int64_t readIntField(msgpack::Reader& r, std::string_view name) {
 }
 
 // Whether a decision on `rule` (the rule its item named) may have `mode`;
-// a null rule stands for a request that waited, which only a local rule
-// lets it do.
+// a null rule stands for a request that waited (bounded waiting, or a
+// global rule's wait for a lease), whose rule the answer does not name.
 bool modeFits(std::string_view mode, const Rule* rule) {
-  if (rule == nullptr) return mode == "local" || mode == "shadow";
+  if (rule == nullptr) {  // an answer delivered after a wait: for a local or a global rule
+    return mode == "local" || mode == "shadow" || mode == "normal" || mode == "fallback" ||
+           mode == "open" || mode == "closed" || mode == "blocked";
+  }
   if (mode == "blocked") return rule->penalty.has_value() && !rule->shadow;
   if (rule->shadow) return mode == "shadow";
-  if (rule->scope == Scope::kGlobal) return mode == "fallback" || mode == "open" || mode == "closed";
+  if (rule->scope == Scope::kGlobal) {
+    return mode == "normal" || mode == "fallback" || mode == "open" || mode == "closed";
+  }
   return mode == "local";
 }
 
@@ -418,18 +537,60 @@ void checkResponse(std::string_view out, std::optional<rpc::MsgId> msgid, const 
   FUZZ_CHECK(r.ok() && r.offset() == out.size(), "a frame's output is exactly one response");
 }
 
+// Requests waiting under one msgid (a client may reuse one): how many, and
+// whether each was on a local rule, which waits only when bounded waiting
+// lets it (so its answer says waited_ms); a global rule's request may also
+// have waited for a lease, which its answer does not tell.
+struct Waiters {
+  uint32_t count = 0;
+  bool says_waited = true;
+  // An acquire_all may be refused after its wait: the group path waits for
+  // the first item's lease before it looks at the later items, so an
+  // unknown rule among them is only told then.
+  bool may_fail = false;
+};
+
 // The answers delivered since the last call: each a decision, after a wait,
-// to a request still waiting (`waiting` counts them by msgid; a client may
-// reuse a msgid), which it takes off.
-void checkDelivered(FuzzDaemon& daemon, std::map<MsgIdKey, uint32_t>* waiting) {
+// to a request still waiting, which it takes off.
+void checkDelivered(FuzzDaemon& daemon, std::map<MsgIdKey, Waiters>* waiting) {
   for (const std::string& response : daemon.delivered) {
     msgpack::Reader r(reinterpret_cast<const uint8_t*>(response.data()), response.size(),
                       response.size());
     auto it = waiting->find(readResponseStart(r));
     FUZZ_CHECK(it != waiting->end(), "a delivered answer is to a request that waits");
-    if (--it->second == 0) waiting->erase(it);
+    bool says_waited = it->second.says_waited;
+    bool may_fail = it->second.may_fail;
+    if (--it->second.count == 0) waiting->erase(it);
+    if (may_fail && r.peekType() == msgpack::Type::kMap) {
+      uint32_t entries = 0;
+      std::string_view code;
+      std::string_view message;
+      FUZZ_CHECK(r.readMapHeader(&entries) && entries == 2 && readKey(r, "code") &&
+                     r.readStr(&code) && isKnownErrorCode(code) && readKey(r, "message") &&
+                     r.readStr(&message) && r.readNil(),
+                 "a delivered error is a known error with a nil result");
+      FUZZ_CHECK(r.ok() && r.offset() == response.size(), "a delivery is exactly one response");
+      continue;
+    }
     FUZZ_CHECK(r.readNil(), "a delivered answer is no error");
-    checkDecision(r, nullptr, /*waited=*/true);
+    msgpack::Reader probe = r;
+    uint32_t entries = 0;
+    FUZZ_CHECK(probe.readMapHeader(&entries), "a delivered answer is a map");
+    if (entries == 2) {
+      // An acquire_all that waited for its items' leases.
+      uint32_t results = 0;
+      bool all_allowed = false;
+      FUZZ_CHECK(r.readMapHeader(&entries) && readKey(r, "allowed") && r.readBool(&all_allowed),
+                 "a delivered acquire_all has allowed");
+      FUZZ_CHECK(readKey(r, "results") && r.readArrayHeader(&results) && results >= 1,
+                 "a delivered acquire_all has results");
+      for (uint32_t i = 0; i < results; ++i) {
+        bool allowed = checkDecision(r, nullptr, false);
+        FUZZ_CHECK(allowed || !all_allowed, "a group allowed has every item allowed");
+      }
+    } else {
+      checkDecision(r, nullptr, says_waited);
+    }
     FUZZ_CHECK(r.ok() && r.offset() == response.size(), "a delivery is exactly one response");
   }
   daemon.delivered.clear();
@@ -464,11 +625,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   rpc::Request request;
   request.items.reserve(limits.max_items);
   std::string out;
-  std::map<MsgIdKey, uint32_t> waiting;  // msgid: requests waiting for units
+  std::map<MsgIdKey, Waiters> waiting;  // msgid: requests waiting for units
 
   std::span<const uint8_t> bytes(data, size);
-  KeyTable::ReadGuard guard(daemon->keys, daemon->reader);
-  int64_t now_ns = kStartNs;
+  // The worker's guard, let go while the control thread's turn runs.
+  std::optional<KeyTable::ReadGuard> guard;
+  guard.emplace(daemon->keys, daemon->reader);
+  int64_t& now_ns = daemon->now_ns;
   size_t offset = 0;
   bool fatal = false;
   while (offset < bytes.size()) {
@@ -484,10 +647,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       RuleSetPtr rules = daemon->status->current();
       bool waits = front.handle(request, peer, now_ns, &out, connection);
       if (waits) {
-        FUZZ_CHECK(request.method == rpc::Method::kAcquire && !request.notification &&
-                       out.size() == before,
-                   "only an acquire that gets an answer waits, and it is not answered yet");
-        ++waiting[keyOf(request.msgid)];
+        FUZZ_CHECK((request.method == rpc::Method::kAcquire ||
+                    request.method == rpc::Method::kAcquireAll) &&
+                       !request.notification && out.size() == before,
+                   "only an acquire (or acquire_all) that gets an answer waits, and it is not "
+                   "answered yet");
+        Waiters& by_msgid = waiting[keyOf(request.msgid)];
+        ++by_msgid.count;
+        const Rule* rule = itemRule(*rules, &request, 0);
+        by_msgid.says_waited = by_msgid.says_waited && request.method == rpc::Method::kAcquire &&
+                               rule != nullptr && rule->scope == Scope::kLocal;
+        by_msgid.may_fail = by_msgid.may_fail || request.method == rpc::Method::kAcquireAll;
       } else {
         std::optional<rpc::MsgId> msgid;
         if (!request.notification) msgid = request.msgid;
@@ -515,7 +685,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::optional<size_t> trickled = trickle(rest.first(result.consumed), limits);
     FUZZ_CHECK(trickled == result.consumed, "a trickled frame ends where parseRequest ends it");
     offset += result.consumed;
-    // The worker's timer: answers the waiters whose units are due by now.
+    // The control thread serves the leases asked for; a reply wakes the
+    // worker, which asks its waiters again. Then the worker's timer answers
+    // the waiters whose units are due by now.
+    guard.reset();
+    bool woken = daemon->pump();
+    guard.emplace(daemon->keys, daemon->reader);
+    if (woken && dispatcher.hasDeferred()) dispatcher.retryDeferred(now_ns, /*all=*/false);
     if (dispatcher.hasDeferred() && dispatcher.nextDeadlineNs() <= now_ns) {
       dispatcher.retryDeferred(now_ns, /*all=*/false);
     }

@@ -27,6 +27,7 @@
 #include "prometheus.h"
 #include "redis_keys.h"
 #include "rpc.h"
+#include "slice.h"
 
 namespace sluice {
 namespace {
@@ -572,6 +573,13 @@ class Node {
   // One acquire of `cost` on (rule, key); true when allowed. Every call it
   // makes of Redis is answered before it returns.
   bool acquire(std::string_view rule, std::string_view key, int64_t cost = 1) {
+    Answer answer = ask(rule, key, cost);
+    EXPECT_FALSE(answer.failed) << answer.message;
+    return answer.allowed;
+  }
+
+  // acquire()'s, answer and all.
+  Answer ask(std::string_view rule, std::string_view key, int64_t cost = 1) {
     Item item{.rule = rule, .key = key, .cost = cost};
     Answer answer;
     {
@@ -579,8 +587,7 @@ class Node {
       dispatcher_->ask({Method::kAcquire, {&item, 1}}, now_ns_, Asker{}, &answer);
     }
     pump();
-    EXPECT_FALSE(answer.failed) << answer.message;
-    return answer.allowed;
+    return answer;
   }
 
   // Serves the broker's requests and answers every call, until none is left.
@@ -646,6 +653,24 @@ class LearningFleetTest : public ::testing::Test {
     return allowed;
   }
 
+  // Node B finds Redis empty (the others leased everything) and caches its
+  // "nothing for 7.5 minutes"; another node returns 3 units. Within
+  // kEmptyRecheckNs B asks Redis again, and spends them.
+  void expectRecheckFindsReturnedUnits() {
+    redis_.tokens(stateKey("hourly"), 8) = 0;
+    acquires(*b_, "hourly", 1);  // a cold key: its share may decide
+    Answer denied = b_->ask("hourly", "k");
+    ASSERT_FALSE(denied.allowed);
+    EXPECT_GT(denied.decisions[0].retry_after_ms, 60'000);  // Redis's word on when
+    redis_.tokens(stateKey("hourly"), 8) += 3;  // another node's idle return
+    int leases = redis_.leases();
+    now_ += slice::kEmptyRecheckNs;
+    acquires(*b_, "hourly", 1);  // denied still, but it asks Redis again
+    EXPECT_EQ(redis_.leases(), leases + 1);
+    EXPECT_LT(redis_.tokens(stateKey("hourly"), 8), 3.0);
+    EXPECT_EQ(acquires(*b_, "hourly", 1), 1);
+  }
+
   std::string stateKey(std::string_view rule) {
     return redisStateKey(RedisConfig{}.key_prefix, rule, "k");
   }
@@ -655,6 +680,21 @@ class LearningFleetTest : public ::testing::Test {
   RuleSetPtr rules_;
   std::unique_ptr<Node> a_;
   std::unique_ptr<Node> b_;
+};
+
+// Two nodes on one Redis that stays up: no learning.
+class SteadyFleetTest : public LearningFleetTest {
+ protected:
+  void SetUp() override {
+    std::vector<Rule> rules;
+    rules.push_back(globalRule(1, "hourly", 8, kHour));
+    rules_ = std::make_shared<const RuleSet>(std::move(rules), 2);
+    a_ = std::make_unique<Node>("node-a", redis_, rules_, now_);
+    b_ = std::make_unique<Node>("node-b", redis_, rules_, now_);
+    a_->up();
+    b_->up();
+    ASSERT_TRUE(b_->broker().leasing());
+  }
 };
 
 // Verifies that a learning node leases no more than its share: after an
@@ -677,15 +717,19 @@ TEST_F(LearningFleetTest, AShareHoldingJustTheCostStillLeasesIt) {
 }
 
 // Verifies that while a rule learns, Redis's "nothing until t" is asked
-// again within kLearningRecheckNs, so units another node gives back are
-// spent long before t.
+// again within kEmptyRecheckNs, so units another node gives back are spent
+// long before t.
 TEST_F(LearningFleetTest, ANegativeCacheDoesNotOutliveUnitsAnotherNodeReturns) {
-  redis_.tokens(stateKey("hourly"), 8) = 0;  // the others leased everything
-  EXPECT_EQ(acquires(*b_, "hourly", 1), 1);  // a cold key: its share decides
-  EXPECT_EQ(acquires(*b_, "hourly", 1), 0);  // Redis: nothing for 7.5 minutes
-  redis_.tokens(stateKey("hourly"), 8) += 3;  // another node's idle return
-  now_ += kLearningRecheckNs;
-  EXPECT_EQ(acquires(*b_, "hourly", 1), 1);
+  expectRecheckFindsReturnedUnits();
+}
+
+// Verifies that outside learning too, Redis's "nothing until t" is asked
+// again within kEmptyRecheckNs, while denials still say t: units another
+// node gives back (an idle key, a stop) are spent long before t, not
+// refused until then.
+TEST_F(SteadyFleetTest, ANegativeCacheDoesNotOutliveUnitsAnotherNodeReturns) {
+  ASSERT_FALSE(b_->broker().learning(*rules_->find("hourly"), now_));
+  expectRecheckFindsReturnedUnits();
 }
 
 // Verifies that a global concurrency rule is capped at its share only while

@@ -220,6 +220,23 @@ TEST(ControlTest, EstimatesAClockOffsetOfAboutZeroOnOneMachine) {
   stopCleanly(control);
 }
 
+// Verifies that Control reads time through the clock it is given: on a
+// clock an hour behind the monotonic one, the offset to Redis's clock is an
+// hour larger.
+TEST(ControlTest, StampsHeartbeatsWithTheInjectedClock) {
+  constexpr int64_t kHourUs = 3'600'000'000;
+  RedisServer server;
+  RedisConfig config = configFor(server, "node-a");
+  config.heartbeat_interval_ms = 100;
+  Control control(config, RedisLinkOptions{}, [] { return monotonicNowNs() - kHourUs * 1000; });
+  ASSERT_TRUE(startAndJoin(control));
+  std::optional<int64_t> offset_us = control.snapshot().clock_offset_us;
+  ASSERT_TRUE(offset_us.has_value());
+  int64_t wall_offset_us = *offset_us - realtimeMinusMonotonicUs();
+  EXPECT_LT(std::llabs(wall_offset_us - kHourUs), 50'000 + kSlackMs * 1000);
+  stopCleanly(control);
+}
+
 // Verifies that stopping never waits long on a dead or stalled Redis.
 TEST(ControlTest, StopsAtOnceWithADeadRedisAndWithinTheLeaveTimeoutWithAStalledOne) {
   RedisServer server;

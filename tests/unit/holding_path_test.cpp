@@ -10,6 +10,7 @@
 
 #include "holding.h"
 #include "key_table.h"
+#include "entry.h"
 #include "lease.h"
 #include "metrics.h"
 #include "waiting.h"

@@ -9,6 +9,8 @@
 #include <thread>
 #include <vector>
 
+#include "entry.h"
+
 namespace sluice {
 namespace {
 
@@ -31,15 +33,13 @@ class HoldingTest : public ::testing::Test {
 
   const Limit& limit() const { return rule_.limits.front(); }
   std::span<std::atomic<uint64_t>> words() { return {words_.data(), words_.size()}; }
-  // What a granting lease reply does (lease_manager.cpp).
+  // What a granting lease reply does (lease_holdings.cpp).
   void grant(int64_t units) {
-    words_[holding::kHeld].fetch_add(static_cast<uint64_t>(units));
-    words_[slice::kUnits].fetch_add(static_cast<uint64_t>(units));
-    words_[slice::kFlags].fetch_or(slice::kWarm);
-    words_[slice::kFlags].fetch_and(~slice::kInFlight);
+    holding::applyGrant(words(), units);
+    slice::unclaim(words());
   }
   int64_t pool() { return holding::pool(words()); }
-  int64_t held() { return static_cast<int64_t>(words_[holding::kHeld].load()); }
+  int64_t held() { return holding::held(words()); }
   holding::Acquired acquire(int64_t now_ns, int64_t cost = 1, int64_t cap = 0) {
     return holding::acquire(words(), limit(), now_ns, cost, false, cap);
   }
@@ -252,6 +252,30 @@ TEST_F(HoldingTest, RacingThreadsNeverHoldMoreThanTheHolding) {
   EXPECT_GT(granted.load(), 0);
   EXPECT_EQ(pool(), 6);
   EXPECT_EQ(holding::live(words(), kMs), 0);
+}
+
+// Verifies what the control thread does to a holding: a grant goes into
+// the pool and kHeld and ends the negative cache; a return leaves kHeld;
+// Redis holding fewer units than the node believes loses the difference
+// from the pool too (a debt when callers hold them); a stop takes all.
+TEST_F(HoldingTest, GrantsReturnsAndReconcilingKeepPoolPlusLiveEqualToHeld) {
+  slice::applyEmpty(words(), kMs, 10 * kMs);
+  grant(5);
+  EXPECT_EQ(held(), 5);
+  EXPECT_EQ(acquire(2 * kMs, 3).taken.outcome, slice::Outcome::kTaken);  // no negative cache
+  EXPECT_EQ(pool(), 2);
+  slice::refund(words(), -1);  // one unit of the pool leaves, to be returned
+  holding::returned(words(), 1);
+  EXPECT_EQ(held(), 4);
+  EXPECT_EQ(pool() + holding::live(words(), 2 * kMs), held());
+  EXPECT_EQ(holding::reconcile(words(), 4), 0);  // Redis agrees
+  EXPECT_EQ(holding::reconcile(words(), 1), 3);  // the holding shrank in Redis
+  EXPECT_EQ(held(), 1);
+  EXPECT_EQ(pool(), -2);  // 3 held by callers, 1 held in Redis: a debt of 2
+  EXPECT_EQ(pool() + holding::live(words(), 2 * kMs), held());
+  EXPECT_EQ(holding::takeAll(words()), 1);
+  EXPECT_EQ(held(), 0);
+  EXPECT_EQ(pool(), 0);
 }
 
 // Verifies which rules lease a holding, and that the holding's words come

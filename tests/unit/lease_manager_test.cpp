@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "clock.h"
+#include "entry.h"
 #include "holding.h"
 #include "redis_server.h"
 #include "test_support.h"

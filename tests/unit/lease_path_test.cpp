@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "key_table.h"
+#include "entry.h"
 #include "lease.h"
 #include "metrics.h"
 #include "policy.h"

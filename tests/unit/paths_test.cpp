@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "key_table.h"
+#include "entry.h"
 #include "lease.h"
 #include "local_path.h"
 #include "metrics.h"

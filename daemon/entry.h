@@ -1,0 +1,68 @@
+// Entry: the layout of a key-table entry's words (docs/design.md, "Who
+// writes the words of a key entry"), and which rules lease.
+//
+// A key entry holds, in order: the rule's state (a leasable global rule's
+// slice, slice.h; a global concurrency rule's holding, holding.h; else the
+// limiter's words, stateWords), then for a global rule's share one word of
+// units admitted in fallback and not yet debited to Redis, then the
+// penalty's words, then the override word. This header is the one place
+// that says so; each part's own header says what its words mean, and only
+// its own source file reads or writes them by index.
+//
+// Thread-safety: pure functions of the rule, but decidingRule(), which
+// records the override word on first use (racing callers store the same
+// value). No clock read.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "rules.h"
+
+namespace sluice {
+
+// Whether a rule's keys lease a slice from Redis: a global rule with one
+// limit whose algorithm has a rate lease script (token bucket, GCRA and the
+// windows). A global concurrency rule of one limit leases a holding instead
+// (leasesHolding, holding.h). A global rate rule of several limits leases
+// through its parts (RuleSet::parts), each a leasable rule of one limit.
+// Other global rules (sliding_log) always decide on the node's share.
+bool leasable(const Rule& rule);
+bool leasesHolding(const Rule& rule);
+
+// Units of one limit the whole fleet may hold at once: burst for the
+// buckets, limit for the windows.
+int64_t leaseCapacity(const Limit& limit);
+
+// The words of a key-table entry of `rule`, in order:
+//  - its state: for a leasable global rule its slice (slice::kWords), for
+//    a global concurrency rule its holding (holding::words: the slice's
+//    words, then its own and one slot per unit), else the limiter's words
+//    (stateWords);
+//  - for a global rule's share (id with kFallbackIdBit), one word counting
+//    units admitted in fallback and not yet debited to Redis
+//    (undebitedWord());
+//  - with a penalty, penalty::kWords words (penalty.h): penaltyWords() is
+//    their number, 0 without one, and penaltyState() their span. A global
+//    rule keeps them in its slice entry, whatever mode decides the key;
+//  - with overrides, one word: which override decides the key
+//    (RuleSet::matchOverride + 1; 0 until resolved).
+// entryWords() is their number; take it from the configured rule or share,
+// never from a variant (which has no overrides).
+size_t entryWords(const Rule& rule);
+size_t undebitedWord(const Rule& share);
+size_t penaltyWords(const Rule& rule);
+std::span<std::atomic<uint64_t>> penaltyState(const Rule& rule,
+                                              std::span<std::atomic<uint64_t>> words);
+// decidingRule() reads the override word, resolving and recording it on
+// first use, and returns the rule that decides the key (the rule itself, or
+// an override's variant); `words` are the entry's, entryWords(rule) of them.
+const Rule& decidingRule(const RuleSet& rules, const Rule& rule, std::string_view key,
+                         std::span<std::atomic<uint64_t>> words);
+// The override recorded in an entry of `rule` (0: none, or not resolved yet).
+uint32_t storedOverride(const Rule& rule, std::span<const std::atomic<uint64_t>> words);
+
+}  // namespace sluice

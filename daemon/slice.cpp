@@ -1,0 +1,267 @@
+// Slice: a leasing key's words and their transitions; see slice.h.
+#include "slice.h"
+
+#include <algorithm>
+
+#include "algorithm.h"
+#include "entry.h"
+
+namespace sluice::slice {
+
+namespace {
+
+int64_t load(ConstWords words, Word word) {
+  return static_cast<int64_t>(words[word].load(std::memory_order_acquire));
+}
+
+void store(Words words, Word word, int64_t value) {
+  words[word].store(static_cast<uint64_t>(value), std::memory_order_release);
+}
+
+}  // namespace
+
+
+namespace {
+
+// Claims the in-flight bit; true when this caller got it.
+bool claim(Words words) {
+  uint64_t flags = words[kFlags].load(std::memory_order_relaxed);
+  while ((flags & kInFlight) == 0) {
+    if (words[kFlags].compare_exchange_weak(flags, flags | kInFlight, std::memory_order_acq_rel)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// Units the slice holds at now_ns: none once they have expired.
+int64_t spendable(ConstWords words, int64_t now_ns) {
+  int64_t expires = load(words, kExpires);
+  if (expires != 0 && now_ns >= expires) return 0;
+  return load(words, kUnits);
+}
+
+// Reports a denial when Redis said "nothing until t" and t has not come.
+bool negativelyCached(ConstWords words, int64_t now_ns,
+                      TakeResult* result) {
+  int64_t deny_until = load(words, kDenyUntil);
+  if (now_ns >= deny_until) return false;
+  result->outcome = Outcome::kDenied;
+  result->until_ns = deny_until;
+  return true;
+}
+
+}  // namespace
+
+TakeResult look(ConstWords words, int64_t now_ns, int64_t cost) {
+  TakeResult result;
+  result.cold = (words[kFlags].load(std::memory_order_acquire) & kWarm) == 0;
+  if (now_ns < load(words, kFallbackUntil)) {
+    result.outcome = Outcome::kFallback;
+    return result;
+  }
+  if ((words[kFlags].load(std::memory_order_acquire) & kLine) != 0) {
+    result.outcome = Outcome::kQueued;
+    int64_t deny_until = load(words, kDenyUntil);
+    result.until_ns = now_ns < deny_until ? deny_until : 0;
+    return result;
+  }
+  int64_t units = spendable(words, now_ns);
+  result.left = units;
+  if (units >= cost) {
+    result.outcome = Outcome::kTaken;
+    result.left = units - cost;
+    return result;
+  }
+  negativelyCached(words, now_ns, &result);
+  return result;
+}
+
+TakeResult take(Words words, int64_t now_ns, int64_t cost, bool again,
+                bool first_in_line) {
+  TakeResult result;
+  uint64_t flags = words[kFlags].load(std::memory_order_acquire);
+  result.cold = (flags & kWarm) == 0;
+  if (now_ns < load(words, kFallbackUntil)) {
+    result.outcome = Outcome::kFallback;
+    return result;
+  }
+  // Demand counts every unit asked for, granted or not, once. A plain load
+  // and store: racing workers may lose an increment, which only makes the
+  // next batch a little smaller.
+  if (!again) {
+    words[kDemand].store(words[kDemand].load(std::memory_order_relaxed) + static_cast<uint64_t>(cost),
+                         std::memory_order_relaxed);
+  }
+  if ((flags & kLine) != 0 && !first_in_line) {
+    // The units are the waiters'; the first of them asks for leases.
+    result.outcome = Outcome::kQueued;
+    int64_t deny_until = load(words, kDenyUntil);
+    result.until_ns = now_ns < deny_until ? deny_until : 0;
+    return result;
+  }
+
+  int64_t expires = load(words, kExpires);
+  uint64_t units = words[kUnits].load(std::memory_order_acquire);
+  if (expires != 0 && now_ns >= expires && units != 0) {
+    // The units were counted in a window that has ended: spending them now
+    // would count them in no window at all. Drop them (the control thread
+    // counts nothing back: the window is over).
+    if (words[kUnits].compare_exchange_strong(units, 0, std::memory_order_acq_rel)) {
+      result.dropped = static_cast<int64_t>(units);
+    }
+    units = words[kUnits].load(std::memory_order_acquire);
+  }
+  while (static_cast<int64_t>(units) >= cost) {
+    if (words[kUnits].compare_exchange_weak(units, units - static_cast<uint64_t>(cost),
+                                            std::memory_order_acq_rel)) {
+      result.outcome = Outcome::kTaken;
+      result.left = static_cast<int64_t>(units) - cost;
+      // Refill below a quarter of the last batch, so the next lease lands
+      // before the slice runs dry.
+      int64_t low_water = std::max<int64_t>(load(words, kBatch) / 4, 1);
+      if (result.left < low_water &&
+          (now_ns >= load(words, kDenyUntil) || now_ns >= load(words, kRecheckAt))) {
+        result.must_request = claim(words);
+      }
+      return result;
+    }
+  }
+  if (negativelyCached(words, now_ns, &result)) {
+    // Past its recheck time, the cache sends one lease to see whether units
+    // came back; the denial stands until its answer.
+    if (now_ns >= load(words, kRecheckAt)) result.must_request = claim(words);
+    return result;
+  }
+  result.outcome = Outcome::kEmpty;
+  result.must_request = claim(words);
+  return result;
+}
+
+void unclaim(Words words) {
+  words[kFlags].fetch_and(~kInFlight, std::memory_order_acq_rel);
+}
+
+void refund(Words words, int64_t cost) {
+  words[kUnits].fetch_add(static_cast<uint64_t>(cost), std::memory_order_acq_rel);
+}
+
+void noteGrant(Words words, int64_t granted, int64_t remaining) {
+  if (granted > 0 && remaining >= kRoomyFactor * granted) {
+    words[kFlags].fetch_or(kRoomy, std::memory_order_acq_rel);
+  } else {
+    words[kFlags].fetch_and(~kRoomy, std::memory_order_acq_rel);
+  }
+}
+
+Batch nextBatch(Words words, int64_t now_ns, int64_t cost,
+                const Rule& rule, uint32_t nodes, int64_t lease_interval_ns) {
+  const Limit& limit = rule.limits.front();
+  int64_t capacity = leaseCapacity(limit);
+  // Demand per lease interval: the last full measurement (kRate), or what
+  // the one under way has seen already when that is more (a first request
+  // counts only what it asks for). A measurement that spans an interval or
+  // more becomes the rate; after a pause it spans the pause, so the rate
+  // falls with it.
+  int64_t demand = load(words, kDemand);
+  int64_t since = load(words, kDemandSince);
+  double per_interval = static_cast<double>(std::max(load(words, kRate), demand));
+  if (since == 0) {
+    words[kDemandSince].store(static_cast<uint64_t>(now_ns), std::memory_order_relaxed);
+  } else if (now_ns - since >= lease_interval_ns) {
+    demand = static_cast<int64_t>(words[kDemand].exchange(0, std::memory_order_relaxed));
+    per_interval = static_cast<double>(demand) * static_cast<double>(lease_interval_ns) /
+                   static_cast<double>(now_ns - since);
+    words[kRate].store(static_cast<uint64_t>(per_interval + 0.5), std::memory_order_relaxed);
+    words[kDemandSince].store(static_cast<uint64_t>(now_ns), std::memory_order_relaxed);
+  }
+  int64_t share = std::max<int64_t>(capacity / std::max<uint32_t>(nodes, 1), 1);
+  // The caller holds the in-flight bit, so no reply changes kRoomy now.
+  uint64_t flags = words[kFlags].load(std::memory_order_acquire);
+  int boost = static_cast<int>((flags & kBoostMask) >> kBoostShift);
+  boost = (flags & kRoomy) != 0 ? std::min(boost + 1, kMaxBoost) : 0;
+  words[kFlags].fetch_and(~kBoostMask, std::memory_order_acq_rel);
+  words[kFlags].fetch_or(static_cast<uint64_t>(boost) << kBoostShift, std::memory_order_acq_rel);
+  Batch batch;
+  batch.n = std::clamp<int64_t>(static_cast<int64_t>(per_interval * (1 << boost) + 0.999), 1, share);
+  batch.n = std::max(batch.n, cost);
+  bool warm = (flags & kWarm) != 0;
+  batch.need = cost;
+  if (warm && algorithmTraits(rule.algorithm).refills) {
+    double refill = static_cast<double>(limit.limit) * static_cast<double>(lease_interval_ns) /
+                    static_cast<double>(limit.period_ns);
+    batch.need = std::max(cost, std::min(batch.n / 4, static_cast<int64_t>(refill)));
+  }
+  words[kBatch].store(static_cast<uint64_t>(batch.n), std::memory_order_relaxed);
+  return batch;
+}
+
+
+bool recheckBlock(Words words, int64_t now_ns) {
+  if (now_ns < load(words, kDenyUntil)) return false;
+  store(words, kUnits, 0);  // a lease's, granted before the block
+  return true;
+}
+
+void block(Words words, int64_t now_ns, int64_t block_ns) {
+  store(words, kUnits, 0);
+  int64_t recheck_ns = now_ns + std::min(block_ns, kBlockRecheckNs);
+  store(words, kDenyUntil, recheck_ns);
+  store(words, kRecheckAt, recheck_ns);
+}
+
+void forget(Words words) {
+  for (size_t i = 0; i < kWords; ++i) {
+    words[i].fetch_and(i == kFlags ? kInFlight : 0, std::memory_order_relaxed);
+  }
+}
+
+void markLine(Words words) { words[kFlags].fetch_or(kLine, std::memory_order_acq_rel); }
+
+void clearLine(Words words) { words[kFlags].fetch_and(~kLine, std::memory_order_acq_rel); }
+
+void applyGrant(Words words, int64_t granted, int64_t lease_now_ms, int64_t expires_ns,
+                bool new_window) {
+  if (expires_ns != 0) {
+    if (new_window) store(words, kUnits, 0);
+    store(words, kExpires, expires_ns);
+  }
+  words[kUnits].fetch_add(static_cast<uint64_t>(granted), std::memory_order_acq_rel);
+  store(words, kLeaseNowMs, lease_now_ms);
+  store(words, kDenyUntil, 0);
+  words[kFlags].fetch_or(kWarm, std::memory_order_acq_rel);
+}
+
+void applyEmpty(Words words, int64_t now_ns, int64_t wait_ns) {
+  store(words, kDenyUntil, now_ns + wait_ns);
+  store(words, kRecheckAt, now_ns + std::min(wait_ns, kEmptyRecheckNs));
+}
+
+int64_t leaseNowMs(ConstWords words) { return load(words, kLeaseNowMs); }
+
+int64_t deniedUntilNs(ConstWords words) { return load(words, kDenyUntil); }
+
+void failUntil(Words words, int64_t until_ns) { store(words, kFallbackUntil, until_ns); }
+
+bool inFlight(ConstWords words) {
+  return (words[kFlags].load(std::memory_order_acquire) & kInFlight) != 0;
+}
+
+bool idle(ConstWords words, int64_t now_ns) {
+  return !inFlight(words) && now_ns >= load(words, kDenyUntil);
+}
+
+bool lineMarked(ConstWords words) {
+  return (words[kFlags].load(std::memory_order_acquire) & kLine) != 0;
+}
+
+bool holdsUnits(ConstWords words) { return load(words, kUnits) > 0; }
+
+Taken takeBack(Words words, int64_t now_ns) {
+  int64_t expires = load(words, kExpires);
+  auto units = static_cast<int64_t>(words[kUnits].exchange(0, std::memory_order_acq_rel));
+  if (units <= 0 || (expires != 0 && now_ns >= expires)) return {};
+  return {units, load(words, kLeaseNowMs)};
+}
+
+}  // namespace sluice::slice

@@ -1,0 +1,234 @@
+// Slice: the words of a leasing global rule's key entry, and every
+// transition of them (docs/design.md, "The lease path").
+//
+// A global rule's key holds a slice: units this node has leased from the
+// rule's global state in Redis and may hand out on its own. The slice is the
+// first kWords atomic words of the key's key-table entry (entry.h lays the
+// entry out; a holding, holding.h, extends the same words), so workers
+// decide on it without a lock, exactly as on a local rule's state:
+//
+//  - take() spends from the slice, or says why it cannot: the key is
+//    negatively cached ("nothing left in Redis until t"), a lease failed and
+//    the key follows its on_redis_down policy for a moment, or the slice is
+//    empty and a lease is on its way (the caller may wait for it).
+//  - At most one lease per key is in flight: the in-flight bit is claimed by
+//    compare-and-swap, and only the claimer sends a LeaseRequest (lease.h).
+//  - A refill is asked for when the slice falls under its low-water mark (a
+//    quarter of the last batch), so a hot key does not run dry.
+//  - The batch adapts to demand: the units asked for per lease interval,
+//    measured over at least one interval (a hot key leases every few ms, and
+//    the few units asked for since the last lease say nothing of its rate),
+//    never more than the node's share (the rule's capacity / N) and never
+//    less than the cost asked for.
+//  - While Redis has plenty left after each grant (kRoomyFactor times what
+//    it granted), the batch covers twice as many lease intervals each lease,
+//    up to 2^kMaxBoost; the first grant that leaves less resets it. An
+//    uncontended key then costs Redis one lease per 16 intervals instead of
+//    one per interval, which is what lets 10,000 busy keys lease at all; a
+//    contended one leases small batches, so no node sits on units another
+//    needs.
+//
+// Invariant: no file but slice.cpp and holding.cpp reads or writes these
+// words by index; everyone else goes through the functions below.
+//
+// Thread-safety: every function may run on any thread at once on the same
+// words (workers, the control thread, the main thread's sweep); atomics
+// only, no lock, no allocation, no clock read. The control thread applies
+// replies through KeyTable::find() under its own ReadGuard, never through
+// a kept pointer. Time: monotonic ns of this host, passed in as now_ns.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "rules.h"
+
+namespace sluice::slice {
+
+using Words = std::span<std::atomic<uint64_t>>;
+using ConstWords = std::span<const std::atomic<uint64_t>>;
+
+// The words of a slice entry.
+enum Word : size_t {
+  kUnits = 0,      // units held, spendable now (int64)
+  kFlags,          // kInFlight | kWarm | kRoomy | kLine | the boost (kBoostMask)
+  kDenyUntil,      // ns: Redis had nothing for us; deny locally until then
+  kDemand,         // units asked for since kDemandSince (an estimate)
+  kDemandSince,    // ns: start of the demand measurement under way; 0: none yet
+  kExpires,        // ns after which the units may not be spent (windows); 0: never
+  kFallbackUntil,  // ns: a lease failed; the key follows on_redis_down until then
+  kLeaseNowMs,     // Redis's clock (ms) at the last granting lease: its window
+  kBatch,          // units asked for by the last lease request
+  kRate,           // demand per lease interval, as last measured over one or more
+  kRecheckAt,      // ns: while kDenyUntil stands, when to ask Redis again anyway
+  kWords
+};
+constexpr uint64_t kInFlight = 1;
+constexpr uint64_t kWarm = 2;   // a lease has granted units at least once
+constexpr uint64_t kRoomy = 4;  // the last grant left Redis kRoomyFactor times as much
+// Requests of this node wait in line for the key's units (wait_lines.h):
+// only the first in line may spend them. May outlive the line
+// (WaitLines::standing).
+constexpr uint64_t kLine = 16;
+// Bits 8..11 of kFlags: log2 of how many lease intervals of demand the last
+// batch covered.
+constexpr int kBoostShift = 8;
+constexpr uint64_t kBoostMask = uint64_t{0xF} << kBoostShift;
+constexpr int kMaxBoost = 4;
+constexpr int64_t kRoomyFactor = 4;
+
+// A global rule's penalty block (one this node counted, or one a lease reply
+// reported) is held by the node until it ends (its penalty words), and
+// while leasing it is asked of Redis again this long after it was last
+// learned (kDenyUntil is then the time to recheck): the key's next acquire
+// after that leases, and Redis says whether the block still stands. So a
+// block lifted anywhere (the admin reset) ends on every node within about
+// this, at the cost of one lease per blocked key, node and interval while
+// the key is still being asked for. While Redis is unreachable a node holds
+// the blocks it knows of in full.
+constexpr int64_t kBlockRecheckNs = 1'000'000'000;
+
+// Redis's "nothing until t" is believed for this long at most: the other
+// nodes give back what they leased and did not spend (idle keys, a stop,
+// a learning node's surplus), and Redis may have those units long before
+// t. Denials still tell callers t (Redis's best word on it), but the first
+// take() after the recheck time also claims a lease, whose answer replaces
+// the cache. Asking again costs one lease per refused key, node and recheck
+// while the key is still being asked for.
+constexpr int64_t kEmptyRecheckNs = 1'000'000'000;
+
+// The slice of a key entry: its first kWords words.
+inline Words of(Words entry) { return entry.first(kWords); }
+
+enum class Outcome {
+  kTaken,     // spent; `left` units remain
+  kDenied,    // negatively cached until `until_ns` (must_request: the cache
+              // is due for its recheck, and this caller claimed the lease)
+  kEmpty,     // nothing to spend; a lease is in flight (maybe claimed now)
+  kFallback,  // a lease failed lately: decide by on_redis_down
+  kQueued,    // requests wait in line for the units; `until_ns` is when Redis
+              // has units again (0: a lease is on its way or just came)
+};
+
+struct TakeResult {
+  Outcome outcome = Outcome::kEmpty;
+  int64_t left = 0;      // kTaken: units left in the slice
+  int64_t until_ns = 0;  // kDenied
+  // The caller claimed the in-flight bit and must send a LeaseRequest.
+  bool must_request = false;
+  bool cold = false;  // no lease has ever granted this key units
+  int64_t dropped = 0;  // units dropped because their window had ended
+};
+
+// --- Workers ------------------------------------------------------------------
+
+// Spends `cost` from the slice when it holds that many. Lock-free. A
+// request asked again (it waited for a lease, or for its units) passes
+// `again`: its units were counted in the key's demand the first time. While
+// requests wait in line for the key (kLine), only the first of them may
+// spend (`first_in_line`); any other is told kQueued.
+TakeResult take(Words words, int64_t now_ns, int64_t cost, bool again = false,
+                bool first_in_line = false);
+
+// Reports what take() would answer, spending and claiming nothing.
+TakeResult look(ConstWords words, int64_t now_ns, int64_t cost);
+
+// Gives up the in-flight bit take() claimed, for a lease that will not be
+// sent after all. The control thread calls it too, once it has applied a
+// lease's answer.
+void unclaim(Words words);
+
+// Puts back units taken by take() (an all-or-nothing group that failed, or
+// a holding's return that was not sent).
+void refund(Words words, int64_t cost);
+
+// The size of the next lease, for a caller that has claimed the in-flight
+// bit of a key of `rule` (leasable): {n, need}. Once a measurement of demand
+// spans a lease interval, it becomes the key's rate and a new one starts.
+// A warm bucket key asks for at least a quarter batch, but never for more
+// than refills in one lease interval, so a spent bucket is not leased unit
+// by unit and a slow one is not left holding units no node may take.
+struct Batch {
+  int64_t n = 1;
+  int64_t need = 1;
+};
+Batch nextBatch(Words words, int64_t now_ns, int64_t cost, const Rule& rule, uint32_t nodes,
+                int64_t lease_interval_ns);
+
+// Whether a blocked key is due to be asked of Redis again (kBlockRecheckNs)
+// at now_ns. When it is, the units a lease granted before the block are
+// dropped: the recheck's lease decides what the key may spend.
+bool recheckBlock(Words words, int64_t now_ns);
+
+// A penalty block starts at now_ns for block_ns (counted here, or reported
+// by Redis): nothing left to spend, and Redis is asked again after
+// kBlockRecheckNs at most.
+void block(Words words, int64_t now_ns, int64_t block_ns);
+
+// The admin reset: every word starts afresh but the in-flight bit (its
+// lease's answer clears it).
+void forget(Words words);
+
+// --- Lines (wait_lines.h) -----------------------------------------------------
+
+// Marks the key as having a line (kLine), or clears the mark.
+void markLine(Words words);
+void clearLine(Words words);
+
+// --- The control thread: a lease's answer -------------------------------------
+
+// Records what a granting lease left in Redis: whether the next batch may
+// grow (kRoomy). Called with every answer, before the key's in-flight bit
+// is cleared.
+void noteGrant(Words words, int64_t granted, int64_t remaining);
+
+// Redis granted `granted` units at its clock lease_now_ms. A windowed
+// rule's units may be spent until expires_ns (0: no window); with
+// `new_window` (the grant's window is not that of the slice's last grant,
+// leaseNowMs(), as scripts::leaseWindow tells them apart) the units of the
+// older window are dropped first. The negative cache ends; the key is warm.
+void applyGrant(Words words, int64_t granted, int64_t lease_now_ms, int64_t expires_ns,
+                bool new_window);
+
+// Redis had nothing for the key until now_ns + wait_ns: deny locally until
+// then, and ask again after kEmptyRecheckNs at most (units other nodes
+// return come back into Redis sooner, and only a lease sees them).
+void applyEmpty(Words words, int64_t now_ns, int64_t wait_ns);
+
+// Redis's clock at the slice's last grant (ms; its window).
+int64_t leaseNowMs(ConstWords words);
+
+// When a blocked key's recheck is due (the negative cache's end).
+int64_t deniedUntilNs(ConstWords words);
+
+// A lease got an answer it cannot use: the key follows on_redis_down until
+// until_ns.
+void failUntil(Words words, int64_t until_ns);
+
+// --- The sweep and the stop: giving units back --------------------------------
+
+// Whether a lease of the key is on the way (the in-flight bit).
+bool inFlight(ConstWords words);
+
+// Whether the key is idle for the sweep at now_ns: no lease on the way and
+// no negative cache standing (its next lease would be refused for nothing).
+bool idle(ConstWords words, int64_t now_ns);
+
+// Whether the key's flags still carry a line mark (wait_lines.h).
+bool lineMarked(ConstWords words);
+
+// Whether the slice holds units (an evicted key gives them back).
+bool holdsUnits(ConstWords words);
+
+// Takes every unit out of the slice to give back to Redis: {units,
+// lease_now_ms}; units 0 when none were held or their window has ended at
+// now_ns (a window that is over counts nothing back).
+struct Taken {
+  int64_t units = 0;
+  int64_t lease_now_ms = 0;
+};
+Taken takeBack(Words words, int64_t now_ns);
+
+}  // namespace sluice::slice

@@ -1,0 +1,364 @@
+// Slices (slice.h): spending leased units, the negative cache, the in-flight
+// claim, window expiry, batch sizing, and each transition a lease's answer,
+// a block, a reset or a return makes, on a fake clock.
+#include "slice.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <vector>
+
+#include "entry.h"
+
+namespace sluice {
+namespace {
+
+constexpr int64_t kMs = 1'000'000;
+constexpr int64_t kInterval = 100 * kMs;
+
+class SliceTest : public ::testing::Test {
+ protected:
+  std::span<std::atomic<uint64_t>> words() { return {words_.data(), words_.size()}; }
+  void grant(int64_t units) {
+    words_[slice::kUnits].fetch_add(static_cast<uint64_t>(units));
+    words_[slice::kFlags].fetch_or(slice::kWarm);
+    words_[slice::kFlags].fetch_and(~slice::kInFlight);
+  }
+  uint64_t flags() const { return words_[slice::kFlags].load(); }
+
+  std::vector<std::atomic<uint64_t>> words_ = std::vector<std::atomic<uint64_t>>(slice::kWords);
+};
+
+// Verifies a cold key has nothing to spend, and that exactly one caller
+// claims its lease until the answer clears the bit.
+TEST_F(SliceTest, ColdKeyIsEmptyAndOneCallerClaimsTheLease) {
+  slice::TakeResult first = slice::take(words(), 1 * kMs, 1);
+  EXPECT_EQ(first.outcome, slice::Outcome::kEmpty);
+  EXPECT_TRUE(first.cold);
+  EXPECT_TRUE(first.must_request);
+  slice::TakeResult second = slice::take(words(), 2 * kMs, 1);
+  EXPECT_EQ(second.outcome, slice::Outcome::kEmpty);
+  EXPECT_FALSE(second.must_request);  // in flight already
+  grant(10);
+  EXPECT_EQ(flags() & slice::kInFlight, 0u);
+}
+
+// Verifies units are spent exactly, all-or-nothing per cost, and refunds
+// put them back.
+TEST_F(SliceTest, SpendsExactlyWhatWasGranted) {
+  grant(5);
+  words_[slice::kBatch].store(4);  // low water: 1
+  EXPECT_EQ(slice::take(words(), kMs, 3).left, 2);
+  slice::TakeResult too_much = slice::take(words(), kMs, 3);
+  EXPECT_EQ(too_much.outcome, slice::Outcome::kEmpty);
+  EXPECT_EQ(words_[slice::kUnits].load(), 2u);  // nothing spent by the failure
+  slice::refund(words(), 3);
+  EXPECT_EQ(words_[slice::kUnits].load(), 5u);
+}
+
+// Verifies a refill is asked for once the slice falls under a quarter of
+// the last batch, and only once while it is in flight.
+TEST_F(SliceTest, RefillBelowLowWater) {
+  grant(40);
+  words_[slice::kBatch].store(40);  // low water 10
+  for (int i = 0; i < 30; ++i) {
+    EXPECT_FALSE(slice::take(words(), kMs, 1).must_request) << i;
+  }
+  slice::TakeResult at_low = slice::take(words(), kMs, 1);
+  EXPECT_EQ(at_low.left, 9);
+  EXPECT_TRUE(at_low.must_request);
+  EXPECT_FALSE(slice::take(words(), kMs, 1).must_request);
+}
+
+// Verifies the negative cache: after "nothing until t" the key is denied
+// locally until t, without claiming a lease, and may lease again after.
+TEST_F(SliceTest, NegativeCacheDeniesUntilItsTime) {
+  slice::applyEmpty(words(), 0, 50 * kMs);
+  slice::TakeResult denied = slice::take(words(), 10 * kMs, 1);
+  EXPECT_EQ(denied.outcome, slice::Outcome::kDenied);
+  EXPECT_EQ(denied.until_ns, 50 * kMs);
+  EXPECT_FALSE(denied.must_request);
+  EXPECT_EQ(slice::look(words(), 10 * kMs, 1).outcome, slice::Outcome::kDenied);
+  slice::TakeResult later = slice::take(words(), 50 * kMs, 1);
+  EXPECT_EQ(later.outcome, slice::Outcome::kEmpty);
+  EXPECT_TRUE(later.must_request);
+}
+
+// Verifies a key whose lease failed follows its policy until the backoff
+// ends.
+TEST_F(SliceTest, FailedLeaseSendsTheKeyToItsPolicy) {
+  grant(3);
+  words_[slice::kFallbackUntil].store(20 * kMs);
+  EXPECT_EQ(slice::take(words(), 10 * kMs, 1).outcome, slice::Outcome::kFallback);
+  EXPECT_EQ(words_[slice::kUnits].load(), 3u);
+  EXPECT_EQ(slice::take(words(), 20 * kMs, 1).outcome, slice::Outcome::kTaken);
+}
+
+// Verifies units of an ended window are dropped, never spent in the next.
+TEST_F(SliceTest, WindowUnitsExpireWithTheirWindow) {
+  grant(5);
+  words_[slice::kExpires].store(100 * kMs);
+  EXPECT_EQ(slice::take(words(), 99 * kMs, 1).outcome, slice::Outcome::kTaken);
+  EXPECT_EQ(slice::look(words(), 100 * kMs, 1).outcome, slice::Outcome::kEmpty);
+  slice::TakeResult after = slice::take(words(), 100 * kMs, 1);
+  EXPECT_EQ(after.outcome, slice::Outcome::kEmpty);
+  EXPECT_EQ(after.dropped, 4);
+  EXPECT_EQ(words_[slice::kUnits].load(), 0u);
+}
+
+Rule bucketRule(int64_t limit, int64_t period_ns, int64_t burst) {
+  Rule rule;
+  rule.scope = Scope::kGlobal;
+  rule.algorithm = Algorithm::kTokenBucket;
+  rule.limits = {Limit{.limit = limit, .period_ns = period_ns, .burst = burst}};
+  return rule;
+}
+
+// Verifies the batch follows demand (about one lease interval of it),
+// never exceeds the node's share of the capacity, never goes below the
+// cost, and that a warm key waits for a quarter batch.
+TEST_F(SliceTest, BatchFollowsDemandWithinTheShare) {
+  Rule rule = bucketRule(10'000, 1'000 * kMs, 1000);  // 1000 refill per interval
+  // Cold: one request's cost.
+  slice::Batch cold = slice::nextBatch(words(), 1 * kMs, 1, rule, 2, kInterval);
+  EXPECT_EQ(cold.n, 1);
+  EXPECT_EQ(cold.need, 1);
+  grant(1);
+  // 200 units asked for over 200 ms: 100 per interval.
+  words_[slice::kDemand].store(200);
+  slice::Batch warm = slice::nextBatch(words(), 201 * kMs, 1, rule, 2, kInterval);
+  EXPECT_EQ(warm.n, 100);
+  EXPECT_EQ(warm.need, 25);
+  EXPECT_EQ(words_[slice::kDemand].load(), 0u);  // reset for the next estimate
+  // Far more demand than the share (1000 / 2 nodes).
+  words_[slice::kDemand].store(1'000'000);
+  EXPECT_EQ(slice::nextBatch(words(), 301 * kMs, 1, rule, 2, kInterval).n, 500);
+  // A cost above the demand estimate still gets a batch it can pay with.
+  EXPECT_EQ(slice::nextBatch(words(), 401 * kMs, 7, rule, 2, kInterval).n, 7);
+}
+
+// Verifies a key that leases every few milliseconds (a contended one: each
+// lease brings a few units) still sizes its batch by its rate over a whole
+// lease interval, not by the few units asked for since the last lease.
+TEST_F(SliceTest, FrequentLeasesMeasureDemandOverAWholeInterval) {
+  Rule rule = bucketRule(600, 1'000 * kMs, 600);
+  grant(1);
+  auto lease = [&](int64_t at_ms, int64_t asked_since_ms_ago) {
+    words_[slice::kDemand].fetch_add(static_cast<uint64_t>(asked_since_ms_ago));  // 1 a ms
+    return slice::nextBatch(words(), at_ms * kMs, 1, rule, 1, kInterval);
+  };
+  EXPECT_EQ(lease(1, 1).n, 1);  // the first: what it asks for
+  for (int64_t t = 6; t < 101; t += 5) {
+    lease(t, 5);  // within the first interval: at least what it has seen
+  }
+  EXPECT_EQ(lease(101, 5).n, 101);   // 101 units over 100 ms (from 1 to 101)
+  EXPECT_EQ(lease(106, 5).n, 101);   // the rate holds between measurements
+  EXPECT_EQ(lease(1'106, 50).n, 6);  // 55 units over the next 1,005 ms
+}
+
+// Verifies the batch doubles its span of demand after every grant that left
+// Redis plenty (kRoomyFactor times the grant), up to 2^kMaxBoost lease
+// intervals and never past the share, and falls back to one interval after
+// a grant that left little.
+TEST_F(SliceTest, RoomyGrantsGrowTheBatchAndATightOneResetsIt) {
+  Rule rule = bucketRule(1'000'000, 1'000 * kMs, 100'000);  // share 50,000 on 2 nodes
+  grant(1);
+  int64_t now = 0;
+  auto next = [&] {
+    words_[slice::kDemand].store(100);  // 100 per interval
+    now += kInterval;
+    return slice::nextBatch(words(), now, 1, rule, 2, kInterval).n;
+  };
+  EXPECT_EQ(next(), 100);  // no grant seen yet
+  std::vector<int64_t> sizes;
+  for (int i = 0; i < slice::kMaxBoost + 2; ++i) {
+    slice::noteGrant(words(), 100, 100 * slice::kRoomyFactor);  // plenty left
+    sizes.push_back(next());
+  }
+  EXPECT_EQ(sizes, (std::vector<int64_t>{200, 400, 800, 1600, 1600, 1600}));
+  slice::noteGrant(words(), 1600, 1600 * slice::kRoomyFactor - 1);  // tight
+  EXPECT_EQ(next(), 100);
+  slice::noteGrant(words(), 100, 1000);
+  EXPECT_EQ(next(), 200);
+  slice::noteGrant(words(), 0, 1000);  // nothing granted: no growth
+  EXPECT_EQ(next(), 100);
+  // The share still caps a grown batch.
+  words_[slice::kDemand].store(40'000);
+  slice::noteGrant(words(), 100, 1'000'000);
+  now += kInterval;
+  EXPECT_EQ(slice::nextBatch(words(), now, 1, rule, 2, kInterval).n, 50'000);
+}
+
+// Verifies that a warm key waits for a quarter batch exactly when its
+// algorithm refills (algorithm.h): a bucket's units trickle back within a
+// lease interval, a window's do not, so a window asks only for the cost.
+TEST_F(SliceTest, AWarmKeyWaitsForAQuarterBatchExactlyWhereItsAlgorithmRefills) {
+  for (const AlgorithmTraits& row : kAlgorithmTraits) {
+    if (!row.leases_slice) continue;
+    for (std::atomic<uint64_t>& word : words_) word.store(0);
+    Rule rule = bucketRule(10'000, 1'000 * kMs, 1000);
+    rule.algorithm = row.algorithm;
+    ASSERT_TRUE(leasable(rule)) << row.name;
+    slice::nextBatch(words(), 1 * kMs, 1, rule, 2, kInterval);
+    grant(1);
+    words_[slice::kDemand].store(200);
+    slice::Batch warm = slice::nextBatch(words(), 201 * kMs, 1, rule, 2, kInterval);
+    EXPECT_EQ(warm.n, 100) << row.name;
+    EXPECT_EQ(warm.need, row.refills ? 25 : 1) << row.name;
+  }
+}
+
+// Verifies a slow bucket (8 an hour) never asks for more than one request's
+// cost, so its last units are not stranded in Redis; nor does a window,
+// whose units do not trickle back.
+TEST_F(SliceTest, SlowBucketsAndWindowsNeedOnlyTheCost) {
+  grant(1);
+  words_[slice::kDemand].store(400);
+  Rule slow = bucketRule(8, 3'600'000 * kMs, 8);
+  slice::Batch batch = slice::nextBatch(words(), 500 * kMs, 1, slow, 1, kInterval);
+  EXPECT_EQ(batch.n, 8);
+  EXPECT_EQ(batch.need, 1);
+  Rule window = slow;
+  window.algorithm = Algorithm::kFixedWindow;
+  words_[slice::kDemand].store(400);
+  EXPECT_EQ(slice::nextBatch(words(), 900 * kMs, 1, window, 1, kInterval).need, 1);
+}
+
+// Verifies a request asked again (after waiting for a lease or for its
+// units) is not counted in the key's demand twice.
+TEST_F(SliceTest, AskingAgainCountsNoDemand) {
+  slice::take(words(), 1 * kMs, 3);
+  EXPECT_EQ(words_[slice::kDemand].load(), 3u);
+  slice::take(words(), 2 * kMs, 3, /*again=*/true);
+  EXPECT_EQ(words_[slice::kDemand].load(), 3u);
+  slice::take(words(), 3 * kMs, 2);
+  EXPECT_EQ(words_[slice::kDemand].load(), 5u);
+}
+
+// Verifies that while requests stand in a key's line only the first may
+// spend its units: a later request is told kQueued (with the negative
+// cache's end when Redis said "nothing until t"), its demand still counted.
+TEST_F(SliceTest, OnlyTheFirstInLineSpends) {
+  grant(3);
+  words_[slice::kFlags].fetch_or(slice::kLine);
+  slice::TakeResult later = slice::take(words(), 1 * kMs, 1);
+  EXPECT_EQ(later.outcome, slice::Outcome::kQueued);
+  EXPECT_EQ(later.until_ns, 0);
+  EXPECT_EQ(words_[slice::kUnits].load(), 3u);
+  EXPECT_EQ(words_[slice::kDemand].load(), 1u);
+  EXPECT_EQ(slice::look(words(), 1 * kMs, 1).outcome, slice::Outcome::kQueued);
+  slice::TakeResult first = slice::take(words(), 1 * kMs, 1, true, /*first_in_line=*/true);
+  EXPECT_EQ(first.outcome, slice::Outcome::kTaken);
+  EXPECT_EQ(first.left, 2);
+  words_[slice::kDenyUntil].store(static_cast<uint64_t>(50 * kMs));
+  EXPECT_EQ(slice::take(words(), 2 * kMs, 1).until_ns, 50 * kMs);
+}
+
+// Verifies that a grant fills the slice, ends the negative cache, warms the
+// key and records Redis's clock; a grant of a new window drops the units of
+// the old one and spends only until the new one ends.
+TEST_F(SliceTest, AGrantFillsTheSliceAndANewWindowDropsTheOldOnesUnits) {
+  slice::applyEmpty(words(), 1 * kMs, 50 * kMs);
+  slice::applyGrant(words(), 5, 7'000, 0, false);
+  EXPECT_EQ(slice::take(words(), 2 * kMs, 2).left, 3);
+  EXPECT_NE(flags() & slice::kWarm, 0u);
+  EXPECT_EQ(slice::leaseNowMs(words()), 7'000);
+  slice::applyGrant(words(), 4, 8'000, 100 * kMs, true);
+  EXPECT_EQ(slice::look(words(), 99 * kMs, 1).left, 3);  // 4 granted, the old 3 dropped, 1 looked
+  EXPECT_EQ(slice::look(words(), 100 * kMs, 1).outcome, slice::Outcome::kEmpty);
+}
+
+// Verifies that Redis's "nothing until t" is believed until t when t is
+// near; when it is far, denials still say t, but the first take after
+// slice::kEmptyRecheckNs claims one lease to see whether other nodes gave
+// units back, and the others wait for its answer.
+TEST_F(SliceTest, AFarNegativeCacheClaimsOneLeaseAfterTheRecheckSpan) {
+  slice::applyEmpty(words(), 10 * kMs, 30 * kMs);
+  slice::TakeResult near = slice::take(words(), 39 * kMs, 1);
+  EXPECT_EQ(near.outcome, slice::Outcome::kDenied);
+  EXPECT_FALSE(near.must_request);
+  EXPECT_EQ(slice::take(words(), 40 * kMs, 1).outcome, slice::Outcome::kEmpty);
+  slice::unclaim(words());
+
+  const int64_t at_ns = 100 * kMs;
+  const int64_t t_ns = at_ns + 450'000 * kMs;  // 7.5 minutes
+  slice::applyEmpty(words(), at_ns, t_ns - at_ns);
+  slice::TakeResult before = slice::take(words(), at_ns + slice::kEmptyRecheckNs - 1, 1);
+  EXPECT_EQ(before.outcome, slice::Outcome::kDenied);
+  EXPECT_EQ(before.until_ns, t_ns);
+  EXPECT_FALSE(before.must_request);
+  slice::TakeResult due = slice::take(words(), at_ns + slice::kEmptyRecheckNs, 1);
+  EXPECT_EQ(due.outcome, slice::Outcome::kDenied);
+  EXPECT_EQ(due.until_ns, t_ns);
+  EXPECT_TRUE(due.must_request);
+  EXPECT_FALSE(slice::take(words(), at_ns + slice::kEmptyRecheckNs, 1).must_request);  // one lease
+  // Its answer: still nothing, so the cache stands for another recheck span.
+  slice::applyEmpty(words(), at_ns + slice::kEmptyRecheckNs, t_ns - at_ns - slice::kEmptyRecheckNs);
+  slice::unclaim(words());
+  EXPECT_FALSE(slice::take(words(), at_ns + 2 * slice::kEmptyRecheckNs - 1, 1).must_request);
+  EXPECT_TRUE(slice::take(words(), at_ns + 2 * slice::kEmptyRecheckNs, 1).must_request);
+}
+
+// Verifies that a block empties the slice and is asked of Redis again after
+// kBlockRecheckNs (or when it ends, if sooner), not before.
+TEST_F(SliceTest, ABlockEmptiesTheSliceUntilItsRecheck) {
+  grant(6);
+  slice::block(words(), 10 * kMs, 60 * slice::kBlockRecheckNs);
+  EXPECT_FALSE(slice::holdsUnits(words()));
+  EXPECT_EQ(slice::deniedUntilNs(words()), 10 * kMs + slice::kBlockRecheckNs);
+  grant(2);  // a lease sent before the block answers late
+  EXPECT_FALSE(slice::recheckBlock(words(), 10 * kMs + slice::kBlockRecheckNs - 1));
+  EXPECT_TRUE(slice::holdsUnits(words()));
+  EXPECT_TRUE(slice::recheckBlock(words(), 10 * kMs + slice::kBlockRecheckNs));
+  EXPECT_FALSE(slice::holdsUnits(words()));
+  slice::block(words(), 0, 5 * kMs);
+  EXPECT_EQ(slice::deniedUntilNs(words()), 5 * kMs);
+}
+
+// Verifies that forgetting a key (the admin reset) clears every word but a
+// lease's in-flight bit, which only the lease's answer clears.
+TEST_F(SliceTest, ForgettingKeepsOnlyTheInFlightBit) {
+  grant(3);
+  slice::applyEmpty(words(), 0, 10 * kMs);
+  EXPECT_EQ(slice::take(words(), 20 * kMs, 9).outcome, slice::Outcome::kEmpty);  // claims
+  slice::failUntil(words(), 30 * kMs);
+  slice::forget(words());
+  EXPECT_EQ(flags(), slice::kInFlight);
+  for (size_t i = 0; i < slice::kWords; ++i) {
+    if (i != slice::kFlags) {
+      EXPECT_EQ(words_[i].load(), 0u) << i;
+    }
+  }
+  EXPECT_FALSE(slice::idle(words(), 0));
+  slice::unclaim(words());
+  EXPECT_TRUE(slice::idle(words(), 0));
+}
+
+// Verifies that taking a slice's units back (an idle key, an evicted one, a
+// stop) empties it and hands over the units with Redis's clock at their
+// lease, and hands over nothing once their window has ended.
+TEST_F(SliceTest, TakingBackHandsOverUnitsOfAWindowNotYetEnded) {
+  slice::applyGrant(words(), 5, 1'234, 100 * kMs, false);
+  slice::Taken taken = slice::takeBack(words(), 99 * kMs);
+  EXPECT_EQ(taken.units, 5);
+  EXPECT_EQ(taken.lease_now_ms, 1'234);
+  EXPECT_FALSE(slice::holdsUnits(words()));
+  EXPECT_EQ(slice::takeBack(words(), 99 * kMs).units, 0);
+  slice::applyGrant(words(), 5, 1'234, 100 * kMs, false);
+  EXPECT_EQ(slice::takeBack(words(), 100 * kMs).units, 0);
+  EXPECT_FALSE(slice::holdsUnits(words()));
+}
+
+// Verifies the line mark: set and cleared only through markLine/clearLine.
+TEST_F(SliceTest, TheLineMarkIsSetAndClearedAlone) {
+  grant(1);
+  slice::markLine(words());
+  EXPECT_TRUE(slice::lineMarked(words()));
+  EXPECT_NE(flags() & slice::kWarm, 0u);
+  slice::clearLine(words());
+  EXPECT_FALSE(slice::lineMarked(words()));
+  EXPECT_NE(flags() & slice::kWarm, 0u);
+}
+
+}  // namespace
+}  // namespace sluice
