@@ -320,6 +320,22 @@ int Server::run() {
   for (auto& worker : workers_) {
     worker->start();
   }
+  if (!config_.http.listen.empty() && !startHttp(&error)) {
+    spdlog::critical("{}", error);
+    for (auto& worker : workers_) worker->stop();
+    for (auto& worker : workers_) worker->join();
+    workers_.clear();
+    ::close(listen_fd_);
+    listen_fd_ = -1;
+    if (!socket_inherited_) unlink(config_.daemon.socket_path.c_str());
+    metrics_endpoint_.stop();
+    for (uv_signal_t* handle : {&sigterm_, &sigint_, &sighup_}) {
+      uv_close(reinterpret_cast<uv_handle_t*>(handle), nullptr);
+    }
+    uv_run(&loop_, UV_RUN_DEFAULT);
+    uv_loop_close(&loop_);
+    return 1;
+  }
 
   uv_poll_init(&loop_, &listener_, listen_fd_);
   listener_.data = this;
@@ -362,6 +378,8 @@ int Server::run() {
   for (auto& worker : workers_) {
     worker->join();
   }
+  // After the workers: every question it submitted has been answered.
+  http_front_.stop();
   // After the workers: nothing spends from slices any more, so the control
   // thread returns what they hold, then leaves the members set.
   if (control_) {
@@ -507,7 +525,8 @@ bool Server::reloadLocked(std::string* error) {
         {"[limits]", !(fresh.limits == config_.limits)},
         {"[keys]", !(fresh.keys == config_.keys)},
         {"[access]", !(fresh.access == config_.access)},
-        {"[redis]", fresh.redis != config_.redis}}) {
+        {"[redis]", fresh.redis != config_.redis},
+        {"[http]", !(fresh.http == config_.http)}}) {
     if (changed) {
       spdlog::warn("reload: {} changed; only rules change on reload, the rest at the next restart",
                    section);
@@ -525,7 +544,29 @@ bool Server::reloadLocked(std::string* error) {
   return true;
 }
 
+bool Server::startHttp(std::string* error) {
+  HttpFront::Options options;
+  options.listen = config_.http.listen;
+  options.deny_status = config_.http.deny_status;
+  options.max_key_bytes = config_.limits.max_key_bytes;
+  options.max_connections = config_.limits.max_connections;
+  options.idle_timeout_s = static_cast<unsigned>((config_.limits.idle_timeout_ms + 999) / 1000);
+  // Questions go to the workers in turn; each decides on the shared key table.
+  auto submit = [this](HeldQuestion question, Recipient* recipient, MsgId tag) {
+    size_t index = http_next_worker_.fetch_add(1, std::memory_order_relaxed) % workers_.size();
+    workers_[index]->submit(std::move(question), recipient, tag);
+  };
+  auto admit = [this](int fd) {
+    Peer peer = access_.admit(fd);
+    return peer.allowed;
+  };
+  if (!http_front_.start(options, config_.rules, submit, admit, error)) return false;
+  spdlog::info("serving HTTP checks on {}", config_.http.listen);
+  return true;
+}
+
 void Server::installRules(RuleSetPtr rules) {
+  http_front_.setRules(rules);
   config_.rules = rules;
   rules_.store(rules, std::memory_order_release);
   for (auto& worker : workers_) {

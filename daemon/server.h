@@ -39,6 +39,7 @@
 #include "access.h"
 #include "config.h"
 #include "control.h"
+#include "http_front.h"
 #include "status.h"
 #include "key_table.h"
 #include "metrics.h"
@@ -100,6 +101,8 @@ class Server : public DaemonStatus {
   void onNodesChanged(uint32_t nodes);
   // Installs `rules` on every worker; the caller holds reload_mutex_.
   void installRules(RuleSetPtr rules);
+  // Serves [http] listen (http_front.h); false with `error`.
+  bool startHttp(std::string* error);
 
   Config config_;           // guarded by reload_mutex_ after run() starts
   std::mutex reload_mutex_;
@@ -130,6 +133,8 @@ class Server : public DaemonStatus {
   uv_timer_t key_sweep_;
   uv_timer_t status_timer_;
   MetricsEndpoint metrics_endpoint_;
+  HttpFront http_front_;  // [http]: started after the workers, stopped after they join
+  std::atomic<size_t> http_next_worker_{0};
   std::string serving_path_;       // the socket's path, as logged and reported
   bool socket_inherited_ = false;  // systemd passed the socket; it is not ours to remove
   uint64_t watchdog_us_ = 0;       // 0: no watchdog
