@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cinttypes>
+#include <cctype>
 #include <cstdio>
 
 #include "algorithm.h"
@@ -112,6 +113,14 @@ std::string jsonString(std::string_view text) {
   return out;
 }
 
+std::string_view lastForwarded(std::string_view value) {
+  size_t comma = value.rfind(',');
+  std::string_view last = comma == std::string_view::npos ? value : value.substr(comma + 1);
+  while (!last.empty() && (last.front() == ' ' || last.front() == '\t')) last.remove_prefix(1);
+  while (!last.empty() && (last.back() == ' ' || last.back() == '\t')) last.remove_suffix(1);
+  return last;
+}
+
 Reply problem(unsigned status, std::string_view detail) {
   Reply reply;
   reply.status = status;
@@ -143,6 +152,22 @@ Parsed parseCheck(std::string_view path, std::string_view http_method,
   };
   std::optional<std::string_view> rule = pick(parameters.query_rule, parameters.header_rule);
   std::optional<std::string_view> key = pick(parameters.query_key, parameters.header_key);
+  if (!parameters.query_key && parameters.query_key_header) {
+    std::string_view name = *parameters.query_key_header;
+    if (!parameters.named_header || parameters.named_header->empty()) {
+      parsed.refusal = problem(400, "parameter key_header names header " + std::string(name) +
+                                        ", which the request does not carry");
+      return parsed;
+    }
+    key = parameters.named_header;
+    auto equalsIgnoringCase = [](std::string_view a, std::string_view b) {
+      return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+               return std::tolower(static_cast<unsigned char>(x)) ==
+                      std::tolower(static_cast<unsigned char>(y));
+             });
+    };
+    if (equalsIgnoringCase(name, "X-Forwarded-For")) key = lastForwarded(*key);
+  }
   std::optional<std::string_view> cost = pick(parameters.query_cost, parameters.header_cost);
   if (!rule || rule->empty()) {
     parsed.refusal = problem(400, "parameter rule is missing; pass ?rule=NAME or a Sluice-Rule header");

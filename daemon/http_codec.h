@@ -35,10 +35,21 @@ inline constexpr std::string_view kPeekPath = "/v1/peek";
 
 // A request's parameters as it carried them: from the query string and
 // from the Sluice-* headers; nullopt when absent.
+//
+// For proxies that cannot set a header from a variable (Traefik
+// ForwardAuth, Envoy ext_authz), `key_header=NAME` in the query takes the
+// key from the request's header NAME (the caller looks it up into
+// named_header); from X-Forwarded-For, its last address, the one the
+// proxy itself saw (the ones before it are the client's to write). The
+// key's order: `key` in the query, then key_header, then Sluice-Key.
 struct Parameters {
-  std::optional<std::string_view> query_rule, query_key, query_cost;
+  std::optional<std::string_view> query_rule, query_key, query_cost, query_key_header;
   std::optional<std::string_view> header_rule, header_key, header_cost;
+  std::optional<std::string_view> named_header;  // the header key_header names
 };
+
+// The last address of an X-Forwarded-For value, blanks trimmed.
+std::string_view lastForwarded(std::string_view value);
 
 // One response: status, headers in order, body and its content type.
 struct Reply {

@@ -99,6 +99,12 @@ MHD_Result handle(void* cls, MHD_Connection* connection, const char* url, const 
   parameters.query_rule = lookup(connection, MHD_GET_ARGUMENT_KIND, "rule");
   parameters.query_key = lookup(connection, MHD_GET_ARGUMENT_KIND, "key");
   parameters.query_cost = lookup(connection, MHD_GET_ARGUMENT_KIND, "cost");
+  parameters.query_key_header = lookup(connection, MHD_GET_ARGUMENT_KIND, "key_header");
+  std::string key_header;
+  if (parameters.query_key_header) {
+    key_header.assign(*parameters.query_key_header);  // lookup wants it NUL-terminated
+    parameters.named_header = lookup(connection, MHD_HEADER_KIND, key_header.c_str());
+  }
   parameters.header_rule = lookup(connection, MHD_HEADER_KIND, "Sluice-Rule");
   parameters.header_key = lookup(connection, MHD_HEADER_KIND, "Sluice-Key");
   parameters.header_cost = lookup(connection, MHD_HEADER_KIND, "Sluice-Cost");

@@ -161,6 +161,17 @@ class HttpEndpointTest(unittest.TestCase):
         self.assertEqual(status, 200)
         self.assertRegex(answer["RateLimit"], r'^"three";r=0;')
 
+    def test_key_header_takes_the_key_from_the_address_the_proxy_saw(self):
+        path = "/v1/check?rule=three&key_header=X-Forwarded-For"
+        for forwarded in ("1.1.1.1, 10.0.0.9", "2.2.2.2, 10.0.0.9", "10.0.0.9"):
+            status, _, _ = ask(self.http, path, headers={"X-Forwarded-For": forwarded})
+            self.assertEqual(status, 200)
+        status, _, _ = ask(self.http, path, headers={"X-Forwarded-For": "3.3.3.3, 10.0.0.9"})
+        self.assertEqual(status, 429)  # one key, whatever the client wrote before it
+        status, _, body = ask(self.http, path)
+        self.assertEqual(status, 400)
+        self.assertIn("X-Forwarded-For", json.loads(body)["detail"])
+
     def test_peek_spends_nothing(self):
         for _ in range(5):
             status, headers, _ = ask(self.http, "/v1/peek?rule=three&key=p")

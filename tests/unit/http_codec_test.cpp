@@ -82,6 +82,37 @@ TEST(HttpCodecTest, TheQueryWinsOverTheHeaders) {
   EXPECT_EQ(parsed.item.cost, 2);
 }
 
+TEST(HttpCodecTest, KeyHeaderTakesTheKeyFromTheHeaderItNames) {
+  Parameters parameters;
+  parameters.query_rule = "api";
+  parameters.query_key_header = "X-Api-Key";
+  parameters.named_header = "k-123";
+  parameters.header_key = "ignored";
+  Parsed parsed = parseCheck("/v1/check", "GET", parameters, kMaxKeyBytes);
+  ASSERT_TRUE(parsed.ok);
+  EXPECT_EQ(parsed.item.key, "k-123");
+}
+
+TEST(HttpCodecTest, FromXForwardedForTheKeyIsTheAddressTheProxySaw) {
+  Parameters parameters;
+  parameters.query_rule = "api";
+  parameters.query_key_header = "x-forwarded-for";
+  parameters.named_header = "6.6.6.6, 10.0.0.7 ";  // the first is the client's to write
+  Parsed parsed = parseCheck("/v1/check", "GET", parameters, kMaxKeyBytes);
+  ASSERT_TRUE(parsed.ok);
+  EXPECT_EQ(parsed.item.key, "10.0.0.7");
+}
+
+TEST(HttpCodecTest, AKeyHeaderTheRequestLacksIsA400NamingIt) {
+  Parameters parameters;
+  parameters.query_rule = "api";
+  parameters.query_key_header = "X-Api-Key";
+  Parsed parsed = parseCheck("/v1/check", "GET", parameters, kMaxKeyBytes);
+  ASSERT_FALSE(parsed.ok);
+  EXPECT_EQ(parsed.refusal.status, 400u);
+  EXPECT_NE(parsed.refusal.body.find("X-Api-Key"), std::string::npos);
+}
+
 TEST(HttpCodecTest, AMissingParameterIsA400NamingIt) {
   Parameters no_rule;
   no_rule.query_key = "k";
