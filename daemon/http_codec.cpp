@@ -152,7 +152,7 @@ Parsed parseCheck(std::string_view path, std::string_view http_method,
   };
   std::optional<std::string_view> rule = pick(parameters.query_rule, parameters.header_rule);
   std::optional<std::string_view> key = pick(parameters.query_key, parameters.header_key);
-  if (!parameters.query_key && parameters.query_key_header) {
+  if (parameters.query_key_header) {
     std::string_view name = *parameters.query_key_header;
     if (!parameters.named_header || parameters.named_header->empty()) {
       parsed.refusal = problem(400, "parameter key_header names header " + std::string(name) +

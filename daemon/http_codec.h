@@ -41,7 +41,10 @@ inline constexpr std::string_view kPeekPath = "/v1/peek";
 // key from the request's header NAME (the caller looks it up into
 // named_header); from X-Forwarded-For, its last address, the one the
 // proxy itself saw (the ones before it are the client's to write). The
-// key's order: `key` in the query, then key_header, then Sluice-Key.
+// key's order: key_header, then `key` in the query, then Sluice-Key: a
+// proxy that appends the client's path to its own query (Envoy's
+// path_prefix) writes key_header first, and the client cannot override
+// it. Of a parameter given twice in the query, the first counts.
 struct Parameters {
   std::optional<std::string_view> query_rule, query_key, query_cost, query_key_header;
   std::optional<std::string_view> header_rule, header_key, header_cost;

@@ -168,6 +168,15 @@ class HttpEndpointTest(unittest.TestCase):
             self.assertEqual(status, 200)
         status, _, _ = ask(self.http, path, headers={"X-Forwarded-For": "3.3.3.3, 10.0.0.9"})
         self.assertEqual(status, 429)  # one key, whatever the client wrote before it
+        # Envoy appends the client's path to its own query: the client's own
+        # key, cost and rule there change nothing.
+        envoy = ("/v1/check?rule=three&cost=1&key_header=X-Forwarded-For&x="
+                 "/api?key=victim&cost=3&rule=nosuch")
+        status, headers, body = ask(self.http, envoy, headers={"X-Forwarded-For": "10.0.0.8"})
+        self.assertEqual(status, 200, body)
+        self.assertRegex(headers["RateLimit"], r'^"three";r=2;')
+        self.assertEqual(ask(self.http, "/v1/peek?rule=three&key=victim")[1]["RateLimit"][:13],
+                         '"three";r=3;t')
         status, _, body = ask(self.http, path)
         self.assertEqual(status, 400)
         self.assertIn("X-Forwarded-For", json.loads(body)["detail"])

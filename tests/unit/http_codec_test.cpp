@@ -82,11 +82,12 @@ TEST(HttpCodecTest, TheQueryWinsOverTheHeaders) {
   EXPECT_EQ(parsed.item.cost, 2);
 }
 
-TEST(HttpCodecTest, KeyHeaderTakesTheKeyFromTheHeaderItNames) {
+TEST(HttpCodecTest, KeyHeaderTakesTheKeyFromTheHeaderItNamesOverAnyOther) {
   Parameters parameters;
   parameters.query_rule = "api";
   parameters.query_key_header = "X-Api-Key";
   parameters.named_header = "k-123";
+  parameters.query_key = "the-clients-own";
   parameters.header_key = "ignored";
   Parsed parsed = parseCheck("/v1/check", "GET", parameters, kMaxKeyBytes);
   ASSERT_TRUE(parsed.ok);
