@@ -30,8 +30,8 @@ namespace {
 
 using namespace config_detail;
 
-constexpr std::array<std::string_view, 7> kSections = {"daemon", "limits", "keys", "access",
-                                                       "redis",  "http",   "rule"};
+constexpr std::array<std::string_view, 8> kSections = {"daemon", "limits", "keys", "access",
+                                                       "redis",  "http",   "resp", "rule"};
 
 // --- the file -------------------------------------------------------------------
 
@@ -85,13 +85,19 @@ Config build(const toml::table& root, const std::string& source_name, ConfigChec
   // Sections may come in any order, and [redis] only when present.
   if (root.contains("redis")) config.redis.emplace();
   std::map<std::string_view, Given> given;
-  for (std::string_view section : {"daemon", "limits", "keys", "access", "redis", "http"}) {
+  for (std::string_view section :
+       {"daemon", "limits", "keys", "access", "redis", "http", "resp"}) {
     if (const toml::node* node = root.get(section)) {
       given[section] = loadSection(asSection(*node, section), section, &config);
     }
   }
   if (config.redis) checkRedisMode(given["redis"], &*config.redis);
   checkFrameHoldsKey(config.limits, given["limits"]);
+  if (config.resp.scope == "global" && !config.redis) {
+    refuse(*given["resp"]["scope"], "[resp] scope = \"global\" needs a [redis] section to share "
+                                    "CL.THROTTLE's limits through; add [redis], or write scope = "
+                                    "\"local\"");
+  }
   if (checks == ConfigChecks::kHost) checkSocketDirectory(config.daemon, given["daemon"]);
 
   std::vector<Rule> rules;

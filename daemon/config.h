@@ -165,6 +165,20 @@ struct HttpConfig {
   bool operator==(const HttpConfig&) const = default;
 };
 
+// [resp]: the Redis protocol front (resp_front.h); off while `listen` is "".
+struct RespConfig {
+  // "HOST:PORT" (numeric host) or "unix:/absolute/path"; "" serves none.
+  std::string listen;
+  // The scope of CL.THROTTLE's parametric rules: "local", or "global"
+  // (needs [redis]): one limit for the fleet.
+  std::string scope = "local";
+  // Distinct (max_burst, count, period) of CL.THROTTLE held at once; a
+  // call naming one more is refused.
+  uint32_t max_parameter_sets = 1000;
+
+  bool operator==(const RespConfig&) const = default;
+};
+
 struct Config {
   std::string path;  // the file (or source name) this was loaded from
   DaemonConfig daemon;
@@ -173,6 +187,7 @@ struct Config {
   AccessConfig access;
   std::optional<RedisConfig> redis;
   HttpConfig http;
+  RespConfig resp;
   RuleSetPtr rules;  // never null in a loaded Config; may hold no rules
 };
 

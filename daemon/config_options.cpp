@@ -36,6 +36,7 @@ enum class OptionType {
   kAddresses,   // array of "host:port" (parseRedisAddress), at most max of them
 };
 
+constexpr std::array<std::string_view, 2> kScopes = {"local", "global"};
 constexpr std::array<std::string_view, 7> kLogLevels = {"trace", "debug", "info", "warn",
                                                         "error", "critical", "off"};
 
@@ -91,7 +92,7 @@ constexpr int64_t kMaxSecretFileBytes = 4096;
 // Cluster mode: the most seed nodes.
 constexpr int64_t kMaxClusterNodes = 64;
 
-const std::array<Option, 42> kOptions = {{
+const std::array<Option, 45> kOptions = {{
     {.section = "daemon", .key = "socket", .type = OptionType::kSocketPath,
      .max = kMaxSocketPathBytes, .doc = "path of the Unix socket clients connect to",
      SLUICE_STR_FIELD(daemon.socket_path)},
@@ -239,6 +240,17 @@ const std::array<Option, 42> kOptions = {{
     {.section = "http", .key = "deny_status", .type = OptionType::kCount, .min = 400, .max = 499,
      .doc = "HTTP status of a denial: 429, or 403 behind nginx's auth_request",
      SLUICE_INT_FIELD(http.deny_status)},
+
+    {.section = "resp", .key = "listen", .type = OptionType::kFrontAddress,
+     .doc = "address of the Redis protocol front, \"HOST:PORT\" or \"unix:/path\"; \"\" serves none",
+     SLUICE_STR_FIELD(resp.listen)},
+    {.section = "resp", .key = "scope", .type = OptionType::kChoice, .choices = kScopes,
+     .doc = "scope of CL.THROTTLE's rules: local, or global (needs [redis]) for one fleet-wide limit",
+     SLUICE_STR_FIELD(resp.scope)},
+    {.section = "resp", .key = "max_parameter_sets", .type = OptionType::kCount, .min = 1,
+     .max = 100'000,
+     .doc = "distinct (max_burst, count, period) of CL.THROTTLE held at once; one more is refused",
+     SLUICE_INT_FIELD(resp.max_parameter_sets)},
 }};
 
 #undef SLUICE_INT_FIELD

@@ -1103,5 +1103,16 @@ TEST(ConfigTest, HttpRefusesABadAddressNamingTheLineAndTheFix) {
   EXPECT_NE(section.find("did you mean [http]"), std::string::npos) << section;
 }
 
+// Verifies that [resp] scope = "global" without [redis] is refused at its
+// line, saying what to add or write instead.
+TEST(ConfigTest, RespGlobalScopeNeedsRedis) {
+  std::string error = errorOf("[resp]\nlisten = \"127.0.0.1:6390\"\nscope = \"global\"\n");
+  EXPECT_NE(error.find("x.toml:3:"), std::string::npos) << error;
+  EXPECT_NE(error.find("needs a [redis] section"), std::string::npos) << error;
+  Config local = mustLoad("[resp]\nlisten = \"unix:/run/sluice/resp.sock\"\n");
+  EXPECT_EQ(local.resp.scope, "local");
+  EXPECT_EQ(local.resp.max_parameter_sets, 1000u);
+}
+
 }  // namespace
 }  // namespace sluice
