@@ -335,12 +335,13 @@ void writeAnswer(std::string* out, Shape shape, int64_t max_burst, const Answer&
   }
   const Decision& d = answer.decisions.front();
   if (shape == Shape::kThrottle) {
-    // redis-cell's seconds are whole, truncated; -1 retry when allowed.
+    // redis-cell's seconds are whole, truncated; retry -1 when allowed, or
+    // when the quantity is more than the burst could ever hold.
     writeArrayHeader(out, 5);
     writeInteger(out, d.allowed ? 0 : 1);
     writeInteger(out, max_burst + 1);
     writeInteger(out, std::max<int64_t>(0, d.remaining));
-    writeInteger(out, d.allowed ? -1 : d.retry_after_ms / 1000);
+    writeInteger(out, d.allowed || d.cost_exceeds_limit ? -1 : d.retry_after_ms / 1000);
     writeInteger(out, std::max<int64_t>(0, d.reset_after_ms) / 1000);
     return;
   }
