@@ -40,7 +40,7 @@ NODE_PACKAGES := nodejs npm
 # checks the package (the `package` test, part of `make test`).
 PACKAGE_PACKAGES := dpkg-dev file lintian
 # matplotlib draws the benchmark's plots.
-BENCH_PACKAGES := python3-matplotlib
+BENCH_PACKAGES := python3-matplotlib wrk
 # The client libraries' tests (client/<language>/): toolchains and libraries.
 CLIENT_PACKAGES :=
 CLIENT_PACKAGES += python3-msgpack python3-uvicorn python3-pip python3-setuptools
@@ -118,6 +118,7 @@ bench: deps
 	$(call configure,build-release,Release,-DSLUICE_BUILD_TESTS=OFF)
 	./bench/run.sh build-release
 	./bench/global.sh build-release
+	./bench/fronts.sh build-release
 	$(call install,$(CLIENT_PACKAGES))
 	./bench/clients.sh build-release
 	/usr/bin/python3 bench/fleet.py build-release
