@@ -253,6 +253,14 @@ Command interpret(const std::vector<std::string_view>& args, const Limits& limit
     writeBulk(&command.reply, "standalone");
     return command;
   }
+  if (name == "INFO") {
+    // What clients read at connect (ioredis' ready check waits for loading:0).
+    Command command;
+    writeBulk(&command.reply,
+              "# Server\r\nredis_version:7.0.0\r\nsluiced:1\r\nredis_mode:standalone\r\n"
+              "# Persistence\r\nloading:0\r\n");
+    return command;
+  }
   if (name == "COMMAND") {
     // Clients ask it for metadata they can do without: an empty list.
     Command command;
@@ -321,7 +329,7 @@ Command interpret(const std::vector<std::string_view>& args, const Limits& limit
   }
   return error("ERR unknown command '" + shown +
                "': sluiced answers CL.THROTTLE, SLUICE.ACQUIRE, SLUICE.PEEK, PING, ECHO, "
-               "QUIT, SELECT, CLIENT, HELLO and COMMAND");
+               "QUIT, SELECT, CLIENT, HELLO, INFO and COMMAND");
 }
 
 void writeAnswer(std::string* out, Shape shape, int64_t max_burst, const Answer& answer) {

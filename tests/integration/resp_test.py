@@ -1,15 +1,18 @@
 #!/usr/bin/python3
 """The Redis protocol front ([resp], docs/resp.md) of the real sluiced, asked
-by unmodified Redis clients: redis-cli and Debian's python3-redis run
+by unmodified Redis clients: redis-cli, Debian's python3-redis and npm's
+ioredis (resp_node/, installed by `npm ci` in a temp dir) run
 CL.THROTTLE, SLUICE.ACQUIRE and pipelines; two daemons on one Redis hold one
 global CL.THROTTLE limit; malformed RESP gets -ERR and the daemon answers
 on; max_parameter_sets refuses one set too many.
 
 Needs SLUICED (the daemon binary) in the environment, redis-server and
-redis-cli; run with /usr/bin/python3 (python3-msgpack, python3-redis).
+redis-cli, node and npm; run with /usr/bin/python3 (python3-msgpack, python3-redis).
 """
 
+import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -18,8 +21,10 @@ import unittest
 import redis
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import (REDIS_CLI, Daemon, Redis, free_port, tear_down_module,  # noqa: E402
-                     wait_for)
+from harness import (REDIS_CLI, Daemon, Redis, free_port, make_dir,  # noqa: E402
+                     tear_down_module, wait_for)
+
+NODE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "resp_node")
 
 CONFIG = """
 [daemon]
@@ -120,6 +125,27 @@ class RespClientsTest(unittest.TestCase):
         allowed = [r[0] for r in replies[1::2]]
         self.assertEqual(sum(allowed), 15)  # five a key, three keys
         self.assertEqual(allowed[:15], [1] * 15)
+
+    def test_ioredis_runs_throttle_acquire_and_a_pipeline(self):
+        # A copy of resp_node/ with ioredis from `npm ci`, so npm writes
+        # nothing into the tree.
+        work = make_dir("sl-ioredis.")
+        self.addCleanup(shutil.rmtree, work, True)
+        for name in ("package.json", "package-lock.json", "throttle.js"):
+            shutil.copy(os.path.join(NODE_DIR, name), work)
+        npm = subprocess.run(["npm", "ci", "--prefer-offline", "--no-audit", "--no-fund"],
+                             cwd=work, capture_output=True, text=True, timeout=90)
+        self.assertEqual(npm.returncode, 0, npm.stdout + npm.stderr)
+        run = subprocess.run(["node", "throttle.js", str(self.port)], cwd=work,
+                             capture_output=True, text=True, timeout=30)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        out = json.loads(run.stdout)
+        self.assertEqual([t[:3] for t in out["throttle"]],
+                         [[0, 3, 2], [0, 3, 1], [0, 3, 0], [1, 3, 0]])
+        self.assertEqual(out["acquire"][:3], [1, 4, 5])
+        self.assertEqual(out["piped"][0::2], ["m%d" % i for i in range(50)])
+        self.assertTrue(all(p[:3] == [1, 4, 5] for p in out["piped"][1::2]), out["piped"][:4])
+        self.assertIn("unknown command 'GET'", out["unknown"])
 
     def test_errors_name_the_problem_and_the_daemon_answers_on(self):
         with self.assertRaisesRegex(redis.ResponseError, "UNKNOWN_RULE"):

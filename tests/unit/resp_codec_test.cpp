@@ -146,6 +146,7 @@ TEST(RespCodecTest, StockClientsHandshakeInRespTwo) {
   EXPECT_EQ(command({"CLIENT", "SETINFO", "lib-name", "x"}).reply, "+OK\r\n");
   EXPECT_EQ(command({"HELLO", "3"}).reply.rfind("-NOPROTO", 0), 0u);
   EXPECT_EQ(command({"COMMAND", "DOCS"}).reply, "*0\r\n");
+  EXPECT_NE(command({"INFO"}).reply.find("loading:0"), std::string::npos);
   EXPECT_EQ(command({"QUIT"}).kind, Command::Kind::kQuit);
   Command unknown = command({"GET", "x"});
   EXPECT_EQ(unknown.reply.rfind("-ERR unknown command 'GET'", 0), 0u) << unknown.reply;
