@@ -33,6 +33,10 @@ std::string upper(std::string_view text) {
   return out;
 }
 
+// A command name of at most this many bytes is upper-cased in place;
+// a longer one names no command.
+constexpr size_t kLongestName = 16;
+
 // Reads "<digits>\r\n" at `at`; false when incomplete (`incomplete` set) or
 // malformed.
 bool readLength(std::string_view input, size_t* at, int64_t* value, bool* incomplete) {
@@ -194,7 +198,14 @@ std::string throttleRuleName(const Throttle& throttle) {
 
 Command interpret(const std::vector<std::string_view>& args, const Limits& limits) {
   if (args.empty()) return reply("");
-  const std::string name = upper(args[0]);
+  char buffer[kLongestName];
+  std::string_view name;
+  if (args[0].size() <= kLongestName) {
+    for (size_t i = 0; i < args[0].size(); ++i) {
+      buffer[i] = static_cast<char>(std::toupper(static_cast<unsigned char>(args[0][i])));
+    }
+    name = std::string_view(buffer, args[0].size());
+  }
   const size_t n = args.size();
   if (name == "PING") {
     if (n > 2) return wrongArguments("ping");

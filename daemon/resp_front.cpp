@@ -135,7 +135,13 @@ void RespFront::run() { uv_run(&loop_, UV_RUN_DEFAULT); }
 void RespFront::receive(MsgId tag, const Answer& answer) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (stopping_) return;
-  arrived_.push_back(Arrived{tag, answer});
+  Arrived& arrived = arrived_.emplace_back();
+  arrived.tag = tag;
+  arrived.failed = answer.failed;
+  arrived.error = answer.error;
+  if (answer.failed) arrived.message = answer.message;
+  if (!answer.decisions.empty()) arrived.decision = answer.decisions.front();
+  if (!answer.modes.empty()) arrived.mode = answer.modes.front();
   uv_async_send(&wakeup_);
 }
 
@@ -282,7 +288,13 @@ void RespFront::onArrived() {
     const uint64_t index = ((arrived.tag.bits & kSeqMask) - connection->base_seq) & kSeqMask;
     if (index >= connection->slots.size()) continue;
     Connection::Slot& slot = connection->slots[index];
-    resp::writeAnswer(&slot.bytes, slot.shape, slot.max_burst, arrived.answer);
+    answer_.clear();
+    if (arrived.failed) {
+      answer_.fail(arrived.error, arrived.message);
+    } else {
+      answer_.decide(arrived.decision, arrived.mode);
+    }
+    resp::writeAnswer(&slot.bytes, slot.shape, slot.max_burst, answer_);
     slot.ready = true;
     --connection->in_flight;
     if (touched.empty() || touched.back() != connection) touched.push_back(connection);

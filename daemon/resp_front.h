@@ -73,9 +73,14 @@ class RespFront final : public Recipient {
   struct Connection;
 
  private:
+  // An answer as it crosses threads: its one decision, no vectors to copy.
   struct Arrived {
     MsgId tag;
-    Answer answer;
+    bool failed = false;
+    ErrorCode error = ErrorCode::kInternal;
+    std::string message;
+    Decision decision;
+    Mode mode = Mode::kLocal;
   };
   void run();
   void onConnection();
@@ -105,6 +110,7 @@ class RespFront final : public Recipient {
   std::vector<Arrived> arrived_;
   bool stopping_ = false;
   std::vector<Arrived> taken_;  // loop thread only
+  Answer answer_;               // loop thread only: an Arrived, to encode
 
   // Loop thread only.
   std::unordered_map<uint64_t, Connection*> connections_;
