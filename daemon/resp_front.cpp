@@ -256,7 +256,10 @@ void RespFront::serve(Connection* connection) {
             MsgId(connection->id << kSeqBits | seq));
   }
   connection->input.erase(0, offset);
-  if (connection->in_flight >= options_.max_in_flight && connection->reading) {
+  // After QUIT or a protocol error nothing more is read: the connection
+  // closes once its replies are out.
+  if ((connection->quit || connection->in_flight >= options_.max_in_flight) &&
+      connection->reading) {
     uv_read_stop(&connection->h.stream);
     connection->reading = false;
   }
@@ -302,7 +305,8 @@ void RespFront::onArrived() {
   taken_.clear();
   for (Connection* connection : touched) {
     if (connection->closing) continue;
-    if (!connection->reading && connection->in_flight < options_.max_in_flight) {
+    if (!connection->reading && !connection->quit &&
+        connection->in_flight < options_.max_in_flight) {
       connection->reading = true;
       uv_read_start(
           &connection->h.stream,
