@@ -322,10 +322,11 @@ int Server::run() {
   }
   if ((!config_.http.listen.empty() && !startHttp(&error)) ||
       (!config_.resp.listen.empty() && !startResp(&error))) {
-    http_front_.stop();
     spdlog::critical("{}", error);
     for (auto& worker : workers_) worker->stop();
     for (auto& worker : workers_) worker->join();
+    // After the workers, as at a stop: no question is left waiting.
+    http_front_.stop();
     workers_.clear();
     ::close(listen_fd_);
     listen_fd_ = -1;

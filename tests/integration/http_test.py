@@ -234,6 +234,21 @@ class HttpUnixSocketTest(unittest.TestCase):
         self.assertFalse(os.path.exists(path), "the socket file outlived the daemon")
 
 
+class HttpAddressTakenTest(unittest.TestCase):
+    def test_a_taken_address_stops_the_daemon_saying_what_to_do(self):
+        taken = socket.socket()
+        self.addCleanup(taken.close)
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        daemon = Daemon("http-taken")
+        self.addCleanup(daemon.stop)
+        proc = daemon.start(CONFIG.format(socket=daemon.socket,
+                                          listen="127.0.0.1:%d" % taken.getsockname()[1],
+                                          deny_status=429), wait=False)
+        self.assertEqual(proc.wait(timeout=20), 1, daemon.logs())
+        self.assertIn("choose another [http] listen", daemon.logs())
+
+
 class Nginx:
     """A Debian nginx in its own temp dir on a free port, serving a static
     page at / and /api/ behind the shipped snippet, which asks a sluiced at

@@ -171,6 +171,21 @@ class RespClientsTest(unittest.TestCase):
         self.assertEqual(self.client.execute_command("CL.THROTTLE", "k", 1, 3, 60)[1], 2)
 
 
+class RespAddressTakenTest(unittest.TestCase):
+    def test_a_taken_address_stops_the_daemon_saying_what_to_do(self):
+        taken = socket.socket()
+        self.addCleanup(taken.close)
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        daemon = Daemon("resp-taken")
+        self.addCleanup(daemon.stop)
+        proc = daemon.start(CONFIG.format(socket=daemon.socket,
+                                          listen="127.0.0.1:%d" % taken.getsockname()[1]),
+                            wait=False)
+        self.assertEqual(proc.wait(timeout=20), 1, daemon.logs())
+        self.assertIn("choose another [resp] listen", daemon.logs())
+
+
 class RespFleetTest(unittest.TestCase):
     def test_two_daemons_on_one_redis_hold_one_throttle_limit(self):
         server = Redis()
