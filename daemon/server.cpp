@@ -320,6 +320,9 @@ int Server::run() {
   for (auto& worker : workers_) {
     worker->start();
   }
+  // Read before the fronts start: from then on CL.THROTTLE may replace
+  // config_.rules (under reload_mutex_).
+  const size_t rule_count = config_.rules->rules().size();
   if ((!config_.http.listen.empty() && !startHttp(&error)) ||
       (!config_.resp.listen.empty() && !startResp(&error))) {
     spdlog::critical("{}", error);
@@ -353,8 +356,7 @@ int Server::run() {
       sweep_ms);
 
   spdlog::info("sluiced {} serving {}{} with {} workers, {} rules", SLUICE_VERSION, serving_path_,
-               socket_inherited_ ? " (passed by systemd)" : "", count,
-               config_.rules->rules().size());
+               socket_inherited_ ? " (passed by systemd)" : "", count, rule_count);
   // Last: from here on the control thread may replace config_.rules (under
   // reload_mutex_), as a reload from a worker may.
   if (control_) {

@@ -71,6 +71,8 @@ deny_status = 403
 url = "redis://127.0.0.1:{redis_port}"
 expected_nodes = 2
 node_id = "http-{index}"
+# A slow machine (or a sanitizer) must not answer a cold key by fallback.
+lease_timeout = "2s"
 heartbeat_interval = "100ms"
 
 [[rule]]
@@ -397,7 +399,8 @@ class NginxFleetTest(unittest.TestCase):
                 http_port, "fleet-%d" % index))
             nginx_ports.append(Nginx(self, "127.0.0.1:%d" % http_port, "api").port)
         self.assertTrue(wait_for(lambda: all(
-            d.ask("health")["nodes"] == 2 for d in daemons), 10), daemons[0].logs())
+            d.ask("health")["nodes"] == 2 and d.ask("health")["breaker"] == "closed"
+            for d in daemons), 10), daemons[0].logs())
 
         seconds = 3
         answers = self.hammer(nginx_ports, 3 * FLEET_LIMIT, seconds)
