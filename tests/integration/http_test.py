@@ -276,7 +276,8 @@ class Nginx:
         conf = os.path.join(self.dir, "nginx.conf")
         with open(conf, "w") as f:
             f.write("""
-worker_processes 1;
+# One process: a SIGKILL at the end of the test leaves no orphaned worker.
+master_process off;
 pid {dir}/nginx.pid;
 error_log {dir}/error.log warn;
 events {{ worker_connections 256; }}
