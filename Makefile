@@ -32,7 +32,7 @@
 PACKAGES := cmake make g++ pkg-config libuv1-dev libhiredis-dev libmsgpack-cxx-dev libsystemd-dev \
             libmicrohttpd-dev \
             libtomlplusplus-dev libspdlog-dev libfmt-dev googletest libgtest-dev \
-            redis-server python3-msgpack systemd prometheus curl
+            redis-server python3-msgpack systemd prometheus curl nginx-light python3-redis
 # node and npm for the Node example's test, looked for as commands rather than
 # packages: NodeSource's nodejs bundles npm and conflicts with Debian's npm.
 NODE_PACKAGES := nodejs npm
@@ -40,7 +40,7 @@ NODE_PACKAGES := nodejs npm
 # checks the package (the `package` test, part of `make test`).
 PACKAGE_PACKAGES := dpkg-dev file lintian
 # matplotlib draws the benchmark's plots.
-BENCH_PACKAGES := python3-matplotlib
+BENCH_PACKAGES := python3-matplotlib wrk
 # The client libraries' tests (client/<language>/): toolchains and libraries.
 CLIENT_PACKAGES :=
 CLIENT_PACKAGES += python3-msgpack python3-uvicorn python3-pip python3-setuptools
@@ -48,7 +48,7 @@ CLIENT_PACKAGES += golang-go golang-github-vmihailenco-msgpack.v5-dev
 CLIENT_PACKAGES += default-jdk-headless libmsgpack-java libjakarta-servlet-api-java junit5 libtomcat10-java
 FUZZ_PACKAGES := clang libclang-rt-14-dev
 VALGRIND_PACKAGES := valgrind
-FUZZ_TARGETS := rpc config lease_reply
+FUZZ_TARGETS := rpc config lease_reply resp
 FUZZ_SECONDS ?= 60
 JOBS ?= $(shell nproc)
 WERROR ?= ON
@@ -118,6 +118,7 @@ bench: deps
 	$(call configure,build-release,Release,-DSLUICE_BUILD_TESTS=OFF)
 	./bench/run.sh build-release
 	./bench/global.sh build-release
+	./bench/fronts.sh build-release
 	$(call install,$(CLIENT_PACKAGES))
 	./bench/clients.sh build-release
 	/usr/bin/python3 bench/fleet.py build-release

@@ -30,8 +30,8 @@ namespace {
 
 using namespace config_detail;
 
-constexpr std::array<std::string_view, 6> kSections = {"daemon", "limits", "keys",
-                                                       "access", "redis", "rule"};
+constexpr std::array<std::string_view, 8> kSections = {"daemon", "limits", "keys", "access",
+                                                       "redis",  "http",   "resp", "rule"};
 
 // --- the file -------------------------------------------------------------------
 
@@ -85,13 +85,19 @@ Config build(const toml::table& root, const std::string& source_name, ConfigChec
   // Sections may come in any order, and [redis] only when present.
   if (root.contains("redis")) config.redis.emplace();
   std::map<std::string_view, Given> given;
-  for (std::string_view section : {"daemon", "limits", "keys", "access", "redis"}) {
+  for (std::string_view section :
+       {"daemon", "limits", "keys", "access", "redis", "http", "resp"}) {
     if (const toml::node* node = root.get(section)) {
       given[section] = loadSection(asSection(*node, section), section, &config);
     }
   }
   if (config.redis) checkRedisMode(given["redis"], &*config.redis);
   checkFrameHoldsKey(config.limits, given["limits"]);
+  if (config.resp.scope == "global" && !config.redis) {
+    refuse(*given["resp"]["scope"], "[resp] scope = \"global\" needs a [redis] section to share "
+                                    "CL.THROTTLE's limits through; add [redis], or write scope = "
+                                    "\"local\"");
+  }
   if (checks == ConfigChecks::kHost) checkSocketDirectory(config.daemon, given["daemon"]);
 
   std::vector<Rule> rules;
@@ -134,6 +140,28 @@ bool parseListenAddress(std::string_view text, std::string* host, uint16_t* port
   *host = name_text;
   *port = static_cast<uint16_t>(value);
   return true;
+}
+
+bool parseFrontAddress(std::string_view text, std::string* host, uint16_t* port,
+                       std::string* unix_path, std::string* problem) {
+  if (text.starts_with(kUnixListenPrefix)) {
+    std::string_view path = text.substr(kUnixListenPrefix.size());
+    if (!path.starts_with("/")) {
+      *problem = "the socket path must be absolute";
+      return false;
+    }
+    if (static_cast<int64_t>(path.size()) > kMaxSocketPathBytes) {
+      *problem = "the socket path is longer than " + std::to_string(kMaxSocketPathBytes) +
+                 " bytes";
+      return false;
+    }
+    *unix_path = std::string(path);
+    host->clear();
+    *port = 0;
+    return true;
+  }
+  unix_path->clear();
+  return parseListenAddress(text, host, port, problem);
 }
 
 ConfigResult loadConfigString(std::string_view text, const std::string& source_name,

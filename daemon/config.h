@@ -154,6 +154,31 @@ struct RedisConfig {
   bool operator==(const RedisConfig&) const = default;
 };
 
+// [http]: the HTTP check endpoint (http_front.h); off while `listen` is "".
+struct HttpConfig {
+  // "HOST:PORT" (numeric host) or "unix:/absolute/path"; "" serves none.
+  std::string listen;
+  // The status of a denial: 429, or 403 for nginx's auth_request, which
+  // passes on only 2xx, 401 and 403.
+  uint32_t deny_status = 429;
+
+  bool operator==(const HttpConfig&) const = default;
+};
+
+// [resp]: the Redis protocol front (resp_front.h); off while `listen` is "".
+struct RespConfig {
+  // "HOST:PORT" (numeric host) or "unix:/absolute/path"; "" serves none.
+  std::string listen;
+  // The scope of CL.THROTTLE's parametric rules: "local", or "global"
+  // (needs [redis]): one limit for the fleet.
+  std::string scope = "local";
+  // Distinct (max_burst, count, period) of CL.THROTTLE held at once; a
+  // call naming one more is refused.
+  uint32_t max_parameter_sets = 1000;
+
+  bool operator==(const RespConfig&) const = default;
+};
+
 struct Config {
   std::string path;  // the file (or source name) this was loaded from
   DaemonConfig daemon;
@@ -161,6 +186,8 @@ struct Config {
   KeysConfig keys;
   AccessConfig access;
   std::optional<RedisConfig> redis;
+  HttpConfig http;
+  RespConfig resp;
   RuleSetPtr rules;  // never null in a loaded Config; may hold no rules
 };
 
@@ -193,6 +220,12 @@ ConfigResult loadConfigString(std::string_view text, const std::string& source_n
 bool parseListenAddress(std::string_view text, std::string* host, uint16_t* port,
                         std::string* problem);
 
+// A front's listen address: "unix:/absolute/path" gives the path in
+// `unix_path`, anything else is parsed as parseListenAddress does.
+constexpr std::string_view kUnixListenPrefix = "unix:";
+bool parseFrontAddress(std::string_view text, std::string* host, uint16_t* port,
+                       std::string* unix_path, std::string* problem);
+
 // Parses a duration as written in the file ("500ms", "10s", "1m", "1h", "1d")
 // into nanoseconds; nullopt when it is not one. "0" (no unit) is zero. A
 // duration too long for int64_t nanoseconds gives INT64_MAX, so that range
@@ -202,7 +235,7 @@ std::optional<int64_t> parseDurationNs(std::string_view text);
 // One option of the table, for documentation (e.g. a --help listing) and for
 // the test that the shipped conf/sluice.toml shows every option.
 struct ConfigOptionInfo {
-  std::string_view section;  // "daemon", "limits", "keys", "access", "redis"
+  std::string_view section;  // "daemon", "limits", "keys", "access", "redis", "http"
   std::string_view key;
   std::string default_text;  // as written in the file: 4096, "5m", "0660", []
   std::string_view doc;      // one line

@@ -28,6 +28,7 @@ enum class OptionType {
   kRedisUrl,    // redis://[user:password@]host[:port][/db] or unix:///path
   kText,        // printable string of min..max bytes
   kListenAddress,  // "" or a numeric "HOST:PORT" (parseListenAddress)
+  kFrontAddress,   // "", a numeric "HOST:PORT" or "unix:/path" (parseFrontAddress)
   kSecretFile,  // "" or the absolute path of a file holding a secret (readSecretFile)
   kUsers,       // array of user names or uids
   kGroups,      // array of group names or gids
@@ -35,6 +36,7 @@ enum class OptionType {
   kAddresses,   // array of "host:port" (parseRedisAddress), at most max of them
 };
 
+constexpr std::array<std::string_view, 2> kScopes = {"local", "global"};
 constexpr std::array<std::string_view, 7> kLogLevels = {"trace", "debug", "info", "warn",
                                                         "error", "critical", "off"};
 
@@ -90,7 +92,7 @@ constexpr int64_t kMaxSecretFileBytes = 4096;
 // Cluster mode: the most seed nodes.
 constexpr int64_t kMaxClusterNodes = 64;
 
-const std::array<Option, 40> kOptions = {{
+const std::array<Option, 45> kOptions = {{
     {.section = "daemon", .key = "socket", .type = OptionType::kSocketPath,
      .max = kMaxSocketPathBytes, .doc = "path of the Unix socket clients connect to",
      SLUICE_STR_FIELD(daemon.socket_path)},
@@ -231,6 +233,24 @@ const std::array<Option, 40> kOptions = {{
      .min = 100 * kMs, .max = kMinute,
      .doc = "how often this node renews its membership; it expires after 3 intervals",
      SLUICE_INT_FIELD(redis->heartbeat_interval_ms)},
+
+    {.section = "http", .key = "listen", .type = OptionType::kFrontAddress,
+     .doc = "address of the HTTP check endpoint, \"HOST:PORT\" or \"unix:/path\"; \"\" serves none",
+     SLUICE_STR_FIELD(http.listen)},
+    {.section = "http", .key = "deny_status", .type = OptionType::kCount, .min = 400, .max = 499,
+     .doc = "HTTP status of a denial: 429, or 403 behind nginx's auth_request",
+     SLUICE_INT_FIELD(http.deny_status)},
+
+    {.section = "resp", .key = "listen", .type = OptionType::kFrontAddress,
+     .doc = "address of the Redis protocol front, \"HOST:PORT\" or \"unix:/path\"; \"\" serves none",
+     SLUICE_STR_FIELD(resp.listen)},
+    {.section = "resp", .key = "scope", .type = OptionType::kChoice, .choices = kScopes,
+     .doc = "scope of CL.THROTTLE's rules: local, or global (needs [redis]) for one fleet-wide limit",
+     SLUICE_STR_FIELD(resp.scope)},
+    {.section = "resp", .key = "max_parameter_sets", .type = OptionType::kCount, .min = 1,
+     .max = 100'000,
+     .doc = "distinct (max_burst, count, period) of CL.THROTTLE held at once; one more is refused",
+     SLUICE_INT_FIELD(resp.max_parameter_sets)},
 }};
 
 #undef SLUICE_INT_FIELD
@@ -270,6 +290,7 @@ std::string defaultText(const Option& option) {
     case OptionType::kRedisUrl:
     case OptionType::kText:
     case OptionType::kListenAddress:
+    case OptionType::kFrontAddress:
     case OptionType::kSecretFile: return quote(option.get_str(c));
     case OptionType::kUsers:
     case OptionType::kGroups: {
@@ -499,6 +520,20 @@ void applyOption(const Option& option, const toml::node& node, Config* config) {
       if (!text.empty() && !parseListenAddress(text, &host, &port, &problem)) {
         refuse(node, what + " " + quote(text) + " is not an address: " + problem +
                          "; write e.g. \"127.0.0.1:9464\", or \"\" for none");
+      }
+      option.set_str(*config, text);
+      return;
+    }
+    case OptionType::kFrontAddress: {
+      const std::string& text = stringValue(node, what, example);
+      std::string host;
+      uint16_t port = 0;
+      std::string unix_path;
+      std::string problem;
+      if (!text.empty() && !parseFrontAddress(text, &host, &port, &unix_path, &problem)) {
+        refuse(node, what + " " + quote(text) + " is not an address: " + problem +
+                         "; write e.g. \"127.0.0.1:9470\" or \"unix:/run/sluice/http.sock\", "
+                         "or \"\" for none");
       }
       option.set_str(*config, text);
       return;

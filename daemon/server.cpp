@@ -322,6 +322,28 @@ int Server::run() {
   for (auto& worker : workers_) {
     worker->start();
   }
+  // Read before the fronts start: from then on CL.THROTTLE may replace
+  // config_.rules (under reload_mutex_).
+  const size_t rule_count = config_.rules->rules().size();
+  if ((!config_.http.listen.empty() && !startHttp(&error)) ||
+      (!config_.resp.listen.empty() && !startResp(&error))) {
+    spdlog::critical("{}", error);
+    for (auto& worker : workers_) worker->stop();
+    for (auto& worker : workers_) worker->join();
+    // After the workers, as at a stop: no question is left waiting.
+    http_front_.stop();
+    workers_.clear();
+    ::close(listen_fd_);
+    listen_fd_ = -1;
+    if (!socket_inherited_) unlink(config_.daemon.socket_path.c_str());
+    metrics_endpoint_.stop();
+    for (uv_signal_t* handle : {&sigterm_, &sigint_, &sighup_}) {
+      uv_close(reinterpret_cast<uv_handle_t*>(handle), nullptr);
+    }
+    uv_run(&loop_, UV_RUN_DEFAULT);
+    uv_loop_close(&loop_);
+    return 1;
+  }
 
   uv_poll_init(&loop_, &listener_, listen_fd_);
   listener_.data = this;
@@ -336,8 +358,7 @@ int Server::run() {
       sweep_ms);
 
   spdlog::info("sluiced {} serving {}{} with {} workers, {} rules", SLUICE_VERSION, serving_path_,
-               socket_inherited_ ? " (passed by systemd)" : "", count,
-               config_.rules->rules().size());
+               socket_inherited_ ? " (passed by systemd)" : "", count, rule_count);
   // Last: from here on the control thread may replace config_.rules (under
   // reload_mutex_), as a reload from a worker may.
   if (control_) {
@@ -364,6 +385,9 @@ int Server::run() {
   for (auto& worker : workers_) {
     worker->join();
   }
+  // After the workers: every question it submitted has been answered.
+  http_front_.stop();
+  resp_front_.stop();
   // After the workers: nothing spends from slices any more, so the control
   // thread returns what they hold, then leaves the members set.
   if (control_) {
@@ -509,7 +533,9 @@ bool Server::reloadLocked(std::string* error) {
         {"[limits]", !(fresh.limits == config_.limits)},
         {"[keys]", !(fresh.keys == config_.keys)},
         {"[access]", !(fresh.access == config_.access)},
-        {"[redis]", fresh.redis != config_.redis}}) {
+        {"[redis]", fresh.redis != config_.redis},
+        {"[http]", !(fresh.http == config_.http)},
+        {"[resp]", !(fresh.resp == config_.resp)}}) {
     if (changed) {
       spdlog::warn("reload: {} changed; only rules change on reload, the rest at the next restart",
                    section);
@@ -519,7 +545,9 @@ bool Server::reloadLocked(std::string* error) {
   // The fresh file's shares divide by expected_nodes; once heartbeats have
   // counted the nodes, N decides.
   uint32_t nodes = control_ ? control_->snapshot().nodes : rules->fallbackNodes();
-  if (nodes != rules->fallbackNodes()) {
+  if (!throttle_rules_.empty()) {
+    rules = withThrottleRules(*rules, nodes);
+  } else if (nodes != rules->fallbackNodes()) {
     rules = std::make_shared<const RuleSet>(std::vector<Rule>(rules->rules()), nodes);
   }
   installRules(rules);
@@ -527,7 +555,94 @@ bool Server::reloadLocked(std::string* error) {
   return true;
 }
 
+bool Server::startHttp(std::string* error) {
+  HttpFront::Options options;
+  options.listen = config_.http.listen;
+  options.deny_status = config_.http.deny_status;
+  options.max_key_bytes = config_.limits.max_key_bytes;
+  options.max_connections = config_.limits.max_connections;
+  options.idle_timeout_s = static_cast<unsigned>((config_.limits.idle_timeout_ms + 999) / 1000);
+  // Questions go to the workers in turn; each decides on the shared key table.
+  auto submit = [this](HeldQuestion question, Recipient* recipient, MsgId tag) {
+    size_t index = http_next_worker_.fetch_add(1, std::memory_order_relaxed) % workers_.size();
+    workers_[index]->submit(std::move(question), recipient, tag);
+  };
+  auto admit = [this](int fd) {
+    Peer peer = access_.admit(fd);
+    return peer.allowed;
+  };
+  if (!http_front_.start(options, config_.rules, submit, admit, error)) return false;
+  spdlog::info("serving HTTP checks on {}", config_.http.listen);
+  return true;
+}
+
+bool Server::startResp(std::string* error) {
+  RespFront::Options options;
+  options.listen = config_.resp.listen;
+  options.limits.max_command_bytes = config_.limits.max_frame_bytes;
+  options.limits.max_arguments = config_.limits.max_items;
+  options.limits.max_key_bytes = config_.limits.max_key_bytes;
+  options.max_connections = config_.limits.max_connections;
+  options.max_output_bytes = config_.limits.max_output_bytes;
+  auto submit = [this](size_t worker, HeldQuestion question, Recipient* recipient, MsgId tag) {
+    workers_[worker % workers_.size()]->submit(std::move(question), recipient, tag);
+  };
+  auto ensure = [this](const resp::Throttle& throttle, std::string* refusal) {
+    return ensureThrottleRule(throttle, refusal);
+  };
+  auto admit = [this](int fd) { return access_.admit(fd).allowed; };
+  if (!resp_front_.start(options, workers_.size(), submit, ensure, admit, error)) return false;
+  spdlog::info("serving the Redis protocol on {}", config_.resp.listen);
+  return true;
+}
+
+RuleSetPtr Server::withThrottleRules(const RuleSet& rules, uint32_t nodes) {
+  std::vector<Rule> all(rules.rules().begin(), rules.rules().end());
+  for (Rule& throttle : throttle_rules_) {
+    // The file's ids are given without the throttles': one may now be taken.
+    while (rules.findById(throttle.id) != nullptr) throttle.id = ((throttle.id + 1) & kRuleIdMask) | 1;
+    all.push_back(throttle);
+  }
+  return std::make_shared<const RuleSet>(std::move(all), nodes);
+}
+
+bool Server::ensureThrottleRule(const resp::Throttle& throttle, std::string* error) {
+  std::lock_guard<std::mutex> lock(reload_mutex_);
+  const std::string name = resp::throttleRuleName(throttle);
+  if (config_.rules->find(name) != nullptr) return true;
+  if (stopping_) {
+    *error = "the daemon is stopping";
+    return false;
+  }
+  if (throttle_rules_.size() >= config_.resp.max_parameter_sets) {
+    *error = "CL.THROTTLE has " + std::to_string(throttle_rules_.size()) +
+             " parameter sets already, [resp] max_parameter_sets; use fewer distinct "
+             "(max_burst, count, period), or raise it";
+    return false;
+  }
+  Rule rule;
+  rule.name = name;
+  rule.algorithm = Algorithm::kGcra;
+  rule.limits = {Limit{.limit = throttle.count,
+                       .period_ns = throttle.period_s * 1'000'000'000,
+                       .burst = throttle.max_burst + 1}};
+  rule.scope = config_.resp.scope == "global" ? Scope::kGlobal : Scope::kLocal;
+  // An id of its own, from its name (the file's rules' ids are taken).
+  uint32_t id = 2166136261u;
+  for (char c : name) id = (id ^ static_cast<uint8_t>(c)) * 16777619u;
+  id &= kRuleIdMask;
+  while (id == 0 || config_.rules->findById(id) != nullptr) id = (id + 1) & kRuleIdMask;
+  rule.id = id;
+  throttle_rules_.push_back(std::move(rule));
+  // The installed rules (the file's and the throttles' so far) and this one.
+  std::vector<Rule> all(config_.rules->rules());
+  all.push_back(throttle_rules_.back());
+  installRules(std::make_shared<const RuleSet>(std::move(all), config_.rules->fallbackNodes()));
+  return true;
+}
+
 void Server::installRules(RuleSetPtr rules) {
+  http_front_.setRules(rules);
   config_.rules = rules;
   rules_.store(rules, std::memory_order_release);
   for (auto& worker : workers_) {

@@ -39,6 +39,8 @@
 #include "access.h"
 #include "config.h"
 #include "control.h"
+#include "http_front.h"
+#include "resp_front.h"
 #include "status.h"
 #include "key_table.h"
 #include "metrics.h"
@@ -102,6 +104,17 @@ class Server : public DaemonStatus {
   void onNodesChanged(uint32_t nodes);
   // Installs `rules` on every worker; the caller holds reload_mutex_.
   void installRules(RuleSetPtr rules);
+  // Serves [http] listen (http_front.h); false with `error`.
+  bool startHttp(std::string* error);
+  // Serves [resp] listen (resp_front.h); false with `error`.
+  bool startResp(std::string* error);
+  // The rule of CL.THROTTLE's parameters, installed on every worker (a new
+  // rule set holding the file's rules and throttle_rules_); false with
+  // `error` past [resp] max_parameter_sets. Any thread.
+  bool ensureThrottleRule(const resp::Throttle& throttle, std::string* error);
+  // `rules` (from the file) with throttle_rules_ after them; the caller
+  // holds reload_mutex_.
+  RuleSetPtr withThrottleRules(const RuleSet& rules, uint32_t nodes);
 
   Config config_;           // guarded by reload_mutex_ after run() starts
   std::mutex reload_mutex_;
@@ -133,6 +146,10 @@ class Server : public DaemonStatus {
   uv_timer_t key_sweep_;
   uv_timer_t status_timer_;
   MetricsEndpoint metrics_endpoint_;
+  HttpFront http_front_;  // [http]: started after the workers, stopped after they join
+  std::atomic<size_t> http_next_worker_{0};
+  RespFront resp_front_;  // [resp]: started after the workers, stopped after they join
+  std::vector<Rule> throttle_rules_;  // CL.THROTTLE's rules; guarded by reload_mutex_
   std::string serving_path_;       // the socket's path, as logged and reported
   bool socket_inherited_ = false;  // systemd passed the socket; it is not ours to remove
   uint64_t watchdog_us_ = 0;       // 0: no watchdog

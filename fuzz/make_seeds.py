@@ -492,8 +492,31 @@ def lease_reply_seeds():
     write("lease_reply", "too_deep", resp([deep]))
 
 
+# --- resp: Redis clients' byte streams to the Redis protocol front ----------------
+
+def resp_command(*words):
+    words = [w if isinstance(w, bytes) else str(w).encode() for w in words]
+    return b"*%d\r\n" % len(words) + b"".join(b"$%d\r\n%s\r\n" % (len(w), w) for w in words)
+
+
+def resp_seeds():
+    write("resp", "throttle", resp_command("CL.THROTTLE", "user:42", 15, 30, 60, 1))
+    write("resp", "pipeline", b"".join([
+        resp_command("HELLO", 3), resp_command("CLIENT", "SETINFO", "lib-name", "x"),
+        resp_command("SELECT", 0), resp_command("SLUICE.ACQUIRE", "api", "k", 2),
+        resp_command("SLUICE.PEEK", "api", "k"), resp_command("ECHO", b"\x00\r\n"),
+        resp_command("PING")]))
+    write("resp", "inline", b"PING\r\nECHO  hi \r\nCL.THROTTLE k 0 1 1 0\nQUIT\r\n")
+    write("resp", "errors", resp_command("CL.THROTTLE", "k", -1, 0, 0, "x") +
+          resp_command("GET", "x") + resp_command("SLUICE.ACQUIRE", "a"))
+    write("resp", "bad_length", b"*1\r\n$99999999\r\n")
+    write("resp", "bad_multibulk", b"*-3\r\n")
+    write("resp", "partial", resp_command("CL.THROTTLE", "k", 1, 2, 3)[:-5])
+
+
 def main():
     rpc_seeds()
+    resp_seeds()
     config_seeds()
     lease_reply_seeds()
     return 0

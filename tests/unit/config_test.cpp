@@ -1074,5 +1074,45 @@ TEST(ConfigTest, PartsOfAGlobalRuleOfSeveralLimitsKeepTheirIdsAcrossReloads) {
   }
 }
 
+// --- [http] -----------------------------------------------------------------------
+
+// Verifies that [http] is off unless it names an address, and that a TCP
+// address, a Unix socket and another deny status are read as written.
+TEST(ConfigTest, HttpListensOnlyWhereTheFileSays) {
+  EXPECT_EQ(mustLoad("").http.listen, "");
+  EXPECT_EQ(mustLoad("").http.deny_status, 429u);
+  Config tcp = mustLoad("[http]\nlisten = \"127.0.0.1:9470\"\ndeny_status = 403\n");
+  EXPECT_EQ(tcp.http.listen, "127.0.0.1:9470");
+  EXPECT_EQ(tcp.http.deny_status, 403u);
+  EXPECT_EQ(mustLoad("[http]\nlisten = \"unix:/run/sluice/http.sock\"\n").http.listen,
+            "unix:/run/sluice/http.sock");
+}
+
+// Verifies that a bad [http] address or status is refused with its line and
+// what to write instead.
+TEST(ConfigTest, HttpRefusesABadAddressNamingTheLineAndTheFix) {
+  std::string relative = errorOf("[http]\nlisten = \"unix:run/http.sock\"\n");
+  EXPECT_NE(relative.find("x.toml:2:"), std::string::npos) << relative;
+  EXPECT_NE(relative.find("must be absolute"), std::string::npos) << relative;
+  EXPECT_NE(relative.find("unix:/run/sluice/http.sock"), std::string::npos) << relative;
+  std::string named = errorOf("[http]\nlisten = \"localhost:9470\"\n");
+  EXPECT_NE(named.find("numeric"), std::string::npos) << named;
+  std::string status = errorOf("[http]\ndeny_status = 200\n");
+  EXPECT_NE(status.find("x.toml:2:"), std::string::npos) << status;
+  std::string section = errorOf("[htp]\nlisten = \"\"\n");
+  EXPECT_NE(section.find("did you mean [http]"), std::string::npos) << section;
+}
+
+// Verifies that [resp] scope = "global" without [redis] is refused at its
+// line, saying what to add or write instead.
+TEST(ConfigTest, RespGlobalScopeNeedsRedis) {
+  std::string error = errorOf("[resp]\nlisten = \"127.0.0.1:6390\"\nscope = \"global\"\n");
+  EXPECT_NE(error.find("x.toml:3:"), std::string::npos) << error;
+  EXPECT_NE(error.find("needs a [redis] section"), std::string::npos) << error;
+  Config local = mustLoad("[resp]\nlisten = \"unix:/run/sluice/resp.sock\"\n");
+  EXPECT_EQ(local.resp.scope, "local");
+  EXPECT_EQ(local.resp.max_parameter_sets, 1000u);
+}
+
 }  // namespace
 }  // namespace sluice

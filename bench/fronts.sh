@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# bench/fronts.sh BUILD_DIR: the HTTP and Redis protocol fronts behind
+# `make bench`, next to the MessagePack path and redis-server in one run.
+#
+# Starts BUILD_DIR/daemon/sluiced with [http] and [resp] on free loopback
+# ports (a token bucket so large that every call is allowed, and
+# CL.THROTTLE's parameters as large), and a redis-server of its own, and
+# measures, one after another on this machine:
+#   msgpack-pipelined   bench/load pipelined on the Unix socket (the
+#                       MessagePack path, for reference)
+#   http-check          wrk, keep-alive connections, GET /v1/check: checks/s
+#                       and p99
+#   resp-pipelined      redis-benchmark -P WINDOW, CL.THROTTLE: calls/s
+#   resp-one-at-a-time  redis-benchmark -P 1, CL.THROTTLE
+#   evalsha-pipelined   bench/load evalsha-pipelined: redis-server answering
+#                       one EVALSHA of lua/gcra.lua per call, as redis-cell
+#                       costs a call
+# and prints one markdown table, also saved to bench/results/fronts.md.
+#
+# Knobs (environment): BENCH_SECONDS per measurement (3), BENCH_CONNECTIONS
+# (8 for wrk and redis-benchmark, 2 for load), BENCH_WINDOW pipelined calls
+# in flight per connection (64), BENCH_MODE=quick (bench/common.sh).
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=bench/common.sh
+source "$here/common.sh"
+bench_setup fronts.sh "$@"
+seconds=${BENCH_SECONDS:-3}
+window=${BENCH_WINDOW:-64}
+conns=${BENCH_CONNECTIONS:-8}
+for tool in wrk redis-benchmark redis-server redis-cli; do
+  command -v "$tool" >/dev/null || { echo "bench: $tool is missing (make deps)" >&2; exit 1; }
+done
+
+tmp=$(mktemp -d /tmp/sluice-fronts.XXXXXX)
+daemon_pid=
+redis_pid=
+cleanup() {
+  for pid in $daemon_pid $redis_pid; do
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+start_redis "$tmp"
+free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+http_port=$(free_port)
+resp_port=$(free_port)
+sock="$tmp/s.sock"
+cat >"$tmp/sluice.toml" <<EOF
+[daemon]
+socket = "$sock"
+log_level = "warn"
+
+[http]
+listen = "127.0.0.1:$http_port"
+
+[resp]
+listen = "127.0.0.1:$resp_port"
+
+[[rule]]
+name = "bench"
+algorithm = "token_bucket"
+limit = 1000000000
+period = "1s"
+EOF
+"$build/daemon/sluiced" --config "$tmp/sluice.toml" >"$tmp/sluiced.log" 2>&1 &
+daemon_pid=$!
+for _ in $(seq 100); do
+  redis-cli -p "$resp_port" ping >/dev/null 2>&1 && break
+  sleep 0.05
+done
+throttle=(CL.THROTTLE bench 999999999 1000000000 1)
+redis-cli -p "$resp_port" "${throttle[@]}" >/dev/null
+
+results="$tmp/results"
+: >"$results"
+row() {  # NAME RATE P99
+  echo "$1 $2 $3" >>"$results"
+  echo "bench: $1: $2 calls/s, p99 $3" >&2
+}
+
+# The MessagePack path, in the same run.
+out=$(BENCH_SERVER_PID=$daemon_pid "$build/bench/load" pipelined "$sock" bench hot 2 "$window" "$seconds")
+row msgpack-pipelined "$(field rate_per_s "$out")" "-"
+
+# HTTP: wrk's rate and p99 (its --latency table).
+out=$(wrk -t2 -c"$conns" -d"${seconds}s" --latency "http://127.0.0.1:$http_port/v1/check?rule=bench&key=k")
+rate=$(awk '/Requests\/sec/ { printf "%d", $2 }' <<<"$out")
+p99=$(awk '$1 == "99%" { print $2 }' <<<"$out")
+errors=$(awk '/Non-2xx/ { print $NF }' <<<"$out")
+[ -z "$errors" ] || { echo "bench: $errors HTTP checks were not 200" >&2; exit 1; }
+row http-check "$rate" "$p99"
+
+# RESP: redis-benchmark's rate (requests per second in its -q line).
+resp_rate() {  # PIPELINE COUNT
+  redis-benchmark -p "$resp_port" -c "$conns" -P "$1" -n "$2" -q "${throttle[@]}" 2>&1 |
+    tr '\r' '\n' | awk '/requests per second/ { for (i = 1; i <= NF; i++) if ($(i+1) == "requests") { printf "%d", $i; exit } }'
+}
+pipelined_calls=$(awk -v s="$seconds" 'BEGIN { printf "%d", s * 300000 }')
+row resp-pipelined "$(resp_rate "$window" "$pipelined_calls")" "-"
+row resp-one-at-a-time "$(resp_rate 1 "$(awk -v s="$seconds" 'BEGIN { printf "%d", s * 20000 }')")" "-"
+
+# redis-server answering one EVALSHA of the GCRA script per call.
+out=$(BENCH_SERVER_PID=$redis_pid "$build/bench/load" evalsha-pipelined "127.0.0.1:$port" \
+  "$here/../lua/gcra.lua" "1000000000/1000/1000000000" hot 2 "$window" "$seconds")
+[ "$(field errors "$out")" = 0 ] || { echo "bench: evalsha errors: $out" >&2; exit 1; }
+row evalsha-pipelined "$(field rate_per_s "$out")" "-"
+
+report() {
+  echo "## The fronts: HTTP and the Redis protocol"
+  echo
+  echo "$(date -u +%F), $(nproc) CPUs, $(redis-server --version | sed 's/ sha=.*//');" \
+    "load average ${load_before} at the start. Every call is allowed (a rule too large to deny)."
+  echo
+  echo "| row | calls/s | p99 |"
+  echo "|---|---:|---:|"
+  while read -r name rate p99; do
+    printf '| %s | %s | %s |\n' "$name" "$rate" "$p99"
+  done <"$results"
+  echo
+  echo "Targets on 2 CPUs: RESP pipelined >= 1,000,000 calls/s, HTTP >= 50,000 checks/s."
+  busy_warning "rerun on a quiet machine for figures to compare."
+}
+report | tee "$here/results/$(bench_result_name fronts)"

@@ -1,0 +1,274 @@
+// HttpCodec; see http_codec.h.
+#include "http_codec.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cinttypes>
+#include <cctype>
+#include <cstdio>
+
+#include "algorithm.h"
+
+namespace sluice::http {
+
+namespace {
+
+// The largest cost a check may ask, as on the MessagePack socket.
+constexpr int64_t kMaxCost = 1'000'000'000;
+// RFC 8941 sf-integers have at most 15 digits.
+constexpr int64_t kMaxSfInteger = 999'999'999'999'999;
+constexpr int64_t kNsPerSecond = 1'000'000'000;
+
+int64_t sfClamp(int64_t value) { return std::clamp<int64_t>(value, 0, kMaxSfInteger); }
+
+// Whole seconds, rounded up, so a client told to wait never comes back early.
+int64_t ceilSeconds(int64_t ms) { return ms <= 0 ? 0 : ms / 1000 + (ms % 1000 != 0); }
+
+std::string_view reasonPhrase(unsigned status) {
+  switch (status) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 429: return "Too Many Requests";
+    case 500: return "Internal Server Error";
+    case 503: return "Service Unavailable";
+    default: return status < 500 ? "Client Error" : "Server Error";
+  }
+}
+
+// An sf-string of `text`: printable ASCII, '"' and '\' escaped; other bytes
+// become '?' (rule names are printable, checked by the config).
+std::string sfString(std::string_view text) {
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += (c < 0x20 || c > 0x7e) ? '?' : c;
+  }
+  out += '"';
+  return out;
+}
+
+std::optional<int64_t> parseCost(std::string_view text) {
+  int64_t value = 0;
+  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size() || value < 0 || value > kMaxCost) {
+    return std::nullopt;
+  }
+  return value;
+}
+
+unsigned errorStatus(ErrorCode code) {
+  switch (code) {
+    case ErrorCode::kBadRequest:
+    case ErrorCode::kTooLarge: return 400;
+    case ErrorCode::kUnknownRule:
+    case ErrorCode::kUnknownMethod: return 404;
+    case ErrorCode::kForbidden: return 403;
+    case ErrorCode::kOverloaded: return 503;
+    case ErrorCode::kInternal: return 500;
+  }
+  return 500;
+}
+
+void appendField(std::string* body, std::string_view name, int64_t value) {
+  *body += ",\"";
+  *body += name;
+  *body += "\":";
+  *body += std::to_string(value);
+}
+
+}  // namespace
+
+const std::string* Reply::header(std::string_view name) const {
+  for (const auto& [key, value] : headers) {
+    if (key == name) return &value;
+  }
+  return nullptr;
+}
+
+std::string jsonString(std::string_view text) {
+  std::string out = "\"";
+  for (unsigned char c : text) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20 || c >= 0x7f) {
+          // Bytes beyond ASCII are shown escaped: a key need not be UTF-8.
+          char escaped[8];
+          std::snprintf(escaped, sizeof(escaped), "\\u%04x", c);
+          out += escaped;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  out += '"';
+  return out;
+}
+
+std::string_view lastForwarded(std::string_view value) {
+  size_t comma = value.rfind(',');
+  std::string_view last = comma == std::string_view::npos ? value : value.substr(comma + 1);
+  while (!last.empty() && (last.front() == ' ' || last.front() == '\t')) last.remove_prefix(1);
+  while (!last.empty() && (last.back() == ' ' || last.back() == '\t')) last.remove_suffix(1);
+  return last;
+}
+
+Reply problem(unsigned status, std::string_view detail) {
+  Reply reply;
+  reply.status = status;
+  reply.content_type = "application/problem+json";
+  reply.body = "{\"type\":\"about:blank\",\"title\":" + jsonString(reasonPhrase(status)) +
+               ",\"status\":" + std::to_string(status) + ",\"detail\":" + jsonString(detail) +
+               "}";
+  return reply;
+}
+
+Parsed parseCheck(std::string_view path, std::string_view http_method,
+                  const Parameters& parameters, size_t max_key_bytes) {
+  Parsed parsed;
+  if (path == kCheckPath) {
+    parsed.method = Method::kAcquire;
+  } else if (path == kPeekPath) {
+    parsed.method = Method::kPeek;
+  } else {
+    parsed.refusal = problem(404, "no such endpoint; ask GET or POST /v1/check or /v1/peek");
+    return parsed;
+  }
+  if (http_method != "GET" && http_method != "POST") {
+    parsed.refusal = problem(405, "ask GET or POST " + std::string(path));
+    parsed.refusal.headers.emplace_back("Allow", "GET, POST");
+    return parsed;
+  }
+  auto pick = [](std::optional<std::string_view> query, std::optional<std::string_view> header) {
+    return query ? query : header;
+  };
+  std::optional<std::string_view> rule = pick(parameters.query_rule, parameters.header_rule);
+  std::optional<std::string_view> key = pick(parameters.query_key, parameters.header_key);
+  if (parameters.query_key_header) {
+    std::string_view name = *parameters.query_key_header;
+    if (!parameters.named_header || parameters.named_header->empty()) {
+      parsed.refusal = problem(400, "parameter key_header names header " + std::string(name) +
+                                        ", which the request does not carry");
+      return parsed;
+    }
+    key = parameters.named_header;
+    auto equalsIgnoringCase = [](std::string_view a, std::string_view b) {
+      return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+               return std::tolower(static_cast<unsigned char>(x)) ==
+                      std::tolower(static_cast<unsigned char>(y));
+             });
+    };
+    if (equalsIgnoringCase(name, "X-Forwarded-For")) key = lastForwarded(*key);
+  }
+  std::optional<std::string_view> cost = pick(parameters.query_cost, parameters.header_cost);
+  if (!rule || rule->empty()) {
+    parsed.refusal = problem(400, "parameter rule is missing; pass ?rule=NAME or a Sluice-Rule header");
+    return parsed;
+  }
+  if (!key || key->empty()) {
+    parsed.refusal = problem(400, "parameter key is missing; pass ?key=KEY or a Sluice-Key header");
+    return parsed;
+  }
+  if (key->size() > max_key_bytes) {
+    parsed.refusal = problem(400, "parameter key is " + std::to_string(key->size()) +
+                                      " bytes long; at most " + std::to_string(max_key_bytes) +
+                                      " are allowed ([limits] max_key_bytes)");
+    return parsed;
+  }
+  parsed.item.rule = *rule;
+  parsed.item.key = *key;
+  parsed.item.cost = parsed.method == Method::kPeek ? 0 : 1;
+  if (cost) {
+    std::optional<int64_t> value = parseCost(*cost);
+    if (!value) {
+      parsed.refusal = problem(400, "parameter cost must be an integer 0..1000000000");
+      return parsed;
+    }
+    parsed.item.cost = *value;
+  }
+  parsed.ok = true;
+  return parsed;
+}
+
+std::pair<std::string, std::string> rateLimitHeaders(const Rule& rule, const Decision& decision) {
+  const bool concurrency = algorithmTraits(rule.algorithm).holds;
+  const bool several = rule.limits.size() > 1;
+  // The limit the decision reports: the first of the rule's whose limit it is.
+  size_t reported = 0;
+  for (size_t i = 0; i < rule.limits.size(); ++i) {
+    if (rule.limits[i].limit == decision.limit) {
+      reported = i;
+      break;
+    }
+  }
+  auto name = [&](size_t i) {
+    return sfString(several ? rule.name + "/" + std::to_string(i) : rule.name);
+  };
+  std::string ratelimit = name(reported) + ";r=" + std::to_string(sfClamp(decision.remaining)) +
+                          ";t=" + std::to_string(sfClamp(ceilSeconds(decision.reset_after_ms)));
+  std::string policy;
+  for (size_t i = 0; i < rule.limits.size(); ++i) {
+    const Limit& limit = rule.limits[i];
+    if (i > 0) policy += ", ";
+    // Overrides may give a key another limit; the decision knows the one applied.
+    int64_t quota = i == reported ? decision.limit : limit.limit;
+    policy += name(i) + ";q=" + std::to_string(sfClamp(quota));
+    if (concurrency) {
+      policy += ";qu=\"concurrent-requests\"";
+    } else if (limit.period_ns > 0) {
+      policy += ";w=" + std::to_string(sfClamp((limit.period_ns + kNsPerSecond - 1) / kNsPerSecond));
+    }
+  }
+  return {std::move(ratelimit), std::move(policy)};
+}
+
+Reply encodeAnswer(const Answer& answer, const Rule* rule, std::string_view rule_name,
+                   unsigned deny_status) {
+  if (answer.failed) return problem(errorStatus(answer.error), answer.message);
+  if (answer.decisions.empty() || rule == nullptr) {
+    return problem(500, "the daemon answered no decision; this is a bug, please report it");
+  }
+  const Decision& decision = answer.decisions.front();
+  const Mode mode = answer.modes.empty() ? Mode::kLocal : answer.modes.front();
+  Reply reply;
+  auto [ratelimit, policy] = rateLimitHeaders(*rule, decision);
+  reply.headers.emplace_back("RateLimit-Policy", std::move(policy));
+  reply.headers.emplace_back("RateLimit", std::move(ratelimit));
+  reply.headers.emplace_back("Sluice-Mode", std::string(modeName(mode)));
+  std::string fields;
+  appendField(&fields, "remaining", decision.remaining);
+  appendField(&fields, "limit", decision.limit);
+  appendField(&fields, "reset_after_ms", decision.reset_after_ms);
+  appendField(&fields, "retry_after_ms", decision.retry_after_ms);
+  fields += ",\"mode\":" + jsonString(modeName(mode));
+  if (decision.allowed) {
+    reply.status = 200;
+    reply.content_type = "application/json";
+    reply.body = "{\"allowed\":true,\"rule\":" + jsonString(rule_name) + fields + "}";
+    return reply;
+  }
+  // A denial always says to wait at least a second: "0" invites a hot loop.
+  int64_t retry_s = std::max<int64_t>(1, ceilSeconds(decision.retry_after_ms));
+  reply.headers.emplace_back("Retry-After", std::to_string(sfClamp(retry_s)));
+  std::string detail = decision.cost_exceeds_limit
+                           ? "the cost is more than rule " + std::string(rule_name) +
+                                 " can ever allow at once; retrying cannot help"
+                           : "rule " + std::string(rule_name) + " denied this key; retry after " +
+                                 std::to_string(retry_s) + " s";
+  Reply denial = problem(deny_status, detail);
+  reply.status = denial.status;
+  reply.content_type = denial.content_type;
+  denial.body.pop_back();  // the closing brace: the decision's fields follow
+  reply.body = denial.body + ",\"rule\":" + jsonString(rule_name) + fields + "}";
+  return reply;
+}
+
+}  // namespace sluice::http
