@@ -30,7 +30,9 @@
 #   make deps       install the Debian packages the build needs
 
 PACKAGES := cmake make g++ pkg-config libuv1-dev libhiredis-dev libmsgpack-cxx-dev libsystemd-dev \
-            libmicrohttpd-dev \
+            libmicrohttpd-dev libyaml-cpp-dev \
+            libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc python3-grpcio \
+            python3-protobuf \
             libtomlplusplus-dev libspdlog-dev libfmt-dev googletest libgtest-dev \
             redis-server python3-msgpack systemd prometheus curl
 # node and npm for the Node example's test, looked for as commands rather than

@@ -356,7 +356,14 @@ int Server::run() {
       status_ms, status_ms);
   last_status_ = statusLine();
   handle_count_.store(openHandles(&loop_), std::memory_order_relaxed);
-  systemd::notifyReady(last_status_);
+  // Last of the listeners, so that a failure stops what has started.
+  const bool envoy_failed = config_.envoy && !startEnvoy(&error);
+  if (envoy_failed) {
+    spdlog::critical("{}", error);
+    beginStop();
+  } else {
+    systemd::notifyReady(last_status_);
+  }
   uv_run(&loop_, UV_RUN_DEFAULT);
 
   for (auto& worker : workers_) {
@@ -373,7 +380,7 @@ int Server::run() {
     spdlog::error("main loop closed with handles still open ({})", uv_strerror(rc));
   }
   spdlog::info("stopped");
-  return 0;
+  return envoy_failed ? 1 : 0;
 }
 
 void Server::startAccepting() {
@@ -521,7 +528,28 @@ bool Server::reloadLocked(std::string* error) {
     rules = std::make_shared<const RuleSet>(std::vector<Rule>(rules->rules()), nodes);
   }
   installRules(rules);
+  if (envoy_ && fresh.envoy) {
+    envoy_->setConfig(*fresh.envoy);
+  } else if (envoy_ || fresh.envoy) {
+    spdlog::warn("reload: [envoy] was added or removed; that takes a restart");
+  }
   spdlog::info("reloaded {}: {} rules", config_.path, rules->rules().size());
+  return true;
+}
+
+bool Server::startEnvoy(std::string* error) {
+  envoy_ = makeEnvoyFront();
+  if (envoy_ == nullptr) {
+    *error = config_.path + ": [envoy] needs sluiced built with gRPC (cmake -DSLUICE_GRPC=ON); "
+             "remove [envoy] or rebuild";
+    return false;
+  }
+  std::vector<Worker*> workers;
+  for (auto& worker : workers_) workers.push_back(worker.get());
+  if (!envoy_->start(*config_.envoy, std::move(workers), error)) {
+    envoy_.reset();
+    return false;
+  }
   return true;
 }
 
@@ -669,6 +697,8 @@ void Server::beginStop() {
     uv_close(reinterpret_cast<uv_handle_t*>(handle), nullptr);
   }
   uv_close(reinterpret_cast<uv_handle_t*>(&key_sweep_), nullptr);
+  // Before the workers: its calls in flight are answered by them.
+  if (envoy_) envoy_->stop();
   for (auto& worker : workers_) {
     worker->stop();
   }

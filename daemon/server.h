@@ -39,6 +39,7 @@
 #include "access.h"
 #include "config.h"
 #include "control.h"
+#include "envoy_front.h"
 #include "status.h"
 #include "key_table.h"
 #include "metrics.h"
@@ -98,6 +99,8 @@ class Server : public DaemonStatus {
   MetricsView metricsView() const;  // any thread
   // Control thread: N changed; rebuilds the fallback shares.
   void onNodesChanged(uint32_t nodes);
+  // Starts Envoy's rate limit service ([envoy]) on the running workers.
+  bool startEnvoy(std::string* error);
   // Installs `rules` on every worker; the caller holds reload_mutex_.
   void installRules(RuleSetPtr rules);
 
@@ -119,6 +122,8 @@ class Server : public DaemonStatus {
   // thread may read its snapshot() and the broker.
   std::unique_ptr<LeaseBroker> broker_;
   std::unique_ptr<Control> control_;
+  // Envoy's rate limit service, with an [envoy] section; null otherwise.
+  std::unique_ptr<EnvoyFront> envoy_;
 
   uv_loop_t loop_;
   int listen_fd_ = -1;
