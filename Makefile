@@ -15,7 +15,9 @@
 #                   when no daemon run had a memory error or lost a block
 #   make bench      build optimised and print the benchmark figures: the
 #                   local path (bench/run.sh), the global path against a
-#                   redis-server of its own (bench/global.sh), the client
+#                   redis-server of its own (bench/global.sh), Envoy's rate
+#                   limit service (bench/rls.sh: ShouldRateLimit/s with one
+#                   and four descriptors, latency, Redis down), the client
 #                   libraries of each language (bench/clients.sh), and the fleet
 #                   (bench/fleet.py: N daemons on one Redis under load shapes
 #                   and Redis faults), with PNG plots (bench/plots.py), into
@@ -120,6 +122,7 @@ bench: deps
 	$(call configure,build-release,Release,-DSLUICE_BUILD_TESTS=OFF)
 	./bench/run.sh build-release
 	./bench/global.sh build-release
+	./bench/rls.sh build-release
 	$(call install,$(CLIENT_PACKAGES))
 	./bench/clients.sh build-release
 	/usr/bin/python3 bench/fleet.py build-release
