@@ -211,6 +211,13 @@ class Reader {
       refuse(count, "requests_per_unit must be a whole number from 1 to 4294967295; for no "
                     "limit write unlimited: true instead of rate_limit");
     }
+    const int64_t most = maxLimit(options_.algorithm);
+    if (static_cast<int64_t>(value) > most) {
+      refuse(count, "requests_per_unit " + digits + " is above " + std::to_string(most) +
+                        ", the most [envoy] algorithm = \"" +
+                        std::string(algorithmName(options_.algorithm)) +
+                        "\" counts; lower it or use algorithm = \"fixed_window\"");
+    }
     limit->requests_per_unit = static_cast<uint32_t>(value);
     if (rate["name"] && limit->name.empty()) limit->name = text(rate["name"], "name");
   }

@@ -162,6 +162,19 @@ TEST(EnvoyPolicy, AMissingDomainOrZeroRequestsIsRefused) {
             std::string::npos);
 }
 
+TEST(EnvoyPolicy, ALimitAboveWhatTheAlgorithmCountsIsRefused) {
+  EnvoyPolicy policy;
+  const std::string yaml =
+      "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, "
+      "requests_per_unit: 2000000000}\n";
+  EXPECT_EQ(readEnvoyYaml(yaml, "rl.yaml", {.scope = Scope::kLocal, .algorithm = Algorithm::kGcra},
+                          &policy),
+            "rl.yaml:4:51: requests_per_unit 2000000000 is above 1000000000, the most [envoy] "
+            "algorithm = \"gcra\" counts; lower it or use algorithm = \"fixed_window\"");
+  EnvoyPolicy windows;
+  EXPECT_EQ(readEnvoyYaml(yaml, "rl.yaml", {}, &windows), "");
+}
+
 TEST(EnvoyPolicy, BrokenYamlIsRefusedWithItsPosition) {
   const std::string error = refusal("domain: d\ndescriptors:\n  - key: [k\n");
   EXPECT_EQ(error.rfind("rl.yaml:", 0), 0u) << error;
