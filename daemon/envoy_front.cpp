@@ -1,6 +1,10 @@
 #include "envoy_front.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <atomic>
 #include <chrono>
@@ -131,7 +135,8 @@ class Service final : public RlsService::CallbackService {
 
 class GrpcEnvoyFront final : public EnvoyFront {
  public:
-  bool start(const EnvoyConfig& envoy, std::vector<Worker*> workers, std::string* error) override {
+  bool start(const EnvoyConfig& envoy, uint32_t socket_mode, std::vector<Worker*> workers,
+             std::string* error) override {
     service_.setConfig(envoy);
     service_.setWorkers(std::move(workers));
     if (envoy.listen.starts_with("unix:")) {
@@ -148,6 +153,12 @@ class GrpcEnvoyFront final : public EnvoyFront {
       *error = "[envoy] listen " + envoy.listen + ": gRPC cannot listen there (in use, or not "
                "an address); free it or choose another";
       server_.reset();
+      return false;
+    }
+    if (!socket_path_.empty() && ::chmod(socket_path_.c_str(), socket_mode) != 0) {
+      *error = "[envoy] listen " + envoy.listen + ": cannot set the socket's mode: " +
+               std::strerror(errno);
+      stop();
       return false;
     }
     spdlog::info("envoy rate limit service on {}: {} domains, {} limits", envoy.listen,

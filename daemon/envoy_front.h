@@ -17,6 +17,7 @@
 // OK, never an error Envoy would turn into its failure mode, and logged.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,8 +32,10 @@ class EnvoyFront {
  public:
   virtual ~EnvoyFront() = default;
   // Listens on envoy.listen and serves, handing calls to `workers` in turn
-  // (they outlive the front). false with `error` when it cannot listen.
-  virtual bool start(const EnvoyConfig& envoy, std::vector<Worker*> workers,
+  // (they outlive the front); a Unix socket gets `socket_mode` ([daemon]
+  // socket_mode), so that Envoy's user can connect as apps do. false with
+  // `error` when it cannot listen.
+  virtual bool start(const EnvoyConfig& envoy, uint32_t socket_mode, std::vector<Worker*> workers,
                      std::string* error) = 0;
   // Thread-safe: later calls use this policy (a reload).
   virtual void setConfig(const EnvoyConfig& envoy) = 0;

@@ -546,7 +546,7 @@ bool Server::startEnvoy(std::string* error) {
   }
   std::vector<Worker*> workers;
   for (auto& worker : workers_) workers.push_back(worker.get());
-  if (!envoy_->start(*config_.envoy, std::move(workers), error)) {
+  if (!envoy_->start(*config_.envoy, config_.daemon.socket_mode, std::move(workers), error)) {
     envoy_.reset();
     return false;
   }

@@ -239,6 +239,10 @@ class ReferenceYamlTest(EnvoyCase):
         # The other descriptor was spent although the request was over limit.
         self.assertEqual(self.rls.ask([("database", "users")]).statuses[0].limit_remaining, 1)
 
+    def test_the_unix_socket_has_the_daemon_sockets_mode(self):
+        path = self.daemon.listen[len("unix:"):]
+        self.assertEqual(os.stat(path).st_mode & 0o777, os.stat(self.daemon.socket).st_mode & 0o777)
+
     def test_the_health_service_answers_serving(self):
         check = self.rls.channel.unary_unary("/grpc.health.v1.Health/Check",
                                              request_serializer=lambda b: b,
@@ -321,6 +325,17 @@ class GlobalTest(unittest.TestCase):
             for _ in range(15):
                 allowed += daemon.rls.ask([("tenant", "acme")]).overall_code == OK
         self.assertEqual(allowed, 10)
+
+    def test_with_redis_frozen_every_call_is_answered_promptly(self):
+        self.redis.signal(signal.SIGSTOP)
+        self.addCleanup(self.redis.signal, signal.SIGCONT)
+        slowest = 0
+        for _ in range(30):
+            started = time.monotonic()
+            self.assertIn(self.daemons[0].rls.ask([("tenant", "frozen")]).overall_code, (OK, OVER))
+            slowest = max(slowest, time.monotonic() - started)
+        # A hung Redis costs at most lease_timeout (50 ms) per wait, never Envoy's deadline.
+        self.assertLess(slowest, 0.5)
 
     def test_with_redis_killed_every_call_is_answered_promptly(self):
         self.redis.kill()
