@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 import unittest
+import urllib.request
 
 import grpc
 
@@ -93,6 +94,7 @@ CONFIG = """
 [daemon]
 socket = "{socket}"
 workers = 2
+metrics = "127.0.0.1:{metrics}"
 
 [envoy]
 listen = "{listen}"
@@ -145,7 +147,9 @@ class EnvoyDaemon(Daemon):
         with open(self.yaml, "w") as f:
             f.write(yaml)
         self.listen = listen or "unix:" + os.path.join(self.dir, "rls.sock")
-        self.text = CONFIG.format(socket=self.socket, listen=self.listen, yaml=self.yaml) + extra
+        self.metrics_port = free_port()
+        self.text = CONFIG.format(socket=self.socket, listen=self.listen, yaml=self.yaml,
+                                  metrics=self.metrics_port) + extra
 
     def begin(self):
         self.start(self.text, connect=True)
@@ -212,6 +216,19 @@ class ReferenceYamlTest(EnvoyCase):
     def test_shadow_mode_reports_ok_past_its_limit(self):
         descriptor = [("message_type", "marketing"), ("to_number", "2061111111")]
         self.assertEqual([self.rls.ask(descriptor).overall_code for _ in range(3)], [OK] * 3)
+
+    def test_metrics_count_near_limit_and_shadow_denials_per_descriptor(self):
+        for _ in range(3):
+            self.rls.ask([("database", "users")])
+            self.rls.ask([("message_type", "marketing"), ("to_number", "1")])
+        text = urllib.request.urlopen(
+            "http://127.0.0.1:%d/metrics" % self.daemon.metrics_port, timeout=5).read().decode()
+        # A limit of 3 leaves 2, 1, 0: only 0 is under a fifth of it.
+        self.assertIn('sluice_rule_near_limit_total{rule="web/database=users"} 1', text)
+        self.assertIn('sluice_rule_shadow_denials_total{rule="web/message_type=marketing/to_number"} 2',
+                      text)
+        self.assertIn('sluice_decisions_total{rule="web/database=users",result="allowed",mode="local"} 3',
+                      text)
 
     def test_a_four_entry_descriptor_matches_its_nested_limit(self):
         descriptor = [("a", "1"), ("b", "2"), ("c", "3"), ("d", "4")]
