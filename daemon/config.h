@@ -164,6 +164,8 @@ struct EnvoyConfig {
   // The YAML limits' rules: global with [redis], local without (default).
   Scope scope = Scope::kGlobal;
   Algorithm algorithm = Algorithm::kFixedWindow;
+  // What the global rules do while Redis is unreachable (rules.h).
+  RedisDownPolicy on_redis_down = RedisDownPolicy::kLocal;
   // Several limited descriptors are decided all or nothing (acquire_all);
   // by default each is spent on its own and the results ORed, as the
   // reference server does.

@@ -8,8 +8,11 @@
 namespace sluice::config_detail {
 namespace {
 
-constexpr std::array<std::string_view, 5> kEnvoyKeys = {"listen", "config", "scope", "algorithm",
-                                                        "all_or_nothing"};
+constexpr std::array<std::string_view, 6> kEnvoyKeys = {
+    "listen", "config", "scope", "algorithm", "on_redis_down", "all_or_nothing"};
+constexpr std::array<std::string_view, 3> kRedisDownNames = {"local", "open", "closed"};
+constexpr std::array<RedisDownPolicy, 3> kRedisDownValues = {
+    RedisDownPolicy::kLocal, RedisDownPolicy::kOpen, RedisDownPolicy::kClosed};
 constexpr std::array<std::string_view, 3> kEnvoyAlgorithms = {"fixed_window", "token_bucket",
                                                               "gcra"};
 
@@ -71,6 +74,16 @@ EnvoyConfig loadEnvoy(const toml::table& table, bool have_redis) {
                       : it == kEnvoyAlgorithms.begin() + 1 ? Algorithm::kTokenBucket
                                                            : Algorithm::kGcra;
   }
+  if (const toml::node* down = table.get("on_redis_down")) {
+    const std::string& name =
+        stringValue(*down, "[envoy] on_redis_down", "on_redis_down = \"local\"");
+    auto it = std::find(kRedisDownNames.begin(), kRedisDownNames.end(), name);
+    if (it == kRedisDownNames.end()) {
+      refuse(*down, "[envoy] on_redis_down is " + quote(name) + "; write " +
+                        joinQuoted(kRedisDownNames));
+    }
+    envoy.on_redis_down = kRedisDownValues[static_cast<size_t>(it - kRedisDownNames.begin())];
+  }
   if (const toml::node* all = table.get("all_or_nothing")) {
     const std::optional<bool> value = all->value<bool>();
     if (!value) {
@@ -81,7 +94,10 @@ EnvoyConfig loadEnvoy(const toml::table& table, bool have_redis) {
   }
   auto policy = std::make_shared<EnvoyPolicy>();
   const std::string error =
-      readEnvoyFiles(envoy.config, {.scope = envoy.scope, .algorithm = envoy.algorithm}, policy.get());
+      readEnvoyFiles(envoy.config,
+                     {.scope = envoy.scope, .algorithm = envoy.algorithm,
+                      .on_redis_down = envoy.on_redis_down},
+                     policy.get());
   if (!error.empty()) refuse(*config, "[envoy] config: " + error);
   envoy.policy = std::move(policy);
   return envoy;

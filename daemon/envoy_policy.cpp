@@ -169,6 +169,7 @@ class Reader {
         rule.limits.push_back(Limit{.limit = limit.requests_per_unit, .period_ns = period_ns,
                                     .burst = limit.requests_per_unit});
         rule.scope = options_.scope;
+        rule.on_redis_down = options_.on_redis_down;
         rule.shadow = shadow;
         policy_->rules.push_back(std::move(rule));
       }

@@ -77,6 +77,7 @@ struct EnvoyDomain {
 struct EnvoyRuleOptions {
   Scope scope = Scope::kGlobal;
   Algorithm algorithm = Algorithm::kFixedWindow;
+  RedisDownPolicy on_redis_down = RedisDownPolicy::kLocal;  // global rules only
 };
 
 // One entry of a request descriptor.

@@ -2,10 +2,16 @@
 // the reference README's shapes, matching, and refusals naming line and fix.
 #include "envoy_policy.h"
 
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include "config.h"
 
 namespace sluice {
 namespace {
@@ -77,6 +83,13 @@ TEST(EnvoyPolicy, EachLimitedDescriptorBecomesARuleNamedByItsPath) {
   ASSERT_EQ(policy.rules[0].limits.size(), 1u);
   EXPECT_EQ(policy.rules[0].limits[0].limit, 500);
   EXPECT_EQ(policy.rules[0].limits[0].period_ns, 1'000'000'000);
+}
+
+TEST(EnvoyPolicy, RulesFollowTheConfiguredRedisDownPolicy) {
+  EnvoyPolicy policy = mustRead(kMongo, {.on_redis_down = RedisDownPolicy::kClosed});
+  ASSERT_EQ(policy.rules.size(), 2u);
+  EXPECT_EQ(policy.rules[0].scope, Scope::kGlobal);
+  EXPECT_EQ(policy.rules[0].on_redis_down, RedisDownPolicy::kClosed);
 }
 
 TEST(EnvoyPolicy, AnExactValueWinsOverAKeyWithoutValue) {
@@ -193,6 +206,61 @@ TEST(EnvoyPolicy, ADescriptorTwiceAndADomainTwiceAreRefused) {
                                                                      "configured twice",
                                                                      0),
             0u);
+}
+
+// A YAML file of kMongo in /tmp, removed at the end of the test.
+class EnvoySection : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    path_ = "/tmp/envoy_section_" + std::to_string(::getpid()) + ".yaml";
+    std::ofstream(path_) << kMongo;
+  }
+  void TearDown() override { std::remove(path_.c_str()); }
+  ConfigResult load(const std::string& envoy, bool redis = false) {
+    std::string text = redis ? "[redis]\nurl = \"redis://127.0.0.1:6379\"\n" : "";
+    text += "[envoy]\n" + envoy;
+    return loadConfigString(text, "x.toml");
+  }
+  std::string path_;
+};
+
+TEST_F(EnvoySection, ItsLimitsJoinTheRuleSetLocalWithoutRedis) {
+  ConfigResult result = load("listen = \"127.0.0.1:8081\"\nconfig = \"" + path_ + "\"\n");
+  ASSERT_TRUE(result.ok()) << result.error;
+  const Rule* rule = result.config->rules->find("mongo_cps/database=users");
+  ASSERT_NE(rule, nullptr);
+  EXPECT_EQ(rule->scope, Scope::kLocal);
+  EXPECT_NE(rule->id, 0u);
+  EXPECT_EQ(result.config->envoy->policy->domains.size(), 1u);
+}
+
+TEST_F(EnvoySection, ItsOptionsShapeTheRules) {
+  ConfigResult result = load("listen = \"unix:/tmp/rls.sock\"\nconfig = \"" + path_ +
+                                 "\"\nalgorithm = \"gcra\"\non_redis_down = \"open\"\n"
+                                 "all_or_nothing = true\n",
+                             true);
+  ASSERT_TRUE(result.ok()) << result.error;
+  const Rule* rule = result.config->rules->find("mongo_cps/database=default");
+  ASSERT_NE(rule, nullptr);
+  EXPECT_EQ(rule->scope, Scope::kGlobal);
+  EXPECT_EQ(rule->algorithm, Algorithm::kGcra);
+  EXPECT_EQ(rule->on_redis_down, RedisDownPolicy::kOpen);
+  EXPECT_TRUE(result.config->envoy->all_or_nothing);
+}
+
+TEST_F(EnvoySection, MistakesAreRefusedWithLineAndFix) {
+  EXPECT_EQ(load("listen = \"127.0.0.1:8081\"\nconfig = \"" + path_ + "\"\nscope = \"global\"\n")
+                .error,
+            "x.toml:4:9: [envoy] scope = \"global\" needs Redis; add a [redis] section or write "
+            "scope = \"local\"");
+  EXPECT_EQ(load("listen = \"127.0.0.1:8081\"\nconfig = \"" + path_ + "\"\nalgoritm = \"gcra\"\n")
+                .error,
+            "x.toml:4:1: unknown option \"algoritm\" in [envoy]; did you mean \"algorithm\"?");
+  EXPECT_EQ(load("config = \"" + path_ + "\"\n").error.rfind("x.toml:1:1: [envoy] has no listen;", 0),
+            0u);
+  const std::string missing = load("listen = \"127.0.0.1:8081\"\nconfig = \"/nonexistent/*.yaml\"\n").error;
+  EXPECT_EQ(missing.rfind("x.toml:3:10: [envoy] config: /nonexistent/*.yaml: no file matches;", 0), 0u)
+      << missing;
 }
 
 }  // namespace
