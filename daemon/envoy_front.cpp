@@ -8,7 +8,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <mutex>
+#include <set>
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -26,6 +28,7 @@ using RlsService = envoy::service::ratelimit::v3::RateLimitService;
 // What calls read of the config, replaced whole on a reload.
 struct Settings {
   EnvoyPolicyPtr policy;
+  EnvoyRuleOptions options;
   bool all_or_nothing = false;
 };
 
@@ -113,6 +116,7 @@ class Service final : public RlsService::CallbackService {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     std::shared_ptr<const Settings> settings = settings_.load(std::memory_order_acquire);
     EnvoyPlan plan = planRequest(*settings->policy, *request);
+    if (!plan.override_limits.empty()) installOverrides(request->domain(), plan, settings->options);
     auto* call = new Call(reactor, settings, std::move(plan), response);
     const size_t turn = next_.fetch_add(1, std::memory_order_relaxed);
     call->ask(*workers_[turn % workers_.size()]);
@@ -122,12 +126,46 @@ class Service final : public RlsService::CallbackService {
   void setConfig(const EnvoyConfig& envoy) {
     auto settings = std::make_shared<Settings>();
     settings->policy = envoy.policy;
+    settings->options = {.scope = envoy.scope, .algorithm = envoy.algorithm,
+                         .on_redis_down = envoy.on_redis_down};
     settings->all_or_nothing = envoy.all_or_nothing;
     settings_.store(std::move(settings), std::memory_order_release);
   }
-  void setWorkers(std::vector<Worker*> workers) { workers_ = std::move(workers); }
+  void setWorkers(std::vector<Worker*> workers, AddRule add_rule) {
+    workers_ = std::move(workers);
+    add_rule_ = std::move(add_rule);
+  }
 
  private:
+  // Makes sure the rules of the plan's limit overrides exist: adds each the
+  // first time (bounded); one that cannot be added is answered OK
+  // (UNKNOWN_RULE from the dispatcher, logged).
+  void installOverrides(const std::string& domain, const EnvoyPlan& plan,
+                        const EnvoyRuleOptions& options) {
+    for (const EnvoyLimit& limit : plan.override_limits) {
+      std::lock_guard<std::mutex> lock(overrides_mutex_);
+      if (installed_.contains(limit.rule)) continue;
+      size_t& count = per_domain_[domain];
+      if (count >= kMaxEnvoyOverrides) {
+        if (!bound_logged_) {
+          spdlog::warn("envoy: domain {} sent more than {} distinct limit overrides; "
+                       "descriptors with a new one are answered OK", domain, kMaxEnvoyOverrides);
+          bound_logged_ = true;
+        }
+        continue;
+      }
+      if (add_rule_(envoyOverrideRule(domain, limit.requests_per_unit, limit.unit, options))) {
+        installed_.insert(limit.rule);
+        ++count;
+      }
+    }
+  }
+
+  AddRule add_rule_;
+  std::mutex overrides_mutex_;  // installed_, per_domain_, bound_logged_
+  std::set<std::string> installed_;
+  std::map<std::string, size_t> per_domain_;
+  bool bound_logged_ = false;
   std::atomic<std::shared_ptr<const Settings>> settings_;
   std::vector<Worker*> workers_;  // set before the server starts
   std::atomic<size_t> next_{0};
@@ -136,9 +174,9 @@ class Service final : public RlsService::CallbackService {
 class GrpcEnvoyFront final : public EnvoyFront {
  public:
   bool start(const EnvoyConfig& envoy, uint32_t socket_mode, std::vector<Worker*> workers,
-             std::string* error) override {
+             AddRule add_rule, std::string* error) override {
     service_.setConfig(envoy);
-    service_.setWorkers(std::move(workers));
+    service_.setWorkers(std::move(workers), std::move(add_rule));
     if (envoy.listen.starts_with("unix:")) {
       socket_path_ = envoy.listen.substr(5);
       ::unlink(socket_path_.c_str());  // a previous run's; bind would fail on it

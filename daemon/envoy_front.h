@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,6 +29,14 @@ namespace sluice {
 
 class Worker;
 
+// At most this many distinct limit overrides (requests_per_unit, unit) per
+// domain get a rule; a descriptor with another one is answered OK, logged.
+constexpr size_t kMaxEnvoyOverrides = 64;
+
+// Adds a rule to the running rule set (Server::addRule); false when it
+// cannot (stopping). Thread-safe; the workers have the rule when it returns.
+using AddRule = std::function<bool(const Rule&)>;
+
 class EnvoyFront {
  public:
   virtual ~EnvoyFront() = default;
@@ -35,8 +44,10 @@ class EnvoyFront {
   // (they outlive the front); a Unix socket gets `socket_mode` ([daemon]
   // socket_mode), so that Envoy's user can connect as apps do. false with
   // `error` when it cannot listen.
+  // `add_rule` installs the rule of a descriptor's limit override the first
+  // time one is seen (kMaxEnvoyOverrides).
   virtual bool start(const EnvoyConfig& envoy, uint32_t socket_mode, std::vector<Worker*> workers,
-                     std::string* error) = 0;
+                     AddRule add_rule, std::string* error) = 0;
   // Thread-safe: later calls use this policy (a reload).
   virtual void setConfig(const EnvoyConfig& envoy) = 0;
   // Stops listening and answers what is in flight (bounded); before the

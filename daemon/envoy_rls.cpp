@@ -1,6 +1,7 @@
 #include "envoy_rls.h"
 
 #include <algorithm>
+#include <array>
 #include <limits>
 #include <set>
 #include <string_view>
@@ -41,6 +42,20 @@ EnvoyPlan planRequest(const EnvoyPolicy& policy, const RateLimitRequest& request
     entries.clear();
     for (const auto& entry : descriptor.entries()) entries.push_back({entry.key(), entry.value()});
     const EnvoyLimit* limit = policy.match(request.domain(), entries);
+    if (descriptor.has_limit()) {
+      const auto& own = descriptor.limit();
+      const auto unit = static_cast<EnvoyUnit>(own.unit());
+      if (own.requests_per_unit() > 0 && envoyUnitNs(unit) > 0) {
+        EnvoyLimit& made = plan.override_limits.emplace_back();
+        made.rule = envoyOverrideRule(request.domain(), own.requests_per_unit(), unit, {}).name;
+        made.requests_per_unit = own.requests_per_unit();
+        made.unit = unit;
+        made.shadow = limit != nullptr && limit->shadow;
+        if (limit != nullptr) made.name = limit->name;
+        limit = &made;
+        plan.descriptors[static_cast<size_t>(i)].own_limit = true;
+      }
+    }
     if (limit == nullptr) continue;
     for (const std::string& name : limit->replaces) replaced.insert(name);
     plan.descriptors[static_cast<size_t>(i)].limit = limit;
@@ -59,13 +74,40 @@ EnvoyPlan planRequest(const EnvoyPolicy& policy, const RateLimitRequest& request
     for (const auto& entry : descriptor.entries()) entries.push_back({entry.key(), entry.value()});
     planned.item = static_cast<int>(plan.rules.size());
     plan.rules.push_back(planned.limit->rule);
-    plan.keys.push_back(envoyKey(entries));
+    if (planned.own_limit) {
+      // An override rule serves every descriptor: its keys are in the key.
+      std::string key;
+      for (const EnvoyEntry& entry : entries) {
+        if (!key.empty()) key += kEnvoyKeySeparator;
+        key.append(entry.key).append("=").append(entry.value);
+      }
+      plan.keys.push_back(std::move(key));
+    } else {
+      plan.keys.push_back(envoyKey(entries));
+    }
     const uint64_t hits = descriptor.has_hits_addend() ? descriptor.hits_addend().value()
                                                        : static_cast<uint64_t>(request_hits);
     plan.costs.push_back(static_cast<int64_t>(
         std::min<uint64_t>(hits, static_cast<uint64_t>(std::numeric_limits<uint32_t>::max()))));
   }
   return plan;
+}
+
+Rule envoyOverrideRule(std::string_view domain, uint32_t requests_per_unit, EnvoyUnit unit,
+                       const EnvoyRuleOptions& options) {
+  static constexpr std::array<std::string_view, 5> kUnitNames = {"unknown", "second", "minute",
+                                                                 "hour", "day"};
+  const auto index = static_cast<size_t>(unit);
+  Rule rule;
+  rule.name = std::string(domain) + "/limit=" + std::to_string(requests_per_unit) + "/" +
+              std::string(index < kUnitNames.size() ? kUnitNames[index] : kUnitNames[0]);
+  rule.algorithm = options.algorithm;
+  const int64_t most = maxLimit(options.algorithm);
+  const int64_t limit = std::min<int64_t>(requests_per_unit, most);
+  rule.limits.push_back(Limit{.limit = limit, .period_ns = envoyUnitNs(unit), .burst = limit});
+  rule.scope = options.scope;
+  rule.on_redis_down = options.on_redis_down;
+  return rule;
 }
 
 Item envoyItem(const EnvoyPlan& plan, size_t i) {

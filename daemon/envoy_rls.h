@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <vector>
 
@@ -22,8 +23,12 @@ struct EnvoyPlan {
   struct Descriptor {
     const EnvoyLimit* limit = nullptr;
     int item = -1;  // index into keys/costs when limited
+    bool own_limit = false;  // limited by its own `limit` (an override rule)
   };
   std::vector<Descriptor> descriptors;
+  // The limits of descriptors that carry their own (`limit`), each decided
+  // on an override rule (envoyOverrideRule); deque: limits point into it.
+  std::deque<EnvoyLimit> override_limits;
   // One per limited descriptor, in order: the rule, key and cost.
   std::vector<std::string> rules;
   std::vector<std::string> keys;
@@ -32,8 +37,17 @@ struct EnvoyPlan {
 
 // Matches each descriptor (envoy_policy.h), drops the limits another
 // matched limit `replaces`, and works out each cost: the descriptor's
-// hits_addend when set, else the request's, else 1.
+// hits_addend when set, else the request's, else 1. A descriptor with its
+// own `limit` (second to day, at least 1) is limited by it, as the
+// reference server does, on the rule envoyOverrideRule names, keyed by its
+// entries' keys and values.
 EnvoyPlan planRequest(const EnvoyPolicy& policy, const RateLimitRequest& request);
+
+// The rule that decides a domain's descriptors of limit override
+// (requests_per_unit, unit): "<domain>/limit=<requests_per_unit>/<unit>",
+// built with `options`.
+Rule envoyOverrideRule(std::string_view domain, uint32_t requests_per_unit, EnvoyUnit unit,
+                       const EnvoyRuleOptions& options);
 
 // The plan's item i as a seam Item (views into the plan).
 Item envoyItem(const EnvoyPlan& plan, size_t i);

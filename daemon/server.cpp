@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <set>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -491,6 +492,29 @@ bool Server::reload(std::string* error) {
   return ok;
 }
 
+namespace {
+
+// `rules` and `added` together: an added rule whose name the file now
+// gives is left out; one whose id a rule of the file took gets another.
+std::vector<Rule> withAddedRules(std::vector<Rule> rules, const std::vector<Rule>& added) {
+  std::set<uint32_t> ids;
+  std::set<std::string_view> names;
+  for (const Rule& rule : rules) {
+    ids.insert(rule.id);
+    names.insert(rule.name);
+  }
+  for (const Rule& rule : added) {
+    if (names.contains(rule.name)) continue;
+    Rule copy = rule;
+    while (copy.id == 0 || ids.contains(copy.id)) copy.id = (copy.id + 1) & kRuleIdMask;
+    ids.insert(copy.id);
+    rules.push_back(std::move(copy));
+  }
+  return rules;
+}
+
+}  // namespace
+
 bool Server::reloadLocked(std::string* error) {
   // Read and checked before the lock is taken (config_.path never changes),
   // so the lock is held for moments only.
@@ -524,7 +548,9 @@ bool Server::reloadLocked(std::string* error) {
   // The fresh file's shares divide by expected_nodes; once heartbeats have
   // counted the nodes, N decides.
   uint32_t nodes = control_ ? control_->snapshot().nodes : rules->fallbackNodes();
-  if (nodes != rules->fallbackNodes()) {
+  if (!added_rules_.empty()) {
+    rules = std::make_shared<const RuleSet>(withAddedRules(rules->rules(), added_rules_), nodes);
+  } else if (nodes != rules->fallbackNodes()) {
     rules = std::make_shared<const RuleSet>(std::vector<Rule>(rules->rules()), nodes);
   }
   installRules(rules);
@@ -546,10 +572,28 @@ bool Server::startEnvoy(std::string* error) {
   }
   std::vector<Worker*> workers;
   for (auto& worker : workers_) workers.push_back(worker.get());
-  if (!envoy_->start(*config_.envoy, config_.daemon.socket_mode, std::move(workers), error)) {
+  if (!envoy_->start(*config_.envoy, config_.daemon.socket_mode, std::move(workers),
+                     [this](const Rule& rule) { return addRule(rule); }, error)) {
     envoy_.reset();
     return false;
   }
+  return true;
+}
+
+bool Server::addRule(const Rule& rule) {
+  std::lock_guard<std::mutex> lock(reload_mutex_);
+  if (stopping_) return false;
+  if (config_.rules->find(rule.name) != nullptr) return true;
+  Rule added = rule;
+  // FNV-1a of the name, as stable as a configured rule's id.
+  uint32_t hash = 2166136261u;
+  for (char c : rule.name) hash = (hash ^ static_cast<unsigned char>(c)) * 16777619u;
+  added.id = hash & kRuleIdMask;
+  added_rules_.push_back(added);
+  installRules(std::make_shared<const RuleSet>(
+      withAddedRules(std::vector<Rule>(config_.rules->rules()), {added}),
+      config_.rules->fallbackNodes()));
+  spdlog::info("envoy: added rule {}", rule.name);
   return true;
 }
 

@@ -101,6 +101,9 @@ class Server : public DaemonStatus {
   void onNodesChanged(uint32_t nodes);
   // Starts Envoy's rate limit service ([envoy]) on the running workers.
   bool startEnvoy(std::string* error);
+  // Any thread: adds `rule` (an Envoy limit override's) to the running rule
+  // set, and to every rule set a reload installs; true when it is there.
+  bool addRule(const Rule& rule);
   // Installs `rules` on every worker; the caller holds reload_mutex_.
   void installRules(RuleSetPtr rules);
 
@@ -122,6 +125,8 @@ class Server : public DaemonStatus {
   // thread may read its snapshot() and the broker.
   std::unique_ptr<LeaseBroker> broker_;
   std::unique_ptr<Control> control_;
+  // Rules added while running (addRule), with their ids; guarded by reload_mutex_.
+  std::vector<Rule> added_rules_;
   // Envoy's rate limit service, with an [envoy] section; null otherwise.
   std::unique_ptr<EnvoyFront> envoy_;
 

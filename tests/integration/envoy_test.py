@@ -104,17 +104,21 @@ config = "{yaml}"
 
 def request(*descriptors, hits=0, domain="web"):
     """A RateLimitRequest; each descriptor a list of (key, value), or a
-    (entries, hits_addend) pair."""
+    (entries, hits_addend) pair, or (entries, hits_addend, (requests_per_unit,
+    unit)) with a limit override."""
     out = rls.RateLimitRequest(domain=domain, hits_addend=hits)
     for descriptor in descriptors:
-        own_hits = None
+        own_hits = own_limit = None
         if isinstance(descriptor, tuple):
-            descriptor, own_hits = descriptor
+            descriptor, own_hits, *rest = descriptor
+            own_limit = rest[0] if rest else None
         added = out.descriptors.add()
         for key, value in descriptor:
             added.entries.add(key=key, value=value)
         if own_hits is not None:
             added.hits_addend.value = own_hits
+        if own_limit is not None:
+            added.limit.requests_per_unit, added.limit.unit = own_limit
     return out
 
 
@@ -288,6 +292,20 @@ class ReferenceYamlTest(EnvoyCase):
         self.daemon.proc.send_signal(signal.SIGHUP)
         self.assertTrue(wait_for(lambda: self.rls.ask([("database", "users")]).statuses[0]
                                  .current_limit.requests_per_unit == 1, 10), self.daemon.logs())
+
+
+    def test_a_descriptors_own_limit_overrides_the_configured_one_across_a_reload(self):
+        own = ([("database", "users")], None, (2, 4))  # 2 a day
+        self.assertEqual([self.rls.ask(own).overall_code for _ in range(2)], [OK, OK])
+        answer = self.rls.ask(own)
+        self.assertEqual(answer.overall_code, OVER)
+        self.assertEqual(answer.statuses[0].current_limit.requests_per_unit, 2)
+        # Unknown to the YAML, limited all the same; its own count.
+        self.assertEqual(self.rls.codes(([("nope", "1")], None, (2, 4))), [OK])
+        self.daemon.proc.send_signal(signal.SIGHUP)
+        self.assertTrue(wait_for(lambda: "reloaded" in self.daemon.logs(), 10), self.daemon.logs())
+        self.assertEqual(self.rls.ask(own).overall_code, OVER)  # the rule and its count stay
+        self.assertEqual(self.rls.codes([("database", "users")]), [OK])
 
 
 class AllOrNothingTest(EnvoyCase):

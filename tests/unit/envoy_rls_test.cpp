@@ -83,6 +83,35 @@ TEST(EnvoyRls, ALimitThatReplacesAnotherLeavesItUnspent) {
   EXPECT_EQ(plan.descriptors[0].limit, nullptr);
 }
 
+TEST(EnvoyRls, ADescriptorsOwnLimitIsDecidedOnItsOverrideRule) {
+  const EnvoyPolicy rules = policy();
+  RateLimitRequest asked = request({{"user", "ann"}, {"unknown", "x"}, {"path", "/"}});
+  for (int i : {0, 1}) {
+    auto* own = asked.mutable_descriptors(i)->mutable_limit();
+    own->set_requests_per_unit(42);
+    own->set_unit(2);  // MINUTE
+  }
+  asked.mutable_descriptors(2)->mutable_limit()->set_requests_per_unit(0);  // unset: ignored
+  EnvoyPlan plan = planRequest(rules, asked);
+  ASSERT_EQ(plan.rules.size(), 3u);
+  EXPECT_EQ(plan.rules[0], "web/limit=42/minute");
+  EXPECT_EQ(plan.rules[1], "web/limit=42/minute");
+  EXPECT_EQ(plan.rules[2], "web/path");
+  // One override rule serves every descriptor: the entries' keys are in the key.
+  EXPECT_EQ(plan.keys[0], "user=ann");
+  EXPECT_EQ(plan.keys[1], "unknown=x");
+  EXPECT_EQ(plan.descriptors[0].limit->name, "per_user");
+  EXPECT_EQ(plan.descriptors[1].limit->requests_per_unit, 42u);
+
+  const Rule rule = envoyOverrideRule("web", 42, EnvoyUnit::kMinute,
+                                      {.scope = Scope::kLocal, .algorithm = Algorithm::kGcra});
+  EXPECT_EQ(rule.name, "web/limit=42/minute");
+  EXPECT_EQ(rule.algorithm, Algorithm::kGcra);
+  ASSERT_EQ(rule.limits.size(), 1u);
+  EXPECT_EQ(rule.limits[0].limit, 42);
+  EXPECT_EQ(rule.limits[0].period_ns, 60'000'000'000);
+}
+
 TEST(EnvoyRls, ADeniedDescriptorMakesTheOverallCodeOverLimit) {
   const EnvoyPolicy rules = policy();
   EnvoyPlan plan = planRequest(rules, request({{"user", "ann"}, {"path", "/"}, {"nope", "x"}}));
