@@ -1,3 +1,5 @@
+// EnvoyFront over gRPC's callback API (envoy_front.h): the service, one
+// Call per ShouldRateLimit in flight, and the server's start and stop.
 #include "envoy_front.h"
 
 #include <sys/stat.h>
@@ -8,7 +10,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <map>
 #include <mutex>
 #include <set>
 
@@ -16,6 +17,7 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <spdlog/spdlog.h>
 
+#include "clock.h"
 #include "envoy/service/ratelimit/v3/rls.grpc.pb.h"
 #include "envoy_rls.h"
 #include "worker.h"
@@ -67,10 +69,7 @@ class Call final : public Recipient {
   void receive(MsgId tag, const Answer& answer) override {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (answer.failed) {
-        spdlog::warn("envoy: a descriptor answered OK after an error: {} {}",
-                     errorCodeName(answer.error), answer.message);
-      }
+      if (answer.failed) noteError(answer);
       if (tag.bits == kAllTag) {
         for (size_t i = 0; i < outcomes_.size(); ++i) {
           outcomes_[i].failed = answer.failed;
@@ -91,6 +90,20 @@ class Call final : public Recipient {
 
  private:
   static constexpr uint64_t kAllTag = ~uint64_t{0};
+
+  // Logs an error answered as OK, at most once a second for the process
+  // (an error repeats with every call that meets it).
+  static void noteError(const Answer& answer) {
+    static std::atomic<int64_t> last_logged_ns{INT64_MIN / 2};
+    const int64_t now_ns = monotonicNowNs();
+    int64_t last_ns = last_logged_ns.load(std::memory_order_relaxed);
+    if (now_ns - last_ns < 1'000'000'000 ||
+        !last_logged_ns.compare_exchange_strong(last_ns, now_ns, std::memory_order_relaxed)) {
+      return;
+    }
+    spdlog::warn("envoy: a descriptor answered OK after an error: {} {}",
+                 errorCodeName(answer.error), answer.message);
+  }
 
   void finish() {
     encodeResponse(plan_, outcomes_, response_);
@@ -145,26 +158,23 @@ class Service final : public RlsService::CallbackService {
     for (const EnvoyLimit& limit : plan.override_limits) {
       std::lock_guard<std::mutex> lock(overrides_mutex_);
       if (installed_.contains(limit.rule)) continue;
-      size_t& count = per_domain_[domain];
-      if (count >= kMaxEnvoyOverrides) {
+      if (installed_.size() >= kMaxEnvoyOverrides) {
         if (!bound_logged_) {
-          spdlog::warn("envoy: domain {} sent more than {} distinct limit overrides; "
-                       "descriptors with a new one are answered OK", domain, kMaxEnvoyOverrides);
+          spdlog::warn("envoy: more than {} distinct limit overrides (the last from domain {}); "
+                       "descriptors with a new one are answered OK", kMaxEnvoyOverrides, domain);
           bound_logged_ = true;
         }
         continue;
       }
       if (add_rule_(envoyOverrideRule(domain, limit.requests_per_unit, limit.unit, options))) {
         installed_.insert(limit.rule);
-        ++count;
       }
     }
   }
 
   AddRule add_rule_;
-  std::mutex overrides_mutex_;  // installed_, per_domain_, bound_logged_
-  std::set<std::string> installed_;
-  std::map<std::string, size_t> per_domain_;
+  std::mutex overrides_mutex_;  // installed_, bound_logged_
+  std::set<std::string> installed_;  // the override rules added, at most kMaxEnvoyOverrides
   bool bound_logged_ = false;
   std::atomic<std::shared_ptr<const Settings>> settings_;
   std::vector<Worker*> workers_;  // set before the server starts

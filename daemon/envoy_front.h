@@ -29,9 +29,10 @@ namespace sluice {
 
 class Worker;
 
-// At most this many distinct limit overrides (requests_per_unit, unit) per
-// domain get a rule; a descriptor with another one is answered OK, logged.
-constexpr size_t kMaxEnvoyOverrides = 64;
+// At most this many distinct limit overrides (domain, requests_per_unit,
+// unit) get a rule, whatever domains clients send; a descriptor with
+// another one is answered OK, logged once.
+constexpr size_t kMaxEnvoyOverrides = 256;
 
 // Adds a rule to the running rule set (Server::addRule); false when it
 // cannot (stopping). Thread-safe; the workers have the rule when it returns.

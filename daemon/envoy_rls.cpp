@@ -1,3 +1,5 @@
+// EnvoyRls: ShouldRateLimit requests as the seam's items, and decisions as
+// a RateLimitResponse (envoy_rls.h). Pure; no clock, no I/O.
 #include "envoy_rls.h"
 
 #include <algorithm>

@@ -589,10 +589,9 @@ bool Server::addRule(const Rule& rule) {
   uint32_t hash = 2166136261u;
   for (char c : rule.name) hash = (hash ^ static_cast<unsigned char>(c)) * 16777619u;
   added.id = hash & kRuleIdMask;
-  added_rules_.push_back(added);
-  installRules(std::make_shared<const RuleSet>(
-      withAddedRules(std::vector<Rule>(config_.rules->rules()), {added}),
-      config_.rules->fallbackNodes()));
+  std::vector<Rule> rules = withAddedRules(std::vector<Rule>(config_.rules->rules()), {added});
+  added_rules_.push_back(rules.back());  // with the id it got, kept across reloads
+  installRules(std::make_shared<const RuleSet>(std::move(rules), config_.rules->fallbackNodes()));
   spdlog::info("envoy: added rule {}", rule.name);
   return true;
 }
