@@ -73,11 +73,9 @@ class Call final : public Recipient {
       if (tag.bits == kAllTag) {
         for (size_t i = 0; i < outcomes_.size(); ++i) {
           outcomes_[i].failed = answer.failed;
-          if (!answer.failed && i < answer.decisions.size()) {
-            outcomes_[i].decision = answer.decisions[i];
-            // All or nothing: a denied request spent nothing on any item.
-            if (!answer.allowed) outcomes_[i].decision.allowed = answer.decisions[i].allowed;
-          }
+          // All or nothing: each item's own decision, though a denied
+          // request spent nothing on any of them.
+          if (!answer.failed && i < answer.decisions.size()) outcomes_[i].decision = answer.decisions[i];
         }
       } else if (tag.bits < outcomes_.size()) {
         EnvoyOutcome& outcome = outcomes_[tag.bits];
