@@ -15,7 +15,9 @@
 #                   when no daemon run had a memory error or lost a block
 #   make bench      build optimised and print the benchmark figures: the
 #                   local path (bench/run.sh), the global path against a
-#                   redis-server of its own (bench/global.sh), the client
+#                   redis-server of its own (bench/global.sh), Envoy's rate
+#                   limit service (bench/rls.sh: ShouldRateLimit/s with one
+#                   and four descriptors, latency, Redis down), the client
 #                   libraries of each language (bench/clients.sh), and the fleet
 #                   (bench/fleet.py: N daemons on one Redis under load shapes
 #                   and Redis faults), with PNG plots (bench/plots.py), into
@@ -30,7 +32,9 @@
 #   make deps       install the Debian packages the build needs
 
 PACKAGES := cmake make g++ pkg-config libuv1-dev libhiredis-dev libmsgpack-cxx-dev libsystemd-dev \
-            libmicrohttpd-dev \
+            libmicrohttpd-dev libyaml-cpp-dev \
+            libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc python3-grpcio \
+            python3-protobuf \
             libtomlplusplus-dev libspdlog-dev libfmt-dev googletest libgtest-dev \
             redis-server python3-msgpack systemd prometheus curl nginx-light python3-redis
 # node and npm for the Node example's test, looked for as commands rather than
@@ -48,7 +52,7 @@ CLIENT_PACKAGES += golang-go golang-github-vmihailenco-msgpack.v5-dev
 CLIENT_PACKAGES += default-jdk-headless libmsgpack-java libjakarta-servlet-api-java junit5 libtomcat10-java
 FUZZ_PACKAGES := clang libclang-rt-14-dev
 VALGRIND_PACKAGES := valgrind
-FUZZ_TARGETS := rpc config lease_reply resp
+FUZZ_TARGETS := rpc config lease_reply resp envoy_yaml envoy_request
 FUZZ_SECONDS ?= 60
 JOBS ?= $(shell nproc)
 WERROR ?= ON
@@ -119,6 +123,7 @@ bench: deps
 	./bench/run.sh build-release
 	./bench/global.sh build-release
 	./bench/fronts.sh build-release
+	./bench/rls.sh build-release
 	$(call install,$(CLIENT_PACKAGES))
 	./bench/clients.sh build-release
 	/usr/bin/python3 bench/fleet.py build-release

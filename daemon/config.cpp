@@ -30,8 +30,8 @@ namespace {
 
 using namespace config_detail;
 
-constexpr std::array<std::string_view, 8> kSections = {"daemon", "limits", "keys", "access",
-                                                       "redis",  "http",   "resp", "rule"};
+constexpr std::array<std::string_view, 9> kSections = {"daemon", "limits", "keys", "access", "redis",
+                                                       "http",   "resp",   "envoy", "rule"};
 
 // --- the file -------------------------------------------------------------------
 
@@ -102,6 +102,20 @@ Config build(const toml::table& root, const std::string& source_name, ConfigChec
 
   std::vector<Rule> rules;
   if (const toml::node* node = root.get("rule")) rules = loadRules(*node, config.redis.has_value());
+  if (const toml::node* node = root.get("envoy")) {
+    config.envoy = loadEnvoy(asSection(*node, "envoy"), config.redis.has_value());
+    for (const Rule& rule : config.envoy->policy->rules) {
+      for (const Rule& other : rules) {
+        if (other.name == rule.name) {
+          refuse(*node, "rule " + quote(rule.name) + " is both a [[rule]] and a descriptor of " +
+                            "[envoy] config; rename the [[rule]]");
+        }
+      }
+    }
+    rules.insert(rules.end(), config.envoy->policy->rules.begin(),
+                 config.envoy->policy->rules.end());
+  }
+  assignRuleIds(&rules);
   uint32_t nodes = config.redis ? config.redis->expected_nodes : 1;
   config.rules = std::make_shared<const RuleSet>(std::move(rules), nodes);
   return config;

@@ -29,6 +29,7 @@
 #include <string_view>
 #include <vector>
 
+#include "envoy_policy.h"
 #include "rules.h"
 
 namespace sluice {
@@ -179,6 +180,24 @@ struct RespConfig {
   bool operator==(const RespConfig&) const = default;
 };
 
+// [envoy]: Envoy's rate limit service (envoy_front.h); present only when
+// the file has an [envoy] section. Its YAML files are read with the TOML
+// file, and their rules join the rule set, so a reload reloads them.
+struct EnvoyConfig {
+  std::string listen;  // "unix:/path" or "HOST:PORT", as gRPC takes it
+  std::string config;  // path or glob of envoyproxy/ratelimit YAML files
+  // The YAML limits' rules: global with [redis], local without (default).
+  Scope scope = Scope::kGlobal;
+  Algorithm algorithm = Algorithm::kFixedWindow;
+  // What the global rules do while Redis is unreachable (rules.h).
+  RedisDownPolicy on_redis_down = RedisDownPolicy::kLocal;
+  // Several limited descriptors are decided all or nothing (acquire_all);
+  // by default each is spent on its own and the results ORed, as the
+  // reference server does.
+  bool all_or_nothing = false;
+  EnvoyPolicyPtr policy;  // never null in a loaded Config with [envoy]
+};
+
 struct Config {
   std::string path;  // the file (or source name) this was loaded from
   DaemonConfig daemon;
@@ -188,6 +207,7 @@ struct Config {
   std::optional<RedisConfig> redis;
   HttpConfig http;
   RespConfig resp;
+  std::optional<EnvoyConfig> envoy;
   RuleSetPtr rules;  // never null in a loaded Config; may hold no rules
 };
 

@@ -456,6 +456,8 @@ std::string algorithmsWhere(bool (*has)(const AlgorithmTraits&), std::string_vie
   return out;
 }
 
+void assignRuleIds(std::vector<Rule>* rules) { assignIds(rules); }
+
 std::vector<Rule> loadRules(const toml::node& node, bool have_redis) {
   const toml::array* array = node.as_array();
   if (array == nullptr || !array->is_array_of_tables()) {
@@ -475,7 +477,6 @@ std::vector<Rule> loadRules(const toml::node& node, bool have_redis) {
     }
     rules.push_back(std::move(rule));
   }
-  assignIds(&rules);
   return rules;
 }
 

@@ -129,7 +129,13 @@ inline constexpr std::string_view kRedisUrlHint =
 // that the options given belong to that mode and fills in the parsed fields.
 void checkRedisMode(const Given& given, RedisConfig* redis);
 
-// The [[rule]] array: every rule read and checked, with its id assigned.
+// The [[rule]] array: every rule read and checked (ids: assignRuleIds).
 std::vector<Rule> loadRules(const toml::node& node, bool have_redis);
+// Gives every rule of the file its id (rules.h), the same for the same
+// definition across reloads.
+void assignRuleIds(std::vector<Rule>* rules);
+
+// The [envoy] section (config_envoy.cpp), its YAML files read.
+EnvoyConfig loadEnvoy(const toml::table& table, bool have_redis);
 
 }  // namespace sluice::config_detail

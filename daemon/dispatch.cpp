@@ -50,13 +50,17 @@ void Dispatcher::count(const Rule& configured, const Decision& decision, Mode mo
   RuleShard* by_rule = position < rule_shards_.size() ? rule_shards_[position] : nullptr;
   if (decision.allowed) {
     metrics_.allowed[index].add();
-    if (by_rule != nullptr) by_rule->allowed[index].add();
+    if (by_rule != nullptr) {
+      by_rule->allowed[index].add();
+      if (decision.remaining * 5 < decision.limit) by_rule->near_limit.add();
+    }
   } else {
     metrics_.denied[index].add();
     if (by_rule != nullptr) by_rule->denied[index].add();
   }
   if (decision.shadow_denied) {
     metrics_.shadow_denied.add();
+    if (by_rule != nullptr) by_rule->shadow_denied.add();
   }
 }
 

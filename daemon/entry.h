@@ -1,5 +1,5 @@
-// Entry: the layout of a key-table entry's words (docs/design.md, "Who
-// writes the words of a key entry"), and which rules lease.
+// Entry: the layout of a key-table entry's words, and which rules lease
+// (docs/design.md, "The middle layer", has who writes which words).
 //
 // A key entry holds, in order: the rule's state (a leasable global rule's
 // slice, slice.h; a global concurrency rule's holding, holding.h; else the

@@ -81,6 +81,8 @@ std::vector<RuleSnapshot> Metrics::ruleSnapshots() const {
         rule.allowed[i] += shards[s].allowed[i].get();
         rule.denied[i] += shards[s].denied[i].get();
       }
+      rule.near_limit += shards[s].near_limit.get();
+      rule.shadow_denied += shards[s].shadow_denied.get();
     }
   }
   return out;

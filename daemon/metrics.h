@@ -93,10 +93,14 @@ struct HistogramSnapshot {
 
 class Metrics;
 
-// One rule's decisions on one worker, by result (allowed, denied) and Mode.
+// One rule's decisions on one worker, by result (allowed, denied) and Mode;
+// those allowed with under a fifth of the limit left (near_limit, as
+// envoyproxy/ratelimit counts it), and a shadow rule's would-be denials.
 struct alignas(64) RuleShard {
   std::array<Counter, kModes> allowed;
   std::array<Counter, kModes> denied;
+  Counter near_limit;
+  Counter shadow_denied;
 };
 
 struct alignas(64) MetricsShard {
@@ -132,6 +136,8 @@ struct RuleSnapshot {
   std::string name;
   std::array<uint64_t, kModes> allowed{};
   std::array<uint64_t, kModes> denied{};
+  uint64_t near_limit = 0;
+  uint64_t shadow_denied = 0;
 };
 
 // Summed view of all shards at one moment.

@@ -117,6 +117,21 @@ std::string renderPrometheus(const MetricsView& view) {
       }
     }
   }
+  w.family("sluice_rule_near_limit_total", "counter",
+           "Decisions allowed with under a fifth of the limit left, by rule.");
+  for (const RuleSnapshot& rule : view.rules) {
+    if (rule.near_limit > 0) {
+      w.sample("sluice_rule_near_limit_total", "rule=\"" + escape(rule.name) + "\"", rule.near_limit);
+    }
+  }
+  w.family("sluice_rule_shadow_denials_total", "counter",
+           "Decisions of a shadow rule that would have denied, by rule.");
+  for (const RuleSnapshot& rule : view.rules) {
+    if (rule.shadow_denied > 0) {
+      w.sample("sluice_rule_shadow_denials_total", "rule=\"" + escape(rule.name) + "\"",
+               rule.shadow_denied);
+    }
+  }
   w.single("sluice_penalty_blocks_total", "counter",
            "Keys blocked by their rule's penalty (repeat offenders).",
            static_cast<double>(t.penalty_blocks));

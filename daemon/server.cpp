@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <set>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -379,7 +380,14 @@ int Server::run() {
       status_ms, status_ms);
   last_status_ = statusLine();
   handle_count_.store(openHandles(&loop_), std::memory_order_relaxed);
-  systemd::notifyReady(last_status_);
+  // Last of the listeners, so that a failure stops what has started.
+  const bool envoy_failed = config_.envoy && !startEnvoy(&error);
+  if (envoy_failed) {
+    spdlog::critical("{}", error);
+    beginStop();
+  } else {
+    systemd::notifyReady(last_status_);
+  }
   uv_run(&loop_, UV_RUN_DEFAULT);
 
   for (auto& worker : workers_) {
@@ -399,7 +407,7 @@ int Server::run() {
     spdlog::error("main loop closed with handles still open ({})", uv_strerror(rc));
   }
   spdlog::info("stopped");
-  return 0;
+  return envoy_failed ? 1 : 0;
 }
 
 void Server::startAccepting() {
@@ -510,6 +518,29 @@ bool Server::reload(std::string* error) {
   return ok;
 }
 
+namespace {
+
+// `rules` and `added` together: an added rule whose name the file now
+// gives is left out; one whose id a rule of the file took gets another.
+std::vector<Rule> withAddedRules(std::vector<Rule> rules, const std::vector<Rule>& added) {
+  std::set<uint32_t> ids;
+  std::set<std::string_view> names;
+  for (const Rule& rule : rules) {
+    ids.insert(rule.id);
+    names.insert(rule.name);
+  }
+  for (const Rule& rule : added) {
+    if (names.contains(rule.name)) continue;
+    Rule copy = rule;
+    while (copy.id == 0 || ids.contains(copy.id)) copy.id = (copy.id + 1) & kRuleIdMask;
+    ids.insert(copy.id);
+    rules.push_back(std::move(copy));
+  }
+  return rules;
+}
+
+}  // namespace
+
 bool Server::reloadLocked(std::string* error) {
   // Read and checked before the lock is taken (config_.path never changes),
   // so the lock is held for moments only.
@@ -545,12 +576,17 @@ bool Server::reloadLocked(std::string* error) {
   // The fresh file's shares divide by expected_nodes; once heartbeats have
   // counted the nodes, N decides.
   uint32_t nodes = control_ ? control_->snapshot().nodes : rules->fallbackNodes();
-  if (!throttle_rules_.empty()) {
-    rules = withThrottleRules(*rules, nodes);
+  if (!added_rules_.empty()) {
+    rules = std::make_shared<const RuleSet>(withAddedRules(rules->rules(), added_rules_), nodes);
   } else if (nodes != rules->fallbackNodes()) {
     rules = std::make_shared<const RuleSet>(std::vector<Rule>(rules->rules()), nodes);
   }
   installRules(rules);
+  if (envoy_ && fresh.envoy) {
+    envoy_->setConfig(*fresh.envoy);
+  } else if (envoy_ || fresh.envoy) {
+    spdlog::warn("reload: [envoy] was added or removed; that takes a restart");
+  }
   spdlog::info("reloaded {}: {} rules", config_.path, rules->rules().size());
   return true;
 }
@@ -596,16 +632,6 @@ bool Server::startResp(std::string* error) {
   return true;
 }
 
-RuleSetPtr Server::withThrottleRules(const RuleSet& rules, uint32_t nodes) {
-  std::vector<Rule> all(rules.rules().begin(), rules.rules().end());
-  for (Rule& throttle : throttle_rules_) {
-    // The file's ids are given without the throttles': one may now be taken.
-    while (rules.findById(throttle.id) != nullptr) throttle.id = ((throttle.id + 1) & kRuleIdMask) | 1;
-    all.push_back(throttle);
-  }
-  return std::make_shared<const RuleSet>(std::move(all), nodes);
-}
-
 bool Server::ensureThrottleRule(const resp::Throttle& throttle, std::string* error) {
   std::lock_guard<std::mutex> lock(reload_mutex_);
   const std::string name = resp::throttleRuleName(throttle);
@@ -614,8 +640,8 @@ bool Server::ensureThrottleRule(const resp::Throttle& throttle, std::string* err
     *error = "the daemon is stopping";
     return false;
   }
-  if (throttle_rules_.size() >= config_.resp.max_parameter_sets) {
-    *error = "CL.THROTTLE has " + std::to_string(throttle_rules_.size()) +
+  if (throttle_sets_ >= config_.resp.max_parameter_sets) {
+    *error = "CL.THROTTLE has " + std::to_string(throttle_sets_) +
              " parameter sets already, [resp] max_parameter_sets; use fewer distinct "
              "(max_burst, count, period), or raise it";
     return false;
@@ -627,18 +653,46 @@ bool Server::ensureThrottleRule(const resp::Throttle& throttle, std::string* err
                        .period_ns = throttle.period_s * 1'000'000'000,
                        .burst = throttle.max_burst + 1}};
   rule.scope = config_.resp.scope == "global" ? Scope::kGlobal : Scope::kLocal;
-  // An id of its own, from its name (the file's rules' ids are taken).
-  uint32_t id = 2166136261u;
-  for (char c : name) id = (id ^ static_cast<uint8_t>(c)) * 16777619u;
-  id &= kRuleIdMask;
-  while (id == 0 || config_.rules->findById(id) != nullptr) id = (id + 1) & kRuleIdMask;
-  rule.id = id;
-  throttle_rules_.push_back(std::move(rule));
-  // The installed rules (the file's and the throttles' so far) and this one.
-  std::vector<Rule> all(config_.rules->rules());
-  all.push_back(throttle_rules_.back());
-  installRules(std::make_shared<const RuleSet>(std::move(all), config_.rules->fallbackNodes()));
+  ++throttle_sets_;
+  addRuleLocked(rule);
   return true;
+}
+
+bool Server::startEnvoy(std::string* error) {
+  envoy_ = makeEnvoyFront();
+  if (envoy_ == nullptr) {
+    *error = config_.path + ": [envoy] needs sluiced built with gRPC (cmake -DSLUICE_GRPC=ON); "
+             "remove [envoy] or rebuild";
+    return false;
+  }
+  std::vector<Worker*> workers;
+  for (auto& worker : workers_) workers.push_back(worker.get());
+  if (!envoy_->start(*config_.envoy, config_.daemon.socket_mode, std::move(workers),
+                     [this](const Rule& rule) { return addRule(rule); }, error)) {
+    envoy_.reset();
+    return false;
+  }
+  return true;
+}
+
+bool Server::addRule(const Rule& rule) {
+  std::lock_guard<std::mutex> lock(reload_mutex_);
+  if (stopping_) return false;
+  if (config_.rules->find(rule.name) != nullptr) return true;
+  addRuleLocked(rule);
+  return true;
+}
+
+void Server::addRuleLocked(const Rule& rule) {
+  Rule added = rule;
+  // FNV-1a of the name, as stable as a configured rule's id.
+  uint32_t hash = 2166136261u;
+  for (char c : rule.name) hash = (hash ^ static_cast<unsigned char>(c)) * 16777619u;
+  added.id = hash & kRuleIdMask;
+  std::vector<Rule> rules = withAddedRules(std::vector<Rule>(config_.rules->rules()), {added});
+  added_rules_.push_back(rules.back());  // with the id it got, kept across reloads
+  installRules(std::make_shared<const RuleSet>(std::move(rules), config_.rules->fallbackNodes()));
+  spdlog::info("added rule {}", rule.name);
 }
 
 void Server::installRules(RuleSetPtr rules) {
@@ -777,6 +831,8 @@ void Server::beginStop() {
     uv_close(reinterpret_cast<uv_handle_t*>(handle), nullptr);
   }
   uv_close(reinterpret_cast<uv_handle_t*>(&key_sweep_), nullptr);
+  // Before the workers: its calls in flight are answered by them.
+  if (envoy_) envoy_->stop();
   for (auto& worker : workers_) {
     worker->stop();
   }

@@ -39,6 +39,7 @@
 #include "access.h"
 #include "config.h"
 #include "control.h"
+#include "envoy_front.h"
 #include "http_front.h"
 #include "resp_front.h"
 #include "status.h"
@@ -102,19 +103,23 @@ class Server : public DaemonStatus {
   MetricsView metricsView() const;  // any thread
   // Control thread: N changed; rebuilds the fallback shares.
   void onNodesChanged(uint32_t nodes);
+  // Starts Envoy's rate limit service ([envoy]) on the running workers.
+  bool startEnvoy(std::string* error);
+  // Any thread: adds `rule` (an Envoy limit override's, a CL.THROTTLE
+  // parameter set's) to the running rule set, and to every rule set a
+  // reload installs, with an id from its name; true when it is there.
+  bool addRule(const Rule& rule);
+  // addRule() for a rule not in the set; the caller holds reload_mutex_.
+  void addRuleLocked(const Rule& rule);
   // Installs `rules` on every worker; the caller holds reload_mutex_.
   void installRules(RuleSetPtr rules);
   // Serves [http] listen (http_front.h); false with `error`.
   bool startHttp(std::string* error);
   // Serves [resp] listen (resp_front.h); false with `error`.
   bool startResp(std::string* error);
-  // The rule of CL.THROTTLE's parameters, installed on every worker (a new
-  // rule set holding the file's rules and throttle_rules_); false with
-  // `error` past [resp] max_parameter_sets. Any thread.
+  // The rule of CL.THROTTLE's parameters, added on every worker (addRule);
+  // false with `error` past [resp] max_parameter_sets. Any thread.
   bool ensureThrottleRule(const resp::Throttle& throttle, std::string* error);
-  // `rules` (from the file) with throttle_rules_ after them; the caller
-  // holds reload_mutex_.
-  RuleSetPtr withThrottleRules(const RuleSet& rules, uint32_t nodes);
 
   Config config_;           // guarded by reload_mutex_ after run() starts
   std::mutex reload_mutex_;
@@ -135,6 +140,10 @@ class Server : public DaemonStatus {
   // thread may read its snapshot() and the broker.
   std::unique_ptr<LeaseBroker> broker_;
   std::unique_ptr<Control> control_;
+  // Rules added while running (addRule), with their ids; guarded by reload_mutex_.
+  std::vector<Rule> added_rules_;
+  // Envoy's rate limit service, with an [envoy] section; null otherwise.
+  std::unique_ptr<EnvoyFront> envoy_;
 
   uv_loop_t loop_;
   int listen_fd_ = -1;
@@ -149,7 +158,7 @@ class Server : public DaemonStatus {
   HttpFront http_front_;  // [http]: started after the workers, stopped after they join
   std::atomic<size_t> http_next_worker_{0};
   RespFront resp_front_;  // [resp]: started after the workers, stopped after they join
-  std::vector<Rule> throttle_rules_;  // CL.THROTTLE's rules; guarded by reload_mutex_
+  size_t throttle_sets_ = 0;  // CL.THROTTLE's rules in added_rules_; guarded by reload_mutex_
   std::string serving_path_;       // the socket's path, as logged and reported
   bool socket_inherited_ = false;  // systemd passed the socket; it is not ours to remove
   uint64_t watchdog_us_ = 0;       // 0: no watchdog

@@ -1,0 +1,62 @@
+// EnvoyFront: Envoy's rate limit service
+// (envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit) and
+// grpc.health.v1.Health, over gRPC, on [envoy] listen.
+//
+// A thin front over the decision seam (question.h): each request
+// descriptor is matched against the YAML policy (envoy_policy.h); those
+// that land on a limit become Items of rule (the descriptor's rule) and key
+// (its values), cost hits_addend. By default each is asked as its own
+// acquire and the results ORed, as the reference server spends every
+// matching descriptor; with all_or_nothing they are one acquire_all, so a
+// denied request spends nothing. The questions go to a worker with
+// Worker::submit; the worker answers on its thread, and the last answer
+// encodes the RateLimitResponse (envoy_rls.h) and finishes the call.
+//
+// gRPC runs its own threads (the callback API); nothing here blocks them.
+// An error answer (a rule gone in a reload, a full key table) is answered
+// OK, never an error Envoy would turn into its failure mode, and logged.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config.h"
+
+namespace sluice {
+
+class Worker;
+
+// At most this many distinct limit overrides (domain, requests_per_unit,
+// unit) get a rule, whatever domains clients send; a descriptor with
+// another one is answered OK, logged once.
+constexpr size_t kMaxEnvoyOverrides = 256;
+
+// Adds a rule to the running rule set (Server::addRule); false when it
+// cannot (stopping). Thread-safe; the workers have the rule when it returns.
+using AddRule = std::function<bool(const Rule&)>;
+
+class EnvoyFront {
+ public:
+  virtual ~EnvoyFront() = default;
+  // Listens on envoy.listen and serves, handing calls to `workers` in turn
+  // (they outlive the front); a Unix socket gets `socket_mode` ([daemon]
+  // socket_mode), so that Envoy's user can connect as apps do. false with
+  // `error` when it cannot listen.
+  // `add_rule` installs the rule of a descriptor's limit override the first
+  // time one is seen (kMaxEnvoyOverrides).
+  virtual bool start(const EnvoyConfig& envoy, uint32_t socket_mode, std::vector<Worker*> workers,
+                     AddRule add_rule, std::string* error) = 0;
+  // Thread-safe: later calls use this policy (a reload).
+  virtual void setConfig(const EnvoyConfig& envoy) = 0;
+  // Stops listening and answers what is in flight (bounded); before the
+  // workers stop.
+  virtual void stop() = 0;
+};
+
+// nullptr when sluiced was built without gRPC (SLUICE_GRPC=OFF).
+std::unique_ptr<EnvoyFront> makeEnvoyFront();
+
+}  // namespace sluice

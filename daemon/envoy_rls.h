@@ -1,0 +1,69 @@
+// EnvoyRls: a ShouldRateLimit request as the seam's questions, and their
+// answers as a RateLimitResponse. Pure functions of (policy, request) and
+// (plan, answers); any thread. The gRPC plumbing is envoy_front.cpp's.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "envoy/service/ratelimit/v3/rls.pb.h"
+#include "envoy_policy.h"
+#include "question.h"
+
+namespace sluice {
+
+using RateLimitRequest = envoy::service::ratelimit::v3::RateLimitRequest;
+using RateLimitResponse = envoy::service::ratelimit::v3::RateLimitResponse;
+
+// What a request asks: per descriptor, the limit it lands on (nullptr:
+// unknown or unlimited, answered OK) and, for a limited one, its item.
+struct EnvoyPlan {
+  struct Descriptor {
+    const EnvoyLimit* limit = nullptr;
+    int item = -1;  // index into keys/costs when limited
+    bool own_limit = false;  // limited by its own `limit` (an override rule)
+  };
+  std::vector<Descriptor> descriptors;
+  // The limits of descriptors that carry their own (`limit`), each decided
+  // on an override rule (envoyOverrideRule); deque: limits point into it.
+  std::deque<EnvoyLimit> override_limits;
+  // One per limited descriptor, in order: the rule, key and cost.
+  std::vector<std::string> rules;
+  std::vector<std::string> keys;
+  std::vector<int64_t> costs;
+};
+
+// Matches each descriptor (envoy_policy.h), drops the limits another
+// matched limit `replaces`, and works out each cost: the descriptor's
+// hits_addend when set, else the request's, else 1. A descriptor with its
+// own `limit` (second to day, at least 1) is limited by it, as the
+// reference server does, on the rule envoyOverrideRule names, keyed by its
+// entries' keys and values.
+EnvoyPlan planRequest(const EnvoyPolicy& policy, const RateLimitRequest& request);
+
+// The rule that decides a domain's descriptors of limit override
+// (requests_per_unit, unit): "<domain>/limit=<requests_per_unit>/<unit>",
+// built with `options`.
+Rule envoyOverrideRule(std::string_view domain, uint32_t requests_per_unit, EnvoyUnit unit,
+                       const EnvoyRuleOptions& options);
+
+// The plan's item i as a seam Item (views into the plan).
+Item envoyItem(const EnvoyPlan& plan, size_t i);
+
+// The outcome of one limited descriptor.
+struct EnvoyOutcome {
+  bool failed = false;  // the seam answered an error: counted as OK
+  Decision decision;
+};
+
+// The response: per descriptor a status (OVER_LIMIT when its decision
+// denied; OK otherwise, with current_limit, limit_remaining and
+// duration_until_reset when limited), overall OVER_LIMIT when any is, and
+// the draft-11 RateLimit and RateLimit-Policy response headers of the most
+// restrictive limited descriptor (a denied one, else the fewest remaining).
+void encodeResponse(const EnvoyPlan& plan, const std::vector<EnvoyOutcome>& outcomes,
+                    RateLimitResponse* response);
+
+}  // namespace sluice
