@@ -31,7 +31,7 @@
 
 PACKAGES := cmake make g++ pkg-config libuv1-dev libhiredis-dev libmsgpack-cxx-dev libsystemd-dev \
             libmicrohttpd-dev \
-            libtomlplusplus-dev libspdlog-dev libfmt-dev googletest libgtest-dev \
+            libtomlplusplus-dev libhowardhinnant-date-dev tzdata libspdlog-dev libfmt-dev googletest libgtest-dev \
             redis-server python3-msgpack systemd prometheus curl
 # node and npm for the Node example's test, looked for as commands rather than
 # packages: NodeSource's nodejs bundles npm and conflicts with Debian's npm.

@@ -1,0 +1,106 @@
+// Calendar windows: the zone arithmetic behind windowAt (see calendar.h).
+#include "calendar.h"
+
+#include <date/date.h>
+#include <date/tz.h>
+
+#include <algorithm>
+#include <chrono>
+#include <stdexcept>
+
+namespace sluice::calendar {
+namespace {
+
+using std::chrono::days;
+using std::chrono::nanoseconds;
+using std::chrono::seconds;
+
+// 1970-01-01 was a Thursday: the Monday that starts its ISO week is 3 days
+// earlier.
+constexpr int64_t kEpochWeekdayFromMonday = 3;
+
+// The first instant of local day `day` in `zone`: its midnight, or the
+// transition when that midnight does not exist, or the earlier of two.
+int64_t dayStartUnixNs(date::local_days day, const date::time_zone* zone) {
+  const date::local_seconds midnight{day.time_since_epoch()};
+  const date::sys_seconds start = zone->to_sys(midnight, date::choose::earliest);
+  return std::chrono::duration_cast<nanoseconds>(start.time_since_epoch()).count();
+}
+
+int64_t floorDiv(int64_t a, int64_t b) {
+  const int64_t q = a / b;
+  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+
+}  // namespace
+
+Span spanNamed(std::string_view name) {
+  if (name == "day") return Span::kDay;
+  if (name == "week") return Span::kWeek;
+  if (name == "month") return Span::kMonth;
+  return Span::kNone;
+}
+
+std::string_view spanName(Span span) {
+  switch (span) {
+    case Span::kNone: return "";
+    case Span::kDay: return "day";
+    case Span::kWeek: return "week";
+    case Span::kMonth: return "month";
+  }
+  return "";
+}
+
+std::optional<Zone> Zone::named(std::string_view name) {
+  try {
+    return Zone(date::locate_zone(name));
+  } catch (const std::runtime_error&) {
+    return std::nullopt;
+  }
+}
+
+Zone Zone::utc() { return Zone(date::locate_zone("UTC")); }
+
+const std::string& Zone::name() const { return zone_->name(); }
+
+Window windowAt(int64_t unix_ns, Span span, const Zone& zone) {
+  const date::time_zone* tz = zone.get();
+  const date::sys_seconds instant =
+      std::chrono::floor<seconds>(date::sys_time<nanoseconds>(nanoseconds(std::max<int64_t>(unix_ns, 0))));
+  const date::local_days today = std::chrono::floor<days>(tz->to_local(instant));
+  const int64_t day_number = today.time_since_epoch().count();
+
+  date::local_days first;
+  date::local_days next;
+  int64_t id = 0;
+  switch (span) {
+    case Span::kNone:
+    case Span::kDay:
+      first = today;
+      next = today + days(1);
+      id = day_number;
+      break;
+    case Span::kWeek: {
+      const int64_t week = floorDiv(day_number + kEpochWeekdayFromMonday, 7);
+      first = date::local_days(days(week * 7 - kEpochWeekdayFromMonday));
+      next = first + days(7);
+      id = week;
+      break;
+    }
+    case Span::kMonth: {
+      const date::year_month_day ymd{today};
+      const date::year_month month = ymd.year() / ymd.month();
+      const date::year_month following = month + date::months(1);
+      first = date::local_days(month / 1);
+      next = date::local_days(following / 1);
+      id = (static_cast<int64_t>(static_cast<int>(ymd.year())) - 1970) * 12 +
+           static_cast<int64_t>(static_cast<unsigned>(ymd.month())) - 1;
+      break;
+    }
+  }
+  return Window{.id = id,
+                .start_unix_ns = dayStartUnixNs(first, tz),
+                .end_unix_ns = dayStartUnixNs(next, tz)};
+}
+
+}  // namespace sluice::calendar
