@@ -4,8 +4,12 @@
 #include <date/date.h>
 #include <date/tz.h>
 
+#include <time.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <limits>
 #include <stdexcept>
 
 namespace sluice::calendar {
@@ -25,6 +29,20 @@ int64_t dayStartUnixNs(date::local_days day, const date::time_zone* zone) {
   const date::local_seconds midnight{day.time_since_epoch()};
   const date::sys_seconds start = zone->to_sys(midnight, date::choose::earliest);
   return std::chrono::duration_cast<nanoseconds>(start.time_since_epoch()).count();
+}
+
+const date::time_zone* utcZone() {
+  static const date::time_zone* const kUtc = date::locate_zone("UTC");
+  return kUtc;
+}
+
+constexpr int64_t kUnsetOffset = std::numeric_limits<int64_t>::min();
+std::atomic<int64_t> g_wall_offset_ns{kUnsetOffset};
+
+int64_t clockNs(clockid_t clock) {
+  timespec ts{};
+  clock_gettime(clock, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
 int64_t floorDiv(int64_t a, int64_t b) {
@@ -59,9 +77,37 @@ std::optional<Zone> Zone::named(std::string_view name) {
   }
 }
 
-Zone Zone::utc() { return Zone(date::locate_zone("UTC")); }
+Zone Zone::utc() { return Zone(utcZone()); }
 
-const std::string& Zone::name() const { return zone_->name(); }
+const date::time_zone* Zone::get() const { return zone_ != nullptr ? zone_ : utcZone(); }
+
+const std::string& Zone::name() const { return get()->name(); }
+
+int64_t longestNs(Span span) {
+  constexpr int64_t kHourNs = 3600LL * 1'000'000'000;
+  switch (span) {
+    case Span::kNone: return 0;
+    case Span::kDay: return 25 * kHourNs;
+    case Span::kWeek: return 7 * 24 * kHourNs + kHourNs;
+    case Span::kMonth: return 31 * 24 * kHourNs + kHourNs;
+  }
+  return 0;
+}
+
+int64_t wallOffsetNs() {
+  const int64_t offset = g_wall_offset_ns.load(std::memory_order_relaxed);
+  if (offset != kUnsetOffset) return offset;
+  refreshWallOffset();
+  return g_wall_offset_ns.load(std::memory_order_relaxed);
+}
+
+void refreshWallOffset() {
+  setWallOffsetNs(clockNs(CLOCK_REALTIME) - clockNs(CLOCK_MONOTONIC));
+}
+
+void setWallOffsetNs(int64_t offset_ns) {
+  g_wall_offset_ns.store(offset_ns, std::memory_order_relaxed);
+}
 
 Window windowAt(int64_t unix_ns, Span span, const Zone& zone) {
   const date::time_zone* tz = zone.get();

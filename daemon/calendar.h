@@ -50,20 +50,22 @@ enum class Span : uint8_t {
 Span spanNamed(std::string_view name);
 std::string_view spanName(Span span);
 
-// A time zone of the IANA database ("UTC", "Europe/Berlin").
+// A time zone of the IANA database ("UTC", "Europe/Berlin"); UTC when
+// default-constructed.
 class Zone {
  public:
+  Zone() = default;
   // The zone called `name`; nullopt when the zoneinfo has no such zone.
   static std::optional<Zone> named(std::string_view name);
   static Zone utc();
 
   const std::string& name() const;
-  const date::time_zone* get() const { return zone_; }
-  bool operator==(const Zone& other) const { return zone_ == other.zone_; }
+  const date::time_zone* get() const;
+  bool operator==(const Zone& other) const { return get() == other.get(); }
 
  private:
   explicit Zone(const date::time_zone* zone) : zone_(zone) {}
-  const date::time_zone* zone_;  // never null; owned by the process-wide tzdb
+  const date::time_zone* zone_ = nullptr;  // owned by the process-wide tzdb; nullptr: UTC
 };
 
 // One calendar window: [start_unix_ns, end_unix_ns) and its id.
@@ -78,5 +80,23 @@ struct Window {
 // Requires span != kNone. An instant before 1970 (never read from a clock
 // that is set) is taken as 1970-01-01T00:00Z.
 Window windowAt(int64_t unix_ns, Span span, const Zone& zone);
+
+// The longest a `span` window can last, in ns: a day of 25 hours, a week of
+// 7 days and an hour, a month of 31 days and an hour (no zone moves its clock
+// by more than an hour at a time within a month). What a calendar limit's
+// period_ns is set to.
+int64_t longestNs(Span span);
+
+// The offset of the wall clock from the daemon's monotonic clock,
+// unix_ns - now_ns, that the limiter counts calendar windows with: the
+// decisions take monotonic times, a calendar window is on the wall clock.
+// Read with one relaxed atomic load (no clock read); taken from the clocks
+// on first use and again by refreshWallOffset(), which the server calls on
+// each key sweep ([keys] sweep_interval) so that a step of the wall clock is
+// followed.
+// setWallOffsetNs pins it (tests on a simulated clock). Any thread.
+int64_t wallOffsetNs();
+void refreshWallOffset();
+void setWallOffsetNs(int64_t offset_ns);
 
 }  // namespace sluice::calendar
