@@ -303,11 +303,7 @@ void RuleReader::readAlgorithm(const toml::node* node, Rule* rule) {
 void RuleReader::readScope(const toml::node* node, Rule* rule) {
   if (node == nullptr) return;
   rule->scope = kScopes[choiceValue(*node, prefix_ + "scope", namesOf(kScopes, scopeName))];
-  if (rule->scope == Scope::kGlobal && hasCalendarWindow(*rule)) {
-    refuse(*node, prefix_ + "a calendar window (window = ...) is counted by each node on its " +
-                      "own, not yet shared through Redis; set scope = \"local\", or give " +
-                      "the limit a period instead of a window");
-  }
+
   if (rule->scope == Scope::kGlobal && !have_redis_) {
     refuse(*node, prefix_ + "scope = \"global\" needs Redis, and this file has no [redis] " +
                       "section; add [redis] with url = \"redis://host:6379\", or set " +

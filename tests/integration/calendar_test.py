@@ -3,7 +3,7 @@
 window = "day" / "month" and a time_zone admits its limit per local day or
 month, reset_after_ms points at the zone's next local midnight (or 1st),
 `rules` shows the window and zone, and a zone the system does not know is
-refused at its line.
+refused at its line; a global one is shared by two daemons on one Redis.
 
 The expected boundaries come from Python's zoneinfo on the same tzdata, an
 implementation independent of the daemon's (Howard Hinnant's date/tz).
@@ -20,7 +20,7 @@ import unittest
 import zoneinfo
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import SLUICED, Daemon, tear_down_module  # noqa: E402
+from harness import SLUICED, Daemon, DaemonPairCase, tear_down_module  # noqa: E402
 
 CONFIG = """
 [daemon]
@@ -127,6 +127,52 @@ class CalendarTest(unittest.TestCase):
         self.assertIn("bad.toml:6:", output)
         self.assertIn('time_zone "Europe/Berln" is not a zone', output)
         self.assertIn('"Europe/Berlin"', output)
+
+
+FLEET_CONFIG = """
+[daemon]
+socket = "{socket}"
+workers = 2
+
+[redis]
+url = "redis://127.0.0.1:{port}"
+node_id = "cal-{index}"
+expected_nodes = 2
+heartbeat_interval = "100ms"
+
+[[rule]]
+name = "monthly"
+algorithm = "fixed_window"
+limit = 40
+window = "month"
+time_zone = "Asia/Tokyo"
+scope = "global"
+"""
+
+
+class CalendarFleetTest(DaemonPairCase):
+    config = FLEET_CONFIG
+    name = "cal"
+
+    # Verifies that a global monthly budget in Tokyo is the fleet's: one
+    # daemon alone may spend all 40 (its share would be 20), the other then
+    # gets nothing, and the denial waits for Tokyo's next 1st.
+    def test_a_global_monthly_budget_is_shared_by_the_fleet(self):
+        tokyo = zoneinfo.ZoneInfo("Asia/Tokyo")
+        before = datetime.datetime.now(datetime.timezone.utc)
+        first = [self.daemons[0].acquire("monthly", "tenant") for _ in range(60)]
+        second = [self.daemons[1].acquire("monthly", "tenant") for _ in range(20)]
+        after = datetime.datetime.now(datetime.timezone.utc)
+        if next_first(tokyo, before) != next_first(tokyo, after):
+            self.skipTest("Tokyo's month ended during the test")
+        self.assertEqual(sum(d["allowed"] for d in first), 40)
+        self.assertEqual(sum(d["allowed"] for d in second), 0)
+        denial = second[-1]
+        boundary = next_first(tokyo, before)
+        # The daemon answers from its slice, whose deny-until came from Redis's
+        # clock: allow a second of slack on top of the rounding.
+        self.assertGreaterEqual(denial["retry_after_ms"], ms_until(boundary, after) - 1000)
+        self.assertLessEqual(denial["retry_after_ms"], ms_until(boundary, before) + 1000)
 
 
 def tearDownModule():

@@ -818,10 +818,6 @@ const Refusal kRefusals[] = {
      "[[rule]]\nname = \"b\"\nalgorithm = \"fixed_window\"\n"
      "limits = [{ limit = 5, window = \"day\" }, { limit = 9, window = \"day\" }]\n",
      "4:42", "two limits have the window \"day\""},
-    {"calendar_window_on_a_global_rule",
-     "[redis]\nurl = \"redis://127.0.0.1:6379\"\n[[rule]]\nname = \"b\"\n"
-     "algorithm = \"fixed_window\"\nlimit = 5\nwindow = \"day\"\nscope = \"global\"\n",
-     "8:9", "not yet shared through Redis; set scope = \"local\""},
 };
 
 INSTANTIATE_TEST_SUITE_P(Refusals, ConfigRefusalTest, testing::ValuesIn(kRefusals),
