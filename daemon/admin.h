@@ -9,7 +9,7 @@
 // reset forgets one key's state (see reset() in admin.cpp for what it does
 // on each kind of rule).
 //
-// An Admin belongs to one worker's Dispatcher and is called only from that
+// An Admin belongs to one worker's RpcFront and is called only from that
 // worker's loop, inside its KeyTable::ReadGuard.
 #pragma once
 

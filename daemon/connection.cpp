@@ -64,12 +64,12 @@ void Connection::closeIfDrained() {
   }
 }
 
-void Connection::deliver(std::string_view response) {
+void Connection::receive(MsgId tag, const Answer& answer) {
   --deferred_;
   if (closing_) {
     return;
   }
-  output_.append(response);
+  rpc::writeAnswer(&output_, tag, answer);
   if (unsentBytes() > worker_.options().max_output_bytes) {
     close(CloseReason::kOutputCap);
     return;
@@ -184,14 +184,13 @@ void Connection::consume(std::span<const uint8_t> bytes, bool from_scratch) {
     }
     if (result.status == rpc::ParseStatus::kOk) {
       if (request_.unknown_fields > 0) worker_.noteUnknownFields(request_);
-      if (worker_.dispatcher().handle(request_, peer_, now_ns, &output_, this,
-                                      bytes.subspan(offset, result.consumed))) {
+      if (worker_.rpcFront().handle(request_, peer_, now_ns, &output_, this)) {
         ++deferred_;
       } else {
         ++answered;
       }
     } else {
-      worker_.dispatcher().handleParseError(result, &output_);
+      worker_.rpcFront().handleParseError(result, &output_);
       worker_.logBadInput(result);
       fatal = result.status == rpc::ParseStatus::kFatal;
     }

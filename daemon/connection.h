@@ -24,15 +24,17 @@
 #include <string>
 #include <vector>
 
+#include "access.h"
 #include "dispatch.h"
 #include "metrics.h"
+#include "question.h"
 #include "rpc.h"
 
 namespace sluice {
 
 class Worker;
 
-class Connection {
+class Connection final : public Recipient {
  public:
   Connection(Worker& worker, const Peer& peer);
   Connection(const Connection&) = delete;
@@ -55,8 +57,8 @@ class Connection {
   bool closing() const { return closing_; }
   const Peer& peer() const { return peer_; }
 
-  // The answer to a request the dispatcher deferred (it waited for a lease).
-  void deliver(std::string_view response);
+  // The answer to a request that waited (Recipient; the worker's thread).
+  void receive(MsgId tag, const Answer& answer) override;
 
   // Index in the worker's connection list (kept by the worker).
   size_t index = 0;

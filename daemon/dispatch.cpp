@@ -1,4 +1,4 @@
-// Dispatch: one request in, one response out; see dispatch.h.
+// Dispatch: the decision seam, one question in, its answer out; see dispatch.h.
 #include "dispatch.h"
 
 #include <algorithm>
@@ -20,31 +20,19 @@ std::string notReleasable(const Rule& rule) {
 
 }  // namespace
 
-Dispatcher::Dispatcher(KeyTable& keys, MetricsShard& metrics, DaemonStatus& status,
-                       LeaseBroker* broker, int64_t lease_timeout_ns)
+Dispatcher::Dispatcher(KeyTable& keys, MetricsShard& metrics, LeaseBroker* broker,
+                       int64_t lease_timeout_ns)
     : keys_(keys),
       metrics_(metrics),
       broker_(broker),
-      admin_(keys, metrics, status, broker),
       waiting_(metrics, broker, lease_timeout_ns),
       policy_(keys, metrics, broker),
       lease_(keys, metrics, broker, waiting_, policy_),
       local_(keys, waiting_, policy_),
-      holding_(keys, metrics, broker, waiting_) {
-  waiting_.onAskAgain([this](const rpc::Request& request, int64_t now_ns, std::string* out,
-                             const Asker& asker) { return decide(request, now_ns, out, asker); });
-}
-
-void Dispatcher::handleParseError(const rpc::ParseResult& result, std::string* out) {
-  if (result.has_msgid) {
-    error(result.msgid, result.error, result.message, out);
-    return;
-  }
-  metrics_.errors[static_cast<size_t>(result.error)].add();
-  // The connection closes after a fatal frame: say why first.
-  if (result.status == rpc::ParseStatus::kFatal) {
-    rpc::writeErrorNotification(out, result.error, result.message);
-  }
+      holding_(keys, metrics, broker, waiting_),
+      group_(keys, metrics, broker, waiting_, policy_, lease_, holding_) {
+  waiting_.onAskAgain([this](const Question& question, int64_t now_ns, const Asker& asker,
+                             Answer* answer) { return decide(question, now_ns, asker, answer); });
 }
 
 void Dispatcher::setRules(RuleSetPtr rules) {
@@ -73,112 +61,86 @@ void Dispatcher::count(const Rule& configured, const Decision& decision, Mode mo
   }
 }
 
-bool Dispatcher::handle(const rpc::Request& request, const Peer& peer, int64_t now_ns,
-                        std::string* out, void* owner, std::span<const uint8_t> frame) {
-  metrics_.requests.add();
-  // A notification gets no answer: answer into a scratch buffer and drop it,
-  // so a notified acquire or release still takes effect. It never waits.
-  std::string* target = out;
-  if (request.notification) {
-    message_.clear();
-    target = &message_;
+Outcome Dispatcher::ask(const Question& question, int64_t now_ns, const Asker& asker,
+                        Answer* answer) {
+  answer->clear();
+  if (!decides(question.method) || question.items.empty() ||
+      (question.method != Method::kAcquireAll && question.items.size() != 1)) {
+    answer->fail(ErrorCode::kBadRequest,
+                 "a question is acquire, peek or release of one item, or acquire_all of one or "
+                 "more");
+  } else {
+    Asker asking = asker;
+    asking.question = question;
+    Outcome outcome = decide(question, now_ns, asking, answer);
+    if (outcome != Outcome::kAnswered) return outcome;
   }
-  if (!peer.allowed) {
-    error(request.msgid, rpc::ErrorCode::kForbidden,
-          "uid " + std::to_string(peer.uid) + " may not use this daemon: it is neither root nor " +
-              "the daemon's user, not in [access] users and in none of [access] groups",
-          target);
-    message_.clear();  // a notification's answer is dropped
-    return false;
-  }
-  Asker asker;
-  asker.owner = owner;
-  asker.msgid = request.msgid;
-  asker.frame = frame;
-  asker.deadline_ns = now_ns + waiting_.leaseTimeoutNs();
-  asker.may_wait = owner != nullptr && !request.notification;
-  bool deferred = false;
-  switch (request.method) {
-    case rpc::Method::kAcquire:
-    case rpc::Method::kPeek:
-    case rpc::Method::kRelease:
-    case rpc::Method::kAcquireAll:
-      deferred = decide(request, now_ns, target, asker) != Outcome::kAnswered;
-      break;
-    case rpc::Method::kHealth:
-    case rpc::Method::kStats:
-    case rpc::Method::kRules:
-    case rpc::Method::kReload:
-    case rpc::Method::kReset: admin_.handle(*rules_, request, peer, now_ns, target); break;
-    case rpc::Method::kUnknown:
-      error(request.msgid, rpc::ErrorCode::kUnknownMethod, "no such method", target);
-      break;
-  }
-  if (request.notification) {
-    message_.clear();
-  }
-  return deferred;
+  if (answer->failed) metrics_.errors[static_cast<size_t>(answer->error)].add();
+  return Outcome::kAnswered;
 }
 
-void Dispatcher::answer(const Rule& configured, rpc::MsgId msgid, const Verdict& verdict, bool counts,
-                        std::string* out) {
+void Dispatcher::answerVerdict(const Rule& configured, const Verdict& verdict, bool counts,
+                        Answer* answer) {
   if (verdict.failed) {
-    error(msgid, verdict.error, verdict.message, out);
+    answer->fail(verdict.error, verdict.message);
     return;
   }
   if (counts) count(configured, verdict.decision, verdict.mode);
-  rpc::writeDecision(out, msgid, verdict.decision, verdict.mode, verdict.waited_ms);
+  answer->decide(verdict.decision, verdict.mode, verdict.waited_ms);
 }
 
-Outcome Dispatcher::decide(const rpc::Request& request, int64_t now_ns, std::string* out,
-                           const Asker& asker) {
-  return request.method == rpc::Method::kAcquireAll ? acquireAll(request, now_ns, out, asker)
-                                                    : acquireOne(request, now_ns, out, asker);
+Outcome Dispatcher::decide(const Question& question, int64_t now_ns, const Asker& asker,
+                           Answer* answer) {
+  answer->method = question.method;
+  return question.method == Method::kAcquireAll ? acquireAll(question, now_ns, asker, answer)
+                                                : acquireOne(question, now_ns, asker, answer);
 }
 
-Outcome Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std::string* out,
-                               const Asker& asker) {
-  const rpc::Item& item = request.items.front();
+Outcome Dispatcher::acquireOne(const Question& question, int64_t now_ns, const Asker& asker,
+                               Answer* answer) {
+  const Item& item = question.items.front();
   const Rule* configured = rules_->find(item.rule);
   if (configured == nullptr) {
     waiting_.leaveLine(asker.wait.ticket);  // the rule went in a reload
-    error(request.msgid, rpc::ErrorCode::kUnknownRule, unknownRule(item.rule), out);
+    answer->fail(ErrorCode::kUnknownRule, unknownRule(item.rule));
     return Outcome::kAnswered;
   }
-  if (request.method == rpc::Method::kRelease && configured->algorithm != Algorithm::kConcurrency) {
+  if (question.method == Method::kRelease && configured->algorithm != Algorithm::kConcurrency) {
     waiting_.leaveLine(asker.wait.ticket);
-    error(request.msgid, rpc::ErrorCode::kBadRequest, notReleasable(*configured), out);
+    answer->fail(ErrorCode::kBadRequest, notReleasable(*configured));
     return Outcome::kAnswered;
   }
-  bool spends = request.method == rpc::Method::kAcquire && item.cost > 0;
+  bool spends = question.method == Method::kAcquire && item.cost > 0;
   if (item.max_wait_ms > 0 && !canWait(*configured)) {
-    error(request.msgid, rpc::ErrorCode::kBadRequest,
-          "max_wait_ms applies to token_bucket and gcra rules of one limit, and rule \"" +
-              configured->name + "\" is " + std::string(scopeName(configured->scope)) + " " +
-              std::string(algorithmName(configured->algorithm)) +
-              (configured->limits.size() > 1 ? " of several limits" : ""),
-          out);
+    answer->fail(ErrorCode::kBadRequest,
+                 "max_wait_ms applies to token_bucket and gcra rules of one limit, and rule \"" +
+                     configured->name + "\" is " + std::string(scopeName(configured->scope)) +
+                     " " + std::string(algorithmName(configured->algorithm)) +
+                     (configured->limits.size() > 1 ? " of several limits" : ""));
     return Outcome::kAnswered;
   }
   if (broker_ != nullptr && leasesHolding(*configured)) {
-    return holdOne(request, *configured, now_ns, out, asker);
+    return holdOne(question, *configured, now_ns, asker, answer);
   }
   if (leasing(*configured) && spends) {
     Verdict verdict;
     Outcome outcome = lease_.acquire(*rules_, *configured, item, now_ns, asker, &verdict);
-    if (outcome == Outcome::kAnswered) answer(*configured, request.msgid, verdict, true, out);
+    if (outcome == Outcome::kAnswered) answerVerdict(*configured, verdict, true, answer);
     return outcome;
   }
   // A request that stood in a global rule's line is asked again, and the
   // rule no longer leases: it leaves the line.
   waiting_.leaveLine(asker.wait.ticket);
   if (broker_ != nullptr && configured->part_count > 0) {
-    if (spends) return acquireParts(request, *configured, now_ns, out, asker);
-    peekParts(request, *configured, now_ns, out);
+    // An acquire_all of one item.
+    if (spends) return acquireAll(question, now_ns, asker, answer);
+    Mode mode = Mode::kLocal;
+    Decision decision = group_.peek(*rules_, *configured, item, now_ns, &mode);
+    answer->decide(decision, mode);
     return Outcome::kAnswered;
   }
   if (leasing(*configured)) {
-    peekLeased(request, *configured, now_ns, out);
+    peekLeased(item, *configured, now_ns, answer);
     return Outcome::kAnswered;
   }
   auto [rule, mode] = route(*configured);
@@ -187,7 +149,7 @@ Outcome Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std:
     if (spends) {
       count(*configured, decision, mode);
     }
-    rpc::writeDecision(out, request.msgid, decision, mode);
+    answer->decide(decision, mode);
     return Outcome::kAnswered;
   }
 
@@ -199,369 +161,61 @@ Outcome Dispatcher::acquireOne(const rpc::Request& request, int64_t now_ns, std:
       count(*configured, verdict.decision, verdict.mode);
       return outcome;
     }
-    answer(*configured, request.msgid, verdict, true, out);
+    answerVerdict(*configured, verdict, true, answer);
     return Outcome::kAnswered;
   }
   verdict = local_.look(*rules_, *configured, *rule, mode, item,
-                        request.method == rpc::Method::kRelease, now_ns);
-  answer(*configured, request.msgid, verdict, false, out);
+                        question.method == Method::kRelease, now_ns);
+  answerVerdict(*configured, verdict, false, answer);
   return Outcome::kAnswered;
 }
 
-void Dispatcher::peekLeased(const rpc::Request& request, const Rule& rule, int64_t now_ns,
-                            std::string* out) {
-  const rpc::Item& item = request.items.front();
+void Dispatcher::peekLeased(const Item& item, const Rule& rule, int64_t now_ns, Answer* answer) {
   Mode mode = Mode::kNormal;
   Decision decision = lease_.look(*rules_, rule, item.key, now_ns, item.cost, &mode);
-  rpc::writeDecision(out, request.msgid, decision, mode);
+  answer->decide(decision, mode);
 }
 
 // --- Global concurrency rules: holdings (holding.h) ---------------------------
 
-Outcome Dispatcher::holdOne(const rpc::Request& request, const Rule& rule, int64_t now_ns,
-                            std::string* out, const Asker& asker) {
-  const rpc::Item& item = request.items.front();
+Outcome Dispatcher::holdOne(const Question& question, const Rule& rule, int64_t now_ns,
+                            const Asker& asker, Answer* answer) {
+  const Item& item = question.items.front();
   Decision decision;
   Mode mode = Mode::kNormal;
-  if (request.method == rpc::Method::kAcquire && item.cost > 0) {
+  if (question.method == Method::kAcquire && item.cost > 0) {
     std::span<std::atomic<uint64_t>> held;
     switch (holding_.acquire(*rules_, rule, item, now_ns, asker, &decision, &mode, &held)) {
       case HoldingPath::Held::kWaitsForLease: return Outcome::kWaitsForLease;
       case HoldingPath::Held::kTableFull:
-        error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
+        answer->fail(ErrorCode::kOverloaded, kTableFull);
         return Outcome::kAnswered;
       case HoldingPath::Held::kHeld:
       case HoldingPath::Held::kAnswered: break;
     }
     applyShadow(rule, &decision);
     count(rule, decision, mode);
-    rpc::writeDecision(out, request.msgid, decision, mode);
+    answer->decide(decision, mode);
     return Outcome::kAnswered;
   }
-  decision = holding_.look(*rules_, rule, item, request.method == rpc::Method::kRelease, now_ns,
+  decision = holding_.look(*rules_, rule, item, question.method == Method::kRelease, now_ns,
                            &mode);
   applyShadow(rule, &decision);
-  rpc::writeDecision(out, request.msgid, decision, mode);
+  answer->decide(decision, mode);
   return Outcome::kAnswered;
 }
 
-// --- acquire_all, and rules decided on their parts -----------------------------
+// --- acquire_all, and rules decided on their parts (group_path.h) -------------
 
-void Dispatcher::startEntries() {
-  entries_.clear();
-  groups_.clear();
-}
-
-void Dispatcher::refundEntries(int64_t now_ns) {
-  for (const Entry& entry : entries_) {
-    if (entry.taken > 0) slice::refund(entry.slice, entry.taken);
-    if (!entry.held.empty()) holding_.refund(*entry.rule, entry.held, now_ns, entry.item.cost);
-  }
-}
-
-Dispatcher::Collected Dispatcher::collectItem(const Rule& configured, const rpc::Item& item,
-                                              int64_t now_ns, const Asker& asker,
-                                              bool* denied) {
-  groups_.push_back({&configured, item.key, entries_.size(), 0});
-  // Without Redis, a global rule decides on its share (route), parts or not.
-  std::span<const Rule> parts =
-      broker_ != nullptr ? rules_->parts(configured) : std::span<const Rule>();
-  // A cold key defers for its first part's lease; the parts after it are
-  // still asked (without deferring again, and refunded), so that their
-  // leases are on the way too and all come within one round trip.
-  bool deferred = false;
-  Asker no_wait = asker;
-  no_wait.may_wait = false;
-  for (const Rule& rule : parts.empty() ? std::span<const Rule>(&configured, 1) : parts) {
-    switch (collectEntry(rule, item, now_ns, deferred ? no_wait : asker, denied)) {
-      case Collected::kOk: break;
-      case Collected::kDeferred: deferred = true; break;
-      case Collected::kTableFull: return Collected::kTableFull;
+Outcome Dispatcher::acquireAll(const Question& question, int64_t now_ns, const Asker& asker,
+                               Answer* answer) {
+  Outcome outcome = group_.acquire(*rules_, question.items, now_ns, asker, answer);
+  if (outcome == Outcome::kAnswered && !answer->failed) {
+    for (size_t i = 0; i < answer->decisions.size(); ++i) {
+      count(group_.configured(i), answer->decisions[i], answer->modes[i]);
     }
   }
-  groups_.back().count = entries_.size() - groups_.back().first;
-  return deferred ? Collected::kDeferred : Collected::kOk;
-}
-
-Dispatcher::Collected Dispatcher::collectEntry(const Rule& rule, const rpc::Item& item,
-                                               int64_t now_ns, const Asker& asker,
-                                               bool* denied) {
-  const std::string_view key = item.key;
-  const int64_t cost = item.cost;
-  // Items a policy answers ("open", "closed") and slice denials are decided
-  // here and spend nothing; slices are taken from; the rest go to the
-  // limiter (settleEntries), all or nothing.
-  AcquireItem acquire_item;
-  acquire_item.cost = cost;
-  int64_t taken_units = 0;
-  std::span<std::atomic<uint64_t>> slice_words;
-  const Rule* share_rule = nullptr;  // the share the limiter decides on
-  const Rule* share_spend = nullptr;  // spent in fallback: count for debit
-  std::span<std::atomic<uint64_t>> share_words;
-  Mode mode = Mode::kLocal;
-  bool decided = false;
-  if (int64_t blocked_ns = cost > 0 && rule.scope == Scope::kGlobal
-                               ? policy_.globalBlockedFor(rule, key, now_ns)
-                               : 0) {
-    // A blocked key denies the group, as a closed policy does.
-    acquire_item.decision = blockedDecision(decidingFor(rule, key, nullptr), blocked_ns);
-    mode = Mode::kBlocked;
-    *denied = true;
-    decided = true;
-  }
-  std::span<std::atomic<uint64_t>> held_words;
-  if (!decided && broker_ != nullptr && leasesHolding(rule) && cost > 0) {
-    switch (holding_.acquire(*rules_, rule, item, now_ns, asker, &acquire_item.decision, &mode,
-                             &held_words)) {
-      case HoldingPath::Held::kWaitsForLease: return Collected::kDeferred;
-      case HoldingPath::Held::kTableFull: return Collected::kTableFull;
-      case HoldingPath::Held::kHeld:
-      case HoldingPath::Held::kAnswered: break;
-    }
-    applyShadow(rule, &acquire_item.decision);
-    *denied = *denied || !acquire_item.decision.allowed;
-    decided = true;
-  }
-  if (!decided && leasing(rule) && cost > 0) {
-    mode = rule.shadow ? Mode::kShadow : Mode::kNormal;
-    KeyTable::Entry* entry = keys_.findOrInsert(rule.id, key, entryWords(rule), now_ns);
-    if (entry == nullptr) return Collected::kTableFull;
-    const Rule& deciding = decidingRule(*rules_, rule, key, entry->state());
-    if (cost > leaseCapacity(deciding.limits.front())) {
-      acquire_item.decision = exceedsCapacity(deciding);
-      applyShadow(rule, &acquire_item.decision);
-      *denied = *denied || !acquire_item.decision.allowed;
-      decided = true;
-    } else {
-      slice_words = entry->state().first(slice::kWords);
-      slice::TakeResult taken =
-          lease_.take(rule, key, slice_words, now_ns, cost, asker.again, false);
-      if (taken.dropped > 0) metrics_.lease_units_dropped.add(static_cast<uint64_t>(taken.dropped));
-      if (taken.must_request) {
-        lease_.requestLease(*rules_, rule, deciding, key, entry->state(), now_ns, cost,
-                            taken.outcome == slice::Outcome::kTaken ? cost : 0);
-      }
-      // Behind waiters with no answer from Redis yet, it waits for the
-      // lease under way as on an empty slice.
-      bool lease_coming = taken.outcome == slice::Outcome::kEmpty ||
-                          (taken.outcome == slice::Outcome::kQueued && taken.until_ns == 0);
-      if (lease_coming && waiting_.waitForLease(asker, {})) return Collected::kDeferred;
-      if (taken.outcome == slice::Outcome::kTaken || taken.outcome == slice::Outcome::kDenied ||
-          taken.outcome == slice::Outcome::kQueued) {
-        if (taken.outcome == slice::Outcome::kTaken) taken_units = cost;
-        if (taken.outcome == slice::Outcome::kDenied) metrics_.lease_negative_hits.add();
-        acquire_item.decision = sliceDecision(deciding, taken, now_ns);
-        applyShadow(rule, &acquire_item.decision);
-        *denied = *denied || !acquire_item.decision.allowed;
-        decided = true;
-        if (taken_units > 0 && broker_->learning(deciding, now_ns)) {
-          // Learning: the share must allow it too (the limiter decides it).
-          decided = false;
-          share_rule = rules_->fallbackShare(rule);
-        }
-      }
-    }
-  }
-  if (!decided && share_rule == nullptr) {
-    auto [routed, route_mode] = route(rule);
-    mode = route_mode;
-    if (routed == nullptr) {
-      acquire_item.decision = policyDecision(rule, mode);
-      *denied = *denied || !acquire_item.decision.allowed;
-      decided = true;
-    } else {
-      share_rule = routed;
-    }
-  }
-  if (!decided) {
-    KeyTable::Entry* entry =
-        keys_.findOrInsert(share_rule->id, key, entryWords(*share_rule), now_ns);
-    if (entry == nullptr) {
-      if (taken_units > 0) slice::refund(slice_words, taken_units);
-      return Collected::kTableFull;
-    }
-    const Rule& deciding = decidingRule(*rules_, *share_rule, key, entry->state());
-    int64_t blocked_ns =
-        activePenalty(*share_rule) != nullptr
-            ? penalty::blockedFor(penaltyState(*share_rule, entry->state()), now_ns)
-            : 0;
-    if (blocked_ns > 0) {
-      // A blocked key denies the group, as a closed policy does.
-      acquire_item.decision = blockedDecision(deciding, blocked_ns);
-      mode = Mode::kBlocked;
-      *denied = true;
-    } else {
-      acquire_item.rule = &deciding;
-      acquire_item.state = entry->state().first(stateWords(deciding));
-      // Spent in fallback (not learning): counted for the debit afterwards.
-      if (share_rule != &rule && taken_units == 0) {
-        share_spend = share_rule;
-        share_words = entry->state();
-      }
-    }
-  }
-  entries_.push_back({acquire_item, mode, &rule, taken_units, slice_words, share_spend,
-                      share_words, held_words});
-  return Collected::kOk;
-}
-
-bool Dispatcher::settleEntries(int64_t now_ns, bool denied) {
-  // The limiter's items are the ones with a rule; a denial above means none
-  // of them may spend, so they are only looked at.
-  limited_.clear();
-  for (const Entry& entry : entries_) {
-    if (entry.item.rule != nullptr) {
-      limited_.push_back(entry.item);
-    }
-  }
-  bool allowed = !denied;
-  if (denied) {
-    for (AcquireItem& item : limited_) {
-      item.decision = peek(*item.rule, item.state, now_ns, item.cost);
-    }
-  } else {
-    allowed = sluice::acquireAll(limited_, now_ns);
-  }
-  if (!allowed) refundEntries(now_ns);
-  size_t next = 0;
-  for (Entry& entry : entries_) {
-    if (entry.item.rule == nullptr) continue;
-    const Decision& limited = limited_[next++].decision;
-    // A learning entry keeps its slice's answer unless the share said no.
-    if (entry.taken == 0 || !limited.allowed) entry.item.decision = limited;
-    if (entry.taken > 0 && !limited.allowed) entry.item.decision.allowed = false;
-  }
-  for (const Group& group : groups_) {
-    if (allowed && group.count > 1 && group.configured->shadow) refundShadowGroup(group, now_ns);
-    for (const Entry& entry : std::span(entries_).subspan(group.first, group.count)) {
-      if (allowed && entry.taken > 0) {
-        metrics_.lease_units_spent.add(static_cast<uint64_t>(entry.taken));
-      }
-      if (allowed && entry.share != nullptr && !entry.item.decision.shadow_denied) {
-        policy_.noteFallbackSpend(*rules_, *entry.share, group.key, entry.share_words,
-                                  entry.item.cost);
-      }
-    }
-  }
-  return allowed;
-}
-
-void Dispatcher::refundShadowGroup(const Group& group, int64_t now_ns) {
-  // A shadow rule spends nothing on a request one of its limits denies, as
-  // the limiter's rule of several limits does.
-  auto entries = std::span(entries_).subspan(group.first, group.count);
-  if (std::none_of(entries.begin(), entries.end(),
-                   [](const Entry& entry) { return entry.item.decision.shadow_denied; })) {
-    return;
-  }
-  for (Entry& entry : entries) {
-    if (entry.taken > 0) slice::refund(entry.slice, entry.taken);
-    entry.taken = 0;
-    const AcquireItem& item = entry.item;
-    if (item.rule != nullptr && item.decision.allowed && !item.decision.shadow_denied) {
-      refund(*item.rule, item.state, now_ns, item.cost);
-    }
-    entry.share = nullptr;
-    entry.share_words = {};
-  }
-}
-
-Decision Dispatcher::groupDecision(const Group& group, Mode* mode) const {
-  if (group.count == 1) {
-    *mode = entries_[group.first].mode;
-    return entries_[group.first].item.decision;
-  }
-  // The parts report as the limits of a local rule do (limiter.h); the mode
-  // is the reported part's.
-  MostRestrictive merged;
-  for (size_t i = group.first; i < group.first + group.count; ++i) {
-    if (merged.add(withoutShadow(entries_[i].item.decision))) *mode = entries_[i].mode;
-  }
-  Decision decision = merged.decision();
-  applyShadow(*group.configured, &decision);
-  return decision;
-}
-
-Outcome Dispatcher::acquireAll(const rpc::Request& request, int64_t now_ns, std::string* out,
-                               const Asker& asker) {
-  startEntries();
-  bool denied = false;
-  for (const rpc::Item& item : request.items) {
-    const Rule* configured = rules_->find(item.rule);
-    if (configured == nullptr) {
-      refundEntries(now_ns);
-      error(request.msgid, rpc::ErrorCode::kUnknownRule, unknownRule(item.rule), out);
-      return Outcome::kAnswered;
-    }
-    switch (collectItem(*configured, item, now_ns, asker, &denied)) {
-      case Collected::kOk: break;
-      case Collected::kDeferred: refundEntries(now_ns); return Outcome::kWaitsForLease;
-      case Collected::kTableFull:
-        refundEntries(now_ns);
-        error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
-        return Outcome::kAnswered;
-    }
-  }
-  bool allowed = settleEntries(now_ns, denied);
-  decisions_.clear();
-  item_modes_.clear();
-  for (const Group& group : groups_) {
-    Mode mode = Mode::kLocal;
-    decisions_.push_back(groupDecision(group, &mode));
-    item_modes_.push_back(mode);
-    count(*group.configured, decisions_.back(), mode);
-  }
-  rpc::writeDecisions(out, request.msgid, allowed, decisions_, item_modes_);
-  return Outcome::kAnswered;
-}
-
-Outcome Dispatcher::acquireParts(const rpc::Request& request, const Rule& configured,
-                                 int64_t now_ns, std::string* out, const Asker& asker) {
-  startEntries();
-  bool denied = false;
-  switch (collectItem(configured, request.items.front(), now_ns, asker, &denied)) {
-    case Collected::kOk: break;
-    case Collected::kDeferred: refundEntries(now_ns); return Outcome::kWaitsForLease;
-    case Collected::kTableFull:
-      refundEntries(now_ns);
-      error(request.msgid, rpc::ErrorCode::kOverloaded, kTableFull, out);
-      return Outcome::kAnswered;
-  }
-  settleEntries(now_ns, denied);
-  Mode mode = Mode::kLocal;
-  Decision decision = groupDecision(groups_.front(), &mode);
-  count(configured, decision, mode);
-  rpc::writeDecision(out, request.msgid, decision, mode);
-  return Outcome::kAnswered;
-}
-
-void Dispatcher::peekParts(const rpc::Request& request, const Rule& configured, int64_t now_ns,
-                           std::string* out) {
-  const rpc::Item& item = request.items.front();
-  MostRestrictive merged;
-  Mode mode = Mode::kLocal;
-  for (const Rule& part : rules_->parts(configured)) {
-    Mode part_mode = Mode::kLocal;
-    Decision decision;
-    if (leasing(part)) {
-      decision = lease_.look(*rules_, part, item.key, now_ns, item.cost, &part_mode);
-    } else if (auto [share, policy_mode] = route(part); share == nullptr) {
-      part_mode = policy_mode;
-      decision = policyDecision(part, policy_mode);
-    } else {
-      part_mode = policy_mode;
-      KeyTable::Entry* entry = currentEntry(*share, item.key);
-      const Rule& deciding = decidingFor(*share, item.key, entry);
-      decision = peek(deciding,
-                      entry != nullptr ? entry->state().first(stateWords(deciding))
-                                       : freshState(deciding),
-                      now_ns, item.cost);
-    }
-    if (merged.add(withoutShadow(decision))) mode = part_mode;
-  }
-  Decision decision = merged.decision();
-  applyShadow(configured, &decision);
-  rpc::writeDecision(out, request.msgid, decision, mode);
+  return outcome;
 }
 
 }  // namespace sluice

@@ -1,11 +1,12 @@
-// Dispatch: the MessagePack-RPC front of one worker: a parsed request in,
-// its encoded response out.
+// Dispatch: the decision seam. One question (question.h) in, from any
+// front, its Answer out, or the question left waiting.
 //
-// The request path reads one way: the front (here) checks the peer, sends
-// the admin methods to Admin (admin.h), routes an acquire, peek or release
-// to the decision path its units come from, and encodes what the path
-// answers (a Verdict, verdict.h) or leaves the request waiting (Outcome,
-// waiting.h). The paths, each in its own file:
+// The request path reads one way: a front (rpc_front.h for MessagePack-RPC)
+// turns what its client sent into a Question and asks the dispatcher; the
+// dispatcher routes each item to the decision path its units come from and
+// fills the Answer from what the path answers (a Verdict, verdict.h), or
+// leaves the question waiting (Outcome, waiting.h); the front encodes the
+// Answer. The paths, each in its own file:
 //   - local state, by the limiter: a local rule's key, or a global rule's
 //     fallback share (local_path.h);
 //   - a leasable global rule's leased slice, while Redis is up
@@ -13,19 +14,19 @@
 //   - a global concurrency rule's held pool (holding_path.h);
 //   - policy: routing, "open", "closed", blocks and the share's debits
 //     (policy.h).
-// acquire_all, and an acquire on a global rule of several limits (decided
-// on its parts, RuleSet::parts, each a leasable rule of one limit), decide
-// their entries all or nothing (collectItem / settleEntries, here).
+//   - all or nothing, on several entries: acquire_all, and an acquire on a
+//     global rule of several limits (group_path.h).
 //
-// A request that cannot be answered yet waits (waiting.h has the model):
-// handle() returns true and writes nothing; the answer goes later to the
-// deliver callback, with the owner (the connection) handle() was given.
+// A question that cannot be answered yet waits (waiting.h has the model):
+// ask() returns how it waits and fills nothing; its Answer goes later to
+// the asker's Recipient, with its tag. Errors (an unknown rule, a full key
+// table) are answers too, counted by code here, whichever front asked.
 //
 // A Dispatcher belongs to one worker thread and is called only from that
-// worker's loop. The caller must hold a KeyTable::ReadGuard around handle()
+// worker's loop. The caller must hold a KeyTable::ReadGuard around ask()
 // and retryDeferred(), so that the entries they look up stay alive until
 // the decision is made. On a warm key it allocates nothing: its scratch
-// vectors keep their capacity between requests.
+// vectors and the caller's Answer keep their capacity between questions.
 #pragma once
 
 #include <atomic>
@@ -35,9 +36,8 @@
 #include <string_view>
 #include <vector>
 
-#include "access.h"
-#include "admin.h"
 #include "failure.h"
+#include "group_path.h"
 #include "holding_path.h"
 #include "key_table.h"
 #include "lease.h"
@@ -47,9 +47,8 @@
 #include "lookup.h"
 #include "metrics.h"
 #include "policy.h"
-#include "rpc.h"
+#include "question.h"
 #include "rules.h"
-#include "status.h"
 #include "verdict.h"
 #include "waiting.h"
 
@@ -58,22 +57,29 @@ namespace sluice {
 class Dispatcher {
  public:
   // `broker` is null without Redis; lease_timeout_ns bounds a deferral.
-  Dispatcher(KeyTable& keys, MetricsShard& metrics, DaemonStatus& status,
-             LeaseBroker* broker = nullptr, int64_t lease_timeout_ns = 50'000'000);
+  Dispatcher(KeyTable& keys, MetricsShard& metrics, LeaseBroker* broker = nullptr,
+             int64_t lease_timeout_ns = 50'000'000);
 
-  // Installs the rule set that later requests see (after a reload).
+  // Installs the rule set that later questions see (after a reload).
   void setRules(RuleSetPtr rules);
+  const RuleSet& rules() const { return *rules_; }
 
-  // Where answers to deferred requests go: (owner, encoded response).
-  using Deliver = Waiting::Deliver;
-  void onDeliver(Deliver deliver) { waiting_.onDeliver(std::move(deliver)); }
-
-  // Answers `request` into `out` (nothing for a notification). now_ns is the
-  // monotonic time of the read that carried the request. With an owner and
-  // the request's frame, a request waiting for a lease may be deferred:
-  // handle() then writes nothing and returns true.
-  bool handle(const rpc::Request& request, const Peer& peer, int64_t now_ns, std::string* out,
-              void* owner = nullptr, std::span<const uint8_t> frame = {});
+  // Decides `question` (acquire, acquire_all, peek or release: decides())
+  // into `answer`, or leaves it waiting. now_ns is the monotonic time it was
+  // read at. asker.recipient and asker.tag say where a later answer goes;
+  // without a recipient (or with !asker.may_wait) it never waits.
+  // asker.question is ignored: `question` is held if it waits.
+  Outcome ask(const Question& question, int64_t now_ns, const Asker& asker, Answer* answer);
+  // An Asker for a question read at now_ns that may wait when it has a
+  // recipient.
+  Asker askerFor(Recipient* recipient, MsgId tag, int64_t now_ns) const {
+    Asker asker;
+    asker.recipient = recipient;
+    asker.tag = tag;
+    asker.deadline_ns = now_ns + waiting_.leaseTimeoutNs();
+    asker.may_wait = recipient != nullptr;
+    return asker;
+  }
 
   // Answers the deferred requests that can be answered now: those waiting
   // for a lease whose lease has come or whose deadline has passed, and those
@@ -82,90 +88,31 @@ class Dispatcher {
   // with a denial (retry_after_ms says when its units would have been due).
   // (waiting.h has the model.)
   void retryDeferred(int64_t now_ns, bool all) { waiting_.askAgain(now_ns, all); }
-  // Drops the deferred requests of an owner that has gone away.
-  void forget(void* owner) { waiting_.forget(owner); }
+  // Drops the deferred questions of a recipient that has gone away.
+  void forget(const Recipient* recipient) { waiting_.forget(recipient); }
   bool hasDeferred() const { return waiting_.any(); }
   // The earliest deadline or due time of a deferred request (hasDeferred() only).
   int64_t nextDeadlineNs() const { return waiting_.nextDeadlineNs(); }
   // The requests waiting, by kind (tests).
   const Waiting& waiting() const { return waiting_; }
 
-  // Answers a request that could not be parsed: the error to its msgid, or
-  // before a close (kFatal) without one, an error notification.
-  void handleParseError(const rpc::ParseResult& result, std::string* out);
-
  private:
-  // Decides a request of the request methods (acquire, acquire_all, peek,
-  // release): answered into `out`, or waiting (waiting.h).
-  Outcome decide(const rpc::Request& request, int64_t now_ns, std::string* out,
-                 const Asker& asker);
-  Outcome acquireOne(const rpc::Request& request, int64_t now_ns, std::string* out,
-                     const Asker& asker);
-  Outcome acquireAll(const rpc::Request& request, int64_t now_ns, std::string* out,
-                     const Asker& asker);
+  Outcome decide(const Question& question, int64_t now_ns, const Asker& asker, Answer* answer);
+  Outcome acquireOne(const Question& question, int64_t now_ns, const Asker& asker,
+                     Answer* answer);
+  Outcome acquireAll(const Question& question, int64_t now_ns, const Asker& asker,
+                     Answer* answer);
   // Counts (when it `counts`) and answers a verdict on `configured`.
-  void answer(const Rule& configured, rpc::MsgId msgid, const Verdict& verdict, bool counts,
-              std::string* out);
-  void peekLeased(const rpc::Request& request, const Rule& rule, int64_t now_ns,
-                  std::string* out);
+  void answerVerdict(const Rule& configured, const Verdict& verdict, bool counts, Answer* answer);
+  void peekLeased(const Item& item, const Rule& rule, int64_t now_ns, Answer* answer);
   // Global concurrency rules (holding_path.h): acquire, peek and release.
-  Outcome holdOne(const rpc::Request& request, const Rule& rule, int64_t now_ns,
-                  std::string* out, const Asker& asker);
-  // acquire_all, and acquire on a rule decided on its parts (RuleSet::parts),
-  // in three steps. collectItem() decides a request item on its rule, or
-  // on each of its rule's parts: an entry each (entries_). settleEntries()
-  // spends all entries' units or none. Then groupDecision() reports an
-  // item's entries as one decision.
-  //
-  // An entry spends from its slice (a rule that leases), holds units of its
-  // holding (a global concurrency rule), or goes to the limiter on its
-  // share (fallback, learning) or its own state (a local rule); a policy
-  // answers it ("open", "closed") or a block denies it.
-  enum class Collected { kOk, kDeferred, kTableFull };
-  // A request item's entries (groups_).
-  struct Group {
-    const Rule* configured;  // the rule the item named
-    std::string_view key;
-    size_t first;  // its first entry
-    size_t count;  // its entries: 1, or its rule's parts
-  };
-  void startEntries();
-  // Adds the entries of one request item on `configured`. Whatever it
-  // returns, the caller refunds (refundEntries) unless it settles. `denied`
-  // is set when an entry denies without the limiter (it stays set).
-  Collected collectItem(const Rule& configured, const rpc::Item& item, int64_t now_ns,
-                        const Asker& asker, bool* denied);
-  Collected collectEntry(const Rule& rule, const rpc::Item& item, int64_t now_ns,
-                         const Asker& asker, bool* denied);
-  // Gives back what the entries took from slices and holdings.
-  void refundEntries(int64_t now_ns);
-  // Spends every entry's units or none; each entry's decision is then in
-  // entries_. True when all were allowed.
-  bool settleEntries(int64_t now_ns, bool denied);
-  // A shadow rule's parts: gives back what they spent when one denied.
-  void refundShadowGroup(const Group& group, int64_t now_ns);
-  // The decision and mode reported for a request item.
-  Decision groupDecision(const Group& group, Mode* mode) const;
-  // acquire and peek on a rule decided on its parts.
-  Outcome acquireParts(const rpc::Request& request, const Rule& configured, int64_t now_ns,
-                       std::string* out, const Asker& asker);
-  void peekParts(const rpc::Request& request, const Rule& configured, int64_t now_ns,
-                 std::string* out);
+  Outcome holdOne(const Question& question, const Rule& rule, int64_t now_ns,
+                  const Asker& asker, Answer* answer);
   // Whether a global rule decides on leases right now.
   bool leasing(const Rule& rule) const {
     return broker_ != nullptr && leasable(rule) && broker_->leasing();
   }
-  void error(rpc::MsgId msgid, rpc::ErrorCode code, std::string_view message, std::string* out) {
-    answerError(metrics_, msgid, code, message, out);
-  }
   Route route(const Rule& rule) const { return sluice::route(*rules_, rule); }
-  KeyTable::Entry* currentEntry(const Rule& rule, std::string_view key) {
-    return sluice::currentEntry(keys_, rule, key);
-  }
-  const Rule& decidingFor(const Rule& rule, std::string_view key, KeyTable::Entry* entry) {
-    return sluice::decidingFor(*rules_, rule, key, entry);
-  }
-  std::span<std::atomic<uint64_t>> freshState(const Rule& rule) { return fresh_.of(rule); }
   // Counts a decision on `configured`, the rule the request named.
   void count(const Rule& configured, const Decision& decision, Mode mode);
 
@@ -173,37 +120,13 @@ class Dispatcher {
   MetricsShard& metrics_;
   LeaseBroker* broker_;
   RuleSetPtr rules_;
-  Admin admin_;
   std::vector<RuleShard*> rule_shards_;  // per-rule counters, by position in rules_
   Waiting waiting_;
   PolicyPath policy_;
   LeasePath lease_;
   LocalPath local_;
   HoldingPath holding_;
-  // An entry of acquire_all or of a rule decided on its parts (collectItem).
-  struct Entry {
-    // Its limiter item: the decision, and the share or state the limiter
-    // spends on, if it does (a rule; none when decided without the limiter).
-    AcquireItem item;
-    Mode mode = Mode::kLocal;
-    const Rule* rule = nullptr;  // the configured rule or a part
-    int64_t taken = 0;           // units taken from its slice
-    std::span<std::atomic<uint64_t>> slice;  // the slice's words, when it has one
-    // The share and its entry's words when fallback spends on it (a debit
-    // to note once the group is allowed); else none.
-    const Rule* share = nullptr;
-    std::span<std::atomic<uint64_t>> share_words;
-    std::span<std::atomic<uint64_t>> held;  // the holding's words when it holds units
-  };
-  std::vector<Entry> entries_;
-  std::vector<Group> groups_;
-
-  // Scratch space reused between requests.
-  std::vector<AcquireItem> limited_;
-  std::vector<Decision> decisions_;  // acquire_all: by request item
-  std::vector<Mode> item_modes_;
-  FreshState fresh_;  // a fresh key's state, for peek
-  std::string message_;
+  GroupPath group_;
 };
 
 }  // namespace sluice

@@ -136,11 +136,7 @@ Outcome LeasePath::spend(const RuleSet& rules, const Rule& rule, const rpc::Item
         taken = slice::take(words, now_ns, item.cost, true, true);
       }
     }
-    if (taken.dropped > 0) metrics_.lease_units_dropped.add(static_cast<uint64_t>(taken.dropped));
-    if (taken.must_request) {
-      requestLease(rules, rule, deciding, item.key, entry_words, now_ns, item.cost,
-                   taken.outcome == slice::Outcome::kTaken ? item.cost : 0);
-    }
+    afterTake(rules, rule, deciding, item.key, entry_words, now_ns, item.cost, taken);
     switch (taken.outcome) {
       case slice::Outcome::kTaken: {
         decision = sliceDecision(deciding, taken, now_ns);
@@ -278,6 +274,16 @@ Decision LeasePath::lookShare(const RuleSet& rules, const Rule& rule, std::strin
   return peek(deciding,
               entry != nullptr ? entry->state().first(stateWords(deciding)) : fresh_.of(deciding),
               now_ns, cost);
+}
+
+void LeasePath::afterTake(const RuleSet& rules, const Rule& rule, const Rule& deciding,
+                          std::string_view key, std::span<std::atomic<uint64_t>> entry_words,
+                          int64_t now_ns, int64_t cost, const slice::TakeResult& taken) {
+  if (taken.dropped > 0) metrics_.lease_units_dropped.add(static_cast<uint64_t>(taken.dropped));
+  if (taken.must_request) {
+    requestLease(rules, rule, deciding, key, entry_words, now_ns, cost,
+                 taken.outcome == slice::Outcome::kTaken ? cost : 0);
+  }
 }
 
 void LeasePath::requestLease(const RuleSet& rules, const Rule& rule, const Rule& deciding,

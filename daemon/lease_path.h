@@ -63,6 +63,13 @@ class LeasePath {
   slice::TakeResult take(const Rule& rule, std::string_view key,
                          std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t cost,
                          bool again, bool first_in_line);
+  // What follows every take from a slice (acquire's and an all-or-nothing
+  // entry's, group_path.h): counts the units an ended window dropped and,
+  // when the take claimed the in-flight bit, asks for the next batch
+  // (requestLease, with what the take spent).
+  void afterTake(const RuleSet& rules, const Rule& rule, const Rule& deciding,
+                 std::string_view key, std::span<std::atomic<uint64_t>> entry_words,
+                 int64_t now_ns, int64_t cost, const slice::TakeResult& taken);
   // Sends a lease request for a key of `rule` whose in-flight bit the
   // caller claimed; `deciding` is the rule's variant for the key, `words`
   // the entry's, `spent` what the caller took from the slice (0: it waits

@@ -58,7 +58,7 @@ Outcome LocalPath::acquire(const RuleSet& rules, const Rule& configured, const R
   }
   verdict->decide(decision, mode, max_wait_ns > 0 ? 0 : -1);
   if (decision.wait_ns > 0) {
-    waiting_.reserve(asker.owner, asker.msgid, decision, mode, now_ns, now_ns + decision.wait_ns);
+    waiting_.reserve(asker.recipient, asker.tag, decision, mode, now_ns, now_ns + decision.wait_ns);
     return Outcome::kWaitsReserved;
   }
   return Outcome::kAnswered;

@@ -33,9 +33,7 @@ Method methodFromName(std::string_view name) {
 
 void HeldQuestion::assign(const Question& question) {
   method_ = question.method;
-  size_t size = 0;
-  for (const Item& item : question.items) size += item.rule.size() + item.key.size();
-  bytes_.resize(size);
+  bytes_.resize(bytesOf(question));
   items_.clear();
   char* at = bytes_.data();
   auto copy = [&at](std::string_view text) {

@@ -93,6 +93,7 @@ struct Question {
 // What the dispatcher answers: an error, or a decision and its mode per
 // item (in the question's order). `allowed` is whether every item was.
 struct Answer {
+  Method method = Method::kAcquire;  // the question's
   bool failed = false;
   ErrorCode error = ErrorCode::kInternal;
   std::string message;  // the error's text
@@ -105,6 +106,7 @@ struct Answer {
 
   // Empties it for the next question, keeping the vectors' capacity.
   void clear() {
+    method = Method::kAcquire;
     failed = false;
     error = ErrorCode::kInternal;
     message.clear();
@@ -150,8 +152,13 @@ class HeldQuestion {
 
   void assign(const Question& question);
   Question question() const { return {method_, items_}; }
-  // The bytes it holds (bounds on what waits).
+  // The bytes it holds, or would hold of `question` (bounds on what waits).
   size_t bytes() const { return bytes_.size(); }
+  static size_t bytesOf(const Question& question) {
+    size_t size = 0;
+    for (const Item& item : question.items) size += item.rule.size() + item.key.size();
+    return size;
+  }
 
  private:
   Method method_ = Method::kAcquire;

@@ -421,6 +421,22 @@ void writeDecisions(std::string* out, MsgId msgid, bool all_allowed, std::span<c
   for (size_t i = 0; i < decisions.size(); ++i) writeDecisionMap(writer, out, decisions[i], modes[i]);
 }
 
+void writeAnswer(std::string* out, MsgId msgid, const Answer& answer) {
+  if (answer.failed) {
+    writeError(out, msgid, answer.error, answer.message);
+  } else if (answer.method == Method::kAcquireAll) {
+    writeDecisions(out, msgid, answer.allowed, answer.decisions, answer.modes);
+  } else {
+    // The dispatcher answers every other question with one decision.
+    assert(answer.decisions.size() == 1);
+    if (answer.decisions.empty()) {
+      writeError(out, msgid, ErrorCode::kInternal, "internal error: an answer without a decision");
+      return;
+    }
+    writeDecision(out, msgid, answer.decisions.front(), answer.modes.front(), answer.waited_ms);
+  }
+}
+
 void writeResultHeader(std::string* out, MsgId msgid) {
   writeResponseStart(out, msgid);
   out->push_back(static_cast<char>(0xc0));

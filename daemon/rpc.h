@@ -147,6 +147,10 @@ void writeDecision(std::string* out, MsgId msgid, const Decision& decision, Mode
 // modes[i] is the mode of decisions[i] (the spans have the same size).
 void writeDecisions(std::string* out, MsgId msgid, bool all_allowed,
                     std::span<const Decision> decisions, std::span<const Mode> modes);
+// The seam's Answer to a question of `answer.method`: writeError when it
+// failed; writeDecisions for acquire_all; else writeDecision of its one
+// decision (with its waited_ms).
+void writeAnswer(std::string* out, MsgId msgid, const Answer& answer);
 // [1, msgid, nil, then the caller writes the result value with the Writer.
 void writeResultHeader(std::string* out, MsgId msgid);
 // [2, "error", [{"code": ..., "message": ...}]]: the error of a frame that

@@ -4,7 +4,6 @@
 #include <algorithm>
 
 #include "failure.h"
-#include "msgpack.h"
 
 namespace sluice {
 
@@ -14,17 +13,18 @@ Waiting::Waiting(MetricsShard& metrics, LeaseBroker* broker, int64_t lease_timeo
 bool Waiting::waitForLease(const Asker& asker, const Wait& wait) {
   if (!asker.may_wait || lease_.size() >= kMaxDeferred) return false;
   if (asker.kept) return true;
-  // A first wait: keep the frame (the read buffer will be reused).
-  if (lease_bytes_ + asker.frame.size() > kMaxDeferredBytes) return false;
-  lease_bytes_ += asker.frame.size();
+  // A first wait: hold the question (the front's buffer will be reused).
+  size_t bytes = HeldQuestion::bytesOf(asker.question);
+  if (lease_bytes_ + bytes > kMaxDeferredBytes) return false;
+  lease_bytes_ += bytes;
   metrics_.lease_deferred.add();
   Waiter waiter;
   waiter.kind = WaitKind::kLease;
   waiter.due_ns = asker.deadline_ns;
   waiter.wait = wait;
-  waiter.owner = asker.owner;
-  waiter.msgid = asker.msgid;
-  waiter.frame = copyFrame(asker.frame);
+  waiter.recipient = asker.recipient;
+  waiter.tag = asker.tag;
+  waiter.question.assign(asker.question);
   lease_.push_back(std::move(waiter));
   return true;
 }
@@ -35,9 +35,9 @@ bool Waiting::waitUntilDue(const Asker& asker, const Wait& wait, int64_t due_ns)
   waiter.kind = WaitKind::kDue;
   waiter.due_ns = due_ns;
   waiter.wait = wait;
-  waiter.owner = asker.owner;
-  waiter.msgid = asker.msgid;
-  waiter.frame = copyFrame(asker.frame);
+  waiter.recipient = asker.recipient;
+  waiter.tag = asker.tag;
+  waiter.question.assign(asker.question);
   due_.push_back(std::move(waiter));
   std::push_heap(due_.begin(), due_.end());
   return true;
@@ -48,22 +48,22 @@ bool Waiting::waitInLine(const Asker& asker, const Wait& wait) {
   Waiter waiter;
   waiter.kind = WaitKind::kLine;
   waiter.wait = wait;
-  waiter.owner = asker.owner;
-  waiter.msgid = asker.msgid;
-  waiter.frame = copyFrame(asker.frame);
+  waiter.recipient = asker.recipient;
+  waiter.tag = asker.tag;
+  waiter.question.assign(asker.question);
   line_.push_back(std::move(waiter));
   return true;
 }
 
-void Waiting::reserve(void* owner, rpc::MsgId msgid, const Decision& decision, Mode mode,
+void Waiting::reserve(Recipient* recipient, MsgId tag, const Decision& decision, Mode mode,
                       int64_t since_ns, int64_t due_ns) {
   Waiter waiter;
   waiter.kind = WaitKind::kReserved;
   waiter.due_ns = due_ns;
   waiter.wait.since_ns = since_ns;
   waiter.wait.seq = nextSeq();
-  waiter.owner = owner;
-  waiter.msgid = msgid;
+  waiter.recipient = recipient;
+  waiter.tag = tag;
   waiter.decision = decision;
   waiter.mode = mode;
   reserved_.push_back(std::move(waiter));
@@ -85,27 +85,13 @@ void Waiting::askAgain(int64_t now_ns, bool all) {
   askLine(now_ns, all);
 }
 
-Outcome Waiting::ask(const Waiter& waiter, int64_t now_ns, const Asker& asker, std::string* out) {
-  rpc::Limits limits;  // bounds that admit the frame: it parsed once already
-  limits.max_depth = msgpack::Reader::kMaxSkipDepth;
-  limits.max_items = UINT32_MAX;
-  limits.max_frame_bytes = waiter.frame.size();
-  limits.max_key_bytes = waiter.frame.size();
-  auto bytes = std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(waiter.frame.data()),
-                                        waiter.frame.size());
-  if (rpc::parseRequest(bytes, limits, &request_).status != rpc::ParseStatus::kOk ||
-      !ask_again_) {
-    impossible("a waiting request's frame does not parse again");
-    leaveLine(waiter.wait.ticket);
-    answerError(metrics_, waiter.msgid, rpc::ErrorCode::kInternal,
-                "internal error: the daemon could not read this waiting request again; retry",
-                out);
-    return Outcome::kAnswered;
-  }
+Outcome Waiting::ask(const Waiter& waiter, int64_t now_ns, const Asker& asker) {
   Asker again = asker;
-  again.msgid = waiter.msgid;
-  again.frame = bytes;
-  return ask_again_(request_, now_ns, out, again);
+  again.recipient = waiter.recipient;
+  again.tag = waiter.tag;
+  again.question = waiter.question.question();
+  answer_.clear();
+  return ask_again_(again.question, now_ns, again, &answer_);
 }
 
 void Waiting::answerReserved(int64_t now_ns, bool all) {
@@ -119,10 +105,11 @@ void Waiting::answerReserved(int64_t now_ns, bool all) {
       decision.allowed = false;
       decision.retry_after_ms = (waiter.due_ns - now_ns + 999'999) / 1'000'000;
     }
-    response_.clear();
-    rpc::writeDecision(&response_, waiter.msgid, decision, waiter.mode,
-                       (std::min(now_ns, waiter.due_ns) - waiter.wait.since_ns) / 1'000'000);
-    deliver(waiter.owner, response_);
+    answer_.clear();
+    answer_.method = Method::kAcquire;
+    answer_.decide(decision, waiter.mode,
+                   (std::min(now_ns, waiter.due_ns) - waiter.wait.since_ns) / 1'000'000);
+    deliver(waiter, answer_);
   }
 }
 
@@ -132,7 +119,6 @@ void Waiting::askDue(int64_t now_ns, bool all) {
     Waiter waiter = std::move(due_.back());
     due_.pop_back();
     Asker asker;
-    asker.owner = waiter.owner;
     asker.deadline_ns = now_ns + lease_timeout_ns_;
     asker.again = true;
     if (all) {
@@ -143,10 +129,7 @@ void Waiting::askDue(int64_t now_ns, bool all) {
       asker.wait = waiter.wait;
       asker.may_wait = true;
     }
-    response_.clear();
-    if (ask(waiter, now_ns, asker, &response_) == Outcome::kAnswered) {
-      deliver(waiter.owner, response_);
-    }
+    if (ask(waiter, now_ns, asker) == Outcome::kAnswered) deliver(waiter, answer_);
   }
 }
 
@@ -176,17 +159,13 @@ void Waiting::askLine(int64_t now_ns, bool all) {
         waiter.wait.until_ns = now_ns;
       }
       Asker asker;
-      asker.owner = waiter.owner;
-      asker.deadline_ns = now_ns + lease_timeout_ns_;
+        asker.deadline_ns = now_ns + lease_timeout_ns_;
       asker.again = true;
       if (!all) {
         asker.wait = waiter.wait;
         asker.may_wait = true;
       }
-      response_.clear();
-      if (ask(waiter, now_ns, asker, &response_) == Outcome::kAnswered) {
-        deliver(waiter.owner, response_);
-      }
+      if (ask(waiter, now_ns, asker) == Outcome::kAnswered) deliver(waiter, answer_);
     }
   }
   asking_.clear();
@@ -201,7 +180,6 @@ void Waiting::askLease(int64_t now_ns, bool all) {
   for (Waiter& waiter : asking_) {
     bool expired = all || now_ns >= waiter.due_ns;
     Asker asker;
-    asker.owner = waiter.owner;
     asker.deadline_ns = waiter.due_ns;
     asker.again = true;
     if (expired) {
@@ -215,10 +193,9 @@ void Waiting::askLease(int64_t now_ns, bool all) {
       asker.may_wait = true;
       asker.kept = true;
     }
-    response_.clear();
-    switch (ask(waiter, now_ns, asker, &response_)) {
+    switch (ask(waiter, now_ns, asker)) {
       case Outcome::kWaitsForLease:
-        lease_bytes_ += waiter.frame.size();
+        lease_bytes_ += waiter.question.bytes();
         lease_.push_back(std::move(waiter));
         break;
       case Outcome::kWaitsUntilDue:
@@ -229,7 +206,7 @@ void Waiting::askLease(int64_t now_ns, bool all) {
         int64_t waited_ns = now_ns - (waiter.due_ns - lease_timeout_ns_);
         metrics_.decision_latency.observe(
             static_cast<uint64_t>(std::max<int64_t>(waited_ns, 0)) / 1000);
-        deliver(waiter.owner, response_);
+        deliver(waiter, answer_);
         break;
       }
     }
@@ -237,26 +214,26 @@ void Waiting::askLease(int64_t now_ns, bool all) {
   asking_.clear();
 }
 
-void Waiting::forget(void* owner) {
+void Waiting::forget(const Recipient* recipient) {
   std::erase_if(lease_, [&](const Waiter& waiter) {
-    if (waiter.owner != owner) return false;
-    lease_bytes_ -= waiter.frame.size();
+    if (waiter.recipient != recipient) return false;
+    lease_bytes_ -= waiter.question.bytes();
     leaveLine(waiter.wait.ticket);
     return true;
   });
-  if (std::erase_if(reserved_, [owner](const Waiter& waiter) { return waiter.owner == owner; }) >
+  if (std::erase_if(reserved_, [recipient](const Waiter& waiter) { return waiter.recipient == recipient; }) >
       0) {
     std::make_heap(reserved_.begin(), reserved_.end());
   }
   if (std::erase_if(due_, [&](const Waiter& waiter) {
-        if (waiter.owner != owner) return false;
+        if (waiter.recipient != recipient) return false;
         leaveLine(waiter.wait.ticket);
         return true;
       }) > 0) {
     std::make_heap(due_.begin(), due_.end());
   }
   std::erase_if(line_, [&](const Waiter& waiter) {
-    if (waiter.owner != owner) return false;
+    if (waiter.recipient != recipient) return false;
     leaveLine(waiter.wait.ticket);
     return true;
   });

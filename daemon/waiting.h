@@ -1,9 +1,10 @@
 // Waiting: the requests one worker answers later, and why each one waits.
 //
-// The waiting model. A request is answered when it is read, unless its
-// answer depends on something that has not happened yet. Then it becomes a
-// Waiter of one of four kinds, and the worker answers it later, through the
-// deliver callback, to the owner (the connection) that asked:
+// The waiting model. A question (question.h) is answered when it is asked,
+// unless its answer depends on something that has not happened yet. Then
+// it becomes a Waiter of one of four kinds, and the worker answers it later:
+// its Answer goes to the Recipient that asked (a connection of any front),
+// with the question's tag:
 //
 //   kLease     its key's slice (or holding) is empty while a lease is on the
 //              way. It is asked again when a lease reply has come (the worker
@@ -18,21 +19,19 @@
 //              it becomes first, or when its wait ends (then as a request
 //              that waits no longer).
 //   kReserved  allowed on a reservation (bounded waiting on a local rule):
-//              its units are spent already, and its answer, written when it
-//              was decided, is sent at due_ns.
+//              its units are spent already, and its decision, made when it
+//              was asked, is answered at due_ns.
 //
-// Asking again: a waiter of the first three kinds keeps its request's frame
-// and is parsed again and decided again, by the dispatcher's ask-again
-// callback, with an Asker that says what it may still wait for and that its
+// Asking again: a waiter of the first three kinds keeps its question (a
+// HeldQuestion, which owns its bytes) and is decided again, by the
+// dispatcher's ask-again callback, with an Asker that says what it may still wait for and that its
 // demand was counted when it was first asked (Asker::again). What the
 // decision returns (Outcome) says whether it was answered or waits on, and
 // for which kind: a kLease waiter that still waits for its lease keeps its
 // place (Asker::kept), one that now waits for a due time or its turn moves.
-// A frame that parsed once always parses again; if it does not, that is an
-// impossible state (failure.h): it is answered INTERNAL, never dropped.
 //
-// Bounds (per worker): kMaxDeferred requests and kMaxDeferredBytes of frames
-// wait for leases (beyond them a cold key is answered at once, by its
+// Bounds (per worker): kMaxDeferred requests and kMaxDeferredBytes of their
+// questions' bytes wait for leases (beyond them a cold key is answered at once, by its
 // policy); kMaxWaiters wait for a due time or their turn, and kMaxWaiters
 // more on reservations (beyond them a request that would wait is refused
 // with OVERLOADED).
@@ -58,13 +57,13 @@
 #include "decision.h"
 #include "lease.h"
 #include "metrics.h"
-#include "rpc.h"
+#include "question.h"
 
 namespace sluice {
 
 // Most requests one worker keeps waiting for a lease at once, and most bytes
-// of their frames (a frame may be up to max_frame_bytes, padded with entries
-// the parser skips); beyond either, cold keys are answered at once by their
+// of their questions (an acquire_all may carry max_items keys of up to
+// max_key_bytes each); beyond either, cold keys are answered at once by their
 // on_redis_down policy.
 constexpr size_t kMaxDeferred = 65'536;
 constexpr size_t kMaxDeferredBytes = 16u << 20;
@@ -76,8 +75,8 @@ constexpr size_t kMaxWaiters = 65'536;
 
 enum class WaitKind { kLease, kDue, kLine, kReserved };
 
-// What became of a request: answered (into the caller's buffer), or waiting,
-// of a kind (see above), to be answered through the deliver callback.
+// What became of a question: answered (into the caller's Answer), or
+// waiting, of a kind (see above), to be answered to its Recipient.
 enum class Outcome {
   kAnswered,
   kWaitsForLease,
@@ -97,17 +96,17 @@ struct Wait {
   uint64_t ticket = 0;
 };
 
-// Who asks, and what the request may wait for: the owner (the connection)
-// that gets a later answer and the request's frame (kept while it waits);
-// the deadline of a wait for a lease; its wait so far.
+// Who asks, and what the question may wait for: the Recipient that gets a
+// later answer, with the question's tag, and the question (held while it
+// waits); the deadline of a wait for a lease; its wait so far.
 struct Asker {
-  void* owner = nullptr;
-  rpc::MsgId msgid;
-  std::span<const uint8_t> frame;
+  Recipient* recipient = nullptr;
+  MsgId tag;
+  Question question;
   int64_t deadline_ns = 0;
   Wait wait;
-  // It may wait (it has an owner, is not a notification, and is not asked
-  // again as a request that may wait no longer).
+  // It may wait (it has a recipient, is not a notification, and is not asked
+  // again as a question that may wait no longer).
   bool may_wait = false;
   // Asked again: its demand was counted when it was first asked.
   bool again = false;
@@ -122,9 +121,9 @@ struct Waiter {
   // (its wait's until_ns ends it).
   int64_t due_ns = 0;
   Wait wait;  // kReserved: since_ns and seq only
-  void* owner = nullptr;
-  rpc::MsgId msgid;
-  std::string frame;  // kLease, kDue, kLine
+  Recipient* recipient = nullptr;
+  MsgId tag;
+  HeldQuestion question;  // kLease, kDue, kLine
   Decision decision;  // kReserved
   Mode mode = Mode::kLocal;  // kReserved
   // The heaps' order (kDue, kReserved): the earliest due first, then arrival.
@@ -135,18 +134,15 @@ struct Waiter {
 
 class Waiting {
  public:
-  // Where later answers go: (owner, encoded response).
-  using Deliver = std::function<void(void* owner, std::string_view response)>;
-  // Decides a request again (parsed from a waiter's frame), answering into
-  // `out` unless it waits on.
-  using AskAgain = std::function<Outcome(const rpc::Request& request, int64_t now_ns,
-                                         std::string* out, const Asker& asker)>;
+  // Decides a waiter's question again, answering into `answer` unless it
+  // waits on.
+  using AskAgain = std::function<Outcome(const Question& question, int64_t now_ns,
+                                         const Asker& asker, Answer* answer)>;
 
   // `broker` is null without Redis (then nothing stands in a line);
   // lease_timeout_ns bounds a wait for a lease.
   Waiting(MetricsShard& metrics, LeaseBroker* broker, int64_t lease_timeout_ns);
 
-  void onDeliver(Deliver deliver) { deliver_ = std::move(deliver); }
   void onAskAgain(AskAgain ask_again) { ask_again_ = std::move(ask_again); }
   int64_t leaseTimeoutNs() const { return lease_timeout_ns_; }
 
@@ -165,7 +161,7 @@ class Waiting {
   // request with OVERLOADED otherwise.
   bool mayReserve() const { return reserved_.size() < kMaxWaiters; }
   // Holds the answer of a request allowed on a reservation until due_ns.
-  void reserve(void* owner, rpc::MsgId msgid, const Decision& decision, Mode mode,
+  void reserve(Recipient* recipient, MsgId tag, const Decision& decision, Mode mode,
                int64_t since_ns, int64_t due_ns);
   static constexpr std::string_view tooManyWaiting() {
     return "too many requests are waiting for units on this worker; retry later";
@@ -177,8 +173,8 @@ class Waiting {
 
   // Answers the waiters that can be answered now (every one with `all`).
   void askAgain(int64_t now_ns, bool all);
-  // Drops the waiters of an owner that has gone away.
-  void forget(void* owner);
+  // Drops the waiters of a recipient that has gone away.
+  void forget(const Recipient* recipient);
   bool any() const {
     return !lease_.empty() || !reserved_.empty() || !due_.empty() || !line_.empty();
   }
@@ -193,31 +189,25 @@ class Waiting {
   void askDue(int64_t now_ns, bool all);
   void askLine(int64_t now_ns, bool all);
   void askLease(int64_t now_ns, bool all);
-  // Asks a waiter's request again, answering into `out` unless it waits on.
-  // An impossible frame is answered INTERNAL (failure.h).
-  Outcome ask(const Waiter& waiter, int64_t now_ns, const Asker& asker, std::string* out);
-  void deliver(void* owner, std::string_view response) {
-    if (deliver_) deliver_(owner, response);
-  }
-  static std::string copyFrame(std::span<const uint8_t> frame) {
-    return {reinterpret_cast<const char*>(frame.data()), frame.size()};
+  // Asks a waiter's question again, answering into answer_ unless it waits on.
+  Outcome ask(const Waiter& waiter, int64_t now_ns, const Asker& asker);
+  static void deliver(const Waiter& waiter, const Answer& answer) {
+    if (waiter.recipient != nullptr) waiter.recipient->receive(waiter.tag, answer);
   }
 
   MetricsShard& metrics_;
   LeaseBroker* broker_;
   const int64_t lease_timeout_ns_;
-  Deliver deliver_;
   AskAgain ask_again_;
   std::deque<Waiter> lease_;       // kLease, in deadline order (one timeout for all)
-  size_t lease_bytes_ = 0;         // of lease_'s frames
+  size_t lease_bytes_ = 0;         // of lease_'s questions
   std::vector<Waiter> reserved_;   // kReserved: a heap (std::push_heap), earliest due on top
   std::vector<Waiter> due_;        // kDue: a heap too
   std::vector<Waiter> line_;       // kLine, in no particular order (tickets order them)
   std::vector<Waiter> asking_;     // askLine's and askLease's scratch
   uint64_t seen_promotions_ = 0;   // WaitLines::promotions() when last looked
   uint64_t seq_ = 0;
-  rpc::Request request_;           // a waiter's request, parsed again
-  std::string response_;
+  Answer answer_;                  // a waiter's answer
 };
 
 }  // namespace sluice

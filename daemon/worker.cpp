@@ -29,13 +29,11 @@ Worker::Worker(size_t index, const WorkerOptions& options, KeyTable& keys, Metri
       options_(options),
       keys_(keys),
       metrics_(metrics),
-      dispatcher_(keys, metrics, status, broker, options.lease_timeout_ms * 1'000'000),
+      dispatcher_(keys, metrics, broker, options.lease_timeout_ms * 1'000'000),
+      rpc_front_(dispatcher_, keys, metrics, status, broker),
       reader_slot_(keys.registerReader()),
       read_scratch_(kReadScratchBytes) {
   dispatcher_.setRules(std::move(rules));
-  dispatcher_.onDeliver([](void* owner, std::string_view response) {
-    static_cast<Connection*>(owner)->deliver(response);
-  });
   uv_loop_init(&loop_);
   uv_async_init(&loop_, &wakeup_, [](uv_async_t* handle) {
     static_cast<Worker*>(handle->data)->onMessages();
@@ -54,7 +52,49 @@ Worker::~Worker() {
   for (Message& message : inbox_) {
     if (message.kind == Message::Kind::kAdopt) {
       ::close(message.fd);
+    } else if (message.kind == Message::Kind::kAsk) {
+      refuseStopped(message);
     }
+  }
+}
+
+void Worker::refuseStopped(const Message& message) {
+  Answer answer;
+  answer.method = message.question.question().method;
+  answer.fail(ErrorCode::kOverloaded, "the daemon is stopping; ask again once it is back");
+  message.recipient->receive(message.tag, answer);
+}
+
+void Worker::submit(HeldQuestion question, Recipient* recipient, MsgId tag) {
+  Message message(Message::Kind::kAsk);
+  message.question = std::move(question);
+  message.recipient = recipient;
+  message.tag = tag;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!wakeup_closed_) {
+      inbox_.push_back(std::move(message));
+      uv_async_send(&wakeup_);
+      return;
+    }
+  }
+  refuseStopped(message);
+}
+
+void Worker::ask(const Message& message) {
+  int64_t now_ns = monotonicNowNs();
+  Asker asker = dispatcher_.askerFor(message.recipient, message.tag, now_ns);
+  // A stopping worker has answered its waiters: a question now may not wait.
+  asker.may_wait = asker.may_wait && !stopping_;
+  Outcome outcome = Outcome::kAnswered;
+  {
+    KeyTable::ReadGuard guard(keys_, reader_slot_);
+    outcome = dispatcher_.ask(message.question.question(), now_ns, asker, &answer_);
+  }
+  if (outcome == Outcome::kAnswered) {
+    message.recipient->receive(message.tag, answer_);
+  } else {
+    armLeaseTimer();
   }
 }
 
@@ -174,6 +214,7 @@ void Worker::onMessages() {
       case Message::Kind::kRules: dispatcher_.setRules(std::move(message.rules)); break;
       case Message::Kind::kStop: beginStop(); break;
       case Message::Kind::kPing: pong_.store(message.seq, std::memory_order_release); break;
+      case Message::Kind::kAsk: ask(message); break;
     }
   }
   taken_.clear();

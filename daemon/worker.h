@@ -33,7 +33,9 @@
 #include "dispatch.h"
 #include "key_table.h"
 #include "metrics.h"
+#include "question.h"
 #include "rpc.h"
+#include "rpc_front.h"
 
 namespace sluice {
 
@@ -62,6 +64,13 @@ class Worker {
   void adopt(int fd, const Peer& peer);
   // Thread-safe: later requests use `rules`.
   void setRules(RuleSetPtr rules);
+  // Thread-safe: the seam (dispatch.h) for a front on a thread of its own
+  // (HTTP, gRPC). The worker decides `question` on its loop and calls
+  // recipient->receive(tag, answer) there, at once or when it stops
+  // waiting (waiting.h bounds every wait); a stopped worker answers
+  // OVERLOADED on the caller's thread. The recipient must live until it
+  // has received its answer.
+  void submit(HeldQuestion question, Recipient* recipient, MsgId tag);
   // Thread-safe: answers what is in flight, closes every connection and ends
   // the thread; join() waits for it.
   void stop();
@@ -83,6 +92,7 @@ class Worker {
   uv_loop_t* loop() { return &loop_; }
   const WorkerOptions& options() const { return options_; }
   Dispatcher& dispatcher() { return dispatcher_; }
+  RpcFront& rpcFront() { return rpc_front_; }
   MetricsShard& metrics() { return metrics_; }
   KeyTable& keys() { return keys_; }
   KeyTable::ReaderId readerSlot() const { return reader_slot_; }
@@ -100,15 +110,21 @@ class Worker {
 
  private:
   struct Message {
-    enum class Kind { kAdopt, kRules, kStop, kPing };
+    enum class Kind { kAdopt, kRules, kStop, kPing, kAsk };
     explicit Message(Kind k) : kind(k) {}
     Kind kind;
     int fd = -1;
     Peer peer;
     RuleSetPtr rules;
     uint64_t seq = 0;  // kPing
+    HeldQuestion question;  // kAsk, with its recipient and tag
+    Recipient* recipient = nullptr;
+    MsgId tag;
   };
   void post(Message message);
+  // A submitted question (kAsk): decided here, answered to its recipient.
+  void ask(const Message& message);
+  static void refuseStopped(const Message& message);
   void run();
   void onMessages();
   void onSweep();
@@ -122,7 +138,9 @@ class Worker {
   KeyTable& keys_;
   MetricsShard& metrics_;
   Dispatcher dispatcher_;
+  RpcFront rpc_front_;
   KeyTable::ReaderId reader_slot_;
+  Answer answer_;  // a submitted question's, reused
 
   uv_loop_t loop_;
   uv_async_t wakeup_;

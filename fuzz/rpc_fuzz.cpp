@@ -50,6 +50,7 @@
 #include "metrics.h"
 #include "msgpack.h"
 #include "rpc.h"
+#include "rpc_front.h"
 #include "rules.h"
 
 namespace sluice {
@@ -101,15 +102,23 @@ class FuzzStatus final : public DaemonStatus {
 // What a worker holds; see makeDaemon(). `delivered` collects the answers
 // the dispatcher delivers to requests that waited, in the order it sends
 // them, until the harness checks them.
-struct FuzzDaemon {
+struct FuzzDaemon final : Recipient {
   explicit FuzzDaemon(const KeyTableOptions& options)
       : keys(options), reader(keys.registerReader()) {}
+
+  // The connection's side: a waiting request's answer, encoded as it would.
+  void receive(MsgId tag, const Answer& answer) override {
+    std::string response;
+    rpc::writeAnswer(&response, tag, answer);
+    delivered.push_back(std::move(response));
+  }
 
   KeyTable keys;
   KeyTable::ReaderId reader;
   Metrics metrics{1};
   std::optional<FuzzStatus> status;
   std::optional<Dispatcher> dispatcher;
+  std::optional<RpcFront> front;
   std::vector<std::string> delivered;
 };
 
@@ -125,13 +134,10 @@ std::unique_ptr<FuzzDaemon> makeDaemon() {
   options.max_readers = 1;
   auto daemon = std::make_unique<FuzzDaemon>(options);
   daemon->status.emplace(daemon->metrics, makeRuleSets());
-  daemon->dispatcher.emplace(daemon->keys, daemon->metrics.shard(0), *daemon->status);
+  daemon->dispatcher.emplace(daemon->keys, daemon->metrics.shard(0));
   daemon->dispatcher->setRules(daemon->status->current());
-  FuzzDaemon* self = daemon.get();
-  daemon->dispatcher->onDeliver([self](void* owner, std::string_view response) {
-    FUZZ_CHECK(owner == self, "an answer goes to the connection that asked");
-    self->delivered.emplace_back(response);
-  });
+  daemon->front.emplace(*daemon->dispatcher, daemon->keys, daemon->metrics.shard(0),
+                        *daemon->status, nullptr);
   return daemon;
 }
 
@@ -452,7 +458,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const rpc::Limits limits = fuzzLimits();
   std::unique_ptr<FuzzDaemon> daemon = makeDaemon();
   Dispatcher& dispatcher = *daemon->dispatcher;
-  void* connection = daemon.get();  // the owner of every request
+  RpcFront& front = *daemon->front;
+  Recipient* connection = daemon.get();  // the recipient of every request
   const Peer peer{.pid = 1, .uid = 0, .gid = 0, .allowed = true, .admin = true};
   rpc::Request request;
   request.items.reserve(limits.max_items);
@@ -475,8 +482,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (result.status == rpc::ParseStatus::kOk) {
       now_ns += static_cast<int64_t>(request.msgid.bits & UINT32_MAX) * 1000;
       RuleSetPtr rules = daemon->status->current();
-      bool waits = dispatcher.handle(request, peer, now_ns, &out, connection,
-                                     rest.first(result.consumed));
+      bool waits = front.handle(request, peer, now_ns, &out, connection);
       if (waits) {
         FUZZ_CHECK(request.method == rpc::Method::kAcquire && !request.notification &&
                        out.size() == before,
@@ -489,7 +495,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       if (RuleSetPtr reloaded = daemon->status->takeReloaded()) dispatcher.setRules(reloaded);
     } else {
-      dispatcher.handleParseError(result, &out);
+      front.handleParseError(result, &out);
       std::optional<rpc::MsgId> msgid;
       if (result.has_msgid) {
         msgid = result.msgid;

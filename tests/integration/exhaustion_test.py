@@ -958,12 +958,15 @@ class GlobalKeyBytesTest(ExhaustionCase):
 
 
 class DeferredFramesTest(ExhaustionCase):
-    """Requests that wait for a lease keep their frames: bounded in bytes."""
+    """Requests that wait for a lease keep their questions: bounded in bytes."""
 
-    # Most bytes of frames one worker keeps for requests waiting on a lease
-    # (daemon/dispatch.h, kMaxDeferredBytes).
+    # Most bytes of questions (rules and keys) one worker keeps for requests
+    # waiting on a lease (daemon/waiting.h, kMaxDeferredBytes).
     MAX_DEFERRED_BYTES = 16 << 20
-    PADDED_FRAMES = 3000
+    FRAMES = 3000
+    KEY_FRAMES = 400  # 24 MB of keys: more than one worker keeps
+    ITEMS = 15        # keys per acquire_all: about 60 KB of keys in one frame
+    KEY_BYTES = 4000  # under the default max_key_bytes (4096)
     PAD_BYTES = 60_000
 
     def make_daemon(self):
@@ -972,28 +975,55 @@ class DeferredFramesTest(ExhaustionCase):
         section = redis_section(self.redis.port) + 'lease_timeout = "5s"\n'
         return MeasuredDaemon(extra=section + GLOBAL_RULE)
 
-    # Verifies that a client sending cold-key acquires padded to 60 KB with a
-    # map entry the parser skips, while Redis holds every write (so each
-    # waits up to lease_timeout), cannot make the daemon keep more than the
-    # deferred-bytes cap per worker: the rest are answered by the policy.
-    def test_padded_requests_waiting_for_leases_keep_bounded_memory(self):
-        client = Client(self.daemon.socket)
+    def hold_writes(self, client):
         self.assertTrue(wait_for(lambda: client.result("health")["breaker"] == "closed", 5),
                         self.daemon.logs())
         self.assertEqual(self.redis.command("CLIENT", "PAUSE", "3000", "WRITE"), "OK")
-        hog = Client(self.daemon.socket)
-        pad = b"x" * self.PAD_BYTES
-        for i in range(self.PADDED_FRAMES):
-            hog.send([0, i, "acquire", [{"rule": "global_once", "key": "cold-%d" % i, "pad": pad}]])
+
+    # Verifies that a client sending cold-key acquire_alls of 15 keys of 4 KB
+    # each, while Redis holds every write (so each waits up to
+    # lease_timeout), cannot make its worker keep more than the deferred-bytes
+    # cap of keys: the rest are answered by the policy.
+    def test_requests_waiting_for_leases_keep_bounded_bytes_of_keys(self):
+        client = Client(self.daemon.socket)
+        self.hold_writes(client)
+        hog = Client(self.daemon.socket)  # one connection: one worker
+        for i in range(self.KEY_FRAMES):
+            items = [{"rule": "global_once", "key": ("cold-%d-%d-" % (i, j)).ljust(self.KEY_BYTES, "x")}
+                     for j in range(self.ITEMS)]
+            hog.send([0, i, "acquire_all", [items]])
         time.sleep(0.5)
-        workers = 2
-        self.daemon.assert_rss_within(self, workers * self.MAX_DEFERRED_BYTES)
+        # Besides what waits, the keys cost memory elsewhere: in the key table
+        # and in the lease calls held while Redis pauses writes (the build
+        # that kept whole frames measured the same 40 MiB here).
+        bound = 3 * self.MAX_DEFERRED_BYTES
+        self.daemon.assert_rss_within(self, bound)
         deferred = client.result("stats")["leases"]["deferred"]
-        self.assertLessEqual(deferred * self.PAD_BYTES, workers * self.MAX_DEFERRED_BYTES)
-        self.assertLess(deferred, self.PADDED_FRAMES)
+        held = self.ITEMS * (self.KEY_BYTES + len("global_once"))
+        self.assertLessEqual(deferred * held, self.MAX_DEFERRED_BYTES)
+        self.assertGreater(deferred * held, self.MAX_DEFERRED_BYTES - held)
+        self.assertLess(deferred, self.KEY_FRAMES)
         hog.close()
         client.close()
-        self.daemon.assert_unharmed(self, workers * self.MAX_DEFERRED_BYTES)
+        self.daemon.assert_unharmed(self, bound)
+
+    # Verifies that padding a waiting request with a 60 KB map entry the
+    # parser skips costs the daemon nothing: a waiting request holds its
+    # rule and key, not its frame.
+    def test_padded_requests_waiting_for_leases_hold_only_their_keys(self):
+        client = Client(self.daemon.socket)
+        self.hold_writes(client)
+        hog = Client(self.daemon.socket)
+        pad = b"x" * self.PAD_BYTES
+        for i in range(self.FRAMES):
+            hog.send([0, i, "acquire", [{"rule": "global_once", "key": "cold-%d" % i, "pad": pad}]])
+        time.sleep(0.5)
+        deferred = client.result("stats")["leases"]["deferred"]
+        self.assertEqual(deferred, self.FRAMES, "every padded request waits: its frame is not kept")
+        self.daemon.assert_rss_within(self, 8 << 20)
+        hog.close()
+        client.close()
+        self.daemon.assert_unharmed(self, 8 << 20)
 
 
 def tearDownModule():

@@ -545,21 +545,6 @@ class FakeRedisState {
   std::map<std::string, std::map<std::string, long long>> pools_;
 };
 
-// What a worker's dispatcher asks of the daemon; nothing here is checked.
-class QuietStatus final : public DaemonStatus {
- public:
-  int64_t uptimeMs() const override { return 0; }
-  size_t workers() const override { return 1; }
-  MetricsSnapshot metrics() const override { return {}; }
-  size_t connections() const override { return 0; }
-  size_t handles() const override { return 0; }
-  RedisHealth redisHealth() const override { return {}; }
-  LeaseStats leaseStats() const override { return {}; }
-  std::vector<RuleSnapshot> ruleMetrics() const override { return {}; }
-  HistogramSnapshot leaseLatency() const override { return {}; }
-  bool reload(std::string*) override { return false; }
-};
-
 // One node: its key table, broker, lease manager (on a fake link to the
 // shared Redis) and one worker's dispatcher, all on the test's clock.
 class Node {
@@ -573,9 +558,8 @@ class Node {
     context.node_id = std::move(id);
     context.now_ns = [this] { return now_ns_; };
     manager_ = std::make_unique<LeaseManager>(link_, config_, context);
-    dispatcher_ = std::make_unique<Dispatcher>(keys_, metrics_.shard(0), status_, &broker_);
+    dispatcher_ = std::make_unique<Dispatcher>(keys_, metrics_.shard(0), &broker_);
     dispatcher_->setRules(rules_);
-    peer_.allowed = true;
   }
 
   // Redis answers (again): the breaker goes through half-open to closed.
@@ -588,18 +572,15 @@ class Node {
   // One acquire of `cost` on (rule, key); true when allowed. Every call it
   // makes of Redis is answered before it returns.
   bool acquire(std::string_view rule, std::string_view key, int64_t cost = 1) {
-    rpc::Request request;
-    request.msgid = 1;
-    request.method = rpc::Method::kAcquire;
-    request.method_name = "acquire";
-    request.items = {rpc::Item{.rule = rule, .key = key, .cost = cost}};
-    std::string out;
+    Item item{.rule = rule, .key = key, .cost = cost};
+    Answer answer;
     {
       KeyTable::ReadGuard guard(keys_, reader_);
-      dispatcher_->handle(request, peer_, now_ns_, &out);
+      dispatcher_->ask({Method::kAcquire, {&item, 1}}, now_ns_, Asker{}, &answer);
     }
     pump();
-    return out.find(std::string("\xa7" "allowed" "\xc3")) != std::string::npos;
+    EXPECT_FALSE(answer.failed) << answer.message;
+    return answer.allowed;
   }
 
   // Serves the broker's requests and answers every call, until none is left.
@@ -626,12 +607,10 @@ class Node {
   KeyTable keys_{KeyTableOptions{}};
   KeyTable::ReaderId reader_ = keys_.registerReader();
   Metrics metrics_{1};
-  QuietStatus status_;
   LeaseBroker broker_{100 * kMs};
   FakeRedis link_;
   std::unique_ptr<LeaseManager> manager_;
   std::unique_ptr<Dispatcher> dispatcher_;
-  Peer peer_;
 };
 
 // Two nodes on one Redis that restarts empty: learning mode on both.

@@ -5,10 +5,14 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <map>
+#include <mutex>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "response.h"
@@ -17,8 +21,10 @@
 #include "metrics.h"
 #include "msgpack.h"
 #include "rpc.h"
+#include "rpc_front.h"
 #include "rules.h"
 #include "status.h"
+#include "worker.h"
 
 namespace sluice {
 namespace {
@@ -91,7 +97,7 @@ std::string frameOf(uint32_t msgid, std::string_view method, std::string_view ru
 
 // One worker's dispatcher over its own key table; `leasing` gives it a
 // broker whose breaker is closed (Redis up), as the control thread sets it.
-class DispatchTest : public ::testing::Test {
+class DispatchTest : public ::testing::Test, public Recipient {
  protected:
   explicit DispatchTest(bool leasing = false) : keys_(options()), reader_(keys_.registerReader()) {
     if (leasing) {
@@ -99,12 +105,16 @@ class DispatchTest : public ::testing::Test {
       broker_->setBreaker(Breaker::kHalfOpen, kStart);
       broker_->setBreaker(Breaker::kClosed, kStart);
     }
-    dispatcher_.emplace(keys_, metrics_.shard(0), status_, broker_.get());
+    dispatcher_.emplace(keys_, metrics_.shard(0), broker_.get());
     dispatcher_->setRules(std::make_shared<const RuleSet>(testRules(), 2));
-    dispatcher_->onDeliver([this](void* owner, std::string_view response) {
-      EXPECT_EQ(owner, static_cast<void*>(this)) << "an answer goes to the one that asked";
-      delivered_.push_back(decode(response));
-    });
+    front_.emplace(*dispatcher_, keys_, metrics_.shard(0), status_, broker_.get());
+  }
+
+  // A waiting request's answer, as the connection that asked encodes it.
+  void receive(MsgId tag, const Answer& answer) override {
+    std::string out;
+    rpc::writeAnswer(&out, tag, answer);
+    delivered_.push_back(decode(out));
   }
 
   static KeyTableOptions options() {
@@ -125,7 +135,7 @@ class DispatchTest : public ::testing::Test {
     std::string out;
     {
       KeyTable::ReadGuard guard(keys_, reader_);
-      EXPECT_FALSE(dispatcher_->handle(request, peer, now_ns_, &out));
+      EXPECT_FALSE(front_->handle(request, peer, now_ns_, &out));
     }
     Response answer = decode(out);
     EXPECT_EQ(answer.msgid, msgid_);
@@ -146,7 +156,7 @@ class DispatchTest : public ::testing::Test {
     bool waits = false;
     {
       KeyTable::ReadGuard guard(keys_, reader_);
-      waits = dispatcher_->handle(request, peer, now_ns_, &out, this, bytes);
+      waits = front_->handle(request, peer, now_ns_, &out, this);
     }
     EXPECT_EQ(waits, out.empty());
     if (waits) return std::nullopt;
@@ -170,7 +180,7 @@ class DispatchTest : public ::testing::Test {
     std::string out;
     {
       KeyTable::ReadGuard guard(keys_, reader_);
-      EXPECT_FALSE(dispatcher_->handle(request, peer, now_ns_, &out));
+      EXPECT_FALSE(front_->handle(request, peer, now_ns_, &out));
     }
     return decode(out);
   }
@@ -194,6 +204,7 @@ class DispatchTest : public ::testing::Test {
   TestStatus status_{metrics_};
   std::unique_ptr<LeaseBroker> broker_;
   std::optional<Dispatcher> dispatcher_;
+  std::optional<RpcFront> front_;
   int64_t now_ns_ = kStart;
   uint32_t msgid_ = 0;
   std::vector<Response> delivered_;
@@ -379,6 +390,119 @@ TEST_F(LeasingDispatchTest, AColdKeyWaitsForItsLeaseThenItsPolicyAnswers) {
   EXPECT_TRUE(delivered_[0].allowed());
   EXPECT_EQ(delivered_[0].mode(), "fallback");
   EXPECT_FALSE(dispatcher_->hasDeferred());
+}
+
+// --- The seam, as any front uses it ------------------------------------------
+
+// A recipient that keeps what it receives, and on which thread.
+class Kept final : public Recipient {
+ public:
+  void receive(MsgId tag, const Answer& answer) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    tags_.push_back(tag.bits);
+    answers_.push_back(answer);
+    threads_.push_back(std::this_thread::get_id());
+    received_.notify_all();
+  }
+  // Waits (on a real thread: no clock to simulate) for `count` answers.
+  bool waitFor(size_t count) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    return received_.wait_for(lock, std::chrono::seconds(10),
+                              [&] { return answers_.size() >= count; });
+  }
+  std::mutex mutex_;
+  std::condition_variable received_;
+  std::vector<uint64_t> tags_;
+  std::vector<Answer> answers_;
+  std::vector<std::thread::id> threads_;
+};
+
+// Verifies a question asked without any wire decides like the RPC front's
+// request: one decision and mode per item, all or nothing, and an error is
+// an answer with its code, counted.
+TEST_F(DispatchTest, TheSeamAnswersAQuestionWithoutAnyWire) {
+  Item items[] = {{"api", "u1", 2, -1}, {"jobs", "u1", 1, -1}};
+  Answer answer;
+  KeyTable::ReadGuard guard(keys_, reader_);
+  Asker asker = dispatcher_->askerFor(nullptr, 1, now_ns_);
+  ASSERT_EQ(dispatcher_->ask({Method::kAcquireAll, items}, now_ns_, asker, &answer),
+            Outcome::kAnswered);
+  EXPECT_FALSE(answer.failed);
+  EXPECT_TRUE(answer.allowed);
+  ASSERT_EQ(answer.decisions.size(), 2u);
+  EXPECT_EQ(answer.decisions[0].remaining, 1);
+  EXPECT_EQ(answer.decisions[1].remaining, 1);
+  EXPECT_EQ(answer.modes[0], Mode::kLocal);
+
+  items[0].cost = 2;  // 1 left: the pair is denied and "jobs" keeps its unit
+  ASSERT_EQ(dispatcher_->ask({Method::kAcquireAll, items}, now_ns_, asker, &answer),
+            Outcome::kAnswered);
+  EXPECT_FALSE(answer.allowed);
+  EXPECT_FALSE(answer.decisions[0].allowed);
+  Item jobs = items[1];
+  jobs.cost = 0;
+  ASSERT_EQ(dispatcher_->ask({Method::kPeek, {&jobs, 1}}, now_ns_, asker, &answer),
+            Outcome::kAnswered);
+  EXPECT_EQ(answer.decisions[0].remaining, 1);
+
+  Item unknown{"nope", "u1", 1, -1};
+  ASSERT_EQ(dispatcher_->ask({Method::kAcquire, {&unknown, 1}}, now_ns_, asker, &answer),
+            Outcome::kAnswered);
+  EXPECT_TRUE(answer.failed);
+  EXPECT_EQ(answer.error, ErrorCode::kUnknownRule);
+  EXPECT_EQ(metrics_.snapshot().errors[static_cast<size_t>(ErrorCode::kUnknownRule)], 1u);
+  ASSERT_EQ(dispatcher_->ask({Method::kStats, {&unknown, 1}}, now_ns_, asker, &answer),
+            Outcome::kAnswered);
+  EXPECT_EQ(answer.error, ErrorCode::kBadRequest) << "admin methods are not questions";
+}
+
+// Verifies a question that waits is answered later to its own recipient,
+// with its tag, whichever front asked.
+TEST_F(DispatchTest, AWaitingQuestionIsAnsweredToItsRecipient) {
+  Kept kept;
+  Item item{"wait", "u1", 2, -1};
+  Answer answer;
+  KeyTable::ReadGuard guard(keys_, reader_);
+  Asker asker = dispatcher_->askerFor(&kept, 41, now_ns_);
+  ASSERT_EQ(dispatcher_->ask({Method::kAcquire, {&item, 1}}, now_ns_, asker, &answer),
+            Outcome::kAnswered);
+  ASSERT_EQ(dispatcher_->ask({Method::kAcquire, {&item, 1}}, now_ns_, asker, &answer),
+            Outcome::kWaitsReserved);
+  now_ns_ += 1 * kS;
+  dispatcher_->retryDeferred(now_ns_, false);
+  ASSERT_EQ(kept.answers_.size(), 1u);
+  EXPECT_EQ(kept.tags_[0], 41u);
+  EXPECT_TRUE(kept.answers_[0].allowed);
+  EXPECT_EQ(kept.answers_[0].waited_ms, 1000);
+  EXPECT_TRUE(delivered_.empty()) << "nothing goes to another recipient";
+}
+
+// Verifies a front on a thread of its own gets its answer from the worker,
+// on the worker's thread, and a stopped worker refuses at once.
+TEST(WorkerTest, ASubmittedQuestionIsAnsweredOnTheWorkersThread) {
+  KeyTableOptions key_options;
+  key_options.max_readers = 1;
+  KeyTable keys(key_options);
+  Metrics metrics{1};
+  TestStatus status{metrics};
+  Worker worker(0, WorkerOptions{}, keys, metrics.shard(0), status,
+                std::make_shared<const RuleSet>(testRules(), 2));
+  worker.start();
+  Kept kept;
+  Item item{"api", "u1", 1, -1};
+  worker.submit(HeldQuestion({Method::kAcquire, {&item, 1}}), &kept, 7);
+  worker.submit(HeldQuestion({Method::kAcquire, {&item, 1}}), &kept, 8);
+  ASSERT_TRUE(kept.waitFor(2));
+  EXPECT_EQ(kept.tags_, (std::vector<uint64_t>{7, 8}));
+  EXPECT_EQ(kept.answers_[1].decisions.at(0).remaining, 1);
+  EXPECT_NE(kept.threads_[0], std::this_thread::get_id());
+  worker.stop();
+  worker.join();
+
+  worker.submit(HeldQuestion({Method::kAcquire, {&item, 1}}), &kept, 9);
+  ASSERT_EQ(kept.answers_.size(), 3u);
+  EXPECT_EQ(kept.answers_[2].error, ErrorCode::kOverloaded);
+  EXPECT_EQ(kept.threads_[2], std::this_thread::get_id());
 }
 
 }  // namespace

@@ -47,8 +47,6 @@ class HoldingPathTest : public ::testing::Test {
   rpc::Item item(int64_t cost) const { return {"jobs", "k", cost, -1}; }
   Asker asker(bool may_wait) {
     Asker asker;
-    asker.owner = this;
-    asker.frame = std::span<const uint8_t>(frame_, sizeof frame_);
     asker.deadline_ns = kStart + 50 * kMs;
     asker.may_wait = may_wait;
     return asker;
@@ -77,7 +75,6 @@ class HoldingPathTest : public ::testing::Test {
   Waiting waiting_{metrics_.shard(0), &broker_, 50 * kMs};
   HoldingPath path_{keys_, metrics_.shard(0), &broker_, waiting_};
   RuleSet rules_{testRules(), 2};
-  const uint8_t frame_[1] = {0};
   int64_t now_ns_ = kStart;
   Decision decision_;
   Mode mode_ = Mode::kLocal;

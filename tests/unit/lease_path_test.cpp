@@ -53,8 +53,6 @@ class LeasePathTest : public ::testing::Test {
   Outcome acquire(std::string_view name, int64_t cost, bool may_wait = false) {
     verdict_ = Verdict{};
     Asker asker;
-    asker.owner = this;
-    asker.frame = std::span<const uint8_t>(frame_, sizeof frame_);
     asker.deadline_ns = now_ns_ + 50 * kMs;
     asker.may_wait = may_wait;
     return path_.acquire(rules_, rule(name), {name, "k", cost, -1}, now_ns_, asker, &verdict_);
@@ -85,7 +83,6 @@ class LeasePathTest : public ::testing::Test {
   PolicyPath policy_{keys_, metrics_.shard(0), &broker_};
   LeasePath path_{keys_, metrics_.shard(0), &broker_, waiting_, policy_};
   RuleSet rules_{testRules(), 2};
-  const uint8_t frame_[1] = {0};
   int64_t now_ns_ = kStart;
   Verdict verdict_;
 };

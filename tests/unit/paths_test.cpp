@@ -68,8 +68,7 @@ class PathsTest : public ::testing::Test {
     const Rule& configured = rule(name);
     Route to = route(rules_, configured);
     Asker asker;
-    asker.owner = this;
-    asker.msgid = 1;
+    asker.tag = 1;
     asker.may_wait = may_wait;
     verdict_ = Verdict{};
     return local_.acquire(rules_, configured, *to.rule, to.mode, {name, "k", cost, -1}, now_ns_,

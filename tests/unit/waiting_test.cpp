@@ -1,5 +1,5 @@
 // The waiting module (waiting.h) on its own, on a simulated clock: what it
-// keeps and refuses, the order it asks again in, and an impossible frame.
+// keeps and refuses, the order it asks again in, and the questions it holds.
 #include "waiting.h"
 
 #include <gtest/gtest.h>
@@ -7,10 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "response.h"
-#include "failure.h"
 #include "metrics.h"
-#include "rpc.h"
+#include "question.h"
 
 namespace sluice {
 namespace {
@@ -18,46 +16,44 @@ namespace {
 constexpr int64_t kMs = 1'000'000;
 constexpr int64_t kTimeout = 50 * kMs;
 
-class WaitingTest : public ::testing::Test {
+class WaitingTest : public ::testing::Test, public Recipient {
  protected:
   WaitingTest() {
-    waiting_.onDeliver([this](void* owner, std::string_view response) {
-      EXPECT_EQ(owner, static_cast<void*>(this));
-      delivered_.push_back(decode(response));
-    });
-    waiting_.onAskAgain([this](const rpc::Request& request, int64_t now_ns, std::string* out,
-                               const Asker& asker) {
-      asked_.push_back({request.msgid.bits, now_ns, asker.may_wait, asker.again, asker.kept});
-      rpc::writeError(out, request.msgid, rpc::ErrorCode::kBadRequest, "asked again");
+    waiting_.onAskAgain([this](const Question& question, int64_t now_ns, const Asker& asker,
+                               Answer* answer) {
+      EXPECT_EQ(asker.recipient, this) << "asked again for the one that asked";
+      asked_.push_back({asker.tag.bits, now_ns, asker.may_wait, asker.again, asker.kept});
+      questions_.push_back(std::string(question.items.front().rule) + "/" +
+                           std::string(question.items.front().key));
+      answer->method = question.method;
+      answer->fail(ErrorCode::kBadRequest, "asked again");
       return Outcome::kAnswered;
     });
   }
 
-  // An asker for a request [0, msgid, "peek", ["r", "k"]] owned by this test.
-  Asker askerFor(uint32_t msgid) {
-    frames_.push_back(frameOf(msgid));
+  void receive(MsgId tag, const Answer& answer) override {
+    delivered_.push_back({tag.bits, answer.message, !answer.failed && answer.allowed,
+                          answer.waited_ms});
+  }
+
+  // An asker for a peek of ("r", "k") tagged `tag`, with this test as its
+  // recipient.
+  Asker askerFor(uint64_t tag) {
     Asker asker;
-    asker.owner = this;
-    asker.msgid = msgid;
-    asker.frame = std::span<const uint8_t>(
-        reinterpret_cast<const uint8_t*>(frames_.back().data()), frames_.back().size());
+    asker.recipient = this;
+    asker.tag = tag;
+    asker.question = {Method::kPeek, {&item_, 1}};
     asker.deadline_ns = kTimeout;
     asker.may_wait = true;
     return asker;
   }
-  static std::string frameOf(uint32_t msgid) {
-    std::string frame;
-    msgpack::Writer w(&frame);
-    w.writeArrayHeader(4);
-    w.writeInt(0);
-    w.writeUint(msgid);
-    w.writeStr("peek");
-    w.writeArrayHeader(2);
-    w.writeStr("r");
-    w.writeStr("k");
-    return frame;
-  }
 
+  struct Delivered {
+    uint64_t tag;
+    std::string message;
+    bool allowed;
+    int64_t waited_ms;
+  };
   struct Asked {
     uint64_t msgid;
     int64_t now_ns;
@@ -67,15 +63,15 @@ class WaitingTest : public ::testing::Test {
   };
   Metrics metrics_{1};
   Waiting waiting_{metrics_.shard(0), nullptr, kTimeout};
-  std::vector<std::string> frames_{};
-  std::vector<Response> delivered_;
+  Item item_{"r", "k", 0, -1};
+  std::vector<Delivered> delivered_;
   std::vector<Asked> asked_;
+  std::vector<std::string> questions_;  // "rule/key" of each question asked again
 };
 
 // Verifies a request that may not wait is not kept for a lease, and that a
 // lease waiter asked again keeps its place without being kept twice.
 TEST_F(WaitingTest, OnlyARequestThatMayWaitIsKeptForALease) {
-  frames_.reserve(4);
   Asker no_wait = askerFor(1);
   no_wait.may_wait = false;
   EXPECT_FALSE(waiting_.waitForLease(no_wait, {}));
@@ -92,7 +88,6 @@ TEST_F(WaitingTest, OnlyARequestThatMayWaitIsKeptForALease) {
 // before its deadline, and as one that may not wait after it, when its
 // policy answers.
 TEST_F(WaitingTest, ALeaseWaiterIsAskedAgainAndMayNotWaitPastItsDeadline) {
-  frames_.reserve(2);
   ASSERT_TRUE(waiting_.waitForLease(askerFor(7), {}));
   waiting_.askAgain(kTimeout - 1, false);
   ASSERT_EQ(asked_.size(), 1u);
@@ -100,7 +95,8 @@ TEST_F(WaitingTest, ALeaseWaiterIsAskedAgainAndMayNotWaitPastItsDeadline) {
   EXPECT_TRUE(asked_[0].again);
   EXPECT_TRUE(asked_[0].kept);
   ASSERT_EQ(delivered_.size(), 1u);
-  EXPECT_EQ(delivered_[0].msgid, 7u);
+  EXPECT_EQ(delivered_[0].tag, 7u);
+  EXPECT_EQ(delivered_[0].message, "asked again");
   ASSERT_TRUE(waiting_.waitForLease(askerFor(8), {}));
   waiting_.askAgain(kTimeout, false);
   ASSERT_EQ(asked_.size(), 2u);
@@ -113,7 +109,6 @@ TEST_F(WaitingTest, ALeaseWaiterIsAskedAgainAndMayNotWaitPastItsDeadline) {
 // Verifies requests waiting until due are asked again in due order, then
 // arrival order, each when it is due.
 TEST_F(WaitingTest, DueWaitersAreAskedAgainInDueThenArrivalOrder) {
-  frames_.reserve(3);
   ASSERT_TRUE(waiting_.waitUntilDue(askerFor(1), {.seq = 1}, 20 * kMs));
   ASSERT_TRUE(waiting_.waitUntilDue(askerFor(2), {.seq = 0}, 20 * kMs));
   ASSERT_TRUE(waiting_.waitUntilDue(askerFor(3), {.seq = 2}, 10 * kMs));
@@ -127,43 +122,56 @@ TEST_F(WaitingTest, DueWaitersAreAskedAgainInDueThenArrivalOrder) {
   EXPECT_EQ(asked_[2].msgid, 1u);
 }
 
-// Verifies lease waiters are bounded by the bytes of their frames.
-TEST_F(WaitingTest, LeaseWaitersAreBoundedByTheBytesOfTheirFrames) {
-  std::string big(kMaxDeferredBytes, 'x');
-  Asker asker;
-  asker.owner = this;
-  asker.may_wait = true;
-  asker.frame = std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(big.data()), big.size());
+// Verifies lease waiters are bounded by the bytes of their questions.
+TEST_F(WaitingTest, LeaseWaitersAreBoundedByTheBytesOfTheirQuestions) {
+  std::string big(kMaxDeferredBytes - 1, 'x');
+  Item item{"r", big, 1, -1};
+  Asker asker = askerFor(1);
+  asker.question = {Method::kAcquire, {&item, 1}};
   EXPECT_TRUE(waiting_.waitForLease(asker, {}));
-  asker.frame = asker.frame.first(1);
-  EXPECT_FALSE(waiting_.waitForLease(asker, {}));
+  Asker small = askerFor(2);  // 2 bytes: one too many
+  EXPECT_FALSE(waiting_.waitForLease(small, {}));
   waiting_.forget(this);
-  EXPECT_TRUE(waiting_.waitForLease(asker, {}));
+  EXPECT_TRUE(waiting_.waitForLease(small, {}));
 }
 
-// Verifies a waiter whose frame does not parse again (an impossible state)
-// is never dropped: debug and sanitizer builds stop, release builds answer
-// it INTERNAL and count the error.
-TEST_F(WaitingTest, AFrameThatDoesNotParseAgainIsAnsweredInternal) {
-  const std::string junk = "\xc1 not a frame";
-  Asker asker;
-  asker.owner = this;
-  asker.msgid = 9;
-  asker.may_wait = true;
-  asker.frame =
-      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(junk.data()), junk.size());
+// Verifies a waiting question keeps its own copy of its rule and key: the
+// front's buffer it was read from is reused at once, and the question asked
+// again still names what the client asked.
+TEST_F(WaitingTest, AWaitingQuestionOwnsItsBytes) {
+  std::string rule = "orders";
+  std::string key = "tenant-1";
+  Item item{rule, key, 1, -1};
+  Asker asker = askerFor(5);
+  asker.question = {Method::kAcquire, {&item, 1}};
   ASSERT_TRUE(waiting_.waitUntilDue(asker, {}, 10 * kMs));
-  if constexpr (kImpossibleAborts) {
-    EXPECT_DEATH(waiting_.askAgain(10 * kMs, false), "impossible state");
-  } else {
-    waiting_.askAgain(10 * kMs, false);
-    EXPECT_TRUE(asked_.empty());
-    ASSERT_EQ(delivered_.size(), 1u);
-    EXPECT_EQ(delivered_[0].msgid, 9u);
-    EXPECT_EQ(delivered_[0].error, "INTERNAL");
-    EXPECT_EQ(metrics_.snapshot().errors[static_cast<size_t>(rpc::ErrorCode::kInternal)], 1u);
-    EXPECT_FALSE(waiting_.any());
-  }
+  rule.assign(rule.size(), '?');
+  key.assign(key.size(), '?');
+  waiting_.askAgain(10 * kMs, false);
+  ASSERT_EQ(questions_.size(), 1u);
+  EXPECT_EQ(questions_[0], "orders/tenant-1");
+  ASSERT_EQ(delivered_.size(), 1u);
+  EXPECT_EQ(delivered_[0].tag, 5u);
+}
+
+// Verifies an answer on a reservation goes to its recipient when due, with
+// how long it waited, and a stopping worker denies one not yet due.
+TEST_F(WaitingTest, AReservationIsAnsweredWhenDueOrDeniedWhenStopping) {
+  Decision allowed;
+  allowed.allowed = true;
+  waiting_.reserve(this, 3, allowed, Mode::kLocal, 0, 20 * kMs);
+  waiting_.reserve(this, 4, allowed, Mode::kLocal, 0, 40 * kMs);
+  waiting_.askAgain(20 * kMs, false);
+  ASSERT_EQ(delivered_.size(), 1u);
+  EXPECT_EQ(delivered_[0].tag, 3u);
+  EXPECT_TRUE(delivered_[0].allowed);
+  EXPECT_EQ(delivered_[0].waited_ms, 20);
+  waiting_.askAgain(30 * kMs, true);
+  ASSERT_EQ(delivered_.size(), 2u);
+  EXPECT_EQ(delivered_[1].tag, 4u);
+  EXPECT_FALSE(delivered_[1].allowed);
+  EXPECT_EQ(delivered_[1].waited_ms, 30);
+  EXPECT_FALSE(waiting_.any());
 }
 
 }  // namespace
