@@ -7,8 +7,10 @@
 #include <time.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <limits>
 #include <stdexcept>
 
@@ -109,8 +111,41 @@ void setWallOffsetNs(int64_t offset_ns) {
   g_wall_offset_ns.store(offset_ns, std::memory_order_relaxed);
 }
 
+namespace {
+
+Window computeWindow(int64_t unix_ns, Span span, const date::time_zone* tz);
+
+// The last windows this thread found, one per slot: a decision asks for the
+// window of its limit again and again while the window lasts, and the zone
+// arithmetic costs some 500 ns where a hit costs a few comparisons. A hit
+// gives exactly what computeWindow would (the window holds the instant).
+struct CachedWindow {
+  const date::time_zone* tz = nullptr;
+  Span span = Span::kNone;
+  Window window;
+};
+constexpr size_t kCacheSlots = 8;
+thread_local std::array<CachedWindow, kCacheSlots> t_cache;
+
+}  // namespace
+
 Window windowAt(int64_t unix_ns, Span span, const Zone& zone) {
   const date::time_zone* tz = zone.get();
+  const int64_t at_ns = std::max<int64_t>(unix_ns, 0);
+  CachedWindow& slot =
+      t_cache[(reinterpret_cast<uintptr_t>(tz) / 64 + static_cast<size_t>(span)) % kCacheSlots];
+  if (slot.tz == tz && slot.span == span && slot.window.start_unix_ns <= at_ns &&
+      at_ns < slot.window.end_unix_ns) {
+    return slot.window;
+  }
+  const Window w = computeWindow(at_ns, span, tz);
+  slot = CachedWindow{tz, span, w};
+  return w;
+}
+
+namespace {
+
+Window computeWindow(int64_t unix_ns, Span span, const date::time_zone* tz) {
   const date::sys_seconds instant =
       std::chrono::floor<seconds>(date::sys_time<nanoseconds>(nanoseconds(std::max<int64_t>(unix_ns, 0))));
   const date::local_days today = std::chrono::floor<days>(tz->to_local(instant));
@@ -148,5 +183,7 @@ Window windowAt(int64_t unix_ns, Span span, const Zone& zone) {
                 .start_unix_ns = dayStartUnixNs(first, tz),
                 .end_unix_ns = dayStartUnixNs(next, tz)};
 }
+
+}  // namespace
 
 }  // namespace sluice::calendar

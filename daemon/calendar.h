@@ -22,7 +22,9 @@
 // Zones come from the system's zoneinfo (tzdata) through Howard Hinnant's
 // date/tz (USE_OS_TZDB). A Zone is a handle into that database, which lives
 // for the whole process: copy it freely. windowAt() is a pure function of
-// (instant, span, zone); any thread.
+// (instant, span, zone); any thread. It keeps the last few windows each
+// thread found, so that asking again within a window costs a few
+// comparisons instead of the zone arithmetic (about 0.5 µs).
 //
 // Units: Unix-epoch nanoseconds of the wall clock (unix_ns), UTC.
 #pragma once

@@ -196,5 +196,20 @@ TEST(CalendarTest, ConsecutiveDaysTileAYearInEveryZoneWithoutGapOrOverlap) {
   }
 }
 
+TEST(CalendarTest, AskingAgainInAnotherZoneOrSpanIsNotAnsweredWithTheWindowAskedBefore) {
+  const Zone berlin = zone("Europe/Berlin");
+  const Zone tokyo = zone("Asia/Tokyo");
+  // 2026-11-26 22:30 UTC: the 26th in UTC, the 26th in Berlin (23:30) and
+  // the 27th in Tokyo (07:30).
+  const int64_t t = utc(2026, 11, 26, 22, 30);
+  for (int round = 0; round < 3; ++round) {
+    EXPECT_EQ(windowAt(t, Span::kDay, Zone::utc()).start_unix_ns, utc(2026, 11, 26));
+    EXPECT_EQ(windowAt(t, Span::kDay, berlin).start_unix_ns, utc(2026, 11, 25, 23));
+    EXPECT_EQ(windowAt(t, Span::kDay, tokyo).start_unix_ns, utc(2026, 11, 26, 15));
+    EXPECT_EQ(windowAt(t, Span::kMonth, berlin).start_unix_ns, utc(2026, 10, 31, 23));
+    EXPECT_EQ(windowAt(t, Span::kWeek, tokyo).start_unix_ns, utc(2026, 11, 22, 15));
+  }
+}
+
 }  // namespace
 }  // namespace sluice::calendar
