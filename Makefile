@@ -35,7 +35,8 @@ PACKAGES := cmake make g++ pkg-config libuv1-dev libhiredis-dev libmsgpack-cxx-d
             libmicrohttpd-dev libyaml-cpp-dev \
             libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc python3-grpcio \
             python3-protobuf \
-            libtomlplusplus-dev libspdlog-dev libfmt-dev googletest libgtest-dev \
+            libtomlplusplus-dev libhowardhinnant-date-dev tzdata libspdlog-dev libfmt-dev \
+            googletest libgtest-dev \
             redis-server python3-msgpack systemd prometheus curl nginx-light python3-redis
 # node and npm for the Node example's test, looked for as commands rather than
 # packages: NodeSource's nodejs bundles npm and conflicts with Debian's npm.

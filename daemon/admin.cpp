@@ -128,13 +128,20 @@ void writeNonZeroModes(msgpack::Writer& w, const std::array<uint64_t, kModes>& c
 void writeLimits(msgpack::Writer& w, const std::vector<Limit>& limits) {
   w.writeArrayHeader(static_cast<uint32_t>(limits.size()));
   for (const Limit& limit : limits) {
-    w.writeMapHeader(3);
+    const bool on_calendar = limit.window != calendar::Span::kNone;
+    w.writeMapHeader(on_calendar ? 5 : 3);
     w.writeStr("limit");
     w.writeInt(limit.limit);
     w.writeStr("period_ms");
     w.writeInt(limit.period_ns / 1'000'000);
     w.writeStr("burst");
     w.writeInt(limit.burst);
+    if (on_calendar) {
+      w.writeStr("window");
+      w.writeStr(calendar::spanName(limit.window));
+      w.writeStr("time_zone");
+      w.writeStr(limit.time_zone.name());
+    }
   }
 }
 

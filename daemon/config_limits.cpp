@@ -119,6 +119,10 @@ std::vector<Limit> RuleReader::readOverrideLimits(const toml::table& entry,
                         "period = ... }, ...]");
     }
     limits.push_back(readLimit(entry, where, rule.algorithm, rule.limits.front().period_ns));
+    // Without a period or window of its own, it counts in the rule's window.
+    if (!entry.contains("period") && !entry.contains("window")) {
+      limits.back().window = rule.limits.front().window;
+    }
   }
   if (rule.pace) {
     bool has_burst = entry.contains("burst");
@@ -177,9 +181,12 @@ void RuleReader::readLimits(const toml::node* limits, Rule* rule) {
       }
       Limit limit = readLimit(*entry, element, rule->algorithm);
       for (const Limit& earlier : rule->limits) {
-        if (earlier.period_ns == limit.period_ns) {
-          refuse(element, prefix_ + "two limits have the period " +
-                              quote(formatDuration(limit.period_ns)) + "; keep the stricter " +
+        if (earlier.period_ns == limit.period_ns && earlier.window == limit.window) {
+          const std::string what =
+              limit.window == calendar::Span::kNone
+                  ? "period " + quote(formatDuration(limit.period_ns))
+                  : "window " + quote(calendar::spanName(limit.window));
+          refuse(element, prefix_ + "two limits have the " + what + "; keep the stricter " +
                               "one or give them different periods");
         }
       }
@@ -192,6 +199,37 @@ void RuleReader::readLimits(const toml::node* limits, Rule* rule) {
                        "limits = [{ limit = 100, period = \"1m\" }]");
   }
   rule->limits.push_back(readLimit(table_, table_, rule->algorithm));
+}
+
+// window = "month": a calendar window (calendar.h) in place of a period.
+void RuleReader::readWindow(const toml::node& node, const toml::node* period_node,
+                            Algorithm algorithm, Limit* limit) {
+  if (algorithm != Algorithm::kFixedWindow) {
+    refuse(node, prefix_ + "window applies only to fixed_window (a calendar window is a " +
+                     "fixed window that follows the calendar), and this rule is " +
+                     std::string(algorithmName(algorithm)) + "; remove window, or set " +
+                     "algorithm = \"fixed_window\"");
+  }
+  if (period_node != nullptr) {
+    refuse(node, prefix_ + "window and period cannot both be given; write window = " +
+                     "\"month\" for a calendar window, or period = \"30d\" for a fixed length");
+  }
+  constexpr std::array<std::string_view, 3> kNames = {"day", "week", "month"};
+  const std::string& text = stringValue(node, prefix_ + "window", "window = \"month\"");
+  const calendar::Span span = calendar::spanNamed(text);
+  if (span == calendar::Span::kNone) {
+    std::string message = prefix_ + "window " + quote(text) + " is not one of " +
+                          joinQuoted(kNames) + "; ";
+    if (auto suggestion = closest(text, kNames)) {
+      message += "did you mean " + quote(*suggestion) + "?";
+    } else {
+      message += std::string("write one of those (with time_zone = \"Europe/Berlin\" for a ") +
+                 "local calendar), or period = \"" + text + "\" for a fixed length";
+    }
+    refuse(node, std::move(message));
+  }
+  limit->window = span;
+  limit->period_ns = calendar::longestNs(span);
 }
 
 // One limit from `table` (the rule itself, an element of limits, or an
@@ -221,7 +259,9 @@ Limit RuleReader::readLimit(const toml::table& table, const toml::node& where,
   }
 
   const toml::node* period_node = table.get("period");
-  if (period_node == nullptr && default_period_ns) {
+  if (const toml::node* window_node = table.get("window")) {
+    readWindow(*window_node, period_node, algorithm, &limit);
+  } else if (period_node == nullptr && default_period_ns) {
     limit.period_ns = *default_period_ns;
   } else if (period_node == nullptr) {
     if (!algorithmTraits(algorithm).holds) {

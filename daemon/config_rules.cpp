@@ -116,6 +116,18 @@ std::optional<std::string> sharedBlockOnly(const Rule& rule, std::string_view) {
          "counts no denials across the fleet); remove it, or set scope = \"local\"";
 }
 
+// time_zone: the zone of the rule's calendar windows.
+bool hasCalendarWindow(const Rule& rule) {
+  auto calendar = [](const Limit& limit) { return limit.window != calendar::Span::kNone; };
+  return std::any_of(rule.limits.begin(), rule.limits.end(), calendar);
+}
+
+std::optional<std::string> calendarOnly(const Rule& rule, std::string_view) {
+  if (hasCalendarWindow(rule)) return std::nullopt;
+  return "time_zone applies to limits with a calendar window, and this rule has none; add "
+         "window = \"month\" (or \"day\", \"week\") in place of period, or remove time_zone";
+}
+
 // --- the key table ------------------------------------------------------------------
 
 // How a key's value is written.
@@ -167,7 +179,7 @@ constexpr std::array<PenaltyKey, 3> kPenaltyKeys = {{
 }};
 constexpr std::array<std::string_view, 3> kPenaltyKeyNames = {"denials", "window", "block"};
 
-constexpr std::array<RuleKey, 13> kRuleKeys = {{
+constexpr std::array<RuleKey, 15> kRuleKeys = {{
     {.key = "name", .type = RuleValue::kText,
      .doc = "required; the name clients pick the rule by: unique, printable, at most 128 bytes",
      .read = &RuleReader::readName},
@@ -179,6 +191,9 @@ constexpr std::array<RuleKey, 13> kRuleKeys = {{
      .doc = "units per period (concurrency: held at once), from 1 to the algorithm's maximum"},
     {.key = "period", .type = RuleValue::kDuration,
      .doc = "the limit's period, \"1ms\" to \"366d\"; concurrency: the longest hold (\"0\": none)"},
+    {.key = "window", .type = RuleValue::kChoice,
+     .doc = "instead of period, a calendar window of time_zone: day, week (from Monday) or "
+            "month; fixed_window only"},
     {.key = "burst", .type = RuleValue::kCount, .default_text = "limit",
      .doc = "the units a fresh key may spend at once; algorithms with a burst only (burstOnly)"},
     {.key = "limits", .type = RuleValue::kLimits,
@@ -205,6 +220,9 @@ constexpr std::array<RuleKey, 13> kRuleKeys = {{
     {.key = "penalty", .type = RuleValue::kPenalty,
      .doc = "block a key denied `denials` times within `window` for `block`",
      .refusing = sharedBlockOnly, .read = &RuleReader::readPenalty},
+    {.key = "time_zone", .type = RuleValue::kText, .default_text = "\"UTC\"",
+     .doc = "the IANA time zone whose calendar the limits' windows follow (\"Europe/Berlin\")",
+     .refusing = calendarOnly, .read = &RuleReader::readTimeZone},
 }};
 
 constexpr std::array<std::string_view, kRuleKeys.size()> kRuleKeyNames = [] {
@@ -285,6 +303,7 @@ void RuleReader::readAlgorithm(const toml::node* node, Rule* rule) {
 void RuleReader::readScope(const toml::node* node, Rule* rule) {
   if (node == nullptr) return;
   rule->scope = kScopes[choiceValue(*node, prefix_ + "scope", namesOf(kScopes, scopeName))];
+
   if (rule->scope == Scope::kGlobal && !have_redis_) {
     refuse(*node, prefix_ + "scope = \"global\" needs Redis, and this file has no [redis] " +
                       "section; add [redis] with url = \"redis://host:6379\", or set " +
@@ -338,6 +357,24 @@ void RuleReader::readPace(const toml::node* node, Rule* rule) {
                       "burst; remove burst, or set pace = false");
   }
   for (Limit& limit : rule->limits) limit.burst = 1;
+}
+
+// time_zone = "Europe/Berlin": every calendar window of the rule (its
+// limits' and its overrides') follows this zone's calendar.
+void RuleReader::readTimeZone(const toml::node* node, Rule* rule) {
+  if (node == nullptr) return;
+  const std::string& name =
+      stringValue(*node, prefix_ + "time_zone", "time_zone = \"Europe/Berlin\"");
+  std::optional<calendar::Zone> zone = calendar::Zone::named(name);
+  if (!zone) {
+    refuse(*node, prefix_ + "time_zone " + quote(name) + " is not a zone of the system's " +
+                      "time-zone database (tzdata, /usr/share/zoneinfo); write an IANA name " +
+                      "such as \"Europe/Berlin\", \"America/New_York\" or \"UTC\"");
+  }
+  for (Limit& limit : rule->limits) limit.time_zone = *zone;
+  for (Override& override : rule->overrides) {
+    for (Limit& limit : override.limits) limit.time_zone = *zone;
+  }
 }
 
 // penalty = { denials = 5, window = "1m", block = "10m" }
@@ -402,6 +439,10 @@ uint32_t fingerprint(const Rule& rule) {
     mix(std::to_string(limit.limit));
     mix(std::to_string(limit.period_ns));
     mix(std::to_string(limit.burst));
+    if (limit.window != calendar::Span::kNone) {
+      mix(calendar::spanName(limit.window));
+      mix(limit.time_zone.name());
+    }
   }
   mix(scopeName(rule.scope));
   mix(redisDownPolicyName(rule.on_redis_down));
@@ -416,6 +457,7 @@ uint32_t fingerprint(const Rule& rule) {
       mix(std::to_string(limit.limit));
       mix(std::to_string(limit.period_ns));
       mix(std::to_string(limit.burst));
+      if (limit.window != calendar::Span::kNone) mix(calendar::spanName(limit.window));
     }
   }
   return hash;

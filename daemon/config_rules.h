@@ -21,9 +21,9 @@ constexpr size_t kMaxScannedOverridesPerRule = 256;
 
 // The keys of one limit (a rule's own, an element of limits, an override's)
 // and of an override.
-constexpr std::array<std::string_view, 3> kLimitKeys = {"limit", "period", "burst"};
-constexpr std::array<std::string_view, 7> kOverrideKeys = {"key",   "prefix", "glob",  "limit",
-                                                           "period", "burst",  "limits"};
+constexpr std::array<std::string_view, 4> kLimitKeys = {"limit", "period", "burst", "window"};
+constexpr std::array<std::string_view, 8> kOverrideKeys = {
+    "key", "prefix", "glob", "limit", "period", "burst", "window", "limits"};
 
 // The names of the algorithms whose row passes `has`, joined as prose:
 // "token_bucket and gcra", "a, b, c or d".
@@ -57,6 +57,7 @@ class RuleReader {
   void readPace(const toml::node* node, Rule* rule);
   void readOverrides(const toml::node* node, Rule* rule);
   void readPenalty(const toml::node* node, Rule* rule);
+  void readTimeZone(const toml::node* node, Rule* rule);
 
  private:
   bool flagValue(const toml::node& node, std::string_view key);
@@ -64,6 +65,8 @@ class RuleReader {
                      const std::string& rule_prefix);
   std::vector<Limit> readOverrideLimits(const toml::table& entry, const toml::node& where,
                                         const Rule& rule);
+  void readWindow(const toml::node& node, const toml::node* period_node, Algorithm algorithm,
+                  Limit* limit);
   Limit readLimit(const toml::table& table, const toml::node& where, Algorithm algorithm,
                   std::optional<int64_t> default_period_ns = std::nullopt);
 

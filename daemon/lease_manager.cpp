@@ -271,8 +271,7 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, const Rule& rule,
     if (algorithmTraits(rule.algorithm).windowed) {
       // The units count in the window the lease was granted in; they may
       // be spent only until it ends. Units of an older window are dropped.
-      int64_t period_ms = periodMs(limit);
-      int64_t window_end_ms = (reply->now_ms / period_ms + 1) * period_ms;
+      int64_t window_end_ms = scripts::leaseWindowEndMs(reply->now_ms, limit);
       new_window = scripts::leaseWindow(slice::leaseNowMs(words), limit) !=
                    scripts::leaseWindow(reply->now_ms, limit);
       expires_ns = now_ns + (window_end_ms - reply->now_ms) * 1'000'000;

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "algorithm.h"
+#include "calendar.h"
 
 namespace sluice {
 
@@ -39,10 +40,15 @@ enum class RedisDownPolicy {
 //    `period_ns`; `burst` is unused and equals `limit`.
 //  - concurrency: `limit` units held at once; `period_ns` is the longest a unit
 //    may be held before it is released on its own (0: held until released).
+//  - fixed_window with a calendar `window` (calendar.h): `limit` units per
+//    day, week or month of `time_zone`; `period_ns` is the longest such a
+//    window lasts (calendar::longestNs), for what only needs a bound.
 struct Limit {
   int64_t limit = 0;
   int64_t period_ns = 0;
   int64_t burst = 0;
+  calendar::Span window = calendar::Span::kNone;
+  calendar::Zone time_zone = {};
 };
 
 // Keys of a rule that get their own limits (tiers such as "pro:", or one

@@ -3,7 +3,10 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdint>
+
+#include "calendar.h"
 
 namespace sluice::scripts {
 namespace {
@@ -24,6 +27,29 @@ constexpr std::array<ScriptSource, 7> kScripts = {{
 constexpr int64_t kNsPerMs = 1'000'000;
 
 int64_t ceilMs(int64_t ns) { return ns <= 0 ? 0 : (ns - 1) / kNsPerMs + 1; }
+
+// A calendar limit's ARGV[8] placeholder and ARGV[9..]: the windows before,
+// at and after now_us (Unix µs; 0: this host's wall clock), as id, start_us,
+// end_us. Redis's clock may differ from this host's by less than a window
+// either way and still find its window among them.
+void appendCalendar(std::vector<std::string>* argv, const Limit& limit, int64_t now_us) {
+  if (limit.window == calendar::Span::kNone) return;
+  const int64_t now_ns =
+      now_us != 0 ? now_us * 1000
+                  : std::chrono::duration_cast<std::chrono::nanoseconds>(
+                        std::chrono::system_clock::now().time_since_epoch())
+                        .count();
+  const calendar::Window now = calendar::windowAt(now_ns, limit.window, limit.time_zone);
+  const calendar::Window windows[] = {
+      calendar::windowAt(now.start_unix_ns - 1, limit.window, limit.time_zone), now,
+      calendar::windowAt(now.end_unix_ns, limit.window, limit.time_zone)};
+  if (argv->size() == 7) argv->push_back("0");
+  for (const calendar::Window& w : windows) {
+    argv->push_back(std::to_string(w.id));
+    argv->push_back(std::to_string(w.start_unix_ns / 1000));
+    argv->push_back(std::to_string(w.end_unix_ns / 1000));
+  }
+}
 
 }  // namespace
 
@@ -59,7 +85,9 @@ std::string_view heartbeatOpName(HeartbeatOp op) {
   return "peek";
 }
 
-std::vector<std::string> rateArgv(Op op, int64_t n, int64_t need, const Limit& limit, int64_t now_us) {
+namespace {
+
+std::vector<std::string> baseArgv(Op op, int64_t n, int64_t need, const Limit& limit, int64_t now_us) {
   return {std::string(opName(op)),
           std::to_string(n),
           std::to_string(need),
@@ -69,21 +97,45 @@ std::vector<std::string> rateArgv(Op op, int64_t n, int64_t need, const Limit& l
           std::to_string(now_us)};
 }
 
+}  // namespace
+
+std::vector<std::string> rateArgv(Op op, int64_t n, int64_t need, const Limit& limit, int64_t now_us) {
+  std::vector<std::string> argv = baseArgv(op, n, need, limit, now_us);
+  appendCalendar(&argv, limit, now_us);
+  return argv;
+}
+
 int64_t leaseWindow(int64_t lease_now_ms, const Limit& limit) {
+  if (lease_now_ms < 0) return 0;
+  if (limit.window != calendar::Span::kNone) {
+    return calendar::windowAt(lease_now_ms * kNsPerMs, limit.window, limit.time_zone).id;
+  }
   const int64_t period_ms = ceilMs(limit.period_ns);
-  if (period_ms <= 0 || lease_now_ms < 0) return 0;
+  if (period_ms <= 0) return 0;
   return lease_now_ms / period_ms;
 }
 
+int64_t leaseWindowEndMs(int64_t lease_now_ms, const Limit& limit) {
+  if (limit.window != calendar::Span::kNone) {
+    const calendar::Window w =
+        calendar::windowAt(std::max<int64_t>(lease_now_ms, 0) * kNsPerMs, limit.window, limit.time_zone);
+    return w.end_unix_ns / kNsPerMs;
+  }
+  const int64_t period_ms = std::max<int64_t>(ceilMs(limit.period_ns), 1);
+  return (leaseWindow(lease_now_ms, limit) + 1) * period_ms;
+}
+
 std::vector<std::string> leaseArgv(int64_t n, int64_t need, const Limit& limit, int64_t deadline_us) {
-  std::vector<std::string> argv = rateArgv(Op::kLease, n, need, limit);
+  std::vector<std::string> argv = baseArgv(Op::kLease, n, need, limit, 0);
   argv.push_back(std::to_string(deadline_us));
+  appendCalendar(&argv, limit, 0);
   return argv;
 }
 
 std::vector<std::string> returnArgv(int64_t n, const Limit& limit, int64_t lease_window, int64_t now_us) {
-  std::vector<std::string> argv = rateArgv(Op::kReturn, n, 0, limit, now_us);
+  std::vector<std::string> argv = baseArgv(Op::kReturn, n, 0, limit, now_us);
   argv.push_back(std::to_string(lease_window));
+  appendCalendar(&argv, limit, now_us);
   return argv;
 }
 

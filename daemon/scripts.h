@@ -78,6 +78,10 @@ std::string_view opName(Op op);
 // kDebit; n is ignored by kPeek.
 // For kLease, kDebit and kPeek; a kReturn built here (without a window) is
 // an error reply from fixed_window and sliding_window: use returnArgv.
+// A calendar limit's (fixed_window with limit.window) ARGV goes on: ARGV[8]
+// (the deadline, the lease window, or "0"), then the calendar windows before,
+// at and after now_us (0: this host's wall clock) as id, start_us, end_us
+// (lua/fixed_window.lua).
 std::vector<std::string> rateArgv(Op op, int64_t n, int64_t need, const Limit& limit, int64_t now_us = 0);
 
 // The id of the window a lease counted its units in: floor(now_ms /
@@ -86,7 +90,13 @@ std::vector<std::string> rateArgv(Op op, int64_t n, int64_t need, const Limit& l
 // period_us) with period_us a whole number of ms. A daemon whose slice holds
 // units of several leases returns each window's units with its own call (or
 // only the newest lease's, up to what that lease granted).
+// A calendar limit's (limit.window) is the calendar window's id at
+// lease_now_ms on Redis's clock.
 int64_t leaseWindow(int64_t lease_now_ms, const Limit& limit);
+
+// Where the window of leaseWindow(lease_now_ms, limit) ends, in ms of
+// Redis's clock: the units a lease granted then may be spent until it.
+int64_t leaseWindowEndMs(int64_t lease_now_ms, const Limit& limit);
 
 // ARGV of a kLease on any rate script: rateArgv's, then deadline_us (Redis
 // clock, µs; 0: none): a lease that Redis runs after it grants nothing and

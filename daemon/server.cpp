@@ -18,6 +18,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "calendar.h"
 #include "holding.h"
 #include "limiter.h"
 #include "penalty.h"
@@ -747,6 +748,8 @@ void Server::onForcedEviction(uint32_t rule_id, std::string_view key,
 }
 
 void Server::sweepKeys() {
+  // Calendar windows follow a step of the wall clock from the next sweep on.
+  calendar::refreshWallOffset();
   RuleSetPtr rules = rules_.load(std::memory_order_acquire);
   int64_t now_ns = clock_ns_();
   // A key is dropped when its rule is gone or its state is a fresh key's:

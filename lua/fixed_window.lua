@@ -53,6 +53,16 @@
 --          with one call per window. If Redis's clock had stepped back, the
 --          lease may have counted them in a later stored window; such a
 --          return is ignored, which errs towards admitting less.
+-- ARGV[9..] optional: a calendar window (daemon/calendar.h): consecutive
+--          windows as triples id, start_us, end_us (Unix µs), which the
+--          daemon works out for the zone around its own wall clock (the
+--          one before, the one now and the one after). The script uses the
+--          one holding now_us instead of floor(now_us / period_us), and
+--          never computes a time zone itself; ARGV[8] is then present ("0"
+--          where the op takes none). A window later than the last given
+--          is taken to last period_ms (the longest such a window lasts),
+--          which only the end of a debt that spans several windows uses.
+--          Now outside every given window is an error reply.
 --
 -- Needs Redis >= 5: the script writes after TIME, which takes effects
 -- replication (the default from 5.0, the only mode from 7.0); it asks for it
@@ -147,7 +157,42 @@ if KEYS[2] then
 end
 
 local period = period_ms * 1000
-local now_id = idiv(now, period)
+
+-- The windows: by default floor(now / period); a calendar's come in ARGV.
+local cal_ids, cal_starts, cal_ends = nil, {}, {}
+if ARGV[9] then
+  cal_ids = {}
+  local i = 9
+  while ARGV[i] do
+    local id, first, last = int_arg(i, 0, 2 ^ 53), int_arg(i + 1, 0, 2 ^ 53), int_arg(i + 2, 0, 2 ^ 53)
+    if not (id and first and last) or last <= first then
+      return fail('calendar windows must be id, start_us, end_us triples')
+    end
+    cal_ids[#cal_ids + 1] = id
+    cal_starts[id] = first
+    cal_ends[id] = last
+    i = i + 3
+  end
+end
+
+-- The start of window `k` (µs).
+local function window_start(k)
+  if not cal_ids then return k * period end
+  if cal_starts[k] then return cal_starts[k] end
+  local last = cal_ids[#cal_ids]
+  if k > last then return cal_ends[last] + (k - last - 1) * period end
+  return cal_starts[cal_ids[1]] - (cal_ids[1] - k) * period
+end
+
+local now_id = nil
+if cal_ids then
+  for _, id in ipairs(cal_ids) do
+    if cal_starts[id] <= now and now < cal_ends[id] then now_id = id end
+  end
+  if not now_id then return fail('now is in none of the calendar windows given') end
+else
+  now_id = idiv(now, period)
+end
 -- The most a count may reach: its debt is paid off within 2^50 µs, and it
 -- stays an exact integer (limit * windows may itself pass 2^53).
 local max_count = math.min(limit * idiv(MAX_SPAN_US, period), 2 ^ 52)
@@ -167,7 +212,7 @@ end
 
 -- The start of the window `k` windows after id, as a wait from now in ms.
 local function ms_until_window(k)
-  return ceil_ms((id + k) * period - now)
+  return ceil_ms(window_start(id + k) - now)
 end
 
 local function store()
@@ -196,7 +241,7 @@ elseif op == 'debit' then
   local units = n
   if need > 0 then
     local span = need * 1000
-    units = math.ceil(n * (math.min(span, math.max(now - now_id * period, 0)) / span))
+    units = math.ceil(n * (math.min(span, math.max(now - window_start(now_id), 0)) / span))
   end
   count = math.min(count + units, max_count)
   store()

@@ -1,4 +1,6 @@
-// Fixed window: at most `limit` units per window [k*period, (k+1)*period).
+// Fixed window: at most `limit` units per window [k*period, (k+1)*period),
+// or per calendar window (limit.window: a day, week or month of
+// limit.time_zone; calendar.h), whose id is calendar::Window::id.
 //
 // State: ONE 64-bit word, (window id mod 2^32) << 32 | count (32 bits), where
 // window id = now_ns / period_ns and count is the units spent in that window.
@@ -15,7 +17,9 @@
 // towards denying, and the key table drops idle keys long before.
 //
 // Pure functions of (state word, limit, now_ns, cost): no clock, no I/O, no
-// allocation; any thread. The caller publishes the new word with a CAS.
+// allocation; any thread. The caller publishes the new word with a CAS. A
+// calendar window is found on the wall clock, now_ns + wall_offset_ns; the
+// functions without wall_offset_ns take calendar::wallOffsetNs().
 //
 // Decision fields:
 //  - remaining: limit - count after this decision.
@@ -38,6 +42,9 @@ namespace sluice::fixed_window {
 // Decides on spending `cost` units at now_ns. When allowed and cost > 0,
 // `state` is replaced by the state after spending; otherwise it is unchanged.
 Decision acquire(uint64_t& state, const Limit& limit, int64_t now_ns, int64_t cost);
+// The same, its calendar window found on the wall clock now_ns + wall_offset_ns.
+Decision acquireOnWall(uint64_t& state, const Limit& limit, int64_t now_ns, int64_t cost,
+                       int64_t wall_offset_ns);
 
 // Returns `state` with `cost` units given back to the window of now_ns (or the
 // newer window a racing thread stored), for undoing a spend made at now_ns.

@@ -239,6 +239,41 @@ limit = 3
   EXPECT_EQ(config.rules->find("c")->limits[0].limit, 3);
 }
 
+// Verifies that calendar windows are read with their zone, which every
+// limit and override of the rule follows, and that the zone is part of the
+// rule's identity.
+TEST(ConfigTest, CalendarWindowsAreStoredWithTheRulesTimeZone) {
+  const std::string text = R"(
+[[rule]]
+name = "tokens"
+algorithm = "fixed_window"
+limits = [{ limit = 100000, window = "day" }, { limit = 2000000, window = "month" }]
+time_zone = "Europe/Berlin"
+[[rule]]
+name = "weekly"
+algorithm = "fixed_window"
+limit = 50
+window = "week"
+overrides = [{ prefix = "pro:", limit = 500 }]
+)";
+  Config config = mustLoad(text);
+  const Rule* tokens = config.rules->find("tokens");
+  ASSERT_EQ(tokens->limits.size(), 2u);
+  EXPECT_EQ(tokens->limits[0].window, calendar::Span::kDay);
+  EXPECT_EQ(tokens->limits[1].window, calendar::Span::kMonth);
+  EXPECT_EQ(tokens->limits[1].time_zone.name(), "Europe/Berlin");
+  EXPECT_EQ(tokens->limits[1].period_ns, calendar::longestNs(calendar::Span::kMonth));
+  const Rule* weekly = config.rules->find("weekly");
+  EXPECT_EQ(weekly->limits[0].window, calendar::Span::kWeek);
+  EXPECT_EQ(weekly->limits[0].time_zone.name(), "UTC");
+  ASSERT_EQ(weekly->overrides.size(), 1u);
+  EXPECT_EQ(weekly->overrides[0].limits[0].window, calendar::Span::kWeek);
+
+  std::string elsewhere = text;
+  elsewhere.replace(elsewhere.find("Europe/Berlin"), 13, "Asia/Tokyo");
+  EXPECT_NE(mustLoad(elsewhere).rules->find("tokens")->id, tokens->id);
+}
+
 // Verifies that a multi-limit rule keeps its limits in order with their bursts.
 TEST(ConfigTest, MultiLimitRuleKeepsEachLimit) {
   Config config = mustLoad(R"(
@@ -758,6 +793,31 @@ const Refusal kRefusals[] = {
      "[redis]\npassword_file = \"/nonexistent/sluice/redis.password\"\n", "2:17",
      "[redis] password_file \"/nonexistent/sluice/redis.password\" cannot be read: No such file "
      "or directory; write the path of a file the daemon's user can read"},
+    {"calendar_window_unknown",
+     "[[rule]]\nname = \"b\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"mnth\"\n",
+     "5:10", "window \"mnth\" is not one of \"day\", \"week\", \"month\"; did you mean \"month\"?"},
+    {"calendar_window_written_as_a_period",
+     "[[rule]]\nname = \"b\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1d\"\n",
+     "5:10", "or period = \"1d\" for a fixed length"},
+    {"calendar_window_on_a_bucket",
+     "[[rule]]\nname = \"b\"\nlimit = 5\nwindow = \"day\"\n", "4:10",
+     "window applies only to fixed_window"},
+    {"calendar_window_and_period",
+     "[[rule]]\nname = \"b\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1d\"\n"
+     "window = \"day\"\n",
+     "6:10", "window and period cannot both be given"},
+    {"calendar_time_zone_unknown",
+     "[[rule]]\nname = \"b\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"day\"\n"
+     "time_zone = \"Europe/Berln\"\n",
+     "6:13", "time_zone \"Europe/Berln\" is not a zone of the system's time-zone database"},
+    {"calendar_time_zone_without_window",
+     "[[rule]]\nname = \"b\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1d\"\n"
+     "time_zone = \"UTC\"\n",
+     "6:13", "time_zone applies to limits with a calendar window"},
+    {"calendar_two_limits_of_one_window",
+     "[[rule]]\nname = \"b\"\nalgorithm = \"fixed_window\"\n"
+     "limits = [{ limit = 5, window = \"day\" }, { limit = 9, window = \"day\" }]\n",
+     "4:42", "two limits have the window \"day\""},
 };
 
 INSTANTIATE_TEST_SUITE_P(Refusals, ConfigRefusalTest, testing::ValuesIn(kRefusals),

@@ -342,6 +342,73 @@ INSTANTIATE_TEST_SUITE_P(
                   {100, 10 * kMsNs, 100}}),
     [](const ::testing::TestParamInfo<CrossCase>& info) { return std::string(info.param.name); });
 
+// Verifies that a global calendar window decides as the local one does: a
+// fixed_window of `window` in Berlin, leased step by step through a month
+// with a DST change and the months' ends, on Redis's clock (now_us, Unix
+// µs), with the boundaries handed over by the daemon (rateArgv). The C++
+// side counts on the same wall clock (offset 0).
+TEST_F(LuaTest, CalendarWindowsLeaseAsTheCppFixedWindowDecides) {
+  for (calendar::Span span : {calendar::Span::kDay, calendar::Span::kWeek, calendar::Span::kMonth}) {
+    Limit limit{7, calendar::longestNs(span), 7};
+    limit.window = span;
+    limit.time_zone = calendar::Zone::named("Europe/Berlin").value();
+    std::mt19937_64 rng(20261126);
+    auto uniform = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+    // 2026-03-20T00:00Z, 9 days before Berlin springs forward.
+    int64_t now_us = 1'773'964'800 * kSecondUs;
+    const int64_t hour_us = 3600 * kSecondUs;
+    const std::string key = "cal-" + std::string(calendar::spanName(span));
+    uint64_t state = 0;
+    int allowed = 0;
+    int denied = 0;
+    for (int step = 0; step < 600; ++step) {
+      const int64_t action = uniform(0, 9);
+      if (action < 4) {
+        // The same instant again.
+      } else if (action < 7) {
+        now_us += uniform(1, 6 * hour_us);
+      } else {
+        // Next to the end of the current window.
+        const calendar::Window w = calendar::windowAt(now_us * 1000, span, limit.time_zone);
+        now_us = w.end_unix_ns / 1000 + uniform(-2, 1);
+      }
+      const int64_t cost = uniform(0, 4) < 4 ? 1 : uniform(2, 8);
+      const Decision want = fixed_window::acquireOnWall(state, limit, now_us * 1000, cost, 0);
+      const scripts::LeaseReply got =
+          rate(Script::kFixedWindow, key, Op::kLease, cost, cost, limit, now_us, /*persist=*/true);
+      const std::string where = std::string(calendar::spanName(span)) + " step " + std::to_string(step) +
+                                " at " + std::to_string(now_us) + " us, cost " + std::to_string(cost);
+      ASSERT_EQ(got.granted, want.allowed ? cost : 0) << where;
+      ASSERT_EQ(got.remaining, want.remaining) << where;
+      ASSERT_EQ(got.never, want.cost_exceeds_limit) << where;
+      ASSERT_EQ(got.retry_after_ms, want.retry_after_ms) << where;
+      ASSERT_EQ(got.reset_after_ms, want.reset_after_ms) << where;
+      (want.allowed ? allowed : denied) += 1;
+    }
+    EXPECT_GT(allowed, 50) << calendar::spanName(span);
+    EXPECT_GT(denied, 50) << calendar::spanName(span);
+  }
+}
+
+// Verifies that a return reaches the calendar window the units were leased
+// in (leaseWindow of the lease's now_ms), and that the slice's units of a
+// lease may be spent until the calendar window ends (leaseWindowEndMs).
+TEST_F(LuaTest, ACalendarReturnGoesBackIntoItsWindowAndALeaseLastsUntilItEnds) {
+  Limit limit{5, calendar::longestNs(calendar::Span::kDay), 5};
+  limit.window = calendar::Span::kDay;
+  limit.time_zone = calendar::Zone::named("America/New_York").value();
+  // 2026-11-01T12:00Z: the 25-hour day in New York (04:00Z to 05:00Z next day).
+  const int64_t now_us = 1'793'534'400 * kSecondUs;
+  const scripts::LeaseReply lease = rate(Script::kFixedWindow, "ny", Op::kLease, 5, 1, limit, now_us, true);
+  ASSERT_EQ(lease.granted, 5);
+  EXPECT_EQ(scripts::leaseWindowEndMs(lease.now_ms, limit), (int64_t{1'793'534'400} + 17 * 3600) * 1000);
+  const int64_t window = scripts::leaseWindow(lease.now_ms, limit);
+  EXPECT_EQ(rate(Script::kFixedWindow, "ny", Op::kPeek, 0, 1, limit, now_us, true).remaining, 0);
+  EXPECT_EQ(giveBack(Script::kFixedWindow, "ny", 2, limit, window, now_us, true).remaining, 2);
+  // A return for another window changes nothing.
+  EXPECT_EQ(giveBack(Script::kFixedWindow, "ny", 2, limit, window - 1, now_us, true).remaining, 2);
+}
+
 // Verifies that the sliding window's exact 2-limb products agree with the
 // C++ 128-bit maths where units * period_us passes 2^53: with limit L =
 // 1000003 and a period P of 72333217 ms, P - 1 = L * e, so one unit fits at e

@@ -155,5 +155,78 @@ TEST(FixedWindow, ExtremeTimesAndLimitsStayInRange) {
   EXPECT_GE(d.retry_after_ms, 0);
 }
 
+// --- calendar windows ---------------------------------------------------------
+
+constexpr int64_t kHour = 3600 * kSecond;
+constexpr int64_t kDay = 24 * kHour;
+// 2026-03-01T00:00Z and 2026-10-25T00:00Z in Unix ns (days since 1970 * a day).
+constexpr int64_t kMarch1Utc = 20513 * kDay;
+constexpr int64_t kOctober25Utc = 20751 * kDay;
+// The simulated monotonic clock starts at 1000 s; the wall clock is it plus
+// this offset, so the monotonic time `mono(unix_ns)` reads unix_ns on the wall.
+constexpr int64_t kBootNs = 1000 * kSecond;
+int64_t mono(int64_t unix_ns, int64_t offset_ns) { return unix_ns - offset_ns; }
+
+Limit calendarLimit(int64_t units, calendar::Span window, const char* zone) {
+  Limit limit{units, calendar::longestNs(window), units};
+  limit.window = window;
+  limit.time_zone = calendar::Zone::named(zone).value();
+  return limit;
+}
+
+// Verifies that a monthly budget in Berlin admits `limit` from local midnight
+// of the 1st to the next 1st, with reset_after_ms at the real boundary.
+TEST(FixedWindowCalendar, AMonthlyBudgetInBerlinResetsAtLocalMidnightOfTheFirst) {
+  const Limit limit = calendarLimit(3, calendar::Span::kMonth, "Europe/Berlin");
+  const int64_t offset = kMarch1Utc + 10 * kDay - kBootNs;  // boot on March 11th
+  uint64_t state = 0;
+  // March 20th, noon UTC: March in Berlin, which ends 2026-03-31T22:00Z (CEST).
+  const int64_t march20 = mono(kMarch1Utc + 19 * kDay + 12 * kHour, offset);
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(fixed_window::acquireOnWall(state, limit, march20, 1, offset).allowed);
+  const Decision denied = fixed_window::acquireOnWall(state, limit, march20, 1, offset);
+  EXPECT_FALSE(denied.allowed);
+  const int64_t april_starts = mono(kMarch1Utc + 30 * kDay + 22 * kHour, offset);
+  EXPECT_EQ(denied.retry_after_ms, (april_starts - march20) / kMs);
+  EXPECT_EQ(denied.reset_after_ms, (april_starts - march20) / kMs);
+  // A nanosecond before local midnight it is still March; at it, April.
+  EXPECT_FALSE(fixed_window::acquireOnWall(state, limit, april_starts - 1, 1, offset).allowed);
+  const Decision april = fixed_window::acquireOnWall(state, limit, april_starts, 1, offset);
+  EXPECT_TRUE(april.allowed);
+  EXPECT_EQ(april.remaining, 2);
+  // April lasts 30 days in Berlin.
+  EXPECT_EQ(april.reset_after_ms, 30 * kDay / kMs);
+}
+
+// Verifies that the day on which Berlin falls back lasts 25 hours: the
+// window does not reset at 23:00 UTC (midnight CEST) but at midnight CET.
+TEST(FixedWindowCalendar, ADailyLimitLasts25HoursOnTheDayTheClocksGoBack) {
+  const Limit limit = calendarLimit(1, calendar::Span::kDay, "Europe/Berlin");
+  const int64_t offset = kOctober25Utc - kBootNs;
+  uint64_t state = 0;
+  // 2026-10-25 starts in Berlin at 2026-10-24T22:00Z and ends at 10-25T23:00Z.
+  const int64_t start = mono(kOctober25Utc - 2 * kHour, offset);
+  const Decision first = fixed_window::acquireOnWall(state, limit, start, 1, offset);
+  EXPECT_TRUE(first.allowed);
+  EXPECT_EQ(first.reset_after_ms, 25 * kHour / kMs);
+  EXPECT_FALSE(fixed_window::acquireOnWall(state, limit, start + 24 * kHour, 1, offset).allowed);
+  EXPECT_TRUE(fixed_window::acquireOnWall(state, limit, start + 25 * kHour, 1, offset).allowed);
+}
+
+// Verifies that a refund goes back into the calendar window it was spent in,
+// and that a key is idle once its window has ended.
+TEST(FixedWindowCalendar, ARefundGoesBackIntoTheCalendarWindowAndTheKeyIdlesAfterIt) {
+  const Limit limit = calendarLimit(2, calendar::Span::kWeek, "UTC");
+  calendar::setWallOffsetNs(kMarch1Utc - kBootNs);  // Sunday 2026-03-01
+  uint64_t state = 0;
+  const int64_t now = kBootNs + 12 * kHour;
+  EXPECT_TRUE(fixed_window::acquire(state, limit, now, 2).allowed);
+  EXPECT_FALSE(fixed_window::isIdle(state, limit, now));
+  state = fixed_window::refund(state, limit, now, 1);
+  EXPECT_TRUE(fixed_window::acquire(state, limit, now, 1).allowed);
+  // The week ends at Monday 2026-03-02T00:00Z, 12 hours later.
+  EXPECT_FALSE(fixed_window::isIdle(state, limit, now + 12 * kHour - 1));
+  EXPECT_TRUE(fixed_window::isIdle(state, limit, now + 12 * kHour));
+}
+
 }  // namespace
 }  // namespace sluice
