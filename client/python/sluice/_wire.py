@@ -136,12 +136,15 @@ class MsgidCounter:
         msgid = self.next
         if batch.first_msgid is None:
             batch.first_msgid = msgid
-        for i in range(start, end):
+        for i, params in enumerate(params_list[start:end] if start or end < len(params_list)
+                                   else params_list, start):
             while msgid in pending:
                 msgid = (msgid + 1) & 0xFFFFFFFF
             pending[msgid] = (batch, i)
-            append([0, msgid, method, params_list[i]])
-            msgid = (msgid + 1) & 0xFFFFFFFF
+            append([0, msgid, method, params])
+            msgid += 1
+            if msgid == MSGID_LIMIT:
+                msgid = 0
         self.next = batch.end_msgid = msgid
         return frames
 
@@ -199,27 +202,42 @@ def pack_frames(packer, frames):
     return data[1 if count < 16 else 3 if count < 65536 else 5:]
 
 
-def take_answers(pending, messages):
+def take_answers(pending, messages, _new=object.__new__):
     """Hands each decoded frame to the call waiting for it: stores its
     result, batch.convert(result) or the ServerError or ProtocolError it
     makes, as batch.results[index], and returns the batches it completed.
     Skips notifications and answers to nothing in flight (calls that timed
     out); raises ProtocolError at a frame that is no response, after
-    handing out the frames before it."""
+    handing out the frames before it.
+
+    This loop runs once per answer: a well-formed decision map becomes its
+    Decision here (what as_decision would make, without the call), and an
+    answer costs no test that its own outcome does not need."""
     completed = []
     pop = pending.pop
     for message in messages:
         if type(message) is list and len(message) == 4 and message[0] == 1:
-            entry = pop(message[1], None) if type(message[1]) is int else None
+            try:
+                entry = pop(message[1], None)
+            except TypeError:  # an unhashable msgid: response_of says what is wrong
+                entry = None
             if entry is not None:
-                batch = entry[0]
-                if message[2] is None:
-                    try:
-                        batch.results[entry[1]] = batch.convert(message[3])
-                    except ProtocolError as exc:
-                        batch.results[entry[1]] = exc
+                batch, index = entry
+                result = message[3]
+                if message[2] is not None:
+                    batch.results[index] = server_error(message[2])
+                elif batch.convert is as_decision and type(result) is dict \
+                        and type(result.get("allowed")) is bool:
+                    decision = _new(Decision)
+                    decision.allowed = result["allowed"]
+                    decision.error = None
+                    decision.fields = result
+                    batch.results[index] = decision
                 else:
-                    batch.results[entry[1]] = server_error(message[2])
+                    try:
+                        batch.results[index] = batch.convert(result)
+                    except ProtocolError as exc:
+                        batch.results[index] = exc
                 batch.left -= 1
                 if not batch.left:
                     completed.append(batch)
