@@ -1543,10 +1543,16 @@ public final class SluiceClient implements AutoCloseable {
     if (len < 0) {
       return 0;
     }
+    // Names are a few bytes long: a plain loop beats Arrays.equals's setup.
+    next:
     for (int i : byLength[len]) {
-      if (java.util.Arrays.equals(scratch, 0, len, names[i], 0, len)) {
-        return i;
+      byte[] name = names[i];
+      for (int k = 0; k < len; k++) {
+        if (scratch[k] != name[k]) {
+          continue next;
+        }
       }
+      return i;
     }
     return 0;
   }
@@ -1555,10 +1561,13 @@ public final class SluiceClient implements AutoCloseable {
     return text.getBytes(StandardCharsets.US_ASCII);
   }
 
-  /** Reads a str or bin of at most scratch.length bytes into scratch; -1 (skipped) if longer. */
-  private static int readShortBytes(MessageUnpacker u, byte[] scratch)
+  /**
+   * Reads a str or bin (its format `f`, already peeked) of at most
+   * scratch.length bytes into scratch; -1 (skipped) if longer.
+   */
+  private static int readShortBytes(MessageUnpacker u, MessageFormat f, byte[] scratch)
       throws IOException, FatalFrame {
-    int len = u.getNextFormat().getValueType() == ValueType.BINARY ? u.unpackBinaryHeader()
+    int len = f.getValueType() == ValueType.BINARY ? u.unpackBinaryHeader()
         : u.unpackRawStringHeader();
     if (len < 0 || len > MAX_RESPONSE_BYTES) {
       throw new FatalFrame(ErrorCode.ETOOLARGE, "a string over 4 MiB");
@@ -1572,15 +1581,16 @@ public final class SluiceClient implements AutoCloseable {
   }
 
   /** Which decision key the next str or bin (a map key) is; KEY_OTHER for any other. */
-  private static int readDecisionKey(MessageUnpacker u, byte[] scratch)
+  private static int readDecisionKey(MessageUnpacker u, MessageFormat f, byte[] scratch)
       throws IOException, FatalFrame {
-    int len = readShortBytes(u, scratch);
+    int len = readShortBytes(u, f, scratch);
     return lookUp(scratch, len, DECISION_KEYS, DECISION_KEYS_BY_LENGTH); // 0 is KEY_OTHER
   }
 
   /** The mode the next str or bin names; UNKNOWN for any other name. */
-  private static Mode readMode(MessageUnpacker u, byte[] scratch) throws IOException, FatalFrame {
-    int len = readShortBytes(u, scratch);
+  private static Mode readMode(MessageUnpacker u, MessageFormat f, byte[] scratch)
+      throws IOException, FatalFrame {
+    int len = readShortBytes(u, f, scratch);
     return MODES[lookUp(scratch, len, MODE_NAMES, MODE_NAMES_BY_LENGTH)]; // 0 is UNKNOWN
   }
 
@@ -1605,15 +1615,18 @@ public final class SluiceClient implements AutoCloseable {
     long retryAfterMs = 0;
     long waitedMs = -1;
     String reason = null;
+    // Each key's and value's format is peeked once and passed on.
     for (int i = 0; i < n; i++) {
-      ValueType kt = u.getNextFormat().getValueType();
+      MessageFormat kf = u.getNextFormat();
+      ValueType kt = kf.getValueType();
       if (kt != ValueType.STRING && kt != ValueType.BINARY) {
         u.skipValue(2);
         bad = true;
         continue;
       }
-      int key = readDecisionKey(u, scratch);
-      ValueType vt = u.getNextFormat().getValueType();
+      int key = readDecisionKey(u, kf, scratch);
+      MessageFormat vf = u.getNextFormat();
+      ValueType vt = vf.getValueType();
       switch (key) {
         case KEY_ALLOWED:
           if (vt == ValueType.BOOLEAN) {
@@ -1626,7 +1639,7 @@ public final class SluiceClient implements AutoCloseable {
           break;
         case KEY_MODE:
           if (vt == ValueType.STRING || vt == ValueType.BINARY) {
-            mode = readMode(u, scratch);
+            mode = readMode(u, vf, scratch);
           } else {
             u.skipValue();
             bad = true;
@@ -1644,7 +1657,7 @@ public final class SluiceClient implements AutoCloseable {
         case KEY_RESET_AFTER_MS:
         case KEY_RETRY_AFTER_MS:
         case KEY_WAITED_MS:
-          if (vt != ValueType.INTEGER || u.getNextFormat() == MessageFormat.UINT64) {
+          if (vt != ValueType.INTEGER || vf == MessageFormat.UINT64) {
             u.skipValue();
             bad = true;
             break;
