@@ -13,9 +13,9 @@ The daemon needs a rule `bench`: a token bucket with a huge limit. Prints:
 
 Pipelined modes send BATCH requests at a time, two batches in flight.
 pipelined and raw_pipelined, whose ratio is the figure judged, run in
-ROUNDS alternating rounds and each reports its best round: on a machine
-shared with other work, a burst of it then lowers one round of one mode,
-not the ratio.
+BENCH_ROUNDS (default 3) alternating rounds and each reports its best
+round: on a machine shared with other work, a burst of it then lowers one
+round of one mode, not the ratio.
 """
 
 import asyncio
@@ -33,7 +33,6 @@ import sluice  # noqa: E402
 BATCH = 1000
 IN_FLIGHT_BATCHES = 2
 KEYS = 1000
-ROUNDS = 3
 RULE = "bench"
 
 
@@ -125,8 +124,9 @@ def raw_pipelined(path, seconds):
 def main():
     path = os.environ.get("SLUICE_SOCKET", "/run/sluice/sluice.sock")
     seconds = float(os.environ.get("BENCH_SECONDS", "3"))
+    rounds = int(os.environ.get("BENCH_ROUNDS", "3"))
     best_pipelined = best_raw = 0
-    for _ in range(ROUNDS):
+    for _ in range(rounds):
         best_pipelined = max(best_pipelined, asyncio.run(pipelined(path, seconds)))
         best_raw = max(best_raw, raw_pipelined(path, seconds))
     rows = [

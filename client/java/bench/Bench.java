@@ -27,18 +27,18 @@ import org.msgpack.value.ValueType;
  *       decoding each answer's map.
  * </ul>
  * pipelined and raw_pipelined, whose ratio is the figure judged, run in
- * {@value #ROUNDS} alternating rounds and each reports its best round: on a
+ * BENCH_ROUNDS (default 3) alternating rounds and each reports its best round: on a
  * machine shared with other work, a burst of it then lowers one round of
  * one mode, not the ratio.
  */
 public final class Bench {
   static final int WINDOW = 1024;
   static final int KEYS = 1000;
-  static final int ROUNDS = 3;
 
   public static void main(String[] args) throws Exception {
     String socket = System.getenv().getOrDefault("SLUICE_SOCKET", SluiceClient.DEFAULT_SOCKET);
     double seconds = Double.parseDouble(System.getenv().getOrDefault("BENCH_SECONDS", "3"));
+    int rounds = Integer.parseInt(System.getenv().getOrDefault("BENCH_ROUNDS", "3"));
     String[] keys = new String[KEYS];
     for (int i = 0; i < KEYS; i++) {
       keys[i] = "bench-key-" + i;
@@ -53,7 +53,7 @@ public final class Bench {
       raw(socket, keys, warmSeconds);
       double bestPipelined = 0;
       double bestRaw = 0;
-      for (int round = 0; round < ROUNDS; round++) {
+      for (int round = 0; round < rounds; round++) {
         bestPipelined = Math.max(bestPipelined, pipelined(client, keys, seconds));
         bestRaw = Math.max(bestRaw, raw(socket, keys, seconds));
       }
