@@ -142,19 +142,22 @@ class MsgidCounter:
         msgid = self.next
         if batch.first_msgid is None:
             batch.first_msgid = msgid
-        for i, params in enumerate(params_list[start:end] if start or end < len(params_list)
-                                   else params_list, start):
-            while msgid in pending:
-                msgid = (msgid + 1) & 0xFFFFFFFF
-            pending[msgid] = (batch, i)
-            pack([0, msgid, method, params])
-            msgid += 1
-            if msgid == MSGID_LIMIT:
-                msgid = 0
-        self.next = batch.end_msgid = msgid
-        data = packer.bytes()
-        packer.reset()
-        return data
+        try:
+            for i, params in enumerate(params_list[start:end] if start or end < len(params_list)
+                                       else params_list, start):
+                while msgid in pending:
+                    msgid = (msgid + 1) & 0xFFFFFFFF
+                pending[msgid] = (batch, i)
+                pack([0, msgid, method, params])
+                msgid += 1
+                if msgid == MSGID_LIMIT:
+                    msgid = 0
+            return packer.bytes()
+        finally:
+            # Empty again, even when a params would not pack: the next call
+            # must not send this one's frames.
+            packer.reset()
+            self.next = batch.end_msgid = msgid
 
 
 def response_of(message):
