@@ -54,10 +54,10 @@ import org.msgpack.value.ValueType;
  * is not reading) leaves the rest to the writer thread. Each connection has a reader thread
  * ("sluice-reader") that decodes answers and completes their futures (so
  * callbacks run there: do not block inside them); one timer thread per
- * client ("sluice-timeouts") fails calls whose timeout passed. The map of
- * calls in flight is concurrent; everything else shared is guarded by
- * {@code lock}, and futures are completed outside it. close() ends every
- * thread of the client.
+ * client ("sluice-timeouts") fails calls whose timeout passed. The table
+ * of calls in flight is read without the lock (see `table`); everything
+ * else shared is guarded by {@code lock}, and futures are completed outside
+ * it. close() ends every thread of the client.
  *
  * <p>Time: every call has a timeout in milliseconds (the options' default,
  * or its own); it bounds the wait for the answer, and a negative timeout
