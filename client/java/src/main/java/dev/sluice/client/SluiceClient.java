@@ -1326,6 +1326,8 @@ public final class SluiceClient implements AutoCloseable {
   private void readLoop(Conn c) {
     MessageUnpacker u = MessagePack.DEFAULT_UNPACKER_CONFIG.newUnpacker(new SelectingInput(c));
     byte[] scratch = new byte[SCRATCH_BYTES];
+    // The call whose answer is being read: claimed, not yet answered.
+    Pending[] reading = new Pending[1];
     SluiceException end;
     try {
       for (;;) {
@@ -1334,7 +1336,7 @@ public final class SluiceClient implements AutoCloseable {
           end = new SluiceException(ErrorCode.ECLOSED, "connection closed by the daemon");
           break;
         }
-        readFrame(u, scratch);
+        readFrame(u, scratch, reading);
         if (u.getTotalReadBytes() - frameStart > MAX_RESPONSE_BYTES) {
           throw new FatalFrame(ErrorCode.ETOOLARGE, "a response frame over 4 MiB");
         }
@@ -1356,10 +1358,18 @@ public final class SluiceClient implements AutoCloseable {
     }
     closeQuietly(c.readSelector);
     failAll(dropped, end);
+    if (reading[0] != null) { // the stream ended or broke inside its answer
+      reading[0].fail(end);
+    }
   }
 
-  /** Reads one frame: a response, matched to its call, or a notification, skipped. */
-  private void readFrame(MessageUnpacker u, byte[] scratch) throws IOException, FatalFrame {
+  /**
+   * Reads one frame: a response, matched to its call, or a notification,
+   * skipped. While it reads an answer, its call (claimed, so no longer
+   * among the calls in flight that kill() fails) is in reading[0].
+   */
+  private void readFrame(MessageUnpacker u, byte[] scratch, Pending[] reading)
+      throws IOException, FatalFrame {
     if (u.getNextFormat().getValueType() != ValueType.ARRAY) {
       throw new FatalFrame(ErrorCode.EPROTO, "a frame that is not an array");
     }
@@ -1386,8 +1396,10 @@ public final class SluiceClient implements AutoCloseable {
       staleResponses.increment();
       return;
     }
+    reading[0] = p;
     if (error != null) {
       u.skipValue();
+      reading[0] = null;
       p.fail(error);
       return;
     }
@@ -1395,9 +1407,11 @@ public final class SluiceClient implements AutoCloseable {
     try {
       result = readResult(u, p, scratch);
     } catch (BadResult e) {
+      reading[0] = null;
       p.fail(new SluiceException(ErrorCode.EPROTO, e.getMessage()));
       return;
     }
+    reading[0] = null;
     p.complete(result);
   }
 
