@@ -16,11 +16,13 @@
 # in flight), `sequential` (one call at a time) and `raw_pipelined`: a tight
 # loop of that language over a raw socket and the same MessagePack library,
 # the most a client in it could do, which its pipelined rate is judged
-# against. The table (decisions per second) is saved to
-# bench/results/clients.md.
+# against. The Java and Python benches alternate those two modes for
+# BENCH_ROUNDS rounds and report each one's best round. The table
+# (decisions per second) is saved to bench/results/clients.md.
 #
-# Knobs (environment): BENCH_SECONDS per mode (3), BENCH_WORKERS (nproc),
-# BENCH_CLIENTS the languages to measure ("c python node go java").
+# Knobs (environment): BENCH_SECONDS per mode (3), BENCH_ROUNDS (3),
+# BENCH_WORKERS (nproc), BENCH_CLIENTS the languages to measure
+# ("c python node go java").
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -28,6 +30,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 source "$here/common.sh"
 bench_setup clients.sh "$@"
 seconds=${BENCH_SECONDS:-3}
+rounds=${BENCH_ROUNDS:-3}
 workers=${BENCH_WORKERS:-$(nproc)}
 languages=${BENCH_CLIENTS:-c python node go java}
 repo=$(cd "$here/.." && pwd)
@@ -65,7 +68,7 @@ for _ in $(seq 100); do
   [ -S "$sock" ] && "$build/client/sluicectl" --socket "$sock" health >/dev/null 2>&1 && break
   sleep 0.05
 done
-export SLUICE_SOCKET=$sock BENCH_SECONDS=$seconds
+export SLUICE_SOCKET=$sock BENCH_SECONDS=$seconds BENCH_ROUNDS=$rounds
 
 lines="$tmp/lines"
 : >"$lines"
@@ -113,7 +116,8 @@ result="$here/results/$(bench_result_name clients)"
   echo
   echo "One connection to one sluiced ($workers workers) on this machine, rule \`bench\` (never denies);"
   echo "$seconds s per mode. raw is the language's own ceiling: a tight loop over a raw socket and the"
-  echo "same MessagePack library; pipelined/raw is the target's ratio (at least 0.5)."
+  echo "same MessagePack library; pipelined/raw is the target's ratio (at least 0.5). Java and"
+  echo "Python alternate pipelined and raw for $rounds rounds and show each one's best round."
   echo
   echo "| client | pipelined | sequential | raw (same language) | pipelined/raw | pipelined/C |"
   echo "|---|---:|---:|---:|---:|---:|"
@@ -127,6 +131,8 @@ result="$here/results/$(bench_result_name clients)"
     ratio_c=$(awk -v p="$p" -v c="${c_rate:-0}" 'BEGIN { if (c > 0) printf "%.2f", p / c; else printf "-" }')
     echo "| $language | $p | $s | ${r:--} | $ratio_raw | $ratio_c |"
   done
+  echo
+  echo "Reproduce: \`BENCH_SECONDS=$seconds BENCH_ROUNDS=$rounds bench/clients.sh BUILD_DIR\` (BUILD_DIR a Release build)."
   busy_warning "rerun on a quiet machine for figures to keep."
 } >"$result"
 cat "$result"

@@ -12,6 +12,10 @@ The daemon needs a rule `bench`: a token bucket with a huge limit. Prints:
     client=python mode=raw_pipelined decisions_per_s=<n>  raw socket + msgpack
 
 Pipelined modes send BATCH requests at a time, two batches in flight.
+pipelined and raw_pipelined, whose ratio is the figure judged, run in
+BENCH_ROUNDS (default 3) alternating rounds and each reports its best
+round: on a machine shared with other work, a burst of it then lowers one
+round of one mode, not the ratio.
 """
 
 import asyncio
@@ -120,10 +124,15 @@ def raw_pipelined(path, seconds):
 def main():
     path = os.environ.get("SLUICE_SOCKET", "/run/sluice/sluice.sock")
     seconds = float(os.environ.get("BENCH_SECONDS", "3"))
+    rounds = int(os.environ.get("BENCH_ROUNDS", "3"))
+    best_pipelined = best_raw = 0
+    for _ in range(rounds):
+        best_pipelined = max(best_pipelined, asyncio.run(pipelined(path, seconds)))
+        best_raw = max(best_raw, raw_pipelined(path, seconds))
     rows = [
-        ("pipelined", asyncio.run(pipelined(path, seconds))),
+        ("pipelined", best_pipelined),
         ("sequential", sequential(path, seconds)),
-        ("raw_pipelined", raw_pipelined(path, seconds)),
+        ("raw_pipelined", best_raw),
     ]
     for mode, rate in rows:
         print("client=python mode=%s decisions_per_s=%d" % (mode, rate))

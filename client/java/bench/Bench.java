@@ -26,6 +26,10 @@ import org.msgpack.value.ValueType;
  *       {@value #WINDOW} requests at once, two batches in flight, and
  *       decoding each answer's map.
  * </ul>
+ * pipelined and raw_pipelined, whose ratio is the figure judged, run in
+ * BENCH_ROUNDS (default 3) alternating rounds and each reports its best round: on a
+ * machine shared with other work, a burst of it then lowers one round of
+ * one mode, not the ratio.
  */
 public final class Bench {
   static final int WINDOW = 1024;
@@ -34,6 +38,7 @@ public final class Bench {
   public static void main(String[] args) throws Exception {
     String socket = System.getenv().getOrDefault("SLUICE_SOCKET", SluiceClient.DEFAULT_SOCKET);
     double seconds = Double.parseDouble(System.getenv().getOrDefault("BENCH_SECONDS", "3"));
+    int rounds = Integer.parseInt(System.getenv().getOrDefault("BENCH_ROUNDS", "3"));
     String[] keys = new String[KEYS];
     for (int i = 0; i < KEYS; i++) {
       keys[i] = "bench-key-" + i;
@@ -46,10 +51,16 @@ public final class Bench {
       pipelined(client, keys, warmSeconds);
       sequential(client, keys, warmSeconds);
       raw(socket, keys, warmSeconds);
-      report("pipelined", pipelined(client, keys, seconds));
+      double bestPipelined = 0;
+      double bestRaw = 0;
+      for (int round = 0; round < rounds; round++) {
+        bestPipelined = Math.max(bestPipelined, pipelined(client, keys, seconds));
+        bestRaw = Math.max(bestRaw, raw(socket, keys, seconds));
+      }
+      report("pipelined", bestPipelined);
       report("sequential", sequential(client, keys, seconds));
+      report("raw_pipelined", bestRaw);
     }
-    report("raw_pipelined", raw(socket, keys, seconds));
   }
 
   static void report(String mode, double perSecond) {

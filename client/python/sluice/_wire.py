@@ -126,24 +126,38 @@ class MsgidCounter:
     def __init__(self, first):
         self.next = first
 
-    def frames(self, pending, batch, method, params_list, start, end):
-        """The request frames of params_list[start:end], each under a new
-        msgid registered in `pending` as (batch, its index). The batch's
-        msgids lie in [batch.first_msgid, batch.end_msgid) (mod 2^32), among
-        others' that were skipped or taken between its chunks."""
-        frames = []
-        append = frames.append
+    def frames(self, pending, batch, method, params_list, start, end, packer):
+        """The request frames of params_list[start:end], packed back to back
+        (bytes), each under a new msgid registered in `pending` as (batch,
+        its index). The batch's msgids lie in [batch.first_msgid,
+        batch.end_msgid) (mod 2^32), among others' that were skipped or
+        taken between its chunks. `packer` is a msgpack.Packer made with
+        autoreset=False, empty, and left empty.
+
+        Each frame is packed as soon as it is made, so that its list is
+        freed at once: a thousand frame lists alive together would each
+        count towards the garbage collector's next collection, which then
+        visits them (a fifth of an asyncio pipeline's time)."""
+        pack = packer.pack
         msgid = self.next
         if batch.first_msgid is None:
             batch.first_msgid = msgid
-        for i in range(start, end):
-            while msgid in pending:
-                msgid = (msgid + 1) & 0xFFFFFFFF
-            pending[msgid] = (batch, i)
-            append([0, msgid, method, params_list[i]])
-            msgid = (msgid + 1) & 0xFFFFFFFF
-        self.next = batch.end_msgid = msgid
-        return frames
+        try:
+            for i, params in enumerate(params_list[start:end] if start or end < len(params_list)
+                                       else params_list, start):
+                while msgid in pending:
+                    msgid = (msgid + 1) & 0xFFFFFFFF
+                pending[msgid] = (batch, i)
+                pack([0, msgid, method, params])
+                msgid += 1
+                if msgid == MSGID_LIMIT:
+                    msgid = 0
+            return packer.bytes()
+        finally:
+            # Empty again, even when a params would not pack: the next call
+            # must not send this one's frames.
+            packer.reset()
+            self.next = batch.end_msgid = msgid
 
 
 def response_of(message):
@@ -191,35 +205,42 @@ def as_is(result):
     return result
 
 
-def pack_frames(packer, frames):
-    """The frames' MessagePack, back to back: packed as one array, in one
-    call, less the array's header (1, 3 or 5 bytes by its length)."""
-    count = len(frames)
-    data = packer.pack(frames)
-    return data[1 if count < 16 else 3 if count < 65536 else 5:]
-
-
-def take_answers(pending, messages):
+def take_answers(pending, messages, _new=object.__new__):
     """Hands each decoded frame to the call waiting for it: stores its
     result, batch.convert(result) or the ServerError or ProtocolError it
     makes, as batch.results[index], and returns the batches it completed.
     Skips notifications and answers to nothing in flight (calls that timed
     out); raises ProtocolError at a frame that is no response, after
-    handing out the frames before it."""
+    handing out the frames before it.
+
+    This loop runs once per answer: a well-formed decision map becomes its
+    Decision here (what as_decision would make, without the call), and an
+    answer costs no test that its own outcome does not need."""
     completed = []
     pop = pending.pop
     for message in messages:
         if type(message) is list and len(message) == 4 and message[0] == 1:
-            entry = pop(message[1], None) if type(message[1]) is int else None
+            try:
+                entry = pop(message[1], None)
+            except TypeError:  # an unhashable msgid: response_of says what is wrong
+                entry = None
             if entry is not None:
-                batch = entry[0]
-                if message[2] is None:
-                    try:
-                        batch.results[entry[1]] = batch.convert(message[3])
-                    except ProtocolError as exc:
-                        batch.results[entry[1]] = exc
+                batch, index = entry
+                result = message[3]
+                if message[2] is not None:
+                    batch.results[index] = server_error(message[2])
+                elif batch.convert is as_decision and type(result) is dict \
+                        and type(result.get("allowed")) is bool:
+                    decision = _new(Decision)
+                    decision.allowed = result["allowed"]
+                    decision.error = None
+                    decision.fields = result
+                    batch.results[index] = decision
                 else:
-                    batch.results[entry[1]] = server_error(message[2])
+                    try:
+                        batch.results[index] = batch.convert(result)
+                    except ProtocolError as exc:
+                        batch.results[index] = exc
                 batch.left -= 1
                 if not batch.left:
                     completed.append(batch)

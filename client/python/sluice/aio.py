@@ -87,7 +87,7 @@ class AsyncClient:
         self._loop = None  # the event loop of the first call
         self._connecting = None  # the future of a connect in progress
         self._closed = False
-        self._packer = msgpack.Packer(use_bin_type=True)
+        self._packer = msgpack.Packer(use_bin_type=True, autoreset=False)
 
     # ---- public calls ------------------------------------------------------
 
@@ -230,10 +230,9 @@ class AsyncClient:
                     may_reconnect = False
                     continue
                 raise conn.dead
-            frames = self._msgids.frames(conn.pending, batch, method, params_list, 0,
-                                         len(params_list))
+            data = self._msgids.frames(conn.pending, batch, method, params_list, 0,
+                                       len(params_list), self._packer)
             batch.conn = conn
-            data = _wire.pack_frames(self._packer, frames)
             buffered_before = transport.get_write_buffer_size()
             conn.writer.write(data)
             if transport.is_closing() and conn.dead is None:

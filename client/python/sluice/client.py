@@ -263,11 +263,11 @@ class Client:
                 conn = batch.conn if start > 0 else self._ready_conn(deadline)
                 if start > 0 and conn.dead is not None:
                     raise conn.dead
+                packer = msgpack.Packer(use_bin_type=True, autoreset=False)
                 with self._lock:
-                    frames = self._msgids.frames(conn.pending, batch, method, params_list,
-                                                 start, end)
+                    data = self._msgids.frames(conn.pending, batch, method, params_list,
+                                               start, end, packer)
                 batch.conn = conn
-                data = _wire.pack_frames(msgpack.Packer(use_bin_type=True), frames)
                 try:
                     self._write(conn.sock, data, deadline)
                     return

@@ -5,10 +5,13 @@ connection, timeouts against a stopped daemon, reconnection after a restart
 without sending a request again, msgids wrapping at 2^32, and the
 on_unreachable policy."""
 
+import io
 import os
 import threading
 import time
 import unittest
+
+import msgpack
 
 import support
 from support import CONC, HELD_INTERVAL_MS, SMALL, WIDE, harness
@@ -211,8 +214,10 @@ class PipelineTest(ClientCase):
         counter = _wire.MsgidCounter((1 << 32) - 1)
         pending = {(1 << 32) - 1: None, 0: None, 2: None}
         batch = sluice.client._Batch(2, None)
-        frames = counter.frames(pending, batch, "peek", [["r", "a"], ["r", "b"]], 0, 2)
-        self.assertEqual(frames, [[0, 1, "peek", ["r", "a"]], [0, 3, "peek", ["r", "b"]]])
+        data = counter.frames(pending, batch, "peek", [["r", "a"], ["r", "b"]], 0, 2,
+                              msgpack.Packer(use_bin_type=True, autoreset=False))
+        self.assertEqual(list(msgpack.Unpacker(io.BytesIO(data), raw=False)),
+                         [[0, 1, "peek", ["r", "a"]], [0, 3, "peek", ["r", "b"]]])
         self.assertEqual((pending[1], pending[3]), ((batch, 0), (batch, 1)))
         self.assertEqual((batch.first_msgid, batch.end_msgid, counter.next), ((1 << 32) - 1, 4, 4))
         # Forgetting the batch (its call timed out) drops its ids, not the others'.

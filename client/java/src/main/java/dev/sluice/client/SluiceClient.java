@@ -1,6 +1,8 @@
 package dev.sluice.client;
 
 import java.io.IOException;
+import java.lang.invoke.MethodHandles;
+import java.lang.invoke.VarHandle;
 import java.math.BigInteger;
 import java.net.StandardProtocolFamily;
 import java.net.UnixDomainSocketAddress;
@@ -18,9 +20,9 @@ import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.CompletableFuture;
-import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.atomic.LongAdder;
 import org.msgpack.core.MessageFormat;
 import org.msgpack.core.MessageInsufficientBufferException;
@@ -52,10 +54,10 @@ import org.msgpack.value.ValueType;
  * is not reading) leaves the rest to the writer thread. Each connection has a reader thread
  * ("sluice-reader") that decodes answers and completes their futures (so
  * callbacks run there: do not block inside them); one timer thread per
- * client ("sluice-timeouts") fails calls whose timeout passed. The map of
- * calls in flight is concurrent; everything else shared is guarded by
- * {@code lock}, and futures are completed outside it. close() ends every
- * thread of the client.
+ * client ("sluice-timeouts") fails calls whose timeout passed. The table
+ * of calls in flight is read without the lock (see `table`); everything
+ * else shared is guarded by {@code lock}, and futures are completed outside
+ * it. close() ends every thread of the client.
  *
  * <p>Time: every call has a timeout in milliseconds (the options' default,
  * or its own); it bounds the wait for the answer, and a negative timeout
@@ -96,6 +98,18 @@ public final class SluiceClient implements AutoCloseable {
   private static final byte[] RESET = "reset".getBytes(StandardCharsets.US_ASCII);
   /** A write deadline (deadlineNs) that never passes. */
   private static final long NO_DEADLINE = Long.MIN_VALUE;
+  private static final int MIN_TABLE_SLOTS = 1024;
+  private static final int MAX_TABLE_SLOTS = 64 * 1024;
+  private static final VarHandle SLOTS = MethodHandles.arrayElementVarHandle(Pending[].class);
+  private static final VarHandle CLAIMED;
+
+  static {
+    try {
+      CLAIMED = MethodHandles.lookup().findVarHandle(Pending.class, "claimed", boolean.class);
+    } catch (ReflectiveOperationException e) {
+      throw new ExceptionInInitializerError(e);
+    }
+  }
 
   /** The options of a client; setters return this. */
   public static final class Options {
@@ -142,18 +156,24 @@ public final class SluiceClient implements AutoCloseable {
   private static final int SENDING = 1; // taken by the writer: bytes may be written
   private static final int SENT = 2;
 
-  /** A request in flight. `state`, `conn` and `start` are guarded by `lock`. */
-  private final class Pending {
+  /**
+   * A request in flight, and the future its caller holds (one object per
+   * call). `state`, `conn` and `start` are guarded by `lock`; `claimed` is
+   * set once, by the thread that takes the call out of the calls in flight
+   * ({@link #claim}) and so answers or fails it.
+   */
+  private final class Pending extends CompletableFuture<Object> {
     final Kind kind;
     final boolean policyApplies;
     final int items; // acquire_all: how many results the policy makes
     final byte[] tail; // method and params, encoded
-    final CompletableFuture<Object> future = new CompletableFuture<>();
     int msgid;
     Conn conn;
     int state = QUEUED;
     int start; // offset in its connection's output buffer
     long deadlineNs; // System.nanoTime() when it times out, if it has a timeout
+    volatile boolean claimed;
+    volatile boolean overflowed; // in `overflow`, not in `table`
 
     Pending(Kind kind, boolean policyApplies, int items, byte[] tail) {
       this.kind = kind;
@@ -162,22 +182,18 @@ public final class SluiceClient implements AutoCloseable {
       this.tail = tail;
     }
 
-    void complete(Object value) {
-      future.complete(value);
-    }
-
     void fail(SluiceException e) {
       if (policyApplies && e.code().unreachable()) {
         (policy == UnreachablePolicy.FAIL_OPEN ? failedOpen : failedClosed).increment();
         Decision decision = Decision.ofPolicy(policy, e);
         if (kind == Kind.ALL) {
-          future.complete(new AcquireAllResult(decision.allowed(),
+          complete(new AcquireAllResult(decision.allowed(),
               java.util.Collections.nCopies(items, decision)));
         } else {
-          future.complete(decision);
+          complete(decision);
         }
       } else {
-        future.completeExceptionally(e);
+        completeExceptionally(e);
       }
     }
   }
@@ -270,7 +286,19 @@ public final class SluiceClient implements AutoCloseable {
   private final UnixDomainSocketAddress address;
   private final UnreachablePolicy policy;
   private final Object lock = new Object();
-  private final ConcurrentHashMap<Integer, Pending> pending = new ConcurrentHashMap<>();
+  /**
+   * The calls in flight (queued, sent, not yet answered, failed or timed
+   * out), by msgid: call m sits at table[m & (table.length - 1)]. Written
+   * under `lock` (placed by {@link #place}); read without it by the reader
+   * thread, which takes its call with {@link #claim}. A slot whose call is
+   * claimed is free. When a new call's slot holds a call still in flight,
+   * the table doubles, up to MAX_TABLE_SLOTS; past that (a call left waiting
+   * while msgids ran far ahead) the older call moves to `overflow`.
+   */
+  private volatile Pending[] table = new Pending[MIN_TABLE_SLOTS];
+  /** Calls in flight that lost their slot in `table`, by msgid. Guarded by `lock`. */
+  private final HashMap<Integer, Pending> overflow = new HashMap<>();
+  private final AtomicInteger inFlight = new AtomicInteger();
   /**
    * Calls with a timeout, one queue per distinct timeout, so deadlines rise
    * along each queue: the timer thread looks at the heads only. Answered
@@ -495,7 +523,7 @@ public final class SluiceClient implements AutoCloseable {
 
   /** Calls sent or queued and not yet answered, failed or timed out. */
   public int inFlight() {
-    return pending.size();
+    return inFlight.get();
   }
 
   /** The msgid the next request gets, 0 to 2^32-1. */
@@ -817,7 +845,7 @@ public final class SluiceClient implements AutoCloseable {
       if (failure == null) {
         p.msgid = nextMsgid++;
         p.conn = conn;
-        pending.put(p.msgid, p);
+        place(p);
         conn.out.append(p);
         if (timeoutMs >= 0) {
           p.deadlineNs = System.nanoTime() + timeoutMs * 1_000_000;
@@ -826,7 +854,7 @@ public final class SluiceClient implements AutoCloseable {
             lastTimeoutMs = timeoutMs;
           }
           ArrayDeque<Pending> queue = lastQueue;
-          while (!queue.isEmpty() && queue.peekFirst().future.isDone()) {
+          while (!queue.isEmpty() && queue.peekFirst().isDone()) {
             queue.pollFirst();
           }
           queue.addLast(p);
@@ -842,13 +870,13 @@ public final class SluiceClient implements AutoCloseable {
           // next write, one syscall for many requests. A lone call writes
           // itself, the shortest way to the daemon, unless it is made in a
           // callback: a reader thread must never wait for the socket.
-          handOff = pending.size() > 1 || Thread.currentThread() instanceof ReaderThread;
+          handOff = inFlight.get() > 1 || Thread.currentThread() instanceof ReaderThread;
         }
       }
     }
     if (failure != null) {
       p.fail(failure);
-      return cast(p.future);
+      return cast(p);
     }
     if (handOff) {
       handOff(writeOn, null, null);
@@ -856,7 +884,79 @@ public final class SluiceClient implements AutoCloseable {
       drain(writeOn, timeoutMs >= 0 ? System.nanoTime() + timeoutMs * 1_000_000 : NO_DEADLINE,
           null, null);
     }
-    return cast(p.future);
+    return cast(p);
+  }
+
+  /** Puts `p` (its msgid set) in the calls in flight. Caller holds `lock`. */
+  private void place(Pending p) {
+    inFlight.incrementAndGet();
+    for (;;) {
+      Pending[] t = table;
+      int i = p.msgid & (t.length - 1);
+      Pending held = t[i];
+      if (held != null && !held.claimed) {
+        if (t.length < MAX_TABLE_SLOTS) {
+          table = grown(t);
+          continue;
+        }
+        held.overflowed = true;
+        overflow.put(held.msgid, held);
+        if (held.claimed) { // its claimer may have missed `overflowed`
+          overflow.remove(held.msgid, held);
+        }
+      }
+      SLOTS.setRelease(t, i, p);
+      return;
+    }
+  }
+
+  /** `t` doubled, with the calls in flight in it. Caller holds `lock`. */
+  private static Pending[] grown(Pending[] t) {
+    Pending[] bigger = new Pending[t.length * 2];
+    for (Pending p : t) {
+      if (p != null && !p.claimed) {
+        bigger[p.msgid & (bigger.length - 1)] = p; // distinct mod t.length, so mod 2 t.length
+      }
+    }
+    return bigger;
+  }
+
+  /**
+   * Takes `p` out of the calls in flight: true for the one thread that
+   * does (and must answer or fail it), false when another did. Any thread.
+   */
+  private boolean claim(Pending p) {
+    if (p.claimed || !CLAIMED.compareAndSet(p, false, true)) {
+      return false;
+    }
+    Pending[] t = table;
+    SLOTS.compareAndSet(t, p.msgid & (t.length - 1), p, null);
+    inFlight.decrementAndGet();
+    if (p.overflowed) {
+      synchronized (lock) {
+        overflow.remove(p.msgid, p);
+      }
+    }
+    return true;
+  }
+
+  /** Takes the call in flight with `msgid` (see claim(Pending)); null when there is none. */
+  private Pending claim(int msgid) {
+    Pending[] t = table;
+    Pending p = (Pending) SLOTS.getAcquire(t, msgid & (t.length - 1));
+    if (p != null && p.msgid == msgid && claim(p)) {
+      return p;
+    }
+    // Not in the slot the reader saw: in `overflow`, in a table grown
+    // meanwhile, or gone (timed out, or never sent on this connection).
+    synchronized (lock) {
+      t = table;
+      p = t[msgid & (t.length - 1)];
+      if (p == null || p.msgid != msgid) {
+        p = overflow.get(msgid);
+      }
+    }
+    return p != null && p.msgid == msgid && claim(p) ? p : null;
   }
 
   /** The timer thread: fails each call whose deadline passed, until close(). */
@@ -874,7 +974,7 @@ public final class SluiceClient implements AutoCloseable {
           for (ArrayDeque<Pending> queue : deadlines.values()) {
             while (!queue.isEmpty()) {
               Pending head = queue.peekFirst();
-              if (head.future.isDone()) {
+              if (head.isDone()) {
                 queue.pollFirst();
               } else if (head.deadlineNs - nowNs <= 0) {
                 expired.add(queue.pollFirst());
@@ -907,7 +1007,7 @@ public final class SluiceClient implements AutoCloseable {
         }
       }
       for (Pending p : expired) {
-        if (pending.remove(p.msgid, p)) {
+        if (claim(p)) {
           p.fail(new SluiceException(ErrorCode.ETIMEDOUT, "no answer from the daemon in time"));
         }
       }
@@ -981,9 +1081,15 @@ public final class SluiceClient implements AutoCloseable {
     if (writeSelector != null) {
       writeSelector.wakeup();
     }
+    List<Pending> candidates = new ArrayList<>(overflow.values());
+    for (Pending p : table) {
+      if (p != null) {
+        candidates.add(p);
+      }
+    }
     List<Pending> dropped = new ArrayList<>();
-    for (Pending p : pending.values()) {
-      if (p.conn == c && p.state != QUEUED && pending.remove(p.msgid, p)) {
+    for (Pending p : candidates) {
+      if (p.conn == c && p.state != QUEUED && claim(p)) {
         dropped.add(p);
       }
     }
@@ -1028,7 +1134,7 @@ public final class SluiceClient implements AutoCloseable {
             // Every request left in c.out is wholly unwritten: send it elsewhere.
             List<Pending> queued = new ArrayList<>();
             for (Pending p : c.out.entries) {
-              if (pending.get(p.msgid) == p) {
+              if (!p.claimed) {
                 queued.add(p);
               }
             }
@@ -1056,7 +1162,7 @@ public final class SluiceClient implements AutoCloseable {
             if (unsentError != null) {
               unsent = new ArrayList<>();
               for (Pending p : queued) {
-                if (pending.remove(p.msgid, p)) { // else its timeout took it
+                if (claim(p)) { // else its timeout took it
                   unsent.add(p);
                 }
               }
@@ -1220,6 +1326,8 @@ public final class SluiceClient implements AutoCloseable {
   private void readLoop(Conn c) {
     MessageUnpacker u = MessagePack.DEFAULT_UNPACKER_CONFIG.newUnpacker(new SelectingInput(c));
     byte[] scratch = new byte[SCRATCH_BYTES];
+    // The call whose answer is being read: claimed, not yet answered.
+    Pending[] reading = new Pending[1];
     SluiceException end;
     try {
       for (;;) {
@@ -1228,7 +1336,7 @@ public final class SluiceClient implements AutoCloseable {
           end = new SluiceException(ErrorCode.ECLOSED, "connection closed by the daemon");
           break;
         }
-        readFrame(u, scratch);
+        readFrame(u, scratch, reading);
         if (u.getTotalReadBytes() - frameStart > MAX_RESPONSE_BYTES) {
           throw new FatalFrame(ErrorCode.ETOOLARGE, "a response frame over 4 MiB");
         }
@@ -1250,10 +1358,18 @@ public final class SluiceClient implements AutoCloseable {
     }
     closeQuietly(c.readSelector);
     failAll(dropped, end);
+    if (reading[0] != null) { // the stream ended or broke inside its answer
+      reading[0].fail(end);
+    }
   }
 
-  /** Reads one frame: a response, matched to its call, or a notification, skipped. */
-  private void readFrame(MessageUnpacker u, byte[] scratch) throws IOException, FatalFrame {
+  /**
+   * Reads one frame: a response, matched to its call, or a notification,
+   * skipped. While it reads an answer, its call (claimed, so no longer
+   * among the calls in flight that kill() fails) is in reading[0].
+   */
+  private void readFrame(MessageUnpacker u, byte[] scratch, Pending[] reading)
+      throws IOException, FatalFrame {
     if (u.getNextFormat().getValueType() != ValueType.ARRAY) {
       throw new FatalFrame(ErrorCode.EPROTO, "a frame that is not an array");
     }
@@ -1274,14 +1390,16 @@ public final class SluiceClient implements AutoCloseable {
       throw new FatalFrame(ErrorCode.EPROTO, "a msgid outside 32 bits");
     }
     SluiceException error = readError(u);
-    Pending p = pending.remove((int) id);
+    Pending p = claim((int) id);
     if (p == null) {
       u.skipValue(); // a late answer to a call that timed out
       staleResponses.increment();
       return;
     }
+    reading[0] = p;
     if (error != null) {
       u.skipValue();
+      reading[0] = null;
       p.fail(error);
       return;
     }
@@ -1289,9 +1407,11 @@ public final class SluiceClient implements AutoCloseable {
     try {
       result = readResult(u, p, scratch);
     } catch (BadResult e) {
+      reading[0] = null;
       p.fail(new SluiceException(ErrorCode.EPROTO, e.getMessage()));
       return;
     }
+    reading[0] = null;
     p.complete(result);
   }
 
@@ -1437,10 +1557,16 @@ public final class SluiceClient implements AutoCloseable {
     if (len < 0) {
       return 0;
     }
+    // Names are a few bytes long: a plain loop beats Arrays.equals's setup.
+    next:
     for (int i : byLength[len]) {
-      if (java.util.Arrays.equals(scratch, 0, len, names[i], 0, len)) {
-        return i;
+      byte[] name = names[i];
+      for (int k = 0; k < len; k++) {
+        if (scratch[k] != name[k]) {
+          continue next;
+        }
       }
+      return i;
     }
     return 0;
   }
@@ -1449,10 +1575,13 @@ public final class SluiceClient implements AutoCloseable {
     return text.getBytes(StandardCharsets.US_ASCII);
   }
 
-  /** Reads a str or bin of at most scratch.length bytes into scratch; -1 (skipped) if longer. */
-  private static int readShortBytes(MessageUnpacker u, byte[] scratch)
+  /**
+   * Reads a str or bin (its format `f`, already peeked) of at most
+   * scratch.length bytes into scratch; -1 (skipped) if longer.
+   */
+  private static int readShortBytes(MessageUnpacker u, MessageFormat f, byte[] scratch)
       throws IOException, FatalFrame {
-    int len = u.getNextFormat().getValueType() == ValueType.BINARY ? u.unpackBinaryHeader()
+    int len = f.getValueType() == ValueType.BINARY ? u.unpackBinaryHeader()
         : u.unpackRawStringHeader();
     if (len < 0 || len > MAX_RESPONSE_BYTES) {
       throw new FatalFrame(ErrorCode.ETOOLARGE, "a string over 4 MiB");
@@ -1466,15 +1595,16 @@ public final class SluiceClient implements AutoCloseable {
   }
 
   /** Which decision key the next str or bin (a map key) is; KEY_OTHER for any other. */
-  private static int readDecisionKey(MessageUnpacker u, byte[] scratch)
+  private static int readDecisionKey(MessageUnpacker u, MessageFormat f, byte[] scratch)
       throws IOException, FatalFrame {
-    int len = readShortBytes(u, scratch);
+    int len = readShortBytes(u, f, scratch);
     return lookUp(scratch, len, DECISION_KEYS, DECISION_KEYS_BY_LENGTH); // 0 is KEY_OTHER
   }
 
   /** The mode the next str or bin names; UNKNOWN for any other name. */
-  private static Mode readMode(MessageUnpacker u, byte[] scratch) throws IOException, FatalFrame {
-    int len = readShortBytes(u, scratch);
+  private static Mode readMode(MessageUnpacker u, MessageFormat f, byte[] scratch)
+      throws IOException, FatalFrame {
+    int len = readShortBytes(u, f, scratch);
     return MODES[lookUp(scratch, len, MODE_NAMES, MODE_NAMES_BY_LENGTH)]; // 0 is UNKNOWN
   }
 
@@ -1499,15 +1629,18 @@ public final class SluiceClient implements AutoCloseable {
     long retryAfterMs = 0;
     long waitedMs = -1;
     String reason = null;
+    // Each key's and value's format is peeked once and passed on.
     for (int i = 0; i < n; i++) {
-      ValueType kt = u.getNextFormat().getValueType();
+      MessageFormat kf = u.getNextFormat();
+      ValueType kt = kf.getValueType();
       if (kt != ValueType.STRING && kt != ValueType.BINARY) {
         u.skipValue(2);
         bad = true;
         continue;
       }
-      int key = readDecisionKey(u, scratch);
-      ValueType vt = u.getNextFormat().getValueType();
+      int key = readDecisionKey(u, kf, scratch);
+      MessageFormat vf = u.getNextFormat();
+      ValueType vt = vf.getValueType();
       switch (key) {
         case KEY_ALLOWED:
           if (vt == ValueType.BOOLEAN) {
@@ -1520,7 +1653,7 @@ public final class SluiceClient implements AutoCloseable {
           break;
         case KEY_MODE:
           if (vt == ValueType.STRING || vt == ValueType.BINARY) {
-            mode = readMode(u, scratch);
+            mode = readMode(u, vf, scratch);
           } else {
             u.skipValue();
             bad = true;
@@ -1538,7 +1671,7 @@ public final class SluiceClient implements AutoCloseable {
         case KEY_RESET_AFTER_MS:
         case KEY_RETRY_AFTER_MS:
         case KEY_WAITED_MS:
-          if (vt != ValueType.INTEGER || u.getNextFormat() == MessageFormat.UINT64) {
+          if (vt != ValueType.INTEGER || vf == MessageFormat.UINT64) {
             u.skipValue();
             bad = true;
             break;

@@ -182,6 +182,43 @@ class FailureTest {
   }
 
   @Test
+  void aCallWhoseAnswerIsCutOffByTheConnectionClosingFailsWithIt() throws Exception {
+    // A stand-in daemon answers the first request (msgid 7) with half a
+    // frame, up to the first key of the decision map, and closes.
+    java.nio.file.Path dir = java.nio.file.Files.createTempDirectory("sluice-cut");
+    java.nio.file.Path socket = dir.resolve("d.sock");
+    try (java.nio.channels.ServerSocketChannel server = java.nio.channels.ServerSocketChannel.open(
+        java.net.StandardProtocolFamily.UNIX)) {
+      server.bind(java.net.UnixDomainSocketAddress.of(socket));
+      Thread daemon = new Thread(() -> {
+        try (java.nio.channels.SocketChannel ch = server.accept()) {
+          ch.read(java.nio.ByteBuffer.allocate(4096));
+          byte[] half = {(byte) 0x94, 0x01, 0x07, (byte) 0xc0, (byte) 0x82, (byte) 0xa7,
+              'a', 'l', 'l', 'o', 'w', 'e', 'd'};
+          ch.write(java.nio.ByteBuffer.wrap(half));
+        } catch (java.io.IOException e) {
+          throw new java.io.UncheckedIOException(e);
+        }
+      });
+      daemon.start();
+      try (SluiceClient client = new SluiceClient(new SluiceClient.Options()
+          .socketPath(socket.toString()).timeoutMs(-1).firstMsgid(7))) {
+        // No timeout: only the connection's end can answer the call.
+        CompletableFuture<Decision> cut = client.peekAsync("r", new byte[] {'k'}, -1);
+        java.util.concurrent.ExecutionException e = assertThrows(
+            java.util.concurrent.ExecutionException.class,
+            () -> cut.get(10, java.util.concurrent.TimeUnit.SECONDS));
+        assertEquals(ErrorCode.ECLOSED, ((SluiceException) e.getCause()).code());
+        assertEquals(0, client.inFlight());
+      }
+      daemon.join();
+    } finally {
+      java.nio.file.Files.deleteIfExists(socket);
+      java.nio.file.Files.delete(dir);
+    }
+  }
+
+  @Test
   void anUnreachableDaemonFailsOpenByDefaultAndIsCounted() throws Exception {
     try (Daemon daemon = new Daemon(RULES)) {
       assertEquals(ErrorCode.ECONNECT,

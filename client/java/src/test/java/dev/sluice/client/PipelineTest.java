@@ -22,6 +22,9 @@ class PipelineTest {
       // One unit per 10 ms, waiting up to 5 s: 100 waiters on one key are
       // answered over about a second, after the requests sent behind them.
       "[[rule]]", "name = \"held\"", "algorithm = \"gcra\"", "limit = 100", "period = \"1s\"",
+      "pace = true", "max_wait = \"5s\"", "",
+      // One unit per 4 s: a second acquire of a key waits about 4 s.
+      "[[rule]]", "name = \"slow\"", "algorithm = \"gcra\"", "limit = 1", "period = \"4s\"",
       "pace = true", "max_wait = \"5s\"", "");
 
   static Daemon daemon;
@@ -81,6 +84,39 @@ class PipelineTest {
       assertTrue(overtaken > 0, "no answer came out of order");
       assertEquals(0, client.inFlight());
       assertEquals(1, client.connectCount());
+    }
+  }
+
+  @Test
+  void aCallWaitingWhileMsgidsRunFarAheadIsStillAnsweredAsItself() {
+    // The waiting call's msgid is 2^32 - 1000; the others run 100,000 past
+    // it (over the wrap), further than the table of calls in flight reaches.
+    long first = (1L << 32) - 1000;
+    try (SluiceClient client = SluiceClient.connect(
+        new SluiceClient.Options().socketPath(daemon.socket).timeoutMs(20_000).firstMsgid(first))) {
+      assertTrue(client.acquire("slow", "far").allowed());
+      CompletableFuture<Decision> waiting = client.acquireAsync("slow", "far");
+      // In rounds of 5,000 in flight: the daemon closes a connection whose
+      // unread answers pass max_output_bytes.
+      int n = 100_000;
+      int round = 5_000;
+      List<CompletableFuture<Decision>> calls = new ArrayList<>(round);
+      for (int from = 0; from < n; from += round) {
+        calls.clear();
+        for (int i = from; i < from + round; i++) {
+          calls.add(client.acquireAsync("big", "far" + i, costOf(i)));
+        }
+        for (int i = from; i < from + round; i++) {
+          Decision d = calls.get(i - from).join();
+          assertEquals(BIG - costOf(i), d.remaining(), "call " + i + ": " + d);
+        }
+      }
+      assertFalse(waiting.isDone(), "the waiting call was answered before the others ran past it");
+      Decision d = waiting.join();
+      assertTrue(d.allowed());
+      assertTrue(d.waitedMs() >= 1000, "it waited " + d.waitedMs() + " ms");
+      assertEquals(0, client.inFlight());
+      assertEquals(0, client.staleResponseCount());
     }
   }
 
