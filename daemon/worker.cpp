@@ -158,9 +158,11 @@ void Worker::ping(uint64_t seq) {
 
 void Worker::notifyLeases() {
   // The caller wrote the slices first: see the thread model.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (!awaits_news_.load(std::memory_order_relaxed)) return;
   std::lock_guard<std::mutex> lock(mutex_);
+  if (!awaits_news_.load(std::memory_order_relaxed)) {
+    news_missed_ = true;
+    return;
+  }
   wakeForNewsLocked();
 }
 
@@ -174,13 +176,12 @@ void Worker::wakeForNewsLocked() {
 void Worker::noteWaiters() {
   bool awaits = dispatcher_.awaitsLeaseNews();
   if (awaits == awaits_news_.load(std::memory_order_relaxed)) return;
-  awaits_news_.store(awaits, std::memory_order_relaxed);
-  if (!awaits) return;
-  // A reply that came between this worker's lease request and the store
-  // above found the flag down and woke nobody: look at the slices once more.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
   std::lock_guard<std::mutex> lock(mutex_);
-  wakeForNewsLocked();
+  awaits_news_.store(awaits, std::memory_order_relaxed);
+  // A reply that came while the flag was down woke nobody; it may be one a
+  // request now waiting asked for: look at the slices once more.
+  if (awaits && news_missed_) wakeForNewsLocked();
+  news_missed_ = false;
 }
 
 void Worker::retryDeferred() {

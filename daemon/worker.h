@@ -16,10 +16,11 @@
 //    into the keys' slices and wakes the workers through notifyLeases() (the
 //    same uv_async_t), so a request deferred for a lease is answered. Only
 //    a worker holding requests that wait for such news (Waiting::awaitsNews)
-//    is woken: each worker publishes that in awaits_news_, and one that
-//    raises it wakes itself once, for a reply that came before it did (the
-//    control thread writes the slice before it reads the flag, the worker
-//    the flag before it reads the slice, both with a seq_cst fence between).
+//    is woken: each worker publishes that in awaits_news_, under the
+//    mutex. News that finds it down is remembered (news_missed_), and a
+//    worker that raises it wakes itself once if news came meanwhile: a
+//    reply written after the worker looked at its slice and before it
+//    raised the flag is not lost.
 //    Not per key: a woken worker asks all its lease and line waiters again
 //    (Waiting::askAgain), so a per-key registry would spare only workers
 //    that also wait on other keys, at the price of a shared map on every
@@ -143,7 +144,7 @@ class Worker {
   // Answers the deferred requests that can be answered (all when stopping).
   void retryDeferred();
   // Publishes whether requests wait for lease news (awaits_news_); on
-  // raising it, wakes this worker once to look at the slices again.
+  // raising it, wakes this worker once if news came while it was down.
   void noteWaiters();
   // Sets lease_news_ and wakes the loop (the caller holds mutex_).
   void wakeForNewsLocked();
@@ -166,12 +167,14 @@ class Worker {
   uv_timer_t lease_timer_;  // the earliest deferred request's deadline
   std::thread thread_;
 
-  std::mutex mutex_;                // guards inbox_, lease_news_, wakeup_closed_
+  std::mutex mutex_;  // guards inbox_, lease_news_, news_missed_, wakeup_closed_
   std::vector<Message> inbox_;
   bool lease_news_ = false;         // notifyLeases() since the last wakeup
   // Whether this worker holds requests that wait for lease news: written by
-  // the worker (noteWaiters), read by the control thread (notifyLeases).
+  // the worker under mutex_ (noteWaiters), read by the control thread under
+  // it (notifyLeases); the worker reads its own value without it.
   std::atomic<bool> awaits_news_{false};
+  bool news_missed_ = false;  // notifyLeases() found awaits_news_ down
   std::atomic<uint64_t> lease_wakeups_{0};
   bool wakeup_closed_ = false;      // wakeup_ is closing: nothing may send to it
   std::vector<Message> taken_;      // loop thread only
