@@ -13,7 +13,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <set>
 #include <thread>
 
 #include <spdlog/spdlog.h>
