@@ -240,14 +240,17 @@ Outcome GroupPath::acquire(const RuleSet& rules, std::span<const Item> items, in
   rules_ = &rules;
   entries_.clear();
   groups_.clear();
-  bool denied = false;
+  // Every rule is known before anything is taken or waited for: a request
+  // naming an unknown rule is refused at once, not after a lease wait.
   for (const Item& item : items) {
-    const Rule* configured = rules.find(item.rule);
-    if (configured == nullptr) {
-      refundEntries(now_ns);
+    if (rules.find(item.rule) == nullptr) {
       answer->fail(ErrorCode::kUnknownRule, unknownRule(item.rule));
       return Outcome::kAnswered;
     }
+  }
+  bool denied = false;
+  for (const Item& item : items) {
+    const Rule* configured = rules.find(item.rule);
     switch (collectItem(*configured, item, now_ns, asker, &denied)) {
       case Collected::kOk: break;
       case Collected::kDeferred: refundEntries(now_ns); return Outcome::kWaitsForLease;

@@ -111,6 +111,9 @@ class Server : public DaemonStatus {
   bool addRule(const Rule& rule);
   // addRule() for a rule not in the set; the caller holds reload_mutex_.
   void addRuleLocked(const Rule& rule);
+  // `rules` and `added` together: an added rule whose name the file now
+  // gives is left out; one whose id a rule of the file took gets another.
+  static std::vector<Rule> withAddedRules(std::vector<Rule> rules, const std::vector<Rule>& added);
   // Installs `rules` on every worker; the caller holds reload_mutex_.
   void installRules(RuleSetPtr rules);
   // Serves [http] listen (http_front.h); false with `error`.

@@ -544,9 +544,8 @@ void checkResponse(std::string_view out, std::optional<rpc::MsgId> msgid, const 
 struct Waiters {
   uint32_t count = 0;
   bool says_waited = true;
-  // An acquire_all may be refused after its wait: the group path waits for
-  // the first item's lease before it looks at the later items, so an
-  // unknown rule among them is only told then.
+  // An acquire_all may be refused after its wait: a reload while it waited
+  // for a lease may have taken one of its rules away.
   bool may_fail = false;
 };
 

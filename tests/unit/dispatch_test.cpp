@@ -392,6 +392,17 @@ TEST_F(LeasingDispatchTest, AColdKeyWaitsForItsLeaseThenItsPolicyAnswers) {
   EXPECT_FALSE(dispatcher_->hasDeferred());
 }
 
+// Verifies an acquire_all naming an unknown rule after a cold global key is
+// refused at once: nothing is taken, no lease is asked for, nothing waits.
+TEST_F(LeasingDispatchTest, AnAcquireAllWithAnUnknownRuleIsRefusedBeforeItWaits) {
+  Response answer = acquireAll({{"g_api", "cold", 1, -1}, {"nope", "cold", 1, -1}});
+  EXPECT_EQ(answer.error, "UNKNOWN_RULE");
+  EXPECT_FALSE(dispatcher_->hasDeferred());
+  std::vector<LeaseRequest> sent;
+  broker_->takeRequests(&sent);
+  EXPECT_TRUE(sent.empty());
+}
+
 // --- The seam, as any front uses it ------------------------------------------
 
 // A recipient that keeps what it receives, and on which thread.
