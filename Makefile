@@ -112,7 +112,7 @@ test-asan: deps
 
 test-tsan: deps
 	$(call configure,build-tsan,RelWithDebInfo,-DSLUICE_TSAN=ON -DSLUICE_BUILD_BENCH=OFF)
-	cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j $(JOBS) -LE 'fleet|sentinel|cluster|client|package'
+	cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j $(JOBS) -LE 'fleet|sentinel|cluster|client|package|grpc'
 
 test-valgrind: build
 	$(call install,$(VALGRIND_PACKAGES))

@@ -1017,9 +1017,9 @@ class DeferredFramesTest(ExhaustionCase):
         pad = b"x" * self.PAD_BYTES
         for i in range(self.FRAMES):
             hog.send([0, i, "acquire", [{"rule": "global_once", "key": "cold-%d" % i, "pad": pad}]])
-        time.sleep(0.5)
-        deferred = client.result("stats")["leases"]["deferred"]
-        self.assertEqual(deferred, self.FRAMES, "every padded request waits: its frame is not kept")
+        deferred = lambda: client.result("stats")["leases"]["deferred"]
+        self.assertTrue(wait_for(lambda: deferred() == self.FRAMES, 4),
+                        "every padded request waits (its frame is not kept): %d" % deferred())
         self.daemon.assert_rss_within(self, 8 << 20)
         hog.close()
         client.close()
