@@ -353,6 +353,10 @@ class GlobalTest(unittest.TestCase):
             self.addCleanup(daemon.stop)
             self.addCleanup(daemon.rls.close)
             self.daemons.append(daemon)
+        # Leasing, not each on its own share: both breakers closed.
+        for daemon in self.daemons:
+            self.assertTrue(wait_for(lambda: daemon.client.result("health")["breaker"] == "closed",
+                                     10), daemon.logs())
 
     def test_two_daemons_on_one_redis_hold_one_limit(self):
         allowed = 0
