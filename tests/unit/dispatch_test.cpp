@@ -24,6 +24,7 @@
 #include "rpc_front.h"
 #include "rules.h"
 #include "status.h"
+#include "test_status.h"
 #include "worker.h"
 
 namespace sluice {
@@ -32,28 +33,6 @@ namespace {
 constexpr int64_t kMs = 1'000'000;
 constexpr int64_t kS = 1000 * kMs;
 constexpr int64_t kStart = 5 * kS;  // the simulated clock's first reading
-
-// The server's side of admin methods, for one worker.
-class TestStatus final : public DaemonStatus {
- public:
-  explicit TestStatus(const Metrics& metrics) : metrics_(metrics) {}
-  int64_t uptimeMs() const override { return 1000; }
-  size_t workers() const override { return 1; }
-  MetricsSnapshot metrics() const override { return metrics_.snapshot(); }
-  size_t connections() const override { return 1; }
-  size_t handles() const override { return 0; }
-  RedisHealth redisHealth() const override { return {}; }
-  LeaseStats leaseStats() const override { return {}; }
-  std::vector<RuleSnapshot> ruleMetrics() const override { return metrics_.ruleSnapshots(); }
-  HistogramSnapshot leaseLatency() const override { return {}; }
-  bool reload(std::string* error) override {
-    *error = "reload is not part of these tests";
-    return false;
-  }
-
- private:
-  const Metrics& metrics_;
-};
 
 Rule makeRule(uint32_t id, std::string name, Algorithm algorithm, Limit limit,
               Scope scope = Scope::kLocal) {

@@ -14,33 +14,12 @@
 #include "clock.h"
 #include "lease.h"
 #include "test_support.h"
+#include "test_status.h"
 
 namespace sluice {
 namespace {
 
 constexpr int64_t kMs = 1'000'000;
-
-// The server's side of admin methods, which these tests do not use.
-class TestStatus final : public DaemonStatus {
- public:
-  explicit TestStatus(const Metrics& metrics) : metrics_(metrics) {}
-  int64_t uptimeMs() const override { return 1000; }
-  size_t workers() const override { return 2; }
-  MetricsSnapshot metrics() const override { return metrics_.snapshot(); }
-  size_t connections() const override { return 0; }
-  size_t handles() const override { return 0; }
-  RedisHealth redisHealth() const override { return {}; }
-  LeaseStats leaseStats() const override { return {}; }
-  std::vector<RuleSnapshot> ruleMetrics() const override { return metrics_.ruleSnapshots(); }
-  HistogramSnapshot leaseLatency() const override { return {}; }
-  bool reload(std::string* error) override {
-    *error = "reload is not part of these tests";
-    return false;
-  }
-
- private:
-  const Metrics& metrics_;
-};
 
 // Counts the answers a submitted question gets (on its worker's thread).
 class Counter final : public Recipient {
@@ -68,7 +47,7 @@ TEST(WorkerTest, LeaseNewsWakesOnlyAWorkerWithRequestsWaitingForIt) {
   RuleSetPtr rules = globalRules();
   KeyTable keys{KeyTableOptions{}};
   Metrics metrics{2};
-  TestStatus status(metrics);
+  TestStatus status(metrics, 2);
   LeaseBroker broker(100 * kMs);
   broker.setBreaker(Breaker::kClosed, monotonicNowNs());
   WorkerOptions options;
