@@ -180,6 +180,10 @@ void RespFront::onConnection() {
       return;
     }
   }
+  startReading(connection);
+}
+
+void RespFront::startReading(Connection* connection) {
   uv_read_start(
       &connection->h.stream,
       [](uv_handle_t* handle, size_t, uv_buf_t* buf) {
@@ -308,16 +312,7 @@ void RespFront::onArrived() {
     if (!connection->reading && !connection->quit &&
         connection->in_flight < options_.max_in_flight) {
       connection->reading = true;
-      uv_read_start(
-          &connection->h.stream,
-          [](uv_handle_t* handle, size_t, uv_buf_t* buf) {
-            auto* c = static_cast<Connection*>(handle->data);
-            *buf = uv_buf_init(c->scratch, sizeof(c->scratch));
-          },
-          [](uv_stream_t* stream, ssize_t size, const uv_buf_t*) {
-            auto* c = static_cast<Connection*>(stream->data);
-            c->front->onRead(c, size);
-          });
+      startReading(connection);
       serve(connection);  // what was read while paused
     } else {
       flush(connection);

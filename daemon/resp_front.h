@@ -84,6 +84,8 @@ class RespFront final : public Recipient {
   };
   void run();
   void onConnection();
+  // Reads into the connection's scratch buffer, to onRead().
+  void startReading(Connection* connection);
   void onRead(Connection* connection, ssize_t size);
   void onArrived();
   void serve(Connection* connection);
