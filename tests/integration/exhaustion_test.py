@@ -972,13 +972,16 @@ class DeferredFramesTest(ExhaustionCase):
     def make_daemon(self):
         self.redis = Redis()
         self.addCleanup(self.redis.stop)
-        section = redis_section(self.redis.port) + 'lease_timeout = "5s"\n'
+        # Long enough that a sanitizer build parses every request before
+        # the first lease call times out; the test unpauses Redis at the end.
+        section = redis_section(self.redis.port) + 'lease_timeout = "10s"\n'
         return MeasuredDaemon(extra=section + GLOBAL_RULE)
 
     def hold_writes(self, client):
         self.assertTrue(wait_for(lambda: client.result("health")["breaker"] == "closed", 5),
                         self.daemon.logs())
-        self.assertEqual(self.redis.command("CLIENT", "PAUSE", "3000", "WRITE"), "OK")
+        self.assertEqual(self.redis.command("CLIENT", "PAUSE", "10000", "WRITE"), "OK")
+        self.addCleanup(self.redis.command, "CLIENT", "UNPAUSE")
 
     # Verifies that a client sending cold-key acquire_alls of 15 keys of 4 KB
     # each, while Redis holds every write (so each waits up to
@@ -1018,7 +1021,7 @@ class DeferredFramesTest(ExhaustionCase):
         for i in range(self.FRAMES):
             hog.send([0, i, "acquire", [{"rule": "global_once", "key": "cold-%d" % i, "pad": pad}]])
         deferred = lambda: client.result("stats")["leases"]["deferred"]
-        self.assertTrue(wait_for(lambda: deferred() == self.FRAMES, 4),
+        self.assertTrue(wait_for(lambda: deferred() == self.FRAMES, 9),
                         "every padded request waits (its frame is not kept): %d" % deferred())
         self.daemon.assert_rss_within(self, 8 << 20)
         hog.close()
