@@ -800,6 +800,7 @@ void RedisLink::scheduleReconnect() {
   auto jittered_ms = static_cast<uint64_t>(static_cast<double>(delay_ms) * jitter(random_));
   reconnect_attempt_++;
   state_ = State::kBackoff;
+  uv_update_time(loop_);  // the delay counts from this report, not the loop's last tick
   uv_timer_start(&retry_timer_,
                  [](uv_timer_t* timer) { static_cast<RedisLink*>(timer->data)->connectNow(); },
                  jittered_ms, 0);
