@@ -26,38 +26,26 @@ Outcome GroupPath::acquire(const RuleSet& rules, std::span<const Item> items, in
     groups_.push_back({configured, item.key});
   }
   // Only a question of one entry may wait for its units (group_path.h).
-  const bool alone =
-      items.size() == 1 && (broker_ == nullptr || groups_.front().configured->part_count == 0);
-  const Asker* entry_asker = &asker;
-  if (!alone) {
-    in_group_ = asker;
-    in_group_.may_wait_for_units = false;
-    entry_asker = &in_group_;
+  if (items.size() == 1 && (broker_ == nullptr || groups_.front().configured->part_count == 0)) {
+    return acquireAlone(items.front(), now_ns, asker, answer);
   }
+  in_group_ = asker;
+  in_group_.may_wait_for_units = false;
   for (size_t i = 0; i < items.size(); ++i) {
     Group& group = groups_[i];
     group.first = entries_.size();
-    Outcome outcome = decideItem(group, items[i], now_ns, *entry_asker);
+    Outcome outcome = decideItem(group, items[i], now_ns, in_group_);
     group.count = entries_.size() - group.first;
     if (outcome == Outcome::kAnswered && entries_.back().verdict.failed) {
       giveBackAll(now_ns);
       answer->fail(entries_.back().verdict.error, entries_.back().verdict.message);
       return Outcome::kAnswered;
     }
-    switch (outcome) {
-      case Outcome::kAnswered: break;
-      case Outcome::kWaitsForLease:
-        giveBackAll(now_ns);  // taken again when it is asked again
-        return outcome;
-      case Outcome::kWaitsReserved: {
-        // One entry, allowed on a reservation: its units are spent already.
-        const Verdict& reserved = entries_.front().verdict;
-        keep(group, entries_.front());
-        answer->decide(reserved.decision, reserved.mode, reserved.waited_ms);
-        return outcome;
-      }
-      case Outcome::kWaitsUntilDue:
-      case Outcome::kWaitsInLine: return outcome;  // one entry, that took nothing
+    if (outcome != Outcome::kAnswered) {
+      // Waits for a lease (nothing of a group waits for units): taken again
+      // when it is asked again.
+      giveBackAll(now_ns);
+      return outcome;
     }
   }
   const bool allowed = std::all_of(entries_.begin(), entries_.end(), [](const Entry& entry) {
@@ -79,10 +67,36 @@ Outcome GroupPath::acquire(const RuleSet& rules, std::span<const Item> items, in
     }
     Mode mode = Mode::kLocal;
     Decision decision = groupDecision(group, &mode);
-    answer->decide(decision, mode, alone ? entries_.front().verdict.waited_ms : -1);
+    answer->decide(decision, mode);
   }
   answer->allowed = allowed;
   return Outcome::kAnswered;
+}
+
+Outcome GroupPath::acquireAlone(const Item& item, int64_t now_ns, const Asker& asker,
+                                Answer* answer) {
+  const Group& group = groups_.front();
+  Outcome outcome = decideEntry(*group.configured, item, now_ns, asker);
+  Entry& entry = entries_.front();
+  switch (outcome) {
+    case Outcome::kWaitsForLease:
+    case Outcome::kWaitsUntilDue:
+    case Outcome::kWaitsInLine: return outcome;  // nothing taken
+    case Outcome::kAnswered:
+      if (entry.verdict.failed) {
+        answer->fail(entry.verdict.error, entry.verdict.message);
+        return outcome;
+      }
+      break;
+    case Outcome::kWaitsReserved: break;  // allowed: its units are spent already
+  }
+  if (entry.verdict.decision.allowed) {
+    keep(group, entry);
+  } else {
+    giveBack(entry, now_ns);
+  }
+  answer->decide(entry.verdict.decision, entry.verdict.mode, entry.verdict.waited_ms);
+  return outcome;
 }
 
 Outcome GroupPath::decideItem(const Group& group, const Item& item, int64_t now_ns,
@@ -108,12 +122,13 @@ Outcome GroupPath::decideItem(const Group& group, const Item& item, int64_t now_
 
 Outcome GroupPath::decideEntry(const Rule& rule, const Item& item, int64_t now_ns,
                                const Asker& asker) {
-  entries_.push_back({&rule, Verdict{}});
-  Verdict& verdict = entries_.back().verdict;
+  Entry& entry = entries_.emplace_back();
+  entry.rule = &rule;
+  Verdict& verdict = entry.verdict;
   // A cost of 0 takes nothing: the limiter answers it as a peek, on the
   // key's state or its share's.
   if (item.cost > 0 && broker_ != nullptr && leasesHolding(rule)) {
-    return decideHeld(rule, item, now_ns, asker, &verdict);
+    return holding_.acquire(*rules_, rule, item, now_ns, asker, &verdict);
   }
   if (item.cost > 0 && leasing(rule)) {
     return lease_.acquire(*rules_, rule, item, now_ns, asker, &verdict);
@@ -127,27 +142,6 @@ Outcome GroupPath::decideEntry(const Rule& rule, const Item& item, int64_t now_n
     return Outcome::kAnswered;
   }
   return local_.acquire(*rules_, rule, *routed, mode, item, now_ns, asker, &verdict);
-}
-
-Outcome GroupPath::decideHeld(const Rule& rule, const Item& item, int64_t now_ns,
-                              const Asker& asker, Verdict* verdict) {
-  Decision decision;
-  Mode mode = Mode::kNormal;
-  std::span<std::atomic<uint64_t>> held;
-  switch (holding_.acquire(*rules_, rule, item, now_ns, asker, &decision, &mode, &held)) {
-    case HoldingPath::Held::kWaitsForLease: return Outcome::kWaitsForLease;
-    case HoldingPath::Held::kTableFull:
-      verdict->fail(ErrorCode::kOverloaded, kTableFull);
-      return Outcome::kAnswered;
-    case HoldingPath::Held::kHeld:
-      verdict->taken.cost = item.cost;
-      verdict->taken.held = held;
-      break;
-    case HoldingPath::Held::kAnswered: break;
-  }
-  applyShadow(rule, &decision);
-  verdict->decide(decision, mode);
-  return Outcome::kAnswered;
 }
 
 void GroupPath::giveBack(Entry& entry, int64_t now_ns) {

@@ -92,17 +92,17 @@ class GroupPath {
   };
   // An entry: one rule (the configured rule or a part) of a request item.
   struct Entry {
-    const Rule* rule;  // the configured rule or a part
+    const Rule* rule = nullptr;  // the configured rule or a part
     Verdict verdict;
   };
 
+  // A question of one entry (one item on a rule of one limit): its group
+  // is its entry, which may wait for its units.
+  Outcome acquireAlone(const Item& item, int64_t now_ns, const Asker& asker, Answer* answer);
   // Decides the entries of one item (its group's), adding them to entries_.
   Outcome decideItem(const Group& group, const Item& item, int64_t now_ns, const Asker& asker);
   // Decides one entry on `rule` by the path its units come from.
   Outcome decideEntry(const Rule& rule, const Item& item, int64_t now_ns, const Asker& asker);
-  // An entry of a global concurrency rule, on its holding.
-  Outcome decideHeld(const Rule& rule, const Item& item, int64_t now_ns, const Asker& asker,
-                     Verdict* verdict);
   // Gives back what an entry took, and forgets it.
   void giveBack(Entry& entry, int64_t now_ns);
   void giveBackAll(int64_t now_ns);
@@ -128,7 +128,7 @@ class GroupPath {
   const RuleSet* rules_ = nullptr;  // the rules of the call under way
   std::vector<Entry> entries_;
   std::vector<Group> groups_;
-  Asker in_group_;    // the asker of a group's entries (scratch)
+  Asker in_group_;  // the asker of a group's entries: may not wait for units
   FreshState fresh_;  // a fresh key's state, for peek
 };
 
