@@ -76,8 +76,14 @@ Outcome GroupPath::acquire(const RuleSet& rules, std::span<const Item> items, in
 Outcome GroupPath::acquireAlone(const Item& item, int64_t now_ns, const Asker& asker,
                                 Answer* answer) {
   const Group& group = groups_.front();
-  Outcome outcome = decideEntry(*group.configured, item, now_ns, asker);
-  Entry& entry = entries_.front();
+  // The lone entry is kept between questions: only what a path may leave
+  // unset is reset (a path always decides or fails what it answers).
+  Entry& entry = alone_;
+  entry.rule = group.configured;
+  entry.verdict.taken = Taken{};
+  entry.verdict.failed = false;
+  entry.verdict.waited_ms = -1;
+  Outcome outcome = decideEntry(*group.configured, item, now_ns, asker, &entry.verdict);
   switch (outcome) {
     case Outcome::kWaitsForLease:
     case Outcome::kWaitsUntilDue:
@@ -104,9 +110,15 @@ Outcome GroupPath::decideItem(const Group& group, const Item& item, int64_t now_
   // Without Redis, a global rule decides on its share (route), parts or not.
   std::span<const Rule> parts =
       broker_ != nullptr ? rules_->parts(*group.configured) : std::span<const Rule>();
-  if (parts.empty()) return decideEntry(*group.configured, item, now_ns, asker);
+  if (parts.empty()) {
+    Entry& entry = entries_.emplace_back();
+    entry.rule = group.configured;
+    return decideEntry(*group.configured, item, now_ns, asker, &entry.verdict);
+  }
   for (size_t i = 0; i < parts.size(); ++i) {
-    Outcome outcome = decideEntry(parts[i], item, now_ns, asker);
+    Entry& entry = entries_.emplace_back();
+    entry.rule = &parts[i];
+    Outcome outcome = decideEntry(parts[i], item, now_ns, asker, &entry.verdict);
     if (outcome == Outcome::kWaitsForLease) {
       // The parts after it ask for their leases too, so that all come
       // within one round trip.
@@ -121,27 +133,24 @@ Outcome GroupPath::decideItem(const Group& group, const Item& item, int64_t now_
 }
 
 Outcome GroupPath::decideEntry(const Rule& rule, const Item& item, int64_t now_ns,
-                               const Asker& asker) {
-  Entry& entry = entries_.emplace_back();
-  entry.rule = &rule;
-  Verdict& verdict = entry.verdict;
+                               const Asker& asker, Verdict* verdict) {
   // A cost of 0 takes nothing: the limiter answers it as a peek, on the
   // key's state or its share's.
   if (item.cost > 0 && broker_ != nullptr && leasesHolding(rule)) {
-    return holding_.acquire(*rules_, rule, item, now_ns, asker, &verdict);
+    return holding_.acquire(*rules_, rule, item, now_ns, asker, verdict);
   }
   if (item.cost > 0 && leasing(rule)) {
-    return lease_.acquire(*rules_, rule, item, now_ns, asker, &verdict);
+    return lease_.acquire(*rules_, rule, item, now_ns, asker, verdict);
   }
   // Asked again after standing in its key's line, on a rule that no longer
   // leases: it leaves the line.
   waiting_.leaveLine(asker.wait.ticket);
   auto [routed, mode] = route(rule);
   if (routed == nullptr) {
-    verdict.decide(policyDecision(rule, mode), mode);
+    verdict->decide(policyDecision(rule, mode), mode);
     return Outcome::kAnswered;
   }
-  return local_.acquire(*rules_, rule, *routed, mode, item, now_ns, asker, &verdict);
+  return local_.acquire(*rules_, rule, *routed, mode, item, now_ns, asker, verdict);
 }
 
 void GroupPath::giveBack(Entry& entry, int64_t now_ns) {

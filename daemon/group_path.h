@@ -101,8 +101,10 @@ class GroupPath {
   Outcome acquireAlone(const Item& item, int64_t now_ns, const Asker& asker, Answer* answer);
   // Decides the entries of one item (its group's), adding them to entries_.
   Outcome decideItem(const Group& group, const Item& item, int64_t now_ns, const Asker& asker);
-  // Decides one entry on `rule` by the path its units come from.
-  Outcome decideEntry(const Rule& rule, const Item& item, int64_t now_ns, const Asker& asker);
+  // Decides one entry on `rule` by the path its units come from, into
+  // `verdict` (with nothing taken yet).
+  Outcome decideEntry(const Rule& rule, const Item& item, int64_t now_ns, const Asker& asker,
+                      Verdict* verdict);
   // Gives back what an entry took, and forgets it.
   void giveBack(Entry& entry, int64_t now_ns);
   void giveBackAll(int64_t now_ns);
@@ -126,7 +128,8 @@ class GroupPath {
   LeasePath& lease_;
   HoldingPath& holding_;
   const RuleSet* rules_ = nullptr;  // the rules of the call under way
-  std::vector<Entry> entries_;
+  std::vector<Entry> entries_;  // a group's
+  Entry alone_;                 // acquireAlone's
   std::vector<Group> groups_;
   Asker in_group_;  // the asker of a group's entries: may not wait for units
   FreshState fresh_;  // a fresh key's state, for peek
