@@ -104,7 +104,7 @@ void PolicyPath::noteFallbackSpend(const RuleSet& rules, const Rule& share, std:
     broker_->submit(std::move(debit));
     return;
   }
-  words[undebitedWord(share)].fetch_add(static_cast<uint64_t>(cost), std::memory_order_acq_rel);
+  addUndebited(share, words, cost);
 }
 
 void PolicyPath::countDenial(const Rule& configured, std::string_view key,

@@ -136,7 +136,7 @@ TEST_F(PathsTest, FallbackSpendsAreCountedWhileDownAndDebitedWhileUp) {
   spend(3);
   KeyTable::Entry* entry = keys_.find(share.id, "k");
   ASSERT_NE(entry, nullptr);
-  EXPECT_EQ(entry->state()[undebitedWord(share)].load(), 3u);
+  EXPECT_EQ(undebited(share, entry->state()), 3);
   EXPECT_TRUE(sent().empty());
   redisUp();
   spend(1);
@@ -144,7 +144,7 @@ TEST_F(PathsTest, FallbackSpendsAreCountedWhileDownAndDebitedWhileUp) {
   ASSERT_EQ(requests.size(), 1u);
   EXPECT_EQ(requests[0].kind, LeaseRequest::Kind::kDebit);
   EXPECT_EQ(requests[0].n, 1);
-  EXPECT_EQ(entry->state()[undebitedWord(share)].load(), 3u);
+  EXPECT_EQ(undebited(share, entry->state()), 3);
 }
 
 // Verifies the D-th denial of a global rule's key blocks it across the
