@@ -94,27 +94,22 @@ Outcome Dispatcher::decide(const Question& question, int64_t now_ns, const Asker
                            Answer* answer) {
   answer->method = question.method;
   const Item& item = question.items.front();
-  const bool acquires =
-      question.method == Method::kAcquireAll || (question.method == Method::kAcquire && item.cost > 0);
-  if (!acquires) return look(question, now_ns, answer);
+  if (question.method != Method::kAcquireAll &&
+      (question.method != Method::kAcquire || item.cost <= 0)) {
+    return look(question, now_ns, answer);
+  }
   if (question.method == Method::kAcquire && item.max_wait_ms > 0) {
-    // An unknown rule is the acquire path's to refuse.
+    // An unknown rule is the group path's to refuse.
     const Rule* configured = rules_->find(item.rule);
     if (configured != nullptr && !canWait(*configured)) {
       answer->fail(ErrorCode::kBadRequest, cannotWait(*configured));
       return Outcome::kAnswered;
     }
   }
-  return acquire(question, now_ns, asker, answer);
-}
-
-// --- every acquire: all or nothing on its entries (group_path.h) -------------
-
-Outcome Dispatcher::acquire(const Question& question, int64_t now_ns, const Asker& asker,
-                            Answer* answer) {
+  // Every acquire: all or nothing on its entries (group_path.h).
   Outcome outcome = group_.acquire(*rules_, question.items, now_ns, asker, answer);
-  bool decided = outcome == Outcome::kAnswered && !answer->failed;
-  if (decided || outcome == Outcome::kWaitsReserved) {
+  if ((outcome == Outcome::kAnswered && !answer->failed) ||
+      outcome == Outcome::kWaitsReserved) {
     for (size_t i = 0; i < answer->decisions.size(); ++i) {
       count(group_.configured(i), answer->decisions[i], answer->modes[i]);
     }

@@ -100,9 +100,9 @@ class Dispatcher {
   const Waiting& waiting() const { return waiting_; }
 
  private:
+  // acquire_all, and acquire of a cost over 0, through the group path
+  // (group_path.h), counted; the rest through look().
   Outcome decide(const Question& question, int64_t now_ns, const Asker& asker, Answer* answer);
-  // acquire_all, and acquire of a cost over 0: the group path (group_path.h).
-  Outcome acquire(const Question& question, int64_t now_ns, const Asker& asker, Answer* answer);
   // peek, release, and acquire of cost 0: one item, taking nothing.
   Outcome look(const Question& question, int64_t now_ns, Answer* answer);
   // Whether a global rule decides on leases right now.

@@ -12,7 +12,6 @@ namespace sluice {
 Outcome GroupPath::acquire(const RuleSet& rules, std::span<const Item> items, int64_t now_ns,
                            const Asker& asker, Answer* answer) {
   rules_ = &rules;
-  entries_.clear();
   groups_.clear();
   // Every rule is known before anything is taken or waited for: a request
   // naming an unknown rule is refused at once, not after a lease wait.
@@ -29,6 +28,7 @@ Outcome GroupPath::acquire(const RuleSet& rules, std::span<const Item> items, in
   if (items.size() == 1 && (broker_ == nullptr || groups_.front().configured->part_count == 0)) {
     return acquireAlone(items.front(), now_ns, asker, answer);
   }
+  entries_.clear();
   in_group_ = asker;
   in_group_.may_wait_for_units = false;
   for (size_t i = 0; i < items.size(); ++i) {
