@@ -3,7 +3,7 @@
 // acquire at a time.
 //
 // An acquire takes its cost from the slice; what it took is in its verdict
-// (Taken), for the acquire path (group_path.h) to keep, or to give back when
+// (Taken), for the group path (group_path.h) to keep, or to give back when
 // another entry of its group denies. Below the low-water mark it asks for
 // the next batch (one lease in flight per key). On an empty slice it
 // waits for the lease under way (Waiting, kLease), or, when it may not wait

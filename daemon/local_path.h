@@ -3,7 +3,7 @@
 // the rule does not decide on leases (policy.h route: on_redis_down "local").
 //
 // An acquire spends at once; what it spent is in its verdict (Taken), for
-// the acquire path (group_path.h) to keep, or to give back when another
+// the group path (group_path.h) to keep, or to give back when another
 // entry of its group denies. An acquire may wait (bounded waiting, a local
 // token bucket or GCRA rule with max_wait, a question of one entry): the
 // limiter allows on a reservation, the units are spent now and the answer

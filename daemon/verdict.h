@@ -1,7 +1,7 @@
 // Verdict: what a decision path answers for one entry of a request it did
 // not leave waiting: a decision, in a mode, with how long the request waited
 // for it (-1: it was not allowed to wait), and what the acquire took (Taken),
-// or an error with a stable code and a static message. The acquire path
+// or an error with a stable code and a static message. The group path
 // (group_path.h) keeps or gives back what was taken, all or nothing; the
 // dispatcher (dispatch.h) counts and answers it.
 //

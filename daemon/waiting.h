@@ -110,7 +110,7 @@ struct Asker {
   bool may_wait = false;
   // Beyond a lease, it may wait for its units (max_wait: a due time, its
   // turn in a line, a reservation). Only a question of one entry may: the
-  // acquire path (group_path.h) clears it for a group of several.
+  // group path (group_path.h) clears it for a group of several.
   bool may_wait_for_units = true;
   // Asked again: its demand was counted when it was first asked.
   bool again = false;
