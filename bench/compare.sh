@@ -18,7 +18,8 @@
 # threads, but only one is measured at a time.
 #
 # Knobs (environment): BENCH_SECONDS per measurement (2), BENCH_ROUNDS (5),
-# BENCH_CONNECTIONS (2), BENCH_WINDOW (64), BENCH_WORKERS (nproc).
+# BENCH_CONNECTIONS (2), BENCH_WINDOW (64), BENCH_WORKERS (nproc), BENCH_ROWS
+# (the rows above, in that order; a subset measures only those).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -112,7 +113,7 @@ measure() {
   echo "bench: $row $name round $round: $out" >&2
 }
 
-rows="local-hot-pipelined local-1M-pipelined local-hot-sync global-hot-pipelined global-10k-pipelined"
+rows=${BENCH_ROWS:-local-hot-pipelined local-1M-pipelined local-hot-sync global-hot-pipelined global-10k-pipelined}
 for round in $(seq "$rounds"); do
   for row in $rows; do
     if [ $((round % 2)) = 1 ]; then order="old new"; else order="new old"; fi

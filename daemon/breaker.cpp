@@ -6,8 +6,18 @@
 #include <spdlog/spdlog.h>
 
 #include "entry.h"
+#include "lease.h"
 
 namespace sluice {
+
+std::string_view breakerName(Breaker breaker) {
+  switch (breaker) {
+    case Breaker::kClosed: return "closed";
+    case Breaker::kOpen: return "open";
+    case Breaker::kHalfOpen: return "half_open";
+  }
+  return "unknown";
+}
 
 std::optional<RedisIdentity> parseInfo(std::string_view info) {
   auto field = [&](std::string_view name) {

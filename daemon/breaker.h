@@ -56,10 +56,19 @@
 #include <string_view>
 #include <vector>
 
-#include "lease.h"
 #include "rules.h"
 
 namespace sluice {
+
+class LeaseBroker;  // lease.h, which shows the breaker's state to workers
+
+// The breaker between the lease path and Redis (docs/design.md, "Fallback").
+enum class Breaker {
+  kClosed,    // leasing
+  kOpen,      // Redis unreachable: global rules follow on_redis_down
+  kHalfOpen,  // reconnected: debiting what fallback admitted, then leasing
+};
+std::string_view breakerName(Breaker breaker);
 
 // Who a Redis server is, from INFO.
 struct RedisIdentity {

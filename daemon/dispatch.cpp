@@ -18,6 +18,14 @@ std::string notReleasable(const Rule& rule) {
          std::string(algorithmName(rule.algorithm)) + ": its units come back with time";
 }
 
+// max_wait_ms names a rule whose requests cannot wait for units.
+std::string cannotWait(const Rule& rule) {
+  return "max_wait_ms applies to token_bucket and gcra rules of one limit, and rule \"" +
+         rule.name + "\" is " + std::string(scopeName(rule.scope)) + " " +
+         std::string(algorithmName(rule.algorithm)) +
+         (rule.limits.size() > 1 ? " of several limits" : "");
+}
+
 }  // namespace
 
 Dispatcher::Dispatcher(KeyTable& keys, MetricsShard& metrics, LeaseBroker* broker,
@@ -29,7 +37,7 @@ Dispatcher::Dispatcher(KeyTable& keys, MetricsShard& metrics, LeaseBroker* broke
       lease_(keys, metrics, broker, waiting_, policy_),
       local_(keys, waiting_, policy_),
       holding_(keys, metrics, broker, waiting_),
-      group_(keys, metrics, broker, waiting_, policy_, lease_, holding_) {
+      group_(keys, metrics, broker, waiting_, policy_, local_, lease_, holding_) {
   waiting_.onAskAgain([this](const Question& question, int64_t now_ns, const Asker& asker,
                              Answer* answer) { return decide(question, now_ns, asker, answer); });
 }
@@ -82,143 +90,72 @@ Outcome Dispatcher::ask(const Question& question, int64_t now_ns, const Asker& a
   return Outcome::kAnswered;
 }
 
-void Dispatcher::answerVerdict(const Rule& configured, const Verdict& verdict, bool counts,
-                        Answer* answer) {
-  if (verdict.failed) {
-    answer->fail(verdict.error, verdict.message);
-    return;
-  }
-  if (counts) count(configured, verdict.decision, verdict.mode);
-  answer->decide(verdict.decision, verdict.mode, verdict.waited_ms);
-}
-
 Outcome Dispatcher::decide(const Question& question, int64_t now_ns, const Asker& asker,
                            Answer* answer) {
   answer->method = question.method;
-  return question.method == Method::kAcquireAll ? acquireAll(question, now_ns, asker, answer)
-                                                : acquireOne(question, now_ns, asker, answer);
-}
-
-Outcome Dispatcher::acquireOne(const Question& question, int64_t now_ns, const Asker& asker,
-                               Answer* answer) {
   const Item& item = question.items.front();
-  const Rule* configured = rules_->find(item.rule);
-  if (configured == nullptr) {
-    waiting_.leaveLine(asker.wait.ticket);  // the rule went in a reload
-    answer->fail(ErrorCode::kUnknownRule, unknownRule(item.rule));
-    return Outcome::kAnswered;
+  if (question.method != Method::kAcquireAll &&
+      (question.method != Method::kAcquire || item.cost <= 0)) {
+    return look(question, now_ns, answer);
   }
-  if (question.method == Method::kRelease && configured->algorithm != Algorithm::kConcurrency) {
-    waiting_.leaveLine(asker.wait.ticket);
-    answer->fail(ErrorCode::kBadRequest, notReleasable(*configured));
-    return Outcome::kAnswered;
-  }
-  bool spends = question.method == Method::kAcquire && item.cost > 0;
-  if (item.max_wait_ms > 0 && !canWait(*configured)) {
-    answer->fail(ErrorCode::kBadRequest,
-                 "max_wait_ms applies to token_bucket and gcra rules of one limit, and rule \"" +
-                     configured->name + "\" is " + std::string(scopeName(configured->scope)) +
-                     " " + std::string(algorithmName(configured->algorithm)) +
-                     (configured->limits.size() > 1 ? " of several limits" : ""));
-    return Outcome::kAnswered;
-  }
-  if (broker_ != nullptr && leasesHolding(*configured)) {
-    return holdOne(question, *configured, now_ns, asker, answer);
-  }
-  if (leasing(*configured) && spends) {
-    Verdict verdict;
-    Outcome outcome = lease_.acquire(*rules_, *configured, item, now_ns, asker, &verdict);
-    if (outcome == Outcome::kAnswered) answerVerdict(*configured, verdict, true, answer);
-    return outcome;
-  }
-  // A request that stood in a global rule's line is asked again, and the
-  // rule no longer leases: it leaves the line.
-  waiting_.leaveLine(asker.wait.ticket);
-  if (broker_ != nullptr && configured->part_count > 0) {
-    // An acquire_all of one item.
-    if (spends) return acquireAll(question, now_ns, asker, answer);
-    Mode mode = Mode::kLocal;
-    Decision decision = group_.peek(*rules_, *configured, item, now_ns, &mode);
-    answer->decide(decision, mode);
-    return Outcome::kAnswered;
-  }
-  if (leasing(*configured)) {
-    peekLeased(item, *configured, now_ns, answer);
-    return Outcome::kAnswered;
-  }
-  auto [rule, mode] = route(*configured);
-  if (rule == nullptr) {
-    Decision decision = policyDecision(*configured, mode);
-    if (spends) {
-      count(*configured, decision, mode);
+  if (question.method == Method::kAcquire && item.max_wait_ms > 0) {
+    // An unknown rule is the group path's to refuse.
+    const Rule* configured = rules_->find(item.rule);
+    if (configured != nullptr && !canWait(*configured)) {
+      answer->fail(ErrorCode::kBadRequest, cannotWait(*configured));
+      return Outcome::kAnswered;
     }
-    answer->decide(decision, mode);
-    return Outcome::kAnswered;
   }
-
-  Verdict verdict;
-  if (spends) {
-    Outcome outcome =
-        local_.acquire(*rules_, *configured, *rule, mode, item, now_ns, asker, &verdict);
-    if (outcome == Outcome::kWaitsReserved) {
-      count(*configured, verdict.decision, verdict.mode);
-      return outcome;
-    }
-    answerVerdict(*configured, verdict, true, answer);
-    return Outcome::kAnswered;
-  }
-  verdict = local_.look(*rules_, *configured, *rule, mode, item,
-                        question.method == Method::kRelease, now_ns);
-  answerVerdict(*configured, verdict, false, answer);
-  return Outcome::kAnswered;
-}
-
-void Dispatcher::peekLeased(const Item& item, const Rule& rule, int64_t now_ns, Answer* answer) {
-  Mode mode = Mode::kNormal;
-  Decision decision = lease_.look(*rules_, rule, item.key, now_ns, item.cost, &mode);
-  answer->decide(decision, mode);
-}
-
-// --- Global concurrency rules: holdings (holding.h) ---------------------------
-
-Outcome Dispatcher::holdOne(const Question& question, const Rule& rule, int64_t now_ns,
-                            const Asker& asker, Answer* answer) {
-  const Item& item = question.items.front();
-  Decision decision;
-  Mode mode = Mode::kNormal;
-  if (question.method == Method::kAcquire && item.cost > 0) {
-    std::span<std::atomic<uint64_t>> held;
-    switch (holding_.acquire(*rules_, rule, item, now_ns, asker, &decision, &mode, &held)) {
-      case HoldingPath::Held::kWaitsForLease: return Outcome::kWaitsForLease;
-      case HoldingPath::Held::kTableFull:
-        answer->fail(ErrorCode::kOverloaded, kTableFull);
-        return Outcome::kAnswered;
-      case HoldingPath::Held::kHeld:
-      case HoldingPath::Held::kAnswered: break;
-    }
-    applyShadow(rule, &decision);
-    count(rule, decision, mode);
-    answer->decide(decision, mode);
-    return Outcome::kAnswered;
-  }
-  decision = holding_.look(*rules_, rule, item, question.method == Method::kRelease, now_ns,
-                           &mode);
-  applyShadow(rule, &decision);
-  answer->decide(decision, mode);
-  return Outcome::kAnswered;
-}
-
-// --- acquire_all, and rules decided on their parts (group_path.h) -------------
-
-Outcome Dispatcher::acquireAll(const Question& question, int64_t now_ns, const Asker& asker,
-                               Answer* answer) {
+  // Every acquire: all or nothing on its entries (group_path.h).
   Outcome outcome = group_.acquire(*rules_, question.items, now_ns, asker, answer);
-  if (outcome == Outcome::kAnswered && !answer->failed) {
+  if ((outcome == Outcome::kAnswered && !answer->failed) ||
+      outcome == Outcome::kWaitsReserved) {
     for (size_t i = 0; i < answer->decisions.size(); ++i) {
       count(group_.configured(i), answer->decisions[i], answer->modes[i]);
     }
   }
+  // A reservation's answer is Waiting's to give, when its units are due.
+  if (outcome == Outcome::kWaitsReserved) answer->clear();
   return outcome;
+}
+
+// --- peek, release, and an acquire of cost 0: they take nothing ---------------
+
+Outcome Dispatcher::look(const Question& question, int64_t now_ns, Answer* answer) {
+  const Item& item = question.items.front();
+  const bool release = question.method == Method::kRelease;
+  const Rule* configured = rules_->find(item.rule);
+  if (configured == nullptr) {
+    answer->fail(ErrorCode::kUnknownRule, unknownRule(item.rule));
+    return Outcome::kAnswered;
+  }
+  if (release && configured->algorithm != Algorithm::kConcurrency) {
+    answer->fail(ErrorCode::kBadRequest, notReleasable(*configured));
+    return Outcome::kAnswered;
+  }
+  if (item.max_wait_ms > 0 && !canWait(*configured)) {
+    answer->fail(ErrorCode::kBadRequest, cannotWait(*configured));
+    return Outcome::kAnswered;
+  }
+  Mode mode = Mode::kNormal;
+  Decision decision;
+  if (broker_ != nullptr && leasesHolding(*configured)) {
+    decision = holding_.look(*rules_, *configured, item, release, now_ns, &mode);
+    applyShadow(*configured, &decision);
+  } else if (broker_ != nullptr && configured->part_count > 0) {
+    decision = group_.peek(*rules_, *configured, item, now_ns, &mode);
+  } else if (leasing(*configured)) {
+    decision = lease_.look(*rules_, *configured, item.key, now_ns, item.cost, &mode);
+  } else if (auto [rule, routed_mode] = route(*configured); rule == nullptr) {
+    decision = policyDecision(*configured, routed_mode);
+    mode = routed_mode;
+  } else {
+    Verdict verdict = local_.look(*rules_, *configured, *rule, routed_mode, item, release, now_ns);
+    decision = verdict.decision;
+    mode = verdict.mode;
+  }
+  answer->decide(decision, mode);
+  return Outcome::kAnswered;
 }
 
 }  // namespace sluice

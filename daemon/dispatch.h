@@ -6,7 +6,9 @@
 // dispatcher routes each item to the decision path its units come from and
 // fills the Answer from what the path answers (a Verdict, verdict.h), or
 // leaves the question waiting (Outcome, waiting.h); the front encodes the
-// Answer. The paths, each in its own file:
+// Answer. Every acquire is an acquire_all (an acquire is one of one item):
+// the group path (group_path.h) decides its entries all or nothing, each
+// on the path its units come from, each in its own file:
 //   - local state, by the limiter: a local rule's key, or a global rule's
 //     fallback share (local_path.h);
 //   - a leasable global rule's leased slice, while Redis is up
@@ -14,8 +16,8 @@
 //   - a global concurrency rule's held pool (holding_path.h);
 //   - policy: routing, "open", "closed", blocks and the share's debits
 //     (policy.h).
-//   - all or nothing, on several entries: acquire_all, and an acquire on a
-//     global rule of several limits (group_path.h).
+// peek and release (and an acquire of cost 0) take nothing: the dispatcher
+// asks the same paths what an acquire would answer, or gives units back.
 //
 // A question that cannot be answered yet waits (waiting.h has the model):
 // ask() returns how it waits and fills nothing; its Answer goes later to
@@ -98,17 +100,11 @@ class Dispatcher {
   const Waiting& waiting() const { return waiting_; }
 
  private:
+  // acquire_all, and acquire of a cost over 0, through the group path
+  // (group_path.h), counted; the rest through look().
   Outcome decide(const Question& question, int64_t now_ns, const Asker& asker, Answer* answer);
-  Outcome acquireOne(const Question& question, int64_t now_ns, const Asker& asker,
-                     Answer* answer);
-  Outcome acquireAll(const Question& question, int64_t now_ns, const Asker& asker,
-                     Answer* answer);
-  // Counts (when it `counts`) and answers a verdict on `configured`.
-  void answerVerdict(const Rule& configured, const Verdict& verdict, bool counts, Answer* answer);
-  void peekLeased(const Item& item, const Rule& rule, int64_t now_ns, Answer* answer);
-  // Global concurrency rules (holding_path.h): acquire, peek and release.
-  Outcome holdOne(const Question& question, const Rule& rule, int64_t now_ns,
-                  const Asker& asker, Answer* answer);
+  // peek, release, and acquire of cost 0: one item, taking nothing.
+  Outcome look(const Question& question, int64_t now_ns, Answer* answer);
   // Whether a global rule decides on leases right now.
   bool leasing(const Rule& rule) const {
     return broker_ != nullptr && leasable(rule) && broker_->leasing();
@@ -126,7 +122,7 @@ class Dispatcher {
   LeasePath lease_;
   LocalPath local_;
   HoldingPath holding_;
-  GroupPath group_;
+  GroupPath group_;  // every acquire, over the paths above
 };
 
 }  // namespace sluice

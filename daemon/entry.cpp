@@ -31,9 +31,25 @@ size_t stateEnd(const Rule& rule) {
 
 size_t overrideWord(const Rule& rule) { return entryWords(rule) - 1; }
 
+size_t undebitedWord(const Rule& share) { return stateWords(share); }
+
 }  // namespace
 
-size_t undebitedWord(const Rule& share) { return stateWords(share); }
+void addUndebited(const Rule& share, std::span<std::atomic<uint64_t>> words, int64_t units) {
+  words[undebitedWord(share)].fetch_add(static_cast<uint64_t>(units), std::memory_order_acq_rel);
+}
+
+int64_t takeUndebited(const Rule& share, std::span<std::atomic<uint64_t>> words) {
+  size_t word = undebitedWord(share);
+  if (words.size() <= word) return 0;
+  return static_cast<int64_t>(words[word].exchange(0, std::memory_order_acq_rel));
+}
+
+int64_t undebited(const Rule& share, std::span<const std::atomic<uint64_t>> words) {
+  size_t word = undebitedWord(share);
+  if (words.size() <= word) return 0;
+  return static_cast<int64_t>(words[word].load(std::memory_order_acquire));
+}
 
 size_t entryWords(const Rule& rule) {
   size_t words = stateEnd(rule) + penaltyWords(rule);

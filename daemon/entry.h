@@ -44,7 +44,7 @@ int64_t leaseCapacity(const Limit& limit);
 //    (stateWords);
 //  - for a global rule's share (id with kFallbackIdBit), one word counting
 //    units admitted in fallback and not yet debited to Redis
-//    (undebitedWord());
+//    (addUndebited(), takeUndebited());
 //  - with a penalty, penalty::kWords words (penalty.h): penaltyWords() is
 //    their number, 0 without one, and penaltyState() their span. A global
 //    rule keeps them in its slice entry, whatever mode decides the key;
@@ -53,7 +53,16 @@ int64_t leaseCapacity(const Limit& limit);
 // entryWords() is their number; take it from the configured rule or share,
 // never from a variant (which has no overrides).
 size_t entryWords(const Rule& rule);
-size_t undebitedWord(const Rule& share);
+
+// A share entry's undebited word (`words` are the entry's, `share` its
+// rule, not a variant), read and written only through these: what fallback
+// admitted, to debit to Redis once it is back. Thread-safe (atomic).
+// Adds `units` admitted.
+void addUndebited(const Rule& share, std::span<std::atomic<uint64_t>> words, int64_t units);
+// Takes what is counted, leaving 0 (the recovery's debit).
+int64_t takeUndebited(const Rule& share, std::span<std::atomic<uint64_t>> words);
+// What is counted (an entry with undebited units is not idle).
+int64_t undebited(const Rule& share, std::span<const std::atomic<uint64_t>> words);
 size_t penaltyWords(const Rule& rule);
 std::span<std::atomic<uint64_t>> penaltyState(const Rule& rule,
                                               std::span<std::atomic<uint64_t>> words);

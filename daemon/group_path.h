@@ -1,25 +1,30 @@
-// Group path: decisions made all or nothing on several entries: acquire_all
-// (each item an entry, or several), and an acquire on a global rule of
-// several limits decided on its parts (RuleSet::parts, each a leasable rule
-// of one limit). An acquire on such a rule is an acquire_all of one item.
+// Group path: every acquire, decided all or nothing on its entries. An
+// acquire is an acquire_all of one item; an item is one entry, or one per
+// part of a global rule of several limits (RuleSet::parts, each a leasable
+// rule of one limit).
 //
-// In three steps. collectItem() turns a request item into its entries (one,
-// or one per part of its rule); collectEntry() decides what an entry can
-// decide alone and takes what it takes: an entry spends from its slice (a
-// rule that leases: LeasePath::take and afterTake, as an acquire does),
-// holds units of its holding (a global concurrency rule: HoldingPath), or
-// goes to the limiter on its share (fallback, learning) or its own state (a
-// local rule); a policy answers it ("open", "closed") or a block denies it. settleEntries() then spends every
-// entry's units or none (the limiter's acquireAll for those that go to it;
-// what slices and holdings gave is refunded when any entry denies), and
-// groupDecision() reports an item's entries as one decision, as the limits
-// of a local rule report (limiter.h).
+// Each entry is decided by the path its units come from, which takes them
+// at once and says what it took (Verdict, Taken): a global concurrency
+// rule's holding (holding_path.h), a leasing rule's slice (lease_path.h),
+// local state or a global rule's share (local_path.h), or a policy that
+// answers without units (policy.h: "open", "closed"). When every entry
+// allows, the group keeps what they took (slice units count as spent,
+// fallback spends are noted for their debit); when any denies, each entry
+// gives back what it took, and each reports what it alone would answer. A
+// shadow rule's entries never deny the group; a shadow rule of several
+// parts spends nothing when one of its parts would deny (as the limits of
+// a local rule do, limiter.h). An item's entries report as one decision,
+// the most restrictive (MostRestrictive).
 //
-// Waiting: a cold key's entry waits for its lease (Waiting, kLease) and the
-// whole question with it; the parts after it are still asked, without
-// waiting, so that their leases come within the same round trip. Nothing of
-// a group stands in a line or waits for units (max_wait applies to one item
-// of one limit: lease_path.h, local_path.h).
+// Waiting. Any entry may wait for its lease (Waiting, kLease): what the
+// entries before it took is given back and the whole question waits; the
+// parts after it still ask for their leases (LeasePath::askForLease), so
+// that all come within one round trip. Only a question of one entry (one
+// item on a rule of one limit) may also wait for its units: stand in its
+// key's line (kDue, kLine) or be allowed on a reservation (kReserved); a
+// group of several entries does not, because a wait would hold the units
+// its other entries took, or take them again when it is asked again, and
+// max_wait is a property of one rule of one limit (canWait).
 //
 // A GroupPath belongs to one worker (its Dispatcher), is called only from
 // that worker's loop inside its KeyTable::ReadGuard, and allocates nothing
@@ -27,7 +32,6 @@
 // monotonic clock, passed in.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <span>
 #include <string_view>
@@ -36,16 +40,15 @@
 #include "decision.h"
 #include "holding_path.h"
 #include "key_table.h"
-#include "entry.h"
 #include "lease.h"
 #include "lease_path.h"
-#include "limiter.h"
+#include "local_path.h"
 #include "lookup.h"
 #include "metrics.h"
 #include "policy.h"
 #include "question.h"
 #include "rules.h"
-#include "slice.h"
+#include "verdict.h"
 #include "waiting.h"
 
 namespace sluice {
@@ -54,18 +57,22 @@ class GroupPath {
  public:
   // `broker` is null without Redis.
   GroupPath(KeyTable& keys, MetricsShard& metrics, LeaseBroker* broker, Waiting& waiting,
-            PolicyPath& policy, LeasePath& lease, HoldingPath& holding)
+            PolicyPath& policy, LocalPath& local, LeasePath& lease, HoldingPath& holding)
       : keys_(keys),
         metrics_(metrics),
         broker_(broker),
         waiting_(waiting),
         policy_(policy),
+        local_(local),
         lease_(lease),
         holding_(holding) {}
 
-  // Acquires `items` all or nothing on `rules`: a decision and mode per item
-  // into `answer` (an unknown rule or a full key table fails it), or the
-  // question waits for a lease (kWaitsForLease). Counts nothing.
+  // Acquires `items` (each of cost > 0 for an acquire; any for acquire_all)
+  // all or nothing on `rules`: a decision and mode per item into `answer`
+  // (an unknown rule, a full key table or too many waiters fails it), or
+  // the question waits (Outcome). For kWaitsReserved `answer` holds the
+  // decision the reservation will answer, for the caller to count and
+  // clear. Counts no decisions.
   Outcome acquire(const RuleSet& rules, std::span<const Item> items, int64_t now_ns,
                   const Asker& asker, Answer* answer);
   // The rule the i-th item of the last acquire() named.
@@ -76,44 +83,34 @@ class GroupPath {
                 Mode* mode);
 
  private:
-  enum class Collected { kOk, kDeferred, kTableFull };
-  // A request item's entries (groups_).
+  // A request item's entries.
   struct Group {
     const Rule* configured;  // the rule the item named
     std::string_view key;
-    size_t first;  // its first entry
-    size_t count;  // its entries: 1, or its rule's parts
+    size_t first = 0;  // its first entry
+    size_t count = 0;  // its entries: 1, or its rule's parts
   };
   // An entry: one rule (the configured rule or a part) of a request item.
   struct Entry {
-    // Its limiter item: the decision, and the share or state the limiter
-    // spends on, if it does (a rule; none when decided without the limiter).
-    AcquireItem item;
-    Mode mode = Mode::kLocal;
     const Rule* rule = nullptr;  // the configured rule or a part
-    int64_t taken = 0;           // units taken from its slice
-    std::span<std::atomic<uint64_t>> slice;  // the slice's words, when it has one
-    // The share and its entry's words when fallback spends on it (a debit
-    // to note once the group is allowed); else none.
-    const Rule* share = nullptr;
-    std::span<std::atomic<uint64_t>> share_words;
-    std::span<std::atomic<uint64_t>> held;  // the holding's words when it holds units
+    Verdict verdict;
   };
 
-  // Adds the entries of one request item on `configured`. Whatever it
-  // returns, the caller refunds (refundEntries) unless it settles. `denied`
-  // is set when an entry denies without the limiter (it stays set).
-  Collected collectItem(const Rule& configured, const Item& item, int64_t now_ns,
-                        const Asker& asker, bool* denied);
-  Collected collectEntry(const Rule& rule, const Item& item, int64_t now_ns, const Asker& asker,
-                         bool* denied);
-  // Gives back what the entries took from slices and holdings.
-  void refundEntries(int64_t now_ns);
-  // Spends every entry's units or none; each entry's decision is then in
-  // entries_. True when all were allowed.
-  bool settleEntries(int64_t now_ns, bool denied);
-  // A shadow rule's parts: gives back what they spent when one denied.
-  void refundShadowGroup(const Group& group, int64_t now_ns);
+  // A question of one entry (one item on a rule of one limit): its group
+  // is its entry, which may wait for its units.
+  Outcome acquireAlone(const Item& item, int64_t now_ns, const Asker& asker, Answer* answer);
+  // Decides the entries of one item (its group's), adding them to entries_.
+  Outcome decideItem(const Group& group, const Item& item, int64_t now_ns, const Asker& asker);
+  // Decides one entry on `rule` by the path its units come from, into
+  // `verdict` (with nothing taken yet).
+  Outcome decideEntry(const Rule& rule, const Item& item, int64_t now_ns, const Asker& asker,
+                      Verdict* verdict);
+  // Gives back what an entry took, and forgets it.
+  void giveBack(Entry& entry, int64_t now_ns);
+  void giveBackAll(int64_t now_ns);
+  // Keeps what an entry took: slice units count as spent, a fallback spend
+  // is noted for its debit.
+  void keep(const Group& group, const Entry& entry);
   // The decision and mode reported for a request item.
   Decision groupDecision(const Group& group, Mode* mode) const;
   // Whether a global rule decides on leases right now.
@@ -121,22 +118,21 @@ class GroupPath {
     return broker_ != nullptr && leasable(rule) && broker_->leasing();
   }
   Route route(const Rule& rule) const { return sluice::route(*rules_, rule); }
-  const Rule& decidingFor(const Rule& rule, std::string_view key, KeyTable::Entry* entry) {
-    return sluice::decidingFor(*rules_, rule, key, entry);
-  }
 
   KeyTable& keys_;
   MetricsShard& metrics_;
   LeaseBroker* broker_;
   Waiting& waiting_;
   PolicyPath& policy_;
+  LocalPath& local_;
   LeasePath& lease_;
   HoldingPath& holding_;
   const RuleSet* rules_ = nullptr;  // the rules of the call under way
-  std::vector<Entry> entries_;
+  std::vector<Entry> entries_;  // a group's
+  Entry alone_;                 // acquireAlone's
   std::vector<Group> groups_;
-  std::vector<AcquireItem> limited_;  // settleEntries' scratch
-  FreshState fresh_;                  // a fresh key's state, for peek
+  Asker in_group_;  // the asker of a group's entries: may not wait for units
+  FreshState fresh_;  // a fresh key's state, for peek
 };
 
 }  // namespace sluice

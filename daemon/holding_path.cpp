@@ -22,18 +22,31 @@ void HoldingPath::requestHolding(const RuleSet& rules, const Rule& rule, std::st
   broker_->submit(std::move(request));
 }
 
-HoldingPath::Held HoldingPath::acquire(const RuleSet& rules, const Rule& rule,
-                                      const rpc::Item& item, int64_t now_ns, const Asker& asker,
-                                      Decision* decision, Mode* mode,
-                                      std::span<std::atomic<uint64_t>>* held_words) {
+Outcome HoldingPath::acquire(const RuleSet& rules, const Rule& rule, const rpc::Item& item,
+                             int64_t now_ns, const Asker& asker, Verdict* verdict) {
   const Limit& limit = rule.limits.front();
-  *mode = rule.shadow ? Mode::kShadow : Mode::kNormal;
+  Mode mode = rule.shadow ? Mode::kShadow : Mode::kNormal;
+  Decision decision;
+  // Answers with `decision` in `mode`, after shadow; `held` has the words
+  // when units are held.
+  auto answer = [&](std::span<std::atomic<uint64_t>> held) {
+    if (!held.empty()) {
+      verdict->taken.cost = item.cost;
+      verdict->taken.held = held;
+    }
+    applyShadow(rule, &decision);
+    verdict->decide(decision, mode);
+    return Outcome::kAnswered;
+  };
   if (item.cost > limit.limit) {
-    *decision = exceedsCapacity(rule);
-    return Held::kAnswered;
+    decision = exceedsCapacity(rule);
+    return answer({});
   }
   KeyTable::Entry* entry = keys_.findOrInsert(rule.id, item.key, entryWords(rule), now_ns);
-  if (entry == nullptr) return Held::kTableFull;
+  if (entry == nullptr) {
+    verdict->fail(rpc::ErrorCode::kOverloaded, kTableFull);
+    return Outcome::kAnswered;
+  }
   std::span<std::atomic<uint64_t>> words = entry->state();
   if (broker_->leasing()) {
     // Learning (Redis came back without the fleet's state): the node also
@@ -46,22 +59,21 @@ HoldingPath::Held HoldingPath::acquire(const RuleSet& rules, const Rule& rule,
     switch (got.taken.outcome) {
       case slice::Outcome::kTaken:
         metrics_.lease_units_spent.add(static_cast<uint64_t>(item.cost));
-        *decision = holding::decide(words, limit, now_ns, item.cost, got.taken.left, true);
-        *held_words = words;
-        return Held::kHeld;
+        decision = holding::decide(words, limit, now_ns, item.cost, got.taken.left, true);
+        return answer(words);
       case slice::Outcome::kDenied:
         if (got.capped) {
-          *decision = holding::decide(words, limit, now_ns, item.cost,
-                                      cap - holding::live(words, now_ns), false);
+          decision = holding::decide(words, limit, now_ns, item.cost,
+                                     cap - holding::live(words, now_ns), false);
         } else {
           metrics_.lease_negative_hits.add();
-          *decision = holding::decide(words, limit, now_ns, item.cost, 0, false,
-                                      std::max<int64_t>(got.taken.until_ns - now_ns, 1),
-                                      broker_->holdingReturnNs());
+          decision = holding::decide(words, limit, now_ns, item.cost, 0, false,
+                                     std::max<int64_t>(got.taken.until_ns - now_ns, 1),
+                                     broker_->holdingReturnNs());
         }
-        return Held::kAnswered;
+        return answer({});
       case slice::Outcome::kEmpty:
-        if (waiting_.waitForLease(asker, {})) return Held::kWaitsForLease;
+        if (waiting_.waitForLease(asker, {})) return Outcome::kWaitsForLease;
         [[fallthrough]];
       case slice::Outcome::kQueued:  // never: concurrency requests do not wait in line
       case slice::Outcome::kFallback: break;
@@ -72,22 +84,21 @@ HoldingPath::Held HoldingPath::acquire(const RuleSet& rules, const Rule& rule,
   // releases find them whatever the mode was; what it holds beyond the
   // pool is the pool's debt, leased back once Redis answers.
   auto [share, policy_mode] = route(rules, rule);
-  *mode = policy_mode;
+  mode = policy_mode;
   if (share == nullptr) {
-    *decision = policyDecision(rule, policy_mode);
-    return Held::kAnswered;
+    decision = policyDecision(rule, policy_mode);
+    return answer({});
   }
   int64_t cap = share->limits.front().limit;
   int64_t reclaimed = 0;
   bool held = holding::acquireLocal(words, limit, now_ns, item.cost, cap, &reclaimed);
   if (reclaimed > 0) metrics_.lease_units_released.add(static_cast<uint64_t>(reclaimed));
-  *decision = holding::decide(words, limit, now_ns, item.cost,
-                              cap - holding::live(words, now_ns), held);
-  decision->limit = cap;
-  if (!held) return Held::kAnswered;
+  decision = holding::decide(words, limit, now_ns, item.cost, cap - holding::live(words, now_ns),
+                             held);
+  decision.limit = cap;
+  if (!held) return answer({});
   metrics_.lease_units_spent.add(static_cast<uint64_t>(item.cost));
-  *held_words = words;
-  return Held::kHeld;
+  return answer(words);
 }
 
 Decision HoldingPath::peekHeld(const RuleSet& rules, const Rule& rule,

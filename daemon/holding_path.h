@@ -33,6 +33,7 @@
 #include "rpc.h"
 #include "rules.h"
 #include "slice.h"
+#include "verdict.h"
 #include "waiting.h"
 
 namespace sluice {
@@ -43,17 +44,12 @@ class HoldingPath {
   HoldingPath(KeyTable& keys, MetricsShard& metrics, LeaseBroker* broker, Waiting& waiting)
       : keys_(keys), metrics_(metrics), broker_(broker), waiting_(waiting) {}
 
-  // What an acquire on a holding came to: its units are held (the decision
-  // allows; give them back with refund() if its group fails), it is answered
-  // (denied, or by a policy, holding nothing), it waits for a lease, or the
-  // key table is full.
-  enum class Held { kHeld, kAnswered, kWaitsForLease, kTableFull };
-  // Acquires item.cost (> 0) units of a key of `rule` (of `rules`); `words`
-  // gets the holding's words when units are held. The decision is before
-  // shadow (policy.h applyShadow).
-  Held acquire(const RuleSet& rules, const Rule& rule, const rpc::Item& item, int64_t now_ns,
-               const Asker& asker, Decision* decision, Mode* mode,
-               std::span<std::atomic<uint64_t>>* words);
+  // Acquires item.cost (> 0) units of a key of `rule` (of `rules`):
+  // answered (`verdict`, after shadow; when units are held, taken.held has
+  // the holding's words, to give back with refund() if its group fails), or
+  // waiting for a lease (kWaitsForLease).
+  Outcome acquire(const RuleSet& rules, const Rule& rule, const rpc::Item& item, int64_t now_ns,
+                  const Asker& asker, Verdict* verdict);
   // peek (release false) or release of item.cost units; before shadow.
   Decision look(const RuleSet& rules, const Rule& rule, const rpc::Item& item, bool release,
                 int64_t now_ns, Mode* mode);

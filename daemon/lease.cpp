@@ -5,15 +5,6 @@
 
 namespace sluice {
 
-std::string_view breakerName(Breaker breaker) {
-  switch (breaker) {
-    case Breaker::kClosed: return "closed";
-    case Breaker::kOpen: return "open";
-    case Breaker::kHalfOpen: return "half_open";
-  }
-  return "unknown";
-}
-
 LeaseBroker::LeaseBroker(int64_t lease_interval_ns, int64_t holding_return_ns)
     : lease_interval_ns_(lease_interval_ns), holding_return_ns_(holding_return_ns) {}
 

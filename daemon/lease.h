@@ -32,6 +32,7 @@
 #include <string_view>
 #include <vector>
 
+#include "breaker.h"
 #include "metrics.h"
 #include "rules.h"
 #include "wait_lines.h"
@@ -80,14 +81,6 @@ struct LeaseStats {
   uint64_t lost_units = 0;
   uint64_t renewed = 0;
 };
-
-// The breaker between the lease path and Redis (docs/design.md, "Fallback").
-enum class Breaker {
-  kClosed,    // leasing
-  kOpen,      // Redis unreachable: global rules follow on_redis_down
-  kHalfOpen,  // reconnected: debiting what fallback admitted, then leasing
-};
-std::string_view breakerName(Breaker breaker);
 
 class LeaseBroker {
  public:

@@ -410,9 +410,7 @@ void LeaseManager::debitFallback(bool state_lost, int64_t span_ms,
     const Rule* share = rules->findById(entry.ruleId());
     const Rule* global = rules->findById(entry.ruleId() & ~kFallbackIdBit);
     if (share == nullptr || global == nullptr || !leasable(*global)) return;
-    size_t word = undebitedWord(*share);
-    if (entry.state().size() <= word) return;
-    auto units = static_cast<int64_t>(entry.state()[word].exchange(0, std::memory_order_acq_rel));
+    int64_t units = takeUndebited(*share, entry.state());
     if (units > 0) {
       debits.push_back({&variantOf(*rules, *global, storedOverride(*share, entry.state())),
                         std::string(entry.key()), units});

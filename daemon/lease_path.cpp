@@ -46,9 +46,10 @@ Outcome LeasePath::acquire(const RuleSet& rules, const Rule& rule, const rpc::It
   // A request that may wait for its units (max_wait): its wait, from its
   // arrival; a retry brings its own. Answers say how long it waited.
   Wait wait;
-  if (asker.may_wait && asker.wait.until_ns != 0) {
+  const bool may_wait_for_units = asker.may_wait && asker.may_wait_for_units;
+  if (may_wait_for_units && asker.wait.until_ns != 0) {
     wait = asker.wait;
-  } else if (int64_t max_wait_ns = asker.may_wait ? maxWaitNs(rule, item) : 0) {
+  } else if (int64_t max_wait_ns = may_wait_for_units ? maxWaitNs(rule, item) : 0) {
     wait = {now_ns, now_ns + max_wait_ns, waiting_.nextSeq(), 0};
   }
   KeyTable::Entry* entry = keys_.findOrInsert(rule.id, item.key, entryWords(rule), now_ns);
@@ -141,8 +142,9 @@ Outcome LeasePath::spend(const RuleSet& rules, const Rule& rule, const rpc::Item
         decision = sliceDecision(deciding, taken, now_ns);
         if (broker_->learning(deciding, now_ns)) {
           // Redis came back without the fleet's state: hold to the share too.
-          std::optional<Decision> share = policy_.acquireShare(
-              rules, *rules.fallbackShare(rule), item.key, now_ns, item.cost, false);
+          std::optional<Decision> share =
+              policy_.acquireShare(rules, *rules.fallbackShare(rule), item.key, now_ns,
+                                   item.cost, false, &verdict->taken);
           if (!share || !share->allowed || share->shadow_denied) {
             slice::refund(words, item.cost);
             if (!share) {
@@ -155,7 +157,8 @@ Outcome LeasePath::spend(const RuleSet& rules, const Rule& rule, const rpc::Item
             break;
           }
         }
-        metrics_.lease_units_spent.add(static_cast<uint64_t>(item.cost));
+        verdict->taken.cost = item.cost;
+        verdict->taken.slice = words;
         break;
       }
       case slice::Outcome::kDenied:
@@ -187,8 +190,8 @@ Outcome LeasePath::spend(const RuleSet& rules, const Rule& rule, const rpc::Item
         if (share == nullptr) {
           decision = policyDecision(rule, policy_mode);
         } else {
-          std::optional<Decision> shared =
-              policy_.acquireShare(rules, *share, item.key, now_ns, item.cost, true);
+          std::optional<Decision> shared = policy_.acquireShare(rules, *share, item.key, now_ns,
+                                                                item.cost, true, &verdict->taken);
           if (!shared) {
             verdict->fail(rpc::ErrorCode::kOverloaded, kTableFull);
             return Outcome::kAnswered;
@@ -219,6 +222,19 @@ Outcome LeasePath::spend(const RuleSet& rules, const Rule& rule, const rpc::Item
   policy_.countDenial(rule, item.key, entry_words, decision, now_ns);
   verdict->decide(decision, mode, waited_ms);
   return Outcome::kAnswered;
+}
+
+void LeasePath::askForLease(const RuleSet& rules, const Rule& rule, const rpc::Item& item,
+                            int64_t now_ns, bool again) {
+  if (item.cost <= 0 || policy_.globalBlockedFor(rule, item.key, now_ns) > 0) return;
+  KeyTable::Entry* entry = keys_.findOrInsert(rule.id, item.key, entryWords(rule), now_ns);
+  if (entry == nullptr) return;
+  const Rule& deciding = decidingRule(rules, rule, item.key, entry->state());
+  if (item.cost > leaseCapacity(deciding.limits.front())) return;
+  auto words = slice::of(entry->state());
+  slice::TakeResult taken = take(rule, item.key, words, now_ns, item.cost, again, false);
+  afterTake(rules, rule, deciding, item.key, entry->state(), now_ns, item.cost, taken);
+  if (taken.outcome == slice::Outcome::kTaken) slice::refund(words, item.cost);
 }
 
 Decision LeasePath::look(const RuleSet& rules, const Rule& rule, std::string_view key,

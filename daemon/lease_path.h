@@ -2,15 +2,18 @@
 // key's slice (slice.h): units leased from Redis in batches, spent here one
 // acquire at a time.
 //
-// An acquire takes its cost from the slice. Below the low-water mark it asks
-// for the next batch (one lease in flight per key). On an empty slice it
+// An acquire takes its cost from the slice; what it took is in its verdict
+// (Taken), for the group path (group_path.h) to keep, or to give back when
+// another entry of its group denies. Below the low-water mark it asks for
+// the next batch (one lease in flight per key). On an empty slice it
 // waits for the lease under way (Waiting, kLease), or, when it may not wait
 // or the key's lease failed or came late, the rule's on_redis_down policy
 // decides (policy.h). Redis's "nothing until t" is cached in the slice
 // (denied until then). A request that may wait (max_wait) and would be
 // denied until a time within its wait stands in the key's line (WaitLines)
-// and waits until then (kDue) or behind those who came first (kLine). While
-// learning, an acquire must also pass the node's share. A key blocked by its
+// and waits until then (kDue) or behind those who came first (kLine); only a
+// question of one entry may (Asker::may_wait_for_units). While learning, an
+// acquire must also pass the node's share. A key blocked by its
 // rule's penalty is denied until its block is due to be asked of Redis again.
 //
 // A LeasePath belongs to one worker (its Dispatcher) and is called only
@@ -53,25 +56,19 @@ class LeasePath {
       : keys_(keys), metrics_(metrics), broker_(broker), waiting_(waiting), policy_(policy) {}
 
   // Acquires item.cost (> 0) units of a key of a leasable `rule`: answered
-  // (`verdict`, after shadow), or waiting (Outcome).
+  // (`verdict`, after shadow, with what it took), or waiting (Outcome).
   Outcome acquire(const RuleSet& rules, const Rule& rule, const rpc::Item& item, int64_t now_ns,
                   const Asker& asker, Verdict* verdict);
+  // Asks for a key's lease as an acquire would, deciding and taking
+  // nothing: for a part whose question already waits for another part's
+  // lease, so that both leases come within one round trip. `again`: the
+  // question's demand was counted when it was first asked.
+  void askForLease(const RuleSet& rules, const Rule& rule, const rpc::Item& item, int64_t now_ns,
+                   bool again);
   // What an acquire of `cost` would answer on a key of `rule`, spending and
   // claiming nothing; `mode` gets its mode. After shadow.
   Decision look(const RuleSet& rules, const Rule& rule, std::string_view key, int64_t now_ns,
                 int64_t cost, Mode* mode);
-  // slice::take() for a key of `rule`, clearing a line mark its line has
-  // outlived (and taking again).
-  slice::TakeResult take(const Rule& rule, std::string_view key,
-                         std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t cost,
-                         bool again, bool first_in_line);
-  // What follows every take from a slice (acquire's and an all-or-nothing
-  // entry's, group_path.h): counts the units an ended window dropped and,
-  // when the take claimed the in-flight bit, asks for the next batch
-  // (requestLease, with what the take spent).
-  void afterTake(const RuleSet& rules, const Rule& rule, const Rule& deciding,
-                 std::string_view key, std::span<std::atomic<uint64_t>> entry_words,
-                 int64_t now_ns, int64_t cost, const slice::TakeResult& taken);
   // Sends a lease request for a key of `rule` whose in-flight bit the
   // caller claimed; `deciding` is the rule's variant for the key, `words`
   // the entry's, `spent` what the caller took from the slice (0: it waits
@@ -86,6 +83,18 @@ class LeasePath {
                      int64_t cost);
 
  private:
+  // slice::take() for a key of `rule`, clearing a line mark its line has
+  // outlived (and taking again).
+  slice::TakeResult take(const Rule& rule, std::string_view key,
+                         std::span<std::atomic<uint64_t>> words, int64_t now_ns, int64_t cost,
+                         bool again, bool first_in_line);
+  // What follows every take from a slice (acquire's and askForLease's):
+  // counts the units an ended window dropped and, when the take claimed the
+  // in-flight bit, asks for the next batch (requestLease, with what the
+  // take spent).
+  void afterTake(const RuleSet& rules, const Rule& rule, const Rule& deciding,
+                 std::string_view key, std::span<std::atomic<uint64_t>> entry_words,
+                 int64_t now_ns, int64_t cost, const slice::TakeResult& taken);
   // acquire()'s decision on the key's entry; `wait` gets the request's
   // ticket when it joins the key's line.
   Outcome spend(const RuleSet& rules, const Rule& rule, const rpc::Item& item, int64_t now_ns,

@@ -37,8 +37,11 @@ Outcome LocalPath::acquire(const RuleSet& rules, const Rule& configured, const R
       return Outcome::kAnswered;
     }
   }
-  // Only a request that gets an answer may wait (not a notification).
-  int64_t max_wait_ns = asker.may_wait && &rule == &configured ? maxWaitNs(rule, item) : 0;
+  // Only a request that gets an answer may wait (not a notification), and
+  // only a question of one entry.
+  int64_t max_wait_ns = asker.may_wait && asker.may_wait_for_units && &rule == &configured
+                            ? maxWaitNs(rule, item)
+                            : 0;
   Decision decision;
   if (max_wait_ns > 0 && !waiting_.mayReserve()) {
     decision = sluice::acquire(deciding, state, now_ns, item.cost);
@@ -50,8 +53,14 @@ Outcome LocalPath::acquire(const RuleSet& rules, const Rule& configured, const R
   } else {
     decision = sluice::acquire(deciding, state, now_ns, item.cost, max_wait_ns);
   }
-  if (&rule != &configured && decision.allowed && !decision.shadow_denied) {
-    policy_.noteFallbackSpend(rules, rule, item.key, entry->state(), item.cost);
+  if (item.cost > 0 && decision.allowed && !decision.shadow_denied) {
+    verdict->taken.cost = item.cost;
+    verdict->taken.limited = &deciding;
+    verdict->taken.state = state;
+    if (&rule != &configured) {  // a fallback spend, to note once kept
+      verdict->taken.share = &rule;
+      verdict->taken.share_words = entry->state();
+    }
   }
   if (penalty != nullptr) {
     policy_.countDenial(configured, item.key, penalty_entry, decision, now_ns);

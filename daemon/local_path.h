@@ -2,13 +2,17 @@
 // keeps: a local rule's key state, or a global rule's fallback share while
 // the rule does not decide on leases (policy.h route: on_redis_down "local").
 //
-// An acquire may wait (bounded waiting, a local token bucket or GCRA rule
-// with max_wait): the limiter allows on a reservation, the units are spent
-// now and the answer waits until they are due (Waiting, kReserved). A key
+// An acquire spends at once; what it spent is in its verdict (Taken), for
+// the group path (group_path.h) to keep, or to give back when another
+// entry of its group denies. An acquire may wait (bounded waiting, a local
+// token bucket or GCRA rule with max_wait, a question of one entry): the
+// limiter allows on a reservation, the units are spent now and the answer
+// waits until they are due (Waiting, kReserved). A key
 // blocked by its rule's penalty is denied in mode blocked; for a global rule
 // on its share the penalty's words are in the key's slice entry, where
 // leasing keeps them too, so a block holds whatever the mode. What a share
-// admits for a leasable rule is debited from Redis (PolicyPath).
+// admits for a leasable rule is debited from Redis (PolicyPath) once its
+// group keeps it.
 //
 // Peek and release never create a key: an absent key is a fresh one. A
 // release gives back up to its cost of held units (more than are held gives
@@ -39,8 +43,9 @@ class LocalPath {
       : keys_(keys), waiting_(waiting), policy_(policy) {}
 
   // Acquires item.cost (> 0) units on `rule` in `mode`: `configured`
-  // itself, or the share it is routed to. Answered (`verdict`), or waiting
-  // on a reservation (kWaitsReserved; `verdict` has the decision to count).
+  // itself, or the share it is routed to. Answered (`verdict`, with what it
+  // spent), or waiting on a reservation (kWaitsReserved; `verdict` has the
+  // decision to count).
   Outcome acquire(const RuleSet& rules, const Rule& configured, const Rule& rule, Mode mode,
                   const rpc::Item& item, int64_t now_ns, const Asker& asker, Verdict* verdict);
   // peek (release false) or release of item.cost units.

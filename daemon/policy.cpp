@@ -69,13 +69,21 @@ Decision withoutShadow(Decision decision) {
 
 std::optional<Decision> PolicyPath::acquireShare(const RuleSet& rules, const Rule& share,
                                                  std::string_view key, int64_t now_ns,
-                                                 int64_t cost, bool count_undebited) {
+                                                 int64_t cost, bool fallback,
+                                                 Taken* taken) {
   KeyTable::Entry* entry = keys_.findOrInsert(share.id, key, entryWords(share), now_ns);
   if (entry == nullptr) return std::nullopt;
   const Rule& deciding = decidingRule(rules, share, key, entry->state());
-  Decision decision = acquire(deciding, entry->state().first(stateWords(deciding)), now_ns, cost);
-  if (count_undebited && decision.allowed && !decision.shadow_denied) {
-    noteFallbackSpend(rules, share, key, entry->state(), cost);
+  auto state = entry->state().first(stateWords(deciding));
+  Decision decision = acquire(deciding, state, now_ns, cost);
+  if (decision.allowed && !decision.shadow_denied) {
+    taken->cost = cost;
+    taken->limited = &deciding;
+    taken->state = state;
+    if (fallback) {
+      taken->share = &share;
+      taken->share_words = entry->state();
+    }
   }
   return decision;
 }
@@ -96,7 +104,7 @@ void PolicyPath::noteFallbackSpend(const RuleSet& rules, const Rule& share, std:
     broker_->submit(std::move(debit));
     return;
   }
-  words[undebitedWord(share)].fetch_add(static_cast<uint64_t>(cost), std::memory_order_acq_rel);
+  addUndebited(share, words, cost);
 }
 
 void PolicyPath::countDenial(const Rule& configured, std::string_view key,

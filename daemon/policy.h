@@ -29,6 +29,7 @@
 #include "metrics.h"
 #include "rules.h"
 #include "slice.h"
+#include "verdict.h"
 
 namespace sluice {
 
@@ -76,11 +77,13 @@ class PolicyPath {
   PolicyPath(KeyTable& keys, MetricsShard& metrics, LeaseBroker* broker)
       : keys_(keys), metrics_(metrics), broker_(broker) {}
 
-  // A limiter decision on the share entry of a global rule; counts what
-  // fallback admits (undebited) when `count_undebited`. nullopt: table full.
+  // A limiter decision on the share entry of a global rule. What it spends
+  // goes in `taken` (limited, state), and for a `fallback` spend (not a
+  // learning node's cap) the share too, for the caller to note
+  // (noteFallbackSpend) once it keeps the units. nullopt: table full.
   std::optional<Decision> acquireShare(const RuleSet& rules, const Rule& share,
                                        std::string_view key, int64_t now_ns, int64_t cost,
-                                       bool count_undebited);
+                                       bool fallback, Taken* taken);
   // Records units a share admitted for a leasable global rule: debited at
   // once while Redis is up, else counted in the entry for the recovery.
   // `share` is the share itself (not a variant); `words` its entry's.

@@ -658,7 +658,7 @@ void Server::sweepKeys() {
       returnSlice(*rule, entry.key(), words, now_ns);
       return true;
     }
-    if ((rule->id & kFallbackIdBit) != 0 && words[undebitedWord(*rule)].load(std::memory_order_acquire) > 0) {
+    if ((rule->id & kFallbackIdBit) != 0 && undebited(*rule, words) > 0) {
       return false;
     }
     const Rule& deciding = decidingRule(*rules, *rule, entry.key(), words);

@@ -108,6 +108,10 @@ struct Asker {
   // It may wait (it has a recipient, is not a notification, and is not asked
   // again as a question that may wait no longer).
   bool may_wait = false;
+  // Beyond a lease, it may wait for its units (max_wait: a due time, its
+  // turn in a line, a reservation). Only a question of one entry may: the
+  // group path (group_path.h) clears it for a group of several.
+  bool may_wait_for_units = true;
   // Asked again: its demand was counted when it was first asked.
   bool again = false;
   // A kLease waiter asked again: it keeps its place if it waits on.

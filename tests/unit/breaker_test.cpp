@@ -400,7 +400,7 @@ class ManagerBreakerTest : public ::testing::Test {
     KeyTable::ReadGuard guard(keys_, reader_);
     KeyTable::Entry* entry = keys_.findOrInsert(share.id, key, entryWords(share), now_);
     ASSERT_NE(entry, nullptr);
-    entry->state()[undebitedWord(share)].fetch_add(static_cast<uint64_t>(units));
+    addUndebited(share, entry->state(), units);
   }
 
   int64_t now_ = kStart;

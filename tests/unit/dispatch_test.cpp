@@ -23,6 +23,7 @@
 #include "rpc.h"
 #include "rpc_front.h"
 #include "rules.h"
+#include "slice.h"
 #include "status.h"
 #include "test_status.h"
 #include "worker.h"
@@ -140,6 +141,40 @@ class DispatchTest : public ::testing::Test, public Recipient {
     EXPECT_EQ(waits, out.empty());
     if (waits) return std::nullopt;
     return decode(out);
+  }
+  // Sends an acquire_all as a connection does, so that it may wait: nullopt
+  // while it waits, its answer if it is answered at once.
+  std::optional<Response> sendAll(std::vector<rpc::Item> items) {
+    rpc::Request request;
+    request.msgid = ++msgid_;
+    request.method = rpc::Method::kAcquireAll;
+    request.items = std::move(items);
+    Peer peer;
+    peer.allowed = true;
+    std::string out;
+    bool waits = false;
+    {
+      KeyTable::ReadGuard guard(keys_, reader_);
+      waits = front_->handle(request, peer, now_ns_, &out, this);
+    }
+    EXPECT_EQ(waits, out.empty());
+    if (waits) return std::nullopt;
+    return decode(out);
+  }
+  // What a lease reply does to a key's slice (lease_manager.cpp): `units`
+  // granted, the in-flight bit cleared.
+  void grant(uint32_t rule_id, std::string_view key, int64_t units) {
+    KeyTable::Entry* entry = keys_.find(rule_id, key);
+    ASSERT_NE(entry, nullptr);
+    auto words = entry->state();
+    words[slice::kUnits].fetch_add(static_cast<uint64_t>(units));
+    words[slice::kFlags].fetch_or(slice::kWarm);
+    words[slice::kFlags].fetch_and(~slice::kInFlight);
+  }
+  std::vector<LeaseRequest> sent() {
+    std::vector<LeaseRequest> requests;
+    broker_->takeRequests(&requests);
+    return requests;
   }
   // What the worker's timer does at now_ns_ (every waiter with `all`).
   void retry(bool all = false) {
@@ -302,6 +337,66 @@ TEST_F(LeasingDispatchTest, AcquireAllWithoutALeaseDecidesByThePolicy) {
   broker_->takeRequests(&sent);
   ASSERT_FALSE(sent.empty());
   EXPECT_EQ(sent[0].kind, LeaseRequest::Kind::kLease);
+}
+
+// Verifies an acquire_all that one item denies gives back the units its
+// other item took from a leased slice, and that kept units count as spent.
+TEST_F(LeasingDispatchTest, AnAcquireAllDenialGivesBackWhatItsSliceEntryTook) {
+  ASSERT_FALSE(send("g_api", "k").has_value());  // a cold key waits for its lease
+  grant(4, "k", 5);
+  Response denied = acquireAll({{"g_api", "k", 2, -1}, {"api", "k", 4, -1}});
+  EXPECT_FALSE(denied.allowed());
+  EXPECT_EQ(peek("g_api", "k").remaining(), 5);
+  EXPECT_EQ(metrics_.snapshot().lease_units_spent, 0u);
+  Response allowed = acquireAll({{"g_api", "k", 2, -1}, {"api", "k", 1, -1}});
+  EXPECT_TRUE(allowed.allowed());
+  EXPECT_EQ(peek("g_api", "k").remaining(), 3);
+  EXPECT_EQ(metrics_.snapshot().lease_units_spent, 2u);
+}
+
+// Verifies what a share admits in a group that another item denies is
+// given back and never debited, and that a kept one is debited at once
+// while Redis is up.
+TEST_F(LeasingDispatchTest, AFallbackSpendIsDebitedOnlyWhenItsGroupIsAllowed) {
+  Response denied = acquireAll({{"g_api", "k", 2, -1}, {"api", "k", 4, -1}});
+  EXPECT_FALSE(denied.allowed());
+  for (const LeaseRequest& request : sent()) EXPECT_NE(request.kind, LeaseRequest::Kind::kDebit);
+  Response allowed = acquire("g_api", "k", 5);  // the whole share of 10 over 2 nodes
+  EXPECT_TRUE(allowed.allowed());
+  EXPECT_EQ(allowed.mode(), "fallback");
+  std::vector<LeaseRequest> requests = sent();
+  ASSERT_EQ(requests.size(), 1u);
+  EXPECT_EQ(requests[0].kind, LeaseRequest::Kind::kDebit);
+  EXPECT_EQ(requests[0].n, 5);
+}
+
+// Verifies an acquire_all whose cold key waits for its lease gives back
+// what its other items took meanwhile, and spends on all of them once the
+// lease has come.
+TEST_F(LeasingDispatchTest, AGroupWaitingForALeaseHoldsNoneOfItsUnits) {
+  EXPECT_FALSE(sendAll({{"api", "k", 1, -1}, {"g_api", "cold", 2, -1}}).has_value());
+  EXPECT_EQ(waiting(WaitKind::kLease), 1u);
+  EXPECT_EQ(peek("api", "k").remaining(), 3);
+  grant(4, "cold", 4);
+  retry();
+  ASSERT_EQ(delivered_.size(), 1u);
+  EXPECT_TRUE(delivered_[0].allowed());
+  EXPECT_EQ(peek("api", "k").remaining(), 2);
+  EXPECT_EQ(peek("g_api", "cold").remaining(), 2);
+}
+
+// Verifies a group of several items never waits for units: an item of a
+// rule with max_wait that has none denies the group at once, where alone
+// it would wait on a reservation.
+TEST_F(DispatchTest, AGroupOfSeveralItemsDoesNotWaitForUnits) {
+  ASSERT_TRUE(send("wait", "k", 2)->allowed());
+  std::optional<Response> group = sendAll({{"wait", "k", 1, -1}, {"api", "k", 1, -1}});
+  ASSERT_TRUE(group.has_value());
+  EXPECT_FALSE(group->allowed());
+  EXPECT_EQ(waiting(WaitKind::kReserved), 0u);
+  EXPECT_EQ(peek("api", "k").remaining(), 3);
+  EXPECT_FALSE(send("wait", "k").has_value());  // alone, it waits
+  EXPECT_EQ(waiting(WaitKind::kReserved), 1u);
 }
 
 // --- waiting -------------------------------------------------------------------

@@ -52,10 +52,19 @@ class HoldingPathTest : public ::testing::Test {
     asker.may_wait = may_wait;
     return asker;
   }
-  HoldingPath::Held acquire(int64_t cost, bool may_wait = false) {
-    words_ = {};
-    return path_.acquire(rules_, jobs(), item(cost), now_ns_, asker(may_wait), &decision_, &mode_,
-                         &words_);
+  // What came of an acquire: units held, an answer that holds nothing, or
+  // a wait for the key's lease.
+  enum class Got { kHeld, kAnswered, kWaitsForLease };
+  Got acquire(int64_t cost, bool may_wait = false) {
+    Verdict verdict;
+    Outcome outcome = path_.acquire(rules_, jobs(), item(cost), now_ns_, asker(may_wait), &verdict);
+    EXPECT_FALSE(verdict.failed);
+    decision_ = verdict.decision;
+    mode_ = verdict.mode;
+    words_ = verdict.taken.held;
+    if (outcome == Outcome::kWaitsForLease) return Got::kWaitsForLease;
+    EXPECT_EQ(outcome, Outcome::kAnswered);
+    return words_.empty() ? Got::kAnswered : Got::kHeld;
   }
   // What a granting lease reply does to the key's holding (lease_manager.cpp).
   void grant(int64_t units) {
@@ -84,7 +93,7 @@ class HoldingPathTest : public ::testing::Test {
 
 // Verifies an acquire on a cold key asks for one lease and waits for it.
 TEST_F(HoldingPathTest, AColdKeyAsksForALeaseAndWaitsForIt) {
-  EXPECT_EQ(acquire(1, true), HoldingPath::Held::kWaitsForLease);
+  EXPECT_EQ(acquire(1, true), Got::kWaitsForLease);
   EXPECT_EQ(waiting_.count(WaitKind::kLease), 1u);
   std::vector<LeaseRequest> sent;
   broker_.takeRequests(&sent);
@@ -96,10 +105,10 @@ TEST_F(HoldingPathTest, AColdKeyAsksForALeaseAndWaitsForIt) {
 // Verifies a request that may not wait, on a key with no units yet, is
 // decided by the policy: "local" holds at the node's share, in fallback.
 TEST_F(HoldingPathTest, ARequestThatMayNotWaitHoldsAtTheShareInFallback) {
-  EXPECT_EQ(acquire(4), HoldingPath::Held::kHeld);
+  EXPECT_EQ(acquire(4), Got::kHeld);
   EXPECT_EQ(mode_, Mode::kFallback);
   EXPECT_EQ(decision_.limit, 4);  // 8 over 2 nodes
-  EXPECT_EQ(acquire(1), HoldingPath::Held::kAnswered);
+  EXPECT_EQ(acquire(1), Got::kAnswered);
   EXPECT_FALSE(decision_.allowed);
 }
 
@@ -107,9 +116,9 @@ TEST_F(HoldingPathTest, ARequestThatMayNotWaitHoldsAtTheShareInFallback) {
 // gives them back into the pool, and that peek and release answer the
 // state afterwards.
 TEST_F(HoldingPathTest, GrantedUnitsAreHeldAndReleasedIntoThePool) {
-  ASSERT_EQ(acquire(1, true), HoldingPath::Held::kWaitsForLease);
+  ASSERT_EQ(acquire(1, true), Got::kWaitsForLease);
   grant(3);
-  EXPECT_EQ(acquire(2), HoldingPath::Held::kHeld);
+  EXPECT_EQ(acquire(2), Got::kHeld);
   EXPECT_EQ(mode_, Mode::kNormal);
   EXPECT_FALSE(words_.empty());
   EXPECT_EQ(holding::pool(words_), 1);
@@ -134,16 +143,16 @@ TEST_F(HoldingPathTest, AReleaseOnAKeyThatHoldsNothingAnswersAsPeek) {
 
 // Verifies a cost over the limit can never pass, holding nothing.
 TEST_F(HoldingPathTest, ACostOverTheLimitNeverPasses) {
-  EXPECT_EQ(acquire(9), HoldingPath::Held::kAnswered);
+  EXPECT_EQ(acquire(9), Got::kAnswered);
   EXPECT_TRUE(decision_.cost_exceeds_limit);
   EXPECT_EQ(keys_.find(jobs().id, "k"), nullptr);
 }
 
 // Verifies a group's refund gives held units back into the pool.
 TEST_F(HoldingPathTest, ARefundGivesHeldUnitsBack) {
-  ASSERT_EQ(acquire(1, true), HoldingPath::Held::kWaitsForLease);
+  ASSERT_EQ(acquire(1, true), Got::kWaitsForLease);
   grant(2);
-  ASSERT_EQ(acquire(2), HoldingPath::Held::kHeld);
+  ASSERT_EQ(acquire(2), Got::kHeld);
   path_.refund(jobs(), words_, now_ns_, 2);
   EXPECT_EQ(holding::pool(words_), 2);
 }

@@ -111,7 +111,8 @@ TEST_F(LeasePathTest, ARequestThatMayNotWaitIsDecidedOnTheShare) {
   EXPECT_FALSE(verdict_.decision.allowed);  // the share of 10 over 2 nodes is spent
 }
 
-// Verifies granted units are spent in normal mode, one acquire at a time.
+// Verifies granted units are spent in normal mode, one acquire at a time,
+// and the verdict says they came from the key's slice.
 TEST_F(LeasePathTest, GrantedUnitsAreSpentInNormalMode) {
   ASSERT_EQ(acquire("g", 1, true), Outcome::kWaitsForLease);
   reply("g", 3);
@@ -119,7 +120,19 @@ TEST_F(LeasePathTest, GrantedUnitsAreSpentInNormalMode) {
   EXPECT_EQ(verdict_.mode, Mode::kNormal);
   EXPECT_TRUE(verdict_.decision.allowed);
   EXPECT_EQ(verdict_.decision.remaining, 1);
-  EXPECT_EQ(metrics_.snapshot().lease_units_spent, 2u);
+  EXPECT_EQ(verdict_.taken.cost, 2);
+  EXPECT_EQ(verdict_.taken.slice.data(), slice::of(keys_.find(rule("g").id, "k")->state()).data());
+}
+
+// Verifies a request that may not wait, decided on the share, says what it
+// spent there and which share to note for the debit.
+TEST_F(LeasePathTest, AFallbackSpendIsTakenFromTheShareAndNotedByItsGroup) {
+  ASSERT_EQ(acquire("g", 2), Outcome::kAnswered);
+  EXPECT_EQ(verdict_.mode, Mode::kFallback);
+  EXPECT_TRUE(verdict_.taken.slice.empty());
+  EXPECT_EQ(verdict_.taken.cost, 2);
+  EXPECT_NE(verdict_.taken.limited, nullptr);
+  EXPECT_EQ(verdict_.taken.share, rules_.fallbackShare(rule("g")));
 }
 
 // Verifies Redis's "nothing until t" is kept: acquires are denied here

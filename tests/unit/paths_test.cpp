@@ -3,6 +3,7 @@
 // where Redis is involved (the test plays the control thread).
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <vector>
 
 #include "key_table.h"
@@ -123,18 +124,27 @@ TEST_F(PathsTest, OpenAllowsAndClosedDeniesForAPeriod) {
 // for the recovery's debit, and while Redis is up is debited at once.
 TEST_F(PathsTest, FallbackSpendsAreCountedWhileDownAndDebitedWhileUp) {
   const Rule& share = *rules_.fallbackShare(rule("g"));
-  ASSERT_TRUE(policy_.acquireShare(rules_, share, "k", now_ns_, 3, true)->allowed);
+  // What acquireShare spent, noted as the group path notes it once kept.
+  auto spend = [&](int64_t cost) {
+    Taken taken;
+    std::optional<Decision> decision =
+        policy_.acquireShare(rules_, share, "k", now_ns_, cost, true, &taken);
+    ASSERT_TRUE(decision && decision->allowed);
+    ASSERT_EQ(taken.share, &share);
+    policy_.noteFallbackSpend(rules_, share, "k", taken.share_words, taken.cost);
+  };
+  spend(3);
   KeyTable::Entry* entry = keys_.find(share.id, "k");
   ASSERT_NE(entry, nullptr);
-  EXPECT_EQ(entry->state()[undebitedWord(share)].load(), 3u);
+  EXPECT_EQ(undebited(share, entry->state()), 3);
   EXPECT_TRUE(sent().empty());
   redisUp();
-  ASSERT_TRUE(policy_.acquireShare(rules_, share, "k", now_ns_, 1, true)->allowed);
+  spend(1);
   std::vector<LeaseRequest> requests = sent();
   ASSERT_EQ(requests.size(), 1u);
   EXPECT_EQ(requests[0].kind, LeaseRequest::Kind::kDebit);
   EXPECT_EQ(requests[0].n, 1);
-  EXPECT_EQ(entry->state()[undebitedWord(share)].load(), 3u);
+  EXPECT_EQ(undebited(share, entry->state()), 3);
 }
 
 // Verifies the D-th denial of a global rule's key blocks it across the
