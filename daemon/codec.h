@@ -37,6 +37,7 @@ struct Frame {
   enum class Kind {
     kIncomplete,  // more bytes are needed; nothing was consumed
     kReplied,     // the codec wrote the reply (if any) into `out`
+    kRefused,     // not a request (malformed): the codec wrote its error
     kQuestion,    // ask `question`; its answer is encoded with `tag`
     kLast,        // the codec wrote the last reply: read nothing more, close
                   // for `close_reason` once the replies are written

@@ -199,7 +199,7 @@ void Connection::consume(std::span<const uint8_t> bytes, bool from_scratch) {
   size_t offset = 0;
   bool last = false;
   size_t deferred_before = deferred_;
-  uint64_t answered = 0;  // questions answered in this read (not deferred)
+  uint64_t answered = 0;  // requests answered in this read (not deferred)
   while (offset < bytes.size() && !last && !held_) {
     Frame frame = codec_->read(bytes.subspan(offset), now_ns, &output_);
     if (frame.kind == Frame::Kind::kIncomplete) {
@@ -213,6 +213,8 @@ void Connection::consume(std::span<const uint8_t> bytes, bool from_scratch) {
       } else {
         ++answered;
       }
+    } else if (frame.kind == Frame::Kind::kReplied) {
+      ++answered;
     } else if (frame.kind == Frame::Kind::kLast) {
       last = true;
       drain_reason_ = frame.close_reason;

@@ -62,7 +62,7 @@ Frame RpcCodec::read(std::span<const uint8_t> bytes, int64_t now_ns, std::string
     front_.handleParseError(result, out);
     bad_input_(&result, nullptr);
     frame.kind = result.status == rpc::ParseStatus::kFatal ? Frame::Kind::kLast
-                                                            : Frame::Kind::kReplied;
+                                                            : Frame::Kind::kRefused;
     frame.close_reason = CloseReason::kUnreadable;
     return frame;
   }
