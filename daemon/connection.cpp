@@ -1,8 +1,6 @@
 // Connection: reading, framing, dispatching and writing for one client.
 #include "connection.h"
 
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -22,8 +20,7 @@ constexpr size_t kReadChunkBytes = 64 * 1024;
 }  // namespace
 
 Connection::Connection(Worker& worker, const Peer& peer, Protocol protocol)
-    : worker_(worker), peer_(peer), protocol_(protocol), socket_{} {
-  codec_ = worker_.makeCodec(protocol_, peer_);
+    : worker_(worker), peer_(peer), codec_(worker.makeCodec(protocol, peer_)), socket_{} {
   write_req_.data = this;
 }
 

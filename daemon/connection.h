@@ -35,7 +35,6 @@
 #include "dispatch.h"
 #include "metrics.h"
 #include "question.h"
-#include "rpc.h"
 
 namespace sluice {
 
@@ -90,7 +89,6 @@ class Connection final : public Recipient {
   void startReading();
   // Whether the client closed its socket (not only its sending side).
   bool peerGone();
-  bool partialFrameReady();
   void releaseWriting();
   void flush();
   // Closes a draining connection once nothing is left to answer or write.
@@ -99,7 +97,6 @@ class Connection final : public Recipient {
 
   Worker& worker_;
   Peer peer_;
-  Protocol protocol_;
   std::unique_ptr<Codec> codec_;
   // A Unix socket (MessagePack-RPC, a Unix [resp] listen) or a TCP one.
   union {
@@ -110,8 +107,9 @@ class Connection final : public Recipient {
   } socket_;
   uv_write_t write_req_;
 
-  // An unfinished frame; [0, input_used_) are valid. Empty (no memory) while
-  // nothing is pending: whole frames are parsed in the worker's scratch buffer.
+  // An unfinished frame, or the frames held behind a waiting question;
+  // [0, input_used_) are valid. Empty (no memory) while nothing is pending:
+  // whole frames are parsed in the worker's scratch buffer.
   std::vector<uint8_t> input_;
   size_t input_used_ = 0;
   bool reading_into_scratch_ = false;  // where the read in progress lands
