@@ -1,10 +1,11 @@
 // Server: the daemon as a whole. Owns the listening socket, the workers, the
 // key table and the metrics, and runs the main loop on the calling thread.
 //
-// The main loop accepts connections and hands each to the worker with the
-// fewest, handles SIGTERM/SIGINT (graceful stop) and SIGHUP (reload), and
-// sweeps idle keys out of the key table, then hands the pages malloc holds
-// free back to the system (every thread allocates from one malloc arena, so
+// The main loop accepts connections, on the socket and on [resp] listen
+// alike, and hands each to the worker with the fewest; it handles
+// SIGTERM/SIGINT (graceful stop) and SIGHUP (reload), and sweeps idle keys
+// out of the key table, then hands the pages malloc holds free back to the
+// system (every thread allocates from one malloc arena, so
 // that all of them can go back). The thread model is written down in
 // worker.h.
 //

@@ -59,8 +59,10 @@ namespace {
 
 // A listening socket on `listen` ("HOST:PORT" or "unix:/path"), non-blocking;
 // -1 with `error`. A Unix one's path goes in `unix_path` (a socket file left
-// there is replaced), mode 0660.
-int bindListener(const std::string& listen, std::string* unix_path, std::string* error) {
+// there is replaced), with `mode`, as [daemon] socket_mode gives the main
+// socket: [access] then decides among those the mode lets connect.
+int bindListener(const std::string& listen, mode_t mode, std::string* unix_path,
+                 std::string* error) {
   std::string host;
   uint16_t port = 0;
   std::string path;
@@ -97,8 +99,13 @@ int bindListener(const std::string& listen, std::string* unix_path, std::string*
   }
   int on = 1;
   if (path.empty()) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), size) != 0 ||
-      (!path.empty() && chmod(path.c_str(), 0660) != 0) || ::listen(fd, SOMAXCONN) != 0) {
+  // A socket file is made with no permissions for others, then opened up
+  // to `mode`: no window in which anyone may connect.
+  mode_t old_umask = umask(0177);
+  int rc = bind(fd, reinterpret_cast<sockaddr*>(&address), size);
+  umask(old_umask);
+  if (rc != 0 || (!path.empty() && chmod(path.c_str(), mode) != 0) ||
+      ::listen(fd, SOMAXCONN) != 0) {
     *error = std::strerror(errno);
     ::close(fd);
     return -1;
@@ -111,7 +118,8 @@ int bindListener(const std::string& listen, std::string* unix_path, std::string*
 
 bool Server::startResp(std::string* error) {
   std::string problem;
-  resp_fd_ = bindListener(config_.resp.listen, &resp_unix_path_, &problem);
+  resp_fd_ = bindListener(config_.resp.listen, config_.daemon.socket_mode, &resp_unix_path_,
+                          &problem);
   if (resp_fd_ < 0) {
     *error = "cannot serve the Redis protocol on " + config_.resp.listen + ": " + problem +
              "; choose another [resp] listen";
