@@ -15,7 +15,8 @@
 #   evalsha-pipelined   bench/load evalsha-pipelined: redis-server answering
 #                       one EVALSHA of lua/gcra.lua per call, as redis-cell
 #                       costs a call
-# and prints one markdown table, also saved to bench/results/fronts.md.
+# and prints one markdown table, also saved to bench/results/fronts.md, with
+# each row's rate as a fraction of msgpack-pipelined's in the same run.
 #
 # Knobs (environment): BENCH_SECONDS per measurement (3), BENCH_CONNECTIONS
 # (8 for wrk and redis-benchmark, 2 for load), BENCH_WINDOW pipelined calls
@@ -116,10 +117,13 @@ report() {
   echo "$(date -u +%F), $(nproc) CPUs, $(redis-server --version | sed 's/ sha=.*//');" \
     "load average ${load_before} at the start. Every call is allowed (a rule too large to deny)."
   echo
-  echo "| row | calls/s | p99 |"
-  echo "|---|---:|---:|"
+  echo "| row | calls/s | vs msgpack-pipelined | p99 |"
+  echo "|---|---:|---:|---:|"
+  local reference
+  reference=$(awk '$1 == "msgpack-pipelined" { print $2 }' "$results")
   while read -r name rate p99; do
-    printf '| %s | %s | %s |\n' "$name" "$rate" "$p99"
+    printf '| %s | %s | %s | %s |\n' "$name" "$rate" \
+      "$(awk -v r="$rate" -v m="$reference" 'BEGIN { printf "%.2f", (m > 0 ? r / m : 0) }')" "$p99"
   done <"$results"
   echo
   echo "Targets on 2 CPUs: RESP pipelined >= 1,000,000 calls/s, HTTP >= 50,000 checks/s."

@@ -2,6 +2,7 @@
 #include "connection.h"
 
 #include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -18,25 +19,41 @@ constexpr size_t kReadChunkBytes = 64 * 1024;
 
 }  // namespace
 
-Connection::Connection(Worker& worker, const Peer& peer) : worker_(worker), peer_(peer) {
-  pipe_.data = this;
+Connection::Connection(Worker& worker, const Peer& peer, Protocol protocol)
+    : worker_(worker), peer_(peer), codec_(worker.makeCodec(protocol, peer_)), socket_{} {
   write_req_.data = this;
 }
 
 int Connection::open(int fd, int64_t now_ms) {
   last_active_ms_ = now_ms;
-  uv_pipe_init(worker_.loop(), &pipe_, 0);
-  pipe_.data = this;
-  int rc = uv_pipe_open(&pipe_, fd);
-  if (rc == 0) {
-    rc = uv_read_start(reinterpret_cast<uv_stream_t*>(&pipe_), onAlloc, onRead);
+  sockaddr_storage address{};
+  socklen_t size = sizeof(address);
+  const bool tcp = getsockname(fd, reinterpret_cast<sockaddr*>(&address), &size) == 0 &&
+                   address.ss_family != AF_UNIX;
+  int rc = 0;
+  if (tcp) {
+    uv_tcp_init(worker_.loop(), &socket_.tcp);
+    rc = uv_tcp_open(&socket_.tcp, fd);
+    // Each batch of answers is one write: send it now, not after an ACK.
+    if (rc == 0) uv_tcp_nodelay(&socket_.tcp, 1);
   } else {
+    uv_pipe_init(worker_.loop(), &socket_.pipe, 0);
+    rc = uv_pipe_open(&socket_.pipe, fd);
+  }
+  socket_.handle.data = this;
+  if (rc != 0) {
     ::close(fd);  // the handle did not take the descriptor
+  } else {
+    rc = uv_read_start(&socket_.stream, onAlloc, onRead);
   }
   if (rc != 0) {
     close(CloseReason::kError);
   }
   return rc;
+}
+
+void Connection::startReading() {
+  if (uv_read_start(&socket_.stream, onAlloc, onRead) != 0) close(CloseReason::kError);
 }
 
 void Connection::close(CloseReason reason) {
@@ -45,7 +62,7 @@ void Connection::close(CloseReason reason) {
   }
   closing_ = true;
   worker_.metrics().connections_closed[static_cast<size_t>(reason)].add();
-  uv_close(reinterpret_cast<uv_handle_t*>(&pipe_), onClose);
+  uv_close(&socket_.handle, onClose);
 }
 
 void Connection::drain() {
@@ -53,13 +70,14 @@ void Connection::drain() {
     return;
   }
   draining_ = true;
-  uv_read_stop(reinterpret_cast<uv_stream_t*>(&pipe_));
+  uv_read_stop(&socket_.stream);
   flush();
   closeIfDrained();
 }
 
 void Connection::closeIfDrained() {
-  if (draining_ && !closing_ && !write_in_flight_ && output_.empty() && deferred_ == 0) {
+  if (draining_ && !closing_ && !held_ && !write_in_flight_ && output_.empty() &&
+      deferred_ == 0) {
     close(drain_reason_);
   }
 }
@@ -69,12 +87,31 @@ void Connection::receive(MsgId tag, const Answer& answer) {
   if (closing_) {
     return;
   }
-  rpc::writeAnswer(&output_, tag, answer);
+  codec_->writeAnswer(&output_, tag, answer);
   if (unsentBytes() > worker_.options().max_output_bytes) {
     close(CloseReason::kOutputCap);
     return;
   }
   flush();
+  if (held_) {
+    // Not from here: receive() runs inside the dispatcher, which the held
+    // frames would ask again.
+    worker_.resumeLater(this);
+    return;
+  }
+  closeIfDrained();
+}
+
+void Connection::resume() {
+  if (closing_ || !held_) return;
+  held_ = false;
+  last_active_ms_ = static_cast<int64_t>(uv_now(worker_.loop()));
+  if (input_used_ > 0) {
+    codec_->restartFrame();
+    consume({input_.data(), input_used_}, false);
+  }
+  if (closing_) return;
+  if (!held_ && !draining_) startReading();
   closeIfDrained();
 }
 
@@ -83,7 +120,9 @@ void Connection::checkTimeouts(int64_t now_ms) {
     return;
   }
   const WorkerOptions& options = worker_.options();
-  if (input_used_ > 0 && now_ms - partial_since_ms_ >= options.partial_frame_timeout_ms) {
+  // Held frames wait for the daemon, not for the client.
+  if (input_used_ > 0 && !held_ &&
+      now_ms - partial_since_ms_ >= options.partial_frame_timeout_ms) {
     close(CloseReason::kPartialFrame);
   } else if (now_ms - last_active_ms_ >= options.idle_timeout_ms) {
     close(CloseReason::kIdle);
@@ -101,7 +140,7 @@ void Connection::onAlloc(uv_handle_t* handle, size_t /*suggested*/, uv_buf_t* bu
                        static_cast<unsigned int>(scratch.size()));
     return;
   }
-  // A frame is unfinished: append to it. parseRequest bounds the frame size,
+  // A frame is unfinished: append to it. The codec bounds the frame size,
   // so the buffer never exceeds max_frame_bytes + kReadChunkBytes.
   self->reading_into_scratch_ = false;
   if (self->input_.size() - self->input_used_ < kReadChunkBytes) {
@@ -121,7 +160,7 @@ void Connection::onRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf)
     } else {
       self->input_used_ += static_cast<size_t>(nread);
       // Walk on through the unfinished frame; parse only once it is whole.
-      if (self->partialFrameReady()) {
+      if (self->codec_->frameReady({self->input_.data(), self->input_used_})) {
         self->consume({self->input_.data(), self->input_used_}, false);
       }
     }
@@ -145,28 +184,9 @@ void Connection::onRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf)
 
 bool Connection::peerGone() {
   uv_os_fd_t fd;
-  if (uv_fileno(reinterpret_cast<uv_handle_t*>(&pipe_), &fd) != 0) return false;
+  if (uv_fileno(&socket_.handle, &fd) != 0) return false;
   pollfd hangup{fd, POLLOUT, 0};
   return ::poll(&hangup, 1, 0) == 1 && (hangup.revents & POLLHUP) != 0;
-}
-
-// Whether the unfinished frame in input_ is now complete (or broken, which
-// parseRequest will say). A frame that trickles in is walked once in all,
-// resuming where the last read stopped, instead of re-parsed from its first
-// byte on every read.
-bool Connection::partialFrameReady() {
-  const rpc::Limits& limits = worker_.options().protocol;
-  if (!scan_) {
-    scan_ = std::make_unique<msgpack::SkipState>();
-  }
-  msgpack::Reader reader(input_.data(), input_used_, limits.max_frame_bytes);
-  // Items are bounded by the frame size here; parseRequest checks max_items.
-  bool complete = reader.skipResumable(scan_.get(), limits.max_depth, UINT32_MAX);
-  if (!complete && reader.status() == msgpack::Status::kIncomplete) {
-    return false;
-  }
-  scan_->started = false;
-  return true;
 }
 
 void Connection::consume(std::span<const uint8_t> bytes, bool from_scratch) {
@@ -174,28 +194,29 @@ void Connection::consume(std::span<const uint8_t> bytes, bool from_scratch) {
   KeyTable::ReadGuard guard(worker_.keys(), worker_.readerSlot());
   int64_t now_ns = monotonicNowNs();
   size_t offset = 0;
-  bool fatal = false;
+  bool last = false;
   size_t deferred_before = deferred_;
   uint64_t answered = 0;  // requests answered in this read (not deferred)
-  while (offset < bytes.size() && !fatal) {
-    rpc::ParseResult result = rpc::parseRequest(bytes.subspan(offset), options.protocol, &request_);
-    if (result.status == rpc::ParseStatus::kIncomplete) {
+  while (offset < bytes.size() && !last && !held_) {
+    Frame frame = codec_->read(bytes.subspan(offset), now_ns, &output_);
+    if (frame.kind == Frame::Kind::kIncomplete) {
       break;
     }
-    if (result.status == rpc::ParseStatus::kOk) {
-      if (request_.unknown_fields > 0) worker_.noteUnknownFields(request_);
-      if (worker_.rpcFront().handle(request_, peer_, now_ns, &output_, this)) {
+    offset += frame.consumed;
+    if (frame.kind == Frame::Kind::kQuestion) {
+      if (ask(frame, now_ns)) {
         ++deferred_;
+        held_ = codec_->inOrder();
       } else {
         ++answered;
       }
-    } else {
-      worker_.rpcFront().handleParseError(result, &output_);
-      worker_.logBadInput(result);
-      fatal = result.status == rpc::ParseStatus::kFatal;
+    } else if (frame.kind == Frame::Kind::kReplied) {
+      ++answered;
+    } else if (frame.kind == Frame::Kind::kLast) {
+      last = true;
+      drain_reason_ = frame.close_reason;
     }
-    offset += result.consumed;
-    // Checked per request: one read of small requests for large answers
+    // Checked per frame: one read of small requests for large answers
     // (stats, rules) must not build megabytes before the check.
     if (unsentBytes() > options.max_output_bytes) {
       close(CloseReason::kOutputCap);
@@ -211,13 +232,13 @@ void Connection::consume(std::span<const uint8_t> bytes, bool from_scratch) {
   if (deferred_ != deferred_before) {
     worker_.armLeaseTimer();
   }
-  if (fatal) {
-    drain_reason_ = CloseReason::kUnreadable;
+  if (last) {
     drain();
     return;
   }
 
-  // Keep the unfinished frame, if any, in input_ for the next read.
+  // Keep the unfinished frame, or the frames held behind a waiting
+  // question, in input_ for later.
   size_t left = bytes.size() - offset;
   if (left == 0) {
     input_used_ = 0;
@@ -234,13 +255,30 @@ void Connection::consume(std::span<const uint8_t> bytes, bool from_scratch) {
     input_used_ = left;
     if (from_scratch || offset > 0) {
       partial_since_ms_ = last_active_ms_;  // a new frame starts with what is left
-      if (scan_) {
-        scan_->started = false;
+      codec_->restartFrame();
+      if (!held_) {
+        // Remember how far the unfinished frame got.
+        codec_->frameReady({input_.data(), input_used_});
       }
-      partialFrameReady();  // remember how far the unfinished frame got
     }
   }
+  if (held_) {
+    uv_read_stop(&socket_.stream);
+  }
   flush();
+}
+
+bool Connection::ask(const Frame& frame, int64_t now_ns) {
+  Recipient* recipient = frame.unanswered ? nullptr : this;
+  Asker asker = worker_.dispatcher().askerFor(recipient, frame.tag, now_ns);
+  // A stopping worker has answered its waiters: a question now may not wait.
+  asker.may_wait = asker.may_wait && !worker_.stopping();
+  Answer& answer = worker_.answerScratch();
+  if (worker_.dispatcher().ask(frame.question, now_ns, asker, &answer) != Outcome::kAnswered) {
+    return true;
+  }
+  if (!frame.unanswered) codec_->writeAnswer(&output_, frame.tag, answer);
+  return false;
 }
 
 size_t Connection::unsentBytes() const {
@@ -253,7 +291,7 @@ void Connection::flush() {
   }
   writing_.swap(output_);
   output_.clear();
-  auto* stream = reinterpret_cast<uv_stream_t*>(&pipe_);
+  auto* stream = &socket_.stream;
   uv_buf_t buf = uv_buf_init(writing_.data(), static_cast<unsigned int>(writing_.size()));
   // Most batches fit in the socket buffer: write them now, without a request.
   int written = uv_try_write(stream, &buf, 1);

@@ -1,12 +1,18 @@
-// Connection: one client on the Unix socket, owned by one worker's loop.
+// Connection: one client of a listener, owned by one worker's loop; its
+// codec (codec.h) is the protocol it speaks: MessagePack-RPC on the Unix
+// socket, the Redis protocol on [resp] listen.
 //
 // Reads land in a growable input buffer; every complete frame in it is
-// parsed and dispatched at once, and the responses of one read are written
+// parsed and answered at once, and the answers of one read are written
 // together (one write for the batch). At most one write is in flight: while
-// it is, new responses gather in a second buffer and go out when it ends.
+// it is, new answers gather in a second buffer and go out when it ends.
+// A codec whose replies go in request order (RESP) stops at a question
+// that waits: the frames after it stay in the input buffer, reading stops,
+// and both go on once its answer is written (the worker resumes the
+// connection from its loop, never from inside the dispatcher).
 //
-// Bounds (from [limits]): a frame larger than max_frame_bytes, or bytes that
-// are not MessagePack-RPC, close the connection; more than max_output_bytes
+// Bounds (from [limits]): a frame larger than max_frame_bytes, or bytes the
+// codec cannot read, close the connection; more than max_output_bytes
 // not yet taken by the client (it does not read) closes it; so do
 // idle_timeout_ms without traffic and a frame left half-sent for
 // partial_frame_timeout_ms (checked by the worker's sweep timer).
@@ -25,10 +31,10 @@
 #include <vector>
 
 #include "access.h"
+#include "codec.h"
 #include "dispatch.h"
 #include "metrics.h"
 #include "question.h"
-#include "rpc.h"
 
 namespace sluice {
 
@@ -36,13 +42,17 @@ class Worker;
 
 class Connection final : public Recipient {
  public:
-  Connection(Worker& worker, const Peer& peer);
+  Connection(Worker& worker, const Peer& peer, Protocol protocol);
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
 
   // Adopts the accepted socket `fd` and starts reading. On failure it closes
   // itself (and the fd); the close callback deletes it as always.
   int open(int fd, int64_t now_ms);
+
+  // Goes on with a codec's frames held behind a question that waited, then
+  // reads again. Called by the worker's loop (Worker::resumeLater).
+  void resume();
 
   // Closes the connection for `reason` (once; later calls do nothing).
   void close(CloseReason reason);
@@ -73,9 +83,12 @@ class Connection final : public Recipient {
   // rest in input_. `bytes` is the worker's scratch buffer (from_scratch) or
   // input_ itself.
   void consume(std::span<const uint8_t> bytes, bool from_scratch);
+  // Asks the dispatcher `frame`'s question and writes its answer; true when
+  // it waits (its answer comes to receive()).
+  bool ask(const Frame& frame, int64_t now_ns);
+  void startReading();
   // Whether the client closed its socket (not only its sending side).
   bool peerGone();
-  bool partialFrameReady();
   void releaseWriting();
   void flush();
   // Closes a draining connection once nothing is left to answer or write.
@@ -84,25 +97,32 @@ class Connection final : public Recipient {
 
   Worker& worker_;
   Peer peer_;
-  uv_pipe_t pipe_;
+  std::unique_ptr<Codec> codec_;
+  // A Unix socket (MessagePack-RPC, a Unix [resp] listen) or a TCP one.
+  union {
+    uv_handle_t handle;
+    uv_stream_t stream;
+    uv_pipe_t pipe;
+    uv_tcp_t tcp;
+  } socket_;
   uv_write_t write_req_;
 
-  // An unfinished frame; [0, input_used_) are valid. Empty (no memory) while
-  // nothing is pending: whole frames are parsed in the worker's scratch buffer.
+  // An unfinished frame, or the frames held behind a waiting question;
+  // [0, input_used_) are valid. Empty (no memory) while nothing is pending:
+  // whole frames are parsed in the worker's scratch buffer.
   std::vector<uint8_t> input_;
   size_t input_used_ = 0;
   bool reading_into_scratch_ = false;  // where the read in progress lands
   std::string output_;          // responses not yet handed to a write
   std::string writing_;         // responses of the write in flight
   bool write_in_flight_ = false;
-  // How far the unfinished frame at the start of input_ has been walked;
-  // allocated the first time a frame arrives in pieces.
-  std::unique_ptr<msgpack::SkipState> scan_;
-  rpc::Request request_;        // reused for every frame
 
   int64_t last_active_ms_ = 0;
   int64_t partial_since_ms_ = 0;  // when the unfinished frame's first byte came
   size_t deferred_ = 0;  // requests deferred and not answered yet
+  // An in-order codec's question waits: the frames after it stay in input_
+  // and nothing is read until its answer is written.
+  bool held_ = false;
   bool draining_ = false;
   CloseReason drain_reason_ = CloseReason::kShutdown;  // counted when draining ends
   bool closing_ = false;

@@ -37,18 +37,32 @@ std::string upper(std::string_view text) {
 // a longer one names no command.
 constexpr size_t kLongestName = 16;
 
-// Reads "<digits>\r\n" at `at`; false when incomplete (`incomplete` set) or
-// malformed.
+// Reads "<digits>\r\n" (an optional '-' first) at `at`; false when
+// incomplete (`incomplete` set) or malformed. One pass over the bytes: every
+// command has a length per argument, so this is the parser's inner loop.
 bool readLength(std::string_view input, size_t* at, int64_t* value, bool* incomplete) {
-  size_t end = input.find("\r\n", *at);
-  if (end == std::string_view::npos) {
-    *incomplete = true;
+  size_t i = *at;
+  const bool negative = i < input.size() && input[i] == '-';
+  if (negative) ++i;
+  const size_t first_digit = i;
+  uint64_t magnitude = 0;
+  while (i < input.size() && input[i] >= '0' && input[i] <= '9') {
+    // 18 digits always fit; a longer number is no length.
+    if (i - first_digit == 18) return false;
+    magnitude = magnitude * 10 + static_cast<uint64_t>(input[i] - '0');
+    ++i;
+  }
+  if (i + 1 >= input.size()) {
+    // Digits up to the end, or a CR without its LF yet: more may come. Any
+    // other byte is malformed whatever follows.
+    if (i == input.size() || input[i] == '\r') {
+      *incomplete = true;
+    }
     return false;
   }
-  std::optional<int64_t> parsed = parseInteger(input.substr(*at, end - *at));
-  if (!parsed) return false;
-  *value = *parsed;
-  *at = end + 2;
+  if (i == first_digit || input[i] != '\r' || input[i + 1] != '\n') return false;
+  *value = negative ? -static_cast<int64_t>(magnitude) : static_cast<int64_t>(magnitude);
+  *at = i + 2;
   return true;
 }
 
@@ -84,9 +98,12 @@ void writeError(std::string* out, std::string_view text) {
 }
 
 void writeInteger(std::string* out, int64_t value) {
-  *out += ':';
-  *out += std::to_string(value);
-  *out += "\r\n";
+  char text[24];
+  text[0] = ':';
+  char* end = std::to_chars(text + 1, text + sizeof(text) - 2, value).ptr;
+  *end++ = '\r';
+  *end++ = '\n';
+  out->append(text, static_cast<size_t>(end - text));
 }
 
 void writeBulk(std::string* out, std::string_view text) {
@@ -202,7 +219,8 @@ Command interpret(const std::vector<std::string_view>& args, const Limits& limit
   std::string_view name;
   if (args[0].size() <= kLongestName) {
     for (size_t i = 0; i < args[0].size(); ++i) {
-      buffer[i] = static_cast<char>(std::toupper(static_cast<unsigned char>(args[0][i])));
+      const char c = args[0][i];
+      buffer[i] = c >= 'a' && c <= 'z' ? static_cast<char>(c - 'a' + 'A') : c;
     }
     name = std::string_view(buffer, args[0].size());
   }

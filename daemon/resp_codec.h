@@ -1,5 +1,5 @@
-// RespCodec: the Redis protocol front's words (resp_front.h has the
-// server), pure functions with no sockets.
+// resp_codec: the Redis protocol's words, pure functions with no sockets;
+// RespCodec (resp_front.h) speaks them on a connection.
 //
 // In: RESP2 commands, as arrays of bulk strings (what every client library
 // sends) or inline (a line of words, what telnet and redis-cli's inline

@@ -3,123 +3,91 @@
 // answers it, SLUICE.ACQUIRE and SLUICE.PEEK for configured rules, and
 // enough of the rest (PING, HELLO, SELECT 0, ...) for stock clients.
 //
-// It runs its own libuv loop on a thread of its own. Each connection's
-// commands are parsed by the codec (resp_codec.h); a command that asks is
-// handed to the connection's worker through `submit` (Worker::submit), and
-// the worker calls back receive() with the Answer, which comes back to
-// this loop through a queue and a uv_async_t. Replies go out in request
-// order: each command holds a slot, and the slots are written from the
-// oldest as they fill. No decision is made here.
+// Its connections live on the worker loops beside the MessagePack-RPC
+// ones: the server's main loop accepts them on the [resp] listener and
+// hands each to a worker (server.h), whose Connection reads it through a
+// RespCodec. A pipelined batch is decided on that loop and answered in one
+// write, with no thread between the socket and the decision. Replies go
+// out in request order: a question that waits (a lease, a line) holds the
+// commands after it until it is answered (connection.h).
 //
-// CL.THROTTLE's parameters travel with each call: `ensure_rule` (the
-// server) keeps one GCRA rule per distinct (max_burst, count, period),
-// named by resp::throttleRuleName, installed on every worker before the
-// call is submitted, at most [resp] max_parameter_sets of them.
+// CL.THROTTLE's parameters travel with each call: the server keeps one
+// GCRA rule per distinct (max_burst, count, period), named by
+// resp::throttleRuleName, at most [resp] max_parameter_sets of them
+// (Server::ensureThrottleRule). A worker's RespFront remembers which it
+// has; the first call naming one asks the server for it and installs the
+// rule set it returns on this worker's dispatcher at once, so the call is
+// decided on it (the other workers get it through their queues).
 //
 // A TCP listener is unauthenticated (no peer credentials); on a Unix-socket
-// listener `admit` ([access]) decides each connection, and one it does not
-// allow is answered an error and closed.
+// listener [access] decides each connection at accept, and one it does not
+// allow is answered -FORBIDDEN and closed (the server does that).
 //
-// Thread-safety: start() and stop() on one thread (the server's); receive()
-// on the workers' threads. stop() must come after the workers have stopped,
-// so that no answer arrives after it.
+// One RespFront per worker, and its codecs, on that worker's thread only.
 #pragma once
-
-#include <uv.h>
 
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <mutex>
+#include <memory>
 #include <string>
-#include <thread>
+#include <string_view>
 #include <tuple>
-#include <unordered_map>
 #include <vector>
 
+#include "codec.h"
+#include "dispatch.h"
 #include "question.h"
 #include "resp_codec.h"
 
 namespace sluice {
 
-class RespFront final : public Recipient {
+class RespFront {
  public:
-  struct Options {
-    std::string listen;  // "HOST:PORT" or "unix:/path" (parseFrontAddress)
-    resp::Limits limits;
-    size_t max_connections = 4096;
-    size_t max_output_bytes = 1 << 20;  // unsent replies before a disconnect
-    size_t max_in_flight = 1024;        // a connection's unanswered questions; reading pauses
-  };
-  // Hands a question to worker `worker` (Worker::submit); any thread.
-  using Submit = std::function<void(size_t worker, HeldQuestion, Recipient*, MsgId)>;
-  // The rule of CL.THROTTLE's parameters, installed on every worker before
-  // it returns; false with `error` (the reply's text) when it cannot be.
-  using EnsureRule = std::function<bool(const resp::Throttle&, std::string* error)>;
-  using Admit = std::function<bool(int fd)>;
+  // The rule set holding CL.THROTTLE's rule of `throttle`, added if it is
+  // not there; null with `error` (the reply's text) when it cannot be. Any
+  // thread (the server's lock).
+  using EnsureRule = std::function<RuleSetPtr(const resp::Throttle& throttle, std::string* error)>;
 
-  RespFront() = default;
-  ~RespFront();
-  RespFront(const RespFront&) = delete;
-  RespFront& operator=(const RespFront&) = delete;
+  RespFront(Dispatcher& dispatcher, const resp::Limits& limits, EnsureRule ensure_rule)
+      : dispatcher_(dispatcher), limits_(limits), ensure_rule_(std::move(ensure_rule)) {}
 
-  bool start(const Options& options, size_t workers, Submit submit, EnsureRule ensure_rule,
-             Admit admit, std::string* error);
-  void stop();
+  // A new connection's codec.
+  std::unique_ptr<Codec> makeCodec();
 
-  // Recipient: a worker's answer; any worker thread.
-  void receive(MsgId tag, const Answer& answer) override;
+  const resp::Limits& limits() const { return limits_; }
 
-  struct Connection;
+  // The name of CL.THROTTLE's rule of `throttle`, on this worker's
+  // dispatcher; false with `error` when it cannot be had.
+  bool throttleRule(const resp::Throttle& throttle, std::string_view* name, std::string* error);
 
  private:
-  // An answer as it crosses threads: its one decision, no vectors to copy.
-  struct Arrived {
-    MsgId tag;
-    bool failed = false;
-    ErrorCode error = ErrorCode::kInternal;
-    std::string message;
-    Decision decision;
-    Mode mode = Mode::kLocal;
-  };
-  void run();
-  void onConnection();
-  // Reads into the connection's scratch buffer, to onRead().
-  void startReading(Connection* connection);
-  void onRead(Connection* connection, ssize_t size);
-  void onArrived();
-  void serve(Connection* connection);
-  void flush(Connection* connection);
-  void close(Connection* connection);
-
-  Options options_;
-  size_t workers_ = 1;
-  Submit submit_;
+  Dispatcher& dispatcher_;
+  const resp::Limits& limits_;
   EnsureRule ensure_rule_;
-  Admit admit_;
-  std::string unix_path_;
-
-  uv_loop_t loop_{};
-  union {
-    uv_tcp_t tcp;
-    uv_pipe_t pipe;
-  } listener_{};
-  uv_async_t wakeup_{};
-  std::thread thread_;
-  bool started_ = false;
-
-  std::mutex mutex_;  // guards arrived_, stopping_
-  std::vector<Arrived> arrived_;
-  bool stopping_ = false;
-  std::vector<Arrived> taken_;  // loop thread only
-  Answer answer_;               // loop thread only: an Arrived, to encode
-
-  // Loop thread only.
-  std::unordered_map<uint64_t, Connection*> connections_;
-  uint64_t next_connection_ = 1;
-  size_t next_worker_ = 0;
   std::map<std::tuple<int64_t, int64_t, int64_t>, std::string> throttle_rules_;
-  std::vector<std::string_view> args_;
+};
+
+// The Redis protocol as a connection's codec. Replies go in request order
+// (inOrder). A question's tag carries how to write its answer: the shape in
+// bit 0, CL.THROTTLE's max_burst above it.
+class RespCodec final : public Codec {
+ public:
+  explicit RespCodec(RespFront& front) : front_(front) {}
+
+  Frame read(std::span<const uint8_t> bytes, int64_t now_ns, std::string* out) override;
+  // A command is parsed from its first byte whenever more comes; it is at
+  // most max_command_bytes.
+  bool frameReady(std::span<const uint8_t>) override { return true; }
+  void restartFrame() override {}
+  void writeAnswer(std::string* out, MsgId tag, const Answer& answer) override;
+  bool inOrder() const override { return true; }
+
+ private:
+  RespFront& front_;
+  std::vector<std::string_view> args_;  // the command being read
+  resp::Command command_;               // reused for every command
+  Item item_;                           // the question's, viewing args_ or the rule's name
 };
 
 }  // namespace sluice

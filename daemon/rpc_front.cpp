@@ -50,3 +50,44 @@ bool RpcFront::handle(const rpc::Request& request, const Peer& peer, int64_t now
 }
 
 }  // namespace sluice
+
+namespace sluice {
+
+Frame RpcCodec::read(std::span<const uint8_t> bytes, int64_t now_ns, std::string* out) {
+  Frame frame;
+  rpc::ParseResult result = rpc::parseRequest(bytes, limits_, &request_);
+  if (result.status == rpc::ParseStatus::kIncomplete) return frame;
+  frame.consumed = result.consumed;
+  if (result.status != rpc::ParseStatus::kOk) {
+    front_.handleParseError(result, out);
+    bad_input_(&result, nullptr);
+    frame.kind = result.status == rpc::ParseStatus::kFatal ? Frame::Kind::kLast
+                                                            : Frame::Kind::kRefused;
+    frame.close_reason = CloseReason::kUnreadable;
+    return frame;
+  }
+  if (request_.unknown_fields > 0) bad_input_(nullptr, &request_);
+  if (decides(request_.method) && peer_.allowed) {
+    metrics_.requests.add();
+    frame.kind = Frame::Kind::kQuestion;
+    frame.question = Question{request_.method, request_.items};
+    frame.tag = request_.msgid;
+    frame.unanswered = request_.notification;
+    return frame;
+  }
+  front_.handle(request_, peer_, now_ns, out);
+  frame.kind = Frame::Kind::kReplied;
+  return frame;
+}
+
+bool RpcCodec::frameReady(std::span<const uint8_t> bytes) {
+  if (!scan_) scan_ = std::make_unique<msgpack::SkipState>();
+  msgpack::Reader reader(bytes.data(), bytes.size(), limits_.max_frame_bytes);
+  // Items are bounded by the frame size here; parseRequest checks max_items.
+  bool complete = reader.skipResumable(scan_.get(), limits_.max_depth, UINT32_MAX);
+  if (!complete && reader.status() == msgpack::Status::kIncomplete) return false;
+  scan_->started = false;
+  return true;
+}
+
+}  // namespace sluice

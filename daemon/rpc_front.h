@@ -9,15 +9,22 @@
 // it the same way. A notification is decided as a request is, never waits,
 // and its answer is dropped.
 //
+// RpcCodec is MessagePack-RPC as a connection's codec (codec.h): it reads
+// frames, hands the decision methods to the connection as Questions and
+// the rest to RpcFront.
+//
 // An RpcFront belongs to one worker thread and is called only from that
-// worker's loop, inside its KeyTable::ReadGuard.
+// worker's loop, inside its KeyTable::ReadGuard; so is an RpcCodec.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 
 #include "access.h"
 #include "admin.h"
+#include "codec.h"
 #include "dispatch.h"
 #include "metrics.h"
 #include "question.h"
@@ -53,6 +60,38 @@ class RpcFront {
   Admin admin_;
   Answer answer_;        // reused between requests
   std::string dropped_;  // a notification's answer
+};
+
+class RpcCodec final : public Codec {
+ public:
+  // Logs a frame that could not be parsed, or one with unknown fields (the
+  // worker's, rate-limited).
+  using BadInput = std::function<void(const rpc::ParseResult*, const rpc::Request*)>;
+  RpcCodec(RpcFront& front, MetricsShard& metrics, const rpc::Limits& limits, const Peer& peer,
+           BadInput bad_input)
+      : front_(front), metrics_(metrics), limits_(limits), peer_(peer),
+        bad_input_(std::move(bad_input)) {}
+
+  Frame read(std::span<const uint8_t> bytes, int64_t now_ns, std::string* out) override;
+  bool frameReady(std::span<const uint8_t> bytes) override;
+  void restartFrame() override {
+    if (scan_) scan_->started = false;
+  }
+  void writeAnswer(std::string* out, MsgId tag, const Answer& answer) override {
+    rpc::writeAnswer(out, tag, answer);
+  }
+  bool inOrder() const override { return false; }
+
+ private:
+  RpcFront& front_;
+  MetricsShard& metrics_;
+  const rpc::Limits& limits_;
+  const Peer& peer_;
+  BadInput bad_input_;
+  rpc::Request request_;  // reused for every frame
+  // How far the unfinished frame has been walked; allocated the first time
+  // a frame arrives in pieces.
+  std::unique_ptr<msgpack::SkipState> scan_;
 };
 
 }  // namespace sluice

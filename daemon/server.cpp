@@ -46,6 +46,9 @@ WorkerOptions workerOptions(const Config& config) {
   options.protocol.max_depth = config.limits.max_depth;
   options.protocol.max_items = config.limits.max_items;
   options.max_output_bytes = config.limits.max_output_bytes;
+  options.resp.max_command_bytes = config.limits.max_frame_bytes;
+  options.resp.max_arguments = config.limits.max_items;
+  options.resp.max_key_bytes = config.limits.max_key_bytes;
   if (config.redis) options.lease_timeout_ms = config.redis->lease_timeout_ms;
   // 0 turns the timeouts off; a day is as good as never for a sweep timer.
   constexpr int64_t kNever = 24LL * 3600 * 1000;
@@ -316,9 +319,15 @@ int Server::run() {
 
   WorkerOptions options = workerOptions(config_);
   size_t count = workerCount(config_.daemon.workers);
+  RespFront::EnsureRule throttle_rules;
+  if (!config_.resp.listen.empty()) {
+    throttle_rules = [this](const resp::Throttle& throttle, std::string* refusal) {
+      return ensureThrottleRule(throttle, refusal);
+    };
+  }
   for (size_t i = 0; i < count; ++i) {
     workers_.push_back(std::make_unique<Worker>(i, options, *keys_, metrics_.shard(i), *this,
-                                                config_.rules, broker_.get()));
+                                                config_.rules, broker_.get(), throttle_rules));
   }
   for (auto& worker : workers_) {
     worker->start();
@@ -395,7 +404,6 @@ int Server::run() {
   }
   // After the workers: every question it submitted has been answered.
   http_front_.stop();
-  resp_front_.stop();
   // After the workers: nothing spends from slices any more, so the control
   // thread returns what they hold, then leaves the members set.
   if (control_) {
@@ -412,15 +420,20 @@ int Server::run() {
 
 void Server::startAccepting() {
   uv_poll_start(&listener_, UV_READABLE, [](uv_poll_t* handle, int status, int) {
-    if (status == 0) {
-      static_cast<Server*>(handle->data)->onAcceptable();
-    }
+    auto* self = static_cast<Server*>(handle->data);
+    if (status == 0) self->onAcceptable(self->listen_fd_, Protocol::kMsgpackRpc);
   });
+  if (resp_fd_ >= 0) {
+    uv_poll_start(&resp_listener_, UV_READABLE, [](uv_poll_t* handle, int status, int) {
+      auto* self = static_cast<Server*>(handle->data);
+      if (status == 0) self->onAcceptable(self->resp_fd_, Protocol::kResp);
+    });
+  }
 }
 
-void Server::onAcceptable() {
+void Server::onAcceptable(int listen_fd, Protocol protocol) {
   for (;;) {
-    int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    int fd = accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) {
         continue;
@@ -431,6 +444,7 @@ void Server::onAcceptable() {
         spdlog::warn("accept: {}; pausing accepts for {} ms", errnoText(errno),
                      kAcceptPauseMs);
         uv_poll_stop(&listener_);
+        if (resp_fd_ >= 0) uv_poll_stop(&resp_listener_);
         uv_timer_start(
             &accept_pause_,
             [](uv_timer_t* t) {
@@ -458,30 +472,53 @@ void Server::onAcceptable() {
       refuse(fd, RefuseReason::kMaxConnections,
              fmt::format("the daemon holds its [limits] max_connections = {} connections; "
                          "retry later, or raise the limit",
-                         config_.limits.max_connections));
+                         config_.limits.max_connections),
+             protocol);
       continue;
     }
-    Peer peer = access_.admit(fd);
-    if (!user_connections_.take(&peer)) {
-      refuse(fd, RefuseReason::kMaxPerUser,
-             fmt::format("uid {} holds its [access] max_connections_per_user = {} connections; "
-                         "share a connection (requests pipeline on one), or raise the limit",
-                         peer.uid, config_.access.max_connections_per_user));
-      continue;
+    // A TCP peer has no credentials: [access] cannot apply (docs/resp.md).
+    const bool tcp = protocol == Protocol::kResp && resp_unix_path_.empty();
+    Peer peer;
+    peer.allowed = true;
+    if (!tcp) {
+      peer = access_.admit(fd);
+      if (!user_connections_.take(&peer)) {
+        refuse(fd, RefuseReason::kMaxPerUser,
+               fmt::format("uid {} holds its [access] max_connections_per_user = {} "
+                           "connections; share a connection (requests pipeline on one), or "
+                           "raise the limit",
+                           peer.uid, config_.access.max_connections_per_user),
+               protocol);
+        continue;
+      }
     }
     if (!peer.allowed) {
       metrics_.connectionsForbidden().add();
       logForbidden(peer);
+      if (protocol == Protocol::kResp) {
+        // A Redis client has no place for a per-request FORBIDDEN: say it
+        // once and close.
+        UserConnections::release(peer);
+        std::string reply;
+        resp::writeError(&reply, "FORBIDDEN this user may not use sluiced ([access])");
+        (void)::send(fd, reply.data(), reply.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+        ::close(fd);
+        continue;
+      }
     }
-    least->adopt(fd, peer);
+    least->adopt(fd, peer, protocol);
   }
 }
 
-void Server::refuse(int fd, RefuseReason reason, std::string_view why) {
+void Server::refuse(int fd, RefuseReason reason, std::string_view why, Protocol protocol) {
   // A fresh socket's send buffer is empty: the one small frame fits, and a
   // client that went away already costs nothing but the failed send.
   std::string notification;
-  rpc::writeErrorNotification(&notification, rpc::ErrorCode::kOverloaded, why);
+  if (protocol == Protocol::kResp) {
+    resp::writeError(&notification, "ERR max number of clients reached: " + std::string(why));
+  } else {
+    rpc::writeErrorNotification(&notification, rpc::ErrorCode::kOverloaded, why);
+  }
   (void)::send(fd, notification.data(), notification.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
   ::close(fd);
   metrics_.connectionsRefused(reason).add();
@@ -698,6 +735,12 @@ void Server::beginStop() {
   listen_fd_ = -1;
   if (!socket_inherited_) {
     unlink(config_.daemon.socket_path.c_str());
+  }
+  if (resp_fd_ >= 0) {
+    uv_close(reinterpret_cast<uv_handle_t*>(&resp_listener_), nullptr);
+    ::close(resp_fd_);
+    resp_fd_ = -1;
+    if (!resp_unix_path_.empty()) unlink(resp_unix_path_.c_str());
   }
   systemd::notifyStopping();
   uv_close(reinterpret_cast<uv_handle_t*>(&status_timer_), nullptr);

@@ -1,10 +1,11 @@
 // Server: the daemon as a whole. Owns the listening socket, the workers, the
 // key table and the metrics, and runs the main loop on the calling thread.
 //
-// The main loop accepts connections and hands each to the worker with the
-// fewest, handles SIGTERM/SIGINT (graceful stop) and SIGHUP (reload), and
-// sweeps idle keys out of the key table, then hands the pages malloc holds
-// free back to the system (every thread allocates from one malloc arena, so
+// The main loop accepts connections, on the socket and on [resp] listen
+// alike, and hands each to the worker with the fewest; it handles
+// SIGTERM/SIGINT (graceful stop) and SIGHUP (reload), and sweeps idle keys
+// out of the key table, then hands the pages malloc holds free back to the
+// system (every thread allocates from one malloc arena, so
 // that all of them can go back). The thread model is written down in
 // worker.h.
 //
@@ -78,11 +79,14 @@ class Server : public DaemonStatus {
  private:
   bool listen(std::string* error);
   bool reloadLocked(std::string* error);
+  // Polls the listeners (the socket and [resp] listen) for connections.
   void startAccepting();
-  void onAcceptable();
-  // Closes a connection refused at accept, after one error notification
+  // Accepts what waits on `listen_fd`, whose clients speak `protocol`, and
+  // hands each connection to the worker with the fewest.
+  void onAcceptable(int listen_fd, Protocol protocol);
+  // Closes a connection refused at accept, after one error in `protocol`
   // that tells the client why, and counts it.
-  void refuse(int fd, RefuseReason reason, std::string_view why);
+  void refuse(int fd, RefuseReason reason, std::string_view why, Protocol protocol);
   void logForbidden(const Peer& peer);
   void onSignal(int signum);
   void sweepKeys();
@@ -118,11 +122,13 @@ class Server : public DaemonStatus {
   void installRules(RuleSetPtr rules);
   // Serves [http] listen (http_front.h); false with `error`.
   bool startHttp(std::string* error);
-  // Serves [resp] listen (resp_front.h); false with `error`.
+  // Binds [resp] listen (resp_front.h), whose connections the main loop
+  // accepts once startAccepting() runs; false with `error`.
   bool startResp(std::string* error);
-  // The rule of CL.THROTTLE's parameters, added on every worker (addRule);
-  // false with `error` past [resp] max_parameter_sets. Any thread.
-  bool ensureThrottleRule(const resp::Throttle& throttle, std::string* error);
+  // The rule set with the rule of CL.THROTTLE's parameters, added on every
+  // worker (addRule) if it was not there; null with `error` past [resp]
+  // max_parameter_sets. Any thread (a worker's RespFront).
+  RuleSetPtr ensureThrottleRule(const resp::Throttle& throttle, std::string* error);
 
   Config config_;           // guarded by reload_mutex_ after run() starts
   std::mutex reload_mutex_;
@@ -160,7 +166,11 @@ class Server : public DaemonStatus {
   MetricsEndpoint metrics_endpoint_;
   HttpFront http_front_;  // [http]: started after the workers, stopped after they join
   std::atomic<size_t> http_next_worker_{0};
-  RespFront resp_front_;  // [resp]: started after the workers, stopped after they join
+  // [resp] listen: bound after the workers start, polled by the main loop
+  // like the socket, closed at the stop.
+  int resp_fd_ = -1;
+  uv_poll_t resp_listener_;
+  std::string resp_unix_path_;  // a Unix [resp] listen's socket file, removed at the stop
   size_t throttle_sets_ = 0;  // CL.THROTTLE's rules in added_rules_; guarded by reload_mutex_
   std::string serving_path_;       // the socket's path, as logged and reported
   bool socket_inherited_ = false;  // systemd passed the socket; it is not ours to remove

@@ -2,6 +2,13 @@
 // the rules they add while running; see server.h.
 #include "server.h"
 
+#include <errno.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
 #include <set>
 #include <string>
 #include <vector>
@@ -48,39 +55,95 @@ bool Server::startHttp(std::string* error) {
   return true;
 }
 
+namespace {
+
+// A listening socket on `listen` ("HOST:PORT" or "unix:/path"), non-blocking;
+// -1 with `error`. A Unix one's path goes in `unix_path` (a socket file left
+// there is replaced), with `mode`, as [daemon] socket_mode gives the main
+// socket: [access] then decides among those the mode lets connect.
+int bindListener(const std::string& listen, mode_t mode, std::string* unix_path,
+                 std::string* error) {
+  std::string host;
+  uint16_t port = 0;
+  std::string path;
+  std::string problem;
+  if (!parseFrontAddress(listen, &host, &port, &path, &problem)) {
+    *error = problem;
+    return -1;
+  }
+  sockaddr_storage address{};
+  socklen_t size = 0;
+  if (!path.empty()) {
+    sockaddr_un local{};
+    if (path.size() >= sizeof(local.sun_path)) {
+      *error = "the path is longer than " + std::to_string(sizeof(local.sun_path) - 1) + " bytes";
+      return -1;
+    }
+    local.sun_family = AF_UNIX;
+    std::memcpy(local.sun_path, path.c_str(), path.size() + 1);
+    std::memcpy(&address, &local, sizeof(local));
+    size = sizeof(local);
+    struct stat info{};
+    if (lstat(path.c_str(), &info) == 0 && S_ISSOCK(info.st_mode)) unlink(path.c_str());
+  } else if (host.find(':') != std::string::npos) {
+    uv_ip6_addr(host.c_str(), port, reinterpret_cast<sockaddr_in6*>(&address));
+    size = sizeof(sockaddr_in6);
+  } else {
+    uv_ip4_addr(host.c_str(), port, reinterpret_cast<sockaddr_in*>(&address));
+    size = sizeof(sockaddr_in);
+  }
+  int fd = socket(address.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    *error = std::strerror(errno);
+    return -1;
+  }
+  int on = 1;
+  if (path.empty()) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+  // A socket file is made with no permissions for others, then opened up
+  // to `mode`: no window in which anyone may connect.
+  mode_t old_umask = umask(0177);
+  int rc = bind(fd, reinterpret_cast<sockaddr*>(&address), size);
+  umask(old_umask);
+  if (rc != 0 || (!path.empty() && chmod(path.c_str(), mode) != 0) ||
+      ::listen(fd, SOMAXCONN) != 0) {
+    *error = std::strerror(errno);
+    ::close(fd);
+    return -1;
+  }
+  *unix_path = path;
+  return fd;
+}
+
+}  // namespace
+
 bool Server::startResp(std::string* error) {
-  RespFront::Options options;
-  options.listen = config_.resp.listen;
-  options.limits.max_command_bytes = config_.limits.max_frame_bytes;
-  options.limits.max_arguments = config_.limits.max_items;
-  options.limits.max_key_bytes = config_.limits.max_key_bytes;
-  options.max_connections = config_.limits.max_connections;
-  options.max_output_bytes = config_.limits.max_output_bytes;
-  auto submit = [this](size_t worker, HeldQuestion question, Recipient* recipient, MsgId tag) {
-    workers_[worker % workers_.size()]->submit(std::move(question), recipient, tag);
-  };
-  auto ensure = [this](const resp::Throttle& throttle, std::string* refusal) {
-    return ensureThrottleRule(throttle, refusal);
-  };
-  auto admit = [this](int fd) { return access_.admit(fd).allowed; };
-  if (!resp_front_.start(options, workers_.size(), submit, ensure, admit, error)) return false;
+  std::string problem;
+  resp_fd_ = bindListener(config_.resp.listen, config_.daemon.socket_mode, &resp_unix_path_,
+                          &problem);
+  if (resp_fd_ < 0) {
+    *error = "cannot serve the Redis protocol on " + config_.resp.listen + ": " + problem +
+             "; choose another [resp] listen";
+    return false;
+  }
+  uv_poll_init(&loop_, &resp_listener_, resp_fd_);
+  resp_listener_.data = this;
   spdlog::info("serving the Redis protocol on {}", config_.resp.listen);
   return true;
 }
 
-bool Server::ensureThrottleRule(const resp::Throttle& throttle, std::string* error) {
+RuleSetPtr Server::ensureThrottleRule(const resp::Throttle& throttle, std::string* error) {
   std::lock_guard<std::mutex> lock(reload_mutex_);
   const std::string name = resp::throttleRuleName(throttle);
-  if (config_.rules->find(name) != nullptr) return true;
+  if (config_.rules->find(name) != nullptr) return config_.rules;
   if (stopping_) {
     *error = "the daemon is stopping";
-    return false;
+    return nullptr;
   }
   if (throttle_sets_ >= config_.resp.max_parameter_sets) {
     *error = "CL.THROTTLE has " + std::to_string(throttle_sets_) +
              " parameter sets already, [resp] max_parameter_sets; use fewer distinct "
              "(max_burst, count, period), or raise it";
-    return false;
+    return nullptr;
   }
   Rule rule;
   rule.name = name;
@@ -91,7 +154,7 @@ bool Server::ensureThrottleRule(const resp::Throttle& throttle, std::string* err
   rule.scope = config_.resp.scope == "global" ? Scope::kGlobal : Scope::kLocal;
   ++throttle_sets_;
   addRuleLocked(rule);
-  return true;
+  return config_.rules;
 }
 
 bool Server::startEnvoy(std::string* error) {

@@ -24,13 +24,15 @@ constexpr int kBadInputLogsPerSecond = 5;
 }  // namespace
 
 Worker::Worker(size_t index, const WorkerOptions& options, KeyTable& keys, MetricsShard& metrics,
-               DaemonStatus& status, RuleSetPtr rules, LeaseBroker* broker)
+               DaemonStatus& status, RuleSetPtr rules, LeaseBroker* broker,
+               RespFront::EnsureRule throttle_rules)
     : index_(index),
       options_(options),
       keys_(keys),
       metrics_(metrics),
       dispatcher_(keys, metrics, broker, options.lease_timeout_ms * 1'000'000),
       rpc_front_(dispatcher_, keys, metrics, status, broker),
+      resp_front_(dispatcher_, options_.resp, std::move(throttle_rules)),
       reader_slot_(keys.registerReader()),
       read_scratch_(kReadScratchBytes) {
   dispatcher_.setRules(std::move(rules));
@@ -45,6 +47,30 @@ Worker::Worker(size_t index, const WorkerOptions& options, KeyTable& keys, Metri
   stop_timer_.data = this;
   uv_timer_init(&loop_, &lease_timer_);
   lease_timer_.data = this;
+  uv_idle_init(&loop_, &resume_idle_);
+  resume_idle_.data = this;
+}
+
+std::unique_ptr<Codec> Worker::makeCodec(Protocol protocol, const Peer& peer) {
+  if (protocol == Protocol::kResp) return resp_front_.makeCodec();
+  return std::make_unique<RpcCodec>(
+      rpc_front_, metrics_, options_.protocol, peer,
+      [this](const rpc::ParseResult* result, const rpc::Request* request) {
+        if (result != nullptr) logBadInput(*result);
+        if (request != nullptr) noteUnknownFields(*request);
+      });
+}
+
+void Worker::resumeLater(Connection* connection) {
+  resuming_.push_back(connection);
+  uv_idle_start(&resume_idle_, [](uv_idle_t* idle) {
+    auto* self = static_cast<Worker*>(idle->data);
+    uv_idle_stop(idle);
+    std::vector<Connection*> resuming;
+    resuming.swap(self->resuming_);
+    // A connection closed meanwhile left the list (onConnectionClosed).
+    for (Connection* c : resuming) c->resume();
+  });
 }
 
 Worker::~Worker() {
@@ -134,10 +160,11 @@ void Worker::post(Message message) {
   uv_async_send(&wakeup_);
 }
 
-void Worker::adopt(int fd, const Peer& peer) {
+void Worker::adopt(int fd, const Peer& peer, Protocol protocol) {
   Message message(Message::Kind::kAdopt);
   message.fd = fd;
   message.peer = peer;
+  message.protocol = protocol;
   connection_count_.fetch_add(1, std::memory_order_relaxed);
   post(std::move(message));
 }
@@ -229,7 +256,7 @@ void Worker::onMessages() {
           connection_count_.fetch_sub(1, std::memory_order_relaxed);
           break;
         }
-        auto* connection = new Connection(*this, message.peer);
+        auto* connection = new Connection(*this, message.peer, message.protocol);
         connection->index = connections_.size();
         connections_.push_back(connection);
         metrics_.connections_accepted.add();
@@ -257,6 +284,7 @@ void Worker::onSweep() {
 
 void Worker::onConnectionClosed(Connection* connection) {
   dispatcher_.forget(connection);
+  std::erase(resuming_, connection);
   size_t index = connection->index;
   connections_[index] = connections_.back();
   connections_[index]->index = index;
@@ -312,6 +340,7 @@ void Worker::finishIfDrained() {
   uv_close(reinterpret_cast<uv_handle_t*>(&sweep_timer_), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&stop_timer_), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&lease_timer_), nullptr);
+  uv_close(reinterpret_cast<uv_handle_t*>(&resume_idle_), nullptr);
 }
 
 bool Worker::mayLogBadInput() {

@@ -44,6 +44,7 @@
 #include "key_table.h"
 #include "metrics.h"
 #include "question.h"
+#include "resp_front.h"
 #include "rpc.h"
 #include "rpc_front.h"
 
@@ -57,21 +58,25 @@ struct WorkerOptions {
   int64_t partial_frame_timeout_ms = 10'000;
   int64_t shutdown_timeout_ms = 5'000;
   int64_t lease_timeout_ms = 50;  // longest a request waits for a lease
+  resp::Limits resp;              // [resp] connections' commands
 };
 
 class Worker {
  public:
-  // `broker` is null without Redis.
+  // `broker` is null without Redis; `throttle_rules` adds CL.THROTTLE's
+  // rules (RespFront::EnsureRule), empty without [resp].
   Worker(size_t index, const WorkerOptions& options, KeyTable& keys, MetricsShard& metrics,
-         DaemonStatus& status, RuleSetPtr rules, LeaseBroker* broker = nullptr);
+         DaemonStatus& status, RuleSetPtr rules, LeaseBroker* broker = nullptr,
+         RespFront::EnsureRule throttle_rules = {});
   ~Worker();
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
 
   // Starts the thread that runs the loop; messages posted before it runs wait.
   void start();
-  // Thread-safe: hands an accepted socket to this worker.
-  void adopt(int fd, const Peer& peer);
+  // Thread-safe: hands an accepted socket that speaks `protocol` to this
+  // worker.
+  void adopt(int fd, const Peer& peer, Protocol protocol = Protocol::kMsgpackRpc);
   // Thread-safe: later requests use `rules`.
   void setRules(RuleSetPtr rules);
   // Thread-safe: the seam (dispatch.h) for a front on a thread of its own
@@ -105,7 +110,13 @@ class Worker {
   uv_loop_t* loop() { return &loop_; }
   const WorkerOptions& options() const { return options_; }
   Dispatcher& dispatcher() { return dispatcher_; }
-  RpcFront& rpcFront() { return rpc_front_; }
+  // The codec of a new connection of `peer` (who must outlive it).
+  std::unique_ptr<Codec> makeCodec(Protocol protocol, const Peer& peer);
+  // A connection's answer, reused between questions.
+  Answer& answerScratch() { return answer_; }
+  bool stopping() const { return stopping_; }
+  // Resumes `connection` (Connection::resume) on a later turn of the loop.
+  void resumeLater(Connection* connection);
   MetricsShard& metrics() { return metrics_; }
   KeyTable& keys() { return keys_; }
   KeyTable::ReaderId readerSlot() const { return reader_slot_; }
@@ -128,6 +139,7 @@ class Worker {
     Kind kind;
     int fd = -1;
     Peer peer;
+    Protocol protocol = Protocol::kMsgpackRpc;  // kAdopt
     RuleSetPtr rules;
     uint64_t seq = 0;  // kPing
     HeldQuestion question;  // kAsk, with its recipient and tag
@@ -157,14 +169,16 @@ class Worker {
   MetricsShard& metrics_;
   Dispatcher dispatcher_;
   RpcFront rpc_front_;
+  RespFront resp_front_;
   KeyTable::ReaderId reader_slot_;
-  Answer answer_;  // a submitted question's, reused
+  Answer answer_;  // a submitted question's or a connection's, reused
 
   uv_loop_t loop_;
   uv_async_t wakeup_;
   uv_timer_t sweep_timer_;
   uv_timer_t stop_timer_;
   uv_timer_t lease_timer_;  // the earliest deferred request's deadline
+  uv_idle_t resume_idle_;   // runs while resuming_ holds connections
   std::thread thread_;
 
   std::mutex mutex_;  // guards inbox_, lease_news_, news_missed_, wakeup_closed_
@@ -180,6 +194,7 @@ class Worker {
   std::vector<Message> taken_;      // loop thread only
 
   std::vector<Connection*> connections_;  // loop thread only
+  std::vector<Connection*> resuming_;     // loop thread only: resumeLater()
   std::vector<uint8_t> read_scratch_;     // loop thread only
   std::atomic<size_t> connection_count_{0};
   std::atomic<size_t> handle_count_{0};

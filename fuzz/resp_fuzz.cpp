@@ -1,5 +1,5 @@
 // resp_fuzz: one client's byte stream through the Redis protocol front's
-// codec, as daemon/resp_front.cpp's serve() runs it: resp::parseCommand
+// codec, as RespCodec::read (daemon/resp_front.cpp) runs it: resp::parseCommand
 // over the buffered bytes, resp::interpret on each command, until an
 // unfinished command or an error (after which the front closes).
 //

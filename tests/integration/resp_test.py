@@ -4,7 +4,10 @@ by unmodified Redis clients: redis-cli, Debian's python3-redis and npm's
 ioredis (resp_node/, installed by `npm ci` in a temp dir) run
 CL.THROTTLE, SLUICE.ACQUIRE and pipelines; two daemons on one Redis hold one
 global CL.THROTTLE limit; malformed RESP gets -ERR and the daemon answers
-on; max_parameter_sets refuses one set too many.
+on; max_parameter_sets refuses one set too many. The main socket's bounds
+hold for RESP connections, which live on the same workers: idle and
+partial-frame timeouts, max_connections, and [access] on a Unix listener
+(that test connects as another user and needs root).
 
 Needs SLUICED (the daemon binary) in the environment, redis-server and
 redis-cli, node and npm; run with /usr/bin/python3 (python3-msgpack, python3-redis).
@@ -171,6 +174,108 @@ class RespClientsTest(unittest.TestCase):
             self.client.execute_command("CL.THROTTLE", "k", 1, 4, 60)
         # A set already held is still answered.
         self.assertEqual(self.client.execute_command("CL.THROTTLE", "k", 1, 3, 60)[1], 2)
+
+
+LIMITS_CONFIG = """
+[daemon]
+socket = "{socket}"
+socket_mode = "0666"
+workers = 2
+
+[limits]
+max_connections = 4
+idle_timeout = "400ms"
+partial_frame_timeout = "200ms"
+
+[resp]
+listen = "{listen}"
+
+[access]
+users = [1234]
+"""
+
+NOBODY = 65534
+
+
+def closed_by_daemon(sock):
+    """Reads until the daemon closes `sock`; what it sent, or None on a timeout."""
+    sock.settimeout(5)
+    data = b""
+    try:
+        while True:
+            chunk = sock.recv(4096)
+            if not chunk:
+                return data
+            data += chunk
+    except socket.timeout:
+        return None
+    except ConnectionResetError:
+        return data
+
+
+class RespLimitsTest(unittest.TestCase):
+    """A Unix [resp] listen with tight [limits] and an [access] list."""
+
+    def setUp(self):
+        self.daemon = Daemon("resp-limits")
+        self.addCleanup(self.daemon.stop)
+        os.chmod(self.daemon.dir, 0o755)  # another user reaches the socket through it
+        self.path = os.path.join(self.daemon.dir, "resp.sock")
+        self.daemon.start(LIMITS_CONFIG.format(socket=self.daemon.socket,
+                                               listen="unix:" + self.path))
+        self.assertTrue(wait_for(lambda: os.path.exists(self.path), 10), self.daemon.logs())
+
+    def connect(self):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.addCleanup(sock.close)
+        sock.settimeout(5)
+        sock.connect(self.path)
+        return sock
+
+    def ping(self, sock):
+        sock.sendall(b"PING\r\n")
+        return sock.recv(64)
+
+    def test_half_sent_and_silent_connections_are_closed_at_their_timeouts(self):
+        half = self.connect()
+        half.sendall(b"*2\r\n$4\r\nECHO\r\n$5\r\nhel")
+        silent = self.connect()
+        self.assertEqual(self.ping(silent), b"+PONG\r\n")
+        self.assertEqual(closed_by_daemon(half), b"")
+        self.assertEqual(closed_by_daemon(silent), b"")
+        closed = self.daemon.ask("stats")["connections"]["closed"]
+        self.assertEqual(closed["partial_frame"], 1, closed)
+        self.assertGreaterEqual(closed["idle"], 1, closed)
+
+    def test_a_connection_past_max_connections_is_told_and_closed(self):
+        # The socket's connections and the listener's count together; the
+        # harness may hold one on the socket.
+        served = []
+        for _ in range(5):
+            sock = self.connect()
+            try:
+                sock.sendall(b"PING\r\n")
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # refused and closed already; what it was told is still there
+            reply = sock.recv(4096)
+            if reply != b"+PONG\r\n":
+                break
+            served.append(sock)
+        self.assertIn(len(served), (3, 4))
+        self.assertTrue(reply.startswith(b"-ERR max number of clients reached"), reply)
+        self.assertIn(b"max_connections", reply)
+        self.assertEqual(self.ping(served[0]), b"+PONG\r\n")
+
+    @unittest.skipUnless(os.geteuid() == 0, "connecting as another user needs root")
+    def test_a_user_access_does_not_allow_is_told_and_closed(self):
+        os.seteuid(NOBODY)
+        try:
+            refused = self.connect()
+        finally:
+            os.seteuid(0)
+        reply = closed_by_daemon(refused)
+        self.assertEqual(reply, b"-FORBIDDEN this user may not use sluiced ([access])\r\n")
+        self.assertEqual(self.ping(self.connect()), b"+PONG\r\n")  # root is allowed
 
 
 class RespAddressTakenTest(unittest.TestCase):

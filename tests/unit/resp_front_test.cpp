@@ -1,119 +1,249 @@
-// The Redis protocol front (resp_front.h) on a real loopback socket, with a
-// fake worker: replies go out in request order however the answers come
-// back, and a reply that needs no answer waits behind one that does.
+// The Redis protocol front (resp_front.h) on a real worker: a client on one
+// end of a socket pair, the worker's Connection with a RespCodec on the
+// other. Replies go in request order however long a question waits; the
+// main socket's bounds (frame and argument limits, the output cap, idle and
+// partial-frame timeouts) close RESP connections too; CL.THROTTLE's rule is
+// decided on the worker that asked for it at once. The tests wait on
+// conditions (test::waitFor, a read timeout), never on a fixed sleep, and
+// end by stopping and joining the worker.
 #include "resp_front.h"
 
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <chrono>
-#include <condition_variable>
-#include <mutex>
+#include <atomic>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "clock.h"
+#include "lease.h"
+#include "test_status.h"
+#include "test_support.h"
+#include "worker.h"
 
 namespace sluice {
 namespace {
 
-// What the fake worker was asked, in order.
-struct Asked {
-  std::mutex mutex;
-  std::condition_variable changed;
-  std::vector<std::pair<std::string, MsgId>> keys;  // (key, tag)
-  Recipient* recipient = nullptr;
+constexpr int64_t kMs = 1'000'000;
+
+Rule makeRule(uint32_t id, std::string name, Scope scope) {
+  Rule rule;
+  rule.id = id;
+  rule.name = std::move(name);
+  rule.scope = scope;
+  rule.algorithm = Algorithm::kTokenBucket;
+  rule.on_redis_down = RedisDownPolicy::kOpen;
+  rule.limits = {Limit{.limit = 5, .period_ns = 3'600'000 * kMs, .burst = 5}};
+  return rule;
+}
+
+std::vector<Rule> baseRules() {
+  return {makeRule(1, "local", Scope::kLocal), makeRule(2, "global", Scope::kGlobal)};
+}
+
+// One worker serving one RESP client over a socket pair.
+class RespConnectionTest : public ::testing::Test {
+ protected:
+  void start(WorkerOptions options, RespFront::EnsureRule ensure = {}) {
+    broker_.setBreaker(Breaker::kClosed, monotonicNowNs());
+    worker_ = std::make_unique<Worker>(
+        0, options, keys_, metrics_.shard(0), status_,
+        std::make_shared<const RuleSet>(baseRules(), 1), &broker_, std::move(ensure));
+    worker_->start();
+  }
+
+  // A new client; `server_send_bytes` > 0 shrinks the daemon's send buffer.
+  int connect(int server_send_bytes = 0) {
+    int pair[2];
+    EXPECT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair), 0);
+    timeval timeout{.tv_sec = 5, .tv_usec = 0};
+    setsockopt(pair[0], SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+    if (server_send_bytes > 0) {
+      setsockopt(pair[1], SOL_SOCKET, SO_SNDBUF, &server_send_bytes, sizeof(server_send_bytes));
+      setsockopt(pair[0], SOL_SOCKET, SO_RCVBUF, &server_send_bytes, sizeof(server_send_bytes));
+    }
+    Peer peer;
+    peer.allowed = true;
+    worker_->adopt(pair[1], peer, Protocol::kResp);
+    clients_.push_back(pair[0]);
+    return pair[0];
+  }
+
+  static void send(int fd, const std::string& bytes) {
+    ASSERT_EQ(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(bytes.size()));
+  }
+
+  // Reads until the bytes end with `last` or the connection ends.
+  static std::string readUntil(int fd, const std::string& last) {
+    std::string out;
+    char buffer[4096];
+    while (out.size() < last.size() || out.compare(out.size() - last.size(), last.size(), last)) {
+      ssize_t n = ::read(fd, buffer, sizeof(buffer));
+      if (n <= 0) break;
+      out.append(buffer, static_cast<size_t>(n));
+    }
+    return out;
+  }
+
+  // Whether the daemon closes the connection within the read timeout.
+  static bool closedByDaemon(int fd) {
+    char buffer[4096];
+    for (;;) {
+      ssize_t n = ::read(fd, buffer, sizeof(buffer));
+      if (n == 0) return true;
+      if (n < 0) return errno == ECONNRESET;
+    }
+  }
+
+  uint64_t closed(CloseReason reason) {
+    return metrics_.shard(0).connections_closed[static_cast<size_t>(reason)].get();
+  }
+
+  void TearDown() override {
+    for (int fd : clients_) ::close(fd);
+    if (worker_) {
+      worker_->stop();
+      worker_->join();
+    }
+  }
+
+  KeyTable keys_{KeyTableOptions{}};
+  Metrics metrics_{1};
+  TestStatus status_{metrics_, 1};
+  LeaseBroker broker_{100 * kMs};
+  std::unique_ptr<Worker> worker_;
+  std::vector<int> clients_;
 };
 
-int freePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-  socklen_t size = sizeof(address);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &size);
-  close(fd);
-  return ntohs(address.sin_port);
-}
-
-int connectTo(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(port));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
-  timeval timeout{.tv_sec = 5, .tv_usec = 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  return fd;
-}
-
-// Reads until `expected` bytes have come (or the read times out).
-std::string readBytes(int fd, size_t expected) {
-  std::string out;
-  char buffer[4096];
-  while (out.size() < expected) {
-    ssize_t n = read(fd, buffer, sizeof(buffer));
-    if (n <= 0) break;
-    out.append(buffer, static_cast<size_t>(n));
+std::string command(const std::vector<std::string>& words) {
+  std::string out = "*" + std::to_string(words.size()) + "\r\n";
+  for (const std::string& word : words) {
+    out += "$" + std::to_string(word.size()) + "\r\n" + word + "\r\n";
   }
   return out;
 }
 
-Answer allowedWith(int64_t remaining) {
-  Answer answer;
-  answer.decide(Decision{.allowed = true, .remaining = remaining, .limit = 9}, Mode::kLocal);
-  return answer;
+TEST_F(RespConnectionTest, RepliesBehindAQuestionThatWaitsGoOutAfterItsAnswer) {
+  WorkerOptions options;
+  options.lease_timeout_ms = 200;  // nobody answers the lease: the policy does
+  start(options);
+  int client = connect();
+  // One write: a cold global key waits for its first lease; the commands
+  // behind it wait with it.
+  send(client, command({"SLUICE.ACQUIRE", "global", "cold"}) + command({"PING"}) +
+                   command({"SLUICE.ACQUIRE", "local", "k"}) + command({"ECHO", "last"}));
+  std::string replies = readUntil(client, "$4\r\nlast\r\n");
+  // The global acquire's answer (by on_redis_down = "open"), then the rest in order.
+  const size_t waited = replies.find("$4\r\nopen\r\n");
+  const size_t pong = replies.find("+PONG\r\n");
+  const size_t local = replies.find("$5\r\nlocal\r\n");
+  ASSERT_NE(waited, std::string::npos) << replies;
+  EXPECT_EQ(replies.rfind("*6\r\n:1\r\n", 0), 0u) << replies;
+  EXPECT_LT(waited, pong) << replies;
+  EXPECT_LT(pong, local) << replies;
+  EXPECT_TRUE(replies.ends_with("$4\r\nlast\r\n")) << replies;
 }
 
-TEST(RespFrontTest, RepliesGoOutInRequestOrderWhateverOrderAnswersComeIn) {
-  Asked asked;
-  RespFront front;
-  RespFront::Options options;
-  const int port = freePort();
-  options.listen = "127.0.0.1:" + std::to_string(port);
-  auto submit = [&](size_t, HeldQuestion question, Recipient* recipient, MsgId tag) {
-    std::lock_guard<std::mutex> lock(asked.mutex);
-    asked.keys.emplace_back(std::string(question.question().items[0].key), tag);
-    asked.recipient = recipient;
-    asked.changed.notify_all();
-  };
-  std::string error;
-  ASSERT_TRUE(front.start(options, 2, submit, nullptr, nullptr, &error)) << error;
-  int fd = connectTo(port);
-  const std::string pipeline =
-      "*3\r\n$14\r\nSLUICE.ACQUIRE\r\n$3\r\napi\r\n$1\r\na\r\n"
-      "PING\r\n"
-      "*3\r\n$14\r\nSLUICE.ACQUIRE\r\n$3\r\napi\r\n$1\r\nb\r\n"
-      "ECHO last\r\n";
-  ASSERT_EQ(write(fd, pipeline.data(), pipeline.size()), static_cast<ssize_t>(pipeline.size()));
-  {
-    std::unique_lock<std::mutex> lock(asked.mutex);
-    ASSERT_TRUE(asked.changed.wait_for(lock, std::chrono::seconds(5),
-                                       [&] { return asked.keys.size() == 2; }));
-  }
-  // Nothing may be written before the first question is answered.
-  timeval short_wait{.tv_sec = 0, .tv_usec = 100'000};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &short_wait, sizeof(short_wait));
-  char probe = 0;
-  EXPECT_LT(read(fd, &probe, 1), 0) << "a reply went out ahead of its turn";
-  timeval long_wait{.tv_sec = 5, .tv_usec = 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &long_wait, sizeof(long_wait));
-  // The answers come back in reverse order, as a waiting question's would.
-  asked.recipient->receive(asked.keys[1].second, allowedWith(2));
-  asked.recipient->receive(asked.keys[0].second, allowedWith(1));
-  const std::string expected =
-      "*6\r\n:1\r\n:1\r\n:9\r\n:0\r\n:0\r\n$5\r\nlocal\r\n"
-      "+PONG\r\n"
-      "*6\r\n:1\r\n:2\r\n:9\r\n:0\r\n:0\r\n$5\r\nlocal\r\n"
-      "$4\r\nlast\r\n";
-  EXPECT_EQ(readBytes(fd, expected.size()), expected);
-  EXPECT_EQ(asked.keys[0].first, "a");
-  EXPECT_EQ(asked.keys[1].first, "b");
-  close(fd);
-  front.stop();
+TEST_F(RespConnectionTest, ThrottleRuleIsDecidedOnTheWorkerThatAddedItAtOnce) {
+  std::atomic<int> ensured{0};
+  start(WorkerOptions{}, [&](const resp::Throttle& throttle, std::string* error) -> RuleSetPtr {
+    if (throttle.max_burst == 99) {
+      *error = "no more parameter sets";
+      return nullptr;
+    }
+    ++ensured;
+    Rule rule;
+    rule.id = 7;
+    rule.name = resp::throttleRuleName(throttle);
+    rule.algorithm = Algorithm::kGcra;
+    rule.limits = {Limit{.limit = throttle.count,
+                         .period_ns = throttle.period_s * 1000 * kMs,
+                         .burst = throttle.max_burst + 1}};
+    std::vector<Rule> rules = baseRules();
+    rules.push_back(rule);
+    return std::make_shared<const RuleSet>(std::move(rules), 1);
+  });
+  int client = connect();
+  send(client, command({"CL.THROTTLE", "u", "1", "10", "60"}) +
+                   command({"CL.THROTTLE", "u", "1", "10", "60"}) +
+                   command({"CL.THROTTLE", "u", "1", "10", "60"}) +
+                   command({"CL.THROTTLE", "u", "99", "10", "60"}) + command({"ECHO", "end"}));
+  std::string replies = readUntil(client, "$3\r\nend\r\n");
+  // max_burst 1: two pass, the third is limited; one rule for the three.
+  EXPECT_EQ(replies.rfind("*5\r\n:0\r\n:2\r\n:1\r\n:-1\r\n", 0), 0u) << replies;
+  EXPECT_NE(replies.find("*5\r\n:0\r\n:2\r\n:0\r\n:-1\r\n"), std::string::npos) << replies;
+  // Limited: one unit comes back every 60 s / 10.
+  EXPECT_NE(replies.find("*5\r\n:1\r\n:2\r\n:0\r\n:6\r\n"), std::string::npos) << replies;
+  EXPECT_NE(replies.find("-ERR no more parameter sets\r\n$3\r\nend\r\n"), std::string::npos)
+      << replies;
+  EXPECT_EQ(ensured.load(), 1);
+}
+
+TEST_F(RespConnectionTest, CommandWithTooManyArgumentsIsAnsweredAndClosed) {
+  WorkerOptions options;
+  options.resp.max_arguments = 4;
+  start(options);
+  int client = connect();
+  send(client, command({"PING"}) + command({"ECHO", "a", "b", "c", "d"}) + command({"PING"}));
+  std::string replies = readUntil(client, "(none)");
+  EXPECT_EQ(replies, "+PONG\r\n-ERR Protocol error: too many arguments (at most 4)\r\n");
+  EXPECT_TRUE(test::waitFor(5'000, [&] { return closed(CloseReason::kUnreadable) == 1; }));
+}
+
+TEST_F(RespConnectionTest, CommandOverTheFrameLimitIsAnsweredAndClosed) {
+  WorkerOptions options;
+  options.resp.max_command_bytes = 1024;
+  start(options);
+  int client = connect();
+  send(client, command({"ECHO", std::string(2000, 'x')}));
+  std::string replies = readUntil(client, "(none)");
+  EXPECT_TRUE(replies.starts_with("-ERR Protocol error: invalid bulk length")) << replies;
+  EXPECT_TRUE(test::waitFor(5'000, [&] { return closed(CloseReason::kUnreadable) == 1; }));
+}
+
+TEST_F(RespConnectionTest, ClientThatDoesNotReadItsRepliesIsClosedAtTheOutputCap) {
+  WorkerOptions options;
+  options.max_output_bytes = 16 * 1024;
+  start(options);
+  int client = connect(4096);
+  std::string batch;
+  for (int i = 0; i < 64; ++i) batch += command({"ECHO", std::string(1000, 'x')});
+  // The daemon closes mid-batch: the rest of the write may fail.
+  (void)::send(client, batch.data(), batch.size(), MSG_NOSIGNAL);
+  EXPECT_TRUE(test::waitFor(5'000, [&] { return closed(CloseReason::kOutputCap) == 1; }));
+}
+
+TEST_F(RespConnectionTest, HalfSentCommandIsClosedAtThePartialFrameTimeout) {
+  WorkerOptions options;
+  options.partial_frame_timeout_ms = 100;
+  start(options);
+  int client = connect();
+  send(client, "*1\r\n$4\r\nPI");
+  EXPECT_TRUE(closedByDaemon(client));
+  EXPECT_EQ(closed(CloseReason::kPartialFrame), 1u);
+  EXPECT_EQ(closed(CloseReason::kIdle), 0u);
+}
+
+TEST_F(RespConnectionTest, SilentClientIsClosedAtTheIdleTimeout) {
+  WorkerOptions options;
+  options.idle_timeout_ms = 100;
+  start(options);
+  int client = connect();
+  send(client, command({"PING"}));
+  EXPECT_EQ(readUntil(client, "+PONG\r\n"), "+PONG\r\n");
+  EXPECT_TRUE(closedByDaemon(client));
+  EXPECT_EQ(closed(CloseReason::kIdle), 1u);
+}
+
+TEST_F(RespConnectionTest, QuitIsAnsweredThenTheConnectionCloses) {
+  start(WorkerOptions{});
+  int client = connect();
+  send(client, command({"QUIT"}) + command({"PING"}));
+  EXPECT_EQ(readUntil(client, "(none)"), "+OK\r\n");
+  EXPECT_TRUE(test::waitFor(5'000, [&] { return closed(CloseReason::kPeerClosed) == 1; }));
 }
 
 }  // namespace
