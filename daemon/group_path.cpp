@@ -103,7 +103,7 @@ GroupPath::Collected GroupPath::collectEntry(const Rule& rule, const Item& item,
           taken.outcome == slice::Outcome::kQueued) {
         if (taken.outcome == slice::Outcome::kTaken) taken_units = cost;
         if (taken.outcome == slice::Outcome::kDenied) metrics_.lease_negative_hits.add();
-        acquire_item.decision = sliceDecision(deciding, taken, now_ns);
+        acquire_item.decision = sliceDecision(deciding, taken, slice_words, now_ns);
         applyShadow(rule, &acquire_item.decision);
         *denied = *denied || !acquire_item.decision.allowed;
         decided = true;
