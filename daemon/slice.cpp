@@ -270,15 +270,17 @@ void noteRedisLeft(Words words, const Rule& rule, int64_t left, int64_t now_ns) 
   }
   const uint64_t bits = static_cast<uint64_t>(std::clamp<int64_t>(field, 0, kRedisLeftMax))
                         << kRedisLeftShift;
+  // The other bits change under workers' feet: only a compare-and-swap
+  // keeps them.
   uint64_t flags = words[kFlags].load(std::memory_order_relaxed);
-  while (!words[kFlags].compare_exchange_weak(flags, (flags & ~kRedisLeftMask) | bits | kRedisRead,
-                                              std::memory_order_acq_rel)) {
+  while (!words[kFlags].compare_exchange_weak(
+      flags, (flags & ~kRedisLeftMask) | bits | kRedisLeftKnown, std::memory_order_acq_rel)) {
   }
 }
 
 int64_t redisLeft(ConstWords words, const Rule& rule, int64_t now_ns) {
   const uint64_t flags = words[kFlags].load(std::memory_order_acquire);
-  if ((flags & kRedisRead) == 0) return 0;
+  if ((flags & kRedisLeftKnown) == 0) return 0;
   const Limit& limit = rule.limits.front();
   const AlgorithmTraits& traits = algorithmTraits(rule.algorithm);
   const int64_t capacity = leaseCapacity(limit);

@@ -57,7 +57,7 @@ using ConstWords = std::span<const std::atomic<uint64_t>>;
 // The words of a slice entry.
 enum Word : size_t {
   kUnits = 0,      // units held, spendable now (int64)
-  kFlags,          // kInFlight | kWarm | kRoomy | kRedisRead | kLine | the boost
+  kFlags,          // kInFlight | kWarm | kRoomy | kRedisLeftKnown | kLine | the boost
                    // (kBoostMask) | Redis's left (bits kRedisLeftShift and up)
   kDenyUntil,      // ns: Redis had nothing for us; deny locally until then
   kDemand,         // units asked for since kDemandSince (an estimate)
@@ -73,7 +73,8 @@ enum Word : size_t {
 constexpr uint64_t kInFlight = 1;
 constexpr uint64_t kWarm = 2;   // a lease has granted units at least once
 constexpr uint64_t kRoomy = 4;  // the last grant left Redis kRoomyFactor times as much
-constexpr uint64_t kRedisRead = 8;  // Redis's left holds a lease's answer (noteRedisLeft)
+// Bits kRedisLeftShift and up hold a lease's answer (noteRedisLeft).
+constexpr uint64_t kRedisLeftKnown = 8;
 // Requests of this node wait in line for the key's units (wait_lines.h):
 // only the first in line may spend them. May outlive the line
 // (WaitLines::standing).

@@ -189,7 +189,7 @@ TEST_F(PartsManagerTest, EachPartLeasesItsOwnKey) {
   const int64_t now_ns = monotonicNowNs();
   EXPECT_GE(slice::redisLeft(slice(parts_[0]), parts_[0], now_ns), 5);
   EXPECT_LE(slice::redisLeft(slice(parts_[0]), parts_[0], now_ns), 10);
-  EXPECT_NE(slice(parts_[1])[slice::kFlags].load() & slice::kRedisRead, 0u);
+  EXPECT_NE(slice(parts_[1])[slice::kFlags].load() & slice::kRedisLeftKnown, 0u);
   EXPECT_EQ(slice::redisLeft(slice(parts_[1]), parts_[1], now_ns), 0);
   for (const Rule& part : parts_) {
     EXPECT_GT(std::stoll(server_.cli({"PTTL", manager_->stateKey(part.name, "k")})), 0) << part.id;

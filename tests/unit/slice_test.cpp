@@ -434,7 +434,7 @@ TEST_F(SliceTest, RedisLeftSharesTheFlagsWordWithTheOtherFlags) {
   slice::markLine(words());
   const uint64_t before = flags();
   slice::noteRedisLeft(words(), window, 0xFFFFFFFFLL, 2 * kMs);  // the largest window limit
-  EXPECT_EQ(flags() & 0xFFF, (before & 0xFFF) | slice::kRedisRead);
+  EXPECT_EQ(flags() & 0xFFF, (before & 0xFFF) | slice::kRedisLeftKnown);
   EXPECT_EQ(slice::redisLeft(words(), window, 3 * kMs), 0xFFFFFFFFLL);
   slice::clearLine(words());
   slice::unclaim(words());
