@@ -78,7 +78,7 @@ scope = "global"
 
 
 def http_check(path, rule, key):
-    """GET /v1/check on the HTTP front's Unix socket: (allowed, r=)."""
+    """GET /v1/check on the HTTP front's Unix socket: (allowed, r=, mode)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(5)
         s.connect(path)
@@ -96,7 +96,7 @@ def http_check(path, rule, key):
     headers = dict(line.split(": ", 1) for line in lines[1:])
     # RateLimit: "rule";r=REMAINING;t=RESET_S
     params = dict(item.split("=", 1) for item in headers["RateLimit"].split(";")[1:])
-    return status == 200, int(params["r"])
+    return status == 200, int(params["r"]), headers["Sluice-Mode"]
 
 
 class RemainingFleetTest(DaemonPairCase):
@@ -135,13 +135,16 @@ class RemainingFleetTest(DaemonPairCase):
         daemon = self.daemons[index]
         front = step // 2 % 3 if index == 0 else 0
         if front == 1:
-            return http_check(os.path.join(daemon.dir, "http.sock"), rule, key)
-        if front == 2:
+            allowed, remaining, mode = http_check(os.path.join(daemon.dir, "http.sock"), rule, key)
+        elif front == 2:
             reply = daemon.resp.execute_command("SLUICE.ACQUIRE", rule, key)
-            return bool(reply[0]), int(reply[1])
-        decision = daemon.acquire(rule, key)
-        self.assertEqual(decision["mode"], "normal", decision)
-        return decision["allowed"], decision["remaining"]
+            allowed, remaining, mode = bool(reply[0]), int(reply[1]), reply[5].decode()
+        else:
+            decision = daemon.acquire(rule, key)
+            allowed, remaining, mode = decision["allowed"], decision["remaining"], decision["mode"]
+        # Leased quota only: a fallback answer spends the node's share.
+        self.assertEqual(mode, "normal", (rule, index, front))
+        return allowed, remaining
 
     def spend_alternating(self, rule, key):
         """Spends the limit one acquire at a time, alternating daemons; per
@@ -152,8 +155,8 @@ class RemainingFleetTest(DaemonPairCase):
         granted_at_start = [c[2] for c in counters]
         answered = [c[0] for c in counters]
         allowed_by = [0, 0]
-        # Per daemon: the step of its last lease answer, what the other held
-        # then, and what the other had admitted by then.
+        # Per daemon, as of its last lease answer: what the other daemon held
+        # unspent then, and what the other had admitted by then.
         read = [None, None]
         rows = []
         admitted = 0
@@ -164,7 +167,6 @@ class RemainingFleetTest(DaemonPairCase):
             if allowed:
                 allowed_by[index] += 1
                 admitted += 1
-            if allowed:
                 # Answered on the daemon's last lease answer before it (a
                 # lease this acquire asked for answers after it), or, on a
                 # cold key, on the lease it waited for.
