@@ -258,6 +258,7 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, const Rule& rule,
       }
     }
     slice::noteGrant(words, reply->granted, reply->remaining);
+    slice::noteRedisLeft(words, rule, reply->remaining, now_ns);
     if (reply->granted == 0) {
       // Nothing until retry_after_ms: deny locally until then (but asked
       // again after slice::kEmptyRecheckNs), so an over-limit key costs

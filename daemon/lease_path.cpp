@@ -21,18 +21,23 @@ int64_t ceilMs(int64_t ns) { return ns <= 0 ? 0 : (ns + 999'999) / 1'000'000; }
 
 }  // namespace
 
-Decision sliceDecision(const Rule& rule, const slice::TakeResult& taken, int64_t now_ns) {
+Decision sliceDecision(const Rule& rule, const slice::TakeResult& taken, slice::ConstWords words,
+                       int64_t now_ns) {
   const Limit& limit = rule.limits.front();
+  const int64_t capacity = leaseCapacity(limit);
   Decision decision;
   decision.limit = limit.limit;
   decision.allowed = taken.outcome == slice::Outcome::kTaken;
-  decision.remaining = decision.allowed ? taken.left : 0;
+  if (decision.allowed) {
+    decision.remaining =
+        std::min(capacity, std::min(taken.left, capacity) + slice::redisLeft(words, rule, now_ns));
+  }
   if (taken.outcome == slice::Outcome::kDenied || taken.outcome == slice::Outcome::kQueued) {
     // In line behind waiters (until_ns 0): as soon as they are served.
     decision.retry_after_ms = std::max<int64_t>(ceilMs(taken.until_ns - now_ns), 1);
   }
   // Until the global state is full again, as far as this node can tell.
-  int64_t missing = std::max<int64_t>(leaseCapacity(limit) - decision.remaining, 0);
+  int64_t missing = std::max<int64_t>(capacity - decision.remaining, 0);
   double period_ms = static_cast<double>(limit.period_ns) / 1e6;
   decision.reset_after_ms = std::max(
       decision.retry_after_ms,
@@ -139,7 +144,7 @@ Outcome LeasePath::spend(const RuleSet& rules, const Rule& rule, const rpc::Item
     afterTake(rules, rule, deciding, item.key, entry_words, now_ns, item.cost, taken);
     switch (taken.outcome) {
       case slice::Outcome::kTaken: {
-        decision = sliceDecision(deciding, taken, now_ns);
+        decision = sliceDecision(deciding, taken, words, now_ns);
         if (broker_->learning(deciding, now_ns)) {
           // Redis came back without the fleet's state: hold to the share too.
           std::optional<Decision> share =
@@ -163,7 +168,7 @@ Outcome LeasePath::spend(const RuleSet& rules, const Rule& rule, const rpc::Item
       }
       case slice::Outcome::kDenied:
         metrics_.lease_negative_hits.add();
-        decision = sliceDecision(deciding, taken, now_ns);
+        decision = sliceDecision(deciding, taken, words, now_ns);
         due_ns = taken.until_ns;
         break;
       case slice::Outcome::kQueued:
@@ -173,7 +178,7 @@ Outcome LeasePath::spend(const RuleSet& rules, const Rule& rule, const rpc::Item
         if (taken.until_ns == 0 && wait.until_ns == 0 && waiting_.waitForLease(asker, wait)) {
           return Outcome::kWaitsForLease;
         }
-        decision = sliceDecision(deciding, taken, now_ns);
+        decision = sliceDecision(deciding, taken, words, now_ns);
         break;
       case slice::Outcome::kEmpty:
         // A waiter stands in line while its lease comes, so that requests
@@ -262,7 +267,7 @@ Decision LeasePath::look(const RuleSet& rules, const Rule& rule, std::string_vie
       looked.outcome = slice::Outcome::kTaken;
       looked.left = 0;
     }
-    decision = sliceDecision(deciding, looked, now_ns);
+    decision = sliceDecision(deciding, looked, words, now_ns);
   }
   applyShadow(rule, &decision);
   return decision;

@@ -45,8 +45,12 @@ namespace sluice {
 // else the rule's max_wait; 0 when it cannot wait.
 int64_t maxWaitNs(const Rule& rule, const rpc::Item& item);
 
-// A decision made on a slice (normal mode), before shadow.
-Decision sliceDecision(const Rule& rule, const slice::TakeResult& taken, int64_t now_ns);
+// A decision made on a slice (normal mode), before shadow. `words` are the
+// slice's: an allowed decision's remaining is the fleet's as far as this
+// node can tell, the units left in the slice plus what Redis had left at the
+// last lease (slice::redisLeft), at most the rule's capacity.
+Decision sliceDecision(const Rule& rule, const slice::TakeResult& taken, slice::ConstWords words,
+                       int64_t now_ns);
 
 class LeasePath {
  public:

@@ -237,6 +237,67 @@ void applyEmpty(Words words, int64_t now_ns, int64_t wait_ns) {
   store(words, kRecheckAt, now_ns + std::min(wait_ns, kEmptyRecheckNs));
 }
 
+namespace {
+
+constexpr uint64_t kRedisLeftMask = ~uint64_t{0} << kRedisLeftShift;
+constexpr int64_t kRedisLeftMax = (int64_t{1} << (64 - kRedisLeftShift)) - 1;
+// A bucket's empty time is kept as µs plus this, so that one before the
+// clock's start (what was left spans further back than now) stays positive.
+constexpr int64_t kEmptyBiasUs = int64_t{1} << 51;
+constexpr int64_t kMaxSpanUs = int64_t{1} << 50;
+
+// The scripts' interval of a bucket, in µs: period / limit rounded up, of
+// the period in whole ms they are given (lua/token_bucket.lua).
+int64_t refillIntervalUs(const Limit& limit) {
+  const int64_t period_us = (limit.period_ns + 999'999) / 1'000'000 * 1000;
+  const int64_t per = std::max<int64_t>(limit.limit, 1);
+  return std::max<int64_t>((period_us + per - 1) / per, 1);
+}
+
+}  // namespace
+
+void noteRedisLeft(Words words, const Rule& rule, int64_t left, int64_t now_ns) {
+  const Limit& limit = rule.limits.front();
+  left = std::clamp<int64_t>(left, 0, leaseCapacity(limit));
+  int64_t field = left;
+  if (algorithmTraits(rule.algorithm).refills) {
+    // Now rounded up and the interval the scripts' (rounded up): the refill
+    // that redisLeft() adds never comes before Redis's.
+    const int64_t interval_us = refillIntervalUs(limit);
+    const int64_t span_us = left > kMaxSpanUs / interval_us ? kMaxSpanUs : left * interval_us;
+    const int64_t now_us = now_ns <= 0 ? 0 : (now_ns - 1) / 1000 + 1;
+    field = now_us - span_us + kEmptyBiasUs;
+  }
+  const uint64_t bits = static_cast<uint64_t>(std::clamp<int64_t>(field, 0, kRedisLeftMax))
+                        << kRedisLeftShift;
+  // The other bits change under workers' feet: only a compare-and-swap
+  // keeps them.
+  uint64_t flags = words[kFlags].load(std::memory_order_relaxed);
+  while (!words[kFlags].compare_exchange_weak(
+      flags, (flags & ~kRedisLeftMask) | bits | kRedisLeftKnown, std::memory_order_acq_rel)) {
+  }
+}
+
+int64_t redisLeft(ConstWords words, const Rule& rule, int64_t now_ns) {
+  const uint64_t flags = words[kFlags].load(std::memory_order_acquire);
+  if ((flags & kRedisLeftKnown) == 0) return 0;
+  const Limit& limit = rule.limits.front();
+  const AlgorithmTraits& traits = algorithmTraits(rule.algorithm);
+  const int64_t capacity = leaseCapacity(limit);
+  const auto field = static_cast<int64_t>(flags >> kRedisLeftShift);
+  if (traits.refills) {
+    // Whole units since the (virtual) empty time: what was left, plus what
+    // refilled since, each rounded down.
+    const int64_t since_us = std::max<int64_t>(now_ns, 0) / 1000 - (field - kEmptyBiasUs);
+    return since_us <= 0 ? 0 : std::min(capacity, since_us / refillIntervalUs(limit));
+  }
+  if (traits.windowed) {
+    const int64_t expires = load(words, kExpires);
+    if (expires == 0 || now_ns >= expires) return 0;
+  }
+  return std::min(field, capacity);
+}
+
 int64_t leaseNowMs(ConstWords words) { return load(words, kLeaseNowMs); }
 
 int64_t deniedUntilNs(ConstWords words) { return load(words, kDenyUntil); }

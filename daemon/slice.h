@@ -27,6 +27,10 @@
 //    one per interval, which is what lets 10,000 busy keys lease at all; a
 //    contended one leases small batches, so no node sits on units another
 //    needs.
+//  - Every lease's answer also says what Redis had left after it; the slice
+//    keeps that in the spare bits of kFlags (kRedisLeftShift), so that a
+//    decision can report the fleet's remaining, not only this node's units
+//    (redisLeft(), below), at no cost in memory.
 //
 // Invariant: no file but slice.cpp and holding.cpp reads or writes these
 // words by index; everyone else goes through the functions below.
@@ -53,7 +57,8 @@ using ConstWords = std::span<const std::atomic<uint64_t>>;
 // The words of a slice entry.
 enum Word : size_t {
   kUnits = 0,      // units held, spendable now (int64)
-  kFlags,          // kInFlight | kWarm | kRoomy | kLine | the boost (kBoostMask)
+  kFlags,          // kInFlight | kWarm | kRoomy | kRedisLeftKnown | kLine | the boost
+                   // (kBoostMask) | Redis's left (bits kRedisLeftShift and up)
   kDenyUntil,      // ns: Redis had nothing for us; deny locally until then
   kDemand,         // units asked for since kDemandSince (an estimate)
   kDemandSince,    // ns: start of the demand measurement under way; 0: none yet
@@ -68,6 +73,8 @@ enum Word : size_t {
 constexpr uint64_t kInFlight = 1;
 constexpr uint64_t kWarm = 2;   // a lease has granted units at least once
 constexpr uint64_t kRoomy = 4;  // the last grant left Redis kRoomyFactor times as much
+// Bits kRedisLeftShift and up hold a lease's answer (noteRedisLeft).
+constexpr uint64_t kRedisLeftKnown = 8;
 // Requests of this node wait in line for the key's units (wait_lines.h):
 // only the first in line may spend them. May outlive the line
 // (WaitLines::standing).
@@ -77,6 +84,9 @@ constexpr uint64_t kLine = 16;
 constexpr int kBoostShift = 8;
 constexpr uint64_t kBoostMask = uint64_t{0xF} << kBoostShift;
 constexpr int kMaxBoost = 4;
+// Bits 12..63 of kFlags (52 bits): what Redis had left at the last lease's
+// answer, as noteRedisLeft encodes it.
+constexpr int kRedisLeftShift = 12;
 constexpr int64_t kRoomyFactor = 4;
 
 // A global rule's penalty block (one this node counted, or one a lease reply
@@ -183,6 +193,28 @@ void clearLine(Words words);
 // grow (kRoomy). Called with every answer, before the key's in-flight bit
 // is cleared.
 void noteGrant(Words words, int64_t granted, int64_t remaining);
+
+// Records what Redis had left after a lease's answer of a key of `rule`:
+// `left` whole units (the reply's remaining), read at now_ns, in the 52
+// bits of kFlags from kRedisLeftShift. For an algorithm that refills (the
+// buckets) they hold the time, in µs of this host's clock plus 2^51, at
+// which Redis's state would have been empty had it refilled at the rule's
+// rate all along: now - left * interval, the interval the scripts' (period
+// / limit in whole µs, rounded up), the span at most 2^50 µs as the scripts
+// keep it; so one field says both what was left and when. For the others
+// they hold `left` (at most 2^32: algorithm.h's max_limit).
+void noteRedisLeft(Words words, const Rule& rule, int64_t left, int64_t now_ns);
+
+// What Redis has left for a key of `rule` at now_ns, as far as this node
+// can tell from its last lease's answer (noteRedisLeft), at most the rule's
+// capacity (leaseCapacity): for the buckets, what was left plus the whole
+// units refilled since; for the windows, what was left, while the window of
+// the slice's units lasts (0 after it, or before any grant); for other
+// algorithms, what was left. 0 before any answer. Other nodes' leases since
+// that answer are not seen (it errs high by what they took), nor are the
+// units they hold (it errs low by those); the bound is in
+// docs/protocol.md, "Remaining on a global rule".
+int64_t redisLeft(ConstWords words, const Rule& rule, int64_t now_ns);
 
 // Redis granted `granted` units at its clock lease_now_ms. A windowed
 // rule's units may be spent until expires_ns (0: no window); with

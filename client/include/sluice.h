@@ -112,7 +112,8 @@ SLUICE_API const char* sluice_mode_name(sluice_mode mode);
 typedef struct sluice_decision {
   int allowed; /* 1 allowed, 0 denied */
   sluice_mode mode;
-  int64_t remaining;      /* units left now */
+  int64_t remaining;      /* units left now; on a global rule, the fleet's as
+                             the daemon estimates it (docs/protocol.md) */
   int64_t limit;          /* the rule's limit */
   int64_t reset_after_ms; /* until the key is back at its full limit */
   int64_t retry_after_ms; /* until a retry may pass; 0 when allowed */

@@ -399,6 +399,35 @@ TEST_F(DispatchTest, AGroupOfSeveralItemsDoesNotWaitForUnits) {
   EXPECT_EQ(waiting(WaitKind::kReserved), 1u);
 }
 
+// Verifies acquire_all reports a leased item's remaining as acquire does:
+// the fleet's as the node can tell, its slice plus what Redis had left at
+// the key's last lease answer.
+TEST_F(LeasingDispatchTest, AcquireAllReportsTheFleetsRemainingOfALeasedItem) {
+  ASSERT_TRUE(acquire("g_api", "k", 1).allowed());  // on the share; asks for a lease
+  {
+    // The lease's answer, as the control thread applies it: 4 units, 5
+    // left in Redis.
+    KeyTable::ReadGuard guard(keys_, reader_);
+    KeyTable::Entry* entry = keys_.find(4, "k");
+    ASSERT_NE(entry, nullptr);
+    slice::Words words = slice::of(entry->state());
+    slice::noteRedisLeft(words, testRules()[3], 5, now_ns_);
+    slice::applyGrant(words, 4, 0, 0, false);
+    slice::unclaim(words);
+  }
+  Item items[] = {{"g_api", "k", 2, -1}, {"api", "k", 1, -1}};
+  Answer answer;
+  KeyTable::ReadGuard guard(keys_, reader_);
+  Asker asker = dispatcher_->askerFor(nullptr, 1, now_ns_);
+  ASSERT_EQ(dispatcher_->ask({Method::kAcquireAll, items}, now_ns_, asker, &answer),
+            Outcome::kAnswered);
+  ASSERT_TRUE(answer.allowed);
+  ASSERT_EQ(answer.decisions.size(), 2u);
+  EXPECT_EQ(answer.modes[0], Mode::kNormal);
+  EXPECT_EQ(answer.decisions[0].remaining, 2 + 5);
+  EXPECT_EQ(answer.decisions[1].remaining, 2);
+}
+
 // --- waiting -------------------------------------------------------------------
 
 // Verifies a request allowed on a reservation waits until its units are due

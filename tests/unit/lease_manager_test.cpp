@@ -164,7 +164,8 @@ class PartsManagerTest : public ManagerFixture {
 
 // Verifies each part leases on its own: its lease finds the part by id, runs
 // the script with the part's limit on the part's own Redis key, and lands in
-// the part's slice; the rule's own name has no state in Redis.
+// the part's slice with what Redis had left after it; the rule's own name
+// has no state in Redis.
 TEST_F(PartsManagerTest, EachPartLeasesItsOwnKey) {
   for (const Rule& part : parts_) {
     slice(part)[slice::kFlags].fetch_or(slice::kInFlight);  // as the worker that claims it
@@ -183,6 +184,13 @@ TEST_F(PartsManagerTest, EachPartLeasesItsOwnKey) {
   }));
   EXPECT_EQ(slice(parts_[0])[slice::kUnits].load(), 5u);
   EXPECT_EQ(slice(parts_[1])[slice::kUnits].load(), 3u);
+  // 5 of the 10 a second were left (and a unit refills per 100 ms since);
+  // none of the 3 an hour.
+  const int64_t now_ns = monotonicNowNs();
+  EXPECT_GE(slice::redisLeft(slice(parts_[0]), parts_[0], now_ns), 5);
+  EXPECT_LE(slice::redisLeft(slice(parts_[0]), parts_[0], now_ns), 10);
+  EXPECT_NE(slice(parts_[1])[slice::kFlags].load() & slice::kRedisLeftKnown, 0u);
+  EXPECT_EQ(slice::redisLeft(slice(parts_[1]), parts_[1], now_ns), 0);
   for (const Rule& part : parts_) {
     EXPECT_GT(std::stoll(server_.cli({"PTTL", manager_->stateKey(part.name, "k")})), 0) << part.id;
   }

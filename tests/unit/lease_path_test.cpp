@@ -59,11 +59,14 @@ class LeasePathTest : public ::testing::Test {
     return path_.acquire(rules_, rule(name), {name, "k", cost, -1}, now_ns_, asker, &verdict_);
   }
   // What a lease reply does to the key's slice (lease_manager.cpp): units
-  // granted, and Redis's "nothing until" (0: none).
-  void reply(std::string_view name, int64_t units, int64_t deny_until_ns = 0) {
+  // granted, Redis's "nothing until" (0: none) and what Redis had left
+  // (-1: the answer is not recorded).
+  void reply(std::string_view name, int64_t units, int64_t deny_until_ns = 0,
+             int64_t redis_left = -1) {
     KeyTable::Entry* entry = keys_.find(rule(name).id, "k");
     ASSERT_NE(entry, nullptr);
     auto words = entry->state();
+    if (redis_left >= 0) slice::noteRedisLeft(words, rule(name), redis_left, now_ns_);
     words[slice::kUnits].fetch_add(static_cast<uint64_t>(units));
     words[slice::kDenyUntil].store(static_cast<uint64_t>(deny_until_ns));
     words[slice::kFlags].fetch_or(slice::kWarm);
@@ -133,6 +136,50 @@ TEST_F(LeasePathTest, AFallbackSpendIsTakenFromTheShareAndNotedByItsGroup) {
   EXPECT_EQ(verdict_.taken.cost, 2);
   EXPECT_NE(verdict_.taken.limited, nullptr);
   EXPECT_EQ(verdict_.taken.share, rules_.fallbackShare(rule("g")));
+}
+
+// Verifies an allowed answer reports the fleet's remaining as far as the
+// node can tell: the slice's units plus what Redis had left at the lease's
+// answer, plus what refilled since (10 a second: a unit per 100 ms), never
+// more than the burst; and that reset_after_ms follows from it.
+TEST_F(LeasePathTest, AnAllowedAnswerReportsTheSlicePlusWhatRedisHadLeft) {
+  ASSERT_EQ(acquire("g", 1, true), Outcome::kWaitsForLease);
+  reply("g", 3, 0, 5);
+  ASSERT_EQ(acquire("g", 1), Outcome::kAnswered);
+  EXPECT_TRUE(verdict_.decision.allowed);
+  EXPECT_EQ(verdict_.decision.remaining, 2 + 5);
+  EXPECT_EQ(verdict_.decision.reset_after_ms, 300);  // 3 units short of 10
+  now_ns_ += 250 * kMs;
+  ASSERT_EQ(acquire("g", 1), Outcome::kAnswered);
+  EXPECT_EQ(verdict_.decision.remaining, 1 + 5 + 2);
+  now_ns_ += 10 * kS;
+  ASSERT_EQ(acquire("g", 1), Outcome::kAnswered);
+  EXPECT_EQ(verdict_.decision.remaining, 10);
+  EXPECT_EQ(verdict_.decision.reset_after_ms, 0);
+}
+
+// Verifies a denial reports nothing remaining, whatever Redis had left: a
+// cost of 5 where Redis had 4 and said "nothing until t".
+TEST_F(LeasePathTest, ADenialReportsNothingRemaining) {
+  ASSERT_EQ(acquire("g", 5, true), Outcome::kWaitsForLease);
+  reply("g", 0, kStart + 300 * kMs, 4);
+  ASSERT_EQ(acquire("g", 5), Outcome::kAnswered);
+  EXPECT_FALSE(verdict_.decision.allowed);
+  EXPECT_EQ(verdict_.decision.remaining, 0);
+}
+
+// Verifies a peek on a key whose slice is spent reports what Redis had
+// left, not 0.
+TEST_F(LeasePathTest, APeekOnASpentSliceReportsWhatRedisHadLeft) {
+  ASSERT_EQ(acquire("g", 1, true), Outcome::kWaitsForLease);
+  reply("g", 1, 0, 6);
+  ASSERT_EQ(acquire("g", 1), Outcome::kAnswered);
+  EXPECT_EQ(verdict_.decision.remaining, 6);
+  Mode mode = Mode::kLocal;
+  Decision peeked = path_.look(rules_, rule("g"), "k", now_ns_, 0, &mode);
+  EXPECT_TRUE(peeked.allowed);
+  EXPECT_EQ(peeked.remaining, 6);
+  EXPECT_EQ(mode, Mode::kNormal);
 }
 
 // Verifies Redis's "nothing until t" is kept: acquires are denied here

@@ -328,6 +328,70 @@ TEST_P(LuaCrossTest, LeasingMatchesTheCppAlgorithmStepByStep) {
   EXPECT_GT(denied, 100);
 }
 
+// Verifies what a batch lease's reply says Redis has left (the daemon's
+// estimate of the fleet's remaining rests on it): a lease of up to n units
+// when at least `need` are there leaves exactly what the C++ algorithm
+// leaves after acquiring the units granted, grants all there is when it
+// grants less than n, and grants nothing, reporting what is there, when
+// the algorithm would deny `need`.
+TEST_P(LuaCrossTest, ABatchLeaseLeavesWhatTheCppAlgorithmLeavesAfterItsGrant) {
+  const CrossCase c = GetParam();
+  const int64_t period_us = c.limit.period_ns / 1000;
+  const int64_t interval_us = period_us / c.limit.limit;
+  const int64_t capacity = std::max(c.limit.burst, c.limit.limit);
+  std::mt19937_64 rng(20261127);
+  auto uniform = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+
+  uint64_t state = 0;
+  int64_t now_us = kBaseUs + 3 * kMsUs;
+  int whole = 0;
+  int partial = 0;
+  int refused = 0;
+  for (int step = 0; step < 1000; ++step) {
+    const int64_t action = uniform(0, 99);
+    if (action < 30) {
+      // The same instant again.
+    } else if (action < 60) {
+      now_us += uniform(1, 3 * interval_us);
+    } else if (action < 75) {
+      now_us += uniform(period_us / 2, 2 * period_us);
+    } else if (action < 90) {
+      now_us = (now_us / period_us + 1) * period_us + uniform(-1, 1);
+    } else {
+      now_us -= uniform(1, period_us / 2);
+    }
+    const int64_t n = uniform(1, capacity + 2);
+    const int64_t need = uniform(1, n);
+    const scripts::LeaseReply got = rate(c.script, "k", Op::kLease, n, need, c.limit, now_us, /*persist=*/true);
+    const std::string where = "step " + std::to_string(step) + " at +" + std::to_string(now_us - kBaseUs) +
+                              " us, n " + std::to_string(n) + ", need " + std::to_string(need);
+    if (got.granted == 0) {
+      uint64_t unchanged = state;
+      const Decision want = c.acquire(unchanged, c.limit, now_us * 1000, need);
+      ASSERT_FALSE(want.allowed) << where;
+      ASSERT_EQ(got.remaining, want.remaining) << where;
+      ++refused;
+      continue;
+    }
+    ASSERT_GE(got.granted, need) << where;
+    ASSERT_LE(got.granted, n) << where;
+    if (got.granted < n) {
+      uint64_t more = state;
+      ASSERT_FALSE(c.acquire(more, c.limit, now_us * 1000, got.granted + 1).allowed) << where;
+      ++partial;
+    } else {
+      ++whole;
+    }
+    const Decision want = c.acquire(state, c.limit, now_us * 1000, got.granted);
+    ASSERT_TRUE(want.allowed) << where;
+    ASSERT_EQ(got.remaining, want.remaining) << where;
+  }
+  // Each kind of answer must come up often, or the test proves little.
+  EXPECT_GT(whole, 20);
+  EXPECT_GT(partial, 20);
+  EXPECT_GT(refused, 20);
+}
+
 constexpr int64_t kMsNs = 1'000'000;
 
 INSTANTIATE_TEST_SUITE_P(

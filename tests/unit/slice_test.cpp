@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdint>
 #include <vector>
 
 #include "entry.h"
@@ -347,6 +348,110 @@ TEST_F(SliceTest, TakingBackHandsOverUnitsOfAWindowNotYetEnded) {
   slice::applyGrant(words(), 5, 1'234, 100 * kMs, false);
   EXPECT_EQ(slice::takeBack(words(), 100 * kMs).units, 0);
   EXPECT_FALSE(slice::holdsUnits(words()));
+}
+
+Rule windowRule(Algorithm algorithm, int64_t limit, int64_t period_ns) {
+  Rule rule;
+  rule.scope = Scope::kGlobal;
+  rule.algorithm = algorithm;
+  rule.limits = {Limit{.limit = limit, .period_ns = period_ns, .burst = limit}};
+  return rule;
+}
+
+// Verifies that a key knows nothing of Redis's left before a lease's answer
+// has said it, and then exactly what the answer said.
+TEST_F(SliceTest, RedisLeftIsNothingBeforeAnAnswerAndTheAnswersLeftAfterIt) {
+  const Rule bucket = bucketRule(100, 1000 * kMs, 100);  // a unit per 10 ms
+  EXPECT_EQ(slice::redisLeft(words(), bucket, 5 * kMs), 0);
+  grant(4);  // warm, but no answer recorded
+  EXPECT_EQ(slice::redisLeft(words(), bucket, 5 * kMs), 0);
+  slice::noteRedisLeft(words(), bucket, 37, 5 * kMs);
+  EXPECT_EQ(slice::redisLeft(words(), bucket, 5 * kMs), 37);
+  EXPECT_EQ(slice::redisLeft(words(), bucket, 15 * kMs - 1), 37);
+}
+
+// Verifies that a bucket's left grows by the whole units refilled since the
+// answer, at the scripts' interval, up to the burst, and never reads more
+// than the burst however far time goes.
+TEST_F(SliceTest, ABucketsLeftRefillsAtItsRateUpToTheBurst) {
+  for (Algorithm algorithm : {Algorithm::kTokenBucket, Algorithm::kGcra}) {
+    Rule bucket = bucketRule(100, 1000 * kMs, 50);
+    bucket.algorithm = algorithm;
+    std::vector<std::atomic<uint64_t>> w(slice::kWords);
+    std::span<std::atomic<uint64_t>> span(w.data(), w.size());
+    const int64_t read_ns = 3 * kInterval;
+    slice::noteRedisLeft(span, bucket, 7, read_ns);
+    EXPECT_EQ(slice::redisLeft(span, bucket, read_ns + 10 * kMs - 1), 7);
+    EXPECT_EQ(slice::redisLeft(span, bucket, read_ns + 10 * kMs), 8);
+    EXPECT_EQ(slice::redisLeft(span, bucket, read_ns + 100 * kMs), 17);
+    EXPECT_EQ(slice::redisLeft(span, bucket, read_ns + 430 * kMs), 50);
+    EXPECT_EQ(slice::redisLeft(span, bucket, INT64_MAX / 2), 50);
+    // A clock read before the answer (another worker's now) reads what it said.
+    EXPECT_EQ(slice::redisLeft(span, bucket, read_ns - 1), 6);
+    // An answer above the burst is not believed beyond it.
+    slice::noteRedisLeft(span, bucket, 1'000, read_ns);
+    EXPECT_EQ(slice::redisLeft(span, bucket, read_ns), 50);
+  }
+}
+
+// Verifies that a bucket's refill interval is the scripts' (period / limit
+// in whole µs, rounded up), so the estimate never refills faster than Redis:
+// 3 a second is a unit per 333,334 µs.
+TEST_F(SliceTest, ABucketRefillsAtTheScriptsIntervalRoundedUp) {
+  const Rule bucket = bucketRule(3, 1000 * kMs, 3);
+  slice::noteRedisLeft(words(), bucket, 0, 0);
+  EXPECT_EQ(slice::redisLeft(words(), bucket, 333'334'000 - 1), 0);
+  EXPECT_EQ(slice::redisLeft(words(), bucket, 333'334'000), 1);
+  EXPECT_EQ(slice::redisLeft(words(), bucket, 3 * 333'334'000 - 1), 2);
+}
+
+// Verifies that a window's left does not refill, and counts only while the
+// slice's window lasts (kExpires): after it, or before any grant, nothing.
+TEST_F(SliceTest, AWindowsLeftCountsUntilItsWindowEnds) {
+  for (Algorithm algorithm : {Algorithm::kFixedWindow, Algorithm::kSlidingWindow}) {
+    const Rule window = windowRule(algorithm, 100, 1000 * kMs);
+    std::vector<std::atomic<uint64_t>> w(slice::kWords);
+    std::span<std::atomic<uint64_t>> span(w.data(), w.size());
+    slice::noteRedisLeft(span, window, 40, 10 * kMs);
+    EXPECT_EQ(slice::redisLeft(span, window, 10 * kMs), 0);  // no window yet
+    slice::applyGrant(span, 5, 7'000, 500 * kMs, true);
+    EXPECT_EQ(slice::redisLeft(span, window, 10 * kMs), 40);
+    EXPECT_EQ(slice::redisLeft(span, window, 500 * kMs - 1), 40);
+    EXPECT_EQ(slice::redisLeft(span, window, 500 * kMs), 0);
+    slice::noteRedisLeft(span, window, 140, 20 * kMs);
+    EXPECT_EQ(slice::redisLeft(span, window, 20 * kMs), 100);  // never above the limit
+  }
+}
+
+// Verifies that Redis's left shares the flags word without disturbing its
+// bits (in flight, warm, roomy, the line, the boost) or being disturbed by
+// them.
+TEST_F(SliceTest, RedisLeftSharesTheFlagsWordWithTheOtherFlags) {
+  const Rule window = windowRule(Algorithm::kFixedWindow, 0xFFFFFFFFLL, 1000 * kMs);
+  slice::applyGrant(words(), 5, 7'000, 500 * kMs, true);
+  ASSERT_EQ(slice::take(words(), 1 * kMs, 5).outcome, slice::Outcome::kTaken);
+  EXPECT_EQ(slice::take(words(), 1 * kMs, 1).outcome, slice::Outcome::kEmpty);  // claims
+  slice::markLine(words());
+  const uint64_t before = flags();
+  slice::noteRedisLeft(words(), window, 0xFFFFFFFFLL, 2 * kMs);  // the largest window limit
+  EXPECT_EQ(flags() & 0xFFF, (before & 0xFFF) | slice::kRedisLeftKnown);
+  EXPECT_EQ(slice::redisLeft(words(), window, 3 * kMs), 0xFFFFFFFFLL);
+  slice::clearLine(words());
+  slice::unclaim(words());
+  slice::noteGrant(words(), 1, 100);
+  slice::nextBatch(words(), 4 * kMs, 1, window, 2, kInterval);
+  EXPECT_EQ(slice::redisLeft(words(), window, 4 * kMs), 0xFFFFFFFFLL);
+  EXPECT_NE(flags() & slice::kWarm, 0u);
+  EXPECT_EQ(flags() & (slice::kInFlight | slice::kLine), 0u);
+}
+
+// Verifies that forgetting a key forgets what Redis had left too.
+TEST_F(SliceTest, ForgettingAKeyForgetsRedisLeft) {
+  const Rule bucket = bucketRule(100, 1000 * kMs, 100);
+  slice::noteRedisLeft(words(), bucket, 60, 0);
+  slice::forget(words());
+  EXPECT_EQ(slice::redisLeft(words(), bucket, 0), 0);
+  EXPECT_EQ(slice::redisLeft(words(), bucket, 1000 * kMs), 0);
 }
 
 // Verifies the line mark: set and cleared only through markLine/clearLine.
