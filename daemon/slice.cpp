@@ -257,6 +257,8 @@ bool lineMarked(ConstWords words) {
 
 bool holdsUnits(ConstWords words) { return load(words, kUnits) > 0; }
 
+int64_t heldUnits(ConstWords words, int64_t now_ns) { return std::max<int64_t>(spendable(words, now_ns), 0); }
+
 Taken takeBack(Words words, int64_t now_ns) {
   int64_t expires = load(words, kExpires);
   auto units = static_cast<int64_t>(words[kUnits].exchange(0, std::memory_order_acq_rel));

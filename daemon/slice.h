@@ -222,6 +222,11 @@ bool lineMarked(ConstWords words);
 // Whether the slice holds units (an evicted key gives them back).
 bool holdsUnits(ConstWords words);
 
+// The units the slice holds that may still be spent at now_ns: none once
+// their window (or a stamped lease's period) has ended. For the overshoot
+// bound (overshoot.h).
+int64_t heldUnits(ConstWords words, int64_t now_ns);
+
 // Takes every unit out of the slice to give back to Redis: {units,
 // lease_now_ms}; units 0 when none were held or their window has ended at
 // now_ns (a window that is over counts nothing back).

@@ -98,19 +98,21 @@ class SlidingLogFleetTest(DaemonPairCase):
         self.assertTrue(wait_for(
             lambda: a.client.result("health")["leased_units"] > 0 or
             self.spend(a, "hourly", "k", 1) == 0, 5))
-        spent = a.client.result("stats")["rules"]["hourly"]["allowed"]["normal"]
+        stats = a.client.result("stats")
+        spent = stats["rules"]["hourly"]["allowed"]["normal"]
         held = a.client.result("health")["leased_units"]
         print("\nhourly: %d spent, %d leased and unspent at the stop" % (spent, held))
         self.assertEqual(self.logged("hourly", "k"), spent + held)
+        # The units held are the node's overshoot bound on the rule.
+        self.assertEqual(stats["overshoot_bound"], {"log": 0, "hourly": held})
         a.terminate()
         self.assertEqual(self.logged("hourly", "k"), spent)
         self.assertEqual(self.spend(b, "hourly", "k", 10), 6 - spent)
 
     # Verifies the fleet stays within the limit in every window of one
     # period while both daemons ask at once, well over the limit, for a few
-    # periods: at most LIMIT plus the units the daemons held leased and
-    # unspent (the overshoot bound), and close to LIMIT in the windows that
-    # follow a full one. Answers are timed at the client, after the daemon
+    # periods: at most LIMIT plus the fleet's overshoot bound (the sum of
+    # the daemons' `stats`, the units they held leased and unspent). Answers are timed at the client, after the daemon
     # decided, so a window here may hold a unit or two a daemon admitted
     # just before it.
     def test_fleet_stays_within_the_limit_in_every_window(self):
@@ -134,7 +136,8 @@ class SlidingLogFleetTest(DaemonPairCase):
         for thread in threads:
             thread.start()
         while any(t.is_alive() for t in threads):
-            bound[0] = max(bound[0], sum(w.result("health")["leased_units"] for w in watchers))
+            bound[0] = max(bound[0], sum(w.result("stats")["overshoot_bound"]["log"]
+                                         for w in watchers))
             time.sleep(0.05)
         for thread in threads:
             thread.join()
@@ -144,7 +147,7 @@ class SlidingLogFleetTest(DaemonPairCase):
         most = max(sum(1 for t in admitted if start <= t < start + PERIOD_S)
                    for start in admitted)
         print("\nlog: %d and %d admitted in %.0f s; at most %d in a window of %.0f s "
-              "(limit %d, units held leased at most %d)"
+              "(limit %d, the fleet's overshoot bound at most %d)"
               % (len(times[0]), len(times[1]), 4 * PERIOD_S, most, PERIOD_S, LIMIT, bound[0]))
         self.assertEqual(modes, {"normal"})
         self.assertLessEqual(most, LIMIT + bound[0] + 2)
@@ -153,12 +156,18 @@ class SlidingLogFleetTest(DaemonPairCase):
         self.assertGreater(min(len(times[0]), len(times[1])), 0)
 
     # Verifies the fallback: with Redis gone each daemon decides on its
-    # share of the log (half the limit, mode "fallback").
+    # share of the log (half the limit, mode "fallback"), and its overshoot
+    # bound is that share (it holds no leased units).
     def test_redis_down_falls_back_to_the_share(self):
+        for daemon in self.daemons:
+            self.assertEqual(daemon.client.result("stats")["overshoot_bound"],
+                             {"log": 0, "hourly": 0})
         self.redis.kill()
         for daemon in self.daemons:
             self.assertTrue(wait_for(
                 lambda: daemon.client.result("health")["breaker"] == "open", 5))
+            self.assertEqual(daemon.client.result("stats")["overshoot_bound"],
+                             {"log": 10, "hourly": 3})
             self.assertEqual(self.spend(daemon, "hourly", "down", 6, mode="fallback"), 3)
 
 
