@@ -26,7 +26,8 @@
 //    uncontended key then costs Redis one lease per 16 intervals instead of
 //    one per interval, which is what lets 10,000 busy keys lease at all; a
 //    contended one leases small batches, so no node sits on units another
-//    needs.
+//    needs. A key whose leases are stamped (sliding_log) never boosts: the
+//    units its slice holds are its overshoot bound (overshoot.h).
 //
 // Invariant: no file but slice.cpp and holding.cpp reads or writes these
 // words by index; everyone else goes through the functions below.
