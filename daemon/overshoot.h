@@ -12,12 +12,14 @@
 //    leased units were charged when leased, and a window's may be spent
 //    only in the window that counted them: none escape;
 //  - while the breaker is not closed, the fallback budget of the rule's
-//    on_redis_down: "local" admits up to its share's capacity (limit / N,
-//    burst / N) that Redis never counts when the other nodes lease on (a
-//    node cut off alone), "closed" nothing, "open" without bound;
+//    on_redis_down: "local" admits up to what its share (limit / N,
+//    burst / N) admits in a span of one period, which Redis never counts
+//    when the other nodes lease on (a node cut off alone): a bucket's
+//    burst and a period's refill, a window's limit twice (a span straddles
+//    two windows), a log's limit; "closed" nothing; "open" without bound;
 //  - while the rule learns (breaker.h: Redis came back without the fleet's
-//    state), the share's capacity again: what the node admitted in the
-//    window before the state was lost, which a fresh state grants anew.
+//    state), that share again: what the node admitted in the period
+//    before the state was lost, which a fresh state grants anew.
 // A rule of several limits reports the largest of its limits' bounds, each
 // in its own limit's units.
 //

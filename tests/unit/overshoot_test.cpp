@@ -67,12 +67,15 @@ TEST(OvershootBound, ASlidingLogOwesTheUnitsItHoldsLeased) {
 }
 
 // Verifies the fallback budget by on_redis_down while the breaker is not
-// closed: "local" adds the share's capacity (its burst for a bucket),
-// "closed" nothing, "open" has no bound.
+// closed: "local" adds what the share admits in a span of one period (a
+// bucket's burst and a period's refill, a window's limit twice, a log's
+// limit), "closed" nothing, "open" has no bound.
 TEST(OvershootBound, FallbackAddsThePolicysBudget) {
   const OvershootInput down{.leasing = false, .learning = false, .held_units = 3};
   const Rule bucket = globalRule(Algorithm::kTokenBucket, {100, kSecondNs, 40});
-  EXPECT_EQ(overshootBound(bucket, shareOf(bucket, 4), down), 10);
+  EXPECT_EQ(overshootBound(bucket, shareOf(bucket, 4), down), 10 + 25);
+  const Rule window = globalRule(Algorithm::kFixedWindow, {100, kSecondNs, 100});
+  EXPECT_EQ(overshootBound(window, shareOf(window, 4), down), 2 * 25);
   const Rule log = globalRule(Algorithm::kSlidingLog, {20, 2 * kSecondNs, 20});
   EXPECT_EQ(overshootBound(log, shareOf(log, 4), down), 3 + 5);
   const Rule closed = globalRule(Algorithm::kSlidingLog, {20, 2 * kSecondNs, 20}, RedisDownPolicy::kClosed);
@@ -87,14 +90,14 @@ TEST(OvershootBound, FallbackAddsThePolicysBudget) {
 TEST(OvershootBound, LearningAddsTheShareWhileLeasing) {
   const Rule rule = globalRule(Algorithm::kFixedWindow, {90, kSecondNs, 90});
   const Rule share = shareOf(rule, 3);
-  EXPECT_EQ(overshootBound(rule, share, {.leasing = true, .learning = true, .held_units = 0}), 30);
-  EXPECT_EQ(overshootBound(rule, share, {.leasing = false, .learning = true, .held_units = 0}), 30);
+  EXPECT_EQ(overshootBound(rule, share, {.leasing = true, .learning = true, .held_units = 0}), 2 * 30);
+  EXPECT_EQ(overshootBound(rule, share, {.leasing = false, .learning = true, .held_units = 0}), 2 * 30);
 }
 
 // Verifies that a rule of several limits reports the largest share among
 // its limits, and that the bound follows N: more nodes, smaller shares.
 TEST(OvershootBound, SeveralLimitsReportTheLargestShareAndFollowN) {
-  Rule rule = globalRule(Algorithm::kTokenBucket, {10, kSecondNs, 10});
+  Rule rule = globalRule(Algorithm::kSlidingLog, {10, kSecondNs, 10});
   rule.limits.push_back({600, 60 * kSecondNs, 600});
   const OvershootInput down{.leasing = false, .learning = false, .held_units = 0};
   EXPECT_EQ(overshootBound(rule, shareOf(rule, 2), down), 300);
