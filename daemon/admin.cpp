@@ -152,7 +152,7 @@ void Admin::writeStats(rpc::MsgId msgid, std::string* out) {
   LeaseStats leases = status_.leaseStats();
   rpc::writeResultHeader(out, msgid);
   msgpack::Writer w(out);
-  w.writeMapHeader(14);
+  w.writeMapHeader(15);
   w.writeStr("leases");
   std::pair<std::string_view, uint64_t> lease_fields[] = {
       {"requested", leases.requested},
@@ -225,6 +225,19 @@ void Admin::writeStats(rpc::MsgId msgid, std::string* out) {
     writeNonZeroModes(w, rule.allowed);
     w.writeStr("denied");
     writeNonZeroModes(w, rule.denied);
+  }
+  // Every global rule, whether it decided or not: an idle rule's bound is
+  // part of the fleet's sum too. nil: no bound.
+  std::vector<RuleOvershoot> bounds = status_.overshootBounds();
+  w.writeStr("overshoot_bound");
+  w.writeMapHeader(static_cast<uint32_t>(bounds.size()));
+  for (const RuleOvershoot& bound : bounds) {
+    w.writeStr(bound.name);
+    if (bound.units) {
+      w.writeInt(*bound.units);
+    } else {
+      w.writeNil();
+    }
   }
   w.writeStr("errors");
   w.writeMapHeader(kErrorCodes);

@@ -76,6 +76,12 @@ struct AlgorithmTraits {
   // through `lease_script` (lease.h); such a rule can share a penalty block,
   // and a global rule of several limits is split into parts that lease each.
   bool leases_slice;
+  // A leased unit enters the global state stamped with the lease's time (a
+  // log's entry), not with the time it is spent: it leaves the state one
+  // period after its lease, so it may be spent only within that period, and
+  // the units a node holds leased are overshoot it can cause (docs/design.md,
+  // "The sliding log in Redis").
+  bool stamps_lease = false;
   // The file in lua/ that leases this algorithm's units (a slice, or held
   // units for concurrency); "" when a global rule of it leases nothing and
   // is decided on the node's share at all times.
@@ -103,7 +109,7 @@ inline constexpr std::array<AlgorithmTraits, kAlgorithmCount> kAlgorithmTraits =
      .lease_script = "sliding_window.lua"},
     {.algorithm = Algorithm::kSlidingLog, .name = "sliding_log", .state = StateShape::kWordPerUnit,
      .max_limit = 1000, .burst = false, .waits = false, .refills = false, .windowed = false,
-     .holds = false, .leases_slice = false, .lease_script = "",
+     .holds = false, .leases_slice = true, .stamps_lease = true, .lease_script = "sliding_log.lua",
      .for_larger_limits = "sliding_window"},
     {.algorithm = Algorithm::kConcurrency, .name = "concurrency", .state = StateShape::kWordPerUnit,
      .max_limit = 1000, .burst = false, .waits = false, .refills = false, .windowed = false,
@@ -127,6 +133,7 @@ constexpr bool rowsInEnumOrder() {
     // What the other columns imply: a slice is leased by a script; waiting
     // draws a bucket ahead; a held unit is in a slot of its own.
     if (row.leases_slice && row.lease_script.empty()) return false;
+    if (row.stamps_lease && (!row.leases_slice || row.windowed)) return false;
     if (row.waits && !row.refills) return false;
     if (row.holds && row.state != StateShape::kWordPerUnit) return false;
     if (!row.for_larger_limits.empty()) {

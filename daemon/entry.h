@@ -25,11 +25,11 @@
 namespace sluice {
 
 // Whether a rule's keys lease a slice from Redis: a global rule with one
-// limit whose algorithm has a rate lease script (token bucket, GCRA and the
-// windows). A global concurrency rule of one limit leases a holding instead
-// (leasesHolding, holding.h). A global rate rule of several limits leases
-// through its parts (RuleSet::parts), each a leasable rule of one limit.
-// Other global rules (sliding_log) always decide on the node's share.
+// limit whose algorithm has a rate lease script (token bucket, GCRA, the
+// windows and the sliding log). A global concurrency rule of one limit leases
+// a holding instead (leasesHolding, holding.h). A global rate rule of several
+// limits leases through its parts (RuleSet::parts), each a leasable rule of
+// one limit.
 bool leasable(const Rule& rule);
 bool leasesHolding(const Rule& rule);
 

@@ -276,6 +276,12 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, const Rule& rule,
       new_window = scripts::leaseWindow(slice::leaseNowMs(words), limit) !=
                    scripts::leaseWindow(reply->now_ms, limit);
       expires_ns = now_ns + (window_end_ms - reply->now_ms) * 1'000'000;
+    } else if (algorithmTraits(rule.algorithm).stamps_lease) {
+      // The units entered the log stamped at the lease and leave it one
+      // period later: spent after that they would count nowhere. A grant
+      // extends the slice's older units too; the overshoot bound counts
+      // every unit held (docs/design.md, "The sliding log in Redis").
+      expires_ns = now_ns + limit.period_ns;
     }
     slice::applyGrant(words, reply->granted, reply->now_ms, expires_ns, new_window);
   });
@@ -304,7 +310,8 @@ void LeaseManager::sendReturn(const Rule& rule, std::string_view key, int64_t un
                               int64_t lease_now_ms, int64_t timeout_ms,
                               std::function<void()> done) {
   const Limit& limit = rule.limits.front();
-  callScript(rule, key, scripts::returnArgv(units, limit, scripts::leaseWindow(lease_now_ms, limit)),
+  callScript(rule, key,
+             scripts::returnArgv(units, limit, scripts::returnMark(lease_now_ms, rule.algorithm, limit)),
              timeout_ms, [this, units, done](const RedisResult& result) {
                if (result.status == RedisStatus::kOk) {
                  context_.broker->counters().returned_units.fetch_add(

@@ -4,7 +4,7 @@
 // Which path decides a configured rule's request (route): a local rule
 // decides on its key's own state (the limiter); a global rule that is not
 // deciding on leases right now (Redis down, the key's lease failed or was
-// late, or the rule has no lease form) answers as its on_redis_down policy
+// late) answers as its on_redis_down policy
 // says: "local" decides on the rule's fallback share (RuleSet::fallbackShare)
 // in mode fallback, "open" allows and "closed" denies without state. A
 // shadow rule reports mode shadow whatever decided it. A key blocked by its

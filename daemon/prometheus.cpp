@@ -5,7 +5,9 @@
 #include <microhttpd.h>
 #include <netinet/in.h>
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <string_view>
 
 #include "config.h"
@@ -62,9 +64,13 @@ class Writer {
       out_ += '}';
     }
     out_ += ' ';
-    char number[32];
-    std::snprintf(number, sizeof(number), "%.12g", value);
-    out_ += number;
+    if (std::isinf(value)) {
+      out_ += value > 0 ? "+Inf" : "-Inf";  // the format's spelling, not printf's
+    } else {
+      char number[32];
+      std::snprintf(number, sizeof(number), "%.12g", value);
+      out_ += number;
+    }
     out_ += '\n';
   }
   void sample(std::string_view name, std::string_view labels, uint64_t value) {
@@ -238,6 +244,13 @@ std::string renderPrometheus(const MetricsView& view) {
              static_cast<double>(l.renewed));
     w.single("sluice_leased_units", "gauge", "Leased units this node holds and has not spent.",
              static_cast<double>(h.leased_units));
+    w.family("sluice_overshoot_bound_units", "gauge",
+             "The most this node could admit on one key of a global rule beyond its fair part "
+             "of the limit now, by rule (+Inf: no bound); sum it over the fleet.");
+    for (const RuleOvershoot& rule : view.overshoot) {
+      w.sample("sluice_overshoot_bound_units", "rule=\"" + escape(rule.name) + "\"",
+               rule.units ? static_cast<double>(*rule.units) : std::numeric_limits<double>::infinity());
+    }
     w.histogram("sluice_lease_duration_seconds", "Round trip of a lease script to Redis.",
                 view.lease_latency);
     w.single("sluice_lease_deferred_total", "counter", "Requests that waited for a lease.",

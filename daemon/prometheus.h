@@ -34,6 +34,7 @@ struct MetricsView {
   std::optional<RedisHealth> redis;
   LeaseStats leases;
   HistogramSnapshot lease_latency;
+  std::vector<RuleOvershoot> overshoot;  // DaemonStatus::overshootBounds
 };
 
 std::string renderPrometheus(const MetricsView& view);

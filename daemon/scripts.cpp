@@ -14,11 +14,12 @@ namespace {
 // kLua_<name>: lua/<name>.lua's bytes, written by daemon/embed_lua.cmake.
 #include "lua_sources.inc"
 
-constexpr std::array<ScriptSource, 7> kScripts = {{
+constexpr std::array<ScriptSource, 8> kScripts = {{
     {Script::kTokenBucket, "token_bucket.lua", kLua_token_bucket},
     {Script::kGcra, "gcra.lua", kLua_gcra},
     {Script::kFixedWindow, "fixed_window.lua", kLua_fixed_window},
     {Script::kSlidingWindow, "sliding_window.lua", kLua_sliding_window},
+    {Script::kSlidingLog, "sliding_log.lua", kLua_sliding_log},
     {Script::kConcurrency, "concurrency.lua", kLua_concurrency},
     {Script::kHeartbeat, "heartbeat.lua", kLua_heartbeat},
     {Script::kPenalty, "penalty.lua", kLua_penalty},
@@ -137,6 +138,10 @@ std::vector<std::string> returnArgv(int64_t n, const Limit& limit, int64_t lease
   argv.push_back(std::to_string(lease_window));
   appendCalendar(&argv, limit, now_us);
   return argv;
+}
+
+int64_t returnMark(int64_t lease_now_ms, Algorithm algorithm, const Limit& limit) {
+  return algorithmTraits(algorithm).stamps_lease ? lease_now_ms : leaseWindow(lease_now_ms, limit);
 }
 
 std::vector<std::string> concurrencyArgv(Op op, int64_t n, int64_t need, const Limit& limit, int64_t lease_ttl_ms,

@@ -34,6 +34,7 @@ enum class Script {
   kGcra,           // lua/gcra.lua
   kFixedWindow,    // lua/fixed_window.lua
   kSlidingWindow,  // lua/sliding_window.lua
+  kSlidingLog,     // lua/sliding_log.lua
   kConcurrency,    // lua/concurrency.lua
   kHeartbeat,      // lua/heartbeat.lua
   kPenalty,        // lua/penalty.lua
@@ -71,7 +72,7 @@ std::optional<Script> forAlgorithm(Algorithm algorithm);
 enum class Op { kLease, kReturn, kDebit, kPeek, kRenew };
 std::string_view opName(Op op);
 
-// ARGV of token_bucket, gcra, fixed_window and sliding_window:
+// ARGV of token_bucket, gcra, fixed_window, sliding_window and sliding_log:
 // {op, n, need, limit, period_ms, burst, now_us}. period_ms is
 // limit.period_ns in whole ms, rounded up (config periods are whole ms).
 // need is 1..n for kLease, 0..burst for kPeek and the span in ms for
@@ -105,12 +106,20 @@ int64_t leaseWindowEndMs(int64_t lease_now_ms, const Limit& limit);
 std::vector<std::string> leaseArgv(int64_t n, int64_t need, const Limit& limit, int64_t deadline_us);
 
 // ARGV of a kReturn on any rate script: {"return", n, "0", limit, period_ms,
-// burst, now_us, lease_window}, lease_window from leaseWindow. fixed_window
-// lowers its count only when lease_window is its stored, still current
-// window; sliding_window lowers cur for the current window, prev for the
-// previous one and ignores anything older; neither goes below 0. The
-// buckets ignore lease_window.
+// burst, now_us, lease_window}, lease_window from leaseWindow (returnMark
+// gives each algorithm's). fixed_window lowers its count only when
+// lease_window is its stored, still current window; sliding_window lowers
+// cur for the current window, prev for the previous one and ignores anything
+// older; neither goes below 0. The buckets ignore lease_window; sliding_log
+// takes the lease's now_ms there and removes the newest entries of that ms
+// or before.
 std::vector<std::string> returnArgv(int64_t n, const Limit& limit, int64_t lease_window, int64_t now_us = 0);
+
+// What a return of units leased at lease_now_ms (Redis's clock) passes as
+// returnArgv's lease_window for a rule of `algorithm`: the lease's now_ms
+// itself for an algorithm whose leases are stamped (sliding_log: its units
+// are entries of that ms), else leaseWindow(lease_now_ms, limit).
+int64_t returnMark(int64_t lease_now_ms, Algorithm algorithm, const Limit& limit);
 
 // ARGV of concurrency: {op, n, need, limit, lease_ttl_ms, node_id, now_us}.
 // lease_ttl_ms is how long the node's holding lives unless renewed (not

@@ -14,13 +14,16 @@
 #include <algorithm>
 #include <cstring>
 #include <thread>
+#include <unordered_map>
 
 #include <spdlog/spdlog.h>
 
 #include "calendar.h"
+#include "entry.h"
 #include "holding.h"
 #include "limiter.h"
 #include "penalty.h"
+#include "slice.h"
 #include "systemd.h"
 #include "uv_handles.h"
 
@@ -208,6 +211,45 @@ RedisHealth Server::redisHealth() const {
     health.clock_offset_ms = (wall_us >= 0 ? wall_us + 500 : wall_us - 500) / 1000;
   }
   return health;
+}
+
+std::vector<RuleOvershoot> Server::overshootBounds() const {
+  std::vector<RuleOvershoot> bounds;
+  RuleSetPtr rules = rules_.load(std::memory_order_acquire);
+  if (!control_ || !rules) return bounds;
+  int64_t now_ns = clock_ns_();
+  auto stamped = [](const Rule& rule) {
+    return leasable(rule) && algorithmTraits(rule.algorithm).stamps_lease;
+  };
+  // The most units one key holds leased, by configured rule id: a walk of
+  // the key table, only when some rule's leases are stamped (the others'
+  // held units do not count).
+  std::unordered_map<uint32_t, int64_t> held;
+  bool any_stamped = false;
+  for (const Rule& rule : rules->rules()) {
+    any_stamped = any_stamped || stamped(rule) ||
+                  std::any_of(rules->parts(rule).begin(), rules->parts(rule).end(), stamped);
+  }
+  if (any_stamped) {
+    keys_->visit([&](KeyTable::Entry& entry) {
+      const Rule* rule = rules->findById(entry.ruleId());
+      if (rule == nullptr || !stamped(*rule) || entry.state().size() != entryWords(*rule)) return;
+      int64_t& most = held[entry.ruleId() & kRuleIdMask];
+      most = std::max(most, slice::heldUnits(entry.state(), now_ns));
+    });
+  }
+  for (const Rule& rule : rules->rules()) {
+    const Rule* share = rules->fallbackShare(rule);
+    if (share == nullptr) continue;
+    bool learning = broker_->learning(rule, now_ns);
+    for (const Rule& part : rules->parts(rule)) learning = learning || broker_->learning(part, now_ns);
+    auto found = held.find(rule.id);
+    OvershootInput input{.leasing = broker_->leasing(),
+                         .learning = learning,
+                         .held_units = found != held.end() ? found->second : 0};
+    bounds.push_back({rule.name, overshootBound(rule, *share, input)});
+  }
+  return bounds;
 }
 
 LeaseStats Server::leaseStats() const {
@@ -796,6 +838,7 @@ MetricsView Server::metricsView() const {
     view.redis = redisHealth();
     view.leases = leaseStats();
     view.lease_latency = leaseLatency();
+    view.overshoot = overshootBounds();
   }
   return view;
 }

@@ -74,6 +74,7 @@ class Server : public DaemonStatus {
   LeaseStats leaseStats() const override;
   std::vector<RuleSnapshot> ruleMetrics() const override { return metrics_.ruleSnapshots(); }
   HistogramSnapshot leaseLatency() const override;
+  std::vector<RuleOvershoot> overshootBounds() const override;
   bool reload(std::string* error) override;
 
  private:

@@ -180,6 +180,10 @@ Batch nextBatch(Words words, int64_t now_ns, int64_t cost,
   uint64_t flags = words[kFlags].load(std::memory_order_acquire);
   int boost = static_cast<int>((flags & kBoostMask) >> kBoostShift);
   boost = (flags & kRoomy) != 0 ? std::min(boost + 1, kMaxBoost) : 0;
+  // A stamped lease's units count from the lease, not from their spending:
+  // the longer a slice holds them, the more they may overshoot
+  // (overshoot.h), so such a key leases one interval of demand at a time.
+  if (algorithmTraits(rule.algorithm).stamps_lease) boost = 0;
   words[kFlags].fetch_and(~kBoostMask, std::memory_order_acq_rel);
   words[kFlags].fetch_or(static_cast<uint64_t>(boost) << kBoostShift, std::memory_order_acq_rel);
   Batch batch;
@@ -317,6 +321,8 @@ bool lineMarked(ConstWords words) {
 }
 
 bool holdsUnits(ConstWords words) { return load(words, kUnits) > 0; }
+
+int64_t heldUnits(ConstWords words, int64_t now_ns) { return std::max<int64_t>(spendable(words, now_ns), 0); }
 
 Taken takeBack(Words words, int64_t now_ns) {
   int64_t expires = load(words, kExpires);

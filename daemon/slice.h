@@ -26,7 +26,8 @@
 //    uncontended key then costs Redis one lease per 16 intervals instead of
 //    one per interval, which is what lets 10,000 busy keys lease at all; a
 //    contended one leases small batches, so no node sits on units another
-//    needs.
+//    needs. A key whose leases are stamped (sliding_log) never boosts: the
+//    units its slice holds are its overshoot bound (overshoot.h).
 //  - Every lease's answer also says what Redis had left after it; the slice
 //    keeps that in the spare bits of kFlags (kRedisLeftShift), so that a
 //    decision can report the fleet's remaining, not only this node's units
@@ -253,6 +254,11 @@ bool lineMarked(ConstWords words);
 
 // Whether the slice holds units (an evicted key gives them back).
 bool holdsUnits(ConstWords words);
+
+// The units the slice holds that may still be spent at now_ns: none once
+// their window (or a stamped lease's period) has ended. For the overshoot
+// bound (overshoot.h).
+int64_t heldUnits(ConstWords words, int64_t now_ns);
 
 // Takes every unit out of the slice to give back to Redis: {units,
 // lease_now_ms}; units 0 when none were held or their window has ended at

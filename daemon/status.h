@@ -14,6 +14,7 @@
 #include "breaker.h"
 #include "lease.h"
 #include "metrics.h"
+#include "overshoot.h"
 
 namespace sluice {
 
@@ -57,6 +58,9 @@ class DaemonStatus {
   virtual LeaseStats leaseStats() const = 0;
   // Decisions of each rule, summed over workers.
   virtual std::vector<RuleSnapshot> ruleMetrics() const = 0;
+  // The overshoot bound of each configured global rule (overshoot.h), in
+  // the rule set's order; empty without Redis.
+  virtual std::vector<RuleOvershoot> overshootBounds() const { return {}; }
   // Round trips of lease scripts to Redis (empty without Redis).
   virtual HistogramSnapshot leaseLatency() const = 0;
   // Re-reads the config file and installs its rules on every worker. Returns

@@ -56,7 +56,7 @@ scope = "global"
 # For each algorithm with a rate lease script, a rule whose first limit binds
 # and one whose second does: one daemon alone spends exactly the binding
 # limit, where its share of it would be half.
-ALGORITHMS = ("token_bucket", "gcra", "fixed_window", "sliding_window")
+ALGORITHMS = ("token_bucket", "gcra", "fixed_window", "sliding_window", "sliding_log")
 BINDING = "".join("""
 [[rule]]
 name = "{algorithm}-first"

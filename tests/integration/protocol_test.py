@@ -539,10 +539,9 @@ limit = 1000000000
 period = "1s"
 scope = "global"
 
-# sliding_log has no lease form: a global sliding_log rule always decides on
-# the node's share, which shows the share following N.
+# Its fallback share (limit / N) shows the share following N.
 [[rule]]
-name = "share_only"
+name = "share"
 algorithm = "sliding_log"
 limit = 8
 period = "1h"
@@ -607,36 +606,41 @@ class RedisHealthTest(RedisCase):
         self.assertEqual(health["nodes"], 1)  # the last known N stays
         self.assertEqual(client.result("acquire", "shared", "k")["mode"], "fallback")
 
-    # Verifies the fallback share follows N: two daemons on one Redis with
-    # expected_nodes 1 each give a global rule of limit 8 a share of 4 once
-    # both heartbeat, and 8 again once one stops gracefully (it leaves). The
-    # rule is one that always decides on its share (no lease form).
+    # Verifies the fallback share follows the live N: three daemons on one
+    # Redis with expected_nodes 1 each heartbeat, one stops gracefully (it
+    # leaves), and once Redis is gone a global rule of limit 8 gives each of
+    # the two left a share of 4 (mode "fallback"), which a reload keeps.
     def test_fallback_share_follows_live_nodes(self):
         first, a = self.start_daemon()
         second, b = self.start_daemon()
+        third, c = self.start_daemon()
+
+        def logs():
+            return first.logs() + second.logs() + third.logs()
+        for client in (a, b, c):
+            self.assertTrue(wait_for(lambda: client.result("health")["nodes"] == 3, 5), logs())
+        third.proc.send_signal(signal.SIGTERM)
+        self.assertEqual(third.proc.wait(timeout=5), 0, third.logs())
         for client in (a, b):
-            self.assertTrue(wait_for(lambda: client.result("health")["nodes"] == 2, 5),
-                            first.logs() + second.logs())
+            self.assertTrue(wait_for(lambda: client.result("health")["nodes"] == 2, 2), logs())
+        self.assertEqual(self.redis.command("ZCARD", "sluice:members"), 2)
+
+        self.redis.kill()
         for client in (a, b):
-            # Health publishes N a moment before the workers get the rebuilt
-            # rule set; peek spends nothing.
+            self.assertTrue(wait_for(lambda: client.result("health")["breaker"] == "open", 2),
+                            logs())
+            # Peek spends nothing.
             self.assertTrue(wait_for(
-                lambda: client.result("peek", "share_only", "four")["limit"] == 4, 2))
-            results = [client.result("acquire", "share_only", "four") for _ in range(10)]
+                lambda: client.result("peek", "share", "four")["limit"] == 4, 2))
+            results = [client.result("acquire", "share", "four") for _ in range(10)]
             self.assertEqual(results[0]["limit"], 4)
             self.assertEqual(sum(r["allowed"] for r in results), 4)
             self.assertTrue(all(r["mode"] == "fallback" for r in results))
 
         # A reload rebuilds the rules from the file (expected_nodes 1) but
-        # keeps dividing by the live N.
+        # keeps dividing by the last live N.
         self.assertEqual(a.result("reload"), {"reloaded": True})
-        self.assertEqual(a.result("peek", "share_only", "four")["limit"], 4)
-
-        second.proc.send_signal(signal.SIGTERM)
-        self.assertEqual(second.proc.wait(timeout=5), 0, second.logs())
-        self.assertTrue(wait_for(lambda: a.result("health")["nodes"] == 1, 2), first.logs())
-        self.assertTrue(wait_for(lambda: a.result("peek", "share_only", "eight")["limit"] == 8, 2))
-        self.assertEqual(self.redis.command("ZCARD", "sluice:members"), 1)
+        self.assertEqual(a.result("peek", "share", "four")["limit"], 4)
 
 
 class LeasingTest(RedisCase):

@@ -746,10 +746,6 @@ const Refusal kRefusals[] = {
      "[[rule]]\nname = \"r\"\nlimit = 5\nperiod = \"1s\"\n"
      "penalty = { denials = 3, window = \"2d\", block = \"1m\" }\n",
      "5:35", "penalty window \"2d\" is out of range; write a duration from \"1ms\" to \"1d\""},
-    {"penalty_on_global_rule_that_does_not_lease",
-     "[redis]\n[[rule]]\nname = \"r\"\nalgorithm = \"sliding_log\"\nlimit = 5\nperiod = \"1s\"\n"
-     "scope = \"global\"\npenalty = { denials = 3, window = \"1m\", block = \"1m\" }\n",
-     "8:11", "penalty on a global rule needs one of one limit that leases from Redis"},
     {"penalty_on_global_rule_of_several_limits",
      "[redis]\n[[rule]]\nname = \"r\"\nlimits = [{ limit = 5, period = \"1s\" }, "
      "{ limit = 50, period = \"1m\" }]\nscope = \"global\"\n"

@@ -23,12 +23,10 @@ TEST(LeasableTest, OnlySingleLimitRateRulesLease) {
   rule.scope = Scope::kGlobal;
   rule.limits = {Limit{.limit = 10, .period_ns = 1'000 * kMs, .burst = 20}};
   for (Algorithm algorithm : {Algorithm::kTokenBucket, Algorithm::kGcra, Algorithm::kFixedWindow,
-                              Algorithm::kSlidingWindow}) {
+                              Algorithm::kSlidingWindow, Algorithm::kSlidingLog}) {
     rule.algorithm = algorithm;
     EXPECT_TRUE(leasable(rule)) << algorithmName(algorithm);
   }
-  rule.algorithm = Algorithm::kSlidingLog;
-  EXPECT_FALSE(leasable(rule));
   rule.algorithm = Algorithm::kConcurrency;
   EXPECT_FALSE(leasable(rule));
   rule.algorithm = Algorithm::kTokenBucket;

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
 
+#include <atomic>
 #include <cstdint>
 #include <fstream>
 #include <memory>
@@ -20,6 +21,7 @@
 
 #include "algorithms/fixed_window.h"
 #include "algorithms/gcra.h"
+#include "algorithms/sliding_log.h"
 #include "algorithms/sliding_window.h"
 #include "algorithms/token_bucket.h"
 #include "redis_server.h"
@@ -183,7 +185,7 @@ test::RedisServer* LuaTest::server_ = nullptr;
 // Verifies that every embedded script is byte for byte its file in lua/, so
 // the .lua files really are the single source of truth.
 TEST(Scripts, EmbedsEachLuaFileExactly) {
-  ASSERT_EQ(scripts::all().size(), 7u);
+  ASSERT_EQ(scripts::all().size(), 8u);
   for (const auto& script : scripts::all()) {
     std::ifstream in(std::string(SLUICE_SOURCE_DIR) + "/lua/" + std::string(script.name), std::ios::binary);
     ASSERT_TRUE(in) << script.name;
@@ -210,7 +212,10 @@ TEST(Scripts, BuildsArgvInTheDocumentedOrder) {
   EXPECT_EQ(scripts::heartbeatArgv(scripts::HeartbeatOp::kBeat, "node-a", 15'000),
             (std::vector<std::string>{"beat", "node-a", "15000", "0"}));
   EXPECT_EQ(scripts::forAlgorithm(Algorithm::kGcra), Script::kGcra);
-  EXPECT_EQ(scripts::forAlgorithm(Algorithm::kSlidingLog), std::nullopt);
+  EXPECT_EQ(scripts::forAlgorithm(Algorithm::kSlidingLog), Script::kSlidingLog);
+  // A return names the lease's window; a sliding log's, the lease's ms.
+  EXPECT_EQ(scripts::returnMark(1'700'000'059'999, Algorithm::kFixedWindow, limit), 28'333'334);
+  EXPECT_EQ(scripts::returnMark(1'700'000'059'999, Algorithm::kSlidingLog, limit), 1'700'000'059'999);
 }
 
 // Verifies that a -1 retry (a need no limit can ever meet) parses as `never`.
@@ -259,21 +264,41 @@ TEST(Scripts, RejectsRepliesOutOfRange) {
 // microseconds, so the script's µs maths and the C++ ns maths describe the
 // same instants exactly; times are converted with ns = µs * 1000.
 
-using AcquireFn = Decision (*)(uint64_t&, const Limit&, int64_t, int64_t);
+// An algorithm's acquire on its state words (limit.limit of them: the
+// sliding log's slots; the one-word algorithms use the first).
+using AcquireFn = Decision (*)(std::span<std::atomic<uint64_t>>, const Limit&, int64_t, int64_t);
+
+template <Decision (*Acquire)(uint64_t&, const Limit&, int64_t, int64_t)>
+Decision onFirstWord(std::span<std::atomic<uint64_t>> state, const Limit& limit, int64_t now_ns, int64_t cost) {
+  uint64_t word = state[0].load();
+  const Decision decision = Acquire(word, limit, now_ns, cost);
+  state[0].store(word);
+  return decision;
+}
+
 // Token bucket and GCRA as the scripts decide them: without waiting.
-constexpr AcquireFn kTokenBucketNow = [](uint64_t& state, const Limit& limit, int64_t now_ns,
-                                         int64_t cost) {
+Decision tokenBucketNow(uint64_t& state, const Limit& limit, int64_t now_ns, int64_t cost) {
   return token_bucket::acquire(state, limit, now_ns, cost);
-};
-constexpr AcquireFn kGcraNow = [](uint64_t& state, const Limit& limit, int64_t now_ns, int64_t cost) {
+}
+Decision gcraNow(uint64_t& state, const Limit& limit, int64_t now_ns, int64_t cost) {
   return gcra::acquire(state, limit, now_ns, cost);
-};
+}
+constexpr AcquireFn kTokenBucketNow = onFirstWord<tokenBucketNow>;
+constexpr AcquireFn kGcraNow = onFirstWord<gcraNow>;
+constexpr AcquireFn kFixedWindow = onFirstWord<fixed_window::acquire>;
+constexpr AcquireFn kSlidingWindow = onFirstWord<sliding_window::acquire>;
 
 struct CrossCase {
   const char* name;
   Script script;
   AcquireFn acquire;
   Limit limit;  // period_ns a whole number of ms
+  // Whether the schedule steps time backwards. Not for the sliding log: its
+  // C++ slots keep units that left the window until a claim overwrites them,
+  // and a clock stepped back sees those again, whereas the script deletes
+  // them (SlidingLogCountsUnitsFromTheFutureUntilTheyLeave covers the log's
+  // backward steps).
+  bool steps_back = true;
 };
 
 std::ostream& operator<<(std::ostream& os, const CrossCase& c) { return os << c.name; }
@@ -292,7 +317,7 @@ TEST_P(LuaCrossTest, LeasingMatchesTheCppAlgorithmStepByStep) {
   std::mt19937_64 rng(20240611);
   auto uniform = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
 
-  uint64_t state = 0;
+  std::vector<std::atomic<uint64_t>> state(static_cast<size_t>(c.limit.limit));
   int64_t now_us = kBaseUs + 3 * kMsUs;
   int allowed = 0;
   int denied = 0;
@@ -308,7 +333,8 @@ TEST_P(LuaCrossTest, LeasingMatchesTheCppAlgorithmStepByStep) {
       // A window boundary (for the buckets: a refill instant) or next to it.
       now_us = (now_us / period_us + 1) * period_us + uniform(-1, 1);
     } else {
-      now_us -= uniform(1, period_us / 2);
+      const int64_t back_us = uniform(1, period_us / 2);
+      now_us += c.steps_back ? -back_us : back_us;
     }
     const int64_t cost = uniform(0, 9) < 8 ? 1 : uniform(2, capacity + 1);
     const Decision want = c.acquire(state, c.limit, now_us * 1000, cost);
@@ -342,7 +368,13 @@ TEST_P(LuaCrossTest, ABatchLeaseLeavesWhatTheCppAlgorithmLeavesAfterItsGrant) {
   std::mt19937_64 rng(20261127);
   auto uniform = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
 
-  uint64_t state = 0;
+  std::vector<std::atomic<uint64_t>> state(static_cast<size_t>(c.limit.limit));
+  // The algorithm's answer on a copy of the state, which it leaves as it was.
+  auto onCopy = [&](int64_t now_ns, int64_t cost) {
+    std::vector<std::atomic<uint64_t>> copy(state.size());
+    for (size_t i = 0; i < state.size(); ++i) copy[i].store(state[i].load());
+    return c.acquire(copy, c.limit, now_ns, cost);
+  };
   int64_t now_us = kBaseUs + 3 * kMsUs;
   int whole = 0;
   int partial = 0;
@@ -358,7 +390,8 @@ TEST_P(LuaCrossTest, ABatchLeaseLeavesWhatTheCppAlgorithmLeavesAfterItsGrant) {
     } else if (action < 90) {
       now_us = (now_us / period_us + 1) * period_us + uniform(-1, 1);
     } else {
-      now_us -= uniform(1, period_us / 2);
+      const int64_t back_us = uniform(1, period_us / 2);
+      now_us += c.steps_back ? -back_us : back_us;
     }
     const int64_t n = uniform(1, capacity + 2);
     const int64_t need = uniform(1, n);
@@ -366,8 +399,7 @@ TEST_P(LuaCrossTest, ABatchLeaseLeavesWhatTheCppAlgorithmLeavesAfterItsGrant) {
     const std::string where = "step " + std::to_string(step) + " at +" + std::to_string(now_us - kBaseUs) +
                               " us, n " + std::to_string(n) + ", need " + std::to_string(need);
     if (got.granted == 0) {
-      uint64_t unchanged = state;
-      const Decision want = c.acquire(unchanged, c.limit, now_us * 1000, need);
+      const Decision want = onCopy(now_us * 1000, need);
       ASSERT_FALSE(want.allowed) << where;
       ASSERT_EQ(got.remaining, want.remaining) << where;
       ++refused;
@@ -376,8 +408,7 @@ TEST_P(LuaCrossTest, ABatchLeaseLeavesWhatTheCppAlgorithmLeavesAfterItsGrant) {
     ASSERT_GE(got.granted, need) << where;
     ASSERT_LE(got.granted, n) << where;
     if (got.granted < n) {
-      uint64_t more = state;
-      ASSERT_FALSE(c.acquire(more, c.limit, now_us * 1000, got.granted + 1).allowed) << where;
+      ASSERT_FALSE(onCopy(now_us * 1000, got.granted + 1).allowed) << where;
       ++partial;
     } else {
       ++whole;
@@ -405,14 +436,14 @@ INSTANTIATE_TEST_SUITE_P(
         CrossCase{"Gcra5PerSecondBurst5", Script::kGcra, kGcraNow, {5, 1000 * kMsNs, 5}},
         CrossCase{"Gcra3PerMinuteBurst10", Script::kGcra, kGcraNow, {3, 60'000 * kMsNs, 10}},
         CrossCase{"Gcra8PerSecondBurst1", Script::kGcra, kGcraNow, {8, 1000 * kMsNs, 1}},
-        CrossCase{"FixedWindow5PerSecond", Script::kFixedWindow, fixed_window::acquire, {5, 1000 * kMsNs, 5}},
-        CrossCase{"FixedWindow40Per7Ms", Script::kFixedWindow, fixed_window::acquire, {40, 7 * kMsNs, 40}},
-        CrossCase{"SlidingWindow5PerSecond", Script::kSlidingWindow, sliding_window::acquire,
-                  {5, 1000 * kMsNs, 5}},
-        CrossCase{"SlidingWindow7Per3Seconds", Script::kSlidingWindow, sliding_window::acquire,
-                  {7, 3000 * kMsNs, 7}},
-        CrossCase{"SlidingWindow100Per10Ms", Script::kSlidingWindow, sliding_window::acquire,
-                  {100, 10 * kMsNs, 100}}),
+        CrossCase{"FixedWindow5PerSecond", Script::kFixedWindow, kFixedWindow, {5, 1000 * kMsNs, 5}},
+        CrossCase{"FixedWindow40Per7Ms", Script::kFixedWindow, kFixedWindow, {40, 7 * kMsNs, 40}},
+        CrossCase{"SlidingWindow5PerSecond", Script::kSlidingWindow, kSlidingWindow, {5, 1000 * kMsNs, 5}},
+        CrossCase{"SlidingWindow7Per3Seconds", Script::kSlidingWindow, kSlidingWindow, {7, 3000 * kMsNs, 7}},
+        CrossCase{"SlidingWindow100Per10Ms", Script::kSlidingWindow, kSlidingWindow, {100, 10 * kMsNs, 100}},
+        CrossCase{"SlidingLog5PerSecond", Script::kSlidingLog, sliding_log::acquire, {5, 1000 * kMsNs, 5}, false},
+        CrossCase{"SlidingLog7Per3Seconds", Script::kSlidingLog, sliding_log::acquire, {7, 3000 * kMsNs, 7}, false},
+        CrossCase{"SlidingLog100Per10Ms", Script::kSlidingLog, sliding_log::acquire, {100, 10 * kMsNs, 100}, false}),
     [](const ::testing::TestParamInfo<CrossCase>& info) { return std::string(info.param.name); });
 
 // Verifies that a global calendar window decides as the local one does: a
@@ -530,6 +561,14 @@ class LuaBatchTest : public LuaTest, public ::testing::WithParamInterface<BatchC
 
 const Limit kFivePerSecond{5, 1000 * kMsNs, 5};
 
+// The algorithm whose lease script `script` is.
+Algorithm algorithmOf(Script script) {
+  for (const AlgorithmTraits& row : kAlgorithmTraits) {
+    if (scripts::forAlgorithm(row.algorithm) == script) return row.algorithm;
+  }
+  throw std::logic_error("not a lease script");
+}
+
 // Verifies that `lease 10` grants what is there (5) and nothing more, and
 // that a dry key then says how long until the next unit.
 TEST_P(LuaBatchTest, LeaseGrantsAtMostWhatIsAvailable) {
@@ -563,7 +602,7 @@ TEST_P(LuaBatchTest, ReturnGivesUnitsBackUpToTheLimit) {
   const Script script = GetParam().script;
   auto lease = rate(script, "k", Op::kLease, 5, 1, kFivePerSecond, kBaseUs);
   EXPECT_EQ(lease.granted, 5);
-  const int64_t window = scripts::leaseWindow(lease.now_ms, kFivePerSecond);
+  const int64_t window = scripts::returnMark(lease.now_ms, algorithmOf(script), kFivePerSecond);
   giveBack(script, "k", 2, kFivePerSecond, window, kBaseUs);
   EXPECT_EQ(rate(script, "k", Op::kPeek, 0, 1, kFivePerSecond, kBaseUs).remaining, 2);
   EXPECT_EQ(rate(script, "k", Op::kPeek, 0, 1, kFivePerSecond, kBaseUs).remaining, 2);
@@ -693,7 +732,10 @@ INSTANTIATE_TEST_SUITE_P(AllRateScripts, LuaBatchTest,
                              BatchCase{"FixedWindow", Script::kFixedWindow, 1000},
                              // Next window: cur 3, prev 5; 1 more fits once
                              // prev's weight falls to 1 unit, 800 ms into it.
-                             BatchCase{"SlidingWindow", Script::kSlidingWindow, 1800}),
+                             BatchCase{"SlidingWindow", Script::kSlidingWindow, 1800},
+                             // 5 of the 8 units logged (the newest 5 decide):
+                             // the first leaves the log a period later.
+                             BatchCase{"SlidingLog", Script::kSlidingLog, 1000}),
                          [](const ::testing::TestParamInfo<BatchCase>& info) { return std::string(info.param.name); });
 
 // ---------------------------------------------------------------------------
@@ -784,13 +826,76 @@ TEST_F(LuaTest, SlidingWindowReturnsTheUnitsToTheWindowTheyWereLeasedIn) {
 // Verifies that a window script refuses a return that does not say which
 // window the units were leased in, rather than guessing.
 TEST_F(LuaTest, WindowReturnWithoutTheLeaseWindowIsAnErrorReply) {
-  for (Script script : {Script::kFixedWindow, Script::kSlidingWindow}) {
+  for (Script script : {Script::kFixedWindow, Script::kSlidingWindow, Script::kSlidingLog}) {
     std::vector<std::string> args = {"EVALSHA", sha_[static_cast<size_t>(script)], "1", "k"};
     for (auto& arg : scripts::rateArgv(Op::kReturn, 1, 0, kFivePerSecond, kBaseUs)) args.push_back(arg);
     ReplyPtr reply = redis_->command(args);
     ASSERT_EQ(reply->type, REDIS_REPLY_ERROR) << scripts::get(script).name;
     EXPECT_NE(std::string(reply->str).find("ARGV[8]"), std::string::npos) << reply->str;
   }
+}
+
+// Verifies that a sliding log's return removes the units of the lease it
+// names, not newer ones another node leased since: node A leases 3 of 5 at
+// 0 s, node B 2 at 0.4 s, A returns 2 at 0.5 s. A's last unit leaves the log
+// at 1 s and B's two at 1.4 s; had the return taken B's, the log would be
+// empty at 1 s and let 2 units too many in until 1.4 s.
+TEST_F(LuaTest, SlidingLogReturnRemovesTheUnitsOfItsOwnLease) {
+  const Script log = Script::kSlidingLog;
+  auto a = rate(log, "k", Op::kLease, 3, 1, kFivePerSecond, kBaseUs, /*persist=*/true);
+  ASSERT_EQ(a.granted, 3);
+  ASSERT_EQ(rate(log, "k", Op::kLease, 5, 1, kFivePerSecond, kBaseUs + 400 * kMsUs, true).granted, 2);
+  const int64_t mark = scripts::returnMark(a.now_ms, Algorithm::kSlidingLog, kFivePerSecond);
+  EXPECT_EQ(giveBack(log, "k", 2, kFivePerSecond, mark, kBaseUs + 500 * kMsUs, true).remaining, 2);
+  EXPECT_EQ(rate(log, "k", Op::kPeek, 0, 1, kFivePerSecond, kBaseUs + 1000 * kMsUs - 1, true).remaining, 2);
+  EXPECT_EQ(rate(log, "k", Op::kPeek, 0, 1, kFivePerSecond, kBaseUs + 1000 * kMsUs, true).remaining, 3);
+  auto late = rate(log, "k", Op::kPeek, 0, 4, kFivePerSecond, kBaseUs + 1000 * kMsUs, true);
+  EXPECT_EQ(late.retry_after_ms, 400);
+  EXPECT_EQ(rate(log, "k", Op::kPeek, 0, 1, kFivePerSecond, kBaseUs + 1400 * kMsUs, true).remaining, 5);
+  // A return names a ms: one from before every entry still logged removes nothing.
+  rate(log, "k", Op::kLease, 5, 1, kFivePerSecond, kBaseUs + 2000 * kMsUs, true);
+  EXPECT_EQ(giveBack(log, "k", 5, kFivePerSecond, mark, kBaseUs + 2100 * kMsUs, true).remaining, 0);
+}
+
+// Verifies a sliding log on a clock that stepped back, as the C++ log
+// decides: units logged "in the future" count until their time + period.
+// Node A leases 3 of 5 at 2 s; Redis's clock then reads 1.5 s: 2 are left, and
+// once they are leased the next unit waits for A's, which leave at 3 s.
+TEST_F(LuaTest, SlidingLogCountsUnitsFromTheFutureUntilTheyLeave) {
+  const Script log = Script::kSlidingLog;
+  std::vector<std::atomic<uint64_t>> slots(sliding_log::stateWords(kFivePerSecond));
+  struct Step {
+    int64_t at_ms;
+    int64_t cost;
+  };
+  for (const Step step : {Step{2000, 3}, Step{1500, 2}, Step{1500, 1}, Step{2999, 1}, Step{3000, 1}}) {
+    const int64_t now_us = kBaseUs + step.at_ms * kMsUs;
+    const Decision want = sliding_log::acquire(slots, kFivePerSecond, now_us * 1000, step.cost);
+    const auto got = rate(log, "k", Op::kLease, step.cost, step.cost, kFivePerSecond, now_us, true);
+    const std::string where = "at " + std::to_string(step.at_ms) + " ms";
+    EXPECT_EQ(got.granted, want.allowed ? step.cost : 0) << where;
+    EXPECT_EQ(got.remaining, want.remaining) << where;
+    EXPECT_EQ(got.retry_after_ms, want.retry_after_ms) << where;
+    EXPECT_EQ(got.reset_after_ms, want.reset_after_ms) << where;
+  }
+  // Back at 1.5 s again: the units of 2999 ms and 3 s count, until 4 s.
+  auto after = rate(log, "k", Op::kPeek, 0, 1, kFivePerSecond, kBaseUs + 1500 * kMsUs, true);
+  EXPECT_EQ(after.remaining, 3);
+  EXPECT_EQ(after.reset_after_ms, 2500);
+}
+
+// Verifies that a sliding log keeps at most `limit` entries whatever it is
+// debited, and that the newest of them still decide exactly: 1000 units
+// debited over 10 s on 5 per second log the last second's 100, of which the
+// newest 5 are kept, the oldest of those 40 ms before now.
+TEST_F(LuaTest, SlidingLogKeepsTheNewestLimitEntriesOfADebit) {
+  const Script log = Script::kSlidingLog;
+  rate(log, "k", Op::kDebit, 1000, 10'000, kFivePerSecond, kBaseUs, /*persist=*/true);
+  EXPECT_EQ(redis_->integer({"ZCARD", "k"}), 5);
+  auto denied = rate(log, "k", Op::kLease, 1, 1, kFivePerSecond, kBaseUs, true);
+  EXPECT_EQ(denied.granted, 0);
+  EXPECT_EQ(denied.retry_after_ms, 1000 - 40);
+  EXPECT_EQ(denied.reset_after_ms, 1000);
 }
 
 // EVALSHA of `script` with KEYS = `keys`: the reply's integers (nullopt for

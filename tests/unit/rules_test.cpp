@@ -122,17 +122,17 @@ std::vector<Rule> severalLimits() {
   local.id = 8;
   local.scope = Scope::kLocal;
   local.overrides.clear();
-  Rule log = local;
-  log.name = "log";
-  log.id = 9;
-  log.scope = Scope::kGlobal;
-  log.algorithm = Algorithm::kSlidingLog;
+  Rule held = local;
+  held.name = "held";
+  held.id = 9;
+  held.scope = Scope::kGlobal;
+  held.algorithm = Algorithm::kConcurrency;
   Rule one;
   one.name = "one";
   one.id = 10;
   one.scope = Scope::kGlobal;
   one.limits = {Limit{5, kMinuteNs, 5}};
-  return {rule, local, log, one};
+  return {rule, local, held, one};
 }
 
 // Verifies a global rule of several limits splits into one part per limit:
@@ -168,7 +168,7 @@ TEST(RuleSetTest, AGlobalRuleOfSeveralLimitsHasOnePartPerLimit) {
   }
   EXPECT_TRUE(rules.parts(*rules.fallbackShare(api)).empty());
   EXPECT_TRUE(rules.parts(*rules.find("local")).empty());
-  EXPECT_TRUE(rules.parts(*rules.find("log")).empty());
+  EXPECT_TRUE(rules.parts(*rules.find("held")).empty());
   EXPECT_TRUE(rules.parts(*rules.find("one")).empty());
   EXPECT_EQ(rules.parts().size(), 2u);
 }

@@ -190,6 +190,22 @@ TEST_F(SliceTest, RoomyGrantsGrowTheBatchAndATightOneResetsIt) {
   EXPECT_EQ(slice::nextBatch(words(), now, 1, rule, 2, kInterval).n, 50'000);
 }
 
+// Verifies that a sliding log's batch never grows past one interval of
+// demand, however roomy its grants: its leased units count from the lease,
+// so the units a slice holds are its overshoot bound.
+TEST_F(SliceTest, AStampedLeaseNeverGrowsItsBatch) {
+  Rule rule = bucketRule(1'000, 1'000 * kMs, 1'000);  // share 500 on 2 nodes
+  rule.algorithm = Algorithm::kSlidingLog;
+  grant(1);
+  int64_t now = 0;
+  for (int i = 0; i < slice::kMaxBoost + 2; ++i) {
+    slice::noteGrant(words(), 100, 100 * slice::kRoomyFactor);  // plenty left
+    words_[slice::kDemand].store(100);                         // 100 per interval
+    now += kInterval;
+    EXPECT_EQ(slice::nextBatch(words(), now, 1, rule, 2, kInterval).n, 100) << i;
+  }
+}
+
 // Verifies that a warm key waits for a quarter batch exactly when its
 // algorithm refills (algorithm.h): a bucket's units trickle back within a
 // lease interval, a window's do not, so a window asks only for the cost.

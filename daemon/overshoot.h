@@ -1,0 +1,55 @@
+// Overshoot: the overshoot bound of a global rule on this node, the most it
+// could admit on one key of the rule beyond its fair part of the limit right
+// now (docs/design.md, "The overshoot bound"). Summed over the fleet's
+// nodes, it bounds how far the fleet may pass the limit in a window of one
+// period; `stats` and /metrics export it (docs/operations.md).
+//
+// With Redis up, every unit a node admits was leased from the global state,
+// which counts it, so the bound is what escapes that count:
+//  - units held leased and unspent, for an algorithm whose leases are
+//    stamped (algorithm.h, stamps_lease: a sliding_log unit enters the log
+//    when leased, so spent later it may count in no window). A bucket's
+//    leased units were charged when leased, and a window's may be spent
+//    only in the window that counted them: none escape;
+//  - while the breaker is not closed, the fallback budget of the rule's
+//    on_redis_down: "local" admits up to what its share (limit / N,
+//    burst / N) admits in a span of one period, which Redis never counts
+//    when the other nodes lease on (a node cut off alone): a bucket's
+//    burst and a period's refill, a window's limit twice (a span straddles
+//    two windows), a log's limit; "closed" nothing; "open" without bound;
+//  - while the rule learns (breaker.h: Redis came back without the fleet's
+//    state), that share again: what the node admitted in the period
+//    before the state was lost, which a fresh state grants anew.
+// A rule of several limits reports the largest of its limits' bounds, each
+// in its own limit's units.
+//
+// Pure functions of their arguments: any thread, no clock, no allocation.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "rules.h"
+
+namespace sluice {
+
+// What the bound depends on, as the node has it now.
+struct OvershootInput {
+  bool leasing = true;     // the breaker is closed: decisions on leases
+  bool learning = false;   // the rule (or one of its parts) learns
+  int64_t held_units = 0;  // the most units one key of the rule holds leased (slice::heldUnits)
+};
+
+// The bound of global `rule` in units; `share` is RuleSet::fallbackShare(rule),
+// the node's share of each limit. nullopt: no bound (on_redis_down "open"
+// while the breaker is not closed). 0 for a local rule.
+std::optional<int64_t> overshootBound(const Rule& rule, const Rule& share, const OvershootInput& input);
+
+// One configured global rule's bound, as `stats` and /metrics show it.
+struct RuleOvershoot {
+  std::string name;
+  std::optional<int64_t> units;  // nullopt: no bound
+};
+
+}  // namespace sluice

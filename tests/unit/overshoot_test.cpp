@@ -1,0 +1,119 @@
+// Overshoot bound (daemon/overshoot.h): what a node could admit on one key
+// of a global rule beyond its fair part of the limit, from the rule, its
+// share and the node's state; and its /metrics rendering.
+#include "overshoot.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "prometheus.h"
+
+namespace sluice {
+namespace {
+
+constexpr int64_t kSecondNs = 1'000'000'000;
+
+Rule globalRule(Algorithm algorithm, Limit limit, RedisDownPolicy on_redis_down = RedisDownPolicy::kLocal) {
+  Rule rule;
+  rule.name = "r";
+  rule.scope = Scope::kGlobal;
+  rule.algorithm = algorithm;
+  rule.on_redis_down = on_redis_down;
+  rule.limits = {limit};
+  return rule;
+}
+
+// The share as RuleSet builds it for N nodes: each limit and burst / N.
+Rule shareOf(const Rule& rule, int64_t nodes) {
+  Rule share = rule;
+  share.scope = Scope::kLocal;
+  for (Limit& limit : share.limits) {
+    limit.limit /= nodes;
+    limit.burst /= nodes;
+  }
+  return share;
+}
+
+const OvershootInput kLeasing{.leasing = true, .learning = false, .held_units = 0};
+
+// Verifies that a local rule reports no overshoot: nothing is shared.
+TEST(OvershootBound, ALocalRuleHasNone) {
+  Rule rule = globalRule(Algorithm::kTokenBucket, {100, kSecondNs, 40});
+  rule.scope = Scope::kLocal;
+  EXPECT_EQ(overshootBound(rule, rule, {.leasing = false, .learning = true, .held_units = 9}), 0);
+}
+
+// Verifies that units a bucket or a window holds leased are no overshoot
+// while Redis is up: Redis charged them when it leased them.
+TEST(OvershootBound, LeasedUnitsOfABucketOrAWindowAreNone) {
+  for (Algorithm algorithm : {Algorithm::kTokenBucket, Algorithm::kGcra, Algorithm::kFixedWindow,
+                              Algorithm::kSlidingWindow}) {
+    const Rule rule = globalRule(algorithm, {100, kSecondNs, 100});
+    EXPECT_EQ(overshootBound(rule, shareOf(rule, 4), {.leasing = true, .learning = false, .held_units = 30}), 0)
+        << algorithmName(algorithm);
+  }
+}
+
+// Verifies that a sliding log's leased, unspent units are its bound while
+// Redis is up: they entered the log when leased and may be spent later.
+TEST(OvershootBound, ASlidingLogOwesTheUnitsItHoldsLeased) {
+  const Rule rule = globalRule(Algorithm::kSlidingLog, {20, 2 * kSecondNs, 20});
+  const Rule share = shareOf(rule, 2);
+  EXPECT_EQ(overshootBound(rule, share, kLeasing), 0);
+  EXPECT_EQ(overshootBound(rule, share, {.leasing = true, .learning = false, .held_units = 7}), 7);
+}
+
+// Verifies the fallback budget by on_redis_down while the breaker is not
+// closed: "local" adds what the share admits in a span of one period (a
+// bucket's burst and a period's refill, a window's limit twice, a log's
+// limit), "closed" nothing, "open" has no bound.
+TEST(OvershootBound, FallbackAddsThePolicysBudget) {
+  const OvershootInput down{.leasing = false, .learning = false, .held_units = 3};
+  const Rule bucket = globalRule(Algorithm::kTokenBucket, {100, kSecondNs, 40});
+  EXPECT_EQ(overshootBound(bucket, shareOf(bucket, 4), down), 10 + 25);
+  const Rule window = globalRule(Algorithm::kFixedWindow, {100, kSecondNs, 100});
+  EXPECT_EQ(overshootBound(window, shareOf(window, 4), down), 2 * 25);
+  const Rule log = globalRule(Algorithm::kSlidingLog, {20, 2 * kSecondNs, 20});
+  EXPECT_EQ(overshootBound(log, shareOf(log, 4), down), 3 + 5);
+  const Rule closed = globalRule(Algorithm::kSlidingLog, {20, 2 * kSecondNs, 20}, RedisDownPolicy::kClosed);
+  EXPECT_EQ(overshootBound(closed, shareOf(closed, 4), down), 3);
+  const Rule open = globalRule(Algorithm::kTokenBucket, {100, kSecondNs, 40}, RedisDownPolicy::kOpen);
+  EXPECT_EQ(overshootBound(open, shareOf(open, 4), down), std::nullopt);
+  EXPECT_EQ(overshootBound(open, shareOf(open, 4), kLeasing), 0);  // Redis up: leases bound it
+}
+
+// Verifies that learning adds the share once while leasing, and nothing
+// more in fallback, which already counts it.
+TEST(OvershootBound, LearningAddsTheShareWhileLeasing) {
+  const Rule rule = globalRule(Algorithm::kFixedWindow, {90, kSecondNs, 90});
+  const Rule share = shareOf(rule, 3);
+  EXPECT_EQ(overshootBound(rule, share, {.leasing = true, .learning = true, .held_units = 0}), 2 * 30);
+  EXPECT_EQ(overshootBound(rule, share, {.leasing = false, .learning = true, .held_units = 0}), 2 * 30);
+}
+
+// Verifies that a rule of several limits reports the largest share among
+// its limits, and that the bound follows N: more nodes, smaller shares.
+TEST(OvershootBound, SeveralLimitsReportTheLargestShareAndFollowN) {
+  Rule rule = globalRule(Algorithm::kSlidingLog, {10, kSecondNs, 10});
+  rule.limits.push_back({600, 60 * kSecondNs, 600});
+  const OvershootInput down{.leasing = false, .learning = false, .held_units = 0};
+  EXPECT_EQ(overshootBound(rule, shareOf(rule, 2), down), 300);
+  EXPECT_EQ(overshootBound(rule, shareOf(rule, 6), down), 100);
+}
+
+// Verifies /metrics shows the bound per rule, +Inf for no bound.
+TEST(OvershootBound, MetricsShowItPerRule) {
+  MetricsView view;
+  view.redis.emplace();
+  view.overshoot = {{"log", 12}, {"open", std::nullopt}};
+  const std::string text = renderPrometheus(view);
+  EXPECT_NE(text.find("# TYPE sluice_overshoot_bound_units gauge\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("sluice_overshoot_bound_units{rule=\"log\"} 12\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("sluice_overshoot_bound_units{rule=\"open\"} +Inf\n"), std::string::npos) << text;
+}
+
+}  // namespace
+}  // namespace sluice
