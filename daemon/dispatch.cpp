@@ -2,6 +2,8 @@
 #include "dispatch.h"
 
 #include <algorithm>
+#include <optional>
+#include <string>
 
 #include "holding.h"
 #include "msgpack.h"
@@ -21,7 +23,8 @@ std::string notReleasable(const Rule& rule) {
 }  // namespace
 
 Dispatcher::Dispatcher(KeyTable& keys, MetricsShard& metrics, LeaseBroker* broker,
-                       int64_t lease_timeout_ns)
+                       int64_t lease_timeout_ns, uint32_t worker_index,
+                       Reservations::Bounds reservation_bounds)
     : metrics_(metrics),
       broker_(broker),
       waiting_(metrics, broker, lease_timeout_ns),
@@ -29,7 +32,8 @@ Dispatcher::Dispatcher(KeyTable& keys, MetricsShard& metrics, LeaseBroker* broke
       lease_(keys, metrics, broker, waiting_, policy_),
       local_(keys, waiting_, policy_),
       holding_(keys, metrics, broker, waiting_),
-      group_(keys, metrics, broker, waiting_, policy_, lease_, holding_) {
+      group_(keys, metrics, broker, waiting_, policy_, lease_, holding_),
+      reservations_(worker_index, reservation_bounds) {
   waiting_.onAskAgain([this](const Question& question, int64_t now_ns, const Asker& asker,
                              Answer* answer) { return decide(question, now_ns, asker, answer); });
 }
@@ -70,8 +74,8 @@ Outcome Dispatcher::ask(const Question& question, int64_t now_ns, const Asker& a
   if (!decides(question.method) || question.items.empty() ||
       (question.method != Method::kAcquireAll && question.items.size() != 1)) {
     answer->fail(ErrorCode::kBadRequest,
-                 "a question is acquire, peek or release of one item, or acquire_all of one or "
-                 "more");
+                 "a question is acquire, peek, release, reserve, settle or cancel of one item, or "
+                 "acquire_all of one or more");
   } else {
     Asker asking = asker;
     asking.question = question;
@@ -95,8 +99,13 @@ void Dispatcher::answerVerdict(const Rule& configured, const Verdict& verdict, b
 Outcome Dispatcher::decide(const Question& question, int64_t now_ns, const Asker& asker,
                            Answer* answer) {
   answer->method = question.method;
-  return question.method == Method::kAcquireAll ? acquireAll(question, now_ns, asker, answer)
-                                                : acquireOne(question, now_ns, asker, answer);
+  switch (question.method) {
+    case Method::kAcquireAll: return acquireAll(question, now_ns, asker, answer);
+    case Method::kReserve: return reserve(question, now_ns, asker, answer);
+    case Method::kSettle:
+    case Method::kCancel: settle(question, now_ns, answer); return Outcome::kAnswered;
+    default: return acquireOne(question, now_ns, asker, answer);
+  }
 }
 
 Outcome Dispatcher::acquireOne(const Question& question, int64_t now_ns, const Asker& asker,
@@ -171,6 +180,128 @@ Outcome Dispatcher::acquireOne(const Question& question, int64_t now_ns, const A
                         question.method == Method::kRelease, now_ns);
   answerVerdict(*configured, verdict, false, answer);
   return Outcome::kAnswered;
+}
+
+// --- reserve, settle, cancel (reservations.h) ---------------------------------
+
+namespace {
+
+// A reserve names a rule whose state cannot be settled later.
+std::string notSettling(const Rule& rule, bool several_global_limits) {
+  return "reserve applies to token_bucket, gcra, fixed_window and sliding_window rules" +
+         std::string(several_global_limits ? " (a global one of one limit)" : "") + ", and rule \"" +
+         rule.name + "\" is " + std::string(scopeName(rule.scope)) + " " +
+         std::string(algorithmName(rule.algorithm)) +
+         (several_global_limits ? " of several limits" : "");
+}
+
+std::string refusalMessage(Reservations::Refusal refusal) {
+  return refusal == Reservations::Refusal::kTableFull
+             ? "this worker holds the most open reservations it may; settle or cancel some first"
+             : "this key holds the most open reservations one key may; settle or cancel some "
+               "first";
+}
+
+}  // namespace
+
+Outcome Dispatcher::reserve(const Question& question, int64_t now_ns, const Asker& asker,
+                            Answer* answer) {
+  const Item& item = question.items.front();
+  const Rule* configured = rules_->find(item.rule);
+  if (configured == nullptr) {
+    answer->fail(ErrorCode::kUnknownRule, unknownRule(item.rule));
+    return Outcome::kAnswered;
+  }
+  const bool several = broker_ != nullptr && configured->part_count > 0;
+  if (!algorithmTraits(configured->algorithm).settles || several) {
+    answer->fail(ErrorCode::kBadRequest, notSettling(*configured, several));
+    return Outcome::kAnswered;
+  }
+  if (std::optional<Reservations::Refusal> refusal =
+          reservations_.refusal(configured->id, item.key)) {
+    answer->fail(ErrorCode::kOverloaded, refusalMessage(*refusal));
+    return Outcome::kAnswered;
+  }
+  // A reserve answers at once: it never waits for its units.
+  Asker at_once = asker;
+  at_once.may_wait = false;
+  Item spend = item;
+  spend.max_wait_ms = 0;
+  Verdict verdict;
+  if (leasing(*configured)) {
+    answer->fail(ErrorCode::kBadRequest,
+                 "reserve on a global rule that leases from Redis is not supported yet");
+    return Outcome::kAnswered;
+  }
+  auto [rule, mode] = route(*configured);
+  if (rule == nullptr) {
+    verdict.decide(policyDecision(*configured, mode), mode);
+  } else {
+    local_.acquire(*rules_, *configured, *rule, mode, spend, now_ns, at_once, &verdict);
+  }
+  answerVerdict(*configured, verdict, true, answer);
+  if (!answer->failed && verdict.decision.allowed) {
+    // A shadow rule's denial spent nothing: its reservation is of 0 units,
+    // and a settle charges all of the actual cost as debt.
+    const int64_t spent = verdict.decision.shadow_denied || rule == nullptr ? 0 : item.cost;
+    const int64_t ttl_ms = item.ttl_ms > 0 ? item.ttl_ms : kDefaultReservationTtlMs;
+    answer->reservation =
+        reservations_.open(configured->id, item.key, spent, ttl_ms * 1'000'000, now_ns);
+  }
+  return Outcome::kAnswered;
+}
+
+void Dispatcher::settle(const Question& question, int64_t now_ns, Answer* answer) {
+  const Item& item = question.items.front();
+  const uint64_t id = item.reservation;
+  if (Reservations::workerOf(id) != reservations_.workerIndex()) {
+    answer->fail(ErrorCode::kUnknownReservation,
+                 "reservation " + std::to_string(id) +
+                     " was opened on another worker: settle it on the connection that reserved "
+                     "it");
+    return;
+  }
+  std::optional<Reservations::Reservation> taken = reservations_.take(id);
+  if (!taken) {
+    answer->fail(ErrorCode::kUnknownReservation,
+                 "no open reservation " + std::to_string(id) +
+                     ": it was settled or cancelled already, expired (settled at its estimate) "
+                     "or never opened");
+    return;
+  }
+  const Rule* configured = rules_->findById(taken->rule_id);
+  if (configured == nullptr) {
+    answer->fail(ErrorCode::kUnknownRule,
+                 "the rule of reservation " + std::to_string(id) +
+                     " was changed or removed by a reload; its keys started afresh, so there is "
+                     "nothing to settle");
+    return;
+  }
+  // cancel gives it all back: a settle of 0.
+  const Settlement settlement =
+      settlementOf(taken->estimate, question.method == Method::kCancel ? 0 : item.cost);
+  Verdict verdict;
+  auto [rule, mode] = route(*configured);
+  if (rule == nullptr) {
+    verdict.decide(policyDecision(*configured, mode), mode);
+  } else {
+    verdict = local_.settle(*rules_, *rule, mode, taken->key, taken->opened_ns, settlement.refund,
+                            settlement.debt, now_ns);
+  }
+  if (verdict.failed) {
+    answer->fail(verdict.error, verdict.message);
+    return;
+  }
+  // The key's state afterwards: allowed says whether it may spend again now.
+  answer->decide(verdict.decision, verdict.mode);
+  answer->reservation = id;
+  answer->refunded = settlement.refund;
+  answer->debt = settlement.debt;
+}
+
+size_t Dispatcher::expireReservations(int64_t now_ns) {
+  // The estimate was spent when it was reserved; expiry only closes it.
+  return reservations_.expire(now_ns).size();
 }
 
 void Dispatcher::peekLeased(const Item& item, const Rule& rule, int64_t now_ns, Answer* answer) {

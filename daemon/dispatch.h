@@ -17,6 +17,12 @@
 //   - all or nothing, on several entries: acquire_all, and an acquire on a
 //     global rule of several limits (group_path.h).
 //
+// reserve decides like an acquire of its estimate and, when allowed, opens a
+// reservation in this worker's table (reservations.h); settle and cancel
+// take it from there and give back or charge the difference on the key's
+// state, by the path that decides the key now. Expiry (expireReservations,
+// from the worker's timer) settles at the estimate: it stays spent.
+//
 // A question that cannot be answered yet waits (waiting.h has the model):
 // ask() returns how it waits and fills nothing; its Answer goes later to
 // the asker's Recipient, with its tag. Errors (an unknown rule, a full key
@@ -48,6 +54,7 @@
 #include "metrics.h"
 #include "policy.h"
 #include "question.h"
+#include "reservations.h"
 #include "rules.h"
 #include "verdict.h"
 #include "waiting.h"
@@ -57,14 +64,17 @@ namespace sluice {
 class Dispatcher {
  public:
   // `broker` is null without Redis; lease_timeout_ns bounds a deferral.
+  // worker_index names the worker in its reservations' ids.
   Dispatcher(KeyTable& keys, MetricsShard& metrics, LeaseBroker* broker = nullptr,
-             int64_t lease_timeout_ns = 50'000'000);
+             int64_t lease_timeout_ns = 50'000'000, uint32_t worker_index = 0,
+             Reservations::Bounds reservation_bounds = {});
 
   // Installs the rule set that later questions see (after a reload).
   void setRules(RuleSetPtr rules);
   const RuleSet& rules() const { return *rules_; }
 
-  // Decides `question` (acquire, acquire_all, peek or release: decides())
+  // Decides `question` (acquire, acquire_all, peek, release, reserve,
+  // settle or cancel: decides())
   // into `answer`, or leaves it waiting. now_ns is the monotonic time it was
   // read at. asker.recipient and asker.tag say where a later answer goes;
   // without a recipient (or with !asker.may_wait) it never waits.
@@ -97,6 +107,11 @@ class Dispatcher {
   // The requests waiting, by kind (tests).
   const Waiting& waiting() const { return waiting_; }
 
+  // Settles at their estimate the reservations whose TTL has passed at
+  // now_ns: the estimate stays spent. Returns how many.
+  size_t expireReservations(int64_t now_ns);
+  const Reservations& reservations() const { return reservations_; }
+
  private:
   Outcome decide(const Question& question, int64_t now_ns, const Asker& asker, Answer* answer);
   Outcome acquireOne(const Question& question, int64_t now_ns, const Asker& asker,
@@ -105,6 +120,9 @@ class Dispatcher {
                      Answer* answer);
   // Counts (when it `counts`) and answers a verdict on `configured`.
   void answerVerdict(const Rule& configured, const Verdict& verdict, bool counts, Answer* answer);
+  // reserve, and settle or cancel (reservations.h).
+  Outcome reserve(const Question& question, int64_t now_ns, const Asker& asker, Answer* answer);
+  void settle(const Question& question, int64_t now_ns, Answer* answer);
   void peekLeased(const Item& item, const Rule& rule, int64_t now_ns, Answer* answer);
   // Global concurrency rules (holding_path.h): acquire, peek and release.
   Outcome holdOne(const Question& question, const Rule& rule, int64_t now_ns,
@@ -127,6 +145,7 @@ class Dispatcher {
   LocalPath local_;
   HoldingPath holding_;
   GroupPath group_;
+  Reservations reservations_;
 };
 
 }  // namespace sluice

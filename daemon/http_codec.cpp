@@ -65,7 +65,8 @@ unsigned errorStatus(ErrorCode code) {
     case ErrorCode::kBadRequest:
     case ErrorCode::kTooLarge: return 400;
     case ErrorCode::kUnknownRule:
-    case ErrorCode::kUnknownMethod: return 404;
+    case ErrorCode::kUnknownMethod:
+    case ErrorCode::kUnknownReservation: return 404;
     case ErrorCode::kForbidden: return 403;
     case ErrorCode::kOverloaded: return 503;
     case ErrorCode::kInternal: return 500;

@@ -57,7 +57,7 @@ constexpr size_t kRefuseReasons = 2;
 std::string_view refuseReasonName(RefuseReason reason);
 
 constexpr size_t kModes = 7;        // Mode values
-constexpr size_t kErrorCodes = 7;   // rpc::ErrorCode values
+constexpr size_t kErrorCodes = 8;   // rpc::ErrorCode values
 
 // Upper bounds of the latency histograms' buckets, in microseconds (the
 // last bucket, +Inf, is implicit).

@@ -25,7 +25,7 @@ uint64_t Reservations::open(uint32_t rule_id, std::string_view key, int64_t esti
   if (next_sequence_ == 0) next_sequence_ = 1;
   const int64_t expires_ns = ttl_ns > INT64_MAX - now_ns ? INT64_MAX : now_ns + ttl_ns;
   Reservation r{.id = id, .rule_id = rule_id, .key = std::string(key), .estimate = estimate,
-                .expires_ns = expires_ns};
+                .opened_ns = now_ns, .expires_ns = expires_ns};
   by_expiry_.emplace(expires_ns, id);
   ++per_key_[KeyOf{rule_id, r.key}];
   reserved_units_ += estimate;

@@ -60,6 +60,7 @@ class Reservations {
     uint32_t rule_id = 0;
     std::string key;
     int64_t estimate = 0;
+    int64_t opened_ns = 0;  // when the estimate was spent
     int64_t expires_ns = 0;
   };
 
@@ -94,6 +95,7 @@ class Reservations {
   std::optional<int64_t> nextExpiryNs() const;
 
   size_t size() const { return open_.size(); }
+  uint32_t workerIndex() const { return static_cast<uint32_t>(worker_bits_ >> kSequenceBits); }
   // Units reserved and not yet settled, over all open reservations.
   int64_t reservedUnits() const { return reserved_units_; }
 

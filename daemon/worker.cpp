@@ -29,7 +29,8 @@ Worker::Worker(size_t index, const WorkerOptions& options, KeyTable& keys, Metri
       options_(options),
       keys_(keys),
       metrics_(metrics),
-      dispatcher_(keys, metrics, broker, options.lease_timeout_ms * 1'000'000),
+      dispatcher_(keys, metrics, broker, options.lease_timeout_ms * 1'000'000,
+                  static_cast<uint32_t>(index)),
       rpc_front_(dispatcher_, keys, metrics, status, broker),
       reader_slot_(keys.registerReader()),
       read_scratch_(kReadScratchBytes) {
@@ -247,6 +248,11 @@ void Worker::onMessages() {
 
 void Worker::onSweep() {
   handle_count_.store(openHandles(&loop_), std::memory_order_relaxed);
+  {
+    // Reservations past their TTL settle at their estimate.
+    KeyTable::ReadGuard guard(keys_, reader_slot_);
+    dispatcher_.expireReservations(monotonicNowNs());
+  }
   auto now_ms = static_cast<int64_t>(uv_now(&loop_));
   // checkTimeouts may close a connection, but the list changes only in the
   // close callback, which runs later in this loop iteration.
