@@ -247,6 +247,7 @@ Outcome Dispatcher::reserve(const Question& question, int64_t now_ns, const Aske
     const int64_t ttl_ms = item.ttl_ms > 0 ? item.ttl_ms : kDefaultReservationTtlMs;
     answer->reservation =
         reservations_.open(configured->id, item.key, spent, ttl_ms * 1'000'000, now_ns);
+    metrics_.reservations_opened.add();
   }
   return Outcome::kAnswered;
 }
@@ -269,6 +270,10 @@ void Dispatcher::settle(const Question& question, int64_t now_ns, Answer* answer
                      "or never opened");
     return;
   }
+  // Taken: closed, whatever the settle finds below.
+  (question.method == Method::kCancel ? metrics_.reservations_cancelled
+                                      : metrics_.reservations_settled)
+      .add();
   const Rule* configured = rules_->findById(taken->rule_id);
   if (configured == nullptr) {
     answer->fail(ErrorCode::kUnknownRule,
@@ -295,13 +300,19 @@ void Dispatcher::settle(const Question& question, int64_t now_ns, Answer* answer
   // The key's state afterwards: allowed says whether it may spend again now.
   answer->decide(verdict.decision, verdict.mode);
   answer->reservation = id;
+  if (settlement.refund > 0) {
+    metrics_.reservation_refunded_units.add(static_cast<uint64_t>(settlement.refund));
+  }
+  if (settlement.debt > 0) metrics_.reservation_debt_units.add(static_cast<uint64_t>(settlement.debt));
   answer->refunded = settlement.refund;
   answer->debt = settlement.debt;
 }
 
 size_t Dispatcher::expireReservations(int64_t now_ns) {
   // The estimate was spent when it was reserved; expiry only closes it.
-  return reservations_.expire(now_ns).size();
+  const size_t expired = reservations_.expire(now_ns).size();
+  if (expired > 0) metrics_.reservations_expired.add(expired);
+  return expired;
 }
 
 void Dispatcher::peekLeased(const Item& item, const Rule& rule, int64_t now_ns, Answer* answer) {
