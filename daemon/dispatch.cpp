@@ -228,25 +228,32 @@ Outcome Dispatcher::reserve(const Question& question, int64_t now_ns, const Aske
   Item spend = item;
   spend.max_wait_ms = 0;
   Verdict verdict;
+  const Rule* rule = nullptr;
   if (leasing(*configured)) {
-    answer->fail(ErrorCode::kBadRequest,
-                 "reserve on a global rule that leases from Redis is not supported yet");
-    return Outcome::kAnswered;
-  }
-  auto [rule, mode] = route(*configured);
-  if (rule == nullptr) {
-    verdict.decide(policyDecision(*configured, mode), mode);
+    // Spent from the key's slice like an acquire; it may wait for a lease,
+    // and is asked again (here) when the lease comes.
+    Outcome outcome = lease_.acquire(*rules_, *configured, spend, now_ns, asker, &verdict);
+    if (outcome != Outcome::kAnswered) return outcome;
+    rule = configured;
   } else {
-    local_.acquire(*rules_, *configured, *rule, mode, spend, now_ns, at_once, &verdict);
+    auto [routed, mode] = route(*configured);
+    rule = routed;
+    if (rule == nullptr) {
+      verdict.decide(policyDecision(*configured, mode), mode);
+    } else {
+      local_.acquire(*rules_, *configured, *rule, mode, spend, now_ns, at_once, &verdict);
+    }
   }
   answerVerdict(*configured, verdict, true, answer);
   if (!answer->failed && verdict.decision.allowed) {
-    // A shadow rule's denial spent nothing: its reservation is of 0 units,
-    // and a settle charges all of the actual cost as debt.
-    const int64_t spent = verdict.decision.shadow_denied || rule == nullptr ? 0 : item.cost;
+    // A shadow rule's denial spent nothing, nor did a policy's "open": the
+    // reservation is of 0 units, and a settle charges the actual as debt.
+    const bool spent_nothing = verdict.decision.shadow_denied || rule == nullptr ||
+                               verdict.mode == Mode::kOpen;
+    const int64_t spent = spent_nothing ? 0 : item.cost;
     const int64_t ttl_ms = item.ttl_ms > 0 ? item.ttl_ms : kDefaultReservationTtlMs;
-    answer->reservation =
-        reservations_.open(configured->id, item.key, spent, ttl_ms * 1'000'000, now_ns);
+    answer->reservation = reservations_.open(configured->id, item.key, spent, ttl_ms * 1'000'000,
+                                             now_ns, verdict.mode == Mode::kNormal);
     metrics_.reservations_opened.add();
   }
   return Outcome::kAnswered;
@@ -285,9 +292,15 @@ void Dispatcher::settle(const Question& question, int64_t now_ns, Answer* answer
   // cancel gives it all back: a settle of 0.
   const Settlement settlement =
       settlementOf(taken->estimate, question.method == Method::kCancel ? 0 : item.cost);
+  // Back where the estimate was spent: the key's slice (which needs no
+  // Redis call), or the state this node decides alone (a local rule, or a
+  // global rule's share while Redis is down).
   Verdict verdict;
   auto [rule, mode] = route(*configured);
-  if (rule == nullptr) {
+  if (taken->leased) {
+    verdict = lease_.settle(*rules_, *configured, taken->key, taken->opened_ns, settlement.refund,
+                            settlement.debt, now_ns);
+  } else if (rule == nullptr) {
     verdict.decide(policyDecision(*configured, mode), mode);
   } else {
     verdict = local_.settle(*rules_, *rule, mode, taken->key, taken->opened_ns, settlement.refund,

@@ -9,7 +9,7 @@ Run by ctest; SLUICED names the daemon binary.
 
 import unittest
 
-from harness import Daemon, tear_down_module, wait_for
+from harness import Daemon, Redis, redis_section, tear_down_module, wait_for
 
 CONFIG = """
 [daemon]
@@ -128,6 +128,95 @@ class LocalReservations(unittest.TestCase):
         self.assertEqual(error["code"], "BAD_REQUEST")
         error, _ = self.client.call("reserve", "nope", "k", 1)
         self.assertEqual(error["code"], "UNKNOWN_RULE")
+
+
+GLOBAL_CONFIG = """
+[daemon]
+socket = "{socket}"
+workers = 1
+log_level = "warn"
+
+[[rule]]
+name = "tokens"
+algorithm = "fixed_window"
+limit = 1000000
+period = "1h"
+scope = "global"
+on_redis_down = "local"
+"""
+
+
+class GlobalReservations(unittest.TestCase):
+    """A global rule's refunds and debts flow through the key's slice: a hot
+    tenant costs Redis no call per reserve or settle."""
+
+    def setUp(self):
+        self.redis = Redis()
+        self.daemon = Daemon("budget-global")
+        self.daemon.start(GLOBAL_CONFIG.format(socket=self.daemon.socket) +
+                          redis_section(self.redis.port), connect=True)
+        self.client = self.daemon.client
+        self.assertTrue(wait_for(lambda: self.client.result("health")["redis"] == "up", 10))
+
+    def tearDown(self):
+        self.daemon.stop()
+        self.redis.stop()
+
+    def warm(self, key):
+        # A cold key's first request may be decided on the share while its
+        # first lease is on the way.
+        self.assertTrue(wait_for(
+            lambda: self.client.result("acquire", "tokens", key, 1)["mode"] == "normal", 10))
+
+    def test_reserve_and_settle_on_the_slice(self):
+        self.warm("hot")
+        reserved = self.client.result("reserve", "tokens", "hot", 4096, 30000)
+        self.assertTrue(reserved["allowed"])
+        self.assertEqual(reserved["mode"], "normal")
+        settled = self.client.result("settle", reserved["id"], 1000)
+        self.assertEqual(settled["refunded"], 3096)
+        self.assertEqual(settled["mode"], "normal")
+        self.assertGreaterEqual(settled["remaining"], 3096)
+
+    def test_a_hot_tenant_costs_redis_no_call_per_reserve_or_settle(self):
+        # Warm the key: its first leases size the batch.
+        for _ in range(50):
+            reserved = self.client.result("reserve", "tokens", "hot", 100)
+            self.client.result("settle", reserved["id"], 60)
+        before = self.redis.script_calls()
+        pairs = 500
+        for _ in range(pairs):
+            reserved = self.client.result("reserve", "tokens", "hot", 100)
+            self.assertTrue(reserved["allowed"])
+            self.client.result("settle", reserved["id"], 60)
+        calls = self.redis.script_calls() - before
+        print("\nmeasured: %d Redis script calls for %d reserve+settle pairs (%.4f per pair)"
+              % (calls, pairs, calls / pairs))
+        self.assertLessEqual(calls / pairs, 0.05)
+
+    def test_the_next_lease_pays_a_debt_the_slice_carries(self):
+        self.warm("d")
+        granted = self.client.result("stats")["leases"]["granted_units"]
+        reserved = self.client.result("reserve", "tokens", "d", 10)
+        settled = self.client.result("settle", reserved["id"], 20010)
+        self.assertEqual(settled["debt"], 20000)
+        self.assertLess(settled["remaining"], 0)  # the slice held less
+        # The next request leases the debt and its own cost together.
+        self.assertTrue(self.client.result("acquire", "tokens", "d", 1)["allowed"])
+        stats = self.client.result("stats")
+        self.assertEqual(stats["reservations"]["debt_units"], 20000)
+        self.assertGreaterEqual(stats["leases"]["granted_units"] - granted, 20000)
+
+    def test_a_debt_past_the_slice_denies_until_a_lease_pays_it(self):
+        self.warm("over")
+        reserved = self.client.result("reserve", "tokens", "over", 10)
+        # More than the whole window: the slice carries the debt, and Redis
+        # has nothing to pay it with until the window ends.
+        settled = self.client.result("settle", reserved["id"], 2000000)
+        self.assertLess(settled["remaining"], 0)
+        self.assertFalse(settled["allowed"])
+        self.assertFalse(self.client.result("acquire", "tokens", "over", 1)["allowed"])
+        self.assertFalse(self.client.result("reserve", "tokens", "over", 1)["allowed"])
 
 
 if __name__ == "__main__":
