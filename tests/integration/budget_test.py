@@ -7,6 +7,9 @@ clear errors.
 Run by ctest; SLUICED names the daemon binary.
 """
 
+import json
+import os
+import subprocess
 import unittest
 
 from harness import Daemon, Redis, redis_section, tear_down_module, wait_for
@@ -114,6 +117,24 @@ class LocalReservations(unittest.TestCase):
         other.close()
         settled = self.client.result("settle", reserved["id"], 100)
         self.assertEqual(settled["refunded"], 400)
+
+    def sluicectl(self, *args):
+        return subprocess.run([os.environ["SLUICECTL"], "--socket", self.daemon.socket, "--json",
+                               *args], capture_output=True, text=True, timeout=10)
+
+    @unittest.skipUnless(os.environ.get("SLUICECTL"), "SLUICECTL names the sluicectl binary")
+    def test_sluicectl_reserves_settles_and_cancels(self):
+        reserved = self.sluicectl("reserve", "tokens", "cli", "900", "30000")
+        self.assertEqual(reserved.returncode, 0, reserved.stderr)
+        rid = json.loads(reserved.stdout)["id"]
+        settled = self.sluicectl("settle", str(rid), "1000")
+        self.assertEqual(settled.returncode, 0, settled.stderr)
+        self.assertEqual(json.loads(settled.stdout)["debt"], 100)
+        again = self.sluicectl("cancel", str(rid))
+        self.assertEqual(again.returncode, 3)
+        self.assertIn("UNKNOWN_RESERVATION", again.stderr)
+        bad = self.sluicectl("settle", "x", "1")
+        self.assertEqual(bad.returncode, 2)
 
     def test_errors_name_what_is_wrong(self):
         error, _ = self.client.call("settle", 12345, 1)
