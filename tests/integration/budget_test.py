@@ -12,7 +12,9 @@ import os
 import subprocess
 import unittest
 
-from harness import Daemon, Redis, redis_section, tear_down_module, wait_for
+import http.client
+
+from harness import Daemon, Redis, free_port, redis_section, tear_down_module, wait_for
 
 CONFIG = """
 [daemon]
@@ -149,6 +151,42 @@ class LocalReservations(unittest.TestCase):
         self.assertEqual(error["code"], "BAD_REQUEST")
         error, _ = self.client.call("reserve", "nope", "k", 1)
         self.assertEqual(error["code"], "UNKNOWN_RULE")
+
+
+class HttpReservations(unittest.TestCase):
+    """/v1/reserve and /v1/settle: a settle reaches the worker that holds its
+    reservation, whichever worker took the reserve."""
+
+    def setUp(self):
+        self.port = free_port()
+        self.daemon = Daemon("budget-http")
+        config = CONFIG.format(socket=self.daemon.socket).replace("workers = 1", "workers = 3")
+        self.daemon.start(config + '\n[http]\nlisten = "127.0.0.1:%d"\n' % self.port)
+
+    def tearDown(self):
+        self.daemon.stop()
+
+    def post(self, path):
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+        try:
+            connection.request("POST", path)
+            response = connection.getresponse()
+            return response.status, dict(response.getheaders()), json.loads(response.read())
+        finally:
+            connection.close()
+
+    def test_every_settle_finds_its_reservation(self):
+        for i in range(12):
+            status, headers, body = self.post(
+                "/v1/reserve?rule=tokens&key=h&estimate=1000&ttl_ms=30000")
+            self.assertEqual(status, 200, body)
+            self.assertEqual(headers["Sluice-Reservation"], str(body["id"]))
+            status, _, settled = self.post("/v1/settle?id=%d&actual=%d" % (body["id"], 400 + i))
+            self.assertEqual(status, 200, settled)
+            self.assertEqual(settled["refunded"], 600 - i)
+        status, _, problem = self.post("/v1/settle?id=%d&actual=0" % body["id"])
+        self.assertEqual(status, 404)
+        self.assertIn("no open reservation", problem["detail"])
 
 
 GLOBAL_CONFIG = """
