@@ -103,7 +103,7 @@ Outcome Dispatcher::decide(const Question& question, int64_t now_ns, const Asker
     case Method::kAcquireAll: return acquireAll(question, now_ns, asker, answer);
     case Method::kReserve: return reserve(question, now_ns, asker, answer);
     case Method::kSettle:
-    case Method::kCancel: settle(question, now_ns, answer); return Outcome::kAnswered;
+    case Method::kCancel: return settle(question, now_ns, asker, answer);
     default: return acquireOne(question, now_ns, asker, answer);
   }
 }
@@ -259,15 +259,21 @@ Outcome Dispatcher::reserve(const Question& question, int64_t now_ns, const Aske
   return Outcome::kAnswered;
 }
 
-void Dispatcher::settle(const Question& question, int64_t now_ns, Answer* answer) {
+Outcome Dispatcher::settle(const Question& question, int64_t now_ns, const Asker& asker,
+                           Answer* answer) {
   const Item& item = question.items.front();
   const uint64_t id = item.reservation;
   if (Reservations::workerOf(id) != reservations_.workerIndex()) {
+    // The worker that holds it answers; a notification has nowhere to go.
+    if (router_ && asker.recipient != nullptr &&
+        router_(Reservations::workerOf(id), question, asker.recipient, asker.tag)) {
+      return Outcome::kRouted;
+    }
     answer->fail(ErrorCode::kUnknownReservation,
                  "reservation " + std::to_string(id) +
-                     " was opened on another worker: settle it on the connection that reserved "
-                     "it");
-    return;
+                     " belongs to a worker this daemon does not have, or could not be reached: "
+                     "settle it on the daemon that reserved it");
+    return Outcome::kAnswered;
   }
   std::optional<Reservations::Reservation> taken = reservations_.take(id);
   if (!taken) {
@@ -275,7 +281,7 @@ void Dispatcher::settle(const Question& question, int64_t now_ns, Answer* answer
                  "no open reservation " + std::to_string(id) +
                      ": it was settled or cancelled already, expired (settled at its estimate) "
                      "or never opened");
-    return;
+    return Outcome::kAnswered;
   }
   // Taken: closed, whatever the settle finds below.
   (question.method == Method::kCancel ? metrics_.reservations_cancelled
@@ -287,7 +293,7 @@ void Dispatcher::settle(const Question& question, int64_t now_ns, Answer* answer
                  "the rule of reservation " + std::to_string(id) +
                      " was changed or removed by a reload; its keys started afresh, so there is "
                      "nothing to settle");
-    return;
+    return Outcome::kAnswered;
   }
   // cancel gives it all back: a settle of 0.
   const Settlement settlement =
@@ -308,7 +314,7 @@ void Dispatcher::settle(const Question& question, int64_t now_ns, Answer* answer
   }
   if (verdict.failed) {
     answer->fail(verdict.error, verdict.message);
-    return;
+    return Outcome::kAnswered;
   }
   // The key's state afterwards: allowed says whether it may spend again now.
   answer->decide(verdict.decision, verdict.mode);
@@ -319,6 +325,7 @@ void Dispatcher::settle(const Question& question, int64_t now_ns, Answer* answer
   if (settlement.debt > 0) metrics_.reservation_debt_units.add(static_cast<uint64_t>(settlement.debt));
   answer->refunded = settlement.refund;
   answer->debt = settlement.debt;
+  return Outcome::kAnswered;
 }
 
 size_t Dispatcher::expireReservations(int64_t now_ns) {

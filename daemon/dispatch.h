@@ -37,6 +37,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -111,6 +112,13 @@ class Dispatcher {
   // now_ns: the estimate stays spent. Returns how many.
   size_t expireReservations(int64_t now_ns);
   const Reservations& reservations() const { return reservations_; }
+  // Hands a settle or cancel of another worker's reservation (`worker`,
+  // Reservations::workerOf) to that worker, to answer to recipient with
+  // tag; false when it cannot, and the settle is answered
+  // UNKNOWN_RESERVATION here.
+  using Router = std::function<bool(uint32_t worker, const Question& question,
+                                    Recipient* recipient, MsgId tag)>;
+  void routeSettlesWith(Router router) { router_ = std::move(router); }
 
  private:
   Outcome decide(const Question& question, int64_t now_ns, const Asker& asker, Answer* answer);
@@ -122,7 +130,7 @@ class Dispatcher {
   void answerVerdict(const Rule& configured, const Verdict& verdict, bool counts, Answer* answer);
   // reserve, and settle or cancel (reservations.h).
   Outcome reserve(const Question& question, int64_t now_ns, const Asker& asker, Answer* answer);
-  void settle(const Question& question, int64_t now_ns, Answer* answer);
+  Outcome settle(const Question& question, int64_t now_ns, const Asker& asker, Answer* answer);
   void peekLeased(const Item& item, const Rule& rule, int64_t now_ns, Answer* answer);
   // Global concurrency rules (holding_path.h): acquire, peek and release.
   Outcome holdOne(const Question& question, const Rule& rule, int64_t now_ns,
@@ -146,6 +154,7 @@ class Dispatcher {
   HoldingPath holding_;
   GroupPath group_;
   Reservations reservations_;
+  Router router_;
 };
 
 }  // namespace sluice

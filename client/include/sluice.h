@@ -184,7 +184,8 @@ SLUICE_API int sluice_acquire_all(sluice_client* client, const sluice_item* item
  * work, then settle what it cost; the daemon gives back the difference, or
  * charges the excess as debt (out->remaining < 0 until it is paid back).
  * An unsettled reservation settles at its estimate after its TTL. Settle on
- * the handle that reserved (docs/protocol.md, "Reservations"). */
+ * any handle connected to the daemon that reserved (docs/protocol.md,
+ * "Reservations"). */
 
 /* The TTL sluice_reserve sends for ttl_ms 0, in milliseconds. */
 #define SLUICE_DEFAULT_TTL_MS 60000

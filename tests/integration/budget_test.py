@@ -153,6 +153,30 @@ class LocalReservations(unittest.TestCase):
         self.assertEqual(error["code"], "UNKNOWN_RULE")
 
 
+class RoutedSettles(unittest.TestCase):
+    """A settle on any connection finds its reservation: one that reaches
+    another worker than the one that holds it is routed there."""
+
+    def setUp(self):
+        self.daemon = Daemon("budget-routed")
+        config = CONFIG.format(socket=self.daemon.socket).replace("workers = 1", "workers = 3")
+        self.daemon.start(config)
+
+    def tearDown(self):
+        self.daemon.stop()
+
+    def test_a_settle_on_another_connection_finds_its_reservation(self):
+        workers = set()
+        for i in range(12):
+            reserved = self.daemon.ask("reserve", "tokens", "r", 1000, 30000)
+            workers.add(reserved["id"] >> 48)
+            settled = self.daemon.ask("settle", reserved["id"], 100 + i)
+            self.assertEqual(settled["refunded"], 900 - i)
+        # Connections are spread over the workers: some settles were routed.
+        self.assertGreater(len(workers), 1)
+        self.assertEqual(self.daemon.ask("stats")["reservations"]["open"], 0)
+
+
 class HttpReservations(unittest.TestCase):
     """/v1/reserve and /v1/settle: a settle reaches the worker that holds its
     reservation, whichever worker took the reserve."""

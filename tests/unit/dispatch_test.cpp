@@ -624,13 +624,13 @@ TEST_F(DispatchTest, ReservesBeyondThePerKeyBoundAreOverloadedAndSpendNothing) {
   EXPECT_TRUE(reserve("budget", "cold", 1).allowed());
 }
 
-// Verifies that a settle naming another worker's reservation is refused
-// clearly rather than settled on the wrong table.
-TEST_F(DispatchTest, ASettleOfAnotherWorkersReservationSaysWhere) {
+// Verifies that a settle naming a worker the dispatcher cannot reach is
+// refused clearly rather than settled on the wrong table.
+TEST_F(DispatchTest, ASettleOfAnUnreachableWorkersReservationSaysWhere) {
   const uint64_t elsewhere = (uint64_t{3} << 48) | 1;
   Response answer = settle(static_cast<int64_t>(elsewhere), 1);
   EXPECT_EQ(answer.error, "UNKNOWN_RESERVATION");
-  EXPECT_NE(answer.message.find("another worker"), std::string::npos);
+  EXPECT_NE(answer.message.find("settle it on the daemon that reserved it"), std::string::npos);
 }
 
 }  // namespace
