@@ -229,7 +229,8 @@ Outcome Dispatcher::reserve(const Question& question, int64_t now_ns, const Aske
   spend.max_wait_ms = 0;
   Verdict verdict;
   const Rule* rule = nullptr;
-  if (leasing(*configured)) {
+  const bool leases = leasing(*configured);
+  if (leases) {
     // Spent from the key's slice like an acquire; it may wait for a lease,
     // and is asked again (here) when the lease comes.
     Outcome outcome = lease_.acquire(*rules_, *configured, spend, now_ns, asker, &verdict);
@@ -252,8 +253,11 @@ Outcome Dispatcher::reserve(const Question& question, int64_t now_ns, const Aske
                                verdict.mode == Mode::kOpen;
     const int64_t spent = spent_nothing ? 0 : item.cost;
     const int64_t ttl_ms = item.ttl_ms > 0 ? item.ttl_ms : kDefaultReservationTtlMs;
+    // Spent from the slice unless the lease path fell back to the policy.
+    const bool on_slice = leases && verdict.mode != Mode::kFallback &&
+                          verdict.mode != Mode::kOpen && verdict.mode != Mode::kClosed;
     answer->reservation = reservations_.open(configured->id, item.key, spent, ttl_ms * 1'000'000,
-                                             now_ns, verdict.mode == Mode::kNormal);
+                                             now_ns, on_slice);
     metrics_.reservations_opened.add();
   }
   return Outcome::kAnswered;
