@@ -152,7 +152,22 @@ void Admin::writeStats(rpc::MsgId msgid, std::string* out) {
   LeaseStats leases = status_.leaseStats();
   rpc::writeResultHeader(out, msgid);
   msgpack::Writer w(out);
-  w.writeMapHeader(15);
+  w.writeMapHeader(16);
+  w.writeStr("reservations");
+  std::pair<std::string_view, uint64_t> reservation_fields[] = {
+      {"open", s.reservationsOpen()},
+      {"opened", s.reservations_opened},
+      {"settled", s.reservations_settled},
+      {"cancelled", s.reservations_cancelled},
+      {"expired", s.reservations_expired},
+      {"refunded_units", s.reservation_refunded_units},
+      {"debt_units", s.reservation_debt_units},
+  };
+  w.writeMapHeader(static_cast<uint32_t>(std::size(reservation_fields)));
+  for (auto [name, value] : reservation_fields) {
+    w.writeStr(name);
+    w.writeUint(value);
+  }
   w.writeStr("leases");
   std::pair<std::string_view, uint64_t> lease_fields[] = {
       {"requested", leases.requested},

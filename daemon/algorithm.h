@@ -82,6 +82,10 @@ struct AlgorithmTraits {
   // the units a node holds leased are overshoot it can cause (docs/design.md,
   // "The sliding log in Redis").
   bool stamps_lease = false;
+  // A reservation of it can be settled (reserve/settle, reservations.h):
+  // units spent at some time can be given back later, and units charged
+  // past the limit (a debt the state pays back before admitting more).
+  bool settles;
   // The file in lua/ that leases this algorithm's units (a slice, or held
   // units for concurrency); "" when a global rule of it leases nothing and
   // is decided on the node's share at all times.
@@ -94,26 +98,27 @@ struct AlgorithmTraits {
 inline constexpr std::array<AlgorithmTraits, kAlgorithmCount> kAlgorithmTraits = {{
     {.algorithm = Algorithm::kTokenBucket, .name = "token_bucket", .state = StateShape::kOneWord,
      .max_limit = 1'000'000'000, .burst = true, .waits = true, .refills = true, .windowed = false,
-     .holds = false, .leases_slice = true, .lease_script = "token_bucket.lua"},
+     .holds = false, .leases_slice = true, .settles = true, .lease_script = "token_bucket.lua"},
     {.algorithm = Algorithm::kGcra, .name = "gcra", .state = StateShape::kOneWord,
      .max_limit = 1'000'000'000, .burst = true, .waits = true, .refills = true, .windowed = false,
-     .holds = false, .leases_slice = true, .lease_script = "gcra.lua"},
+     .holds = false, .leases_slice = true, .settles = true, .lease_script = "gcra.lua"},
     // The window's count is 32 bits of the word.
     {.algorithm = Algorithm::kFixedWindow, .name = "fixed_window", .state = StateShape::kOneWord,
      .max_limit = 0xFFFFFFFFLL, .burst = false, .waits = false, .refills = false, .windowed = true,
-     .holds = false, .leases_slice = true, .lease_script = "fixed_window.lua"},
+     .holds = false, .leases_slice = true, .settles = true, .lease_script = "fixed_window.lua"},
     // Two windows' counts of 20 bits each share the word with the window.
     {.algorithm = Algorithm::kSlidingWindow, .name = "sliding_window",
      .state = StateShape::kOneWord, .max_limit = (1LL << 20) - 1, .burst = false, .waits = false,
      .refills = false, .windowed = true, .holds = false, .leases_slice = true,
-     .lease_script = "sliding_window.lua"},
+     .settles = true, .lease_script = "sliding_window.lua"},
     {.algorithm = Algorithm::kSlidingLog, .name = "sliding_log", .state = StateShape::kWordPerUnit,
      .max_limit = 1000, .burst = false, .waits = false, .refills = false, .windowed = false,
-     .holds = false, .leases_slice = true, .stamps_lease = true, .lease_script = "sliding_log.lua",
+     .holds = false, .leases_slice = true, .stamps_lease = true, .settles = false,
+     .lease_script = "sliding_log.lua",
      .for_larger_limits = "sliding_window"},
     {.algorithm = Algorithm::kConcurrency, .name = "concurrency", .state = StateShape::kWordPerUnit,
      .max_limit = 1000, .burst = false, .waits = false, .refills = false, .windowed = false,
-     .holds = true, .leases_slice = false, .lease_script = "concurrency.lua"},
+     .holds = true, .leases_slice = false, .settles = false, .lease_script = "concurrency.lua"},
 }};
 
 constexpr const AlgorithmTraits& algorithmTraits(Algorithm algorithm) {
@@ -136,6 +141,8 @@ constexpr bool rowsInEnumOrder() {
     if (row.stamps_lease && (!row.leases_slice || row.windowed)) return false;
     if (row.waits && !row.refills) return false;
     if (row.holds && row.state != StateShape::kWordPerUnit) return false;
+    // Settling rewrites one word (limiter.h settle()).
+    if (row.settles && row.state != StateShape::kOneWord) return false;
     if (!row.for_larger_limits.empty()) {
       bool found = false;
       for (const AlgorithmTraits& other : kAlgorithmTraits) {

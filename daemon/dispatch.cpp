@@ -2,6 +2,8 @@
 #include "dispatch.h"
 
 #include <algorithm>
+#include <optional>
+#include <string>
 
 #include "holding.h"
 #include "msgpack.h"
@@ -29,7 +31,8 @@ std::string cannotWait(const Rule& rule) {
 }  // namespace
 
 Dispatcher::Dispatcher(KeyTable& keys, MetricsShard& metrics, LeaseBroker* broker,
-                       int64_t lease_timeout_ns)
+                       int64_t lease_timeout_ns, uint32_t worker_index,
+                       Reservations::Bounds reservation_bounds)
     : metrics_(metrics),
       broker_(broker),
       waiting_(metrics, broker, lease_timeout_ns),
@@ -37,7 +40,8 @@ Dispatcher::Dispatcher(KeyTable& keys, MetricsShard& metrics, LeaseBroker* broke
       lease_(keys, metrics, broker, waiting_, policy_),
       local_(keys, waiting_, policy_),
       holding_(keys, metrics, broker, waiting_),
-      group_(keys, metrics, broker, waiting_, policy_, local_, lease_, holding_) {
+      group_(keys, metrics, broker, waiting_, policy_, local_, lease_, holding_),
+      reservations_(worker_index, reservation_bounds) {
   waiting_.onAskAgain([this](const Question& question, int64_t now_ns, const Asker& asker,
                              Answer* answer) { return decide(question, now_ns, asker, answer); });
 }
@@ -78,8 +82,8 @@ Outcome Dispatcher::ask(const Question& question, int64_t now_ns, const Asker& a
   if (!decides(question.method) || question.items.empty() ||
       (question.method != Method::kAcquireAll && question.items.size() != 1)) {
     answer->fail(ErrorCode::kBadRequest,
-                 "a question is acquire, peek or release of one item, or acquire_all of one or "
-                 "more");
+                 "a question is acquire, peek, release, reserve, settle or cancel of one item, or "
+                 "acquire_all of one or more");
   } else {
     Asker asking = asker;
     asking.question = question;
@@ -93,6 +97,12 @@ Outcome Dispatcher::ask(const Question& question, int64_t now_ns, const Asker& a
 Outcome Dispatcher::decide(const Question& question, int64_t now_ns, const Asker& asker,
                            Answer* answer) {
   answer->method = question.method;
+  switch (question.method) {
+    case Method::kReserve: return reserve(question, now_ns, asker, answer);
+    case Method::kSettle:
+    case Method::kCancel: return settle(question, now_ns, asker, answer);
+    default: break;
+  }
   const Item& item = question.items.front();
   if (question.method != Method::kAcquireAll &&
       (question.method != Method::kAcquire || item.cost <= 0)) {
@@ -117,6 +127,151 @@ Outcome Dispatcher::decide(const Question& question, int64_t now_ns, const Asker
   // A reservation's answer is Waiting's to give, when its units are due.
   if (outcome == Outcome::kWaitsReserved) answer->clear();
   return outcome;
+}
+
+// --- reserve, settle, cancel (reservations.h) ---------------------------------
+
+namespace {
+
+// A reserve names a rule whose state cannot be settled later.
+std::string notSettling(const Rule& rule, bool several_global_limits) {
+  return "reserve applies to token_bucket, gcra, fixed_window and sliding_window rules" +
+         std::string(several_global_limits ? " (a global one of one limit)" : "") + ", and rule \"" +
+         rule.name + "\" is " + std::string(scopeName(rule.scope)) + " " +
+         std::string(algorithmName(rule.algorithm)) +
+         (several_global_limits ? " of several limits" : "");
+}
+
+std::string refusalMessage(Reservations::Refusal refusal) {
+  return refusal == Reservations::Refusal::kTableFull
+             ? "this worker holds the most open reservations it may; settle or cancel some first"
+             : "this key holds the most open reservations one key may; settle or cancel some "
+               "first";
+}
+
+}  // namespace
+
+Outcome Dispatcher::reserve(const Question& question, int64_t now_ns, const Asker& asker,
+                            Answer* answer) {
+  const Item& item = question.items.front();
+  const Rule* configured = rules_->find(item.rule);
+  if (configured == nullptr) {
+    answer->fail(ErrorCode::kUnknownRule, unknownRule(item.rule));
+    return Outcome::kAnswered;
+  }
+  const bool several = broker_ != nullptr && configured->part_count > 0;
+  if (!algorithmTraits(configured->algorithm).settles || several) {
+    answer->fail(ErrorCode::kBadRequest, notSettling(*configured, several));
+    return Outcome::kAnswered;
+  }
+  if (std::optional<Reservations::Refusal> refusal =
+          reservations_.refusal(configured->id, item.key)) {
+    answer->fail(ErrorCode::kOverloaded, refusalMessage(*refusal));
+    return Outcome::kAnswered;
+  }
+  // A reserve decides like an acquire of its estimate: it may wait for a
+  // lease (and is asked again here when it comes), never for units.
+  Asker for_lease = asker;
+  for_lease.may_wait_for_units = false;
+  Item spend = item;
+  spend.max_wait_ms = 0;
+  const bool leases = leasing(*configured);
+  Outcome outcome =
+      group_.acquire(*rules_, std::span<const Item>(&spend, 1), now_ns, for_lease, answer);
+  if (outcome != Outcome::kAnswered || answer->failed) return outcome;
+  const Decision& decision = answer->decisions.front();
+  const Mode mode = answer->modes.front();
+  count(*configured, decision, mode);
+  if (decision.allowed) {
+    // A shadow rule's denial spent nothing, nor did a policy's "open": the
+    // reservation is of 0 units, and a settle charges the actual as debt.
+    const bool spent_nothing = decision.shadow_denied || mode == Mode::kOpen;
+    const int64_t spent = spent_nothing ? 0 : item.cost;
+    const int64_t ttl_ms = item.ttl_ms > 0 ? item.ttl_ms : kDefaultReservationTtlMs;
+    // Spent from the slice unless the lease path fell back to the policy.
+    const bool on_slice = leases && mode != Mode::kFallback && mode != Mode::kOpen &&
+                          mode != Mode::kClosed;
+    answer->reservation = reservations_.open(configured->id, item.key, spent, ttl_ms * 1'000'000,
+                                             now_ns, on_slice);
+    metrics_.reservations_opened.add();
+  }
+  return Outcome::kAnswered;
+}
+
+Outcome Dispatcher::settle(const Question& question, int64_t now_ns, const Asker& asker,
+                           Answer* answer) {
+  const Item& item = question.items.front();
+  const uint64_t id = item.reservation;
+  if (Reservations::workerOf(id) != reservations_.workerIndex()) {
+    // The worker that holds it answers; a notification has nowhere to go.
+    if (router_ && asker.recipient != nullptr &&
+        router_(Reservations::workerOf(id), question, asker.recipient, asker.tag)) {
+      return Outcome::kRouted;
+    }
+    answer->fail(ErrorCode::kUnknownReservation,
+                 "reservation " + std::to_string(id) +
+                     " belongs to a worker this daemon does not have, or could not be reached: "
+                     "settle it on the daemon that reserved it");
+    return Outcome::kAnswered;
+  }
+  std::optional<Reservations::Reservation> taken = reservations_.take(id);
+  if (!taken) {
+    answer->fail(ErrorCode::kUnknownReservation,
+                 "no open reservation " + std::to_string(id) +
+                     ": it was settled or cancelled already, expired (settled at its estimate) "
+                     "or never opened");
+    return Outcome::kAnswered;
+  }
+  // Taken: closed, whatever the settle finds below.
+  (question.method == Method::kCancel ? metrics_.reservations_cancelled
+                                      : metrics_.reservations_settled)
+      .add();
+  const Rule* configured = rules_->findById(taken->rule_id);
+  if (configured == nullptr) {
+    answer->fail(ErrorCode::kUnknownRule,
+                 "the rule of reservation " + std::to_string(id) +
+                     " was changed or removed by a reload; its keys started afresh, so there is "
+                     "nothing to settle");
+    return Outcome::kAnswered;
+  }
+  // cancel gives it all back: a settle of 0.
+  const Settlement settlement =
+      settlementOf(taken->estimate, question.method == Method::kCancel ? 0 : item.cost);
+  // Back where the estimate was spent: the key's slice (which needs no
+  // Redis call), or the state this node decides alone (a local rule, or a
+  // global rule's share while Redis is down).
+  Verdict verdict;
+  auto [rule, mode] = route(*configured);
+  if (taken->leased) {
+    verdict = lease_.settle(*rules_, *configured, taken->key, taken->opened_ns, settlement.refund,
+                            settlement.debt, now_ns);
+  } else if (rule == nullptr) {
+    verdict.decide(policyDecision(*configured, mode), mode);
+  } else {
+    verdict = local_.settle(*rules_, *rule, mode, taken->key, taken->opened_ns, settlement.refund,
+                            settlement.debt, now_ns);
+  }
+  if (verdict.failed) {
+    answer->fail(verdict.error, verdict.message);
+    return Outcome::kAnswered;
+  }
+  // The key's state afterwards: allowed says whether it may spend again now.
+  answer->decide(verdict.decision, verdict.mode);
+  answer->reservation = id;
+  if (settlement.refund > 0) {
+    metrics_.reservation_refunded_units.add(static_cast<uint64_t>(settlement.refund));
+  }
+  if (settlement.debt > 0) metrics_.reservation_debt_units.add(static_cast<uint64_t>(settlement.debt));
+  answer->refunded = settlement.refund;
+  answer->debt = settlement.debt;
+  return Outcome::kAnswered;
+}
+
+size_t Dispatcher::expireReservations(int64_t now_ns) {
+  // The estimate was spent when it was reserved; expiry only closes it.
+  const size_t expired = reservations_.expire(now_ns).size();
+  if (expired > 0) metrics_.reservations_expired.add(expired);
+  return expired;
 }
 
 // --- peek, release, and an acquire of cost 0: they take nothing ---------------

@@ -19,6 +19,12 @@
 // peek and release (and an acquire of cost 0) take nothing: the dispatcher
 // asks the same paths what an acquire would answer, or gives units back.
 //
+// reserve decides like an acquire of its estimate and, when allowed, opens a
+// reservation in this worker's table (reservations.h); settle and cancel
+// take it from there and give back or charge the difference on the key's
+// state, by the path that decides the key now. Expiry (expireReservations,
+// from the worker's timer) settles at the estimate: it stays spent.
+//
 // A question that cannot be answered yet waits (waiting.h has the model):
 // ask() returns how it waits and fills nothing; its Answer goes later to
 // the asker's Recipient, with its tag. Errors (an unknown rule, a full key
@@ -33,6 +39,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -50,6 +57,7 @@
 #include "metrics.h"
 #include "policy.h"
 #include "question.h"
+#include "reservations.h"
 #include "rules.h"
 #include "verdict.h"
 #include "waiting.h"
@@ -59,14 +67,17 @@ namespace sluice {
 class Dispatcher {
  public:
   // `broker` is null without Redis; lease_timeout_ns bounds a deferral.
+  // worker_index names the worker in its reservations' ids.
   Dispatcher(KeyTable& keys, MetricsShard& metrics, LeaseBroker* broker = nullptr,
-             int64_t lease_timeout_ns = 50'000'000);
+             int64_t lease_timeout_ns = 50'000'000, uint32_t worker_index = 0,
+             Reservations::Bounds reservation_bounds = {});
 
   // Installs the rule set that later questions see (after a reload).
   void setRules(RuleSetPtr rules);
   const RuleSet& rules() const { return *rules_; }
 
-  // Decides `question` (acquire, acquire_all, peek or release: decides())
+  // Decides `question` (acquire, acquire_all, peek, release, reserve,
+  // settle or cancel: decides())
   // into `answer`, or leaves it waiting. now_ns is the monotonic time it was
   // read at. asker.recipient and asker.tag say where a later answer goes;
   // without a recipient (or with !asker.may_wait) it never waits.
@@ -99,12 +110,27 @@ class Dispatcher {
   // The requests waiting, by kind (tests).
   const Waiting& waiting() const { return waiting_; }
 
+  // Settles at their estimate the reservations whose TTL has passed at
+  // now_ns: the estimate stays spent. Returns how many.
+  size_t expireReservations(int64_t now_ns);
+  const Reservations& reservations() const { return reservations_; }
+  // Hands a settle or cancel of another worker's reservation (`worker`,
+  // Reservations::workerOf) to that worker, to answer to recipient with
+  // tag; false when it cannot, and the settle is answered
+  // UNKNOWN_RESERVATION here.
+  using Router = std::function<bool(uint32_t worker, const Question& question,
+                                    Recipient* recipient, MsgId tag)>;
+  void routeSettlesWith(Router router) { router_ = std::move(router); }
+
  private:
   // acquire_all, and acquire of a cost over 0, through the group path
   // (group_path.h), counted; the rest through look().
   Outcome decide(const Question& question, int64_t now_ns, const Asker& asker, Answer* answer);
   // peek, release, and acquire of cost 0: one item, taking nothing.
   Outcome look(const Question& question, int64_t now_ns, Answer* answer);
+  // reserve, and settle or cancel (reservations.h).
+  Outcome reserve(const Question& question, int64_t now_ns, const Asker& asker, Answer* answer);
+  Outcome settle(const Question& question, int64_t now_ns, const Asker& asker, Answer* answer);
   // Whether a global rule decides on leases right now.
   bool leasing(const Rule& rule) const {
     return broker_ != nullptr && leasable(rule) && broker_->leasing();
@@ -122,7 +148,9 @@ class Dispatcher {
   LeasePath lease_;
   LocalPath local_;
   HoldingPath holding_;
-  GroupPath group_;  // every acquire, over the paths above
+  GroupPath group_;  // every acquire and reserve, over the paths above
+  Reservations reservations_;
+  Router router_;
 };
 
 }  // namespace sluice

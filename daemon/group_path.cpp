@@ -95,6 +95,11 @@ Outcome GroupPath::acquireAlone(const Item& item, int64_t now_ns, const Asker& a
       }
       break;
     case Outcome::kWaitsReserved: break;  // allowed: its units are spent already
+    case Outcome::kRouted:
+      // Only a settle is routed, and it never reaches a path.
+      impossible("GroupPath::acquireAlone: a decision path routed an acquire");
+      answer->fail(ErrorCode::kInternal, "an acquire was routed to another worker");
+      return Outcome::kAnswered;
   }
   if (entry.verdict.decision.allowed) {
     keep(group, entry);

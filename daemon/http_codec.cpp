@@ -65,7 +65,8 @@ unsigned errorStatus(ErrorCode code) {
     case ErrorCode::kBadRequest:
     case ErrorCode::kTooLarge: return 400;
     case ErrorCode::kUnknownRule:
-    case ErrorCode::kUnknownMethod: return 404;
+    case ErrorCode::kUnknownMethod:
+    case ErrorCode::kUnknownReservation: return 404;
     case ErrorCode::kForbidden: return 403;
     case ErrorCode::kOverloaded: return 503;
     case ErrorCode::kInternal: return 500;
@@ -138,13 +139,43 @@ Parsed parseCheck(std::string_view path, std::string_view http_method,
     parsed.method = Method::kAcquire;
   } else if (path == kPeekPath) {
     parsed.method = Method::kPeek;
+  } else if (path == kReservePath) {
+    parsed.method = Method::kReserve;
+  } else if (path == kSettlePath) {
+    parsed.method = Method::kSettle;
   } else {
-    parsed.refusal = problem(404, "no such endpoint; ask GET or POST /v1/check or /v1/peek");
+    parsed.refusal = problem(
+        404, "no such endpoint; ask GET or POST /v1/check, /v1/peek, /v1/reserve or /v1/settle");
     return parsed;
   }
   if (http_method != "GET" && http_method != "POST") {
     parsed.refusal = problem(405, "ask GET or POST " + std::string(path));
     parsed.refusal.headers.emplace_back("Allow", "GET, POST");
+    return parsed;
+  }
+  if (parsed.method == Method::kSettle) {
+    std::optional<uint64_t> id;
+    if (parameters.query_id) {
+      uint64_t value = 0;
+      auto [end, error] = std::from_chars(parameters.query_id->data(),
+                                          parameters.query_id->data() + parameters.query_id->size(),
+                                          value);
+      if (error == std::errc() && end == parameters.query_id->data() + parameters.query_id->size() &&
+          value != 0) {
+        id = value;
+      }
+    }
+    std::optional<int64_t> actual =
+        parameters.query_actual ? parseCost(*parameters.query_actual) : std::nullopt;
+    if (!id || !actual) {
+      parsed.refusal = problem(400, "/v1/settle needs ?id=ID (what /v1/reserve answered) and "
+                                    "&actual=UNITS (0..1000000000; 0 cancels)");
+      return parsed;
+    }
+    if (*actual == 0) parsed.method = Method::kCancel;
+    parsed.item.reservation = *id;
+    parsed.item.cost = *actual;
+    parsed.ok = true;
     return parsed;
   }
   auto pick = [](std::optional<std::string_view> query, std::optional<std::string_view> header) {
@@ -186,6 +217,23 @@ Parsed parseCheck(std::string_view path, std::string_view http_method,
   parsed.item.rule = *rule;
   parsed.item.key = *key;
   parsed.item.cost = parsed.method == Method::kPeek ? 0 : 1;
+  if (parsed.method == Method::kReserve) {
+    std::optional<int64_t> estimate =
+        parameters.query_estimate ? parseCost(*parameters.query_estimate) : std::nullopt;
+    std::optional<int64_t> ttl_ms =
+        parameters.query_ttl_ms ? parseCost(*parameters.query_ttl_ms) : std::nullopt;
+    if (!estimate || *estimate == 0 ||
+        (parameters.query_ttl_ms && (!ttl_ms || *ttl_ms == 0 || *ttl_ms > kMaxReservationTtlMs))) {
+      parsed.refusal = problem(400, "/v1/reserve needs &estimate=UNITS (1..1000000000) and takes "
+                                    "&ttl_ms=MS (1..86400000)");
+      return parsed;
+    }
+    parsed.item.cost = *estimate;
+    parsed.item.max_wait_ms = 0;
+    parsed.item.ttl_ms = ttl_ms.value_or(-1);
+    parsed.ok = true;
+    return parsed;
+  }
   if (cost) {
     std::optional<int64_t> value = parseCost(*cost);
     if (!value) {
@@ -233,6 +281,21 @@ std::pair<std::string, std::string> rateLimitHeaders(const Rule& rule, const Dec
 Reply encodeAnswer(const Answer& answer, const Rule* rule, std::string_view rule_name,
                    unsigned deny_status) {
   if (answer.failed) return problem(errorStatus(answer.error), answer.message);
+  if (settles(answer.method) && !answer.decisions.empty()) {
+    // What was settled, and the key's state afterwards.
+    const Decision& decision = answer.decisions.front();
+    Reply reply;
+    reply.content_type = "application/json";
+    reply.body = "{\"id\":" + std::to_string(answer.reservation);
+    appendField(&reply.body, "refunded", answer.refunded);
+    appendField(&reply.body, "debt", answer.debt);
+    reply.body += std::string(",\"allowed\":") + (decision.allowed ? "true" : "false");
+    appendField(&reply.body, "remaining", decision.remaining);
+    appendField(&reply.body, "limit", decision.limit);
+    appendField(&reply.body, "reset_after_ms", decision.reset_after_ms);
+    reply.body += ",\"mode\":" + jsonString(modeName(answer.modes.front())) + "}";
+    return reply;
+  }
   if (answer.decisions.empty() || rule == nullptr) {
     return problem(500, "the daemon answered no decision; this is a bug, please report it");
   }
@@ -249,6 +312,10 @@ Reply encodeAnswer(const Answer& answer, const Rule* rule, std::string_view rule
   appendField(&fields, "reset_after_ms", decision.reset_after_ms);
   appendField(&fields, "retry_after_ms", decision.retry_after_ms);
   fields += ",\"mode\":" + jsonString(modeName(mode));
+  if (answer.method == Method::kReserve && answer.reservation != 0) {
+    fields += ",\"id\":" + std::to_string(answer.reservation);
+    reply.headers.emplace_back("Sluice-Reservation", std::to_string(answer.reservation));
+  }
   if (decision.allowed) {
     reply.status = 200;
     reply.content_type = "application/json";

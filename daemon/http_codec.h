@@ -5,7 +5,11 @@
 // In: a request's path and method, and `rule`, `key`, `cost` from the query
 // string or the headers Sluice-Rule, Sluice-Key, Sluice-Cost (the query
 // wins), into a Question of one item: /v1/check is an acquire, /v1/peek a
-// peek (spends nothing).
+// peek (spends nothing), /v1/reserve a reserve of `estimate` (and
+// `ttl_ms`), /v1/settle a settle of reservation `id` at `actual` (a cancel
+// when actual is 0). A reserve's reply carries the id (body and the
+// Sluice-Reservation header); a settle's says what was refunded and
+// charged as debt, and is 200 whatever the key's state.
 //
 // Out: an Answer, and the rule it named, into a Reply:
 //   - allowed: 200, denied: the configured deny status (429 by default);
@@ -32,6 +36,10 @@ namespace sluice::http {
 
 inline constexpr std::string_view kCheckPath = "/v1/check";
 inline constexpr std::string_view kPeekPath = "/v1/peek";
+// Reservations (docs/http.md): reserve takes rule, key, estimate and an
+// optional ttl_ms; settle takes id and actual (actual 0 cancels).
+inline constexpr std::string_view kReservePath = "/v1/reserve";
+inline constexpr std::string_view kSettlePath = "/v1/settle";
 
 // A request's parameters as it carried them: from the query string and
 // from the Sluice-* headers; nullopt when absent.
@@ -49,6 +57,8 @@ struct Parameters {
   std::optional<std::string_view> query_rule, query_key, query_cost, query_key_header;
   std::optional<std::string_view> header_rule, header_key, header_cost;
   std::optional<std::string_view> named_header;  // the header key_header names
+  // reserve and settle, from the query only.
+  std::optional<std::string_view> query_estimate, query_ttl_ms, query_id, query_actual;
 };
 
 // The last address of an X-Forwarded-For value, blanks trimmed.

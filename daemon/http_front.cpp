@@ -108,6 +108,10 @@ MHD_Result handle(void* cls, MHD_Connection* connection, const char* url, const 
   parameters.header_rule = lookup(connection, MHD_HEADER_KIND, "Sluice-Rule");
   parameters.header_key = lookup(connection, MHD_HEADER_KIND, "Sluice-Key");
   parameters.header_cost = lookup(connection, MHD_HEADER_KIND, "Sluice-Cost");
+  parameters.query_estimate = lookup(connection, MHD_GET_ARGUMENT_KIND, "estimate");
+  parameters.query_ttl_ms = lookup(connection, MHD_GET_ARGUMENT_KIND, "ttl_ms");
+  parameters.query_id = lookup(connection, MHD_GET_ARGUMENT_KIND, "id");
+  parameters.query_actual = lookup(connection, MHD_GET_ARGUMENT_KIND, "actual");
   http::Parsed parsed =
       http::parseCheck(url, method, parameters, front->options().max_key_bytes);
   if (!parsed.ok) return send(connection, parsed.refusal);

@@ -242,6 +242,36 @@ void LeasePath::askForLease(const RuleSet& rules, const Rule& rule, const rpc::I
   if (taken.outcome == slice::Outcome::kTaken) slice::refund(words, item.cost);
 }
 
+Verdict LeasePath::settle(const RuleSet& rules, const Rule& rule, std::string_view key,
+                          int64_t spent_ns, int64_t refund, int64_t debt, int64_t now_ns) {
+  Verdict verdict;
+  const Mode mode = rule.shadow ? Mode::kShadow : Mode::kNormal;
+  KeyTable::Entry* entry = debt > 0 ? keys_.findOrInsert(rule.id, key, entryWords(rule), now_ns)
+                                    : currentEntry(keys_, rule, key);
+  if (entry == nullptr && debt > 0) {
+    verdict.fail(rpc::ErrorCode::kOverloaded, kTableFull);
+    return verdict;
+  }
+  const Rule& deciding = decidingFor(rules, rule, key, entry);
+  if (entry == nullptr) {
+    // The key was swept and gave its units back to Redis: so did the refund.
+    verdict.decide(peek(deciding, fresh_.of(deciding), now_ns, 0), mode);
+    return verdict;
+  }
+  auto words = slice::of(entry->state());
+  entry->touch(now_ns);
+  slice::refundSpent(words, refund, spent_ns, now_ns, deciding.limits.front().period_ns);
+  slice::charge(words, debt);
+  slice::TakeResult looked;
+  looked.outcome = slice::Outcome::kTaken;
+  looked.left = slice::balance(words, now_ns);
+  Decision decision = sliceDecision(deciding, looked, words, now_ns);
+  if (looked.left < 0) decision.remaining = looked.left;  // in debt: what the key owes
+  decision.allowed = looked.left >= 0;  // not in debt; a lease may bring more
+  verdict.decide(decision, mode);
+  return verdict;
+}
+
 Decision LeasePath::look(const RuleSet& rules, const Rule& rule, std::string_view key,
                          int64_t now_ns, int64_t cost, Mode* mode) {
   *mode = rule.shadow ? Mode::kShadow : Mode::kNormal;

@@ -71,6 +71,13 @@ class LeasePath {
                    bool again);
   // What an acquire of `cost` would answer on a key of `rule`, spending and
   // claiming nothing; `mode` gets its mode. After shadow.
+  // Settles a reservation of `rule` (reservations.h) on the key's slice:
+  // gives back `refund` units spent at spent_ns, or charges `debt` past what
+  // the slice holds (slice::refundSpent, slice::charge), with no call to
+  // Redis. Answers the slice afterwards: remaining is its balance, negative
+  // while it carries a debt.
+  Verdict settle(const RuleSet& rules, const Rule& rule, std::string_view key, int64_t spent_ns,
+                 int64_t refund, int64_t debt, int64_t now_ns);
   Decision look(const RuleSet& rules, const Rule& rule, std::string_view key, int64_t now_ns,
                 int64_t cost, Mode* mode);
   // Sends a lease request for a key of `rule` whose in-flight bit the

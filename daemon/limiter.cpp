@@ -29,23 +29,35 @@ struct WordAlgorithm {
                       int64_t max_wait_ns);
   uint64_t (*refund)(uint64_t state, const Limit& limit, int64_t now_ns, int64_t cost);
   bool (*is_idle)(uint64_t state, const Limit& limit, int64_t now_ns);
+  // A settle's transitions (settle()).
+  uint64_t (*refund_spent)(uint64_t state, const Limit& limit, int64_t spent_ns, int64_t now_ns,
+                           int64_t cost);
+  uint64_t (*charge)(uint64_t state, const Limit& limit, int64_t now_ns, int64_t cost);
+  // Units a bucket owes (its remaining reads 0 then); null for the windows,
+  // whose remaining goes negative itself.
+  int64_t (*owed)(uint64_t state, const Limit& limit, int64_t now_ns);
 };
 
 // nullptr for the slot algorithms.
 const WordAlgorithm* wordAlgorithm(Algorithm algorithm) {
-  static constexpr WordAlgorithm kTokenBucket{token_bucket::acquire, token_bucket::refund, token_bucket::isIdle};
-  static constexpr WordAlgorithm kGcra{gcra::acquire, gcra::refund, gcra::isIdle};
+  static constexpr WordAlgorithm kTokenBucket{token_bucket::acquire, token_bucket::refund, token_bucket::isIdle,
+                                                  token_bucket::refundSpent, token_bucket::charge,
+                                                  token_bucket::owed};
+  static constexpr WordAlgorithm kGcra{gcra::acquire, gcra::refund, gcra::isIdle, gcra::refundSpent,
+                                          gcra::charge, gcra::owed};
   // The window algorithms answer at once: a window cannot be reserved ahead.
   static constexpr WordAlgorithm kFixedWindow{
       [](uint64_t& state, const Limit& limit, int64_t now_ns, int64_t cost, int64_t) {
         return fixed_window::acquire(state, limit, now_ns, cost);
       },
-      fixed_window::refund, fixed_window::isIdle};
+      fixed_window::refund, fixed_window::isIdle, fixed_window::refundSpent, fixed_window::charge,
+      nullptr};
   static constexpr WordAlgorithm kSlidingWindow{
       [](uint64_t& state, const Limit& limit, int64_t now_ns, int64_t cost, int64_t) {
         return sliding_window::acquire(state, limit, now_ns, cost);
       },
-      sliding_window::refund, sliding_window::isIdle};
+      sliding_window::refund, sliding_window::isIdle, sliding_window::refundSpent,
+      sliding_window::charge, nullptr};
   switch (algorithm) {
     case Algorithm::kTokenBucket: return &kTokenBucket;
     case Algorithm::kGcra: return &kGcra;
@@ -230,6 +242,36 @@ Decision release(const Rule& rule, std::span<std::atomic<uint64_t>> state, int64
 void refund(const Rule& rule, std::span<std::atomic<uint64_t>> state, int64_t now_ns,
             int64_t cost) {
   if (cost > 0) refundLimits(rule, state, now_ns, cost, rule.limits.size());
+}
+
+Decision settle(const Rule& rule, std::span<std::atomic<uint64_t>> state, int64_t spent_ns,
+                int64_t now_ns, int64_t refund, int64_t debt) {
+  const WordAlgorithm* alg = wordAlgorithm(rule.algorithm);
+  if (alg == nullptr) return peekRule(rule, state, now_ns, 0);
+  MostRestrictive kept;
+  forEachLimit(rule, state, [&](const Limit& limit, std::span<std::atomic<uint64_t>> words) {
+    std::atomic<uint64_t>& word = words[0];
+    uint64_t seen = word.load(std::memory_order_acquire);
+    uint64_t next = seen;
+    for (;;) {
+      next = refund > 0   ? alg->refund_spent(seen, limit, spent_ns, now_ns, refund)
+             : debt > 0 ? alg->charge(seen, limit, now_ns, debt)
+                        : seen;
+      if (next == seen || word.compare_exchange_weak(seen, next, std::memory_order_acq_rel,
+                                                     std::memory_order_acquire)) {
+        break;
+      }
+    }
+    // The state as this settle left it; a bucket's debt as negative remaining.
+    Decision d = alg->acquire(next, limit, now_ns, 0, 0);
+    if (alg->owed != nullptr) {
+      if (const int64_t owed = alg->owed(next, limit, now_ns)) d.remaining = -owed;
+    }
+    kept.add(d);
+    return true;
+  });
+  // Not peek(): a shadow rule's debt is reported as it stands.
+  return kept.decision();
 }
 
 bool isIdle(const Rule& rule, std::span<const std::atomic<uint64_t>> state, int64_t now_ns) {

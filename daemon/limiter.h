@@ -54,6 +54,16 @@ Decision release(const Rule& rule, std::span<std::atomic<uint64_t>> state, int64
 void refund(const Rule& rule, std::span<std::atomic<uint64_t>> state, int64_t now_ns,
             int64_t cost);
 
+// Settles a reservation of `rule` whose units were spent at spent_ns
+// (reservations.h): gives back `refund` units to every limit, or spends
+// `debt` more on every limit even past it. Returns the state afterwards as
+// peek(rule, state, now_ns, 0) reports it: `remaining` is negative while the
+// key is in debt, and nothing new passes until it is paid back. Only rules
+// whose algorithm settles (algorithmTraits().settles); others are left as
+// they are.
+Decision settle(const Rule& rule, std::span<std::atomic<uint64_t>> state, int64_t spent_ns,
+                int64_t now_ns, int64_t refund, int64_t debt);
+
 // True when the state is indistinguishable from a fresh key's at now_ns
 // (buckets full, windows passed, nothing held): the entry may be dropped.
 bool isIdle(const Rule& rule, std::span<const std::atomic<uint64_t>> state, int64_t now_ns);

@@ -73,6 +73,29 @@ Outcome LocalPath::acquire(const RuleSet& rules, const Rule& configured, const R
   return Outcome::kAnswered;
 }
 
+Verdict LocalPath::settle(const RuleSet& rules, const Rule& rule, Mode mode, std::string_view key,
+                          int64_t spent_ns, int64_t refund, int64_t debt, int64_t now_ns) {
+  Verdict verdict;
+  // A refund to a key that is gone has nothing to give back to; a debt is
+  // charged to the key, made afresh when it was swept.
+  KeyTable::Entry* entry = debt > 0 ? keys_.findOrInsert(rule.id, key, entryWords(rule), now_ns)
+                                    : currentEntry(keys_, rule, key);
+  if (entry == nullptr && debt > 0) {
+    verdict.fail(rpc::ErrorCode::kOverloaded, kTableFull);
+    return verdict;
+  }
+  const Rule& deciding = decidingFor(rules, rule, key, entry);
+  if (entry == nullptr) {
+    verdict.decide(peek(deciding, fresh_.of(deciding), now_ns, 0), mode);
+    return verdict;
+  }
+  entry->touch(now_ns);
+  verdict.decide(sluice::settle(deciding, entry->state().first(stateWords(deciding)), spent_ns,
+                                now_ns, refund, debt),
+                 mode);
+  return verdict;
+}
+
 Verdict LocalPath::look(const RuleSet& rules, const Rule& configured, const Rule& rule, Mode mode,
                         const rpc::Item& item, bool release, int64_t now_ns) {
   // peek, release and cost 0 never create a key: an absent key is fresh.

@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 
 #include "decision.h"
 #include "key_table.h"
@@ -48,6 +49,12 @@ class LocalPath {
   // decision to count).
   Outcome acquire(const RuleSet& rules, const Rule& configured, const Rule& rule, Mode mode,
                   const rpc::Item& item, int64_t now_ns, const Asker& asker, Verdict* verdict);
+  // Settles a reservation on `rule` in `mode` (reservations.h): gives back
+  // `refund` units spent at spent_ns, or charges `debt` past the limit, on
+  // the key's state, and answers the state afterwards (remaining negative in
+  // debt). A key swept since it was spent is fresh: nothing to give back.
+  Verdict settle(const RuleSet& rules, const Rule& rule, Mode mode, std::string_view key,
+                 int64_t spent_ns, int64_t refund, int64_t debt, int64_t now_ns);
   // peek (release false) or release of item.cost units.
   Verdict look(const RuleSet& rules, const Rule& configured, const Rule& rule, Mode mode,
                const rpc::Item& item, bool release, int64_t now_ns);

@@ -112,6 +112,12 @@ MetricsSnapshot Metrics::snapshot() const {
     sum.lease_deferred_expired += shard.lease_deferred_expired.get();
     sum.penalty_blocks += shard.penalty_blocks.get();
     sum.unknown_fields += shard.unknown_fields.get();
+    sum.reservations_opened += shard.reservations_opened.get();
+    sum.reservations_settled += shard.reservations_settled.get();
+    sum.reservations_cancelled += shard.reservations_cancelled.get();
+    sum.reservations_expired += shard.reservations_expired.get();
+    sum.reservation_refunded_units += shard.reservation_refunded_units.get();
+    sum.reservation_debt_units += shard.reservation_debt_units.get();
     sum.decision_latency.add(shard.decision_latency);
   }
   for (size_t i = 0; i < kRefuseReasons; ++i) {

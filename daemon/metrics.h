@@ -57,7 +57,7 @@ constexpr size_t kRefuseReasons = 2;
 std::string_view refuseReasonName(RefuseReason reason);
 
 constexpr size_t kModes = 7;        // Mode values
-constexpr size_t kErrorCodes = 7;   // rpc::ErrorCode values
+constexpr size_t kErrorCodes = 8;   // rpc::ErrorCode values
 
 // Upper bounds of the latency histograms' buckets, in microseconds (the
 // last bucket, +Inf, is implicit).
@@ -125,6 +125,15 @@ struct alignas(64) MetricsShard {
   Counter lease_deferred_expired;  // of those, answered by policy at their deadline
   Counter penalty_blocks;          // keys blocked by their rule's penalty
   Counter unknown_fields;          // map entries skipped as unknown (rpc::Request)
+  // Reservations (reservations.h): opened by reserve, closed by settle,
+  // cancel or expiry at the estimate; units given back, and charged past
+  // the estimate (debt). Open now = opened - settled - cancelled - expired.
+  Counter reservations_opened;
+  Counter reservations_settled;
+  Counter reservations_cancelled;
+  Counter reservations_expired;
+  Counter reservation_refunded_units;
+  Counter reservation_debt_units;
   // Time from reading a request to its answer being written: each batch of
   // one read counts its elapsed time once per request in it; a deferred
   // request counts its own wait.
@@ -159,7 +168,18 @@ struct MetricsSnapshot {
   uint64_t lease_deferred_expired = 0;
   uint64_t penalty_blocks = 0;
   uint64_t unknown_fields = 0;
+  uint64_t reservations_opened = 0;
+  uint64_t reservations_settled = 0;
+  uint64_t reservations_cancelled = 0;
+  uint64_t reservations_expired = 0;
+  uint64_t reservation_refunded_units = 0;
+  uint64_t reservation_debt_units = 0;
   HistogramSnapshot decision_latency;
+
+  uint64_t reservationsOpen() const {
+    const uint64_t closed = reservations_settled + reservations_cancelled + reservations_expired;
+    return reservations_opened > closed ? reservations_opened - closed : 0;
+  }
 
   uint64_t decisions() const;
 };

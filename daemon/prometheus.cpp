@@ -144,6 +144,20 @@ std::string renderPrometheus(const MetricsView& view) {
   w.single("sluice_unknown_fields_total", "counter",
            "Map entries of requests skipped because the method does not know their name.",
            static_cast<double>(t.unknown_fields));
+  w.single("sluice_reservations", "gauge",
+           "Reservations open now: reserved and not yet settled, cancelled or expired.",
+           static_cast<double>(t.reservationsOpen()));
+  w.family("sluice_reservations_closed_total", "counter",
+           "Reservations closed, by how: settled, cancelled, or expired at their estimate.");
+  w.sample("sluice_reservations_closed_total", "how=\"settled\"", t.reservations_settled);
+  w.sample("sluice_reservations_closed_total", "how=\"cancelled\"", t.reservations_cancelled);
+  w.sample("sluice_reservations_closed_total", "how=\"expired\"", t.reservations_expired);
+  w.single("sluice_reservation_refunded_units_total", "counter",
+           "Units given back by settles below the estimate and by cancels.",
+           static_cast<double>(t.reservation_refunded_units));
+  w.single("sluice_reservation_debt_units_total", "counter",
+           "Units charged past the estimate by settles, even past the limit (debt).",
+           static_cast<double>(t.reservation_debt_units));
   w.single("sluice_shadow_denials_total", "counter",
            "Decisions of shadow rules that would have denied.", static_cast<double>(t.shadow_denied));
   w.histogram("sluice_decision_duration_seconds",

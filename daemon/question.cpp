@@ -14,6 +14,7 @@ std::string_view errorCodeName(ErrorCode code) {
     case ErrorCode::kForbidden: return "FORBIDDEN";
     case ErrorCode::kTooLarge: return "TOO_LARGE";
     case ErrorCode::kInternal: return "INTERNAL";
+    case ErrorCode::kUnknownReservation: return "UNKNOWN_RESERVATION";
   }
   return "INTERNAL";
 }
@@ -23,6 +24,9 @@ Method methodFromName(std::string_view name) {
   if (name == "acquire_all") return Method::kAcquireAll;
   if (name == "peek") return Method::kPeek;
   if (name == "release") return Method::kRelease;
+  if (name == "reserve") return Method::kReserve;
+  if (name == "settle") return Method::kSettle;
+  if (name == "cancel") return Method::kCancel;
   if (name == "health") return Method::kHealth;
   if (name == "stats") return Method::kStats;
   if (name == "rules") return Method::kRules;

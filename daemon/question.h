@@ -31,16 +31,21 @@ enum class ErrorCode {
   kForbidden,      // FORBIDDEN: the caller may not use this method
   kTooLarge,       // TOO_LARGE: frame, key or item count over its limit
   kInternal,       // INTERNAL: a bug; logged
+  kUnknownReservation,  // UNKNOWN_RESERVATION: no open reservation has that id
 };
 std::string_view errorCodeName(ErrorCode code);
 
 // The methods of the wire contract; a Question carries one of the first
-// four (the decisions), the rest are the admin methods (admin.h).
+// seven (the decisions and the reservations' settling), the rest are the
+// admin methods (admin.h).
 enum class Method {
   kAcquire,
   kAcquireAll,
   kPeek,
   kRelease,
+  kReserve,  // spends an estimate now, settled later (reservations.h)
+  kSettle,   // settles a reservation at its actual cost
+  kCancel,   // gives a reservation back whole
   kHealth,
   kStats,
   kRules,
@@ -49,13 +54,21 @@ enum class Method {
   kUnknown,
 };
 Method methodFromName(std::string_view name);
-// Whether a Question may carry `method`: acquire, acquire_all, peek, release.
+// Whether a Question may carry `method`: acquire, acquire_all, peek,
+// release, reserve, settle, cancel.
 constexpr bool decides(Method method) {
   return method == Method::kAcquire || method == Method::kAcquireAll ||
-         method == Method::kPeek || method == Method::kRelease;
+         method == Method::kPeek || method == Method::kRelease || method == Method::kReserve ||
+         method == Method::kSettle || method == Method::kCancel;
+}
+// Whether `method` names a reservation rather than a (rule, key).
+constexpr bool settles(Method method) {
+  return method == Method::kSettle || method == Method::kCancel;
 }
 
-// One (rule, key, cost) of a question.
+// One (rule, key, cost) of a question. reserve: cost is the estimate;
+// settle: cost is the actual cost and `reservation` the id, with no rule or
+// key; cancel: the id alone.
 struct Item {
   std::string_view rule;
   std::string_view key;
@@ -63,7 +76,13 @@ struct Item {
   // acquire: how long the request may wait for its units (bounded waiting);
   // -1 when it does not say, and the rule's max_wait applies.
   int64_t max_wait_ms = -1;
+  // reserve: how long the reservation stays open before it settles at its
+  // estimate; -1 for the default (kDefaultReservationTtlMs).
+  int64_t ttl_ms = -1;
+  uint64_t reservation = 0;  // settle, cancel: the id reserve answered
 };
+inline constexpr int64_t kDefaultReservationTtlMs = 60'000;
+inline constexpr int64_t kMaxReservationTtlMs = 86'400'000;  // a day
 
 // The tag a front gives a question, echoed with its answer: for
 // MessagePack-RPC the msgid as the client wrote it (any MessagePack integer,
@@ -103,6 +122,11 @@ struct Answer {
   // A one-item acquire that was allowed to wait: how long it waited (ms);
   // -1 otherwise.
   int64_t waited_ms = -1;
+  // reserve, allowed: the reservation's id; settle, cancel: the id settled.
+  uint64_t reservation = 0;
+  // settle, cancel: units given back, and units charged past the estimate.
+  int64_t refunded = 0;
+  int64_t debt = 0;
 
   // Empties it for the next question, keeping the vectors' capacity.
   void clear() {
@@ -114,6 +138,9 @@ struct Answer {
     decisions.clear();
     modes.clear();
     waited_ms = -1;
+    reservation = 0;
+    refunded = 0;
+    debt = 0;
   }
   // Answers one item.
   void decide(const Decision& decision, Mode mode, int64_t waited = -1) {

@@ -17,7 +17,7 @@ std::optional<Reservations::Refusal> Reservations::refusal(uint32_t rule_id,
 }
 
 uint64_t Reservations::open(uint32_t rule_id, std::string_view key, int64_t estimate,
-                            int64_t ttl_ns, int64_t now_ns) {
+                            int64_t ttl_ns, int64_t now_ns, bool leased) {
   const uint64_t id = worker_bits_ | next_sequence_;
   // 2^48 reservations per worker before the sequence wraps; it skips 0 so
   // that no id is 0.
@@ -25,7 +25,7 @@ uint64_t Reservations::open(uint32_t rule_id, std::string_view key, int64_t esti
   if (next_sequence_ == 0) next_sequence_ = 1;
   const int64_t expires_ns = ttl_ns > INT64_MAX - now_ns ? INT64_MAX : now_ns + ttl_ns;
   Reservation r{.id = id, .rule_id = rule_id, .key = std::string(key), .estimate = estimate,
-                .expires_ns = expires_ns};
+                .opened_ns = now_ns, .expires_ns = expires_ns, .leased = leased};
   by_expiry_.emplace(expires_ns, id);
   ++per_key_[KeyOf{rule_id, r.key}];
   reserved_units_ += estimate;

@@ -60,7 +60,11 @@ class Reservations {
     uint32_t rule_id = 0;
     std::string key;
     int64_t estimate = 0;
+    int64_t opened_ns = 0;  // when the estimate was spent
     int64_t expires_ns = 0;
+    // Spent from a global rule's leased slice (slice.h), not from state
+    // this node decides alone: the settle goes back to the slice.
+    bool leased = false;
   };
 
   enum class Refusal {
@@ -80,7 +84,7 @@ class Reservations {
   // Opens a reservation of `estimate` units, spent by the caller, expiring
   // at now_ns + ttl_ns; returns its id. Requires !refusal(rule_id, key).
   uint64_t open(uint32_t rule_id, std::string_view key, int64_t estimate, int64_t ttl_ns,
-                int64_t now_ns);
+                int64_t now_ns, bool leased = false);
 
   // Removes and returns reservation `id` for a settle or cancel; nullopt
   // when it is not open (never was, settled already, or expired).
@@ -94,6 +98,7 @@ class Reservations {
   std::optional<int64_t> nextExpiryNs() const;
 
   size_t size() const { return open_.size(); }
+  uint32_t workerIndex() const { return static_cast<uint32_t>(worker_bits_ >> kSequenceBits); }
   // Units reserved and not yet settled, over all open reservations.
   int64_t reservedUnits() const { return reserved_units_; }
 

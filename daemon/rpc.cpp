@@ -45,6 +45,15 @@ constexpr std::string_view kBadKey = "key must be a str or bin";
 constexpr std::string_view kKeyTooLong = "key is longer than max_key_bytes";
 constexpr std::string_view kBadCost = "cost must be an integer 0..1000000000";
 constexpr std::string_view kBadMaxWait = "max_wait_ms must be an integer 0..60000";
+constexpr std::string_view kBadReserve =
+    "reserve params must be [rule, key, estimate, ttl_ms] (ttl_ms optional) or "
+    "[{\"rule\", \"key\", \"estimate\", \"ttl_ms\"}]";
+constexpr std::string_view kBadSettle = "settle params must be [id, actual] or [{\"id\", \"actual\"}]";
+constexpr std::string_view kBadCancel = "cancel params must be [id] or [{\"id\"}]";
+constexpr std::string_view kBadEstimate = "estimate must be an integer 1..1000000000";
+constexpr std::string_view kBadActual = "actual must be an integer 0..1000000000";
+constexpr std::string_view kBadTtl = "ttl_ms must be an integer 1..86400000";
+constexpr std::string_view kBadId = "id must be the positive integer reserve answered";
 constexpr std::string_view kMapNeedsRuleKey = "an item map needs \"rule\" and \"key\"";
 constexpr std::string_view kContainerTooLarge = "an array or map has more than max_items elements";
 constexpr std::string_view kTooDeep = "nesting deeper than max_depth";
@@ -118,6 +127,10 @@ class Parser {
   bool parseKey(std::string_view* key);
   bool parseCost(int64_t* cost);
   bool parseMaxWait(int64_t* max_wait_ms);
+  bool parseReserve(uint32_t n);
+  bool parseSettle(uint32_t n, bool cancel);
+  bool parseBounded(int64_t* value, int64_t low, int64_t high, std::string_view message);
+  bool parseId(uint64_t* id);
 
   Reader reader_;
   const Limits& limits_;
@@ -165,6 +178,9 @@ bool Parser::parseParams(uint32_t n) {
     case Method::kPeek: return parseSingle(n, kCostZero, kBadPeek);
     case Method::kReset: return parseSingle(n, kCostZero, kBadReset);
     case Method::kAcquireAll: return parseAcquireAll(n);
+    case Method::kReserve: return parseReserve(n);
+    case Method::kSettle: return parseSettle(n, false);
+    case Method::kCancel: return parseSettle(n, true);
     case Method::kHealth:
     case Method::kStats:
     case Method::kRules:
@@ -276,6 +292,100 @@ bool Parser::parseMaxWait(int64_t* max_wait_ms) {
   return (*max_wait_ms >= 0 && *max_wait_ms <= kMaxWaitNs / 1'000'000) || bad(kBadMaxWait);
 }
 
+// [rule, key, estimate], [rule, key, estimate, ttl_ms] or
+// [{"rule", "key", "estimate", "ttl_ms"}]; the estimate is the item's cost.
+bool Parser::parseReserve(uint32_t n) {
+  Item& item = request_->items.emplace_back();
+  item.max_wait_ms = 0;  // a reserve answers at once
+  if (n == 1 && reader_.peekType() == Type::kMap) {
+    uint32_t entries = 0;
+    if (!reader_.readMapHeader(&entries)) return readerBad(kBadReserve);
+    if (!enter(3) || !count(entries)) return false;
+    bool has_rule = false;
+    bool has_key = false;
+    bool has_estimate = false;
+    for (uint32_t i = 0; i < entries; ++i) {
+      std::string_view name;
+      const Type type = reader_.peekType();
+      if (type == Type::kStr || type == Type::kBin) {
+        if (!reader_.readStrOrBin(&name)) return readerBad(kBadReserve);
+      } else if (!skipIn(3)) {
+        return false;
+      }
+      if (name == "rule") {
+        if (!reader_.readStr(&item.rule)) return readerBad(kBadRule);
+        has_rule = true;
+      } else if (name == "key") {
+        if (!parseKey(&item.key)) return false;
+        has_key = true;
+      } else if (name == "estimate") {
+        if (!parseBounded(&item.cost, 1, kMaxCost, kBadEstimate)) return false;
+        has_estimate = true;
+      } else if (name == "ttl_ms") {
+        if (!parseBounded(&item.ttl_ms, 1, kMaxReservationTtlMs, kBadTtl)) return false;
+      } else {
+        if (request_->unknown_fields++ == 0) request_->first_unknown_field = name;
+        if (!skipIn(3)) return false;
+      }
+    }
+    return (has_rule && has_key && has_estimate) || bad(kBadReserve);
+  }
+  if (n != 3 && n != 4) return bad(kBadReserve);
+  if (!reader_.readStr(&item.rule)) return readerBad(kBadRule);
+  if (!parseKey(&item.key)) return false;
+  if (!parseBounded(&item.cost, 1, kMaxCost, kBadEstimate)) return false;
+  return n < 4 || parseBounded(&item.ttl_ms, 1, kMaxReservationTtlMs, kBadTtl);
+}
+
+// settle: [id, actual] or [{"id", "actual"}]; cancel: [id] or [{"id"}]. The
+// item has no rule or key; its cost is the actual cost (cancel: 0).
+bool Parser::parseSettle(uint32_t n, bool cancel) {
+  const std::string_view message = cancel ? kBadCancel : kBadSettle;
+  Item& item = request_->items.emplace_back();
+  item.cost = 0;
+  if (n == 1 && reader_.peekType() == Type::kMap) {
+    uint32_t entries = 0;
+    if (!reader_.readMapHeader(&entries)) return readerBad(message);
+    if (!enter(3) || !count(entries)) return false;
+    bool has_id = false;
+    bool has_actual = cancel;
+    for (uint32_t i = 0; i < entries; ++i) {
+      std::string_view name;
+      const Type type = reader_.peekType();
+      if (type == Type::kStr || type == Type::kBin) {
+        if (!reader_.readStrOrBin(&name)) return readerBad(message);
+      } else if (!skipIn(3)) {
+        return false;
+      }
+      if (name == "id") {
+        if (!parseId(&item.reservation)) return false;
+        has_id = true;
+      } else if (name == "actual" && !cancel) {
+        if (!parseBounded(&item.cost, 0, kMaxCost, kBadActual)) return false;
+        has_actual = true;
+      } else {
+        if (request_->unknown_fields++ == 0) request_->first_unknown_field = name;
+        if (!skipIn(3)) return false;
+      }
+    }
+    return (has_id && has_actual) || bad(message);
+  }
+  if (n != (cancel ? 1u : 2u)) return bad(message);
+  if (!parseId(&item.reservation)) return false;
+  return cancel || parseBounded(&item.cost, 0, kMaxCost, kBadActual);
+}
+
+bool Parser::parseBounded(int64_t* value, int64_t low, int64_t high, std::string_view message) {
+  if (!reader_.readInt(value)) return readerBad(message);
+  return (*value >= low && *value <= high) || bad(message);
+}
+
+bool Parser::parseId(uint64_t* id) {
+  bool negative = false;
+  if (!reader_.readAnyInt(id, &negative)) return readerBad(kBadId);
+  return (!negative && *id != 0) || bad(kBadId);
+}
+
 }  // namespace
 
 ParseResult parseRequest(std::span<const uint8_t> buffer, const Limits& limits, Request* request) {
@@ -358,9 +468,19 @@ void writeErrorMap(msgpack::Writer& writer, std::string* out, ErrorCode code,
   writer.writeStr(message);
 }
 
+// What a reservation's answer adds to its decision map.
+struct Settled {
+  bool reserved = false;  // "id"
+  bool settled = false;   // "id", "refunded", "debt"
+  uint64_t id = 0;
+  int64_t refunded = 0;
+  int64_t debt = 0;
+};
+
 void writeDecisionMap(msgpack::Writer& writer, std::string* out, const Decision& decision, Mode mode,
-                      int64_t waited_ms = -1) {
-  writer.writeMapHeader(6 + (decision.cost_exceeds_limit ? 1 : 0) + (waited_ms >= 0 ? 1 : 0));
+                      int64_t waited_ms = -1, const Settled& settled = {}) {
+  writer.writeMapHeader(6 + (decision.cost_exceeds_limit ? 1 : 0) + (waited_ms >= 0 ? 1 : 0) +
+                        (settled.reserved ? 1 : 0) + (settled.settled ? 3 : 0));
   appendLiteral(out, "\xa7" "allowed");
   writer.writeBool(decision.allowed);
   appendLiteral(out, "\xa9" "remaining");
@@ -380,6 +500,16 @@ void writeDecisionMap(msgpack::Writer& writer, std::string* out, const Decision&
   if (waited_ms >= 0) {
     appendLiteral(out, "\xa9" "waited_ms");
     writer.writeInt(waited_ms);
+  }
+  if (settled.reserved || settled.settled) {
+    appendLiteral(out, "\xa2" "id");
+    writer.writeUint(settled.id);
+  }
+  if (settled.settled) {
+    appendLiteral(out, "\xa8" "refunded");
+    writer.writeInt(settled.refunded);
+    appendLiteral(out, "\xa4" "debt");
+    writer.writeInt(settled.debt);
   }
 }
 
@@ -433,7 +563,16 @@ void writeAnswer(std::string* out, MsgId msgid, const Answer& answer) {
       writeError(out, msgid, ErrorCode::kInternal, "internal error: an answer without a decision");
       return;
     }
-    writeDecision(out, msgid, answer.decisions.front(), answer.modes.front(), answer.waited_ms);
+    Settled settled;
+    settled.reserved = answer.method == Method::kReserve && answer.reservation != 0;
+    settled.settled = settles(answer.method);
+    settled.id = answer.reservation;
+    settled.refunded = answer.refunded;
+    settled.debt = answer.debt;
+    msgpack::Writer writer(out);
+    writeResultHeader(out, msgid);
+    writeDecisionMap(writer, out, answer.decisions.front(), answer.modes.front(), answer.waited_ms,
+                     settled);
   }
 }
 

@@ -98,6 +98,13 @@ struct ParseResult {
 //                  entry in the map is ignored)
 //     acquire_all  [[item, ...]] with 1..max_items items, each item
 //                  [rule, key], [rule, key, cost] or {"rule", "key", "cost"}
+//     reserve      [rule, key, estimate] | [rule, key, estimate, ttl_ms] |
+//                  [{"rule", "key", "estimate", "ttl_ms"}]: the item's cost
+//                  is the estimate (1..1,000,000,000), ttl_ms 1..86,400,000
+//                  (-1 when absent), max_wait_ms 0
+//     settle       [id, actual] | [{"id", "actual"}]; cancel [id] | [{"id"}]:
+//                  one item with no rule or key, `reservation` the id (a
+//                  positive integer), cost the actual (cancel: 0)
 //     health, stats, rules, reload, and any unknown method name: params are
 //                  skipped (any array), no items; an unknown name gives
 //                  Method::kUnknown so the caller answers UNKNOWN_METHOD.
@@ -149,7 +156,8 @@ void writeDecisions(std::string* out, MsgId msgid, bool all_allowed,
                     std::span<const Decision> decisions, std::span<const Mode> modes);
 // The seam's Answer to a question of `answer.method`: writeError when it
 // failed; writeDecisions for acquire_all; else writeDecision of its one
-// decision (with its waited_ms).
+// decision (with its waited_ms), plus "id" for an allowed reserve, and
+// "id", "refunded" and "debt" for a settle or cancel.
 void writeAnswer(std::string* out, MsgId msgid, const Answer& answer);
 // [1, msgid, nil, then the caller writes the result value with the Writer.
 void writeResultHeader(std::string* out, MsgId msgid);

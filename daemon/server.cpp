@@ -371,6 +371,9 @@ int Server::run() {
     workers_.push_back(std::make_unique<Worker>(i, options, *keys_, metrics_.shard(i), *this,
                                                 config_.rules, broker_.get(), throttle_rules));
   }
+  std::vector<Worker*> siblings;
+  for (auto& worker : workers_) siblings.push_back(worker.get());
+  for (auto& worker : workers_) worker->setSiblings(siblings);
   for (auto& worker : workers_) {
     worker->start();
   }

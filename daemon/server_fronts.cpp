@@ -15,6 +15,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "reservations.h"
+
 namespace sluice {
 
 std::vector<Rule> Server::withAddedRules(std::vector<Rule> rules, const std::vector<Rule>& added) {
@@ -42,8 +44,12 @@ bool Server::startHttp(std::string* error) {
   options.max_connections = config_.limits.max_connections;
   options.idle_timeout_s = static_cast<unsigned>((config_.limits.idle_timeout_ms + 999) / 1000);
   // Questions go to the workers in turn; each decides on the shared key table.
+  // A settle goes to the worker whose table holds its reservation.
   auto submit = [this](HeldQuestion question, Recipient* recipient, MsgId tag) {
-    size_t index = http_next_worker_.fetch_add(1, std::memory_order_relaxed) % workers_.size();
+    const Question asked = question.question();
+    size_t index = settles(asked.method) && !asked.items.empty()
+                       ? Reservations::workerOf(asked.items.front().reservation) % workers_.size()
+                       : http_next_worker_.fetch_add(1, std::memory_order_relaxed) % workers_.size();
     workers_[index]->submit(std::move(question), recipient, tag);
   };
   auto admit = [this](int fd) {

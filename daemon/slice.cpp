@@ -108,7 +108,8 @@ TakeResult take(Words words, int64_t now_ns, int64_t cost, bool again,
     // would count them in no window at all. Drop them (the control thread
     // counts nothing back: the window is over).
     if (words[kUnits].compare_exchange_strong(units, 0, std::memory_order_acq_rel)) {
-      result.dropped = static_cast<int64_t>(units);
+      // A debt ends with its window: it was owed to that window alone.
+      result.dropped = std::max<int64_t>(static_cast<int64_t>(units), 0);
     }
     units = words[kUnits].load(std::memory_order_acquire);
   }
@@ -144,6 +145,22 @@ void unclaim(Words words) {
 
 void refund(Words words, int64_t cost) {
   words[kUnits].fetch_add(static_cast<uint64_t>(cost), std::memory_order_acq_rel);
+}
+
+void refundSpent(Words words, int64_t units, int64_t spent_ns, int64_t now_ns, int64_t window_ns) {
+  if (units <= 0) return;
+  const int64_t expires = load(words, kExpires);
+  if (expires != 0 && (now_ns >= expires || spent_ns < expires - window_ns)) return;
+  words[kUnits].fetch_add(static_cast<uint64_t>(units), std::memory_order_acq_rel);
+}
+
+void charge(Words words, int64_t units) {
+  if (units > 0) words[kUnits].fetch_sub(static_cast<uint64_t>(units), std::memory_order_acq_rel);
+}
+
+int64_t balance(ConstWords words, int64_t now_ns) {
+  const int64_t units = load(words, kUnits);
+  return units > 0 ? spendable(words, now_ns) : units;
 }
 
 void noteGrant(Words words, int64_t granted, int64_t remaining) {
@@ -187,6 +204,8 @@ Batch nextBatch(Words words, int64_t now_ns, int64_t cost,
   words[kFlags].fetch_and(~kBoostMask, std::memory_order_acq_rel);
   words[kFlags].fetch_or(static_cast<uint64_t>(boost) << kBoostShift, std::memory_order_acq_rel);
   Batch batch;
+  // A debt the slice carries is paid from this lease before the cost.
+  cost += std::max<int64_t>(-load(words, kUnits), 0);
   batch.n = std::clamp<int64_t>(static_cast<int64_t>(per_interval * (1 << boost) + 0.999), 1, share);
   batch.n = std::max(batch.n, cost);
   bool warm = (flags & kWarm) != 0;
@@ -326,7 +345,12 @@ int64_t heldUnits(ConstWords words, int64_t now_ns) { return std::max<int64_t>(s
 
 Taken takeBack(Words words, int64_t now_ns) {
   int64_t expires = load(words, kExpires);
-  auto units = static_cast<int64_t>(words[kUnits].exchange(0, std::memory_order_acq_rel));
+  uint64_t held = words[kUnits].load(std::memory_order_acquire);
+  // A debt stays; units go, and race a worker's take() for them.
+  while (static_cast<int64_t>(held) > 0 &&
+         !words[kUnits].compare_exchange_weak(held, 0, std::memory_order_acq_rel)) {
+  }
+  auto units = static_cast<int64_t>(held);
   if (units <= 0 || (expires != 0 && now_ns >= expires)) return {};
   return {units, load(words, kLeaseNowMs)};
 }

@@ -155,6 +155,25 @@ void unclaim(Words words);
 // a holding's return that was not sent).
 void refund(Words words, int64_t cost);
 
+// --- Reservations (reservations.h): a settle on a leasing key ----------------
+
+// Gives back `units` a reserve took from the slice at spent_ns: into the
+// slice, so a hot tenant's settles cost Redis no call. A windowed slice
+// (its units expire) takes them back only while the window they were spent
+// in is the slice's, window_ns long and ending at its expiry; otherwise
+// they were counted in a window that is over, and nothing comes back.
+void refundSpent(Words words, int64_t units, int64_t spent_ns, int64_t now_ns, int64_t window_ns);
+
+// Spends `units` past what the slice holds: a settle's debt. Past zero the
+// slice carries it (negative units): nothing is taken until a lease has
+// paid it (nextBatch asks for it on top of the cost), and the sweep does
+// not give it away.
+void charge(Words words, int64_t units);
+
+// The slice's units at now_ns, negative while it carries a debt; 0 once a
+// window's units have expired.
+int64_t balance(ConstWords words, int64_t now_ns);
+
 // The size of the next lease, for a caller that has claimed the in-flight
 // bit of a key of `rule` (leasable): {n, need}. Once a measurement of demand
 // spans a lease interval, it becomes the key's rate and a new one starts.
@@ -262,7 +281,8 @@ int64_t heldUnits(ConstWords words, int64_t now_ns);
 
 // Takes every unit out of the slice to give back to Redis: {units,
 // lease_now_ms}; units 0 when none were held or their window has ended at
-// now_ns (a window that is over counts nothing back).
+// now_ns (a window that is over counts nothing back). A debt (negative
+// units) stays in the slice for the next lease to pay.
 struct Taken {
   int64_t units = 0;
   int64_t lease_now_ms = 0;

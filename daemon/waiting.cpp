@@ -200,7 +200,8 @@ void Waiting::askLease(int64_t now_ns, bool all) {
         break;
       case Outcome::kWaitsUntilDue:
       case Outcome::kWaitsInLine:
-      case Outcome::kWaitsReserved: break;  // it waits on, elsewhere
+      case Outcome::kWaitsReserved:
+      case Outcome::kRouted: break;  // it waits on, elsewhere
       case Outcome::kAnswered: {
         // It arrived lease_timeout before its deadline.
         int64_t waited_ns = now_ns - (waiter.due_ns - lease_timeout_ns_);

@@ -83,6 +83,9 @@ enum class Outcome {
   kWaitsUntilDue,
   kWaitsInLine,
   kWaitsReserved,
+  // Handed to another worker (a settle of a reservation it holds): the
+  // answer comes back through the asker's recipient.
+  kRouted,
 };
 
 // What a request that may wait for its units (max_wait) has of its wait:

@@ -23,6 +23,21 @@ constexpr int kBadInputLogsPerSecond = 5;
 
 }  // namespace
 
+// The recipient a sibling answers a relayed settle to: it carries the answer
+// back to its home worker's loop and is done (one answer each).
+class Worker::Relay final : public Recipient {
+ public:
+  Relay(Worker* home, uint64_t token) : home_(home), token_(token) {}
+  void receive(MsgId /*tag*/, const Answer& answer) override {
+    home_->postRelayed(token_, answer);
+    delete this;
+  }
+
+ private:
+  Worker* home_;
+  uint64_t token_;
+};
+
 Worker::Worker(size_t index, const WorkerOptions& options, KeyTable& keys, MetricsShard& metrics,
                DaemonStatus& status, RuleSetPtr rules, LeaseBroker* broker,
                RespFront::EnsureRule throttle_rules)
@@ -30,12 +45,17 @@ Worker::Worker(size_t index, const WorkerOptions& options, KeyTable& keys, Metri
       options_(options),
       keys_(keys),
       metrics_(metrics),
-      dispatcher_(keys, metrics, broker, options.lease_timeout_ms * 1'000'000),
+      dispatcher_(keys, metrics, broker, options.lease_timeout_ms * 1'000'000,
+                  static_cast<uint32_t>(index)),
       rpc_front_(dispatcher_, keys, metrics, status, broker),
       resp_front_(dispatcher_, options_.resp, std::move(throttle_rules)),
       reader_slot_(keys.registerReader()),
       read_scratch_(kReadScratchBytes) {
   dispatcher_.setRules(std::move(rules));
+  dispatcher_.routeSettlesWith([this](uint32_t worker, const Question& question,
+                                      Recipient* recipient, MsgId tag) {
+    return routeSettle(worker, question, recipient, tag);
+  });
   uv_loop_init(&loop_);
   uv_async_init(&loop_, &wakeup_, [](uv_async_t* handle) {
     static_cast<Worker*>(handle->data)->onMessages();
@@ -79,6 +99,12 @@ Worker::~Worker() {
     if (message.kind == Message::Kind::kAdopt) {
       ::close(message.fd);
     } else if (message.kind == Message::Kind::kAsk) {
+      // A sibling's relayed settle: its home may be gone already, and its
+      // connection with it.
+      if (auto* relay = dynamic_cast<Relay*>(message.recipient)) {
+        delete relay;
+        continue;
+      }
       refuseStopped(message);
     }
   }
@@ -105,6 +131,27 @@ void Worker::submit(HeldQuestion question, Recipient* recipient, MsgId tag) {
     }
   }
   refuseStopped(message);
+}
+
+bool Worker::routeSettle(uint32_t worker, const Question& question, Recipient* recipient,
+                         MsgId tag) {
+  if (worker >= siblings_.size() || siblings_[worker] == this || siblings_[worker] == nullptr) {
+    return false;
+  }
+  const uint64_t token = next_relay_++;
+  relays_.emplace(token, Relayed{recipient, tag});
+  siblings_[worker]->submit(HeldQuestion(question), new Relay(this, token), tag);
+  return true;
+}
+
+void Worker::postRelayed(uint64_t relay, const Answer& answer) {
+  Message message(Message::Kind::kRelayed);
+  message.relay = relay;
+  message.answer = answer;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (wakeup_closed_) return;  // this worker has stopped: nobody waits for it
+  inbox_.push_back(std::move(message));
+  uv_async_send(&wakeup_);
 }
 
 void Worker::ask(const Message& message) {
@@ -267,6 +314,16 @@ void Worker::onMessages() {
       case Message::Kind::kStop: beginStop(); break;
       case Message::Kind::kPing: pong_.store(message.seq, std::memory_order_release); break;
       case Message::Kind::kAsk: ask(message); break;
+      case Message::Kind::kRelayed: {
+        // Its connection may have closed meanwhile (forgotten below).
+        auto relayed = relays_.find(message.relay);
+        if (relayed != relays_.end()) {
+          Relayed to = relayed->second;
+          relays_.erase(relayed);
+          to.recipient->receive(to.tag, message.answer);
+        }
+        break;
+      }
     }
   }
   taken_.clear();
@@ -274,6 +331,11 @@ void Worker::onMessages() {
 
 void Worker::onSweep() {
   handle_count_.store(openHandles(&loop_), std::memory_order_relaxed);
+  {
+    // Reservations past their TTL settle at their estimate.
+    KeyTable::ReadGuard guard(keys_, reader_slot_);
+    dispatcher_.expireReservations(monotonicNowNs());
+  }
   auto now_ms = static_cast<int64_t>(uv_now(&loop_));
   // checkTimeouts may close a connection, but the list changes only in the
   // close callback, which runs later in this loop iteration.
@@ -285,6 +347,9 @@ void Worker::onSweep() {
 void Worker::onConnectionClosed(Connection* connection) {
   dispatcher_.forget(connection);
   std::erase(resuming_, connection);
+  std::erase_if(relays_, [connection](const auto& relayed) {
+    return relayed.second.recipient == connection;
+  });
   size_t index = connection->index;
   connections_[index] = connections_.back();
   connections_[index]->index = index;

@@ -35,6 +35,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "clock.h"
@@ -86,6 +87,12 @@ class Worker {
   // OVERLOADED on the caller's thread. The recipient must live until it
   // has received its answer.
   void submit(HeldQuestion question, Recipient* recipient, MsgId tag);
+  // Before start(): the daemon's workers, by index, so that a settle of a
+  // reservation another worker holds goes there (Reservations::workerOf);
+  // its answer comes back to this worker's loop (a relay) for the
+  // connection that asked. Workers outlive each other's threads (the server
+  // joins them all before destroying any).
+  void setSiblings(std::vector<Worker*> siblings) { siblings_ = std::move(siblings); }
   // Thread-safe: answers what is in flight, closes every connection and ends
   // the thread; join() waits for it.
   void stop();
@@ -134,7 +141,7 @@ class Worker {
 
  private:
   struct Message {
-    enum class Kind { kAdopt, kRules, kStop, kPing, kAsk };
+    enum class Kind { kAdopt, kRules, kStop, kPing, kAsk, kRelayed };
     explicit Message(Kind k) : kind(k) {}
     Kind kind;
     int fd = -1;
@@ -145,7 +152,14 @@ class Worker {
     HeldQuestion question;  // kAsk, with its recipient and tag
     Recipient* recipient = nullptr;
     MsgId tag;
+    uint64_t relay = 0;  // kRelayed: the relay's token, and its answer
+    Answer answer;
   };
+  class Relay;
+  // Hands a settle to sibling `worker`; false when there is none to ask.
+  bool routeSettle(uint32_t worker, const Question& question, Recipient* recipient, MsgId tag);
+  // Any thread: a sibling's answer to a relayed settle, for this loop.
+  void postRelayed(uint64_t relay, const Answer& answer);
   void post(Message message);
   // A submitted question (kAsk): decided here, answered to its recipient.
   void ask(const Message& message);
@@ -195,6 +209,14 @@ class Worker {
 
   std::vector<Connection*> connections_;  // loop thread only
   std::vector<Connection*> resuming_;     // loop thread only: resumeLater()
+  std::vector<Worker*> siblings_;         // set before start(), then read only
+  // Settles relayed to a sibling, by token: who asked (loop thread only).
+  struct Relayed {
+    Recipient* recipient = nullptr;
+    MsgId tag;
+  };
+  std::unordered_map<uint64_t, Relayed> relays_;
+  uint64_t next_relay_ = 1;
   std::vector<uint8_t> read_scratch_;     // loop thread only
   std::atomic<size_t> connection_count_{0};
   std::atomic<size_t> handle_count_{0};

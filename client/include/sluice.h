@@ -180,6 +180,34 @@ SLUICE_API int sluice_acquire_all(sluice_client* client, const sluice_item* item
                                   size_t count, int timeout_ms, int* all_allowed,
                                   sluice_decision* results);
 
+/* --- reservations: costs known only when the request ends -----------------
+ * Reserve the most a request may cost (an LLM call's max_tokens), do the
+ * work, then settle what it cost; the daemon gives back the difference, or
+ * charges the excess as debt (out->remaining < 0 until it is paid back).
+ * An unsettled reservation settles at its estimate after its TTL. Settle on
+ * any handle connected to the daemon that reserved (docs/protocol.md,
+ * "Reservations"). */
+
+/* The TTL sluice_reserve sends for ttl_ms 0, in milliseconds. */
+#define SLUICE_DEFAULT_TTL_MS 60000
+
+/* Decides like sluice_acquire of `estimate` (>= 1) and, when allowed, opens
+ * a reservation: *id is its id (0 when denied). ttl_ms 0 is
+ * SLUICE_DEFAULT_TTL_MS. Token bucket, GCRA and window rules; others answer
+ * SLUICE_ESERVER (BAD_REQUEST), and a full table OVERLOADED. */
+SLUICE_API int sluice_reserve(sluice_client* client, const char* rule, const void* key,
+                              size_t key_len, uint32_t estimate, uint32_t ttl_ms, int timeout_ms,
+                              sluice_decision* out, uint64_t* id);
+/* Settles reservation `id` at `actual` units: *refunded the units given back
+ * (estimate - actual), *debt those charged past the estimate; *out the key's
+ * state afterwards. `out`, `refunded` and `debt` may be NULL. An id not open
+ * answers SLUICE_ESERVER (UNKNOWN_RESERVATION). */
+SLUICE_API int sluice_settle(sluice_client* client, uint64_t id, uint32_t actual, int timeout_ms,
+                             sluice_decision* out, int64_t* refunded, int64_t* debt);
+/* Gives reservation `id` back whole: sluice_settle with actual 0. */
+SLUICE_API int sluice_cancel(sluice_client* client, uint64_t id, int timeout_ms,
+                             sluice_decision* out, int64_t* refunded);
+
 /* The daemon's `health` result: status "ok" or "degraded", redis "up",
  * "down" or "none" (copied, NUL-terminated, truncated to fit). */
 typedef struct sluice_health_info {

@@ -754,11 +754,25 @@ static enum decision_key decision_key(const uint8_t* key, uint32_t len, sluice_d
   }
 }
 
+/* What a decision map may carry besides the decision; NULL fields are skipped. */
+typedef struct decision_extras {
+  int64_t* waited_ms; /* acquire with waiting */
+  uint64_t* id;       /* reserve, settle, cancel */
+  int64_t* refunded;  /* settle, cancel */
+  int64_t* debt;      /* settle */
+} decision_extras;
+
 /* Reads a decision map; keys this library does not know are skipped, and
- * "waited_ms" is stored in *waited_ms when that is not NULL. */
-static int parse_waited_decision(mp_reader* r, sluice_decision* d, int64_t* waited_ms) {
+ * the extras' keys are stored where `extras` points (it may be NULL). */
+static int parse_decision_extras(mp_reader* r, sluice_decision* d, const decision_extras* extras) {
+  static const decision_extras none = {NULL, NULL, NULL, NULL};
+  int64_t* waited_ms;
   mp_value v;
   int saw_allowed = 0;
+  if (extras == NULL) {
+    extras = &none;
+  }
+  waited_ms = extras->waited_ms;
   memset(d, 0, sizeof *d);
   if (mp_read(r, &v) != 0 || v.type != MP_MAP) {
     return SLUICE_EPROTO;
@@ -774,6 +788,17 @@ static int parse_waited_decision(mp_reader* r, sluice_decision* d, int64_t* wait
     if (waited_ms != NULL && MP_BYTES_ARE(key, key_len, "waited_ms")) {
       kind = KEY_NUMBER;
       number = waited_ms;
+    } else if (extras->refunded != NULL && MP_BYTES_ARE(key, key_len, "refunded")) {
+      kind = KEY_NUMBER;
+      number = extras->refunded;
+    } else if (extras->debt != NULL && MP_BYTES_ARE(key, key_len, "debt")) {
+      kind = KEY_NUMBER;
+      number = extras->debt;
+    } else if (extras->id != NULL && MP_BYTES_ARE(key, key_len, "id")) {
+      if (mp_read_uint(r, extras->id) != 0) {
+        return SLUICE_EPROTO;
+      }
+      continue;
     }
     if (kind == KEY_NUMBER) {
       if (mp_read_int(r, number) != 0) {
@@ -801,7 +826,7 @@ static int parse_waited_decision(mp_reader* r, sluice_decision* d, int64_t* wait
 }
 
 static int parse_decision(mp_reader* r, sluice_decision* d) {
-  return parse_waited_decision(r, d, NULL);
+  return parse_decision_extras(r, d, NULL);
 }
 
 /* ---- synchronous calls --------------------------------------------------------- */
@@ -876,7 +901,8 @@ int sluice_acquire_wait(sluice_client* c, const char* rule, const void* key, siz
   }
   int rc = sync_item_call(c, SLUICE_METHOD("acquire"), rule, key, key_len, 1, cost, max_wait_ms,
                           timeout_ms, &r);
-  return rc != 0 ? rc : parse_waited_decision(&r, out, waited_ms != NULL ? waited_ms : &ignored);
+  decision_extras extras = {waited_ms != NULL ? waited_ms : &ignored, NULL, NULL, NULL};
+  return rc != 0 ? rc : parse_decision_extras(&r, out, &extras);
 }
 
 /* A [rule, key] call (peek, reset) whose result is a decision map. */
@@ -920,6 +946,76 @@ int sluice_release(sluice_client* c, const char* rule, const void* key, size_t k
     out->allowed = 1;
   }
   return 0;
+}
+
+int sluice_reserve(sluice_client* c, const char* rule, const void* key, size_t key_len,
+                   uint32_t estimate, uint32_t ttl_ms, int timeout_ms, sluice_decision* out,
+                   uint64_t* id) {
+  mp_reader r;
+  uint64_t got = 0;
+  if (out == NULL || id == NULL || estimate == 0) {
+    return SLUICE_EINVAL;
+  }
+  *id = 0;
+  /* [rule, key, estimate, ttl_ms]: the item's shape, its fourth field the TTL. */
+  int rc = sync_item_call(c, SLUICE_METHOD("reserve"), rule, key, key_len, 1, estimate,
+                          ttl_ms > 0 ? (int64_t)ttl_ms : SLUICE_DEFAULT_TTL_MS, timeout_ms, &r);
+  decision_extras extras = {NULL, &got, NULL, NULL};
+  if (rc == 0) {
+    rc = parse_decision_extras(&r, out, &extras);
+  }
+  if (rc == 0) {
+    *id = out->allowed ? got : 0;
+  }
+  return rc;
+}
+
+/* settle [id, actual] or cancel [id]; the answer is a decision map with
+ * refunded and debt. */
+static int settle_call(sluice_client* c, const char* method, size_t method_len, uint64_t id,
+                       int with_actual, uint32_t actual, int timeout_ms, sluice_decision* out,
+                       int64_t* refunded, int64_t* debt) {
+  int64_t deadline_ms = deadline_after(timeout_ms);
+  int64_t ignored_refunded = 0, ignored_debt = 0;
+  uint32_t msgid;
+  mp_reader r;
+  sluice_decision ignored;
+  int rc = sync_begin(c);
+  if (rc != 0) {
+    return rc;
+  }
+  if (id == 0) {
+    return SLUICE_EINVAL;
+  }
+  uint8_t* p = begin_request(c, method, method_len, 3 * MP_MAX_HEADER, &msgid);
+  if (p == NULL) {
+    return SLUICE_ENOMEM;
+  }
+  p = mp_put_array(p, with_actual ? 2 : 1);
+  p = mp_put_uint(p, id);
+  if (with_actual) {
+    p = mp_put_uint(p, actual);
+  }
+  finish_request(c, p, msgid);
+  rc = sync_exchange(c, deadline_ms, msgid, &r);
+  if (rc != 0) {
+    return rc;
+  }
+  decision_extras extras = {NULL, NULL, refunded != NULL ? refunded : &ignored_refunded,
+                            debt != NULL ? debt : &ignored_debt};
+  if (extras.refunded != NULL) *extras.refunded = 0;
+  if (extras.debt != NULL) *extras.debt = 0;
+  return parse_decision_extras(&r, out != NULL ? out : &ignored, &extras);
+}
+
+int sluice_settle(sluice_client* c, uint64_t id, uint32_t actual, int timeout_ms,
+                  sluice_decision* out, int64_t* refunded, int64_t* debt) {
+  return settle_call(c, SLUICE_METHOD("settle"), id, 1, actual, timeout_ms, out, refunded, debt);
+}
+
+int sluice_cancel(sluice_client* c, uint64_t id, int timeout_ms, sluice_decision* out,
+                  int64_t* refunded) {
+  return settle_call(c, SLUICE_METHOD("cancel"), id, 0, 0, timeout_ms, out, refunded, NULL);
 }
 
 int sluice_acquire_all(sluice_client* c, const sluice_item* items, size_t count, int timeout_ms,

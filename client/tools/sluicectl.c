@@ -31,6 +31,10 @@ static const char usage_text[] =
     "                           spend every item or none (all or nothing)\n"
     "  peek RULE KEY            show KEY's state under RULE without spending\n"
     "  release RULE KEY [COST]  give COST units (default 1) of a concurrency rule back\n"
+    "  reserve RULE KEY ESTIMATE [TTL_MS]\n"
+    "                           spend ESTIMATE now and print the reservation's id\n"
+    "  settle ID ACTUAL         settle reservation ID at its ACTUAL cost\n"
+    "  cancel ID                give reservation ID back whole\n"
     "  reset RULE KEY           forget KEY's state under RULE, in Redis too for a\n"
     "                           global rule (admins only)\n"
     "  health                   the daemon's health\n"
@@ -154,6 +158,25 @@ static void print_decisions(const sluice_decision* results, size_t count, int al
     printf("  %zu: ", i + 1);
     print_decision(&results[i], -1, 0);
   }
+}
+
+/* A reservation's answer: the decision, its id (0: none opened) and, for a
+ * settle or cancel, what was given back and charged. */
+static void print_reservation(const sluice_decision* d, uint64_t id, int settled,
+                              int64_t refunded, int64_t debt, int json) {
+  if (json) {
+    printf("{\"allowed\":%s,\"remaining\":%" PRId64 ",\"limit\":%" PRId64
+           ",\"reset_after_ms\":%" PRId64 ",\"retry_after_ms\":%" PRId64 ",\"mode\":\"%s\"",
+           d->allowed ? "true" : "false", d->remaining, d->limit, d->reset_after_ms,
+           d->retry_after_ms, sluice_mode_name(d->mode));
+    if (id != 0) printf(",\"id\":%" PRIu64, id);
+    if (settled) printf(",\"refunded\":%" PRId64 ",\"debt\":%" PRId64, refunded, debt);
+    puts("}");
+    return;
+  }
+  print_decision(d, -1, 0);
+  if (id != 0) printf("id %" PRIu64 "\n", id);
+  if (settled) printf("refunded %" PRId64 ", debt %" PRId64 "\n", refunded, debt);
 }
 
 /* Whether compact JSON (as libsluice writes it) is an object whose "status"
@@ -303,6 +326,10 @@ int main(int argc, char** argv) {
   int is_all = strcmp(command, "acquire_all") == 0;
   int is_reset = strcmp(command, "reset") == 0;
   int is_peek = strcmp(command, "peek") == 0 || is_reset; /* both take RULE KEY */
+  int is_reserve = strcmp(command, "reserve") == 0;
+  int is_settle = strcmp(command, "settle") == 0 || strcmp(command, "cancel") == 0;
+  uint32_t ttl_ms = 0;
+  uint64_t reservation = 0;
   int is_plain = strcmp(command, "health") == 0 || strcmp(command, "stats") == 0 ||
                  strcmp(command, "rules") == 0 || strcmp(command, "reload") == 0;
   uint32_t cost = 1;
@@ -337,6 +364,43 @@ int main(int argc, char** argv) {
       sluice_item item = {args[k], args[k + 1], strlen(args[k + 1]), item_cost};
       items[item_count++] = item;
     }
+  } else if (is_reserve) {
+    static const char synopsis[] = "RULE KEY ESTIMATE [TTL_MS]";
+    if (nargs < 3 || nargs > 4) {
+      return command_usage_error(command, "expected RULE KEY ESTIMATE [TTL_MS]", synopsis);
+    }
+    const char* bad = parse_cost(args[2], &cost);
+    if (bad == NULL && cost == 0) bad = "ESTIMATE must be at least 1";
+    if (bad == NULL && nargs == 4) {
+      char* end = NULL;
+      errno = 0;
+      unsigned long long value = strtoull(args[3], &end, 10);
+      if (errno != 0 || end == args[3] || *end != '\0' || value == 0 || value > 86400000ull) {
+        bad = "TTL_MS must be a number of milliseconds, 1 to 86400000";
+      }
+      ttl_ms = (uint32_t)value;
+    }
+    if (bad != NULL) {
+      return command_usage_error(command, bad, synopsis);
+    }
+  } else if (is_settle) {
+    const int cancel = command[0] == 'c';
+    const char* synopsis = cancel ? "ID" : "ID ACTUAL";
+    if (nargs != (cancel ? 1 : 2)) {
+      return command_usage_error(command, cancel ? "expected ID" : "expected ID ACTUAL", synopsis);
+    }
+    char* end = NULL;
+    errno = 0;
+    unsigned long long value = strtoull(args[0], &end, 10);
+    const char* bad = NULL;
+    if (errno != 0 || end == args[0] || *end != '\0' || value == 0 || args[0][0] == '-') {
+      bad = "ID must be the id reserve printed";
+    }
+    reservation = (uint64_t)value;
+    if (bad == NULL && !cancel) bad = parse_cost(args[1], &cost);
+    if (bad != NULL) {
+      return command_usage_error(command, bad, synopsis);
+    }
   } else if (is_peek) {
     if (nargs != 2) {
       return command_usage_error(command, "expected RULE KEY", "RULE KEY");
@@ -370,6 +434,22 @@ int main(int argc, char** argv) {
       status = all_allowed ? EXIT_OK : EXIT_DENIED;
     }
     free(results);
+  } else if (is_reserve || is_settle) {
+    sluice_decision d;
+    int64_t refunded = 0;
+    int64_t debt = 0;
+    if (is_reserve) {
+      rc = sluice_reserve(client, args[0], args[1], strlen(args[1]), cost, ttl_ms, timeout_ms, &d,
+                          &reservation);
+    } else if (command[0] == 's') {
+      rc = sluice_settle(client, reservation, cost, timeout_ms, &d, &refunded, &debt);
+    } else {
+      rc = sluice_cancel(client, reservation, timeout_ms, &d, &refunded);
+    }
+    if (rc == 0) {
+      print_reservation(&d, reservation, is_settle, refunded, debt, json);
+      status = is_settle || d.allowed ? EXIT_OK : EXIT_DENIED;
+    }
   } else if (is_item || is_peek) {
     sluice_decision d;
     size_t key_len = strlen(args[1]);

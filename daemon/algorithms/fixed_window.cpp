@@ -90,7 +90,7 @@ Decision acquireOnWall(uint64_t& state, const Limit& limit, int64_t now_ns, int6
   } else {
     d.retry_after_ms = time_math::ceilMs(end_ns - now_ns);
   }
-  d.remaining = std::max<int64_t>(units - w.count, 0);
+  d.remaining = units - w.count;  // negative only in a settle's debt
   d.reset_after_ms = w.count == 0 ? 0 : time_math::ceilMs(end_ns - now_ns);
   return d;
 }
@@ -101,6 +101,21 @@ uint64_t refund(uint64_t state, const Limit& limit, int64_t now_ns, int64_t cost
   // A spend made in a window that has since ended left nothing to give back.
   if (w.count == 0) return state;
   w.count -= std::min(cost, w.count);
+  return pack(w);
+}
+
+uint64_t refundSpent(uint64_t state, const Limit& limit, int64_t spent_ns, int64_t now_ns,
+                     int64_t cost) {
+  const int64_t offset_ns = offsetFor(limit);
+  if (current(limit, spent_ns, offset_ns).id != current(limit, now_ns, offset_ns).id) return state;
+  return refund(state, limit, now_ns, cost);
+}
+
+uint64_t charge(uint64_t state, const Limit& limit, int64_t now_ns, int64_t cost) {
+  if (cost <= 0) return state;
+  Window w = resolve(state, current(limit, now_ns, offsetFor(limit)).id);
+  w.count = static_cast<int64_t>(
+      std::min<uint64_t>(static_cast<uint64_t>(w.count) + static_cast<uint64_t>(cost), kCountMask));
   return pack(w);
 }
 

@@ -5,7 +5,8 @@
 // State: ONE 64-bit word, (window id mod 2^32) << 32 | count (32 bits), where
 // window id = now_ns / period_ns and count is the units spent in that window.
 // The zero word (count 0) is a fresh key whatever its id. maxLimit is 2^32-1.
-// Invariant: count <= limit for the stored window.
+// Invariant: count <= limit for the stored window, but after charge() (a
+// settle's debt), which may count past it.
 //
 // Id aliasing: the id is kept mod 2^32 (2^32 windows are 49 days at the
 // 1 ms minimum period). A stored id up to time_math::kMaxSkewWindows ahead of
@@ -22,7 +23,7 @@
 // functions without wall_offset_ns take calendar::wallOffsetNs().
 //
 // Decision fields:
-//  - remaining: limit - count after this decision.
+//  - remaining: limit - count after this decision; negative in debt.
 //  - limit: limit.limit.
 //  - reset_after_ms: until the window ends (count back to 0), rounded up;
 //    0 when nothing is counted.
@@ -49,6 +50,17 @@ Decision acquireOnWall(uint64_t& state, const Limit& limit, int64_t now_ns, int6
 // Returns `state` with `cost` units given back to the window of now_ns (or the
 // newer window a racing thread stored), for undoing a spend made at now_ns.
 uint64_t refund(uint64_t state, const Limit& limit, int64_t now_ns, int64_t cost);
+
+// Returns `state` with `cost` units, spent at spent_ns, given back at now_ns:
+// a settle's refund (reservations.h). Units spent in a window that has ended
+// left nothing to give back, so only a spend of now's window is refunded.
+uint64_t refundSpent(uint64_t state, const Limit& limit, int64_t spent_ns, int64_t now_ns,
+                     int64_t cost);
+
+// Returns `state` with `cost` units counted in now_ns's window even past the
+// limit: a settle's debt (the count saturates at 2^32-1). The window then
+// reports negative `remaining` and admits nothing more until it ends.
+uint64_t charge(uint64_t state, const Limit& limit, int64_t now_ns, int64_t cost);
 
 // True when nothing is counted in now_ns's window.
 bool isIdle(uint64_t state, const Limit& limit, int64_t now_ns);

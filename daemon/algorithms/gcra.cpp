@@ -46,12 +46,27 @@ Decision acquire(uint64_t& state, const Limit& limit, int64_t now_ns, int64_t co
   return d;
 }
 
+uint64_t charge(uint64_t state, const Limit& limit, int64_t now_ns, int64_t cost) {
+  if (cost <= 0) return state;
+  const i128 tat_ns = std::max<i128>(time_math::decodeTime(state), now_ns) +
+                      static_cast<i128>(cost) * time_math::emissionIntervalNs(limit);
+  return time_math::encodeTime(time_math::clampToI64(tat_ns));
+}
+
 uint64_t refund(uint64_t state, const Limit& limit, int64_t now_ns, int64_t cost) {
   if (state == 0 || cost <= 0) return state;
   const i128 tat_ns = static_cast<i128>(time_math::decodeTime(state)) -
                       static_cast<i128>(cost) * time_math::emissionIntervalNs(limit);
   // A TAT at or before now is a fresh key, which is always the zero word.
   return tat_ns <= now_ns ? 0 : time_math::encodeTime(static_cast<int64_t>(tat_ns));
+}
+
+int64_t owed(uint64_t state, const Limit& limit, int64_t now_ns) {
+  if (state == 0) return 0;
+  const int64_t interval_ns = time_math::emissionIntervalNs(limit);
+  const i128 past_ns = static_cast<i128>(time_math::decodeTime(state)) - now_ns -
+                       static_cast<i128>(std::max<int64_t>(limit.burst, 0)) * interval_ns;
+  return past_ns <= 0 ? 0 : time_math::clampToI64((past_ns + interval_ns - 1) / interval_ns);
 }
 
 bool isIdle(uint64_t state, const Limit& /*limit*/, int64_t now_ns) {

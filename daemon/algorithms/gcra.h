@@ -27,7 +27,8 @@
 // allocation; any thread. The caller publishes the new word with a CAS.
 //
 // Decision fields:
-//  - remaining: whole units that could still be spent at once after this one.
+//  - remaining: whole units that could still be spent at once after this one
+//    (0 while TAT lies past the tolerance: owed() tells how far).
 //  - limit: limit.limit (units per period); at most limit.burst at once.
 //  - reset_after_ms: until TAT, when the key is back to a fresh burst.
 //  - retry_after_ms: 0 when allowed; otherwise until `cost` units conform,
@@ -55,6 +56,23 @@ Decision acquire(uint64_t& state, const Limit& limit, int64_t now_ns, int64_t co
 // Returns `state` with `cost` units given back (TAT moved back, never before
 // now), for undoing a spend made at now_ns when a later limit denied.
 uint64_t refund(uint64_t state, const Limit& limit, int64_t now_ns, int64_t cost);
+
+// Returns `state` with `cost` units spent at now_ns past any tolerance: a
+// settle's debt (reservations.h). TAT moves cost intervals on (never past
+// the last int64 time); nothing conforms until time has paid it back.
+uint64_t charge(uint64_t state, const Limit& limit, int64_t now_ns, int64_t cost);
+
+// Units owed at now_ns: how far TAT lies past the tolerance edge
+// now + burst*interval, in intervals rounded up (a settle's debt, or
+// reservations that wait); 0 when none.
+int64_t owed(uint64_t state, const Limit& limit, int64_t now_ns);
+
+// A settle's refund of `cost` units spent at spent_ns: refund(), whenever
+// they were spent (TAT never moves before now).
+inline uint64_t refundSpent(uint64_t state, const Limit& limit, int64_t /*spent_ns*/,
+                            int64_t now_ns, int64_t cost) {
+  return refund(state, limit, now_ns, cost);
+}
 
 // True when TAT <= now_ns (indistinguishable from a fresh key).
 bool isIdle(uint64_t state, const Limit& limit, int64_t now_ns);

@@ -94,7 +94,9 @@ Decision acquire(uint64_t& state, const Limit& limit, int64_t now_ns, int64_t co
     d.retry_after_ms = time_math::ceilMs(fit_ns - now_ns);
   }
   const i128 used = prev_weight + static_cast<i128>(w.cur) * period_ns;
-  d.remaining = used >= capacity ? 0 : static_cast<int64_t>((capacity - used) / period_ns);
+  // Negative only in a settle's debt: floor, so a part of a unit owed is one.
+  d.remaining = used > capacity ? -time_math::clampToI64((used - capacity + period_ns - 1) / period_ns)
+                                : static_cast<int64_t>((capacity - used) / period_ns);
   if (w.cur > 0) {
     d.reset_after_ms = time_math::ceilMs(start_ns + 2 * static_cast<i128>(period_ns) - now_ns);
   } else if (w.prev > 0) {
@@ -109,6 +111,29 @@ uint64_t refund(uint64_t state, const Limit& limit, int64_t now_ns, int64_t cost
   // A spend made in a window that has since ended left nothing to give back.
   if (w.cur == 0) return state;
   w.cur -= std::min(cost, w.cur);
+  return pack(w);
+}
+
+uint64_t refundSpent(uint64_t state, const Limit& limit, int64_t spent_ns, int64_t now_ns,
+                     int64_t cost) {
+  if (cost <= 0 || state == 0) return state;
+  const int64_t period_ns = std::max<int64_t>(limit.period_ns, 1);
+  Window w = resolve(state, period_ns, now_ns);
+  const int64_t spent_id = time_math::windowId(spent_ns, period_ns);
+  if (spent_id == w.id) {
+    w.cur -= std::min(cost, w.cur);
+  } else if (spent_id == w.id - 1) {
+    w.prev -= std::min(cost, w.prev);
+  } else {
+    return state;
+  }
+  return pack(w);
+}
+
+uint64_t charge(uint64_t state, const Limit& limit, int64_t now_ns, int64_t cost) {
+  if (cost <= 0) return state;
+  Window w = resolve(state, std::max<int64_t>(limit.period_ns, 1), now_ns);
+  w.cur = std::min<int64_t>(w.cur + std::min<int64_t>(cost, kCountMask), kCountMask);
   return pack(w);
 }
 

@@ -9,7 +9,7 @@
 //
 // State: ONE 64-bit word, window id mod 2^24 (bits 63..40) | cur (bits
 // 39..20) | prev (bits 19..0). The zero word is a fresh key. maxLimit is
-// 2^20 - 1. Invariant: cur <= limit.
+// 2^20 - 1. Invariant: cur <= limit, but after charge() (a settle's debt).
 //
 // Id aliasing: the id is kept mod 2^24, which wraps after 2^24 windows (4.7
 // hours at the 1 ms minimum period, 194 days at 1 s). A stored id up to
@@ -26,7 +26,7 @@
 // allocation; any thread. The caller publishes the new word with a CAS.
 //
 // Decision fields:
-//  - remaining: floor(limit - estimate) after this decision.
+//  - remaining: floor(limit - estimate) after this decision; negative in debt.
 //  - limit: limit.limit.
 //  - reset_after_ms: until the estimate is 0 again: the end of the next
 //    window when cur > 0, else the end of this window when prev > 0, else 0.
@@ -53,6 +53,19 @@ Decision acquire(uint64_t& state, const Limit& limit, int64_t now_ns, int64_t co
 // thread have moved to the next window in between, the units are taken from
 // that window instead; the estimate is then briefly lower by at most cost.
 uint64_t refund(uint64_t state, const Limit& limit, int64_t now_ns, int64_t cost);
+
+// Returns `state` with `cost` units, spent at spent_ns, given back at now_ns:
+// a settle's refund (reservations.h). A spend of now's window comes off its
+// count, one of the window before off the previous count (so its weight in
+// the estimate goes too); an older one left nothing to give back.
+uint64_t refundSpent(uint64_t state, const Limit& limit, int64_t spent_ns, int64_t now_ns,
+                     int64_t cost);
+
+// Returns `state` with `cost` units counted in now_ns's window even past the
+// limit: a settle's debt (the count saturates at 2^20-1). The estimate then
+// exceeds the limit, `remaining` is negative, and nothing passes until it has
+// decayed below the limit again.
+uint64_t charge(uint64_t state, const Limit& limit, int64_t now_ns, int64_t cost);
 
 // True when both counts are 0 as seen at now_ns.
 bool isIdle(uint64_t state, const Limit& limit, int64_t now_ns);

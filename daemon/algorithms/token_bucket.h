@@ -22,7 +22,8 @@
 // allocation; any thread. The caller publishes the new word with a CAS.
 //
 // Decision fields:
-//  - remaining: whole units left in the bucket after this decision.
+//  - remaining: whole units left in the bucket after this decision (0 while
+//    it owes units: owed() tells how many).
 //  - limit: limit.limit (units per period); capacity is limit.burst.
 //  - reset_after_ms: until the bucket is full again, rounded up.
 //  - retry_after_ms: 0 when allowed; otherwise until `cost` units are in the
@@ -49,6 +50,23 @@ Decision acquire(uint64_t& state, const Limit& limit, int64_t now_ns, int64_t co
 // Returns `state` with `cost` units given back (never beyond a full bucket),
 // for undoing a spend made at now_ns when a later limit denied.
 uint64_t refund(uint64_t state, const Limit& limit, int64_t now_ns, int64_t cost);
+
+// Returns `state` with `cost` units spent at now_ns whatever the bucket holds:
+// a settle's debt (reservations.h). The empty time may pass now, and the
+// bucket then reads as owing units (negative `remaining`) until its refill
+// has paid them back; nothing new passes before.
+uint64_t charge(uint64_t state, const Limit& limit, int64_t now_ns, int64_t cost);
+
+// Units the bucket owes at now_ns (its empty time past now, rounded up): a
+// settle's debt, or reservations that wait; 0 when it owes none.
+int64_t owed(uint64_t state, const Limit& limit, int64_t now_ns);
+
+// A settle's refund of `cost` units spent at spent_ns: refund(); a bucket
+// gives back the same whenever they were spent, never beyond full.
+inline uint64_t refundSpent(uint64_t state, const Limit& limit, int64_t /*spent_ns*/,
+                            int64_t now_ns, int64_t cost) {
+  return refund(state, limit, now_ns, cost);
+}
 
 // True when the bucket is full at now_ns (indistinguishable from fresh).
 bool isIdle(uint64_t state, const Limit& limit, int64_t now_ns);

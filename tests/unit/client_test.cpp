@@ -60,6 +60,10 @@ struct Request {
   bool key_is_bin = false;
   std::optional<uint64_t> cost;
   uint32_t item_count = 0;
+  // reserve's fourth field; settle's and cancel's [id, actual].
+  std::optional<uint64_t> ttl_ms;
+  std::optional<uint64_t> id;
+  std::optional<uint64_t> actual;
 };
 
 Request describe(const msgpack::object& o) {
@@ -74,6 +78,12 @@ Request describe(const msgpack::object& o) {
   const auto& params = a.ptr[3].via.array;
   r.param_count = params.size;
   const msgpack::object* item = nullptr;
+  if (r.method == "settle" || r.method == "cancel") {
+    if (params.size >= 1) r.id = params.ptr[0].as<uint64_t>();
+    if (params.size >= 2) r.actual = params.ptr[1].as<uint64_t>();
+    return r;
+  }
+  if (r.method == "reserve" && params.size == 4) r.ttl_ms = params.ptr[3].as<uint64_t>();
   if (r.method == "acquire_all" && params.size == 1) {
     r.item_count = params.ptr[0].via.array.size;
     item = r.item_count > 0 ? &params.ptr[0].via.array.ptr[0] : nullptr;
@@ -637,6 +647,68 @@ TEST_F(ClientTest, ReleaseAcceptsAnyResult) {
   ASSERT_EQ(requests.size(), 2u);
   EXPECT_EQ(requests[0].method, "release");
   EXPECT_EQ(requests[0].cost, 3u);
+}
+
+// Verifies reserve, settle and cancel send the wire shapes of
+// docs/protocol.md and read the id, refunded and debt back.
+TEST_F(ClientTest, ReserveSettleAndCancelSendTheirParamsAndReadWhatWasSettled) {
+  FakeServer s(path_, [](Conn& conn, int) {
+    while (auto req = conn.read()) {
+      msgpack::sbuffer buf;
+      msgpack::packer<msgpack::sbuffer> pk(buf);
+      pk.pack_array(4);
+      pk.pack(1);
+      pk.pack(req->msgid);
+      pk.pack_nil();
+      const bool reserve = req->method == "reserve";
+      pk.pack_map(reserve ? 5 : 7);
+      pk.pack(std::string("allowed"));
+      pk.pack(true);
+      pk.pack(std::string("remaining"));
+      pk.pack(reserve ? 904 : -50);
+      pk.pack(std::string("limit"));
+      pk.pack(1000);
+      pk.pack(std::string("mode"));
+      pk.pack(std::string("local"));
+      pk.pack(std::string("id"));
+      pk.pack(uint64_t{7} << 48 | 3);
+      if (!reserve) {
+        pk.pack(std::string("refunded"));
+        pk.pack(req->method == "cancel" ? 96 : 0);
+        pk.pack(std::string("debt"));
+        pk.pack(req->method == "cancel" ? 0 : 50);
+      }
+      conn.send(std::string(buf.data(), buf.size()));
+    }
+  });
+  connect();
+  sluice_decision d;
+  uint64_t id = 0;
+  ASSERT_EQ(sluice_reserve(client_, "llm", "tenant", 6, 96, 30000, kTimeoutMs, &d, &id), 0);
+  EXPECT_EQ(id, uint64_t{7} << 48 | 3);
+  EXPECT_EQ(d.remaining, 904);
+  int64_t refunded = -1;
+  int64_t debt = -1;
+  ASSERT_EQ(sluice_settle(client_, id, 146, kTimeoutMs, &d, &refunded, &debt), 0);
+  EXPECT_EQ(refunded, 0);
+  EXPECT_EQ(debt, 50);
+  EXPECT_EQ(d.remaining, -50);
+  ASSERT_EQ(sluice_cancel(client_, id, kTimeoutMs, nullptr, &refunded), 0);
+  EXPECT_EQ(refunded, 96);
+  EXPECT_EQ(sluice_reserve(client_, "llm", "tenant", 6, 0, 0, kTimeoutMs, &d, &id), SLUICE_EINVAL);
+  EXPECT_EQ(sluice_settle(client_, 0, 1, kTimeoutMs, &d, nullptr, nullptr), SLUICE_EINVAL);
+
+  auto requests = s.requests();
+  ASSERT_EQ(requests.size(), 3u);
+  EXPECT_EQ(requests[0].method, "reserve");
+  EXPECT_EQ(requests[0].rule, "llm");
+  EXPECT_EQ(requests[0].cost, 96u);
+  EXPECT_EQ(requests[0].ttl_ms, 30000u);
+  EXPECT_EQ(requests[1].method, "settle");
+  EXPECT_EQ(requests[1].id, uint64_t{7} << 48 | 3);
+  EXPECT_EQ(requests[1].actual, 146u);
+  EXPECT_EQ(requests[2].method, "cancel");
+  EXPECT_EQ(requests[2].param_count, 1u);
 }
 
 // Verifies acquire_all's nested parameters and its per-item results.

@@ -53,6 +53,7 @@ std::vector<Rule> testRules() {
       makeRule(2, "api", Algorithm::kTokenBucket, {3, 1 * kS, 3}),
       makeRule(3, "g_jobs", Algorithm::kConcurrency, {4, 0, 4}, Scope::kGlobal),
       makeRule(4, "g_api", Algorithm::kTokenBucket, {10, 1 * kS, 10}, Scope::kGlobal),
+      makeRule(6, "budget", Algorithm::kFixedWindow, {1'000'000, 60 * kS, 1'000'000}),
       makeRule(5, "wait", Algorithm::kTokenBucket, {2, 1 * kS, 2}),
   };
   rules.back().max_wait_ns = 1 * kS;
@@ -201,6 +202,32 @@ class DispatchTest : public ::testing::Test, public Recipient {
 
   Response acquire(std::string_view rule, std::string_view key, int64_t cost = 1) {
     return call(rpc::Method::kAcquire, rule, key, cost);
+  }
+  // reserve, settle and cancel (reservations.h), answered at once.
+  Response ask(rpc::Method method, rpc::Item item) {
+    rpc::Request request;
+    request.msgid = ++msgid_;
+    request.method = method;
+    request.items.push_back(item);
+    Peer peer;
+    peer.allowed = true;
+    std::string out;
+    {
+      KeyTable::ReadGuard guard(keys_, reader_);
+      EXPECT_FALSE(front_->handle(request, peer, now_ns_, &out, this));
+    }
+    return decode(out);
+  }
+  Response reserve(std::string_view rule, std::string_view key, int64_t estimate,
+                   int64_t ttl_ms = -1) {
+    return ask(rpc::Method::kReserve, {.rule = rule, .key = key, .cost = estimate,
+                                       .max_wait_ms = 0, .ttl_ms = ttl_ms});
+  }
+  Response settle(int64_t id, int64_t actual) {
+    return ask(rpc::Method::kSettle, {.rule = {}, .key = {}, .cost = actual, .reservation = static_cast<uint64_t>(id)});
+  }
+  Response cancel(int64_t id) {
+    return ask(rpc::Method::kCancel, {.rule = {}, .key = {}, .cost = 0, .reservation = static_cast<uint64_t>(id)});
   }
   Response peek(std::string_view rule, std::string_view key) {
     return call(rpc::Method::kPeek, rule, key, 0);
@@ -617,6 +644,117 @@ TEST(WorkerTest, ASubmittedQuestionIsAnsweredOnTheWorkersThread) {
   ASSERT_EQ(kept.answers_.size(), 3u);
   EXPECT_EQ(kept.answers_[2].error, ErrorCode::kOverloaded);
   EXPECT_EQ(kept.threads_[2], std::this_thread::get_id());
+}
+
+}  // namespace
+}  // namespace sluice
+
+namespace sluice {
+namespace {
+
+// --- reserve, settle, cancel -----------------------------------------------------
+
+// Verifies that a reserve spends its estimate and answers an id, and that
+// settling at a smaller actual gives back the difference.
+TEST_F(DispatchTest, ASettleBelowTheEstimateRefundsTheDifference) {
+  Response reserved = reserve("budget", "tenant", 800'000);
+  ASSERT_EQ(reserved.error, "");
+  EXPECT_TRUE(reserved.allowed());
+  EXPECT_EQ(reserved.remaining(), 200'000);
+  const int64_t id = reserved.ints.at("id");
+  EXPECT_GT(id, 0);
+  EXPECT_EQ(dispatcher_->reservations().size(), 1u);
+
+  now_ns_ += kS;
+  Response settled = settle(id, 300'000);
+  ASSERT_EQ(settled.error, "");
+  EXPECT_EQ(settled.ints.at("id"), id);
+  EXPECT_EQ(settled.ints.at("refunded"), 500'000);
+  EXPECT_EQ(settled.ints.at("debt"), 0);
+  EXPECT_EQ(settled.remaining(), 700'000);
+  EXPECT_EQ(peek("budget", "tenant").remaining(), 700'000);
+  EXPECT_EQ(dispatcher_->reservations().size(), 0u);
+}
+
+// Verifies that an actual above the estimate is charged past the limit,
+// answered as negative remaining, and denies the key until it is paid back
+// (for a fixed window: until the window ends).
+TEST_F(DispatchTest, ASettleAboveTheEstimateIsDebtThatDeniesUntilTheWindowEnds) {
+  const int64_t id = reserve("budget", "tenant", 1'000'000).ints.at("id");
+  Response settled = settle(id, 1'200'000);
+  EXPECT_EQ(settled.ints.at("debt"), 200'000);
+  EXPECT_EQ(settled.ints.at("refunded"), 0);
+  EXPECT_EQ(settled.remaining(), -200'000);
+  EXPECT_FALSE(settled.allowed());
+  EXPECT_FALSE(acquire("budget", "tenant").allowed());
+  EXPECT_FALSE(reserve("budget", "tenant", 1).allowed());
+  now_ns_ += 60 * kS;
+  EXPECT_TRUE(acquire("budget", "tenant").allowed());
+}
+
+TEST_F(DispatchTest, ACancelGivesTheWholeEstimateBack) {
+  const int64_t id = reserve("api", "k", 3).ints.at("id");
+  EXPECT_FALSE(acquire("api", "k").allowed());
+  Response cancelled = cancel(id);
+  EXPECT_EQ(cancelled.ints.at("refunded"), 3);
+  EXPECT_EQ(cancelled.remaining(), 3);
+  EXPECT_TRUE(acquire("api", "k").allowed());
+}
+
+TEST_F(DispatchTest, AReservationSettlesOnceAndThenIsUnknown) {
+  const int64_t id = reserve("budget", "tenant", 10).ints.at("id");
+  EXPECT_EQ(settle(id, 10).error, "");
+  Response again = settle(id, 10);
+  EXPECT_EQ(again.error, "UNKNOWN_RESERVATION");
+  EXPECT_NE(again.message.find("settled or cancelled already"), std::string::npos);
+  EXPECT_EQ(cancel(id + 1000).error, "UNKNOWN_RESERVATION");
+}
+
+// Verifies that a reservation left open past its TTL settles at its
+// estimate: the units stay spent and a late settle finds nothing.
+TEST_F(DispatchTest, AnExpiredReservationSettlesAtItsEstimate) {
+  const int64_t id = reserve("budget", "tenant", 400'000, 1000).ints.at("id");
+  now_ns_ += 999 * kMs;
+  EXPECT_EQ(dispatcher_->expireReservations(now_ns_), 0u);
+  now_ns_ += kMs;
+  EXPECT_EQ(dispatcher_->expireReservations(now_ns_), 1u);
+  EXPECT_EQ(settle(id, 0).error, "UNKNOWN_RESERVATION");
+  EXPECT_EQ(peek("budget", "tenant").remaining(), 600'000);
+}
+
+TEST_F(DispatchTest, ADeniedReserveOpensNoReservation) {
+  Response denied = reserve("api", "k", 4);  // burst 3
+  EXPECT_FALSE(denied.allowed());
+  EXPECT_EQ(denied.ints.count("id"), 0u);
+  EXPECT_EQ(dispatcher_->reservations().size(), 0u);
+}
+
+TEST_F(DispatchTest, ReserveOnARuleThatCannotSettleIsABadRequest) {
+  Response answer = reserve("jobs", "k", 1);
+  EXPECT_EQ(answer.error, "BAD_REQUEST");
+  EXPECT_NE(answer.message.find("rule \"jobs\" is local concurrency"), std::string::npos);
+  EXPECT_EQ(reserve("nope", "k", 1).error, "UNKNOWN_RULE");
+}
+
+// Verifies the per-key bound: beyond it a reserve is OVERLOADED and spends
+// nothing, while another key still reserves.
+TEST_F(DispatchTest, ReservesBeyondThePerKeyBoundAreOverloadedAndSpendNothing) {
+  const size_t bound = Reservations::Bounds{}.max_per_key;
+  for (size_t i = 0; i < bound; ++i) ASSERT_TRUE(reserve("budget", "hot", 1).allowed());
+  Response refused = reserve("budget", "hot", 1);
+  EXPECT_EQ(refused.error, "OVERLOADED");
+  EXPECT_NE(refused.message.find("this key holds the most open reservations"), std::string::npos);
+  EXPECT_EQ(peek("budget", "hot").remaining(), 1'000'000 - static_cast<int64_t>(bound));
+  EXPECT_TRUE(reserve("budget", "cold", 1).allowed());
+}
+
+// Verifies that a settle naming a worker the dispatcher cannot reach is
+// refused clearly rather than settled on the wrong table.
+TEST_F(DispatchTest, ASettleOfAnUnreachableWorkersReservationSaysWhere) {
+  const uint64_t elsewhere = (uint64_t{3} << 48) | 1;
+  Response answer = settle(static_cast<int64_t>(elsewhere), 1);
+  EXPECT_EQ(answer.error, "UNKNOWN_RESERVATION");
+  EXPECT_NE(answer.message.find("settle it on the daemon that reserved it"), std::string::npos);
 }
 
 }  // namespace

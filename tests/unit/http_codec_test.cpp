@@ -241,5 +241,60 @@ TEST(HttpCodecTest, JsonStringsEscapeQuotesControlsAndBytesBeyondAscii) {
   EXPECT_EQ(jsonString(std::string_view("\x01\xff", 2)), "\"\\u0001\\u00ff\"");
 }
 
+// --- reservations -------------------------------------------------------------------
+
+TEST(HttpCodecTest, ReserveTakesAnEstimateAndATtl) {
+  Parameters parameters = query("llm", "tenant");
+  parameters.query_estimate = "4096";
+  parameters.query_ttl_ms = "120000";
+  Parsed parsed = parseCheck("/v1/reserve", "POST", parameters, kMaxKeyBytes);
+  ASSERT_TRUE(parsed.ok);
+  EXPECT_EQ(parsed.method, Method::kReserve);
+  EXPECT_EQ(parsed.item.cost, 4096);
+  EXPECT_EQ(parsed.item.ttl_ms, 120000);
+  parameters.query_estimate = "0";
+  Parsed refused = parseCheck("/v1/reserve", "POST", parameters, kMaxKeyBytes);
+  EXPECT_FALSE(refused.ok);
+  EXPECT_EQ(refused.refusal.status, 400u);
+  EXPECT_NE(refused.refusal.body.find("estimate"), std::string::npos);
+}
+
+TEST(HttpCodecTest, SettleTakesAnIdAndTheActualAndZeroCancels) {
+  Parameters parameters;
+  parameters.query_id = "281474976710659";
+  parameters.query_actual = "1200";
+  Parsed parsed = parseCheck("/v1/settle", "POST", parameters, kMaxKeyBytes);
+  ASSERT_TRUE(parsed.ok);
+  EXPECT_EQ(parsed.method, Method::kSettle);
+  EXPECT_EQ(parsed.item.reservation, 281474976710659u);
+  EXPECT_EQ(parsed.item.cost, 1200);
+  parameters.query_actual = "0";
+  EXPECT_EQ(parseCheck("/v1/settle", "POST", parameters, kMaxKeyBytes).method, Method::kCancel);
+  parameters.query_id = "-4";
+  EXPECT_EQ(parseCheck("/v1/settle", "POST", parameters, kMaxKeyBytes).refusal.status, 400u);
+}
+
+TEST(HttpCodecTest, AReserveCarriesItsIdAndASettleWhatItSettled) {
+  Rule rule = rateRule("llm", 100000, 3600);
+  Answer reserved = decided(true, 95904, 100000, 1000, 0, Mode::kLocal);
+  reserved.method = Method::kReserve;
+  reserved.reservation = 17;
+  Reply reply = encodeAnswer(reserved, &rule, "llm", 429);
+  EXPECT_EQ(reply.status, 200u);
+  ASSERT_NE(reply.header("Sluice-Reservation"), nullptr);
+  EXPECT_EQ(*reply.header("Sluice-Reservation"), "17");
+  EXPECT_NE(reply.body.find("\"id\":17"), std::string::npos);
+
+  Answer settled = decided(false, -500, 100000, 1000, 0, Mode::kLocal);
+  settled.method = Method::kSettle;
+  settled.reservation = 17;
+  settled.debt = 500;
+  Reply settled_reply = encodeAnswer(settled, nullptr, "", 429);
+  EXPECT_EQ(settled_reply.status, 200u);
+  EXPECT_EQ(settled_reply.body,
+            "{\"id\":17,\"refunded\":0,\"debt\":500,\"allowed\":false,\"remaining\":-500,"
+            "\"limit\":100000,\"reset_after_ms\":1000,\"mode\":\"local\"}");
+}
+
 }  // namespace
 }  // namespace sluice::http

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -465,6 +466,56 @@ TEST(Limiter, ShadowAndWindowRulesNeverWait) {
   Decision second = acquire(windowed, window_key.state(), 0, 1, kSecond);
   EXPECT_FALSE(second.allowed);
   EXPECT_EQ(second.wait_ns, 0);
+}
+
+// --- settle (reserve → settle, reservations.h) ----------------------------------
+
+class LimiterSettle : public ::testing::TestWithParam<Algorithm> {};
+
+// Verifies that on every settling algorithm a reserve of 100 settled at 30
+// leaves the key as a spend of 30 would have.
+TEST_P(LimiterSettle, ASmallerActualLeavesTheKeyAsIfOnlyTheActualWasSpent) {
+  const Rule rule = makeRule(GetParam(), {window(100, kMinute)});
+  Key key(rule);
+  ASSERT_TRUE(acquire(rule, key.state(), kSecond, 100).allowed);
+  const Decision settled = settle(rule, key.state(), kSecond, 2 * kSecond, 70, 0);
+  EXPECT_TRUE(settled.allowed);
+  // A bucket refills a little in the second between; a window does not.
+  EXPECT_GE(settled.remaining, 70);
+  EXPECT_LE(settled.remaining, 72);
+  EXPECT_EQ(peek(rule, key.state(), 2 * kSecond, 0).remaining, settled.remaining);
+}
+
+// Verifies that on every settling algorithm an actual above the estimate is
+// charged past the limit, reported as negative remaining, and denies what
+// comes next.
+TEST_P(LimiterSettle, ALargerActualIsDebtThatDeniesWhatComesNext) {
+  const Rule rule = makeRule(GetParam(), {window(100, kMinute)});
+  Key key(rule);
+  ASSERT_TRUE(acquire(rule, key.state(), kSecond, 100).allowed);
+  const Decision settled = settle(rule, key.state(), kSecond, kSecond, 0, 25);
+  EXPECT_EQ(settled.remaining, -25);
+  EXPECT_FALSE(settled.allowed);
+  EXPECT_FALSE(acquire(rule, key.state(), kSecond, 1).allowed);
+}
+
+INSTANTIATE_TEST_SUITE_P(Algorithms, LimiterSettle,
+                         ::testing::Values(Algorithm::kTokenBucket, Algorithm::kGcra,
+                                           Algorithm::kFixedWindow, Algorithm::kSlidingWindow),
+                         [](const auto& info) { return std::string(algorithmName(info.param)); });
+
+// Verifies that a rule of several limits settles on each of them, and
+// reports the most restrictive afterwards.
+TEST(Limiter, SettleGivesBackAndChargesOnEveryLimit) {
+  const Rule rule = makeRule(Algorithm::kFixedWindow, {window(100, kMinute), window(1000, kDay)});
+  Key key(rule);
+  ASSERT_TRUE(acquire(rule, key.state(), 0, 80).allowed);
+  EXPECT_EQ(settle(rule, key.state(), 0, 0, 50, 0).remaining, 70);
+  EXPECT_EQ(settle(rule, key.state(), 0, 0, 0, 90).remaining, -20);
+  // The next minute is fresh; the day still holds the 120 spent.
+  EXPECT_EQ(peek(rule, key.state(), kMinute, 0).remaining, 100);
+  EXPECT_TRUE(acquire(rule, key.state(), kMinute, 100).allowed);
+  EXPECT_EQ(peek(rule, key.state(), 2 * kMinute, 0).remaining, 100);
 }
 
 }  // namespace

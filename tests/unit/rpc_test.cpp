@@ -5,6 +5,7 @@
 
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -789,6 +790,78 @@ TEST(WriteResultHeaderTest, FramesWhatTheCallerWritesAndAppends) {
   const auto second = unpackResponse(out, &offset, 4);
   EXPECT_EQ(asMap(second.get().via.array.ptr[2]).at("code").as<std::string>(), "UNKNOWN_METHOD");
   EXPECT_EQ(offset, out.size());
+}
+
+// --- reserve, settle, cancel -----------------------------------------------------
+
+ParseResult parseBytes(const Bytes& bytes, Request* request) {
+  return parseRequest(std::span<const uint8_t>(bytes.data(), bytes.size()), Limits{}, request);
+}
+
+TEST(ParseReservations, ReserveTakesRuleKeyEstimateAndAnOptionalTtl) {
+  Request request;
+  // The request's views point into the frame: it outlives them.
+  const Bytes positional = f().request(1, "reserve", 4).s("llm").s("tenant").i(4096).i(30'000).bytes();
+  ASSERT_EQ(parseBytes(positional, &request).status, ParseStatus::kOk);
+  EXPECT_EQ(request.method, Method::kReserve);
+  ASSERT_EQ(request.items.size(), 1u);
+  EXPECT_EQ(request.items[0].rule, "llm");
+  EXPECT_EQ(request.items[0].key, "tenant");
+  EXPECT_EQ(request.items[0].cost, 4096);
+  EXPECT_EQ(request.items[0].ttl_ms, 30'000);
+
+  const Bytes map = f().request(2, "reserve", 1).map(3).s("rule").s("llm").s("key").s("t")
+                        .s("estimate").i(7).bytes();
+  ASSERT_EQ(parseBytes(map, &request).status, ParseStatus::kOk);
+  EXPECT_EQ(request.items[0].key, "t");
+  EXPECT_EQ(request.items[0].cost, 7);
+  EXPECT_EQ(request.items[0].ttl_ms, -1);
+}
+
+TEST(ParseReservations, SettleTakesAnIdAndTheActualAndCancelTheIdAlone) {
+  Request request;
+  ASSERT_EQ(parseBytes(f().request(1, "settle", 2).u(uint64_t{5} << 48 | 9).i(1200).bytes(), &request)
+                .status,
+            ParseStatus::kOk);
+  EXPECT_EQ(request.method, Method::kSettle);
+  EXPECT_EQ(request.items[0].reservation, uint64_t{5} << 48 | 9);
+  EXPECT_EQ(request.items[0].cost, 1200);
+
+  ASSERT_EQ(parseBytes(f().request(2, "settle", 1).map(2).s("actual").i(0).s("id").u(3).bytes(),
+                       &request).status,
+            ParseStatus::kOk);
+  EXPECT_EQ(request.items[0].reservation, 3u);
+  EXPECT_EQ(request.items[0].cost, 0);
+
+  ASSERT_EQ(parseBytes(f().request(3, "cancel", 1).u(3).bytes(), &request).status, ParseStatus::kOk);
+  EXPECT_EQ(request.method, Method::kCancel);
+  EXPECT_EQ(request.items[0].reservation, 3u);
+}
+
+TEST(ParseReservations, BadShapesAndValuesSayWhatIsExpected) {
+  struct Case {
+    Bytes frame;
+    std::string_view message;
+  };
+  const Case cases[] = {
+      {f().request(1, "reserve", 2).s("llm").s("t").bytes(), "reserve params must be"},
+      {f().request(1, "reserve", 3).s("llm").s("t").i(0).bytes(), "estimate must be an integer 1.."},
+      {f().request(1, "reserve", 4).s("llm").s("t").i(5).i(0).bytes(), "ttl_ms must be"},
+      {f().request(1, "reserve", 1).map(2).s("rule").s("llm").s("key").s("t").bytes(),
+       "reserve params must be"},
+      {f().request(1, "settle", 1).u(3).bytes(), "settle params must be [id, actual]"},
+      {f().request(1, "settle", 2).i(-3).i(1).bytes(), "id must be the positive integer"},
+      {f().request(1, "settle", 2).u(0).i(1).bytes(), "id must be the positive integer"},
+      {f().request(1, "settle", 2).u(3).i(-1).bytes(), "actual must be an integer 0.."},
+      {f().request(1, "cancel", 2).u(3).i(1).bytes(), "cancel params must be [id]"},
+  };
+  for (const Case& c : cases) {
+    Request request;
+    const ParseResult result = parseBytes(c.frame, &request);
+    EXPECT_EQ(result.status, ParseStatus::kError) << c.message;
+    EXPECT_EQ(result.error, ErrorCode::kBadRequest) << c.message;
+    EXPECT_NE(std::string(result.message).find(c.message), std::string::npos) << result.message;
+  }
 }
 
 }  // namespace

@@ -481,5 +481,49 @@ TEST_F(SliceTest, TheLineMarkIsSetAndClearedAlone) {
   EXPECT_NE(flags() & slice::kWarm, 0u);
 }
 
+// --- reservations: a settle on a leasing key --------------------------------------
+
+// Verifies a settle's refund goes back into the slice, with no lease.
+TEST_F(SliceTest, ARefundGoesBackIntoTheSlice) {
+  grant(100);
+  ASSERT_EQ(slice::take(words(), kMs, 80).outcome, slice::Outcome::kTaken);
+  slice::refundSpent(words(), 50, kMs, 2 * kMs, kInterval);
+  EXPECT_EQ(slice::balance(words(), 2 * kMs), 70);
+  EXPECT_EQ(flags() & slice::kInFlight, 0u);
+}
+
+// Verifies a windowed slice takes a refund only for units spent in its
+// window: those of an ended window were counted there and stay spent.
+TEST_F(SliceTest, AWindowedSliceRefundsOnlyItsOwnWindow) {
+  grant(100);
+  words_[slice::kExpires].store(static_cast<uint64_t>(20 * kInterval));  // window [19, 20) intervals
+  slice::refundSpent(words(), 30, 18 * kInterval, 19 * kInterval + kMs, kInterval);
+  EXPECT_EQ(slice::balance(words(), 19 * kInterval + kMs), 100);
+  slice::refundSpent(words(), 30, 19 * kInterval, 19 * kInterval + kMs, kInterval);
+  EXPECT_EQ(slice::balance(words(), 19 * kInterval + kMs), 130);
+  slice::refundSpent(words(), 30, 19 * kInterval, 20 * kInterval, kInterval);  // window over
+  EXPECT_EQ(words_[slice::kUnits].load(), 130u);
+}
+
+// Verifies a debt past what the slice holds is carried as negative units:
+// nothing is taken, the next lease asks for the debt on top of the cost, and
+// the sweep's give-back leaves it for that lease.
+TEST_F(SliceTest, ADebtIsCarriedUntilALeasePaysIt) {
+  grant(10);
+  slice::charge(words(), 25);
+  EXPECT_EQ(slice::balance(words(), kMs), -15);
+  slice::TakeResult taken = slice::take(words(), kMs, 1);
+  EXPECT_EQ(taken.outcome, slice::Outcome::kEmpty);
+  ASSERT_TRUE(taken.must_request);
+  Rule rule;
+  rule.algorithm = Algorithm::kFixedWindow;
+  rule.limits = {Limit{1000, 1'000 * kMs, 1000}};
+  EXPECT_GE(slice::nextBatch(words(), kMs, 1, rule, 1, kInterval).n, 16);
+  EXPECT_EQ(slice::takeBack(words(), kMs).units, 0);
+  EXPECT_EQ(slice::balance(words(), kMs), -15);
+  grant(20);  // the lease: pays the 15 and leaves 5
+  EXPECT_EQ(slice::take(words(), 2 * kMs, 5).outcome, slice::Outcome::kTaken);
+}
+
 }  // namespace
 }  // namespace sluice
