@@ -159,6 +159,7 @@ struct MetricsSnapshot {
   uint64_t lease_deferred_expired = 0;
   uint64_t penalty_blocks = 0;
   uint64_t unknown_fields = 0;
+  uint64_t envoy_overrides_refused = 0;
   HistogramSnapshot decision_latency;
 
   uint64_t decisions() const;
@@ -176,6 +177,9 @@ class Metrics {
     return connections_refused_[static_cast<size_t>(reason)];
   }
   Counter& connectionsForbidden() { return connections_forbidden_; }
+  // Envoy limit overrides refused a rule (envoy_front.h); written under the
+  // Envoy front's lock, so by one thread at a time.
+  Counter& envoyOverridesRefused() { return envoy_overrides_refused_; }
 
   MetricsSnapshot snapshot() const;
 
@@ -190,6 +194,7 @@ class Metrics {
   std::deque<MetricsShard> shards_;  // stable addresses, one per worker
   std::array<Counter, kRefuseReasons> connections_refused_;
   Counter connections_forbidden_;
+  Counter envoy_overrides_refused_;
   mutable std::mutex rules_mutex_;
   std::map<std::string, std::unique_ptr<RuleShard[]>, std::less<>> rules_;
 };
