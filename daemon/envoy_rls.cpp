@@ -49,6 +49,9 @@ EnvoyPlan planRequest(const EnvoyPolicy& policy, const RateLimitRequest& request
       const auto& own = descriptor.limit();
       const auto unit = static_cast<EnvoyUnit>(own.unit());
       if (own.requests_per_unit() > 0 && envoyUnitNs(unit) > 0) {
+        if (plan.override_limits.capacity() == 0) {
+          plan.override_limits.reserve(static_cast<size_t>(descriptor_count));
+        }
         EnvoyLimit& made = plan.override_limits.emplace_back();
         made.rule = envoyOverrideRuleName(request.domain(), own.requests_per_unit(), unit);
         made.requests_per_unit = own.requests_per_unit();

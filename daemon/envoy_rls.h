@@ -4,7 +4,6 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -29,10 +28,13 @@ struct EnvoyPlan {
   };
   std::vector<Descriptor> descriptors;
   // The limits of descriptors that carry their own (`limit`), each decided
-  // on an override rule (envoyOverrideRule); deque: limits point into it.
-  std::deque<EnvoyLimit> override_limits;
-  // One per limited descriptor, in order: the rule, key and cost.
-  std::vector<std::string> rules;
+  // on an override rule (envoyOverrideRule). Reserved for every descriptor
+  // before the first is added, so that `limit` and `rules` may point into it.
+  std::vector<EnvoyLimit> override_limits;
+  // One per limited descriptor, in order: the rule (a view into the
+  // policy, which the caller keeps alive with the plan, or into
+  // override_limits), key and cost.
+  std::vector<std::string_view> rules;
   std::vector<std::string> keys;
   std::vector<int64_t> costs;
 };
