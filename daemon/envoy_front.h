@@ -51,8 +51,8 @@ class EnvoyFront {
   // socket_mode), so that Envoy's user can connect as apps do. false with
   // `error` when it cannot listen.
   // `add_rule` installs the rule of a descriptor's limit override the first
-  // time one is seen, and `refused` counts the overrides refused one
-  // (kMaxEnvoyOverrides; it outlives the front).
+  // time one is seen; `refused` (which outlives the front) counts the
+  // descriptors whose override gets none (kMaxEnvoyOverrides).
   virtual bool start(const EnvoyConfig& envoy, uint32_t socket_mode, std::vector<Worker*> workers,
                      AddRule add_rule, Counter* refused, std::string* error) = 0;
   // Thread-safe: later calls use this policy (a reload).
