@@ -21,7 +21,8 @@
 # in flight: the throughput), so the gRPC figures read as ratios to them.
 # Paced rows pace with gRPC's timers, which have 1 ms steps: calls leave in
 # small bursts, as an Envoy's do when several requests arrive together.
-# Knobs: BENCH_SECONDS (3), BENCH_THREADS (2), BENCH_DEPTH (32).
+# Each row is the median of BENCH_ROUNDS rounds (3; BENCH_MODE=quick: 1).
+# Knobs: BENCH_SECONDS (3), BENCH_ROUNDS (3), BENCH_THREADS (2), BENCH_DEPTH (32).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -29,6 +30,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 source "$here/common.sh"
 bench_setup rls.sh "$@"
 seconds=${BENCH_SECONDS:-3}
+rounds=${BENCH_ROUNDS:-3}
 threads=${BENCH_THREADS:-2}
 depth=${BENCH_DEPTH:-32}
 rls_load="$build/bench/rls_load"
@@ -93,22 +95,35 @@ cpu_per_call() { awk -v t="$1" -v c="$2" -v u="$tick_us" 'BEGIN { printf "%.1f",
 rows=()
 last_rate=0
 one_cpu=0
-measure() {  # NAME DESCRIPTORS [RATE]
-  local name=$1 descriptors=$2 rate=${3:-0} before after ticks out answered calls cpu
+# One round: rls_load's line with redis_calls_per_rpc= and cpu_us_per_call=.
+round() {  # DESCRIPTORS SECONDS THREADS DEPTH RATE
+  local before after ticks out answered
   before=$(redis_calls)
   ticks=$(cpu_ticks)
-  out=$("$rls_load" "$target" "$descriptors" "$seconds" "$threads" "$depth" "$rate")
+  out=$("$rls_load" "$target" "$@")
   ticks=$(($(cpu_ticks) - ticks))
   after=$(redis_calls)
   answered=$(($(field ok "$out") + $(field over_limit "$out") + $(field errors "$out")))
-  calls=$(awk -v a="$answered" -v r=$((after - before)) 'BEGIN { printf "%.4f", r / a }')
-  cpu=$(cpu_per_call "$ticks" "$answered")
-  rows+=("| $name | $(field calls_per_s "$out") | $(field p50_us "$out") | $(field p99_us "$out") | $cpu | $calls | $(field errors "$out") |")
-  echo "$name: $out redis_calls_per_rpc=$calls sluiced_cpu_us_per_call=$cpu" >&2
+  echo "$out redis_calls_per_rpc=$(awk -v a="$answered" -v r=$((after - before)) \
+    'BEGIN { printf "%.4f", r / a }') cpu_us_per_call=$(cpu_per_call "$ticks" "$answered")"
+}
+
+# The median of `rounds` rounds: by calls/s as fast as it answers, by p99
+# when paced (the rate is set); its whole line goes in the table.
+measure() {  # NAME DESCRIPTORS [RATE]
+  local name=$1 descriptors=$2 rate=${3:-0} key=calls_per_s lines=() out
+  [ "$rate" = 0 ] || key=p99_us
+  for _ in $(seq "$rounds"); do
+    lines+=("$(round "$descriptors" "$seconds" "$threads" "$depth" "$rate")")
+    echo "$name: ${lines[-1]}" >&2
+  done
+  out=$(for line in "${lines[@]}"; do echo "$(field "$key" "$line") $line"; done |
+    sort -n | sed -n "$(((rounds + 1) / 2))p" | cut -d' ' -f2-)
+  rows+=("| $name | $(field calls_per_s "$out") | $(field p50_us "$out") | $(field p99_us "$out") | $(field cpu_us_per_call "$out") | $(field redis_calls_per_rpc "$out") | $(field errors "$out") |")
   last_rate=$(field calls_per_s "$out")
   last_p99=$(field p99_us "$out")
-  last_calls=$calls
-  last_cpu=$cpu
+  last_calls=$(field redis_calls_per_rpc "$out")
+  last_cpu=$(field cpu_us_per_call "$out")
 }
 
 # The references: MessagePack-RPC on the same daemon, rule and key.
@@ -148,7 +163,8 @@ result="$here/results/$(bench_result_name rls)"
   echo "\`bench/rls.sh $(basename "$build")\` (\`make bench\`, a Release build) on $(nproc) CPUs,"
   echo "$(date -u +%Y-%m-%d), sluice $(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo '?'):"
   echo "rls_load (on the same CPUs as sluiced) with $threads threads × $depth calls in flight, or"
-  echo "paced (1 ms steps), over a Unix socket, ${seconds}s per row; sluiced (default"
+  echo "paced (1 ms steps), over a Unix socket; each row the median of $rounds rounds of ${seconds}s"
+  echo "(by calls/s, or by p99 when paced); sluiced (default"
   echo "workers) with one global limit per descriptor key on a local redis-server, one hot key"
   echo "each. Load average (1, 5, 15 min) before the run: $load_before; after: $load_after."
   echo
