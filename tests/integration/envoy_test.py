@@ -354,6 +354,23 @@ class OverrideBoundTest(EnvoyCase):
         self.assertEqual(rules - overrides, {"web/remote_address", "web/path=%2Fapi%2F*"})
 
 
+class RuleNameTest(unittest.TestCase):
+    """A descriptor whose path spells an override's rule keeps its own."""
+
+    YAML = ("domain: web\ndescriptors:\n  - key: limit\n    value: \"5\"\n    descriptors:\n"
+            "      - key: day\n        rate_limit: {unit: day, requests_per_unit: 1}\n")
+
+    def test_an_override_and_a_descriptor_named_alike_keep_their_own_limits(self):
+        daemon = EnvoyDaemon(yaml=self.YAML).begin()
+        self.addCleanup(daemon.stop)
+        self.addCleanup(daemon.rls.close)
+        # The override 5 a day has its own rule, not the descriptor limit=5/day's 1 a day.
+        own = ([("user", "ann")], None, (5, 4))
+        self.assertEqual([daemon.rls.ask(own).overall_code for _ in range(6)], [OK] * 5 + [OVER])
+        configured = [("limit", "5"), ("day", "d")]
+        self.assertEqual([daemon.rls.ask(configured).overall_code for _ in range(2)], [OK, OVER])
+
+
 class AllOrNothingTest(EnvoyCase):
     extra = "all_or_nothing = true\n"
 
