@@ -104,6 +104,13 @@ Config build(const toml::table& root, const std::string& source_name, ConfigChec
   if (const toml::node* node = root.get("rule")) rules = loadRules(*node, config.redis.has_value());
   if (const toml::node* node = root.get("envoy")) {
     config.envoy = loadEnvoy(asSection(*node, "envoy"), config.redis.has_value());
+    for (const Rule& rule : rules) {
+      if (rule.name.find(kEnvoyOverrideMark) != std::string::npos) {
+        refuse(*node, "rule " + quote(rule.name) + " has \"" + std::string(kEnvoyOverrideMark) +
+                          "\", which marks the rules of Envoy's limit overrides; rename the "
+                          "[[rule]]");
+      }
+    }
     for (const Rule& rule : config.envoy->policy->rules) {
       for (const Rule& other : rules) {
         if (other.name == rule.name) {

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <set>
 
+#include <absl/synchronization/mutex.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <spdlog/spdlog.h>
@@ -126,8 +127,10 @@ class Service final : public RlsService::CallbackService {
                                             RateLimitResponse* response) override {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     std::shared_ptr<const Settings> settings = settings_.load(std::memory_order_acquire);
-    EnvoyPlan plan = planRequest(*settings->policy, *request);
-    if (!plan.override_limits.empty()) installOverrides(request->domain(), plan, settings->options);
+    EnvoyPlan plan = planRequest(*settings->policy, *request,
+                                 [&](std::string_view domain, const EnvoyLimit& limit) {
+                                   return admitOverride(domain, limit, settings->options);
+                                 });
     auto* call = new Call(reactor, settings, std::move(plan), response);
     const size_t turn = next_.fetch_add(1, std::memory_order_relaxed);
     call->ask(*workers_[turn % workers_.size()]);
@@ -142,38 +145,47 @@ class Service final : public RlsService::CallbackService {
     settings->all_or_nothing = envoy.all_or_nothing;
     settings_.store(std::move(settings), std::memory_order_release);
   }
-  void setWorkers(std::vector<Worker*> workers, AddRule add_rule) {
+  void setWorkers(std::vector<Worker*> workers, AddRule add_rule, Counter* refused) {
     workers_ = std::move(workers);
     add_rule_ = std::move(add_rule);
+    refused_ = refused;
   }
 
  private:
-  // Makes sure the rules of the plan's limit overrides exist: adds each the
-  // first time (bounded); one that cannot be added is answered OK
-  // (UNKNOWN_RULE from the dispatcher, logged).
-  void installOverrides(const std::string& domain, const EnvoyPlan& plan,
-                        const EnvoyRuleOptions& options) {
-    for (const EnvoyLimit& limit : plan.override_limits) {
-      std::lock_guard<std::mutex> lock(overrides_mutex_);
-      if (installed_.contains(limit.rule)) continue;
-      if (installed_.size() >= kMaxEnvoyOverrides) {
-        if (!bound_logged_) {
-          spdlog::warn("envoy: more than {} distinct limit overrides (the last from domain {}); "
-                       "descriptors with a new one are answered OK", kMaxEnvoyOverrides, domain);
-          bound_logged_ = true;
-        }
-        continue;
+  // AdmitOverride (envoy_rls.h): adds an override's rule the first time it
+  // is met, within the bounds of envoy_front.h; refuses it past them.
+  bool admitOverride(std::string_view domain, const EnvoyLimit& limit,
+                     const EnvoyRuleOptions& options) {
+    std::lock_guard<std::mutex> lock(overrides_mutex_);
+    if (installed_.contains(limit.rule)) return true;
+    if (installed_.size() < kMaxEnvoyOverrides && domain.size() <= kMaxEnvoyOverrideDomainBytes) {
+      if (!add_rule_(envoyOverrideRule(domain, limit.requests_per_unit, limit.unit, options))) {
+        return false;  // stopping
       }
-      if (add_rule_(envoyOverrideRule(domain, limit.requests_per_unit, limit.unit, options))) {
-        installed_.insert(limit.rule);
-      }
+      installed_.insert(limit.rule);
+      return true;
     }
+    refused_->add();
+    const uint64_t refused = refused_->get();
+    const int64_t now_ns = monotonicNowNs();
+    if (refused == 1 || now_ns - refusal_logged_ns_ >= kRefusalLogIntervalNs) {
+      refusal_logged_ns_ = now_ns;
+      spdlog::warn("envoy: a limit override refused ({} so far): {} distinct overrides have "
+                   "rules (at most {}), domains of at most {} bytes; the descriptor is decided "
+                   "on its configured limit (the last: {:.80})",
+                   refused, installed_.size(), kMaxEnvoyOverrides, kMaxEnvoyOverrideDomainBytes,
+                   limit.rule);
+    }
+    return false;
   }
 
+  static constexpr int64_t kRefusalLogIntervalNs = 60'000'000'000;
+
   AddRule add_rule_;
-  std::mutex overrides_mutex_;  // installed_, bound_logged_
-  std::set<std::string> installed_;  // the override rules added, at most kMaxEnvoyOverrides
-  bool bound_logged_ = false;
+  std::mutex overrides_mutex_;  // installed_, refusal_logged_ns_
+  std::set<std::string, std::less<>> installed_;  // override rules added, at most kMaxEnvoyOverrides
+  int64_t refusal_logged_ns_ = 0;
+  Counter* refused_ = nullptr;  // set before the server starts; written under overrides_mutex_
   std::atomic<std::shared_ptr<const Settings>> settings_;
   std::vector<Worker*> workers_;  // set before the server starts
   std::atomic<size_t> next_{0};
@@ -182,13 +194,17 @@ class Service final : public RlsService::CallbackService {
 class GrpcEnvoyFront final : public EnvoyFront {
  public:
   bool start(const EnvoyConfig& envoy, uint32_t socket_mode, std::vector<Worker*> workers,
-             AddRule add_rule, std::string* error) override {
+             AddRule add_rule, Counter* refused, std::string* error) override {
     service_.setConfig(envoy);
-    service_.setWorkers(std::move(workers), std::move(add_rule));
+    service_.setWorkers(std::move(workers), std::move(add_rule), refused);
     if (envoy.listen.starts_with("unix:")) {
       socket_path_ = envoy.listen.substr(5);
       ::unlink(socket_path_.c_str());  // a previous run's; bind would fail on it
     }
+    // Debian's Abseil keeps its debug checks: each absl::Mutex gRPC locks or
+    // destroys (several a call) goes through the deadlock detector's graph.
+    // sluice's own locks are std::mutex; gRPC's are gRPC's to get right.
+    absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
     grpc::EnableDefaultHealthCheckService(true);
     grpc::ServerBuilder builder;
     int port = 0;

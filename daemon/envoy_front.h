@@ -24,15 +24,20 @@
 #include <vector>
 
 #include "config.h"
+#include "metrics.h"
 
 namespace sluice {
 
 class Worker;
 
 // At most this many distinct limit overrides (domain, requests_per_unit,
-// unit) get a rule, whatever domains clients send; a descriptor with
-// another one is answered OK, logged once.
+// unit) get a rule, whatever domains clients send, and only for domains of
+// at most kMaxEnvoyOverrideDomainBytes: the rules and their series on
+// /metrics stay bounded. A descriptor with an override refused is decided
+// as if it had no `limit` (its configured limit, else OK), counted
+// (sluice_envoy_overrides_refused_total) and logged at most once a minute.
 constexpr size_t kMaxEnvoyOverrides = 256;
+constexpr size_t kMaxEnvoyOverrideDomainBytes = 256;
 
 // Adds a rule to the running rule set (Server::addRule); false when it
 // cannot (stopping). Thread-safe; the workers have the rule when it returns.
@@ -46,9 +51,10 @@ class EnvoyFront {
   // socket_mode), so that Envoy's user can connect as apps do. false with
   // `error` when it cannot listen.
   // `add_rule` installs the rule of a descriptor's limit override the first
-  // time one is seen (kMaxEnvoyOverrides).
+  // time one is seen; `refused` (which outlives the front) counts the
+  // descriptors whose override gets none (kMaxEnvoyOverrides).
   virtual bool start(const EnvoyConfig& envoy, uint32_t socket_mode, std::vector<Worker*> workers,
-                     AddRule add_rule, std::string* error) = 0;
+                     AddRule add_rule, Counter* refused, std::string* error) = 0;
   // Thread-safe: later calls use this policy (a reload).
   virtual void setConfig(const EnvoyConfig& envoy) = 0;
   // Stops listening and answers what is in flight (bounded); before the

@@ -102,7 +102,9 @@ class Reader {
     }
     const bool shadow = root["shadow_mode"] && flag(root["shadow_mode"], "shadow_mode");
     if (const YAML::Node list = root["descriptors"]) {
-      readList(list, out.name, shadow, &out.descriptors);
+      std::string path;
+      appendEnvoyNamePart(&path, out.name);
+      readList(list, path, shadow, &out.descriptors);
     }
     policy_->domains.push_back(std::move(out));
   }
@@ -123,15 +125,17 @@ class Reader {
     if (!node["key"]) refuse(node, "a descriptor without key; add e.g. key: remote_address");
     out.key = text(node["key"], "key");
     if (out.key.empty()) refuse(node["key"], "key is empty; name the descriptor's key");
-    std::string path = parent + "/" + out.key;
+    std::string path = parent + "/";
+    appendEnvoyNamePart(&path, out.key);
     if (const YAML::Node value = node["value"]) {
       out.value = text(value, "value");
       out.has_value = true;
+      path += "=";
+      appendEnvoyNamePart(&path, out.value);  // with the `*` of a prefix
       if (!out.value.empty() && out.value.back() == '*') {
         out.wildcard = true;
         out.value.pop_back();
       }
-      path += "=" + text(value, "value");
     }
     if (node["shadow_mode"]) shadow = flag(node["shadow_mode"], "shadow_mode");
     if (node["detailed_metric"]) flag(node["detailed_metric"], "detailed_metric");
@@ -282,11 +286,25 @@ const EnvoyLimit* EnvoyPolicy::match(std::string_view domain,
   return nullptr;
 }
 
+void appendEnvoyNamePart(std::string* out, std::string_view text) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  for (char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (c == '%' || c == '/' || c == '=' || byte < 0x20 || byte == 0x7f) {
+      out->push_back('%');
+      out->push_back(kHex[byte >> 4]);
+      out->push_back(kHex[byte & 0xf]);
+    } else {
+      out->push_back(c);
+    }
+  }
+}
+
 std::string envoyKey(std::span<const EnvoyEntry> entries) {
   std::string key;
   for (size_t i = 0; i < entries.size(); ++i) {
     if (i > 0) key += kEnvoyKeySeparator;
-    key += entries[i].value;
+    appendEnvoyNamePart(&key, entries[i].value);
   }
   return key;
 }

@@ -11,7 +11,10 @@
 // Each descriptor with a rate_limit becomes one Rule, named
 // "<domain>/<key>[=<value>]/..." along its path (the rule's per-rule
 // metrics are its descriptor's). The key a request spends under it is the
-// request descriptor's values, joined by kEnvoyKeySeparator.
+// request descriptor's values, joined by kEnvoyKeySeparator. Every domain,
+// key and value in a name or a key is written by appendEnvoyNamePart, so
+// that a name or key reads back to one path: two descriptors, of one domain
+// or of two, never share a rule, nor two request descriptors a key.
 //
 // Matching follows the reference server: at each entry of a request
 // descriptor, a child with that key and that exact value wins, then one
@@ -42,6 +45,17 @@ namespace sluice {
 // Between the values of a descriptor in the key it spends (a control
 // character, which the YAML reader refuses in values).
 constexpr char kEnvoyKeySeparator = '\x1f';
+
+// Marks the rules of Envoy's limit overrides ("<domain>/=<n>/<unit>",
+// envoy_rls.h): a part with no key, which no descriptor's rule has (a
+// descriptor's key is never empty), and which the config refuses in a
+// [[rule]] name when [envoy] is on.
+constexpr std::string_view kEnvoyOverrideMark = "/=";
+
+// Appends `text` to `out` with %, /, = and control characters written as
+// %XX (percent-encoding), so that those characters in `out` are only ever
+// the name's or key's own separators.
+void appendEnvoyNamePart(std::string* out, std::string_view text);
 
 // Envoy's RateLimitResponse.RateLimit.Unit numbers.
 enum class EnvoyUnit : int { kUnknown = 0, kSecond = 1, kMinute = 2, kHour = 3, kDay = 4 };
@@ -97,7 +111,8 @@ class EnvoyPolicy {
   const EnvoyLimit* match(std::string_view domain, std::span<const EnvoyEntry> entries) const;
 };
 
-// The key a request descriptor spends: its values joined by kEnvoyKeySeparator.
+// The key a request descriptor spends: its values, each written by
+// appendEnvoyNamePart, joined by kEnvoyKeySeparator.
 std::string envoyKey(std::span<const EnvoyEntry> entries);
 
 // Reads one YAML file's text into `policy` (several files add up; a domain

@@ -33,7 +33,8 @@ int64_t ceilSeconds(int64_t ms) { return ms <= 0 ? 0 : (ms + 999) / 1000; }
 
 }  // namespace
 
-EnvoyPlan planRequest(const EnvoyPolicy& policy, const RateLimitRequest& request) {
+EnvoyPlan planRequest(const EnvoyPolicy& policy, const RateLimitRequest& request,
+                      const AdmitOverride& admit) {
   EnvoyPlan plan;
   const int descriptor_count = request.descriptors_size();
   plan.descriptors.resize(static_cast<size_t>(descriptor_count));
@@ -48,14 +49,21 @@ EnvoyPlan planRequest(const EnvoyPolicy& policy, const RateLimitRequest& request
       const auto& own = descriptor.limit();
       const auto unit = static_cast<EnvoyUnit>(own.unit());
       if (own.requests_per_unit() > 0 && envoyUnitNs(unit) > 0) {
+        if (plan.override_limits.capacity() == 0) {
+          plan.override_limits.reserve(static_cast<size_t>(descriptor_count));
+        }
         EnvoyLimit& made = plan.override_limits.emplace_back();
-        made.rule = envoyOverrideRule(request.domain(), own.requests_per_unit(), unit, {}).name;
+        made.rule = envoyOverrideRuleName(request.domain(), own.requests_per_unit(), unit);
         made.requests_per_unit = own.requests_per_unit();
         made.unit = unit;
         made.shadow = limit != nullptr && limit->shadow;
         if (limit != nullptr) made.name = limit->name;
-        limit = &made;
-        plan.descriptors[static_cast<size_t>(i)].own_limit = true;
+        if (admit(request.domain(), made)) {
+          limit = &made;
+          plan.descriptors[static_cast<size_t>(i)].own_limit = true;
+        } else {
+          plan.override_limits.pop_back();
+        }
       }
     }
     if (limit == nullptr) continue;
@@ -79,9 +87,11 @@ EnvoyPlan planRequest(const EnvoyPolicy& policy, const RateLimitRequest& request
     if (planned.own_limit) {
       // An override rule serves every descriptor: its keys are in the key.
       std::string key;
-      for (const EnvoyEntry& entry : entries) {
-        if (!key.empty()) key += kEnvoyKeySeparator;
-        key.append(entry.key).append("=").append(entry.value);
+      for (size_t e = 0; e < entries.size(); ++e) {
+        if (e > 0) key += kEnvoyKeySeparator;
+        appendEnvoyNamePart(&key, entries[e].key);
+        key += '=';
+        appendEnvoyNamePart(&key, entries[e].value);
       }
       plan.keys.push_back(std::move(key));
     } else {
@@ -95,14 +105,24 @@ EnvoyPlan planRequest(const EnvoyPolicy& policy, const RateLimitRequest& request
   return plan;
 }
 
-Rule envoyOverrideRule(std::string_view domain, uint32_t requests_per_unit, EnvoyUnit unit,
-                       const EnvoyRuleOptions& options) {
+std::string envoyOverrideRuleName(std::string_view domain, uint32_t requests_per_unit,
+                                  EnvoyUnit unit) {
   static constexpr std::array<std::string_view, 5> kUnitNames = {"unknown", "second", "minute",
                                                                  "hour", "day"};
   const auto index = static_cast<size_t>(unit);
+  std::string name;
+  appendEnvoyNamePart(&name, domain);
+  name += kEnvoyOverrideMark;
+  name += std::to_string(requests_per_unit);
+  name += '/';
+  name += index < kUnitNames.size() ? kUnitNames[index] : kUnitNames[0];
+  return name;
+}
+
+Rule envoyOverrideRule(std::string_view domain, uint32_t requests_per_unit, EnvoyUnit unit,
+                       const EnvoyRuleOptions& options) {
   Rule rule;
-  rule.name = std::string(domain) + "/limit=" + std::to_string(requests_per_unit) + "/" +
-              std::string(index < kUnitNames.size() ? kUnitNames[index] : kUnitNames[0]);
+  rule.name = envoyOverrideRuleName(domain, requests_per_unit, unit);
   rule.algorithm = options.algorithm;
   const int64_t most = maxLimit(options.algorithm);
   const int64_t limit = std::min<int64_t>(requests_per_unit, most);

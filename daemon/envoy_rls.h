@@ -4,8 +4,9 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
+#include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "envoy/service/ratelimit/v3/rls.pb.h"
@@ -27,25 +28,43 @@ struct EnvoyPlan {
   };
   std::vector<Descriptor> descriptors;
   // The limits of descriptors that carry their own (`limit`), each decided
-  // on an override rule (envoyOverrideRule); deque: limits point into it.
-  std::deque<EnvoyLimit> override_limits;
-  // One per limited descriptor, in order: the rule, key and cost.
-  std::vector<std::string> rules;
+  // on an override rule (envoyOverrideRule). Reserved for every descriptor
+  // before the first is added, so that `limit` and `rules` may point into it.
+  std::vector<EnvoyLimit> override_limits;
+  // One per limited descriptor, in order: the rule (a view into the
+  // policy, which the caller keeps alive with the plan, or into
+  // override_limits), key and cost.
+  std::vector<std::string_view> rules;
   std::vector<std::string> keys;
   std::vector<int64_t> costs;
 };
+
+// Whether the rule of a limit override may decide (it exists, or has just
+// been added): called with the request's domain and the override's limit
+// (rule, requests_per_unit and unit set). The caller's seam: the front
+// adds the rule, up to kMaxEnvoyOverrides (envoy_front.h).
+using AdmitOverride = std::function<bool(std::string_view domain, const EnvoyLimit& limit)>;
 
 // Matches each descriptor (envoy_policy.h), drops the limits another
 // matched limit `replaces`, and works out each cost: the descriptor's
 // hits_addend when set, else the request's, else 1. A descriptor with its
 // own `limit` (second to day, at least 1) is limited by it, as the
-// reference server does, on the rule envoyOverrideRule names, keyed by its
-// entries' keys and values.
-EnvoyPlan planRequest(const EnvoyPolicy& policy, const RateLimitRequest& request);
+// reference server does, on the rule envoyOverrideRuleName names, keyed by
+// its entries' keys and values; when `admit` refuses that rule, the
+// descriptor is planned as if it had no `limit` (its configured limit, if
+// any).
+EnvoyPlan planRequest(const EnvoyPolicy& policy, const RateLimitRequest& request,
+                      const AdmitOverride& admit);
 
-// The rule that decides a domain's descriptors of limit override
-// (requests_per_unit, unit): "<domain>/limit=<requests_per_unit>/<unit>",
-// built with `options`.
+// The name of the rule that decides a domain's descriptors of limit
+// override (requests_per_unit, unit): "<domain>/=<requests_per_unit>/<unit>",
+// the domain written by appendEnvoyNamePart; kEnvoyOverrideMark keeps it
+// apart from every descriptor's rule, and the escaped domain from every
+// other domain's.
+std::string envoyOverrideRuleName(std::string_view domain, uint32_t requests_per_unit,
+                                  EnvoyUnit unit);
+
+// That rule, built with `options`.
 Rule envoyOverrideRule(std::string_view domain, uint32_t requests_per_unit, EnvoyUnit unit,
                        const EnvoyRuleOptions& options);
 

@@ -124,6 +124,7 @@ MetricsSnapshot Metrics::snapshot() const {
     sum.connections_refused[i] = connections_refused_[i].get();
   }
   sum.connections_forbidden = connections_forbidden_.get();
+  sum.envoy_overrides_refused = envoy_overrides_refused_.get();
   return sum;
 }
 

@@ -174,6 +174,7 @@ struct MetricsSnapshot {
   uint64_t reservations_expired = 0;
   uint64_t reservation_refunded_units = 0;
   uint64_t reservation_debt_units = 0;
+  uint64_t envoy_overrides_refused = 0;
   HistogramSnapshot decision_latency;
 
   uint64_t reservationsOpen() const {
@@ -196,6 +197,9 @@ class Metrics {
     return connections_refused_[static_cast<size_t>(reason)];
   }
   Counter& connectionsForbidden() { return connections_forbidden_; }
+  // Envoy limit overrides refused a rule (envoy_front.h); written under the
+  // Envoy front's lock, so by one thread at a time.
+  Counter& envoyOverridesRefused() { return envoy_overrides_refused_; }
 
   MetricsSnapshot snapshot() const;
 
@@ -210,6 +214,7 @@ class Metrics {
   std::deque<MetricsShard> shards_;  // stable addresses, one per worker
   std::array<Counter, kRefuseReasons> connections_refused_;
   Counter connections_forbidden_;
+  Counter envoy_overrides_refused_;
   mutable std::mutex rules_mutex_;
   std::map<std::string, std::unique_ptr<RuleShard[]>, std::less<>> rules_;
 };

@@ -160,6 +160,10 @@ std::string renderPrometheus(const MetricsView& view) {
            static_cast<double>(t.reservation_debt_units));
   w.single("sluice_shadow_denials_total", "counter",
            "Decisions of shadow rules that would have denied.", static_cast<double>(t.shadow_denied));
+  w.single("sluice_envoy_overrides_refused_total", "counter",
+           "Envoy descriptors whose limit override got no rule (past the bound on distinct "
+           "overrides), decided on their configured limit.",
+           static_cast<double>(t.envoy_overrides_refused));
   w.histogram("sluice_decision_duration_seconds",
               "Time from reading a request to writing its answer, waits for leases included.",
               t.decision_latency);

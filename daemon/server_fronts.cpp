@@ -173,7 +173,8 @@ bool Server::startEnvoy(std::string* error) {
   std::vector<Worker*> workers;
   for (auto& worker : workers_) workers.push_back(worker.get());
   if (!envoy_->start(*config_.envoy, config_.daemon.socket_mode, std::move(workers),
-                     [this](const Rule& rule) { return addRule(rule); }, error)) {
+                     [this](const Rule& rule) { return addRule(rule); },
+                     &metrics_.envoyOverridesRefused(), error)) {
     envoy_.reset();
     return false;
   }

@@ -50,7 +50,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace sluice;
   RateLimitRequest request;
   if (!request.ParseFromArray(data, static_cast<int>(size))) return 0;
-  const EnvoyPlan plan = planRequest(policy(), request);
+  // Every other limit override is refused its rule (the bound of envoy_front.h).
+  size_t overrides = 0;
+  const EnvoyPlan plan = planRequest(policy(), request, [&](std::string_view, const EnvoyLimit&) {
+    return overrides++ % 2 == 0;
+  });
   FUZZ_CHECK(plan.descriptors.size() == static_cast<size_t>(request.descriptors_size()),
              "one planned descriptor per descriptor");
   FUZZ_CHECK(plan.rules.size() == plan.keys.size() && plan.keys.size() == plan.costs.size(),

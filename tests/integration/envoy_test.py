@@ -308,6 +308,69 @@ class ReferenceYamlTest(EnvoyCase):
         self.assertEqual(self.rls.codes([("database", "users")]), [OK])
 
 
+class OverrideBoundTest(EnvoyCase):
+    """Envoy's `limit` overrides get rules up to a bound, and /metrics keeps
+    one series per rule whatever keys, domains and overrides clients send."""
+
+    BOUND = 256  # kMaxEnvoyOverrides
+
+    def metrics(self):
+        return urllib.request.urlopen(
+            "http://127.0.0.1:%d/metrics" % self.daemon.metrics_port, timeout=5).read().decode()
+
+    def decided_rules(self):
+        return {line.split('rule="', 1)[1].split('"', 1)[0]
+                for line in self.metrics().splitlines()
+                if line.startswith("sluice_decisions_total{")}
+
+    def test_past_the_bound_an_override_is_decided_on_the_configured_limit_and_counted(self):
+        for n in range(1, self.BOUND + 1):
+            answer = self.rls.ask(([("nope", "x")], None, (n, 4)))
+            self.assertEqual(answer.statuses[0].current_limit.requests_per_unit, n)
+        # The 257th: a configured descriptor keeps its YAML limit (3 a day) ...
+        answer = self.rls.ask(([("database", "users")], None, (1000, 4)))
+        self.assertEqual(answer.overall_code, OK)
+        self.assertEqual(answer.statuses[0].current_limit.requests_per_unit, 3)
+        self.assertEqual(answer.statuses[0].limit_remaining, 2)
+        # ... and an unknown one is OK without a limit, from another domain too.
+        answer = self.rls.ask(([("nope", "x")], None, (1001, 4)), domain="other")
+        self.assertEqual(answer.overall_code, OK)
+        self.assertFalse(answer.statuses[0].HasField("current_limit"))
+        # Overrides that have a rule keep deciding on it.
+        self.assertEqual(self.rls.ask(([("nope", "y")], None, (1, 4))).overall_code, OK)
+        self.assertEqual(self.rls.ask(([("nope", "y")], None, (1, 4))).overall_code, OVER)
+        self.assertIn("sluice_envoy_overrides_refused_total 2\n", self.metrics())
+        self.assertIn("a limit override refused (1 so far)", self.daemon.logs())
+
+    def test_metrics_keep_one_series_per_rule_whatever_clients_send(self):
+        for n in range(300):
+            self.rls.ask([("remote_address", "10.1.%d.%d" % (n // 250, n % 250))],
+                         [("path", "/api/%d" % n)], [("unknown%d" % n, "x")])
+            self.rls.ask([("database", "users")], domain="domain%d" % n)
+            self.rls.ask(([("nope", str(n))], None, (n + 1, 4)))
+        rules = self.decided_rules()
+        overrides = {r for r in rules if r.startswith("web/=")}
+        self.assertEqual(len(overrides), self.BOUND)
+        self.assertEqual(rules - overrides, {"web/remote_address", "web/path=%2Fapi%2F*"})
+
+
+class RuleNameTest(unittest.TestCase):
+    """A descriptor whose path spells an override's rule keeps its own."""
+
+    YAML = ("domain: web\ndescriptors:\n  - key: limit\n    value: \"5\"\n    descriptors:\n"
+            "      - key: day\n        rate_limit: {unit: day, requests_per_unit: 1}\n")
+
+    def test_an_override_and_a_descriptor_named_alike_keep_their_own_limits(self):
+        daemon = EnvoyDaemon(yaml=self.YAML).begin()
+        self.addCleanup(daemon.stop)
+        self.addCleanup(daemon.rls.close)
+        # The override 5 a day has its own rule, not the descriptor limit=5/day's 1 a day.
+        own = ([("user", "ann")], None, (5, 4))
+        self.assertEqual([daemon.rls.ask(own).overall_code for _ in range(6)], [OK] * 5 + [OVER])
+        configured = [("limit", "5"), ("day", "d")]
+        self.assertEqual([daemon.rls.ask(configured).overall_code for _ in range(2)], [OK, OVER])
+
+
 class AllOrNothingTest(EnvoyCase):
     extra = "all_or_nothing = true\n"
 

@@ -136,6 +136,45 @@ TEST(EnvoyPolicy, AKeyIsTheValuesJoinedBySeparator) {
   EXPECT_EQ(envoyKey(entries({{"a", "x"}, {"b", "y"}})), std::string("x\x1fy"));
 }
 
+TEST(EnvoyPolicy, AValueHoldingTheSeparatorMakesAKeyOfItsOwn) {
+  const std::string joined = envoyKey(entries({{"a", "x"}, {"b", "y"}}));
+  EXPECT_NE(envoyKey(entries({{"a", "x\x1fy"}})), joined);
+  EXPECT_EQ(envoyKey(entries({{"a", "x\x1fy"}})), "x%1Fy");
+  EXPECT_NE(envoyKey(entries({{"a", "x%1Fy"}})), envoyKey(entries({{"a", "x\x1fy"}})));
+}
+
+// Pairs of descriptors whose names would be one string if written as they
+// are: a domain or key holding `/` or `=`, a value holding `/`.
+TEST(EnvoyPolicy, NoTwoDescriptorsOfOneDomainOrOfTwoShareARuleName) {
+  EnvoyPolicy policy;
+  const char* files[] = {
+      "domain: a/b\ndescriptors:\n  - key: c\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+      "domain: a\ndescriptors:\n  - key: b\n    descriptors:\n      - key: c\n        rate_limit: "
+      "{unit: second, requests_per_unit: 2}\n",
+      "domain: d\ndescriptors:\n"
+      "  - key: x=y\n    rate_limit: {unit: second, requests_per_unit: 3}\n"
+      "  - key: x\n    value: y\n    rate_limit: {unit: second, requests_per_unit: 4}\n"
+      "  - key: p\n    value: x/q\n    rate_limit: {unit: second, requests_per_unit: 5}\n"
+      "  - key: p\n    value: x\n    descriptors:\n      - key: q\n        rate_limit: "
+      "{unit: second, requests_per_unit: 6}\n"
+      "  - key: path\n    value: /api/*\n    rate_limit: {unit: second, requests_per_unit: 7}\n"
+      "  - key: limit\n    value: \"42\"\n    descriptors:\n      - key: minute\n"
+      "        rate_limit: {unit: second, requests_per_unit: 8}\n",
+  };
+  for (const char* file : files) ASSERT_EQ(readEnvoyYaml(file, "rl.yaml", {}, &policy), "");
+  std::vector<std::string> names;
+  for (const Rule& rule : policy.rules) names.push_back(rule.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"a%2Fb/c", "a/b/c", "d/x%3Dy", "d/x=y", "d/p=x%2Fq",
+                                             "d/p=x/q", "d/path=%2Fapi%2F*", "d/limit=42/minute"}));
+  for (const std::string& name : names) {
+    EXPECT_EQ(name.find(kEnvoyOverrideMark), std::string::npos) << name;
+  }
+  // Each still matches as written.
+  EXPECT_EQ(policy.match("a/b", entries({{"c", "1"}}))->rule, "a%2Fb/c");
+  EXPECT_EQ(policy.match("d", entries({{"p", "x/q"}}))->rule, "d/p=x%2Fq");
+  EXPECT_EQ(policy.match("d", entries({{"path", "/api/v1"}}))->rule, "d/path=%2Fapi%2F*");
+}
+
 TEST(EnvoyPolicy, ReplacesAndNameAreKept) {
   EnvoyPolicy policy = mustRead(R"(
 domain: d
@@ -261,6 +300,18 @@ TEST_F(EnvoySection, MistakesAreRefusedWithLineAndFix) {
   const std::string missing = load("listen = \"127.0.0.1:8081\"\nconfig = \"/nonexistent/*.yaml\"\n").error;
   EXPECT_EQ(missing.rfind("x.toml:3:10: [envoy] config: /nonexistent/*.yaml: no file matches;", 0), 0u)
       << missing;
+}
+
+TEST_F(EnvoySection, ARuleNamedAsADescriptorOrAnOverrideRuleIsRefused) {
+  const std::string envoy = "listen = \"127.0.0.1:8081\"\nconfig = \"" + path_ + "\"\n";
+  const std::string rule = "[[rule]]\nlimit = 1\nperiod = \"1s\"\nname = ";
+  EXPECT_EQ(load(envoy + rule + "\"mongo_cps/database=users\"\n").error,
+            "x.toml:1:1: rule \"mongo_cps/database=users\" is both a [[rule]] and a descriptor of "
+            "[envoy] config; rename the [[rule]]");
+  EXPECT_EQ(load(envoy + rule + "\"web/=42/minute\"\n").error,
+            "x.toml:1:1: rule \"web/=42/minute\" has \"/=\", which marks the rules of Envoy's "
+            "limit overrides; rename the [[rule]]");
+  EXPECT_TRUE(load(envoy + rule + "\"web/limit=42/minute\"\n").ok());
 }
 
 }  // namespace

@@ -29,6 +29,9 @@ EnvoyPolicy policy() {
   return out;
 }
 
+// Admits every limit override's rule, as the front does under its bound.
+bool admitAll(std::string_view, const EnvoyLimit&) { return true; }
+
 RateLimitRequest request(std::initializer_list<std::pair<const char*, const char*>> descriptors,
                          uint32_t hits = 0) {
   RateLimitRequest out;
@@ -53,7 +56,8 @@ Decision decision(bool allowed, int64_t remaining, int64_t reset_ms, int64_t ret
 
 TEST(EnvoyRls, LimitedDescriptorsBecomeItemsOfRuleKeyAndCost) {
   const EnvoyPolicy rules = policy();
-  EnvoyPlan plan = planRequest(rules, request({{"user", "ann"}, {"nope", "x"}, {"health", "y"}}, 4));
+  EnvoyPlan plan =
+      planRequest(rules, request({{"user", "ann"}, {"nope", "x"}, {"health", "y"}}, 4), admitAll);
   ASSERT_EQ(plan.descriptors.size(), 3u);
   ASSERT_EQ(plan.rules.size(), 1u);
   EXPECT_EQ(plan.rules[0], "web/user");
@@ -69,7 +73,7 @@ TEST(EnvoyRls, UnsetHitsAddendSpendsOneAndADescriptorsOwnWins) {
   const EnvoyPolicy rules = policy();
   RateLimitRequest asked = request({{"user", "ann"}, {"path", "/"}});
   asked.mutable_descriptors(1)->mutable_hits_addend()->set_value(7);
-  EnvoyPlan plan = planRequest(rules, asked);
+  EnvoyPlan plan = planRequest(rules, asked, admitAll);
   ASSERT_EQ(plan.costs.size(), 2u);
   EXPECT_EQ(plan.costs[0], 1);
   EXPECT_EQ(plan.costs[1], 7);
@@ -77,7 +81,7 @@ TEST(EnvoyRls, UnsetHitsAddendSpendsOneAndADescriptorsOwnWins) {
 
 TEST(EnvoyRls, ALimitThatReplacesAnotherLeavesItUnspent) {
   const EnvoyPolicy rules = policy();
-  EnvoyPlan plan = planRequest(rules, request({{"user", "ann"}, {"vip", "ann"}}));
+  EnvoyPlan plan = planRequest(rules, request({{"user", "ann"}, {"vip", "ann"}}), admitAll);
   ASSERT_EQ(plan.rules.size(), 1u);
   EXPECT_EQ(plan.rules[0], "web/vip");
   EXPECT_EQ(plan.descriptors[0].limit, nullptr);
@@ -92,10 +96,10 @@ TEST(EnvoyRls, ADescriptorsOwnLimitIsDecidedOnItsOverrideRule) {
     own->set_unit(2);  // MINUTE
   }
   asked.mutable_descriptors(2)->mutable_limit()->set_requests_per_unit(0);  // unset: ignored
-  EnvoyPlan plan = planRequest(rules, asked);
+  EnvoyPlan plan = planRequest(rules, asked, admitAll);
   ASSERT_EQ(plan.rules.size(), 3u);
-  EXPECT_EQ(plan.rules[0], "web/limit=42/minute");
-  EXPECT_EQ(plan.rules[1], "web/limit=42/minute");
+  EXPECT_EQ(plan.rules[0], "web/=42/minute");
+  EXPECT_EQ(plan.rules[1], "web/=42/minute");
   EXPECT_EQ(plan.rules[2], "web/path");
   // One override rule serves every descriptor: the entries' keys are in the key.
   EXPECT_EQ(plan.keys[0], "user=ann");
@@ -105,16 +109,60 @@ TEST(EnvoyRls, ADescriptorsOwnLimitIsDecidedOnItsOverrideRule) {
 
   const Rule rule = envoyOverrideRule("web", 42, EnvoyUnit::kMinute,
                                       {.scope = Scope::kLocal, .algorithm = Algorithm::kGcra});
-  EXPECT_EQ(rule.name, "web/limit=42/minute");
+  EXPECT_EQ(rule.name, "web/=42/minute");
   EXPECT_EQ(rule.algorithm, Algorithm::kGcra);
   ASSERT_EQ(rule.limits.size(), 1u);
   EXPECT_EQ(rule.limits[0].limit, 42);
   EXPECT_EQ(rule.limits[0].period_ns, 60'000'000'000);
 }
 
+TEST(EnvoyRls, AnOverrideRefusedItsRuleIsDecidedOnTheConfiguredLimit) {
+  const EnvoyPolicy rules = policy();
+  RateLimitRequest asked = request({{"user", "ann"}, {"unknown", "x"}});
+  for (int i : {0, 1}) {
+    auto* own = asked.mutable_descriptors(i)->mutable_limit();
+    own->set_requests_per_unit(42);
+    own->set_unit(2);  // MINUTE
+  }
+  std::vector<std::string> asked_for;
+  EnvoyPlan plan = planRequest(rules, asked, [&](std::string_view domain, const EnvoyLimit& limit) {
+    asked_for.push_back(std::string(domain) + " " + limit.rule);
+    return false;
+  });
+  EXPECT_EQ(asked_for, (std::vector<std::string>{"web web/=42/minute", "web web/=42/minute"}));
+  EXPECT_TRUE(plan.override_limits.empty());
+  ASSERT_EQ(plan.rules.size(), 1u);
+  EXPECT_EQ(plan.rules[0], "web/user");
+  EXPECT_EQ(plan.keys[0], "ann");
+  EXPECT_EQ(plan.descriptors[0].limit->requests_per_unit, 10u);
+  EXPECT_FALSE(plan.descriptors[0].own_limit);
+  EXPECT_EQ(plan.descriptors[1].limit, nullptr);  // unknown: OK, nothing spent
+}
+
+TEST(EnvoyRls, OverrideRulesOfTwoDomainsAndKeysOfTwoDescriptorsNeverMeet) {
+  EXPECT_EQ(envoyOverrideRuleName("web", 1, EnvoyUnit::kSecond), "web/=1/second");
+  // A domain that spells another's override rule is escaped apart from it.
+  EXPECT_EQ(envoyOverrideRuleName("web/=1/second", 1, EnvoyUnit::kSecond),
+            "web%2F%3D1%2Fsecond/=1/second");
+  EXPECT_EQ(envoyOverrideRuleName("a\x1f", 5, EnvoyUnit::kDay), "a%1F/=5/day");
+  // Two descriptors under one override rule: an `=` inside a key or value
+  // does not make them one key.
+  RateLimitRequest asked = request({{"a=b", "c"}, {"a", "b=c"}});
+  for (int i : {0, 1}) {
+    auto* own = asked.mutable_descriptors(i)->mutable_limit();
+    own->set_requests_per_unit(3);
+    own->set_unit(1);  // SECOND
+  }
+  EnvoyPlan plan = planRequest(policy(), asked, admitAll);
+  ASSERT_EQ(plan.keys.size(), 2u);
+  EXPECT_EQ(plan.keys[0], "a%3Db=c");
+  EXPECT_EQ(plan.keys[1], "a=b%3Dc");
+}
+
 TEST(EnvoyRls, ADeniedDescriptorMakesTheOverallCodeOverLimit) {
   const EnvoyPolicy rules = policy();
-  EnvoyPlan plan = planRequest(rules, request({{"user", "ann"}, {"path", "/"}, {"nope", "x"}}));
+  EnvoyPlan plan =
+      planRequest(rules, request({{"user", "ann"}, {"path", "/"}, {"nope", "x"}}), admitAll);
   RateLimitResponse response;
   encodeResponse(plan, {{.decision = decision(true, 9, 60'000)}, {.decision = decision(false, 0, 3'600'000, 1'500)}},
                  &response);
@@ -139,7 +187,7 @@ TEST(EnvoyRls, ADeniedDescriptorMakesTheOverallCodeOverLimit) {
 
 TEST(EnvoyRls, AllowedDescriptorsReportTheFewestRemainingInTheHeaders) {
   const EnvoyPolicy rules = policy();
-  EnvoyPlan plan = planRequest(rules, request({{"user", "ann"}, {"path", "/"}}));
+  EnvoyPlan plan = planRequest(rules, request({{"user", "ann"}, {"path", "/"}}), admitAll);
   RateLimitResponse response;
   encodeResponse(plan, {{.decision = decision(true, 9, 60'000)}, {.decision = decision(true, 2, 1'200'001)}},
                  &response);
@@ -150,14 +198,14 @@ TEST(EnvoyRls, AllowedDescriptorsReportTheFewestRemainingInTheHeaders) {
 
 TEST(EnvoyRls, AnErrorAnswerIsOkAndARequestWithoutLimitsHasNoHeaders) {
   const EnvoyPolicy rules = policy();
-  EnvoyPlan plan = planRequest(rules, request({{"user", "ann"}}));
+  EnvoyPlan plan = planRequest(rules, request({{"user", "ann"}}), admitAll);
   RateLimitResponse response;
   encodeResponse(plan, {{.failed = true, .decision = {}}}, &response);
   EXPECT_EQ(response.overall_code(), RateLimitResponse::OK);
   EXPECT_EQ(response.statuses(0).code(), RateLimitResponse::OK);
   EXPECT_EQ(response.response_headers_to_add_size(), 0);
 
-  EnvoyPlan none = planRequest(rules, request({{"health", "x"}}));
+  EnvoyPlan none = planRequest(rules, request({{"health", "x"}}), admitAll);
   RateLimitResponse empty;
   encodeResponse(none, {}, &empty);
   EXPECT_EQ(empty.overall_code(), RateLimitResponse::OK);
