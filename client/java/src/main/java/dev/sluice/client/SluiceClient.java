@@ -26,6 +26,7 @@ import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.atomic.LongAdder;
 import org.msgpack.core.MessageFormat;
 import org.msgpack.core.MessageInsufficientBufferException;
+import org.msgpack.core.MessageIntegerOverflowException;
 import org.msgpack.core.MessagePack;
 import org.msgpack.core.MessagePackException;
 import org.msgpack.core.MessageUnpacker;
@@ -1671,12 +1672,21 @@ public final class SluiceClient implements AutoCloseable {
         case KEY_RESET_AFTER_MS:
         case KEY_RETRY_AFTER_MS:
         case KEY_WAITED_MS:
-          if (vt != ValueType.INTEGER || vf == MessageFormat.UINT64) {
+          if (vt != ValueType.INTEGER) {
             u.skipValue();
             bad = true;
             break;
           }
-          long v = u.unpackLong();
+          // A number of 2^32 or more comes as a uint 64 (a window over 49
+          // days resets in more ms than that); only one past Long.MAX_VALUE
+          // is wrong, and unpackLong has read it whole when it says so.
+          long v;
+          try {
+            v = u.unpackLong();
+          } catch (MessageIntegerOverflowException e) {
+            bad = true;
+            break;
+          }
           switch (key) {
             case KEY_REMAINING:
               remaining = v;

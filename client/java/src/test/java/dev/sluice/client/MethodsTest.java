@@ -21,7 +21,14 @@ class MethodsTest {
       "[[rule]]", "name = \"slots\"", "algorithm = \"concurrency\"", "limit = 2",
       "",
       "[[rule]]", "name = \"paced\"", "algorithm = \"gcra\"", "limit = 20", "period = \"1s\"",
-      "pace = true", "");
+      "pace = true",
+      "",
+      // A window no test ends (and whose reset time needs 64 bits): for
+      // reserve and settle, a refund or a debt shows in the next answer's
+      // remaining exactly.
+      "[[rule]]", "name = \"budget\"", "algorithm = \"fixed_window\"", "limit = 10",
+      "period = \"366d\"", "");
+  static final long BUDGET = 10;
 
   static Daemon daemon;
   static SluiceClient client;
@@ -158,7 +165,7 @@ class MethodsTest {
     for (Object rule : rules) {
       names.add(((Map<?, ?>) rule).get("name"));
     }
-    assertEquals(List.of("five", "two", "slots", "paced"), names);
+    assertEquals(List.of("five", "two", "slots", "paced", "budget"), names);
     Map<?, ?> five = (Map<?, ?>) rules.get(0);
     assertEquals("fixed_window", five.get("algorithm"));
   }
@@ -206,5 +213,15 @@ class MethodsTest {
     assertFalse(SluiceClient.isUtf8(new byte[] {(byte) 0xc0, (byte) 0x80})); // overlong
     assertFalse(SluiceClient.isUtf8(new byte[] {(byte) 0xed, (byte) 0xa0, (byte) 0x80})); // surrogate
     assertFalse(SluiceClient.isUtf8(new byte[] {(byte) 0xe2, (byte) 0x82})); // truncated
+  }
+
+  @Test
+  void aResetTimeOf2To32MillisecondsOrMoreIsReadAsANumber() {
+    // A 366-day window resets in about 3.2e10 ms, which comes as a uint 64.
+    Decision d = client.acquire("budget", "long-window");
+    assertFalse(d.unreachable(), String.valueOf(d.unreachableCause()));
+    assertTrue(d.resetAfterMs() > 0xffff_ffffL, d.toString());
+    assertEquals(BUDGET - 1, d.remaining());
+    assertEquals(d.resetAfterMs(), client.peek("budget", "long-window").resetAfterMs(), 1000);
   }
 }
