@@ -100,8 +100,16 @@ type call struct {
 	err    error
 	// The result, by kind; the reader allocates the rarer ones.
 	decision Decision
+	extras   extras // reserve's id; settle's id, refunded and debt
 	all      *AllDecision
 	health   *Health
+}
+
+// extras is what a reservation's decision map carries besides the decision.
+type extras struct {
+	id       uint64
+	refunded int64
+	debt     int64
 }
 
 type resultKind uint8
@@ -111,6 +119,8 @@ const (
 	kindRelease
 	kindAll
 	kindHealth
+	kindReserve // a decision map with id
+	kindSettle  // a decision map with id, refunded and debt
 )
 
 func (k *call) finish(err error) {
@@ -194,16 +204,21 @@ func (c *Client) Stats() Stats {
 // ---- requests ---------------------------------------------------------------
 
 // request is what a call sends: [0, msgid, method, params], where params is
-// one item [rule, key, ...] unless items or noParams say otherwise.
+// one item [rule, key, ...] unless items, noParams or settleID say
+// otherwise. reserve's item is [rule, key, estimate, ttl_ms]: cost and
+// maxWaitMs carry them.
 type request struct {
-	method    string
-	rule      string
-	key       string
-	withCost  bool
-	cost      uint32
-	maxWaitMs int64  // < 0: not sent, the rule's max_wait applies
-	items     []Item // acquire_all's, sent as [[item, ...]]
-	noParams  bool   // params []: health
+	method     string
+	rule       string
+	key        string
+	withCost   bool
+	cost       uint32
+	maxWaitMs  int64  // < 0: not sent, the rule's max_wait applies
+	items      []Item // acquire_all's, sent as [[item, ...]]
+	noParams   bool   // params []: health
+	settleID   uint64 // settle's [id, actual], cancel's [id]
+	withActual bool
+	actual     uint32
 }
 
 // A key goes out as str when it is UTF-8 and as bin otherwise, as libsluice
@@ -254,6 +269,15 @@ func (c *Client) encodeLocked(id uint32, r *request) {
 		}
 	case r.noParams:
 		_ = e.EncodeArrayLen(0)
+	case r.settleID != 0:
+		if r.withActual {
+			_ = e.EncodeArrayLen(2)
+			_ = e.EncodeUint(r.settleID)
+			_ = e.EncodeUint(uint64(r.actual))
+		} else {
+			_ = e.EncodeArrayLen(1)
+			_ = e.EncodeUint(r.settleID)
+		}
 	default:
 		encodeItem(e, r.rule, r.key, r.withCost, r.cost, r.maxWaitMs)
 	}
@@ -658,6 +682,8 @@ func (c *Client) readResponse(r *reader) (*call, error) {
 	case kindHealth:
 		k.health = new(Health)
 		r.health(k.health)
+	case kindReserve, kindSettle:
+		r.decisionWith(&k.decision, &k.extras)
 	}
 	if r.err != nil {
 		return k, r.err
@@ -838,11 +864,21 @@ func modeOf(name []byte) Mode {
 // decision reads a decision map; keys this library does not know are
 // skipped, and a map without "allowed" is bad.
 func (r *reader) decision(d *Decision) {
+	r.decisionWith(d, nil)
+}
+
+// decisionWith is decision that also stores a reservation's keys in x when
+// x is not nil.
+func (r *reader) decisionWith(d *Decision, x *extras) {
 	*d = Decision{}
+	if x != nil {
+		*x = extras{}
+	}
 	sawAllowed := false
 	n := r.mapLen()
 	for i := 0; i < n && r.err == nil; i++ {
-		switch string(r.text()) {
+		key := r.text()
+		switch string(key) {
 		case "allowed":
 			d.Allowed = r.bool()
 			sawAllowed = true
@@ -861,11 +897,39 @@ func (r *reader) decision(d *Decision) {
 		case "reason":
 			d.Reason = string(r.text())
 		default:
-			r.skip()
+			r.extra(key, x)
 		}
 	}
 	if !sawAllowed {
 		r.bad = true
+	}
+}
+
+// extra reads the value of a decision map's key that decision does not know
+// (key, valid until the next read): a reservation's field when x is not
+// nil; else it skips the value.
+func (r *reader) extra(key []byte, x *extras) {
+	if x == nil {
+		r.skip()
+		return
+	}
+	switch string(key) {
+	case "id":
+		if !isInt(r.peek()) {
+			r.wrong()
+			return
+		}
+		v, err := r.dec.DecodeUint64()
+		if err != nil {
+			r.err = err
+		}
+		x.id = v
+	case "refunded":
+		x.refunded = r.int()
+	case "debt":
+		x.debt = r.int()
+	default:
+		r.skip()
 	}
 }
 

@@ -51,6 +51,14 @@ limit = 10
 period = "1s"
 pace = true
 max_wait = "5s"
+
+# For Reserve and Settle: a window no test ends, so that a refund or a debt
+# shows in the next answer's Remaining exactly.
+[[rule]]
+name = "budget"
+algorithm = "fixed_window"
+limit = 10
+period = "366d"
 `
 
 const perkeyLimit = 100000
@@ -232,5 +240,105 @@ func TestAcquireWaitIsAnsweredOnceTheUnitsAreDue(t *testing.T) {
 	if err != nil || !long.Allowed || long.WaitedMs <= 0 || long.WaitedMs > 500 {
 		t.Fatalf("acquire that may wait 2 s: %+v, %v, want allowed after waiting up to 500 ms",
 			long, err)
+	}
+}
+
+// Reserve, Settle and Cancel run on a daemon of two workers, so a settle may
+// reach a worker other than the reserving one and be handed to it.
+
+const budgetLimit = 10
+
+func TestReserveThenSettleBelowTheEstimateRefundsTheDifference(t *testing.T) {
+	c := startDaemon(t, testRules).client(nil)
+	r, err := c.Reserve(within(t, callTimeout), "budget", "refund", 8, 0)
+	if err != nil || !r.Allowed || r.ID == 0 || r.Remaining != budgetLimit-8 || r.Mode != ModeLocal {
+		t.Fatalf("reserve 8: %+v, %v, want allowed with an id and %d remaining", r, err, budgetLimit-8)
+	}
+	s, err := c.Settle(within(t, callTimeout), r.ID, 3)
+	if err != nil || s.ID != r.ID || s.Refunded != 5 || s.Debt != 0 || s.Remaining != budgetLimit-3 {
+		t.Fatalf("settle at 3: %+v, %v, want 5 refunded and %d remaining", s, err, budgetLimit-3)
+	}
+	if d, err := c.Peek(within(t, callTimeout), "budget", "refund"); err != nil || d.Remaining != budgetLimit-3 {
+		t.Fatalf("peek after the refund: %+v, %v, want %d remaining", d, err, budgetLimit-3)
+	}
+	if d, err := c.Acquire(within(t, callTimeout), "budget", "refund", budgetLimit-3); err != nil || !d.Allowed {
+		t.Fatalf("acquire of the refunded units: %+v, %v, want allowed", d, err)
+	}
+}
+
+func TestSettleAboveTheEstimateLeavesDebt(t *testing.T) {
+	c := startDaemon(t, testRules).client(nil)
+	r, err := c.Reserve(within(t, callTimeout), "budget", "debt", budgetLimit, 5*time.Second)
+	if err != nil || r.ID == 0 {
+		t.Fatalf("reserve the whole limit: %+v, %v", r, err)
+	}
+	s, err := c.Settle(within(t, callTimeout), r.ID, budgetLimit+4)
+	if err != nil || s.Refunded != 0 || s.Debt != 4 || s.Remaining != -4 || s.Allowed {
+		t.Fatalf("settle 4 past the estimate: %+v, %v, want a debt of 4, remaining -4, not allowed", s, err)
+	}
+	if d, err := c.Acquire(within(t, callTimeout), "budget", "debt", 1); err != nil || d.Allowed || d.Remaining != -4 {
+		t.Fatalf("acquire in debt: %+v, %v, want denied with remaining -4", d, err)
+	}
+}
+
+func TestCancelRefundsTheWholeEstimate(t *testing.T) {
+	c := startDaemon(t, testRules).client(nil)
+	r, err := c.Reserve(within(t, callTimeout), "budget", "cancel", 6, time.Minute)
+	if err != nil || r.ID == 0 {
+		t.Fatalf("reserve 6: %+v, %v", r, err)
+	}
+	s, err := c.Cancel(within(t, callTimeout), r.ID)
+	if err != nil || s.ID != r.ID || s.Refunded != 6 || s.Debt != 0 || s.Remaining != budgetLimit {
+		t.Fatalf("cancel: %+v, %v, want 6 refunded and the full limit back", s, err)
+	}
+}
+
+func TestSettleOfAnIDNotOpenReturnsErrUnknownReservation(t *testing.T) {
+	c := startDaemon(t, testRules).client(nil)
+	r, err := c.Reserve(within(t, callTimeout), "budget", "unknown", 2, 0)
+	if err != nil || r.ID == 0 {
+		t.Fatalf("reserve 2: %+v, %v", r, err)
+	}
+	if _, err := c.Settle(within(t, callTimeout), r.ID, 2); err != nil {
+		t.Fatal(err)
+	}
+	for name, call := range map[string]func() (Settlement, error){
+		"settle again": func() (Settlement, error) { return c.Settle(within(t, callTimeout), r.ID, 1) },
+		"cancel":       func() (Settlement, error) { return c.Cancel(within(t, callTimeout), r.ID) },
+		"settle of an id never opened": func() (Settlement, error) {
+			return c.Settle(within(t, callTimeout), r.ID+1000, 1)
+		},
+	} {
+		_, err := call()
+		var e *Error
+		if !errors.Is(err, ErrUnknownReservation) || !errors.As(err, &e) || e.ServerCode != "UNKNOWN_RESERVATION" {
+			t.Fatalf("%s: %v, want ErrUnknownReservation", name, err)
+		}
+	}
+	_, err = c.Reserve(within(t, callTimeout), "uploads", "k", 1, 0)
+	if !errors.Is(err, ErrBadRequest) || errors.Is(err, ErrUnknownReservation) {
+		t.Fatalf("reserve on a concurrency rule: %v, want BAD_REQUEST only", err)
+	}
+}
+
+func TestReserveOnADeniedKeyIsDeniedWithNoID(t *testing.T) {
+	c := startDaemon(t, testRules).client(nil)
+	if _, err := c.Reserve(within(t, callTimeout), "budget", "denied", budgetLimit-1, 0); err != nil {
+		t.Fatal(err)
+	}
+	r, err := c.Reserve(within(t, callTimeout), "budget", "denied", 2, 0)
+	if err != nil || r.Allowed || r.ID != 0 || r.Remaining != 1 || r.RetryAfterMs <= 0 {
+		t.Fatalf("reserve past the limit: %+v, %v, want denied, no id, 1 remaining, a retry time", r, err)
+	}
+	// Settling no reservation asks the daemon nothing.
+	s, err := c.Settle(within(t, callTimeout), r.ID, 2)
+	if err != nil || !s.Allowed || s.Refunded != 0 || s.Debt != 0 {
+		t.Fatalf("settle of id 0: %+v, %v, want a no-op", s, err)
+	}
+	if d, err := c.Peek(within(t, callTimeout), "budget", "denied"); err != nil || d.Remaining != 1 {
+		t.Fatalf("peek: %+v, %v, want 1 remaining", d, err)
+	}
+	if _, err := c.Reserve(within(t, callTimeout), "budget", "denied", 0, 0); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("reserve of 0: %v, want ErrInvalid", err)
 	}
 }

@@ -231,3 +231,30 @@ func TestTheClientFailsItsCallsOnceClosedAndLeavesNoGoroutines(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+func TestTheUnreachablePolicyAnswersReserveWithNoID(t *testing.T) {
+	nowhere := filepath.Join(t.TempDir(), "no.sock")
+	open := New(nowhere, nil)
+	defer open.Close()
+	r, err := open.Reserve(within(t, callTimeout), "budget", "k", 5, 0)
+	if err != nil || !r.Allowed || r.ID != 0 || r.Mode != ModeUnreachable {
+		t.Fatalf("fail_open reserve with no daemon: %+v, %v, want allowed, no id, mode unreachable", r, err)
+	}
+	if s, err := open.Settle(within(t, callTimeout), r.ID, 9); err != nil || s.Debt != 0 {
+		t.Fatalf("settle of the policy's reservation: %+v, %v, want a no-op", s, err)
+	}
+	if s, err := open.Cancel(within(t, callTimeout), r.ID); err != nil || s.Refunded != 0 {
+		t.Fatalf("cancel of the policy's reservation: %+v, %v, want a no-op", s, err)
+	}
+	if _, err := open.Settle(within(t, callTimeout), 42, 1); !errors.Is(err, ErrConnect) {
+		t.Fatalf("settle of a real id with no daemon: %v, want ErrConnect", err)
+	}
+	if s := open.Stats(); s.UnreachableAllowed != 1 {
+		t.Fatalf("stats %+v, want the one reserve counted", s)
+	}
+	closed := New(nowhere, &Options{OnUnreachable: FailClosed})
+	defer closed.Close()
+	if r, err := closed.Reserve(within(t, callTimeout), "budget", "k", 5, 0); err != nil || r.Allowed || r.ID != 0 {
+		t.Fatalf("fail_closed reserve with no daemon: %+v, %v, want denied, no id", r, err)
+	}
+}

@@ -92,6 +92,68 @@ func (c *Client) Health(ctx context.Context) (Health, error) {
 	return *k.health, nil
 }
 
+// Reserve decides like Acquire of estimate (at least 1; it never waits) and,
+// when allowed, opens a reservation: Reservation.ID names it for Settle or
+// Cancel. Unsettled after ttl (0: DefaultTTL; sent in whole milliseconds,
+// rounded up) it settles at its estimate. Like Allow, it follows the
+// Client's Policy when the daemon cannot be asked: a nil error and a
+// Reservation of ID 0 and Mode ModeUnreachable, counted in Stats. Rules
+// that cannot reserve return ErrBadRequest; a full table ErrOverloaded.
+func (c *Client) Reserve(ctx context.Context, rule, key string, estimate uint32,
+	ttl time.Duration) (Reservation, error) {
+	if estimate == 0 || ttl < 0 {
+		return Reservation{}, &Error{Code: CodeInvalid, Message: "an estimate of 0 or a negative ttl"}
+	}
+	if ttl == 0 {
+		ttl = DefaultTTL
+	}
+	ttlMs := int64((ttl + time.Millisecond - 1) / time.Millisecond)
+	if ttlMs > 0xFFFFFFFF {
+		return Reservation{}, &Error{Code: CodeInvalid, Message: "a ttl beyond 2^32 ms"}
+	}
+	k, err := c.do(ctx, kindReserve, &request{method: "reserve", rule: rule, key: key,
+		withCost: true, cost: estimate, maxWaitMs: ttlMs})
+	if err != nil {
+		if !unreachable(err) {
+			return Reservation{}, err
+		}
+		return Reservation{Decision: c.policyDecision()}, nil
+	}
+	r := Reservation{Decision: k.decision}
+	if r.Allowed {
+		r.ID = k.extras.id
+	}
+	return r, nil
+}
+
+// Settle settles reservation id at actual units: the daemon gives back
+// estimate - actual (Refunded), or charges the excess past the limit (Debt;
+// the key's Remaining goes below 0 and it admits nothing until the debt is
+// paid back). An id that is not open returns ErrUnknownReservation. id 0 (a
+// denied or Policy-made Reservation) returns at once without asking the
+// daemon. When the daemon cannot be asked the error is returned: the daemon
+// settles the reservation at its estimate after its TTL.
+func (c *Client) Settle(ctx context.Context, id uint64, actual uint32) (Settlement, error) {
+	return c.settle(ctx, &request{method: "settle", settleID: id, withActual: true, actual: actual})
+}
+
+// Cancel gives reservation id back whole: Settle at 0.
+func (c *Client) Cancel(ctx context.Context, id uint64) (Settlement, error) {
+	return c.settle(ctx, &request{method: "cancel", settleID: id})
+}
+
+func (c *Client) settle(ctx context.Context, r *request) (Settlement, error) {
+	if r.settleID == 0 {
+		return Settlement{Decision: Decision{Allowed: true}}, nil
+	}
+	k, err := c.do(ctx, kindSettle, r)
+	if err != nil {
+		return Settlement{}, err
+	}
+	return Settlement{Decision: k.decision, ID: k.extras.id, Refunded: k.extras.refunded,
+		Debt: k.extras.debt}, nil
+}
+
 // Allow is Acquire with the Client's Policy: when the daemon cannot be asked
 // (not running, connection lost, timed out, a broken answer) it returns the
 // Policy's decision, with Mode ModeUnreachable and a nil error, and counts it
@@ -102,12 +164,18 @@ func (c *Client) Allow(ctx context.Context, rule, key string, cost uint32) (Deci
 	if err == nil || !unreachable(err) {
 		return d, err
 	}
+	return c.policyDecision(), nil
+}
+
+// policyDecision is the Policy's decision for a call the daemon could not
+// answer, counted.
+func (c *Client) policyDecision() Decision {
 	if c.opts.OnUnreachable == FailClosed {
 		c.denied.Add(1)
-		return Decision{Mode: ModeUnreachable}, nil
+		return Decision{Mode: ModeUnreachable}
 	}
 	c.allowed.Add(1)
-	return Decision{Allowed: true, Mode: ModeUnreachable}, nil
+	return Decision{Allowed: true, Mode: ModeUnreachable}
 }
 
 // Future is an acquire sent without waiting for its answer, so that one

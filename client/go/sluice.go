@@ -20,6 +20,7 @@ package sluice
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Version is the version of this library, the same as libsluice's.
@@ -115,6 +116,9 @@ var (
 	ErrBadRequest  = &Error{Code: CodeServer, ServerCode: "BAD_REQUEST"}
 	ErrForbidden   = &Error{Code: CodeServer, ServerCode: "FORBIDDEN"}
 	ErrOverloaded  = &Error{Code: CodeServer, ServerCode: "OVERLOADED"}
+	// ErrUnknownReservation: Settle or Cancel of an id that is not open
+	// (settled, cancelled, expired, never opened, or another daemon's).
+	ErrUnknownReservation = &Error{Code: CodeServer, ServerCode: "UNKNOWN_RESERVATION"}
 )
 
 // unreachable tells the failures that mean the daemon could not be asked
@@ -164,6 +168,30 @@ type Decision struct {
 	Reason string
 }
 
+// Reservation is the answer of Reserve: the decision of the estimate and ID,
+// the reservation to Settle or Cancel; ID is 0 when none was opened (denied,
+// or decided by the Policy with Mode ModeUnreachable).
+type Reservation struct {
+	Decision
+	ID uint64
+}
+
+// Settlement is the answer of Settle and Cancel: the key's state afterwards
+// (Remaining below 0 while it is in debt; Allowed whether it could spend
+// now), ID the reservation settled, Refunded the units given back (estimate -
+// actual) and Debt those charged past the estimate. Settling ID 0 asks the
+// daemon nothing: Allowed, ID 0, nothing refunded.
+type Settlement struct {
+	Decision
+	ID       uint64
+	Refunded int64
+	Debt     int64
+}
+
+// DefaultTTL is the TTL Reserve sends for a ttl of 0 (libsluice's
+// SLUICE_DEFAULT_TTL_MS).
+const DefaultTTL = 60 * time.Second
+
 // Item is one (rule, key, cost) of AcquireAll. A key is any bytes.
 type Item struct {
 	Rule string
@@ -207,8 +235,8 @@ func (p Policy) String() string {
 
 // Stats counts what a Client's Policy decided.
 type Stats struct {
-	// UnreachableAllowed and UnreachableDenied count the Allow calls that the
-	// Policy answered because the daemon could not be asked.
+	// UnreachableAllowed and UnreachableDenied count the Allow and Reserve
+	// calls that the Policy answered because the daemon could not be asked.
 	UnreachableAllowed uint64
 	UnreachableDenied  uint64
 }

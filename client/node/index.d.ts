@@ -23,6 +23,29 @@ export interface Decision {
   unreachable?: SluiceError;
 }
 
+/** A reservation's id: a number when exact in a double, a bigint beyond 2^53. */
+export type ReservationId = number | bigint;
+
+/** reserve's answer: the decision of the estimate and the reservation's id,
+ *  null when none was opened (denied, or the unreachable policy decided). */
+export interface Reservation extends Decision {
+  id: ReservationId | null;
+}
+
+/** settle's and cancel's answer: the key's state afterwards (remaining below
+ *  0 while it is in debt), the units given back and those charged past the
+ *  estimate. A settle of a null id asks nothing: id null, zeros. */
+export interface Settlement extends Decision {
+  id: ReservationId | null;
+  refunded: number;
+  debt: number;
+}
+
+export interface ReserveOptions extends CallOptions {
+  /** Until the reservation settles at its estimate (default 60000). */
+  ttlMs?: number;
+}
+
 export interface Decisions {
   /** True only when every item passed (and then each was spent). */
   allowed: boolean;
@@ -80,6 +103,9 @@ export class Client {
   peek(rule: string, key: Key, options?: CallOptions): Promise<Decision>;
   release(rule: string, key: Key, options?: CallOptions & { cost?: number }): Promise<Decision>;
   reset(rule: string, key: Key, options?: CallOptions): Promise<Decision>;
+  reserve(rule: string, key: Key, estimate: number, options?: ReserveOptions): Promise<Reservation>;
+  settle(id: ReservationId | null, actual: number, options?: CallOptions): Promise<Settlement>;
+  cancel(id: ReservationId | null, options?: CallOptions): Promise<Settlement>;
   health(options?: CallOptions): Promise<Health>;
   call(method: string, params?: unknown[], options?: CallOptions): Promise<unknown>;
   close(): void;
@@ -103,6 +129,9 @@ export class SluiceError extends Error {
 export class ServerError extends SluiceError {
   serverMessage: string;
 }
+
+/** settle or cancel of an id that is not open: code "UNKNOWN_RESERVATION". */
+export class UnknownReservationError extends ServerError {}
 
 export interface RateLimitHeaders {
   /** RateLimit: "policy";r=remaining;t=seconds to reset */
@@ -139,5 +168,6 @@ export function rateLimit<Req = any, Res = any>(
 
 export const DEFAULT_SOCKET: string;
 export const DEFAULT_TIMEOUT_MS: number;
+export const DEFAULT_TTL_MS: number;
 export const MAX_RESPONSE_BYTES: number;
 export const MAX_UNSENT_BYTES: number;

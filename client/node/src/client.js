@@ -26,18 +26,24 @@
 // that never reached any connection are sent on the new one.
 //
 // The unreachable-daemon policy: when a decision call (acquire, acquireAll,
-// peek) gets no answer (ECONNECT, ETIMEDOUT, ECLOSED, EIO, EPROTO,
+// peek, reserve) gets no answer (ECONNECT, ETIMEDOUT, ECLOSED, EIO, EPROTO,
 // ETOOLARGE), `onUnreachable` decides: "fail_open" (the default) resolves
 // it allowed, with mode "open"; "fail_closed" resolves it denied, with mode
 // "closed"; "throw" rejects with the error. Either decision carries the
 // error as `unreachable` and is counted (failedOpen, failedClosed). The
 // daemon's own errors (ServerError) and invalid arguments (EINVAL) always
-// reject.
+// reject. A reserve the policy answers has `id` null: settle and cancel of
+// a null id resolve at once without asking the daemon (nothing was
+// reserved); those of a real id reject when the daemon cannot be asked.
+//
+// Reservation ids are the daemon's unsigned 64-bit integers: a number when
+// it is exact in a double (always on a daemon of fewer than 32 workers), a
+// bigint beyond; settle and cancel take either.
 
 import net from "node:net";
 import { Decoder, Encoder } from "@msgpack/msgpack";
 
-import { SluiceError, ServerError } from "./errors.js";
+import { SluiceError, ServerError, UnknownReservationError } from "./errors.js";
 import { frameEnd } from "./frame.js";
 
 export const DEFAULT_SOCKET = "/run/sluice/sluice.sock";
@@ -46,6 +52,8 @@ export const DEFAULT_SOCKET = "/run/sluice/sluice.sock";
 export const MAX_RESPONSE_BYTES = 4 * 1024 * 1024;
 // The timeout of a call that names none, when the Client names none either.
 export const DEFAULT_TIMEOUT_MS = 1000;
+// The TTL of a reservation that names none (libsluice's SLUICE_DEFAULT_TTL_MS).
+export const DEFAULT_TTL_MS = 60000;
 // Requests the socket has not taken yet, in bytes, beyond which the
 // connection is closed (EIO): the daemon is not reading, and a caller that
 // keeps asking would otherwise grow this buffer without bound.
@@ -59,6 +67,8 @@ const DECISION = 0; // a decision map; the unreachable policy applies
 const DECISIONS = 1; // acquire_all's {allowed, results}; the policy applies
 const RELEASED = 2; // release: a decision map, or anything else as allowed
 const RAW = 3; // the result as decoded
+const RESERVED = 4; // reserve: a decision map with id; the policy applies
+const SETTLED = 5; // settle, cancel: a decision map with id, refunded, debt
 
 class Call {
   constructor(msgid, kind, count, resolve, reject) {
@@ -96,6 +106,9 @@ export class Client {
   #closed = false;
   #encoder = new Encoder();
   #decoder = new Decoder();
+  #bigEncoder = null; // made for the first bigint reservation id
+  #bigDecoder = null; // made for the first reservation id beyond 2^53
+  #frameEnds = []; // #receive's frame boundaries, reused
   #flushNow = () => this.#flush();
   #timeOutNow = (call, timeoutMs) => this.#timeOut(call, timeoutMs);
 
@@ -284,6 +297,73 @@ export class Client {
   }
 
   /**
+   * Decides like an acquire of `estimate` (1 to 10^9; never waits) and,
+   * when allowed, opens a reservation: `id` names it (null when denied, or
+   * when the unreachable policy decided). Unsettled after ttlMs (default
+   * 60000) it settles at its estimate.
+   * @param {string} rule
+   * @param {string|Uint8Array} key
+   * @param {number} estimate
+   * @param {{ttlMs?: number, timeoutMs?: number}} [options]
+   * @returns {Promise<import("../index.js").Reservation>}
+   */
+  reserve(rule, key, estimate, options) {
+    const ttlMs = options?.ttlMs ?? DEFAULT_TTL_MS;
+    const problem = itemProblem(rule, key, estimate) ??
+      (estimate === 0 ? "estimate must be at least 1" : null) ??
+      (!isUint32(ttlMs) || ttlMs === 0 ? "ttlMs must be an integer from 1 to 2^32-1" : null);
+    if (problem !== null) {
+      return Promise.reject(new SluiceError("EINVAL", problem));
+    }
+    return this.#request("reserve", [rule, key, estimate, ttlMs], RESERVED, 1,
+      options?.timeoutMs ?? this.#timeoutMs);
+  }
+
+  /**
+   * Settles reservation `id` at `actual` units: gives back estimate - actual
+   * (`refunded`), or charges the excess (`debt`; the key's remaining goes
+   * below 0). Resolves to the key's state afterwards; an id not open rejects
+   * with UnknownReservationError (code UNKNOWN_RESERVATION). A null id
+   * resolves at once, nothing refunded, without asking the daemon.
+   * @param {number|bigint|null} id
+   * @param {number} actual
+   * @param {{timeoutMs?: number}} [options]
+   * @returns {Promise<import("../index.js").Settlement>}
+   */
+  settle(id, actual, options) {
+    if (!isUint32(actual)) {
+      return Promise.reject(new SluiceError("EINVAL", "actual must be an integer from 0 to 2^32-1"));
+    }
+    return this.#settleCall("settle", id, [actual], options);
+  }
+
+  /**
+   * Gives reservation `id` back whole: settle at 0.
+   * @param {number|bigint|null} id
+   * @param {{timeoutMs?: number}} [options]
+   * @returns {Promise<import("../index.js").Settlement>}
+   */
+  cancel(id, options) {
+    return this.#settleCall("cancel", id, [], options);
+  }
+
+  #settleCall(method, id, rest, options) {
+    if (id === null || id === undefined || id === 0 || id === 0n) {
+      return Promise.resolve(noSettlement());
+    }
+    const exact = typeof id === "bigint" ? id : Number.isSafeInteger(id) ? BigInt(id) : -1n;
+    if (exact <= 0n || exact >= 1n << 64n) {
+      return Promise.reject(new SluiceError("EINVAL", "a reservation id is a positive integer below 2^64"));
+    }
+    const small = exact <= BigInt(Number.MAX_SAFE_INTEGER);
+    if (!small && this.#bigEncoder === null) {
+      this.#bigEncoder = new Encoder({ useBigInt64: true });
+    }
+    return this.#request(method, [small ? Number(exact) : exact, ...rest], SETTLED, 1,
+      options?.timeoutMs ?? this.#timeoutMs, small ? this.#encoder : this.#bigEncoder);
+  }
+
+  /**
    * The daemon's health: `status` "ok" or "degraded", `redis` "up", "down"
    * or "none", and the rest of the map the README's protocol section lists.
    * @param {{timeoutMs?: number}} [options]
@@ -330,7 +410,7 @@ export class Client {
 
   // ---- requests ------------------------------------------------------------
 
-  #request(method, params, kind, count, timeoutMs) {
+  #request(method, params, kind, count, timeoutMs, encoder = this.#encoder) {
     if (this.#closed) {
       return Promise.reject(closedError());
     }
@@ -344,7 +424,7 @@ export class Client {
     const msgid = this.#takeMsgid();
     let frame;
     try {
-      frame = this.#encoder.encodeSharedRef([0, msgid, method, params]);
+      frame = encoder.encodeSharedRef([0, msgid, method, params]);
     } catch (error) {
       return Promise.reject(new SluiceError("EINVAL", `cannot encode the params: ${error.message}`, { cause: error }));
     }
@@ -471,10 +551,13 @@ export class Client {
 
   // Rejects a settled call, or resolves it as the unreachable policy says.
   #fail(call, error) {
-    if ((call.kind === DECISION || call.kind === DECISIONS) && this.#policy !== "throw" &&
-        error.unreachable) {
+    if ((call.kind === DECISION || call.kind === DECISIONS || call.kind === RESERVED) &&
+        this.#policy !== "throw" && error.unreachable) {
       const decision = this.#policyDecision(error);
-      if (call.kind === DECISION) {
+      if (call.kind === RESERVED) {
+        decision.id = null;
+        call.resolve(decision);
+      } else if (call.kind === DECISION) {
         call.resolve(decision);
       } else {
         call.resolve({ allowed: decision.allowed, results: Array.from({ length: call.count }, () => decision) });
@@ -604,11 +687,14 @@ export class Client {
     // frame that cannot be read ends the connection once the ones before it
     // are answered.
     const end = buf.length;
+    const frameEnds = this.#frameEnds;
     let whole = 0;
     let failure = null;
+    frameEnds.length = 0;
     try {
       for (let next; whole < end && (next = frameEnd(buf, whole, end, MAX_RESPONSE_BYTES)) >= 0;) {
         whole = next;
+        frameEnds.push(next);
       }
     } catch (error) {
       failure = error;
@@ -616,7 +702,7 @@ export class Client {
     if (whole > 0) {
       const messages = this.#decoder.decodeMulti(whole === end ? buf : buf.subarray(0, whole));
       try {
-        for (;;) {
+        for (let i = 0; ; i++) {
           let item;
           try {
             item = messages.next();
@@ -626,7 +712,7 @@ export class Client {
           if (item.done) {
             break;
           }
-          this.#answer(item.value);
+          this.#answer(item.value, buf, i);
         }
       } catch (error) {
         failure = error;
@@ -641,7 +727,8 @@ export class Client {
     }
   }
 
-  #answer(message) {
+  // message is the decoded frame `index` of buf (#frameEnds bounds it).
+  #answer(message, buf, index) {
     if (!Array.isArray(message)) {
       throw new SluiceError("EPROTO", "malformed response from the daemon: not an array");
     }
@@ -662,9 +749,17 @@ export class Client {
       call.reject(serverError(error));
       return;
     }
-    let result;
+    let result = message[3];
+    if ((call.kind === RESERVED || call.kind === SETTLED) && typeof result?.id === "number" &&
+        !Number.isSafeInteger(result.id)) {
+      // An id past 2^53 lost bits as a number: this frame again, as bigints.
+      this.#bigDecoder ??= new Decoder({ useBigInt64: true });
+      const start = index === 0 ? 0 : this.#frameEnds[index - 1];
+      const id = this.#bigDecoder.decode(buf.subarray(start, this.#frameEnds[index]))[3]?.id;
+      result = { ...result, id: typeof id === "bigint" ? id : result.id };
+    }
     try {
-      result = convert(call.kind, message[3]);
+      result = convert(call.kind, result);
     } catch (problem) {
       call.reject(problem);
       return;
@@ -721,7 +816,8 @@ function serverError(error) {
   }
   const code = typeof error?.code === "string" ? error.code : "";
   const message = typeof error?.message === "string" ? error.message : "";
-  return new ServerError(code, message);
+  return code === "UNKNOWN_RESERVATION" ? new UnknownReservationError(code, message)
+    : new ServerError(code, message);
 }
 
 function convert(kind, result) {
@@ -734,6 +830,18 @@ function convert(kind, result) {
         throw new SluiceError("EPROTO", "malformed acquire_all result from the daemon");
       }
       return { allowed: result.allowed, results: result.results.map(toDecision) };
+    }
+    case RESERVED: {
+      const decision = toDecision(result);
+      decision.id = decision.allowed ? reservationId(result.id) : null;
+      return decision;
+    }
+    case SETTLED: {
+      const decision = toDecision(result);
+      decision.id = reservationId(result.id);
+      decision.refunded = number(result.refunded);
+      decision.debt = number(result.debt);
+      return decision;
     }
     case RELEASED:
       if (result !== null && typeof result === "object" && typeof result.allowed === "boolean") {
@@ -764,6 +872,20 @@ function toDecision(map) {
     decision.reason = map.reason;
   }
   return decision;
+}
+
+// A reservation id off the wire: a non-negative integer, number or bigint.
+function reservationId(id) {
+  if ((typeof id === "number" && Number.isInteger(id) && id > 0) || (typeof id === "bigint" && id > 0n)) {
+    return id;
+  }
+  throw new SluiceError("EPROTO", "malformed reservation from the daemon: no id");
+}
+
+// What settle and cancel of no reservation resolve to: nothing was spent.
+function noSettlement() {
+  return { allowed: true, mode: "unknown", remaining: 0, limit: 0, resetAfterMs: 0, retryAfterMs: 0,
+    id: null, refunded: 0, debt: 0 };
 }
 
 function number(value) {

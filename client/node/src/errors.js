@@ -58,3 +58,12 @@ export class ServerError extends SluiceError {
     return false;
   }
 }
+
+// settle or cancel of an id the daemon holds no open reservation under
+// (settled, cancelled, expired, never opened, or another daemon's).
+export class UnknownReservationError extends ServerError {
+  constructor(code, message) {
+    super(code, message);
+    this.name = "UnknownReservationError";
+  }
+}

@@ -153,6 +153,23 @@ describe("an unreachable daemon", () => {
     client.close();
   });
 
+  it("answers reserve by the policy with no id, whose settle and cancel ask nothing", async () => {
+    const open = new Client({ socketPath: missing });
+    const reserved = await open.reserve("api", "k", 5);
+    assert.deepEqual([reserved.allowed, reserved.mode, reserved.id, reserved.unreachable.code],
+      [true, "open", null, "ECONNECT"]);
+    assert.deepEqual([(await open.settle(reserved.id, 9)).debt, (await open.cancel(reserved.id)).refunded], [0, 0]);
+    assert.equal(open.counters.failedOpen, 1);
+    await assert.rejects(open.settle(42, 1), { code: "ECONNECT" });
+    const closed = new Client({ socketPath: missing, onUnreachable: "fail_closed" });
+    assert.deepEqual(Object.values(await closed.reserve("api", "k", 5)).slice(0, 1), [false]);
+    const strict = new Client({ socketPath: missing, onUnreachable: "throw" });
+    await assert.rejects(strict.reserve("api", "k", 5), { code: "ECONNECT" });
+    open.close();
+    closed.close();
+    strict.close();
+  });
+
   it("rejects with ECONNECT under throw, and for calls that decide nothing under any policy", async () => {
     const strict = new Client({ socketPath: missing, onUnreachable: "throw" });
     await assert.rejects(strict.acquire("api", "k"), { code: "ECONNECT", status: -3 });

@@ -1,12 +1,13 @@
 // Every method of the Client against a real sluiced: acquire, acquireAll,
-// peek, release, reset, health and call, their typed results and errors.
+// peek, release, reset, reserve, settle, cancel, health and call, their typed
+// results and errors.
 
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
 import { performance } from "node:perf_hooks";
 import { after, before, describe, it } from "node:test";
 
-import { Client, ServerError, SluiceError } from "../index.js";
+import { Client, ServerError, SluiceError, UnknownReservationError } from "../index.js";
 import { Daemon } from "./daemon.js";
 
 const RULES = `
@@ -29,7 +30,16 @@ name = "uploads"
 algorithm = "concurrency"
 limit = 2
 period = "10m"
+
+# For reserve and settle: a window no test ends, so a refund or a debt shows
+# in the next answer's remaining exactly.
+[[rule]]
+name = "budget"
+algorithm = "fixed_window"
+limit = 10
+period = "366d"
 `;
+const BUDGET = 10;
 
 describe("a Client against sluiced", () => {
   let daemon;
@@ -144,7 +154,58 @@ describe("a Client against sluiced", () => {
 
   it("call reaches any method, here rules", async () => {
     const rules = await client.call("rules");
-    assert.deepEqual(rules.map((r) => r.name).sort(), ["hourly", "paced", "uploads"]);
+    assert.deepEqual(rules.map((r) => r.name).sort(), ["budget", "hourly", "paced", "uploads"]);
+  });
+
+  it("settle below the estimate refunds the difference: peek and acquire see the units back", async () => {
+    const reserved = await client.reserve("budget", "refund", 8);
+    assert.deepEqual([reserved.allowed, reserved.mode, reserved.remaining], [true, "local", BUDGET - 8]);
+    assert.ok(Number.isSafeInteger(reserved.id) && reserved.id > 0, String(reserved.id));
+    const settled = await client.settle(reserved.id, 3);
+    assert.deepEqual([settled.id, settled.refunded, settled.debt, settled.remaining, settled.allowed],
+      [reserved.id, 5, 0, BUDGET - 3, true]);
+    assert.equal((await client.peek("budget", "refund")).remaining, BUDGET - 3);
+    assert.equal((await client.acquire("budget", "refund", { cost: BUDGET - 3 })).allowed, true);
+  });
+
+  it("settle above the estimate charges the excess as debt: a negative remaining that admits nothing", async () => {
+    const reserved = await client.reserve("budget", "debt", BUDGET, { ttlMs: 5_000 });
+    const settled = await client.settle(reserved.id, BUDGET + 4);
+    assert.deepEqual([settled.refunded, settled.debt, settled.remaining, settled.allowed], [0, 4, -4, false]);
+    assert.equal((await client.peek("budget", "debt")).remaining, -4);
+    assert.equal((await client.acquire("budget", "debt")).allowed, false);
+  });
+
+  it("cancel gives the whole estimate back", async () => {
+    const reserved = await client.reserve("budget", "cancel", 6);
+    const cancelled = await client.cancel(reserved.id);
+    assert.deepEqual([cancelled.id, cancelled.refunded, cancelled.debt, cancelled.remaining],
+      [reserved.id, 6, 0, BUDGET]);
+    assert.equal((await client.peek("budget", "cancel")).remaining, BUDGET);
+  });
+
+  it("settle or cancel of an id not open rejects with UnknownReservationError, code UNKNOWN_RESERVATION", async () => {
+    const reserved = await client.reserve("budget", "unknown", 2);
+    await client.settle(reserved.id, 2);
+    for (const again of [client.settle(reserved.id, 1), client.cancel(reserved.id), client.settle(reserved.id + 1000, 1)]) {
+      await assert.rejects(again, (error) => {
+        assert.ok(error instanceof UnknownReservationError && error instanceof ServerError);
+        assert.equal(error.code, "UNKNOWN_RESERVATION");
+        return true;
+      });
+    }
+    await assert.rejects(client.reserve("uploads", "k", 1), (error) =>
+      !(error instanceof UnknownReservationError) && error.code === "BAD_REQUEST");
+  });
+
+  it("reserve on a key that cannot afford it is denied with no id, and its settle asks nothing", async () => {
+    await client.reserve("budget", "denied", BUDGET - 1);
+    const denied = await client.reserve("budget", "denied", 2);
+    assert.deepEqual([denied.allowed, denied.id, denied.remaining], [false, null, 1]);
+    assert.ok(denied.retryAfterMs > 0);
+    const nothing = await client.settle(denied.id, 2);
+    assert.deepEqual([nothing.allowed, nothing.id, nothing.refunded, nothing.debt], [true, null, 0, 0]);
+    assert.equal((await client.peek("budget", "denied")).remaining, 1);
   });
 
   it("the daemon's errors reject as ServerError with its code, whatever the policy", async () => {
@@ -176,6 +237,12 @@ describe("a Client against sluiced", () => {
       () => client.acquireAll([{ rule: "hourly" }]),
       () => client.call(""),
       () => client.call("rules", [() => 1]),
+      () => client.reserve("budget", "k", 0),
+      () => client.reserve("budget", "k", 1, { ttlMs: 0 }),
+      () => client.settle(-1, 1),
+      () => client.settle(1.5, 1),
+      () => client.settle(7, -1),
+      () => client.cancel("7"),
     ];
     for (const make of cases) {
       await assert.rejects(make(), (error) => error instanceof SluiceError && error.code === "EINVAL");

@@ -10,7 +10,7 @@ import os from "node:os";
 import path from "node:path";
 import { once } from "node:events";
 import { after, before, beforeEach, describe, it } from "node:test";
-import { Decoder, encode } from "@msgpack/msgpack";
+import { Decoder, Encoder, encode } from "@msgpack/msgpack";
 
 import { Client, MAX_RESPONSE_BYTES, ServerError } from "../index.js";
 
@@ -23,12 +23,14 @@ class FakeDaemon {
     this.dir = fs.mkdtempSync(path.join(os.tmpdir(), "sl-node-fake."));
     this.socket = path.join(this.dir, "s.sock");
     this.connections = 0;
+    this.received = []; // every chunk read, for tests that decode it themselves
     this.respond = () => {};
     this.server = net.createServer((conn) => {
       this.connections++;
       const decoder = new Decoder();
       let pending = Buffer.alloc(0);
       conn.on("data", (chunk) => {
+        this.received.push(chunk);
         pending = Buffer.concat([pending, chunk]);
         // Requests from this client come whole within one write.
         for (const request of decoder.decodeMulti(pending)) {
@@ -61,6 +63,29 @@ describe("a Client against a fake daemon", () => {
   beforeEach(() => {
     client?.close();
     client = new Client({ socketPath: fake.socket, onUnreachable: "throw" });
+  });
+
+  it("keeps a reservation id past 2^53 exact, as a bigint, from reserve's answer to settle's request", async () => {
+    const id = (1n << 60n) + 5n; // a worker index past 31 in the id's top 16 bits
+    const big = new Encoder({ useBigInt64: true });
+    const held = [];
+    fake.respond = ([, msgid, method], conn) => {
+      held.push([msgid, method]);
+      if (held.length === 2) { // both answers in one write: the second frame is re-read alone
+        conn.write(Buffer.concat(held.map(([m, name]) => name === "peek" ? answer(m, DECISION)
+          : Buffer.from(big.encode([1, m, null, { ...DECISION, id }])))));
+      } else if (method === "settle") {
+        conn.write(Buffer.from(big.encode([1, msgid, null, { ...DECISION, id, refunded: 2, debt: 0 }])));
+      }
+    };
+    const [peeked, reserved] = await Promise.all([client.peek("r", "k"), client.reserve("r", "k", 3)]);
+    assert.equal(peeked.remaining, 4);
+    assert.equal(reserved.id, id);
+    fake.received.length = 0;
+    const settled = await client.settle(reserved.id, 1);
+    assert.deepEqual([settled.id, settled.refunded], [id, 2]);
+    const [request] = new Decoder({ useBigInt64: true }).decodeMulti(Buffer.concat(fake.received));
+    assert.deepEqual(request.slice(2), ["settle", [id, 1]]);
   });
 
   it("reads answers split into single bytes and answers joined in one write", async () => {

@@ -13,15 +13,16 @@ sluice.wsgi / sluice.asgi hold the middleware. Depends on msgpack only.
 from .aio import AsyncClient
 from .client import Client
 from .errors import (CallTimeout, ConnectError, ConnectionClosed, ProtocolError, ServerError,
-                     SluiceError)
+                     SluiceError, UnknownReservation)
 from .headers import RateLimitHeaders, format_headers, header_pairs
-from .results import MODE_UNREACHABLE, AllDecision, Decision, Health
-from ._wire import DEFAULT_SOCKET
+from .results import MODE_UNREACHABLE, AllDecision, Decision, Health, Reservation, Settlement
+from ._wire import DEFAULT_SOCKET, DEFAULT_TTL_MS
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AllDecision", "AsyncClient", "CallTimeout", "Client", "ConnectError", "ConnectionClosed",
-    "DEFAULT_SOCKET", "Decision", "Health", "MODE_UNREACHABLE", "ProtocolError", "RateLimitHeaders", "ServerError",
-    "SluiceError", "format_headers", "header_pairs",
+    "DEFAULT_SOCKET", "DEFAULT_TTL_MS", "Decision", "Health", "MODE_UNREACHABLE", "ProtocolError",
+    "RateLimitHeaders", "Reservation", "ServerError", "Settlement", "SluiceError",
+    "UnknownReservation", "format_headers", "header_pairs",
 ]

@@ -11,8 +11,8 @@ comes round to it.
 
 import time
 
-from .errors import UNREACHABLE, ProtocolError, ServerError
-from .results import MODE_UNREACHABLE, AllDecision, Decision, Health
+from .errors import SERVER_ERRORS, UNREACHABLE, ProtocolError, ServerError
+from .results import MODE_UNREACHABLE, AllDecision, Decision, Health, Reservation, Settlement
 
 MSGID_LIMIT = 1 << 32
 COST_MAX = MSGID_LIMIT - 1
@@ -25,6 +25,9 @@ MAX_BUFFER_BYTES = MAX_RESPONSE_BYTES + READ_CHUNK_BYTES
 
 DEFAULT_SOCKET = "/run/sluice/sluice.sock"
 DEFAULT_TIMEOUT_MS = 1000
+# The TTL of a reservation when the caller gives none (libsluice's
+# SLUICE_DEFAULT_TTL_MS).
+DEFAULT_TTL_MS = 60000
 FAIL_OPEN, FAIL_CLOSED, RAISE = "fail_open", "fail_closed", "raise"
 POLICIES = (FAIL_OPEN, FAIL_CLOSED, RAISE)
 # Retry-After of a fail_closed denial: come back in a second.
@@ -63,6 +66,26 @@ def item_params(rule, key, cost=1, max_wait_ms=None):
         return [rule, key, cost]
     _check_count("max_wait_ms", max_wait_ms)
     return [rule, key, cost, max_wait_ms]
+
+
+def reserve_params(rule, key, estimate, ttl_ms):
+    """[rule, key, estimate, ttl_ms]; the daemon bounds both further."""
+    _check_rule_key(rule, key)
+    _check_count("estimate", estimate)
+    _check_count("ttl_ms", ttl_ms)
+    if estimate == 0 or ttl_ms == 0:
+        raise ValueError("estimate and ttl_ms must be at least 1")
+    return [rule, key, estimate, ttl_ms]
+
+
+def settle_params(reservation_id, actual=None):
+    """[id, actual], or [id] for cancel."""
+    if type(reservation_id) is not int or not 0 < reservation_id < 1 << 64:
+        raise ValueError("a reservation id is a positive int, not %r" % (reservation_id,))
+    if actual is None:
+        return [reservation_id]
+    _check_count("actual", actual)
+    return [reservation_id, actual]
 
 
 def key_params(rule, key):
@@ -177,8 +200,9 @@ def server_error(error):
     """The ServerError of a response's error field."""
     if isinstance(error, dict):
         code, message = error.get("code"), error.get("message")
-        return ServerError(code if isinstance(code, str) else "UNKNOWN",
-                           message if isinstance(message, str) else repr(error))
+        code = code if isinstance(code, str) else "UNKNOWN"
+        return SERVER_ERRORS.get(code, ServerError)(
+            code, message if isinstance(message, str) else repr(error))
     return ServerError("UNKNOWN", error if isinstance(error, str) else repr(error))
 
 
@@ -186,6 +210,8 @@ def server_error(error):
 # the result that may raise ProtocolError.
 as_decision = Decision.from_map
 as_health = Health
+as_reservation = Reservation.from_map
+as_settlement = Settlement.from_map
 
 
 def as_release(result):
@@ -270,6 +296,22 @@ def policy_decision(policy, exc):
     if policy == FAIL_OPEN:
         return Decision(True, MODE_UNREACHABLE, error=exc)
     return Decision(False, MODE_UNREACHABLE, retry_after_ms=UNREACHABLE_RETRY_AFTER_MS, error=exc)
+
+
+def policy_reservation(policy, exc):
+    """reserve's answer when the daemon cannot be asked: the policy's
+    decision as a Reservation without an id, or None to raise."""
+    decision = policy_decision(policy, exc)
+    if decision is None:
+        return None
+    return Reservation(decision.allowed, MODE_UNREACHABLE,
+                       retry_after_ms=decision.retry_after_ms, error=exc)
+
+
+def no_settlement():
+    """settle's or cancel's answer for a reservation that was never opened
+    (id None or 0): the daemon is not asked."""
+    return Settlement(True)
 
 
 def settle_many(results, policy, count_policy, return_exceptions):

@@ -137,6 +137,32 @@ class AsyncClient:
                                 _wire.call_timeout_ms(timeout_ms, self.timeout_ms),
                                 _wire.as_decision)
 
+    async def reserve(self, rule, key, estimate, ttl_ms=_wire.DEFAULT_TTL_MS, *,
+                      timeout_ms=None):
+        """As sluice.Client.reserve."""
+        params = _wire.reserve_params(rule, key, estimate, ttl_ms)
+        timeout_ms = _wire.call_timeout_ms(timeout_ms, self.timeout_ms)
+        try:
+            return await self._call("reserve", params, timeout_ms, _wire.as_reservation)
+        except UNREACHABLE as exc:
+            return self._policy(_wire.policy_reservation(self.on_unreachable, exc), exc)
+
+    async def settle(self, reservation_id, actual, *, timeout_ms=None):
+        """As sluice.Client.settle."""
+        if reservation_id is None or reservation_id == 0:
+            return _wire.no_settlement()
+        return await self._call("settle", _wire.settle_params(reservation_id, actual),
+                                _wire.call_timeout_ms(timeout_ms, self.timeout_ms),
+                                _wire.as_settlement)
+
+    async def cancel(self, reservation_id, *, timeout_ms=None):
+        """As sluice.Client.cancel."""
+        if reservation_id is None or reservation_id == 0:
+            return _wire.no_settlement()
+        return await self._call("cancel", _wire.settle_params(reservation_id),
+                                _wire.call_timeout_ms(timeout_ms, self.timeout_ms),
+                                _wire.as_settlement)
+
     async def health(self, *, timeout_ms=None):
         return await self._call("health", [], _wire.call_timeout_ms(timeout_ms, self.timeout_ms),
                                 _wire.as_health)

@@ -178,6 +178,36 @@ class Client:
         return self._call("reset", _wire.key_params(rule, key),
                           _wire.call_timeout_ms(timeout_ms, self.timeout_ms), _wire.as_decision)
 
+    def reserve(self, rule, key, estimate, ttl_ms=_wire.DEFAULT_TTL_MS, *, timeout_ms=None):
+        """Decides like acquire of `estimate` (never waiting) and, when
+        allowed, opens a reservation: a Reservation whose `id` settle or
+        cancel takes. Unsettled after ttl_ms, it settles at its estimate.
+        When the daemon cannot be asked, on_unreachable decides (counted):
+        a Reservation with id None, which settle and cancel do not send."""
+        params = _wire.reserve_params(rule, key, estimate, ttl_ms)
+        timeout_ms = _wire.call_timeout_ms(timeout_ms, self.timeout_ms)
+        try:
+            return self._call("reserve", params, timeout_ms, _wire.as_reservation)
+        except UNREACHABLE as exc:
+            return self._policy(_wire.policy_reservation(self.on_unreachable, exc), exc)
+
+    def settle(self, reservation_id, actual, *, timeout_ms=None):
+        """Settles reservation `reservation_id` at `actual` units: gives back
+        estimate - actual, or charges the excess as debt (the key's
+        remaining goes below 0). A Settlement; an id not open raises
+        UnknownReservation; id None asks nothing (no_settlement)."""
+        if reservation_id is None or reservation_id == 0:
+            return _wire.no_settlement()
+        return self._call("settle", _wire.settle_params(reservation_id, actual),
+                          _wire.call_timeout_ms(timeout_ms, self.timeout_ms), _wire.as_settlement)
+
+    def cancel(self, reservation_id, *, timeout_ms=None):
+        """Gives reservation `reservation_id` back whole (settle at 0)."""
+        if reservation_id is None or reservation_id == 0:
+            return _wire.no_settlement()
+        return self._call("cancel", _wire.settle_params(reservation_id),
+                          _wire.call_timeout_ms(timeout_ms, self.timeout_ms), _wire.as_settlement)
+
     def health(self, *, timeout_ms=None):
         return self._call("health", [], _wire.call_timeout_ms(timeout_ms, self.timeout_ms),
                           _wire.as_health)

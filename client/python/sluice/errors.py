@@ -52,4 +52,13 @@ class ServerError(SluiceError):
         self.message = message
 
 
+class UnknownReservation(ServerError):
+    """settle or cancel of an id the daemon holds no open reservation under
+    (settled, cancelled, expired, never opened, or another daemon's): the
+    daemon's UNKNOWN_RESERVATION."""
+
+
+# The daemon's codes that raise a subclass of ServerError.
+SERVER_ERRORS = {"UNKNOWN_RESERVATION": UnknownReservation}
+
 UNREACHABLE = (ConnectError, CallTimeout, ConnectionClosed)

@@ -1,5 +1,6 @@
 """results.py: what the daemon's answers become: Decision (one acquire,
-peek, release or reset), AllDecision (acquire_all) and Health. Plain values,
+peek, release or reset), AllDecision (acquire_all), Reservation (reserve),
+Settlement (settle, cancel) and Health. Plain values,
 immutable by convention, safe to share between threads.
 
 A field the daemon did not send is 0 (or None for `reason`), as libsluice's
@@ -78,6 +79,43 @@ class Decision:
         return "Decision(%s)" % ", ".join(
             "%s=%r" % (f, getattr(self, f)) for f in self._SHOWN
             if getattr(self, f) not in (None, "") or f == "allowed")
+
+
+class Reservation(Decision):
+    """reserve's answer: a Decision of the estimate, and `id`, the
+    reservation to settle or cancel: the daemon's id when allowed, None when
+    denied or when the on_unreachable policy decided (nothing was reserved)."""
+
+    __slots__ = ()
+
+    @property
+    def id(self):
+        """The reservation's id (an int, opaque), or None when none was opened."""
+        rid = self.fields.get("id")
+        return rid if self.allowed and self.error is None and type(rid) is int else None
+
+    def __repr__(self):
+        return "Reservation(id=%r, %s)" % (self.id, Decision.__repr__(self)[len("Decision("):-1])
+
+
+class Settlement(Decision):
+    """settle's or cancel's answer: the key's state afterwards as a Decision
+    (`allowed`: whether it could spend now; `remaining` below 0 while it is
+    in debt), `id` the reservation settled, `refunded` the units given back
+    (estimate - actual) and `debt` those charged past the estimate. A
+    settlement of no reservation (id None: a denial's or the on_unreachable
+    policy's) asks nothing of the daemon: allowed, nothing refunded, no debt,
+    mode ""."""
+
+    __slots__ = ()
+
+    id = _field("id", None)
+    refunded = _field("refunded", 0)
+    debt = _field("debt", 0)
+
+    def __repr__(self):
+        return "Settlement(id=%r, refunded=%r, debt=%r, %s)" % (
+            self.id, self.refunded, self.debt, Decision.__repr__(self)[len("Decision("):-1])
 
 
 class AllDecision:

@@ -36,6 +36,9 @@ SMALL = 3
 HELD_INTERVAL_MS = 100
 # `conc`: CONC units held at once.
 CONC = 2
+# `budget`: BUDGET units in a window no test ends, for reserve and settle:
+# a refund or a debt shows in the next answer's remaining exactly.
+BUDGET = 10
 
 CONFIG = """
 [daemon]
@@ -67,7 +70,13 @@ max_wait = "2s"
 name = "conc"
 algorithm = "concurrency"
 limit = %d
-""" % (WIDE, SMALL, CONC)
+
+[[rule]]
+name = "budget"
+algorithm = "fixed_window"
+limit = %d
+period = "366d"
+""" % (WIDE, SMALL, CONC, BUDGET)
 
 
 def start_daemon(test, config=CONFIG):

@@ -3,7 +3,7 @@
 10,000 calls answered out of order, many concurrent awaiters on one
 connection, timeouts against a stopped daemon, reconnection after a restart
 without sending a request again, msgids wrapping at 2^32, and the
-on_unreachable policy."""
+on_unreachable policy; reserve, settle and cancel."""
 
 import asyncio
 import os
@@ -11,7 +11,7 @@ import time
 import unittest
 
 import support
-from support import CONC, SMALL, WIDE
+from support import BUDGET, CONC, SMALL, WIDE
 
 import sluice
 
@@ -94,6 +94,42 @@ class MethodTest(AsyncCase):
                                                  return_exceptions=True)
         self.assertTrue(results[0].allowed)
         self.assertEqual(results[1].code, "UNKNOWN_RULE")
+
+
+class ReservationTest(AsyncCase):
+    # Verifies settling below the estimate refunds (peek and acquire see the
+    # units back) and settling above it leaves debt (a negative remaining).
+    async def test_settle_refunds_below_the_estimate_and_charges_debt_above_it(self):
+        reserved = await self.client.reserve("budget", "k", 8)
+        self.assertIsInstance(reserved, sluice.Reservation)
+        self.assertEqual((reserved.allowed, reserved.remaining), (True, BUDGET - 8))
+        settled = await self.client.settle(reserved.id, 3)
+        self.assertEqual((settled.id, settled.refunded, settled.debt, settled.remaining),
+                         (reserved.id, 5, 0, BUDGET - 3))
+        self.assertEqual((await self.client.peek("budget", "k")).remaining, BUDGET - 3)
+        self.assertTrue((await self.client.acquire("budget", "k", BUDGET - 3)).allowed)
+        over = await self.client.reserve("budget", "over", BUDGET)
+        charged = await self.client.settle(over.id, BUDGET + 4)
+        self.assertEqual((charged.refunded, charged.debt, charged.remaining, charged.allowed),
+                         (0, 4, -4, False))
+        self.assertEqual((await self.client.peek("budget", "over")).remaining, -4)
+
+    # Verifies cancel refunds all, an id not open raises UnknownReservation,
+    # and a reserve the key cannot afford is denied without an id.
+    async def test_cancel_unknown_ids_and_denials(self):
+        reserved = await self.client.reserve("budget", "k", 6, 5000)
+        cancelled = await self.client.cancel(reserved.id)
+        self.assertEqual((cancelled.refunded, cancelled.remaining), (6, BUDGET))
+        for settle in (self.client.settle(reserved.id, 1), self.client.cancel(reserved.id)):
+            with self.assertRaises(sluice.UnknownReservation) as caught:
+                await settle
+            self.assertEqual(caught.exception.code, "UNKNOWN_RESERVATION")
+        await self.client.reserve("budget", "k", BUDGET)
+        denied = await self.client.reserve("budget", "k", 1)
+        self.assertEqual((denied.allowed, denied.id, denied.remaining), (False, None, 0))
+        self.assertGreater(denied.retry_after_ms, 0)
+        self.assertEqual((await self.client.cancel(denied.id)).refunded, 0)
+        self.assertEqual((await self.client.peek("budget", "k")).remaining, 0)
 
 
 class LoopTest(unittest.TestCase):
@@ -233,6 +269,20 @@ class UnreachableTest(AsyncCase):
         with self.assertRaises(sluice.ConnectError):
             await self.make_client(absent).acquire("wide", "k")
         self.assertEqual(sluice.AsyncClient(absent).on_unreachable, "fail_open")
+
+    # Verifies reserve follows the policy with no id, and settling that asks nothing.
+    async def test_reserve_follows_the_policy_and_its_settle_is_a_no_op(self):
+        absent = os.path.join(self.daemon.dir, "absent.sock")
+        opened = self.make_client(absent, on_unreachable="fail_open")
+        reserved = await opened.reserve("budget", "k", 5)
+        self.assertEqual((reserved.allowed, reserved.id, reserved.mode),
+                         (True, None, sluice.MODE_UNREACHABLE))
+        self.assertEqual((await opened.settle(reserved.id, 9)).debt, 0)
+        self.assertEqual(opened.unreachable_decisions, 1)
+        with self.assertRaises(sluice.ConnectError):
+            await opened.cancel(42)
+        closed = self.make_client(absent, on_unreachable="fail_closed")
+        self.assertEqual(((await closed.reserve("budget", "k", 5)).allowed), False)
 
     # Verifies a stopped daemon under fail_closed denies once the call times out.
     async def test_stopped_daemon_under_fail_closed_denies(self):

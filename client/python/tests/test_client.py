@@ -3,7 +3,7 @@
 pipeline of 10,000 calls answered out of order, threads sharing one
 connection, timeouts against a stopped daemon, reconnection after a restart
 without sending a request again, msgids wrapping at 2^32, and the
-on_unreachable policy."""
+on_unreachable policy; reserve, settle and cancel."""
 
 import io
 import os
@@ -14,7 +14,7 @@ import unittest
 import msgpack
 
 import support
-from support import CONC, HELD_INTERVAL_MS, SMALL, WIDE, harness
+from support import BUDGET, CONC, HELD_INTERVAL_MS, SMALL, WIDE, harness
 
 import sluice
 from sluice import _wire
@@ -120,7 +120,7 @@ class MethodTest(ClientCase):
     # Verifies any other method is callable and gives its decoded result.
     def test_call_returns_any_methods_result(self):
         names = [rule["name"] for rule in self.client.call("rules")]
-        self.assertEqual(sorted(names), ["conc", "held", "small", "wide"])
+        self.assertEqual(sorted(names), ["budget", "conc", "held", "small", "wide"])
 
     # Verifies the daemon's errors arrive as ServerError carrying its code,
     # and the connection serves the next call.
@@ -149,6 +149,82 @@ class MethodTest(ClientCase):
         with self.assertRaises(ValueError):
             sluice.Client(on_unreachable="maybe")
         self.assertIsNone(self.client._conn)
+
+
+class ReservationTest(ClientCase):
+    # Verifies settling below the estimate gives the difference back: the
+    # next peek and acquire see the units.
+    def test_settle_below_the_estimate_refunds_the_difference(self):
+        reserved = self.client.reserve("budget", "k", 8)
+        self.assertIsInstance(reserved, sluice.Reservation)
+        self.assertEqual((reserved.allowed, reserved.mode, reserved.remaining),
+                         (True, "local", BUDGET - 8))
+        self.assertIsInstance(reserved.id, int)
+        settled = self.client.settle(reserved.id, 3)
+        self.assertIsInstance(settled, sluice.Settlement)
+        self.assertEqual((settled.id, settled.refunded, settled.debt, settled.remaining),
+                         (reserved.id, 5, 0, BUDGET - 3))
+        self.assertEqual(self.client.peek("budget", "k").remaining, BUDGET - 3)
+        self.assertTrue(self.client.acquire("budget", "k", BUDGET - 3).allowed)
+
+    # Verifies settling above the estimate charges the excess past the limit:
+    # the key answers a negative remaining and admits nothing.
+    def test_settle_above_the_estimate_leaves_debt(self):
+        reserved = self.client.reserve("budget", "k", BUDGET)
+        settled = self.client.settle(reserved.id, BUDGET + 4)
+        self.assertEqual((settled.refunded, settled.debt, settled.remaining, settled.allowed),
+                         (0, 4, -4, False))
+        self.assertEqual(self.client.peek("budget", "k").remaining, -4)
+        self.assertFalse(self.client.acquire("budget", "k").allowed)
+
+    # Verifies cancel gives the whole estimate back.
+    def test_cancel_refunds_the_whole_estimate(self):
+        reserved = self.client.reserve("budget", "k", 6, ttl_ms=5000)
+        cancelled = self.client.cancel(reserved.id)
+        self.assertEqual((cancelled.id, cancelled.refunded, cancelled.debt, cancelled.remaining),
+                         (reserved.id, 6, 0, BUDGET))
+        self.assertEqual(self.client.peek("budget", "k").remaining, BUDGET)
+
+    # Verifies an id that is not open (settled already, or never opened)
+    # raises UnknownReservation, a ServerError with the daemon's code.
+    def test_settle_of_an_id_not_open_raises_unknown_reservation(self):
+        reserved = self.client.reserve("budget", "k", 2)
+        self.client.settle(reserved.id, 2)
+        for call in (lambda: self.client.settle(reserved.id, 1),
+                     lambda: self.client.cancel(reserved.id),
+                     lambda: self.client.settle(reserved.id + 1000, 1)):
+            with self.assertRaises(sluice.UnknownReservation) as caught:
+                call()
+            self.assertIsInstance(caught.exception, sluice.ServerError)
+            self.assertEqual(caught.exception.code, "UNKNOWN_RESERVATION")
+        with self.assertRaises(sluice.ServerError) as caught:
+            self.client.reserve("conc", "k", 1)
+        self.assertNotIsInstance(caught.exception, sluice.UnknownReservation)
+        self.assertEqual(caught.exception.code, "BAD_REQUEST")
+
+    # Verifies a reserve the key cannot afford is denied and opens nothing;
+    # settling its missing id asks the daemon nothing.
+    def test_reserve_on_a_denied_key_is_denied_without_an_id(self):
+        self.client.reserve("budget", "k", BUDGET - 1)
+        denied = self.client.reserve("budget", "k", 2)
+        self.assertEqual((denied.allowed, denied.id, denied.remaining), (False, None, 1))
+        self.assertGreater(denied.retry_after_ms, 0)
+        self.assertNotIn("id", denied.fields)
+        nothing = self.client.settle(denied.id, 2)
+        self.assertEqual((nothing.allowed, nothing.id, nothing.refunded, nothing.debt),
+                         (True, None, 0, 0))
+        self.assertEqual(self.client.peek("budget", "k").remaining, 1)
+
+    # Verifies bad arguments are refused before anything is sent.
+    def test_bad_reservation_arguments_raise_before_sending(self):
+        client = self.make_client()
+        for args in [("budget", "k", 0), ("budget", "k", 1, 0), ("budget", "k", 1 << 32)]:
+            with self.assertRaises(ValueError):
+                client.reserve(*args)
+        for args in [("1", 2), (-1, 2), (7, -1)]:
+            with self.assertRaises(ValueError):
+                client.settle(*args)
+        self.assertIsNone(client._conn)
 
 
 class PipelineTest(ClientCase):
@@ -396,6 +472,25 @@ class UnreachableTest(ClientCase):
             with self.assertRaises(sluice.ConnectError):
                 call()
         self.assertEqual(client.unreachable_decisions, 0)
+
+    # Verifies reserve follows the policy with a Reservation of no id, whose
+    # settle and cancel ask nothing; a real id's settle raises.
+    def test_reserve_follows_the_policy_and_its_settle_is_a_no_op(self):
+        client = self._absent()
+        opened = client.reserve("budget", "k", 5)
+        self.assertEqual((opened.allowed, opened.id, opened.mode),
+                         (True, None, sluice.MODE_UNREACHABLE))
+        self.assertIsInstance(opened.error, sluice.ConnectError)
+        self.assertEqual(client.settle(opened.id, 9).refunded, 0)
+        self.assertEqual(client.cancel(opened.id).refunded, 0)
+        self.assertEqual(client.unreachable_decisions, 1)
+        with self.assertRaises(sluice.ConnectError):
+            client.settle(42, 1)
+        closed = self._absent(on_unreachable="fail_closed").reserve("budget", "k", 5)
+        self.assertEqual((closed.allowed, closed.id, closed.retry_after_ms),
+                         (False, None, _wire.UNREACHABLE_RETRY_AFTER_MS))
+        with self.assertRaises(sluice.ConnectError):
+            self._absent(on_unreachable="raise").reserve("budget", "k", 5)
 
     # Verifies a stopped daemon under fail_closed denies once the call times out.
     def test_stopped_daemon_under_fail_closed_denies(self):

@@ -26,6 +26,7 @@ import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.atomic.LongAdder;
 import org.msgpack.core.MessageFormat;
 import org.msgpack.core.MessageInsufficientBufferException;
+import org.msgpack.core.MessageIntegerOverflowException;
 import org.msgpack.core.MessagePack;
 import org.msgpack.core.MessagePackException;
 import org.msgpack.core.MessageUnpacker;
@@ -36,7 +37,8 @@ import org.msgpack.value.ValueType;
 /**
  * A client of the sluiced daemon over its Unix socket, with libsluice's
  * contract (client/include/sluice.h): acquire, acquire_all, peek, release,
- * reset, health, typed results and errors carrying the daemon's code.
+ * reset, reserve, settle, cancel, health, typed results and errors carrying
+ * the daemon's code.
  *
  * <p>Thread-safety and pipelining: one instance is shared by any number of
  * threads. Every call is a request on one connection; many are in flight at
@@ -74,10 +76,12 @@ import org.msgpack.value.ValueType;
  * connection dies fail with ECLOSED (or EIO, EPROTO, ETOOLARGE), and the
  * caller decides whether to retry them.
  *
- * <p>Unreachable daemon: {@code acquire} and {@code acquireAll} complete with
- * a decision of the options' {@link UnreachablePolicy} instead of failing
- * when the code of the failure is {@link ErrorCode#unreachable()}, and count
- * it. The other calls fail with the error.
+ * <p>Unreachable daemon: {@code acquire}, {@code acquireAll} and
+ * {@code reserve} complete with a decision of the options'
+ * {@link UnreachablePolicy} instead of failing when the code of the failure
+ * is {@link ErrorCode#unreachable()}, and count it (a policy's reservation
+ * has id 0, which settle and cancel do not send). The other calls fail with
+ * the error.
  */
 public final class SluiceClient implements AutoCloseable {
   /** The socket sluiced listens on by default. */
@@ -150,7 +154,7 @@ public final class SluiceClient implements AutoCloseable {
   }
 
   /** What a request's result is decoded into. */
-  private enum Kind { DECISION, RELEASE, ALL, HEALTH, VALUE }
+  private enum Kind { DECISION, RELEASE, ALL, HEALTH, VALUE, RESERVE, SETTLE }
 
   private static final int QUEUED = 0; // in its connection's output, not one byte written
   private static final int SENDING = 1; // taken by the writer: bytes may be written
@@ -189,6 +193,8 @@ public final class SluiceClient implements AutoCloseable {
         if (kind == Kind.ALL) {
           complete(new AcquireAllResult(decision.allowed(),
               java.util.Collections.nCopies(items, decision)));
+        } else if (kind == Kind.RESERVE) {
+          complete(new Reservation(decision, 0));
         } else {
           complete(decision);
         }
@@ -668,6 +674,132 @@ public final class SluiceClient implements AutoCloseable {
 
   public Object call(String method) {
     return await(callAsync(method, timeoutMs));
+  }
+
+  // ---- reservations: costs known only when the request ends ------------------------
+
+  /** The TTL a reservation gets when none is given (libsluice's SLUICE_DEFAULT_TTL_MS). */
+  public static final long DEFAULT_TTL_MS = 60_000;
+
+  private static final byte[] RESERVE = "reserve".getBytes(StandardCharsets.US_ASCII);
+
+  /**
+   * Decides like acquire of `estimate` (at least 1; it never waits) and, when
+   * allowed, opens a reservation: {@link Reservation#id()} names it for
+   * settle or cancel. Unsettled after ttlMs (1 to 2^32-1) it settles at its
+   * estimate. Follows the {@link UnreachablePolicy}, with id 0. Rules that
+   * cannot reserve fail with ESERVER (BAD_REQUEST), a full table OVERLOADED.
+   */
+  public CompletableFuture<Reservation> reserveAsync(String rule, byte[] key, long estimate,
+      long ttlMs, long timeoutMs) {
+    if (estimate == 0 || ttlMs < 1 || ttlMs > MAX_COST) {
+      return failed(new SluiceException(ErrorCode.EINVAL,
+          "estimate must be 1 to 2^32-1 and ttlMs 1 to 2^32-1"));
+    }
+    // [rule, key, estimate, ttl_ms]: an item whose fourth field is the TTL.
+    return itemCall(RESERVE, Kind.RESERVE, true, rule, key, true, estimate, ttlMs, timeoutMs);
+  }
+
+  /**
+   * Settles reservation `id` at `actual` units: gives back estimate - actual
+   * ({@link Settlement#refunded()}), or charges the excess past the limit
+   * ({@link Settlement#debt()}; the key's remaining goes below 0). An id not
+   * open fails with ESERVER, {@link SluiceException#unknownReservation()}.
+   * Id 0 completes at once, asking the daemon nothing.
+   */
+  public CompletableFuture<Settlement> settleAsync(long id, long actual, long timeoutMs) {
+    if (actual < 0 || actual > MAX_COST) {
+      return failed(new SluiceException(ErrorCode.EINVAL, "actual must be 0 to 2^32-1"));
+    }
+    return settleCall("settle", id, actual, timeoutMs);
+  }
+
+  /** Gives reservation `id` back whole: settle at 0. Id 0 asks the daemon nothing. */
+  public CompletableFuture<Settlement> cancelAsync(long id, long timeoutMs) {
+    return settleCall("cancel", id, -1, timeoutMs);
+  }
+
+  public Reservation reserve(String rule, String key, long estimate) {
+    return reserve(rule, key, estimate, DEFAULT_TTL_MS);
+  }
+
+  public Reservation reserve(String rule, String key, long estimate, long ttlMs) {
+    return await(reserveAsync(rule, utf8(key), estimate, ttlMs, timeoutMs));
+  }
+
+  public Settlement settle(long id, long actual) {
+    return await(settleAsync(id, actual, timeoutMs));
+  }
+
+  public Settlement cancel(long id) {
+    return await(cancelAsync(id, timeoutMs));
+  }
+
+  /** settle [id, actual], or cancel [id] when actual is -1. */
+  private CompletableFuture<Settlement> settleCall(String method, long id, long actual,
+      long timeoutMs) {
+    if (id == 0) {
+      return CompletableFuture.completedFuture(Settlement.NOTHING);
+    }
+    Encoder p = encoder();
+    p.string(method);
+    p.arrayHeader(actual < 0 ? 1 : 2);
+    // The id as msgpack's uint 64, whatever its value (its top bit may be set).
+    byte[] uint64 = new byte[9];
+    uint64[0] = (byte) 0xcf;
+    for (int i = 0; i < 8; i++) {
+      uint64[1 + i] = (byte) (id >>> (56 - 8 * i));
+    }
+    p.raw(uint64);
+    if (actual >= 0) {
+      p.uint(actual);
+    }
+    return submit(Kind.SETTLE, false, 1, p.toByteArray(), timeoutMs);
+  }
+
+  /**
+   * A reservation's decision map: the decision, `id` (the reservation's
+   * unsigned 64 bits), and for a settle `refunded` and `debt`.
+   */
+  private static Object readReservation(MessageUnpacker u, boolean settled)
+      throws IOException, FatalFrame, BadResult {
+    Object value = readValue(u, 0);
+    if (!(value instanceof Map)) {
+      throw new BadResult("result is not a decision map");
+    }
+    Map<?, ?> map = (Map<?, ?>) value;
+    if (!(map.get("allowed") instanceof Boolean)) {
+      throw new BadResult("decision map without allowed");
+    }
+    Object mode = map.get("mode");
+    Object reason = map.get("reason");
+    Decision decision = new Decision((Boolean) map.get("allowed"),
+        mode instanceof String ? Mode.fromWireName((String) mode) : Mode.UNKNOWN,
+        number(map, "remaining"), number(map, "limit"), number(map, "reset_after_ms"),
+        number(map, "retry_after_ms"), map.containsKey("waited_ms") ? number(map, "waited_ms") : -1,
+        reason instanceof String ? (String) reason : null, null);
+    Object id = map.get("id");
+    long bits = id instanceof BigInteger ? ((BigInteger) id).longValue()
+        : id instanceof Long ? (Long) id : 0;
+    if (settled) {
+      return new Settlement(decision, bits, number(map, "refunded"), number(map, "debt"));
+    }
+    if (decision.allowed() && bits == 0) {
+      throw new BadResult("an allowed reservation without an id");
+    }
+    return new Reservation(decision, decision.allowed() ? bits : 0);
+  }
+
+  /** An integer field of a decision map; 0 when absent. */
+  private static long number(Map<?, ?> map, String name) throws BadResult {
+    Object v = map.get(name);
+    if (v == null) {
+      return 0;
+    }
+    if (!(v instanceof Long)) {
+      throw new BadResult("decision map's " + name + " is not an integer");
+    }
+    return (Long) v;
   }
 
   /**
@@ -1487,6 +1619,9 @@ public final class SluiceClient implements AutoCloseable {
         return new Decision(true, Mode.UNKNOWN, 0, 0, 0, 0, -1, null, null);
       case ALL:
         return readAll(u, p.items, scratch);
+      case RESERVE:
+      case SETTLE:
+        return readReservation(u, p.kind == Kind.SETTLE);
       case HEALTH: {
         Object value = readValue(u, 0);
         if (!(value instanceof Map)) {
@@ -1671,12 +1806,21 @@ public final class SluiceClient implements AutoCloseable {
         case KEY_RESET_AFTER_MS:
         case KEY_RETRY_AFTER_MS:
         case KEY_WAITED_MS:
-          if (vt != ValueType.INTEGER || vf == MessageFormat.UINT64) {
+          if (vt != ValueType.INTEGER) {
             u.skipValue();
             bad = true;
             break;
           }
-          long v = u.unpackLong();
+          // A number of 2^32 or more comes as a uint 64 (a window over 49
+          // days resets in more ms than that); only one past Long.MAX_VALUE
+          // is wrong, and unpackLong has read it whole when it says so.
+          long v;
+          try {
+            v = u.unpackLong();
+          } catch (MessageIntegerOverflowException e) {
+            bad = true;
+            break;
+          }
           switch (key) {
             case KEY_REMAINING:
               remaining = v;

@@ -10,6 +10,9 @@ package dev.sluice.client;
 public final class SluiceException extends RuntimeException {
   private static final long serialVersionUID = 1L;
 
+  /** The daemon's code for a settle or cancel of an id that is not open. */
+  public static final String UNKNOWN_RESERVATION = "UNKNOWN_RESERVATION";
+
   private final ErrorCode code;
   private final String serverCode;
   private final String serverMessage;
@@ -42,6 +45,15 @@ public final class SluiceException extends RuntimeException {
   /** The daemon's `code` for ESERVER ("" otherwise or when it sent none). */
   public String serverCode() {
     return serverCode;
+  }
+
+  /**
+   * Whether the daemon answered UNKNOWN_RESERVATION: the id of a settle or
+   * cancel is not open (settled, cancelled, expired, never opened, or
+   * another daemon's).
+   */
+  public boolean unknownReservation() {
+    return code == ErrorCode.ESERVER && UNKNOWN_RESERVATION.equals(serverCode);
   }
 
   /** The daemon's `message` for ESERVER ("" otherwise or when it sent none). */

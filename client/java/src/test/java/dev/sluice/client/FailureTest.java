@@ -266,6 +266,29 @@ class FailureTest {
     }
   }
 
+  @Test
+  void reserveFollowsThePolicyWithNoIdAndItsSettleAsksNothing() throws Exception {
+    try (Daemon daemon = new Daemon(RULES);
+        SluiceClient open = new SluiceClient(new SluiceClient.Options().socketPath(daemon.socket));
+        SluiceClient closed = new SluiceClient(new SluiceClient.Options()
+            .socketPath(daemon.socket).unreachablePolicy(UnreachablePolicy.FAIL_CLOSED))) {
+      Reservation r = open.reserve("ten", "k", 5);
+      assertTrue(r.allowed());
+      assertTrue(r.decision().unreachable());
+      assertEquals(0, r.id());
+      assertEquals(ErrorCode.ECONNECT, r.decision().unreachableCause().code());
+      assertEquals(0, open.settle(r.id(), 9).debt());
+      assertEquals(0, open.cancel(r.id()).refunded());
+      assertEquals(1, open.failedOpenCount());
+      assertEquals(ErrorCode.ECONNECT,
+          assertThrows(SluiceException.class, () -> open.settle(42, 1)).code());
+      Reservation denied = closed.reserve("ten", "k", 5);
+      assertFalse(denied.allowed());
+      assertEquals(0, denied.id());
+      assertEquals(1, closed.failedClosedCount());
+    }
+  }
+
   static List<Thread> sluiceThreads() {
     List<Thread> threads = new java.util.ArrayList<>();
     for (Thread t : Thread.getAllStackTraces().keySet()) {

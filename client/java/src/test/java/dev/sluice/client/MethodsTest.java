@@ -21,7 +21,14 @@ class MethodsTest {
       "[[rule]]", "name = \"slots\"", "algorithm = \"concurrency\"", "limit = 2",
       "",
       "[[rule]]", "name = \"paced\"", "algorithm = \"gcra\"", "limit = 20", "period = \"1s\"",
-      "pace = true", "");
+      "pace = true",
+      "",
+      // A window no test ends (and whose reset time needs 64 bits): for
+      // reserve and settle, a refund or a debt shows in the next answer's
+      // remaining exactly.
+      "[[rule]]", "name = \"budget\"", "algorithm = \"fixed_window\"", "limit = 10",
+      "period = \"366d\"", "");
+  static final long BUDGET = 10;
 
   static Daemon daemon;
   static SluiceClient client;
@@ -158,7 +165,7 @@ class MethodsTest {
     for (Object rule : rules) {
       names.add(((Map<?, ?>) rule).get("name"));
     }
-    assertEquals(List.of("five", "two", "slots", "paced"), names);
+    assertEquals(List.of("five", "two", "slots", "paced", "budget"), names);
     Map<?, ?> five = (Map<?, ?>) rules.get(0);
     assertEquals("fixed_window", five.get("algorithm"));
   }
@@ -206,5 +213,93 @@ class MethodsTest {
     assertFalse(SluiceClient.isUtf8(new byte[] {(byte) 0xc0, (byte) 0x80})); // overlong
     assertFalse(SluiceClient.isUtf8(new byte[] {(byte) 0xed, (byte) 0xa0, (byte) 0x80})); // surrogate
     assertFalse(SluiceClient.isUtf8(new byte[] {(byte) 0xe2, (byte) 0x82})); // truncated
+  }
+
+  @Test
+  void aResetTimeOf2To32MillisecondsOrMoreIsReadAsANumber() {
+    // A 366-day window resets in about 3.2e10 ms, which comes as a uint 64.
+    Decision d = client.acquire("budget", "long-window");
+    assertFalse(d.unreachable(), String.valueOf(d.unreachableCause()));
+    assertTrue(d.resetAfterMs() > 0xffff_ffffL, d.toString());
+    assertEquals(BUDGET - 1, d.remaining());
+    assertEquals(d.resetAfterMs(), client.peek("budget", "long-window").resetAfterMs(), 1000);
+  }
+
+  @Test
+  void settleBelowTheEstimateRefundsTheDifference() {
+    Reservation r = client.reserve("budget", "refund", 8);
+    assertTrue(r.allowed() && r.reserved(), r.toString());
+    assertEquals(BUDGET - 8, r.decision().remaining());
+    assertEquals(Mode.LOCAL, r.decision().mode());
+    Settlement s = client.settle(r.id(), 3);
+    assertEquals(r.id(), s.id());
+    assertEquals(5, s.refunded());
+    assertEquals(0, s.debt());
+    assertEquals(BUDGET - 3, s.decision().remaining());
+    assertEquals(BUDGET - 3, client.peek("budget", "refund").remaining());
+    assertTrue(client.acquire("budget", "refund", BUDGET - 3).allowed());
+  }
+
+  @Test
+  void settleAboveTheEstimateLeavesDebt() {
+    Reservation r = client.reserve("budget", "debt", BUDGET, 5_000);
+    Settlement s = client.settleAsync(r.id(), BUDGET + 4, 10_000).join();
+    assertEquals(0, s.refunded());
+    assertEquals(4, s.debt());
+    assertEquals(-4, s.decision().remaining());
+    assertFalse(s.decision().allowed());
+    Decision d = client.acquire("budget", "debt");
+    assertFalse(d.allowed());
+    assertEquals(-4, d.remaining());
+  }
+
+  @Test
+  void cancelRefundsTheWholeEstimate() {
+    Reservation r = client.reserveAsync("budget", "cancel".getBytes(
+        java.nio.charset.StandardCharsets.US_ASCII), 6, 60_000, 10_000).join();
+    Settlement s = client.cancel(r.id());
+    assertEquals(r.id(), s.id());
+    assertEquals(6, s.refunded());
+    assertEquals(BUDGET, s.decision().remaining());
+    assertEquals(BUDGET, client.peek("budget", "cancel").remaining());
+  }
+
+  @Test
+  void settleOfAnIdNotOpenIsAnUnknownReservation() {
+    Reservation r = client.reserve("budget", "unknown", 2);
+    client.settle(r.id(), 2);
+    for (org.junit.jupiter.api.function.Executable again : List.<org.junit.jupiter.api.function.Executable>of(
+        () -> client.settle(r.id(), 1), () -> client.cancel(r.id()),
+        () -> client.settle(r.id() + 1000, 1))) {
+      SluiceException e = assertThrows(SluiceException.class, again);
+      assertEquals(ErrorCode.ESERVER, e.code());
+      assertEquals(SluiceException.UNKNOWN_RESERVATION, e.serverCode());
+      assertTrue(e.unknownReservation());
+    }
+    SluiceException other = assertThrows(SluiceException.class,
+        () -> client.reserve("slots", "k", 1));
+    assertEquals("BAD_REQUEST", other.serverCode());
+    assertFalse(other.unknownReservation());
+  }
+
+  @Test
+  void reserveOnADeniedKeyIsDeniedWithNoId() {
+    client.reserve("budget", "denied", BUDGET - 1);
+    Reservation denied = client.reserve("budget", "denied", 2);
+    assertFalse(denied.allowed());
+    assertFalse(denied.reserved());
+    assertEquals(0, denied.id());
+    assertEquals(1, denied.decision().remaining());
+    assertTrue(denied.decision().retryAfterMs() > 0);
+    long before = client.nextMsgid();
+    Settlement nothing = client.settle(denied.id(), 2);
+    assertEquals(before, client.nextMsgid(), "settling id 0 sent a request");
+    assertTrue(nothing.decision().allowed());
+    assertEquals(0, nothing.refunded());
+    assertEquals(1, client.peek("budget", "denied").remaining());
+    assertEquals(ErrorCode.EINVAL,
+        assertThrows(SluiceException.class, () -> client.reserve("budget", "k", 0)).code());
+    assertEquals(ErrorCode.EINVAL,
+        assertThrows(SluiceException.class, () -> client.settle(7, -1)).code());
   }
 }
