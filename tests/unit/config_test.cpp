@@ -795,6 +795,15 @@ const Refusal kRefusals[] = {
     {"calendar_window_written_as_a_period",
      "[[rule]]\nname = \"b\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1d\"\n",
      "5:10", "or period = \"1d\" for a fixed length"},
+    {"calendar_window_as_a_flag",
+     "[[rule]]\nname = \"b\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1d\"\n"
+     "calendar = true\n",
+     "6:1", "a calendar window is written window = \"day\", \"week\" or \"month\" in place of "
+     "period"},
+    {"calendar_month_as_a_period",
+     "[[rule]]\nname = \"b\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1mo\"\n",
+     "5:10", "period \"1mo\" is not a duration; a rule's limit per calendar week or month is "
+     "written window = \"week\" or \"month\" in place of period"},
     {"calendar_window_on_a_bucket",
      "[[rule]]\nname = \"b\"\nlimit = 5\nwindow = \"day\"\n", "4:10",
      "window applies only to fixed_window"},
