@@ -1179,5 +1179,20 @@ TEST(ConfigTest, RespGlobalScopeNeedsRedis) {
   EXPECT_EQ(local.resp.max_parameter_sets, 1000u);
 }
 
+// Verifies that while [resp] listens, a [[rule]] may not take a name of the
+// rules CL.THROTTLE makes (the front would decide on it instead of its own
+// parameters); without [resp] the name is free.
+TEST(ConfigTest, RespRefusesARuleNamedLikeAThrottleRule) {
+  const std::string rule =
+      "[[rule]]\nname = \"cl.throttle/10/100/60\"\nlimit = 5\nperiod = \"1s\"\n";
+  std::string error = errorOf("[resp]\nlisten = \"127.0.0.1:6390\"\n" + rule);
+  EXPECT_NE(error.find("x.toml:2:"), std::string::npos) << error;
+  EXPECT_NE(error.find("names the rules CL.THROTTLE makes; rename the [[rule]]"),
+            std::string::npos)
+      << error;
+  Config without = mustLoad(rule);
+  EXPECT_NE(without.rules->find("cl.throttle/10/100/60"), nullptr);
+}
+
 }  // namespace
 }  // namespace sluice
