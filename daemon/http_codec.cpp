@@ -106,6 +106,11 @@ void writeResponse(std::string* out, const Reply& reply, std::string_view connec
   *out += ' ';
   *out += reasonPhrase(reply.status);
   *out += "\r\n";
+  if (!date.empty()) {
+    *out += "Date: ";
+    *out += date;
+    *out += "\r\n";
+  }
   if (!connection.empty()) {
     *out += "Connection: ";
     *out += connection;
@@ -120,11 +125,6 @@ void writeResponse(std::string* out, const Reply& reply, std::string_view connec
     *out += name;
     *out += ": ";
     *out += value;
-    *out += "\r\n";
-  }
-  if (!date.empty()) {
-    *out += "Date: ";
-    *out += date;
     *out += "\r\n";
   }
   *out += "Content-Length: ";

@@ -109,11 +109,11 @@ Reply problem(unsigned status, std::string_view detail);
 std::pair<std::string, std::string> rateLimitHeaders(const Rule& rule, const Decision& decision);
 
 // Appends `reply` to `out` as an HTTP/1.1 response, its header lines in
-// the order libmicrohttpd wrote them: the status line, `Connection:
-// CONNECTION` unless `connection` is empty ("close", or "Keep-Alive" to an
-// HTTP/1.0 client that asked for it), Content-Type, the reply's headers,
-// `Date: DATE` unless `date` is empty, Content-Length; then the body,
-// unless `with_body` is false (the answer to a HEAD).
+// the order libmicrohttpd wrote them: the status line, `Date: DATE` unless
+// `date` is empty, `Connection: CONNECTION` unless `connection` is empty
+// ("close", or "Keep-Alive" to an HTTP/1.0 client that asked for it),
+// Content-Type, the reply's headers, Content-Length; then the body, unless
+// `with_body` is false (the answer to a HEAD).
 void writeResponse(std::string* out, const Reply& reply, std::string_view connection,
                    std::string_view date, bool with_body);
 
