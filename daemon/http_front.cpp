@@ -47,7 +47,20 @@ Frame HttpCodec::read(std::span<const uint8_t> bytes, int64_t /*now_ns*/, std::s
   http::Refusal refusal;
   const http::Parse parse =
       http::parseRequest(input, front_.options().limits, &request_, &refusal);
-  if (parse == http::Parse::kIncomplete) return frame;
+  if (parse == http::Parse::kIncomplete) {
+    // A client that waits for "100 Continue" before it sends its body
+    // (curl does, for a large one) gets it once its head is whole, as
+    // libmicrohttpd answered it.
+    if (request_.consumed > 0 && !continued_ && request_.minor_version == 1) {
+      std::optional<std::string_view> expect = request_.header("Expect");
+      if (expect && http::equalsIgnoringCase(*expect, "100-continue")) {
+        *out += "HTTP/1.1 100 Continue\r\n\r\n";
+        continued_ = true;
+      }
+    }
+    return frame;
+  }
+  continued_ = false;
   if (parse == http::Parse::kError) {
     // Nothing after a malformed request can be framed: say why and close.
     keep_alive_ = false;

@@ -101,6 +101,7 @@ class HttpCodec final : public Codec {
   bool keep_alive_ = true;
   bool head_ = false;      // a HEAD request: its answer has no body
   bool keep_alive_1_0_ = false;  // an HTTP/1.0 keep-alive: say so in the answer
+  bool continued_ = false; // the unfinished request was sent "100 Continue"
   size_t scanned_ = 0;     // frameReady: how far the unfinished head was walked
   size_t needed_ = 0;      // frameReady: the unfinished request's size, once known
 };

@@ -2,10 +2,10 @@
 // key table and the metrics, and runs the main loop on the calling thread.
 //
 // The main loop accepts connections, on the socket, [resp] listen and
-// [http] listen alike, and hands each to the worker with the fewest; it handles
-// SIGTERM/SIGINT (graceful stop) and SIGHUP (reload), and sweeps idle keys
-// out of the key table, then hands the pages malloc holds free back to the
-// system (every thread allocates from one malloc arena, so
+// [http] listen alike, and hands each to the worker with the fewest; it
+// handles SIGTERM/SIGINT (graceful stop) and SIGHUP (reload), and sweeps
+// idle keys out of the key table, then hands the pages malloc holds free
+// back to the system (every thread allocates from one malloc arena, so
 // that all of them can go back). The thread model is written down in
 // worker.h.
 //

@@ -15,7 +15,6 @@
 
 #include <spdlog/spdlog.h>
 
-
 namespace sluice {
 
 std::vector<Rule> Server::withAddedRules(std::vector<Rule> rules, const std::vector<Rule>& added) {
@@ -102,7 +101,7 @@ bool Server::startHttp(std::string* error) {
                           &problem);
   if (http_fd_ < 0) {
     *error = "cannot serve HTTP checks on " + config_.http.listen + ": " + problem +
-             " (in use, or not an address of this host); choose another [http] listen";
+             "; choose another [http] listen";
     return false;
   }
   uv_poll_init(&loop_, &http_listener_, http_fd_);

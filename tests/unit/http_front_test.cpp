@@ -233,6 +233,22 @@ TEST_F(HttpConnectionTest, BodyWithinTheBoundIsReadAndIgnoredEvenWhenItTrickles)
   EXPECT_NE(responses[1].find("\"local\";r=3;"), std::string::npos) << responses[1];
 }
 
+TEST_F(HttpConnectionTest, ClientThatExpects100ContinueGetsItBeforeItsBody) {
+  start(WorkerOptions{});
+  int client = connect();
+  send(client, "POST /v1/check?rule=local&key=e HTTP/1.1\r\nHost: s\r\n"
+               "Expect: 100-continue\r\nContent-Length: 4\r\n\r\n");
+  std::string interim;
+  char byte = 0;
+  while (!interim.ends_with("\r\n\r\n") && ::read(client, &byte, 1) == 1) interim += byte;
+  EXPECT_EQ(interim, "HTTP/1.1 100 Continue\r\n\r\n");
+  send(client, "body");
+  std::vector<std::string> responses = readResponses(client, 1);
+  ASSERT_EQ(responses.size(), 1u);
+  EXPECT_EQ(statusLine(responses[0]), "HTTP/1.1 200 OK");
+  EXPECT_NE(responses[0].find("\"local\";r=4;"), std::string::npos) << responses[0];
+}
+
 TEST_F(HttpConnectionTest, ChunkedBodyIsRefusedWith411) {
   start(WorkerOptions{});
   int client = connect();
