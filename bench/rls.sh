@@ -15,6 +15,9 @@
 # commandstats, as bench/global.sh sums them) over the calls answered.
 # sluiced CPU µs per call: the daemon's user + system CPU time (/proc) over
 # the calls answered, which a busy machine disturbs far less than calls/s.
+# Switches per call: the context switches of sluiced's threads (voluntary
+# and not, /proc/PID/task/*/status) over the calls answered: the thread
+# hops a call costs.
 # The reference, measured on the same daemon in the same run: MessagePack-RPC
 # acquires on the same hot global rule over the daemon's own socket, one at
 # a time (bench/load sync: the round trip) and pipelined (2 connections × 64
@@ -89,23 +92,29 @@ redis_calls() {
 # sluiced's user + system CPU time, in clock ticks.
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$daemon_pid/stat"; }
 tick_us=$((1000000 / $(getconf CLK_TCK)))
+# The context switches of sluiced's threads so far.
+switches() { cat /proc/"$daemon_pid"/task/*/status 2>/dev/null | awk '/ctxt_switches/ { s += $2 } END { print s + 0 }'; }
 # CPU µs per call: TICKS over CALLS.
 cpu_per_call() { awk -v t="$1" -v c="$2" -v u="$tick_us" 'BEGIN { printf "%.1f", c ? t * u / c : 0 }'; }
 
 rows=()
 last_rate=0
 one_cpu=0
-# One round: rls_load's line with redis_calls_per_rpc= and cpu_us_per_call=.
+# One round: rls_load's line with redis_calls_per_rpc=, cpu_us_per_call=
+# and switches_per_call=.
 round() {  # DESCRIPTORS SECONDS THREADS DEPTH RATE
-  local before after ticks out answered
+  local before after ticks out answered hops
   before=$(redis_calls)
   ticks=$(cpu_ticks)
+  hops=$(switches)
   out=$("$rls_load" "$target" "$@")
+  hops=$(($(switches) - hops))
   ticks=$(($(cpu_ticks) - ticks))
   after=$(redis_calls)
   answered=$(($(field ok "$out") + $(field over_limit "$out") + $(field errors "$out")))
   echo "$out redis_calls_per_rpc=$(awk -v a="$answered" -v r=$((after - before)) \
-    'BEGIN { printf "%.4f", r / a }') cpu_us_per_call=$(cpu_per_call "$ticks" "$answered")"
+    'BEGIN { printf "%.4f", r / a }') cpu_us_per_call=$(cpu_per_call "$ticks" "$answered") \
+switches_per_call=$(awk -v h="$hops" -v a="$answered" 'BEGIN { printf "%.2f", a ? h / a : 0 }')"
 }
 
 # The median of `rounds` rounds: by calls/s as fast as it answers, by p99
@@ -119,7 +128,7 @@ measure() {  # NAME DESCRIPTORS [RATE]
   done
   out=$(for line in "${lines[@]}"; do echo "$(field "$key" "$line") $line"; done |
     sort -n | sed -n "$(((rounds + 1) / 2))p" | cut -d' ' -f2-)
-  rows+=("| $name | $(field calls_per_s "$out") | $(field p50_us "$out") | $(field p99_us "$out") | $(field cpu_us_per_call "$out") | $(field redis_calls_per_rpc "$out") | $(field errors "$out") |")
+  rows+=("| $name | $(field calls_per_s "$out") | $(field p50_us "$out") | $(field p99_us "$out") | $(field cpu_us_per_call "$out") | $(field switches_per_call "$out") | $(field redis_calls_per_rpc "$out") | $(field errors "$out") |")
   last_rate=$(field calls_per_s "$out")
   last_p99=$(field p99_us "$out")
   last_calls=$(field redis_calls_per_rpc "$out")
@@ -149,7 +158,7 @@ kill -STOP "$redis_pid"
 sleep 1  # the health check notices (health_interval + health_timeout)
 down=$("$rls_load" "$target" 1 "$seconds" 1 8 1000 2>&1 || true)
 kill -CONT "$redis_pid"
-rows+=("| redis-down (SIGSTOP, 1000/s, paced) | $(field calls_per_s "$down") | $(field p50_us "$down") | $(field p99_us "$down") | - | - | $(field errors "$down") |")
+rows+=("| redis-down (SIGSTOP, 1000/s, paced) | $(field calls_per_s "$down") | $(field p50_us "$down") | $(field p99_us "$down") | - | - | - | $(field errors "$down") |")
 echo "redis-down: $down" >&2
 down_p99=$(field p99_us "$down")
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -168,8 +177,8 @@ result="$here/results/$(bench_result_name rls)"
   echo "workers) with one global limit per descriptor key on a local redis-server, one hot key"
   echo "each. Load average (1, 5, 15 min) before the run: $load_before; after: $load_after."
   echo
-  echo "| row | calls/s | p50 µs | p99 µs | sluiced CPU µs per call | Redis calls per RPC | errors |"
-  echo "|---|---|---|---|---|---|---|"
+  echo "| row | calls/s | p50 µs | p99 µs | sluiced CPU µs per call | switches per call | Redis calls per RPC | errors |"
+  echo "|---|---|---|---|---|---|---|---|"
   printf '%s\n' "${rows[@]}"
   echo
   echo "Reference, same daemon, rule and key, same run: MessagePack-RPC \`acquire\` over the"

@@ -43,7 +43,12 @@ struct Slot {
 
 void run(const std::string& target, int descriptors, double seconds, int depth, double rate,
          int keys, Totals* totals) {
-  auto channel = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
+  // A connection of its own, as each of Envoy's worker threads has: gRPC
+  // would otherwise share one subchannel (one HTTP/2 connection) between
+  // the threads' channels, and the server would read every call from it.
+  grpc::ChannelArguments arguments;
+  arguments.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  auto channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), arguments);
   auto stub = RateLimitService::NewStub(channel);
   grpc::CompletionQueue queue;
   std::vector<Slot> slots(static_cast<size_t>(depth));

@@ -14,6 +14,7 @@
 #include <set>
 
 #include <absl/synchronization/mutex.h>
+#include <google/protobuf/arena.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <spdlog/spdlog.h>
@@ -35,6 +36,39 @@ struct Settings {
   bool all_or_nothing = false;
 };
 
+// A call's request and response on one protobuf arena that starts in the
+// holder itself: parsing the request and building the response (a status
+// per descriptor, the headers) cost no allocation of their own unless they
+// outgrow kArenaBlockBytes. gRPC calls AllocateMessages on its threads and
+// Release once the call is done with them.
+class ArenaMessages final : public grpc::MessageHolder<RateLimitRequest, RateLimitResponse> {
+ public:
+  ArenaMessages() : arena_(options(block_)) {
+    set_request(google::protobuf::Arena::CreateMessage<RateLimitRequest>(&arena_));
+    set_response(google::protobuf::Arena::CreateMessage<RateLimitResponse>(&arena_));
+  }
+  void Release() override { delete this; }
+
+ private:
+  // Enough for a request of a few descriptors and its response.
+  static constexpr size_t kArenaBlockBytes = 4096;
+  static google::protobuf::ArenaOptions options(char* block) {
+    google::protobuf::ArenaOptions options;
+    options.initial_block = block;
+    options.initial_block_size = kArenaBlockBytes;
+    return options;
+  }
+  alignas(8) char block_[kArenaBlockBytes];  // before arena_: it lives longer
+  google::protobuf::Arena arena_;
+};
+
+class ArenaAllocator final : public grpc::MessageAllocator<RateLimitRequest, RateLimitResponse> {
+ public:
+  grpc::MessageHolder<RateLimitRequest, RateLimitResponse>* AllocateMessages() override {
+    return new ArenaMessages();
+  }
+};
+
 // One ShouldRateLimit call: the questions it asked and the answers so far.
 // Deletes itself once the call is finished.
 class Call final : public Recipient {
@@ -44,27 +78,31 @@ class Call final : public Recipient {
       : reactor_(reactor), settings_(std::move(settings)), plan_(std::move(plan)),
         response_(response), outcomes_(plan_.rules.size()) {}
 
-  // Hands the questions to `worker`; the last answer finishes the call.
-  void ask(Worker& worker) {
+  // Asks the questions, each on the first free lane (Worker::decideOnLane)
+  // of `workers` from `first` on, else submitted to workers[first]. The
+  // last answer finishes the call, maybe before this returns.
+  void ask(const std::vector<Worker*>& workers, size_t first) {
     const size_t items = plan_.rules.size();
     if (items == 0) {
       finish();
       return;
     }
+    // One count more than the questions, this function's: a question
+    // answered at once must not finish the call while it asks the next.
     if (settings_->all_or_nothing && items > 1) {
       std::vector<Item> all;
       for (size_t i = 0; i < items; ++i) all.push_back(envoyItem(plan_, i));
-      pending_.store(1, std::memory_order_relaxed);
-      worker.submit(HeldQuestion(Question{Method::kAcquireAll, all}), this, MsgId(kAllTag));
-      return;
+      pending_.store(2, std::memory_order_relaxed);
+      askOne(workers, first, Question{Method::kAcquireAll, all}, MsgId(kAllTag));
+    } else {
+      pending_.store(items + 1, std::memory_order_relaxed);
+      for (size_t i = 0; i < items; ++i) {
+        Item item = envoyItem(plan_, i);
+        const Method method = item.cost == 0 ? Method::kPeek : Method::kAcquire;
+        askOne(workers, first, Question{method, std::span<const Item>(&item, 1)}, MsgId(i));
+      }
     }
-    pending_.store(items, std::memory_order_relaxed);
-    for (size_t i = 0; i < items; ++i) {
-      Item item = envoyItem(plan_, i);
-      const Method method = item.cost == 0 ? Method::kPeek : Method::kAcquire;
-      worker.submit(HeldQuestion(Question{method, std::span<const Item>(&item, 1)}), this,
-                    MsgId(i));
-    }
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) finish();
   }
 
   void receive(MsgId tag, const Answer& answer) override {
@@ -89,6 +127,22 @@ class Call final : public Recipient {
 
  private:
   static constexpr uint64_t kAllTag = ~uint64_t{0};
+
+  // One question, on a lane when one is free: answered here, without a hop
+  // to a worker's loop and back, unless it waits.
+  void askOne(const std::vector<Worker*>& workers, size_t first, const Question& question,
+              MsgId tag) {
+    thread_local Answer answer;  // the lanes' answers on this gRPC thread, reused
+    for (size_t k = 0; k < workers.size(); ++k) {
+      Outcome outcome = Outcome::kAnswered;
+      if (workers[(first + k) % workers.size()]->decideOnLane(question, this, tag, &answer,
+                                                               &outcome)) {
+        if (outcome == Outcome::kAnswered) receive(tag, answer);
+        return;
+      }
+    }
+    workers[first % workers.size()]->submit(HeldQuestion(question), this, tag);
+  }
 
   // Logs an error answered as OK, at most once a second for the process
   // (an error repeats with every call that meets it).
@@ -115,7 +169,7 @@ class Call final : public Recipient {
   std::shared_ptr<const Settings> settings_;  // keeps the plan's limits alive
   EnvoyPlan plan_;
   RateLimitResponse* response_;
-  std::mutex mutex_;  // outcomes_: a stopped worker answers on the caller's thread
+  std::mutex mutex_;  // outcomes_: answers come from lanes and workers, on their threads
   std::vector<EnvoyOutcome> outcomes_;
   std::atomic<size_t> pending_{0};
 };
@@ -133,7 +187,7 @@ class Service final : public RlsService::CallbackService {
                                  });
     auto* call = new Call(reactor, settings, std::move(plan), response);
     const size_t turn = next_.fetch_add(1, std::memory_order_relaxed);
-    call->ask(*workers_[turn % workers_.size()]);
+    call->ask(workers_, turn % workers_.size());
     return reactor;
   }
 
@@ -145,6 +199,8 @@ class Service final : public RlsService::CallbackService {
     settings->all_or_nothing = envoy.all_or_nothing;
     settings_.store(std::move(settings), std::memory_order_release);
   }
+  Service() { SetMessageAllocatorFor_ShouldRateLimit(&allocator_); }
+
   void setWorkers(std::vector<Worker*> workers, AddRule add_rule, Counter* refused) {
     workers_ = std::move(workers);
     add_rule_ = std::move(add_rule);
@@ -181,6 +237,7 @@ class Service final : public RlsService::CallbackService {
 
   static constexpr int64_t kRefusalLogIntervalNs = 60'000'000'000;
 
+  ArenaAllocator allocator_;  // outlives the server (a member of the front that owns it)
   AddRule add_rule_;
   std::mutex overrides_mutex_;  // installed_, refusal_logged_ns_
   std::set<std::string, std::less<>> installed_;  // override rules added, at most kMaxEnvoyOverrides

@@ -8,11 +8,16 @@
 // (its values), cost hits_addend. By default each is asked as its own
 // acquire and the results ORed, as the reference server spends every
 // matching descriptor; with all_or_nothing they are one acquire_all, so a
-// denied request spends nothing. The questions go to a worker with
-// Worker::submit; the worker answers on its thread, and the last answer
-// encodes the RateLimitResponse (envoy_rls.h) and finishes the call.
+// denied request spends nothing. Each question is decided on the gRPC
+// thread that read the call, on a worker's lane (Worker::decideOnLane: the
+// worker's second dispatcher, free when no other thread is on it), so a
+// call answered at once costs no hop to a worker's loop and back; when
+// every lane is busy it goes to a worker with Worker::submit, and one that
+// waits (a cold key's lease) is answered on the worker's thread. The last
+// answer encodes the RateLimitResponse (envoy_rls.h) and finishes the call.
 //
-// gRPC runs its own threads (the callback API); nothing here blocks them.
+// gRPC runs its own threads (the callback API); nothing here blocks them:
+// the lanes are taken with try_lock.
 // An error answer (a rule gone in a reload, a full key table) is answered
 // OK, never an error Envoy would turn into its failure mode, and logged.
 #pragma once

@@ -211,7 +211,7 @@ class Metrics {
   std::vector<RuleSnapshot> ruleSnapshots() const;
 
  private:
-  std::deque<MetricsShard> shards_;  // stable addresses, one per worker
+  std::deque<MetricsShard> shards_;  // stable addresses, one per worker and lane
   std::array<Counter, kRefuseReasons> connections_refused_;
   Counter connections_forbidden_;
   Counter envoy_overrides_refused_;

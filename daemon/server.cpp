@@ -109,14 +109,15 @@ Server::Server(Config config, MonotonicClock clock)
     : config_(std::move(config)),
       access_(config_.access, geteuid()),
       user_connections_(config_.access.max_connections_per_user),
-      metrics_(workerCount(config_.daemon.workers)),
+      metrics_(workerCount(config_.daemon.workers) * (config_.envoy ? 2 : 1)),
       clock_ns_(std::move(clock)) {
   rules_.store(config_.rules, std::memory_order_release);
   KeyTableOptions key_options;
   key_options.max_keys = config_.keys.max_keys;
   key_options.max_bytes = config_.keys.max_memory;
-  // One reader per worker, and the control thread's.
-  key_options.max_readers = workerCount(config_.daemon.workers) + 1;
+  // One reader per worker, one per worker's lane (with [envoy]: Worker's
+  // thread model), and the control thread's.
+  key_options.max_readers = workerCount(config_.daemon.workers) * (config_.envoy ? 2 : 1) + 1;
   // A global rule's slice evicted from a full table gives its units back,
   // as one that goes idle does (sweepKeys).
   key_options.on_forced_eviction = [this](uint32_t rule_id, std::string_view key,
@@ -373,8 +374,11 @@ int Server::run() {
     };
   }
   for (size_t i = 0; i < count; ++i) {
+    // With [envoy], a lane each, on the shards after the workers'.
+    MetricsShard* lane_metrics = config_.envoy ? &metrics_.shard(count + i) : nullptr;
     workers_.push_back(std::make_unique<Worker>(i, options, *keys_, metrics_.shard(i), *this,
-                                                config_.rules, broker_.get(), throttle_rules));
+                                                config_.rules, broker_.get(), throttle_rules,
+                                                lane_metrics));
   }
   std::vector<Worker*> siblings;
   for (auto& worker : workers_) siblings.push_back(worker.get());

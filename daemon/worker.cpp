@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 
 #include <spdlog/spdlog.h>
 
@@ -40,7 +41,7 @@ class Worker::Relay final : public Recipient {
 
 Worker::Worker(size_t index, const WorkerOptions& options, KeyTable& keys, MetricsShard& metrics,
                DaemonStatus& status, RuleSetPtr rules, LeaseBroker* broker,
-               RespFront::EnsureRule throttle_rules)
+               RespFront::EnsureRule throttle_rules, MetricsShard* lane_metrics)
     : index_(index),
       options_(options),
       keys_(keys),
@@ -52,6 +53,13 @@ Worker::Worker(size_t index, const WorkerOptions& options, KeyTable& keys, Metri
       http_front_(dispatcher_, options_.http),
       reader_slot_(keys.registerReader()),
       read_scratch_(kReadScratchBytes) {
+  if (lane_metrics != nullptr) {
+    lane_ = std::make_unique<Dispatcher>(keys, *lane_metrics, broker,
+                                         options.lease_timeout_ms * 1'000'000,
+                                         static_cast<uint32_t>(index));
+    lane_->setRules(rules);
+    lane_reader_ = keys.registerReader();
+  }
   dispatcher_.setRules(std::move(rules));
   dispatcher_.routeSettlesWith([this](uint32_t worker, const Question& question,
                                       Recipient* recipient, MsgId tag) {
@@ -133,6 +141,34 @@ void Worker::submit(HeldQuestion question, Recipient* recipient, MsgId tag) {
     }
   }
   refuseStopped(message);
+}
+
+bool Worker::decideOnLane(const Question& question, Recipient* recipient, MsgId tag,
+                          Answer* answer, Outcome* outcome) {
+  // Reservations and settles stay on the loop: their table is the worker's.
+  const bool rides = question.method == Method::kAcquire ||
+                     question.method == Method::kAcquireAll || question.method == Method::kPeek;
+  if (lane_ == nullptr || !rides) return false;
+  std::unique_lock<std::mutex> lock(lane_mutex_, std::try_to_lock);
+  if (!lock.owns_lock()) return false;
+  const int64_t now_ns = monotonicNowNs();
+  Asker asker = lane_->askerFor(recipient, tag, now_ns);
+  asker.may_wait = asker.may_wait && !lane_stopping_;
+  {
+    KeyTable::ReadGuard guard(keys_, lane_reader_);
+    *outcome = lane_->ask(question, now_ns, asker, answer);
+  }
+  lock.unlock();
+  if (*outcome != Outcome::kAnswered) {
+    // Its wait is the loop's to end: by lease news, or at its deadline. A
+    // loop that has stopped answered it when it stopped.
+    std::lock_guard<std::mutex> closed_lock(mutex_);
+    if (!wakeup_closed_) {
+      inbox_.emplace_back(Message::Kind::kLaneWaits);
+      uv_async_send(&wakeup_);
+    }
+  }
+  return true;
 }
 
 bool Worker::routeSettle(uint32_t worker, const Question& question, Recipient* recipient,
@@ -219,6 +255,10 @@ void Worker::adopt(int fd, const Peer& peer, Protocol protocol) {
 }
 
 void Worker::setRules(RuleSetPtr rules) {
+  if (lane_ != nullptr) {
+    std::lock_guard<std::mutex> lock(lane_mutex_);
+    lane_->setRules(rules);
+  }
   Message message(Message::Kind::kRules);
   message.rules = std::move(rules);
   post(std::move(message));
@@ -249,8 +289,23 @@ void Worker::wakeForNewsLocked() {
   uv_async_send(&wakeup_);
 }
 
+bool Worker::laneAwaitsNews() {
+  if (lane_ == nullptr) return false;
+  std::lock_guard<std::mutex> lock(lane_mutex_);
+  return lane_->awaitsLeaseNews();
+}
+
+int64_t Worker::nextDeferredDeadlineNs() {
+  int64_t next_ns = dispatcher_.hasDeferred() ? dispatcher_.nextDeadlineNs() : INT64_MAX;
+  if (lane_ != nullptr) {
+    std::lock_guard<std::mutex> lock(lane_mutex_);
+    if (lane_->hasDeferred()) next_ns = std::min(next_ns, lane_->nextDeadlineNs());
+  }
+  return next_ns;
+}
+
 void Worker::noteWaiters() {
-  bool awaits = dispatcher_.awaitsLeaseNews();
+  bool awaits = dispatcher_.awaitsLeaseNews() || laneAwaitsNews();
   if (awaits == awaits_news_.load(std::memory_order_relaxed)) return;
   std::lock_guard<std::mutex> lock(mutex_);
   awaits_news_.store(awaits, std::memory_order_relaxed);
@@ -261,24 +316,31 @@ void Worker::noteWaiters() {
 }
 
 void Worker::retryDeferred() {
-  if (!dispatcher_.hasDeferred()) {
-    noteWaiters();  // the waiters' connections closed
-    return;
-  }
-  {
+  const int64_t now_ns = monotonicNowNs();
+  if (dispatcher_.hasDeferred()) {
     KeyTable::ReadGuard guard(keys_, reader_slot_);
-    dispatcher_.retryDeferred(monotonicNowNs(), stopping_);
+    dispatcher_.retryDeferred(now_ns, stopping_);
   }
-  armLeaseTimer();
+  if (lane_ != nullptr) {
+    std::lock_guard<std::mutex> lock(lane_mutex_);
+    // Stopping, every waiter is answered now: none may wait after it.
+    lane_stopping_ = lane_stopping_ || stopping_;
+    if (lane_->hasDeferred()) {
+      KeyTable::ReadGuard guard(keys_, lane_reader_);
+      lane_->retryDeferred(now_ns, stopping_);
+    }
+  }
+  armLeaseTimer();  // or, none left waiting, stops its timer
 }
 
 void Worker::armLeaseTimer() {
   noteWaiters();
-  if (!dispatcher_.hasDeferred()) {
+  const int64_t next_ns = nextDeferredDeadlineNs();
+  if (next_ns == INT64_MAX) {
     uv_timer_stop(&lease_timer_);
     return;
   }
-  int64_t wait_ns = dispatcher_.nextDeadlineNs() - monotonicNowNs();
+  int64_t wait_ns = next_ns - monotonicNowNs();
   auto wait_ms = static_cast<uint64_t>(std::max<int64_t>((wait_ns + 999'999) / 1'000'000, 0));
   uv_timer_start(
       &lease_timer_, [](uv_timer_t* t) { static_cast<Worker*>(t->data)->retryDeferred(); },
@@ -316,6 +378,7 @@ void Worker::onMessages() {
       case Message::Kind::kStop: beginStop(); break;
       case Message::Kind::kPing: pong_.store(message.seq, std::memory_order_release); break;
       case Message::Kind::kAsk: ask(message); break;
+      case Message::Kind::kLaneWaits: armLeaseTimer(); break;
       case Message::Kind::kRelayed: {
         // Its connection may have closed meanwhile (forgotten below).
         auto relayed = relays_.find(message.relay);

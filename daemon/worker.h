@@ -25,6 +25,18 @@
 //    (Waiting::askAgain), so a per-key registry would spare only workers
 //    that also wait on other keys, at the price of a shared map on every
 //    deferral.
+//  - A worker may have a lane (the Envoy front's): a second Dispatcher,
+//    with its own metrics shard and key-table reader, that a front on a
+//    thread of its own decides on, on that thread, under lane_mutex_, so a
+//    question answered at once costs no hop to this loop and back. The
+//    lane's ReaderId is used by one thread at a time, whoever holds
+//    lane_mutex_ (the mutex orders its guards). A question the lane leaves
+//    waiting is this loop's: the asking thread posts kLaneWaits, and the
+//    loop counts the lane's waiters in awaits_news_ and its lease timer,
+//    and asks them again with its own (under lane_mutex_), so their
+//    answers come on this thread. The front takes the lane with try_lock
+//    and submits when it is busy: the lock never makes a gRPC thread wait
+//    for this loop.
 #pragma once
 
 #include <uv.h>
@@ -67,10 +79,11 @@ struct WorkerOptions {
 class Worker {
  public:
   // `broker` is null without Redis; `throttle_rules` adds CL.THROTTLE's
-  // rules (RespFront::EnsureRule), empty without [resp].
+  // rules (RespFront::EnsureRule), empty without [resp]; `lane_metrics`,
+  // the lane's shard (decideOnLane), null for a worker without a lane.
   Worker(size_t index, const WorkerOptions& options, KeyTable& keys, MetricsShard& metrics,
          DaemonStatus& status, RuleSetPtr rules, LeaseBroker* broker = nullptr,
-         RespFront::EnsureRule throttle_rules = {});
+         RespFront::EnsureRule throttle_rules = {}, MetricsShard* lane_metrics = nullptr);
   ~Worker();
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
@@ -80,7 +93,7 @@ class Worker {
   // Thread-safe: hands an accepted socket that speaks `protocol` to this
   // worker.
   void adopt(int fd, const Peer& peer, Protocol protocol = Protocol::kMsgpackRpc);
-  // Thread-safe: later requests use `rules`.
+  // Thread-safe: later requests use `rules`; the lane's, once it returns.
   void setRules(RuleSetPtr rules);
   // Thread-safe: the seam (dispatch.h) for a front on a thread of its own
   // (gRPC). The worker decides `question` on its loop and calls
@@ -89,6 +102,15 @@ class Worker {
   // OVERLOADED on the caller's thread. The recipient must live until it
   // has received its answer.
   void submit(HeldQuestion question, Recipient* recipient, MsgId tag);
+  // Thread-safe: decides `question` (an acquire, acquire_all or peek) on
+  // this worker's lane, on the calling thread (see the thread model), and
+  // returns true with `outcome`: kAnswered with `answer` filled, or a wait,
+  // whose answer goes to recipient->receive(tag, answer) later, on this
+  // worker's thread (the recipient lives until then). false, having done
+  // nothing, when the worker has no lane, another thread is on it, or the
+  // method is another: then submit().
+  bool decideOnLane(const Question& question, Recipient* recipient, MsgId tag, Answer* answer,
+                    Outcome* outcome);
   // Before start(): the daemon's workers, by index, so that a settle of a
   // reservation another worker holds goes there (Reservations::workerOf);
   // its answer comes back to this worker's loop (a relay) for the
@@ -143,7 +165,7 @@ class Worker {
 
  private:
   struct Message {
-    enum class Kind { kAdopt, kRules, kStop, kPing, kAsk, kRelayed };
+    enum class Kind { kAdopt, kRules, kStop, kPing, kAsk, kRelayed, kLaneWaits };
     explicit Message(Kind k) : kind(k) {}
     Kind kind;
     int fd = -1;
@@ -176,6 +198,11 @@ class Worker {
   void noteWaiters();
   // Sets lease_news_ and wakes the loop (the caller holds mutex_).
   void wakeForNewsLocked();
+  // The lane's waiters (none without a lane); loop thread, takes lane_mutex_.
+  bool laneAwaitsNews();
+  // The earliest deadline or due time of a deferred request, the lane's
+  // too; INT64_MAX when none waits. Loop thread.
+  int64_t nextDeferredDeadlineNs();
   void beginStop();
   void finishIfDrained();
 
@@ -189,6 +216,15 @@ class Worker {
   HttpFront http_front_;
   KeyTable::ReaderId reader_slot_;
   Answer answer_;  // a submitted question's or a connection's, reused
+
+  // The lane (decideOnLane): null without one, else set at construction.
+  // lane_mutex_ guards the lane's dispatcher, its reader's guards and
+  // lane_stopping_ (set once the loop has answered every waiter: the lane
+  // may leave none waiting after it).
+  std::unique_ptr<Dispatcher> lane_;
+  KeyTable::ReaderId lane_reader_;
+  std::mutex lane_mutex_;
+  bool lane_stopping_ = false;
 
   uv_loop_t loop_;
   uv_async_t wakeup_;
