@@ -13,8 +13,8 @@ namespace {
 
 // What the fleet has free, as far as the node can tell: its own free units
 // (`left`) and what Redis had free at the key's last lease answer
-// (slice::redisLeft), at most the limit; docs/protocol.md, "Remaining on a
-// global rule".
+// (slice::redisLeft), at most the limit; see docs/protocol.md,
+// "Remaining on a global rule".
 int64_t fleetFree(std::span<const std::atomic<uint64_t>> words, const Rule& rule, int64_t now_ns,
                   int64_t left) {
   return std::min(rule.limits.front().limit,

@@ -132,8 +132,8 @@ TEST_F(HoldingPathTest, GrantedUnitsAreHeldAndReleasedIntoThePool) {
 
 // Verifies remaining on a held key is the fleet's free units as far as the
 // node can tell: its own free units plus what Redis had free at the key's
-// last lease answer, at most the limit (docs/protocol.md, "Remaining on a
-// global rule"); without an answer from Redis, its own alone.
+// last lease answer, at most the limit; without an answer from Redis, its
+// own alone. See docs/protocol.md, "Remaining on a global rule".
 TEST_F(HoldingPathTest, RemainingCountsWhatRedisHadFreeAtTheLastLease) {
   ASSERT_EQ(acquire(1, true), Got::kWaitsForLease);
   grant(3);
