@@ -162,6 +162,8 @@ void Admin::writeStats(rpc::MsgId msgid, std::string* out) {
       {"expired", s.reservations_expired},
       {"refunded_units", s.reservation_refunded_units},
       {"debt_units", s.reservation_debt_units},
+      {"unpaid_units", s.reservation_unpaid_units},
+      {"unpaid", s.reservations_unpaid},
   };
   w.writeMapHeader(static_cast<uint32_t>(std::size(reservation_fields)));
   for (auto [name, value] : reservation_fields) {

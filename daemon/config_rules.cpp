@@ -128,6 +128,16 @@ std::optional<std::string> calendarOnly(const Rule& rule, std::string_view) {
          "window = \"month\" (or \"day\", \"week\") in place of period, or remove time_zone";
 }
 
+// max_debt: the bound of a settle's debt (reservations.h).
+std::optional<std::string> settlingOnly(const Rule& rule, std::string_view key) {
+  if (algorithmTraits(rule.algorithm).settles) return std::nullopt;
+  const std::string k(key);
+  return k + " bounds what a settle charges, which applies only to " +
+         algorithmsWhere([](const AlgorithmTraits& row) { return row.settles; }, "and") +
+         " rules, and this rule is " + std::string(algorithmName(rule.algorithm)) + "; remove " +
+         k + ", or set algorithm = \"fixed_window\"";
+}
+
 // --- the key table ------------------------------------------------------------------
 
 // How a key's value is written.
@@ -179,7 +189,7 @@ constexpr std::array<PenaltyKey, 3> kPenaltyKeys = {{
 }};
 constexpr std::array<std::string_view, 3> kPenaltyKeyNames = {"denials", "window", "block"};
 
-constexpr std::array<RuleKey, 15> kRuleKeys = {{
+constexpr std::array<RuleKey, 16> kRuleKeys = {{
     {.key = "name", .type = RuleValue::kText,
      .doc = "required; the name clients pick the rule by: unique, printable, at most 128 bytes",
      .read = &RuleReader::readName},
@@ -223,6 +233,10 @@ constexpr std::array<RuleKey, 15> kRuleKeys = {{
     {.key = "time_zone", .type = RuleValue::kText, .default_text = "\"UTC\"",
      .doc = "the IANA time zone whose calendar the limits' windows follow (\"Europe/Berlin\")",
      .refusing = calendarOnly, .read = &RuleReader::readTimeZone},
+    {.key = "max_debt", .type = RuleValue::kCount, .default_text = "limit",
+     .doc = "the most units one key may owe past its limit after settles; a settle charges up "
+            "to it and answers the rest as unpaid; algorithms that settle only",
+     .refusing = settlingOnly, .read = &RuleReader::readMaxDebt},
 }};
 
 constexpr std::array<std::string_view, kRuleKeys.size()> kRuleKeyNames = [] {
@@ -357,6 +371,19 @@ void RuleReader::readPace(const toml::node* node, Rule* rule) {
                       "burst; remove burst, or set pace = false");
   }
   for (Limit& limit : rule->limits) limit.burst = 1;
+}
+
+// max_debt = 0 .. kMaxDebt: a settle past the estimate charges at most this
+// far past each limit.
+void RuleReader::readMaxDebt(const toml::node* node, Rule* rule) {
+  if (node == nullptr) return;
+  const int64_t read = integerValue(*node, prefix_ + "max_debt", "max_debt = 100000");
+  if (read < 0 || read > kMaxDebt) {
+    refuse(*node, prefix_ + "max_debt " + std::to_string(read) + " is out of range; write a " +
+                      "count of units from 0 (no debt: a settle never charges past the limit) " +
+                      "to " + std::to_string(kMaxDebt));
+  }
+  rule->max_debt = read;
 }
 
 // time_zone = "Europe/Berlin": every calendar window of the rule (its

@@ -58,6 +58,7 @@ class RuleReader {
   void readOverrides(const toml::node* node, Rule* rule);
   void readPenalty(const toml::node* node, Rule* rule);
   void readTimeZone(const toml::node* node, Rule* rule);
+  void readMaxDebt(const toml::node* node, Rule* rule);
 
  private:
   bool flagValue(const toml::node& node, std::string_view key);

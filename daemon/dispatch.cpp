@@ -57,9 +57,7 @@ void Dispatcher::setRules(RuleSetPtr rules) {
 
 void Dispatcher::count(const Rule& configured, const Decision& decision, Mode mode) {
   auto index = static_cast<size_t>(mode);
-  // `configured` is one of rules_->rules(): its position finds its counters.
-  auto position = static_cast<size_t>(&configured - rules_->rules().data());
-  RuleShard* by_rule = position < rule_shards_.size() ? rule_shards_[position] : nullptr;
+  RuleShard* by_rule = shardOf(configured);
   if (decision.allowed) {
     metrics_.allowed[index].add();
     if (by_rule != nullptr) {
@@ -194,6 +192,7 @@ Outcome Dispatcher::reserve(const Question& question, int64_t now_ns, const Aske
     answer->reservation = reservations_.open(configured->id, item.key, spent, ttl_ms * 1'000'000,
                                              now_ns, on_slice);
     metrics_.reservations_opened.add();
+    if (RuleShard* by_rule = shardOf(*configured)) by_rule->reservations_opened.add();
   }
   return Outcome::kAnswered;
 }
@@ -227,6 +226,7 @@ Outcome Dispatcher::settle(const Question& question, int64_t now_ns, const Asker
                                       : metrics_.reservations_settled)
       .add();
   const Rule* configured = rules_->findById(taken->rule_id);
+  closed(configured);
   if (configured == nullptr) {
     answer->fail(ErrorCode::kUnknownRule,
                  "the rule of reservation " + std::to_string(id) +
@@ -240,16 +240,24 @@ Outcome Dispatcher::settle(const Question& question, int64_t now_ns, const Asker
   // Back where the estimate was spent: the key's slice (which needs no
   // Redis call), or the state this node decides alone (a local rule, or a
   // global rule's share while Redis is down).
+  // A debt is charged up to the key's bound (debtBound); the rest is
+  // unpaid. The request has run and its cost is spent either way, so the
+  // settle still closes the reservation and answers the key's state: an
+  // error would leave the caller nothing to do but let it expire at the
+  // estimate, which charges less still.
   Verdict verdict;
+  int64_t charged = 0;
   auto [rule, mode] = route(*configured);
   if (taken->leased) {
     verdict = lease_.settle(*rules_, *configured, taken->key, taken->opened_ns, settlement.refund,
-                            settlement.debt, now_ns);
+                            settlement.debt, now_ns, &charged);
   } else if (rule == nullptr) {
+    // "open" and "closed" count nothing: nothing is owed, nothing unpaid.
     verdict.decide(policyDecision(*configured, mode), mode);
+    charged = settlement.debt;
   } else {
     verdict = local_.settle(*rules_, *rule, mode, taken->key, taken->opened_ns, settlement.refund,
-                            settlement.debt, now_ns);
+                            settlement.debt, now_ns, &charged);
   }
   if (verdict.failed) {
     answer->fail(verdict.error, verdict.message);
@@ -261,17 +269,38 @@ Outcome Dispatcher::settle(const Question& question, int64_t now_ns, const Asker
   if (settlement.refund > 0) {
     metrics_.reservation_refunded_units.add(static_cast<uint64_t>(settlement.refund));
   }
-  if (settlement.debt > 0) metrics_.reservation_debt_units.add(static_cast<uint64_t>(settlement.debt));
+  if (charged > 0) metrics_.reservation_debt_units.add(static_cast<uint64_t>(charged));
+  const int64_t unpaid = settlement.debt - charged;
+  if (unpaid > 0) {
+    metrics_.reservation_unpaid_units.add(static_cast<uint64_t>(unpaid));
+    metrics_.reservations_unpaid.add();
+  }
   answer->refunded = settlement.refund;
-  answer->debt = settlement.debt;
+  answer->debt = charged;
+  answer->unpaid = unpaid;
   return Outcome::kAnswered;
 }
 
 size_t Dispatcher::expireReservations(int64_t now_ns) {
   // The estimate was spent when it was reserved; expiry only closes it.
-  const size_t expired = reservations_.expire(now_ns).size();
-  if (expired > 0) metrics_.reservations_expired.add(expired);
-  return expired;
+  const std::vector<Reservations::Reservation> expired = reservations_.expire(now_ns);
+  if (expired.empty()) return 0;
+  metrics_.reservations_expired.add(expired.size());
+  for (const Reservations::Reservation& r : expired) closed(rules_->findById(r.rule_id));
+  return expired.size();
+}
+
+RuleShard* Dispatcher::shardOf(const Rule& configured) const {
+  // `configured` is one of rules_->rules(): its position finds its counters.
+  const Rule* first = rules_->rules().data();
+  if (&configured < first || &configured >= first + rules_->rules().size()) return nullptr;
+  auto position = static_cast<size_t>(&configured - first);
+  return position < rule_shards_.size() ? rule_shards_[position] : nullptr;
+}
+
+void Dispatcher::closed(const Rule* configured) {
+  if (configured == nullptr) return;
+  if (RuleShard* by_rule = shardOf(*configured)) by_rule->reservations_closed.add();
 }
 
 // --- peek, release, and an acquire of cost 0: they take nothing ---------------

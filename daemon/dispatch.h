@@ -138,6 +138,11 @@ class Dispatcher {
   Route route(const Rule& rule) const { return sluice::route(*rules_, rule); }
   // Counts a decision on `configured`, the rule the request named.
   void count(const Rule& configured, const Decision& decision, Mode mode);
+  // The per-rule counters of `configured`, one of rules_->rules(); null
+  // for any other rule.
+  RuleShard* shardOf(const Rule& configured) const;
+  // Counts a reservation of `configured` closed (null: its rule is gone).
+  void closed(const Rule* configured);
 
   MetricsShard& metrics_;
   LeaseBroker* broker_;

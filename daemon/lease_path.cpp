@@ -243,8 +243,10 @@ void LeasePath::askForLease(const RuleSet& rules, const Rule& rule, const rpc::I
 }
 
 Verdict LeasePath::settle(const RuleSet& rules, const Rule& rule, std::string_view key,
-                          int64_t spent_ns, int64_t refund, int64_t debt, int64_t now_ns) {
+                          int64_t spent_ns, int64_t refund, int64_t debt, int64_t now_ns,
+                          int64_t* charged) {
   Verdict verdict;
+  *charged = 0;
   const Mode mode = rule.shadow ? Mode::kShadow : Mode::kNormal;
   KeyTable::Entry* entry = debt > 0 ? keys_.findOrInsert(rule.id, key, entryWords(rule), now_ns)
                                     : currentEntry(keys_, rule, key);
@@ -261,7 +263,7 @@ Verdict LeasePath::settle(const RuleSet& rules, const Rule& rule, std::string_vi
   auto words = slice::of(entry->state());
   entry->touch(now_ns);
   slice::refundSpent(words, refund, spent_ns, now_ns, deciding.limits.front().period_ns);
-  slice::charge(words, debt);
+  if (debt > 0) *charged = slice::charge(words, debt, debtBound(deciding, deciding.limits.front()));
   slice::TakeResult looked;
   looked.outcome = slice::Outcome::kTaken;
   looked.left = slice::balance(words, now_ns);

@@ -75,9 +75,10 @@ class LeasePath {
   // gives back `refund` units spent at spent_ns, or charges `debt` past what
   // the slice holds (slice::refundSpent, slice::charge), with no call to
   // Redis. Answers the slice afterwards: remaining is its balance, negative
-  // while it carries a debt.
+  // while it carries a debt. The slice carries at most debtBound of the
+  // key's limit; *charged is the part of `debt` charged.
   Verdict settle(const RuleSet& rules, const Rule& rule, std::string_view key, int64_t spent_ns,
-                 int64_t refund, int64_t debt, int64_t now_ns);
+                 int64_t refund, int64_t debt, int64_t now_ns, int64_t* charged);
   Decision look(const RuleSet& rules, const Rule& rule, std::string_view key, int64_t now_ns,
                 int64_t cost, Mode* mode);
   // Sends a lease request for a key of `rule` whose in-flight bit the

@@ -244,32 +244,54 @@ void refund(const Rule& rule, std::span<std::atomic<uint64_t>> state, int64_t no
   if (cost > 0) refundLimits(rule, state, now_ns, cost, rule.limits.size());
 }
 
+namespace {
+
+// One limit's state as a settle reports it: its remaining, negative by what
+// the key owes (a bucket's remaining reads 0 while it owes: owed()).
+Decision settledDecision(const WordAlgorithm& alg, uint64_t word, const Limit& limit,
+                         int64_t now_ns) {
+  Decision d = alg.acquire(word, limit, now_ns, 0, 0);
+  if (alg.owed != nullptr) {
+    if (const int64_t owed = alg.owed(word, limit, now_ns)) d.remaining = -owed;
+  }
+  return d;
+}
+
+}  // namespace
+
 Decision settle(const Rule& rule, std::span<std::atomic<uint64_t>> state, int64_t spent_ns,
-                int64_t now_ns, int64_t refund, int64_t debt) {
+                int64_t now_ns, int64_t refund, int64_t debt, int64_t* charged) {
   const WordAlgorithm* alg = wordAlgorithm(rule.algorithm);
+  if (charged != nullptr) *charged = 0;
   if (alg == nullptr) return peekRule(rule, state, now_ns, 0);
   MostRestrictive kept;
+  int64_t least_charged = debt;
   forEachLimit(rule, state, [&](const Limit& limit, std::span<std::atomic<uint64_t>> words) {
     std::atomic<uint64_t>& word = words[0];
     uint64_t seen = word.load(std::memory_order_acquire);
     uint64_t next = seen;
+    int64_t charging = 0;
     for (;;) {
-      next = refund > 0   ? alg->refund_spent(seen, limit, spent_ns, now_ns, refund)
-             : debt > 0 ? alg->charge(seen, limit, now_ns, debt)
-                        : seen;
+      if (refund > 0) {
+        next = alg->refund_spent(seen, limit, spent_ns, now_ns, refund);
+      } else if (debt > 0) {
+        // Charging x units moves remaining down by x, so the key owes at
+        // most debtBound after a charge of bound + remaining (remaining is
+        // negative while it owes already).
+        const int64_t remaining = settledDecision(*alg, seen, limit, now_ns).remaining;
+        charging = std::clamp<int64_t>(debtBound(rule, limit) + remaining, 0, debt);
+        next = charging > 0 ? alg->charge(seen, limit, now_ns, charging) : seen;
+      }
       if (next == seen || word.compare_exchange_weak(seen, next, std::memory_order_acq_rel,
                                                      std::memory_order_acquire)) {
         break;
       }
     }
-    // The state as this settle left it; a bucket's debt as negative remaining.
-    Decision d = alg->acquire(next, limit, now_ns, 0, 0);
-    if (alg->owed != nullptr) {
-      if (const int64_t owed = alg->owed(next, limit, now_ns)) d.remaining = -owed;
-    }
-    kept.add(d);
+    least_charged = std::min(least_charged, charging);
+    kept.add(settledDecision(*alg, next, limit, now_ns));
     return true;
   });
+  if (charged != nullptr && debt > 0) *charged = least_charged;
   // Not peek(): a shadow rule's debt is reported as it stands.
   return kept.decision();
 }

@@ -58,11 +58,14 @@ void refund(const Rule& rule, std::span<std::atomic<uint64_t>> state, int64_t no
 // (reservations.h): gives back `refund` units to every limit, or spends
 // `debt` more on every limit even past it. Returns the state afterwards as
 // peek(rule, state, now_ns, 0) reports it: `remaining` is negative while the
-// key is in debt, and nothing new passes until it is paid back. Only rules
-// whose algorithm settles (algorithmTraits().settles); others are left as
-// they are.
+// key is in debt, and nothing new passes until it is paid back. A debt is
+// charged only as far as leaves the key owing at most debtBound(rule, limit)
+// on each limit; *charged (when not null) is what was charged on the limit
+// that took the least, debt - *charged is unpaid. Only rules whose
+// algorithm settles (algorithmTraits().settles); others are left as they
+// are.
 Decision settle(const Rule& rule, std::span<std::atomic<uint64_t>> state, int64_t spent_ns,
-                int64_t now_ns, int64_t refund, int64_t debt);
+                int64_t now_ns, int64_t refund, int64_t debt, int64_t* charged = nullptr);
 
 // True when the state is indistinguishable from a fresh key's at now_ns
 // (buckets full, windows passed, nothing held): the entry may be dropped.

@@ -74,8 +74,10 @@ Outcome LocalPath::acquire(const RuleSet& rules, const Rule& configured, const R
 }
 
 Verdict LocalPath::settle(const RuleSet& rules, const Rule& rule, Mode mode, std::string_view key,
-                          int64_t spent_ns, int64_t refund, int64_t debt, int64_t now_ns) {
+                          int64_t spent_ns, int64_t refund, int64_t debt, int64_t now_ns,
+                          int64_t* charged) {
   Verdict verdict;
+  *charged = 0;
   // A refund to a key that is gone has nothing to give back to; a debt is
   // charged to the key, made afresh when it was swept.
   KeyTable::Entry* entry = debt > 0 ? keys_.findOrInsert(rule.id, key, entryWords(rule), now_ns)
@@ -91,7 +93,7 @@ Verdict LocalPath::settle(const RuleSet& rules, const Rule& rule, Mode mode, std
   }
   entry->touch(now_ns);
   verdict.decide(sluice::settle(deciding, entry->state().first(stateWords(deciding)), spent_ns,
-                                now_ns, refund, debt),
+                                now_ns, refund, debt, charged),
                  mode);
   return verdict;
 }

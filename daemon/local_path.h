@@ -53,8 +53,10 @@ class LocalPath {
   // `refund` units spent at spent_ns, or charges `debt` past the limit, on
   // the key's state, and answers the state afterwards (remaining negative in
   // debt). A key swept since it was spent is fresh: nothing to give back.
+  // *charged: the part of `debt` charged (limiter.h settle, debtBound).
   Verdict settle(const RuleSet& rules, const Rule& rule, Mode mode, std::string_view key,
-                 int64_t spent_ns, int64_t refund, int64_t debt, int64_t now_ns);
+                 int64_t spent_ns, int64_t refund, int64_t debt, int64_t now_ns,
+                 int64_t* charged);
   // peek (release false) or release of item.cost units.
   Verdict look(const RuleSet& rules, const Rule& configured, const Rule& rule, Mode mode,
                const rpc::Item& item, bool release, int64_t now_ns);

@@ -76,6 +76,10 @@ std::vector<RuleSnapshot> Metrics::ruleSnapshots() const {
   for (const auto& [name, shards] : rules_) {
     RuleSnapshot& rule = out.emplace_back();
     rule.name = name;
+    // Each shard's counters are read apart: a close counted before its
+    // open was read is held at 0 open.
+    uint64_t opened = 0;
+    uint64_t closed = 0;
     for (size_t s = 0; s < shards_.size(); ++s) {
       for (size_t i = 0; i < kModes; ++i) {
         rule.allowed[i] += shards[s].allowed[i].get();
@@ -83,7 +87,10 @@ std::vector<RuleSnapshot> Metrics::ruleSnapshots() const {
       }
       rule.near_limit += shards[s].near_limit.get();
       rule.shadow_denied += shards[s].shadow_denied.get();
+      opened += shards[s].reservations_opened.get();
+      closed += shards[s].reservations_closed.get();
     }
+    rule.reservations_open = opened > closed ? opened - closed : 0;
   }
   return out;
 }
@@ -118,6 +125,8 @@ MetricsSnapshot Metrics::snapshot() const {
     sum.reservations_expired += shard.reservations_expired.get();
     sum.reservation_refunded_units += shard.reservation_refunded_units.get();
     sum.reservation_debt_units += shard.reservation_debt_units.get();
+    sum.reservation_unpaid_units += shard.reservation_unpaid_units.get();
+    sum.reservations_unpaid += shard.reservations_unpaid.get();
     sum.decision_latency.add(shard.decision_latency);
   }
   for (size_t i = 0; i < kRefuseReasons; ++i) {

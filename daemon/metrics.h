@@ -101,6 +101,10 @@ struct alignas(64) RuleShard {
   std::array<Counter, kModes> denied;
   Counter near_limit;
   Counter shadow_denied;
+  // Reservations of the rule opened, and closed (settled, cancelled or
+  // expired): the difference is open now, which the overshoot bound counts.
+  Counter reservations_opened;
+  Counter reservations_closed;
 };
 
 struct alignas(64) MetricsShard {
@@ -127,13 +131,17 @@ struct alignas(64) MetricsShard {
   Counter unknown_fields;          // map entries skipped as unknown (rpc::Request)
   // Reservations (reservations.h): opened by reserve, closed by settle,
   // cancel or expiry at the estimate; units given back, and charged past
-  // the estimate (debt). Open now = opened - settled - cancelled - expired.
+  // the estimate (debt); units of a settle's excess past the key's debt
+  // bound (debtBound), left unpaid, and the settles that left some. Open
+  // now = opened - settled - cancelled - expired.
   Counter reservations_opened;
   Counter reservations_settled;
   Counter reservations_cancelled;
   Counter reservations_expired;
   Counter reservation_refunded_units;
   Counter reservation_debt_units;
+  Counter reservation_unpaid_units;
+  Counter reservations_unpaid;
   // Time from reading a request to its answer being written: each batch of
   // one read counts its elapsed time once per request in it; a deferred
   // request counts its own wait.
@@ -147,6 +155,7 @@ struct RuleSnapshot {
   std::array<uint64_t, kModes> denied{};
   uint64_t near_limit = 0;
   uint64_t shadow_denied = 0;
+  uint64_t reservations_open = 0;
 };
 
 // Summed view of all shards at one moment.
@@ -174,6 +183,8 @@ struct MetricsSnapshot {
   uint64_t reservations_expired = 0;
   uint64_t reservation_refunded_units = 0;
   uint64_t reservation_debt_units = 0;
+  uint64_t reservation_unpaid_units = 0;
+  uint64_t reservations_unpaid = 0;
   uint64_t envoy_overrides_refused = 0;
   HistogramSnapshot decision_latency;
 

@@ -33,7 +33,11 @@ std::optional<int64_t> overshootBound(const Rule& rule, const Rule& share, const
   } else if (input.learning) {
     bound += share_units;
   }
-  return bound;
+  int64_t debt_units = std::max<int64_t>(input.owed_units, 0);
+  if (input.open_reservations > 0 && traits.settles) {
+    for (const Limit& limit : rule.limits) debt_units = std::max(debt_units, debtBound(rule, limit));
+  }
+  return bound + debt_units;
 }
 
 }  // namespace sluice

@@ -19,7 +19,13 @@
 //    two windows), a log's limit; "closed" nothing; "open" without bound;
 //  - while the rule learns (breaker.h: Redis came back without the fleet's
 //    state), that share again: what the node admitted in the period
-//    before the state was lost, which a fresh state grants anew.
+//    before the state was lost, which a fresh state grants anew;
+//  - reservations (reservations.h): a settle above the estimate charges
+//    its excess even past the limit, up to the key's debt bound
+//    (debtBound), and Redis counts a slice's debt only when a lease pays
+//    it. So the most one key of the rule owes on the node now, or the
+//    debt bound while any reservation of the rule is open on the node
+//    (any of them may settle that far past).
 // A rule of several limits reports the largest of its limits' bounds, each
 // in its own limit's units.
 //
@@ -39,6 +45,10 @@ struct OvershootInput {
   bool leasing = true;     // the breaker is closed: decisions on leases
   bool learning = false;   // the rule (or one of its parts) learns
   int64_t held_units = 0;  // the most units one key of the rule holds leased (slice::heldUnits)
+  // Reservations of the rule open on the node, and the most units one key
+  // of the rule owes on it (slice::owed).
+  int64_t open_reservations = 0;
+  int64_t owed_units = 0;
 };
 
 // The bound of global `rule` in units; `share` is RuleSet::fallbackShare(rule),

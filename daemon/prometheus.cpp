@@ -158,6 +158,12 @@ std::string renderPrometheus(const MetricsView& view) {
   w.single("sluice_reservation_debt_units_total", "counter",
            "Units charged past the estimate by settles, even past the limit (debt).",
            static_cast<double>(t.reservation_debt_units));
+  w.single("sluice_reservation_unpaid_units_total", "counter",
+           "Units of settles' excess left unpaid: past the key's debt bound (max_debt).",
+           static_cast<double>(t.reservation_unpaid_units));
+  w.single("sluice_reservations_unpaid_total", "counter",
+           "Settles that left units unpaid at the key's debt bound (max_debt).",
+           static_cast<double>(t.reservations_unpaid));
   w.single("sluice_shadow_denials_total", "counter",
            "Decisions of shadow rules that would have denied.", static_cast<double>(t.shadow_denied));
   w.single("sluice_envoy_overrides_refused_total", "counter",

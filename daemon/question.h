@@ -124,9 +124,11 @@ struct Answer {
   int64_t waited_ms = -1;
   // reserve, allowed: the reservation's id; settle, cancel: the id settled.
   uint64_t reservation = 0;
-  // settle, cancel: units given back, and units charged past the estimate.
+  // settle, cancel: units given back, units charged past the estimate, and
+  // units of the excess not charged: past the key's debt bound (debtBound).
   int64_t refunded = 0;
   int64_t debt = 0;
+  int64_t unpaid = 0;
 
   // Empties it for the next question, keeping the vectors' capacity.
   void clear() {
@@ -141,6 +143,7 @@ struct Answer {
     reservation = 0;
     refunded = 0;
     debt = 0;
+    unpaid = 0;
   }
   // Answers one item.
   void decide(const Decision& decision, Mode mode, int64_t waited = -1) {

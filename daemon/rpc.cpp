@@ -471,16 +471,17 @@ void writeErrorMap(msgpack::Writer& writer, std::string* out, ErrorCode code,
 // What a reservation's answer adds to its decision map.
 struct Settled {
   bool reserved = false;  // "id"
-  bool settled = false;   // "id", "refunded", "debt"
+  bool settled = false;   // "id", "refunded", "debt", "unpaid"
   uint64_t id = 0;
   int64_t refunded = 0;
   int64_t debt = 0;
+  int64_t unpaid = 0;
 };
 
 void writeDecisionMap(msgpack::Writer& writer, std::string* out, const Decision& decision, Mode mode,
                       int64_t waited_ms = -1, const Settled& settled = {}) {
   writer.writeMapHeader(6 + (decision.cost_exceeds_limit ? 1 : 0) + (waited_ms >= 0 ? 1 : 0) +
-                        (settled.reserved ? 1 : 0) + (settled.settled ? 3 : 0));
+                        (settled.reserved ? 1 : 0) + (settled.settled ? 4 : 0));
   appendLiteral(out, "\xa7" "allowed");
   writer.writeBool(decision.allowed);
   appendLiteral(out, "\xa9" "remaining");
@@ -510,6 +511,8 @@ void writeDecisionMap(msgpack::Writer& writer, std::string* out, const Decision&
     writer.writeInt(settled.refunded);
     appendLiteral(out, "\xa4" "debt");
     writer.writeInt(settled.debt);
+    appendLiteral(out, "\xa6" "unpaid");
+    writer.writeInt(settled.unpaid);
   }
 }
 
@@ -569,6 +572,7 @@ void writeAnswer(std::string* out, MsgId msgid, const Answer& answer) {
     settled.id = answer.reservation;
     settled.refunded = answer.refunded;
     settled.debt = answer.debt;
+    settled.unpaid = answer.unpaid;
     msgpack::Writer writer(out);
     writeResultHeader(out, msgid);
     writeDecisionMap(writer, out, answer.decisions.front(), answer.modes.front(), answer.waited_ms,

@@ -157,7 +157,7 @@ void writeDecisions(std::string* out, MsgId msgid, bool all_allowed,
 // The seam's Answer to a question of `answer.method`: writeError when it
 // failed; writeDecisions for acquire_all; else writeDecision of its one
 // decision (with its waited_ms), plus "id" for an allowed reserve, and
-// "id", "refunded" and "debt" for a settle or cancel.
+// "id", "refunded", "debt" and "unpaid" for a settle or cancel.
 void writeAnswer(std::string* out, MsgId msgid, const Answer& answer);
 // [1, msgid, nil, then the caller writes the result value with the Writer.
 void writeResultHeader(std::string* out, MsgId msgid);

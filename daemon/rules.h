@@ -95,6 +95,10 @@ struct Rule {
   // On a global rule, only one that leases (entry.h, leasable): the block is shared
   // through Redis. A shadow rule never blocks.
   std::optional<Penalty> penalty;
+  // reserve → settle (reservations.h): the most units one key may owe past
+  // each limit on this node after a settle's debt; nullopt: the limit's own
+  // limit (debtBound). A settle charges up to it; the rest is unpaid.
+  std::optional<int64_t> max_debt;
 
   // Stable identity of this rule's state in the key table. Reloading a file
   // keeps the id of a rule whose definition did not change, so its keys keep
@@ -110,6 +114,13 @@ struct Rule {
   size_t first_part = 0;
   uint32_t part_count = 0;
 };
+
+// The most units one key of `rule` may owe past `limit` (Rule::max_debt).
+inline int64_t debtBound(const Rule& rule, const Limit& limit) {
+  return rule.max_debt.value_or(limit.limit);
+}
+// max_debt's largest value: the largest cost a settle may name.
+constexpr int64_t kMaxDebt = 1'000'000'000;
 
 // More limits than this on one rule is a mistake, not a policy (the config
 // loader refuses more).

@@ -227,32 +227,57 @@ std::vector<RuleOvershoot> Server::overshootBounds() const {
   auto stamped = [](const Rule& rule) {
     return leasable(rule) && algorithmTraits(rule.algorithm).stamps_lease;
   };
-  // The most units one key holds leased, by configured rule id: a walk of
-  // the key table, only when some rule's leases are stamped (the others'
-  // held units do not count).
+  auto settling = [](const Rule& rule) {
+    return leasable(rule) && algorithmTraits(rule.algorithm).settles;
+  };
+  // Reservations open by rule name, from the workers' counters.
+  std::unordered_map<std::string, int64_t> open;
+  for (const RuleSnapshot& rule : metrics_.ruleSnapshots()) {
+    if (rule.reservations_open > 0) open[rule.name] = static_cast<int64_t>(rule.reservations_open);
+  }
+  // The most units one key holds leased (only stamped leases' count) and
+  // owes (only once a settle charged a debt), by configured rule id: a walk
+  // of the key table, only when one of them may be other than 0.
   std::unordered_map<uint32_t, int64_t> held;
+  std::unordered_map<uint32_t, int64_t> owed;
   bool any_stamped = false;
+  bool any_settling = false;
   for (const Rule& rule : rules->rules()) {
     any_stamped = any_stamped || stamped(rule) ||
                   std::any_of(rules->parts(rule).begin(), rules->parts(rule).end(), stamped);
+    any_settling = any_settling || settling(rule);
   }
-  if (any_stamped) {
+  const bool debts = any_settling && metrics_.snapshot().reservation_debt_units > 0;
+  if (any_stamped || debts) {
     keys_->visit([&](KeyTable::Entry& entry) {
       const Rule* rule = rules->findById(entry.ruleId());
-      if (rule == nullptr || !stamped(*rule) || entry.state().size() != entryWords(*rule)) return;
-      int64_t& most = held[entry.ruleId() & kRuleIdMask];
-      most = std::max(most, slice::heldUnits(entry.state(), now_ns));
+      if (rule == nullptr || entry.state().size() != entryWords(*rule)) return;
+      const uint32_t id = entry.ruleId() & kRuleIdMask;
+      if (stamped(*rule)) {
+        int64_t& most = held[id];
+        most = std::max(most, slice::heldUnits(entry.state(), now_ns));
+      }
+      if (debts && settling(*rule)) {
+        int64_t& most = owed[id];
+        most = std::max(most, slice::owed(entry.state(), now_ns));
+      }
     });
   }
+  auto most = [](const std::unordered_map<uint32_t, int64_t>& by_id, uint32_t id) {
+    auto found = by_id.find(id);
+    return found != by_id.end() ? found->second : 0;
+  };
   for (const Rule& rule : rules->rules()) {
     const Rule* share = rules->fallbackShare(rule);
     if (share == nullptr) continue;
     bool learning = broker_->learning(rule, now_ns);
     for (const Rule& part : rules->parts(rule)) learning = learning || broker_->learning(part, now_ns);
-    auto found = held.find(rule.id);
+    auto opened = open.find(rule.name);
     OvershootInput input{.leasing = broker_->leasing(),
                          .learning = learning,
-                         .held_units = found != held.end() ? found->second : 0};
+                         .held_units = most(held, rule.id),
+                         .open_reservations = opened != open.end() ? opened->second : 0,
+                         .owed_units = most(owed, rule.id)};
     bounds.push_back({rule.name, overshootBound(rule, *share, input)});
   }
   return bounds;

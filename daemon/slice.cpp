@@ -154,8 +154,25 @@ void refundSpent(Words words, int64_t units, int64_t spent_ns, int64_t now_ns, i
   words[kUnits].fetch_add(static_cast<uint64_t>(units), std::memory_order_acq_rel);
 }
 
-void charge(Words words, int64_t units) {
-  if (units > 0) words[kUnits].fetch_sub(static_cast<uint64_t>(units), std::memory_order_acq_rel);
+int64_t charge(Words words, int64_t units, int64_t max_debt) {
+  uint64_t seen = words[kUnits].load(std::memory_order_acquire);
+  for (;;) {
+    // The slice may go down to -max_debt: what it holds, and the bound past it.
+    const int64_t charging = std::clamp<int64_t>(static_cast<int64_t>(seen) + max_debt, 0, units);
+    if (charging == 0) return 0;
+    if (words[kUnits].compare_exchange_weak(seen, seen - static_cast<uint64_t>(charging),
+                                            std::memory_order_acq_rel)) {
+      return charging;
+    }
+  }
+}
+
+int64_t owed(ConstWords words, int64_t now_ns) {
+  const int64_t units = load(words, kUnits);
+  if (units >= 0) return 0;
+  // A debt ends with its window (take() drops it there).
+  const int64_t expires = load(words, kExpires);
+  return expires != 0 && now_ns >= expires ? 0 : -units;
 }
 
 int64_t balance(ConstWords words, int64_t now_ns) {

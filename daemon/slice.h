@@ -167,8 +167,13 @@ void refundSpent(Words words, int64_t units, int64_t spent_ns, int64_t now_ns, i
 // Spends `units` past what the slice holds: a settle's debt. Past zero the
 // slice carries it (negative units): nothing is taken until a lease has
 // paid it (nextBatch asks for it on top of the cost), and the sweep does
-// not give it away.
-void charge(Words words, int64_t units);
+// not give it away. It carries at most max_debt (debtBound): returns the
+// units charged, the rest of `units` is unpaid.
+int64_t charge(Words words, int64_t units, int64_t max_debt);
+
+// The units the slice owes at now_ns (a debt it carries, while its window
+// lasts); 0 when it owes none. For the overshoot bound (overshoot.h).
+int64_t owed(ConstWords words, int64_t now_ns);
 
 // The slice's units at now_ns, negative while it carries a debt; 0 once a
 // window's units have expired.

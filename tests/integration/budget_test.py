@@ -42,6 +42,13 @@ name = "uploads"
 algorithm = "concurrency"
 limit = 2
 period = "1m"
+
+[[rule]]
+name = "capped"
+algorithm = "fixed_window"
+limit = 1000
+period = "1h"
+max_debt = 100
 """
 
 
@@ -88,6 +95,20 @@ class LocalReservations(unittest.TestCase):
         denied = self.client.result("reserve", "tokens", "t", 1)
         self.assertFalse(denied["allowed"])
         self.assertNotIn("id", denied)
+
+    def test_a_debt_past_the_keys_bound_is_charged_up_to_it_and_the_rest_unpaid(self):
+        reserved = self.client.result("reserve", "capped", "runaway", 1000)
+        settled = self.client.result("settle", reserved["id"], 1500)
+        self.assertEqual(settled["debt"], 100)
+        self.assertEqual(settled["unpaid"], 400)
+        self.assertEqual(settled["remaining"], -100)
+        self.assertEqual(self.client.result("peek", "capped", "runaway")["remaining"], -100)
+        counted = self.reservations()
+        self.assertEqual(counted["debt_units"], 100)
+        self.assertEqual(counted["unpaid_units"], 400)
+        self.assertEqual(counted["unpaid"], 1)
+        within = self.client.result("reserve", "tokens", "fine", 10)
+        self.assertEqual(self.client.result("settle", within["id"], 15)["unpaid"], 0)
 
     def test_a_bucket_in_debt_reports_what_it_owes(self):
         reserved = self.client.result("reserve", "bucket", "t", 1000)
@@ -237,6 +258,14 @@ limit = 1000000
 period = "1h"
 scope = "global"
 on_redis_down = "local"
+
+[[rule]]
+name = "capped"
+algorithm = "fixed_window"
+limit = 1000000
+period = "1h"
+scope = "global"
+max_debt = 50000
 """
 
 
@@ -256,11 +285,11 @@ class GlobalReservations(unittest.TestCase):
         self.daemon.stop()
         self.redis.stop()
 
-    def warm(self, key):
+    def warm(self, key, rule="tokens"):
         # A cold key's first request may be decided on the share while its
         # first lease is on the way.
         self.assertTrue(wait_for(
-            lambda: self.client.result("acquire", "tokens", key, 1)["mode"] == "normal", 10))
+            lambda: self.client.result("acquire", rule, key, 1)["mode"] == "normal", 10))
 
     def test_reserve_and_settle_on_the_slice(self):
         self.warm("hot")
@@ -300,6 +329,20 @@ class GlobalReservations(unittest.TestCase):
         stats = self.client.result("stats")
         self.assertEqual(stats["reservations"]["debt_units"], 20000)
         self.assertGreaterEqual(stats["leases"]["granted_units"] - granted, 20000)
+
+    def test_open_reservations_and_debt_are_in_the_overshoot_bound(self):
+        self.warm("o", "capped")
+        bound = lambda: self.client.result("stats")["overshoot_bound"]["capped"]
+        self.assertEqual(bound(), 0)
+        reserved = self.client.result("reserve", "capped", "o", 10)
+        self.assertEqual(bound(), 50000)  # it may settle up to max_debt past
+        settled = self.client.result("settle", reserved["id"], 10 + 10000000)
+        self.assertGreater(settled["unpaid"], 0)
+        self.assertEqual(settled["remaining"], -50000)
+        self.assertEqual(bound(), 50000)  # none open: what the slice owes
+        # The next lease pays the debt, and Redis has counted every unit.
+        self.assertTrue(self.client.result("acquire", "capped", "o", 1)["allowed"])
+        self.assertEqual(bound(), 0)
 
     def test_a_killed_daemons_open_reservations_stay_spent_in_redis(self):
         self.warm("k")

@@ -691,6 +691,14 @@ const Refusal kRefusals[] = {
     {"max_wait_above_maximum",
      "[[rule]]\nname = \"r\"\nlimit = 5\nperiod = \"1s\"\nmax_wait = \"2m\"\n", "5:12",
      "write a wait from \"0\" to \"1m\""},
+    {"max_debt_on_concurrency_rule",
+     "[[rule]]\nname = \"r\"\nalgorithm = \"concurrency\"\nlimit = 5\nperiod = \"1m\"\n"
+     "max_debt = 10\n",
+     "6:12", "max_debt bounds what a settle charges, which applies only to token_bucket"},
+    {"max_debt_negative",
+     "[[rule]]\nname = \"r\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1s\"\n"
+     "max_debt = -1\n",
+     "6:12", "max_debt -1 is out of range; write a count of units from 0"},
     {"pace_with_burst",
      "[[rule]]\nname = \"r\"\nlimit = 5\nperiod = \"1s\"\nburst = 3\npace = true\n", "6:8",
      "pace = true lets one unit through per interval, with no burst; remove burst"},
@@ -976,6 +984,32 @@ max_wait = "2s"
   for (const Limit& limit : rule->limits) EXPECT_EQ(limit.burst, 1);
   EXPECT_EQ(mustLoad("[[rule]]\nname = \"r\"\nlimit = 5\nperiod = \"1s\"\n").rules->find("r")->max_wait_ns,
             0);
+}
+
+// Verifies a rule's debt bound: max_debt when written, else each limit's
+// own limit.
+TEST(ConfigTest, MaxDebtBoundsEachLimitAndDefaultsToTheLimit) {
+  Config config = mustLoad(R"(
+[[rule]]
+name = "capped"
+algorithm = "fixed_window"
+limits = [{ limit = 100, period = "1m" }, { limit = 5000, period = "1d" }]
+max_debt = 0
+
+[[rule]]
+name = "plain"
+algorithm = "token_bucket"
+limit = 30
+period = "1s"
+)");
+  const Rule* capped = config.rules->find("capped");
+  ASSERT_NE(capped, nullptr);
+  EXPECT_EQ(capped->max_debt, std::optional<int64_t>(0));
+  EXPECT_EQ(debtBound(*capped, capped->limits[1]), 0);
+  const Rule* plain = config.rules->find("plain");
+  ASSERT_NE(plain, nullptr);
+  EXPECT_FALSE(plain->max_debt.has_value());
+  EXPECT_EQ(debtBound(*plain, plain->limits[0]), 30);
 }
 
 // Verifies overrides are stored with their match and limits, a single

@@ -692,6 +692,33 @@ TEST_F(DispatchTest, ASettleAboveTheEstimateIsDebtThatDeniesUntilTheWindowEnds) 
   EXPECT_TRUE(acquire("budget", "tenant").allowed());
 }
 
+// Verifies that a settle past the key's debt bound (by default the limit)
+// charges up to it, answers the rest as unpaid, and counts both; and that
+// the rule's open reservations are counted while open.
+TEST_F(DispatchTest, ADebtPastTheKeysBoundIsChargedUpToItAndTheRestIsUnpaid) {
+  const int64_t id = reserve("budget", "tenant", 1'000'000).ints.at("id");
+  auto open = [this] {
+    for (const RuleSnapshot& rule : metrics_.ruleSnapshots()) {
+      if (rule.name == "budget") return rule.reservations_open;
+    }
+    return uint64_t{999};
+  };
+  EXPECT_EQ(open(), 1u);
+  Response settled = settle(id, 2'500'000);
+  ASSERT_EQ(settled.error, "");
+  EXPECT_EQ(settled.ints.at("debt"), 1'000'000);
+  EXPECT_EQ(settled.ints.at("unpaid"), 500'000);
+  EXPECT_EQ(settled.remaining(), -1'000'000);
+  EXPECT_EQ(open(), 0u);
+  const MetricsSnapshot s = metrics_.snapshot();
+  EXPECT_EQ(s.reservation_debt_units, 1'000'000u);
+  EXPECT_EQ(s.reservation_unpaid_units, 500'000u);
+  EXPECT_EQ(s.reservations_unpaid, 1u);
+  // The next window starts afresh: the debt was owed to the last one.
+  now_ns_ += 60 * kS;
+  EXPECT_TRUE(acquire("budget", "tenant").allowed());
+}
+
 TEST_F(DispatchTest, ACancelGivesTheWholeEstimateBack) {
   const int64_t id = reserve("api", "k", 3).ints.at("id");
   EXPECT_FALSE(acquire("api", "k").allowed());

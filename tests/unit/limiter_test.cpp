@@ -499,6 +499,40 @@ TEST_P(LimiterSettle, ALargerActualIsDebtThatDeniesWhatComesNext) {
   EXPECT_FALSE(acquire(rule, key.state(), kSecond, 1).allowed);
 }
 
+// Verifies that on every settling algorithm a debt is charged only as far
+// as the key's bound (max_debt) past the limit: from a key with units left,
+// those and the bound; from a key at its bound, nothing. The rest is unpaid.
+TEST_P(LimiterSettle, ADebtIsChargedUpToTheKeysBound) {
+  Rule rule = makeRule(GetParam(), {window(100, kMinute)});
+  rule.max_debt = 40;
+  Key key(rule);
+  ASSERT_TRUE(acquire(rule, key.state(), kSecond, 70).allowed);
+  int64_t charged = -1;
+  Decision settled = settle(rule, key.state(), kSecond, kSecond, 0, 500, &charged);
+  EXPECT_EQ(charged, 30 + 40);
+  EXPECT_EQ(settled.remaining, -40);
+  EXPECT_FALSE(settled.allowed);
+  settled = settle(rule, key.state(), kSecond, kSecond, 0, 5, &charged);
+  EXPECT_EQ(charged, 0);
+  EXPECT_EQ(settled.remaining, -40);
+  // A refund charges nothing.
+  settle(rule, key.state(), kSecond, kSecond, 10, 0, &charged);
+  EXPECT_EQ(charged, 0);
+}
+
+// Verifies that max_debt 0 keeps a key within its limit: the excess past
+// what it has left is unpaid.
+TEST_P(LimiterSettle, ADebtBoundOfZeroNeverPassesTheLimit) {
+  Rule rule = makeRule(GetParam(), {window(100, kMinute)});
+  rule.max_debt = 0;
+  Key key(rule);
+  ASSERT_TRUE(acquire(rule, key.state(), kSecond, 90).allowed);
+  int64_t charged = -1;
+  const Decision settled = settle(rule, key.state(), kSecond, kSecond, 0, 25, &charged);
+  EXPECT_EQ(charged, 10);
+  EXPECT_EQ(settled.remaining, 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Algorithms, LimiterSettle,
                          ::testing::Values(Algorithm::kTokenBucket, Algorithm::kGcra,
                                            Algorithm::kFixedWindow, Algorithm::kSlidingWindow),
@@ -516,6 +550,20 @@ TEST(Limiter, SettleGivesBackAndChargesOnEveryLimit) {
   EXPECT_EQ(peek(rule, key.state(), kMinute, 0).remaining, 100);
   EXPECT_TRUE(acquire(rule, key.state(), kMinute, 100).allowed);
   EXPECT_EQ(peek(rule, key.state(), 2 * kMinute, 0).remaining, 100);
+}
+
+// Verifies that a rule of several limits charges each up to its own bound
+// (by default its limit) and reports the least charged, so the caller's
+// unpaid is what some limit could not take.
+TEST(Limiter, SettleChargesEachLimitUpToItsOwnBound) {
+  const Rule rule = makeRule(Algorithm::kFixedWindow, {window(100, kMinute), window(400, kDay)});
+  Key key(rule);
+  ASSERT_TRUE(acquire(rule, key.state(), 0, 100).allowed);
+  int64_t charged = -1;
+  EXPECT_EQ(settle(rule, key.state(), 0, 0, 0, 300, &charged).remaining, -100);
+  EXPECT_EQ(charged, 100);  // the minute's bound
+  // The day took all 300 (its 300 left and none past): nothing left today.
+  EXPECT_EQ(peek(rule, key.state(), kMinute, 0).remaining, 0);
 }
 
 }  // namespace

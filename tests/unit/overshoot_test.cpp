@@ -5,11 +5,14 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "prometheus.h"
+#include "slice.h"
 
 namespace sluice {
 namespace {
@@ -102,6 +105,59 @@ TEST(OvershootBound, SeveralLimitsReportTheLargestShareAndFollowN) {
   const OvershootInput down{.leasing = false, .learning = false, .held_units = 0};
   EXPECT_EQ(overshootBound(rule, shareOf(rule, 2), down), 300);
   EXPECT_EQ(overshootBound(rule, shareOf(rule, 6), down), 100);
+}
+
+// Verifies that an open reservation adds the key's debt bound (max_debt,
+// default the limit) on a settling rule, whatever the other terms: any of
+// them may settle that far past the limit.
+TEST(OvershootBound, AnOpenReservationAddsTheDebtBound) {
+  Rule rule = globalRule(Algorithm::kTokenBucket, {100, kSecondNs, 40});
+  const Rule share = shareOf(rule, 4);
+  OvershootInput reserving = kLeasing;
+  reserving.open_reservations = 3;
+  EXPECT_EQ(overshootBound(rule, share, reserving), 100);
+  rule.max_debt = 7;
+  EXPECT_EQ(overshootBound(rule, share, reserving), 7);
+  OvershootInput down = reserving;
+  down.leasing = false;
+  EXPECT_EQ(overshootBound(rule, share, down), 10 + 25 + 7);
+  // A sliding log cannot reserve: nothing to settle past its limit.
+  const Rule log = globalRule(Algorithm::kSlidingLog, {20, 2 * kSecondNs, 20});
+  EXPECT_EQ(overshootBound(log, shareOf(log, 2), reserving), 0);
+}
+
+// Verifies, on a simulated clock, that a debt a key's slice carries is in
+// the bound while its window lasts and leaves it when the window ends (it
+// was owed to that window alone), and that an open reservation raises the
+// bound to the debt bound even before any debt.
+TEST(OvershootBound, ADebtTheSliceCarriesIsInTheBoundUntilItsWindowEnds) {
+  Rule rule = globalRule(Algorithm::kFixedWindow, {1000, 60 * kSecondNs, 1000});
+  rule.max_debt = 300;
+  const Rule share = shareOf(rule, 2);
+  std::vector<std::atomic<uint64_t>> words(slice::kWords);
+  slice::Words slice_words{words.data(), words.size()};
+  int64_t now_ns = 5 * kSecondNs;
+  const int64_t window_end_ns = 60 * kSecondNs;
+  slice::applyGrant(slice_words, 100, 5'000, window_end_ns, true);
+  auto input = [&](int64_t open) {
+    OvershootInput in = kLeasing;
+    in.open_reservations = open;
+    in.owed_units = slice::owed(slice_words, now_ns);
+    return in;
+  };
+  EXPECT_EQ(overshootBound(rule, share, input(0)), 0);
+  // A reserve of 80 comes out of the slice, and is open.
+  ASSERT_EQ(slice::take(slice_words, now_ns, 80).outcome, slice::Outcome::kTaken);
+  EXPECT_EQ(overshootBound(rule, share, input(1)), 300);
+  // Settled at 500: 420 past the estimate, of which the slice's 20 and
+  // 300 past it are charged.
+  now_ns += 10 * kSecondNs;
+  EXPECT_EQ(slice::charge(slice_words, 420, debtBound(rule, rule.limits.front())), 320);
+  EXPECT_EQ(overshootBound(rule, share, input(0)), 300);
+  now_ns = window_end_ns - 1;
+  EXPECT_EQ(overshootBound(rule, share, input(0)), 300);
+  now_ns = window_end_ns;
+  EXPECT_EQ(overshootBound(rule, share, input(0)), 0);
 }
 
 // Verifies /metrics shows the bound per rule, +Inf for no bound.

@@ -510,8 +510,9 @@ TEST_F(SliceTest, AWindowedSliceRefundsOnlyItsOwnWindow) {
 // the sweep's give-back leaves it for that lease.
 TEST_F(SliceTest, ADebtIsCarriedUntilALeasePaysIt) {
   grant(10);
-  slice::charge(words(), 25);
+  EXPECT_EQ(slice::charge(words(), 25, 1000), 25);
   EXPECT_EQ(slice::balance(words(), kMs), -15);
+  EXPECT_EQ(slice::owed(words(), kMs), 15);
   slice::TakeResult taken = slice::take(words(), kMs, 1);
   EXPECT_EQ(taken.outcome, slice::Outcome::kEmpty);
   ASSERT_TRUE(taken.must_request);
@@ -523,6 +524,29 @@ TEST_F(SliceTest, ADebtIsCarriedUntilALeasePaysIt) {
   EXPECT_EQ(slice::balance(words(), kMs), -15);
   grant(20);  // the lease: pays the 15 and leaves 5
   EXPECT_EQ(slice::take(words(), 2 * kMs, 5).outcome, slice::Outcome::kTaken);
+}
+
+// Verifies a slice carries at most its debt bound: a charge takes what the
+// slice holds and the bound past it, and nothing once the bound is owed.
+TEST_F(SliceTest, ADebtIsChargedUpToTheBound) {
+  grant(10);
+  EXPECT_EQ(slice::charge(words(), 100, 30), 10 + 30);
+  EXPECT_EQ(slice::balance(words(), kMs), -30);
+  EXPECT_EQ(slice::charge(words(), 5, 30), 0);
+  EXPECT_EQ(slice::owed(words(), kMs), 30);
+  grant(25);  // a lease pays part of it
+  EXPECT_EQ(slice::charge(words(), 50, 30), 25);
+  EXPECT_EQ(slice::owed(words(), kMs), 30);
+}
+
+// Verifies a windowed slice's debt is owed only while its window lasts: it
+// was owed to that window alone.
+TEST_F(SliceTest, AWindowedDebtIsOwedUntilItsWindowEnds) {
+  grant(10);
+  words_[slice::kExpires].store(static_cast<uint64_t>(20 * kInterval));
+  EXPECT_EQ(slice::charge(words(), 40, 100), 40);
+  EXPECT_EQ(slice::owed(words(), 20 * kInterval - 1), 30);
+  EXPECT_EQ(slice::owed(words(), 20 * kInterval), 0);
 }
 
 }  // namespace
