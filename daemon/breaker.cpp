@@ -168,8 +168,8 @@ bool CircuitBreaker::admit(std::optional<int64_t> fleet_version) {
     } else {
       spdlog::error("lease: refusing to lease: the fleet on key_prefix \"{}\" runs Redis state "
                     "version {} and this daemon writes version {}; global rules follow "
-                    "on_redis_down until no daemon of version {} is left (docs/operations.md, "
-                    "\"Upgrading the Redis state\")",
+                    "on_redis_down until no daemon of version {} is left "
+                    "(docs/operations.md, \"Upgrading the Redis state\")",
                     options_.key_prefix, fleet, options_.state_version, fleet);
     }
   }
