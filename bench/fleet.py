@@ -19,7 +19,13 @@ least DEMAND_FACTOR times the limit. The shapes (plan()):
   join-leave     a node is started mid-run and takes load, and later node 0
                  stops gracefully (SIGTERM) after its load ends;
   redis-sigkill  Redis is SIGKILLed, then restarted empty on the same port;
-  redis-sigstop  Redis is SIGSTOPped for REDIS_STOP_S, then SIGCONTed.
+  redis-sigstop  Redis is SIGSTOPped for REDIS_STOP_S, then SIGCONTed;
+and issue 21's, each with gated columns of its own (report21()):
+  contended      as steady, with a burst of 3 % of limit x period;
+  shifting-skew  90 % of the load on one node, 10 % spread over the others;
+                 the hot node changes every SHIFT_EVERY_S;
+  outage-skew    90/10 on node 0, and Redis SIGKILLed for OUTAGE_S (then
+                 restarted empty) during it.
 
 From the records:
   accuracy   admissions (allowed answers, by answer time) in every window of
@@ -49,12 +55,13 @@ From the records:
 The time series (admissions per BIN_S by mode, the windows, the events) go
 to a JSON file for bench/plots.py.
 
-BENCH_MODE=quick (a smoke run: one fleet size, three shapes, short runs) or
-full (the default). Writes bench/results/fleet.md and fleet.json (the time
+BENCH_MODE=quick (a smoke run: one fleet size, six shapes, short runs) or
+full (the default); BENCH_SHAPES=a,b runs only those shapes of the mode. Writes bench/results/fleet.md and fleet.json (the time
 series bench/plots.py draws), or fleet-quick.* in quick mode, and prints the
 table. Run with /usr/bin/python3 (python3-msgpack).
 """
 
+import bisect
 import gc
 import json
 import math
@@ -126,12 +133,32 @@ REDIS_STOP_S = 3.0        # SIGSTOP to SIGCONT
 JOIN_AT, LEAVE_AT = 0.35, 0.65  # of the run: a node joins, and node 0 leaves
 LEAVE_GRACE_S = 0.1       # load on a leaving node ends this long before SIGTERM
 
+# Issue 21's shapes and targets (per 1 s window, outside fault windows).
+CONTENDED_BURST = int(0.03 * LIMIT_PER_S * PERIOD_S)  # burst <= 3 % of limit x W
+CONTENDED_LOW, CONTENDED_HIGH = 0.98, 1.005
+CONTENDED_CALLS = 0.01     # Redis calls per decision, net of the idle fleet's
+SHIFT_HOT_SHARE = 0.9
+SHIFT_EVERY_S = 10.0
+SHIFTS = 3                 # hot spots in a run: the run is SHIFTS x SHIFT_EVERY_S
+SHIFT_REACH = 0.9          # of the hot node's max-min share ...
+SHIFT_REACH_S = 2 * LEASE_INTERVAL_MS / 1000  # ... within two lease intervals
+SHIFT_RATE_WINDOW_S = 0.05  # the hot node's admitted rate is measured over this
+SHIFT_RATE_STEP_S = 0.01
+OUTAGE_S = 5.0             # SIGKILL to restart
+OUTAGE_LOW, OUTAGE_HIGH = 0.90, 1.00  # admitted / (limit x outage)
+IDLE_MEASURE_S = 1.0       # the idle fleet's own Redis calls are counted this long
+NEW_SHAPES = ("contended", "shifting-skew", "outage-skew")
+
 MODES = {
     # (fleet sizes, shapes, seconds of load without and with a fault)
-    "quick": ((3,), ("steady", "skewed", "redis-sigkill"), 5.0, 8.0),
+    "quick": ((3,), ("steady", "skewed", "redis-sigkill") + NEW_SHAPES, 5.0, 8.0),
     "full": ((3, 8), ("steady", "bursty", "one-node", "skewed", "join-leave", "redis-sigkill",
-                      "redis-sigstop"), 10.0, 14.0),
+                      "redis-sigstop") + NEW_SHAPES, 10.0, 14.0),
 }
+
+
+def burst_of(shape):
+    return CONTENDED_BURST if shape == "contended" else BURST
 
 # A health sample as the generator records it: the answer's time, then these
 # fields of the answer.
@@ -211,7 +238,7 @@ class Redis(harness.Redis):
 class Daemon:
     """A sluiced with its own config, socket and log in `dir`."""
 
-    def __init__(self, sluiced, dir, index, redis_port, expected_nodes):
+    def __init__(self, sluiced, dir, index, redis_port, expected_nodes, burst):
         self.sluiced, self.index = sluiced, index
         self.socket = os.path.join(dir, "s%d.sock" % index)
         self.config = os.path.join(dir, "d%d.toml" % index)
@@ -222,7 +249,7 @@ class Daemon:
                 expected_nodes=expected_nodes, index=index, heartbeat=HEARTBEAT_INTERVAL_MS,
                 health_interval=HEALTH_INTERVAL_MS, health_timeout=HEALTH_TIMEOUT_MS,
                 lease_timeout=LEASE_TIMEOUT_MS, lease_interval=LEASE_INTERVAL_MS, rule=RULE,
-                limit=LIMIT_PER_S, period_ms=int(PERIOD_S * 1000), burst=BURST))
+                limit=LIMIT_PER_S, period_ms=int(PERIOD_S * 1000), burst=burst))
         self.proc = None
         self.cpu_s = 0.0  # CPU seconds it used, once stopped
 
@@ -277,10 +304,39 @@ class Daemon:
 
 # --- load shapes -----------------------------------------------------------------------
 
-def node_load(rate, start_s=0.0, end_s=None, square=None):
+def node_load(rate, start_s=0.0, end_s=None, square=None, steps=None):
     """One daemon's load: `rate` acquires/s from start_s to end_s (None: the
-    end of the run), optionally a square wave [period_s, high, low] of it."""
-    return dict(rate=rate, start_s=start_s, end_s=end_s, square=square)
+    end of the run), optionally a square wave [period_s, high, low] of it,
+    or steps [[from_s, rate], ...] (rate is then their largest)."""
+    if steps:
+        rate = max(r for _, r in steps)
+    return dict(rate=rate, start_s=start_s, end_s=end_s, square=square, steps=steps)
+
+
+def max_min_shares(demands, capacity):
+    """Max-min fair shares of `capacity` for `demands`: a node that wants less
+    than an equal share of what is left gets what it wants; the rest is split
+    among the others."""
+    shares = [0.0] * len(demands)
+    left, open_ = float(capacity), sorted(range(len(demands)), key=lambda i: demands[i])
+    while open_:
+        equal = left / len(open_)
+        i = open_[0]
+        if demands[i] <= equal:
+            shares[i] = demands[i]
+            left -= demands[i]
+            open_.pop(0)
+        else:
+            for j in open_:
+                shares[j] = equal
+            break
+    return shares
+
+
+def skew_rates(nodes, hot, total):
+    """SHIFT_HOT_SHARE of `total` on node `hot`, the rest spread over the others."""
+    cold = total * (1 - SHIFT_HOT_SHARE) / (nodes - 1)
+    return [total * SHIFT_HOT_SHARE if i == hot else cold for i in range(nodes)]
 
 
 def plan(shape, nodes, seconds, fault_seconds):
@@ -314,6 +370,19 @@ def plan(shape, nodes, seconds, fault_seconds):
     if shape == "redis-sigstop":
         events = [(FAULT_AT_S, "redis-stop"), (FAULT_AT_S + REDIS_STOP_S, "redis-cont")]
         return fault_seconds, even, nodes, events, ("redis-stop", "redis-cont")
+    if shape == "contended":
+        return seconds, even, nodes, [], None
+    if shape == "shifting-skew":
+        phases = [skew_rates(nodes, k % nodes, total) for k in range(SHIFTS)]
+        loads = [node_load(0, steps=[[k * SHIFT_EVERY_S, phases[k][i]] for k in range(SHIFTS)])
+                 for i in range(nodes)]
+        events = [(k * SHIFT_EVERY_S, "shift") for k in range(1, SHIFTS)]
+        return SHIFTS * SHIFT_EVERY_S, loads, nodes, events, None
+    if shape == "outage-skew":
+        loads = [node_load(r) for r in skew_rates(nodes, 0, total)]
+        events = [(FAULT_AT_S, "redis-kill"), (FAULT_AT_S + OUTAGE_S, "redis-restart")]
+        return (max(fault_seconds, FAULT_AT_S + OUTAGE_S + 3.0), loads, nodes, events,
+                ("redis-kill", "redis-restart"))
     raise ValueError("unknown shape " + shape)
 
 
@@ -327,6 +396,7 @@ class LoadNode:
         self.path = path
         self.rate, self.start_s, self.end_s = spec["rate"], spec["start_s"], spec["end_s"]
         self.square = spec["square"]
+        self.steps = spec.get("steps")
         self.load = self.health = None
         self.load_in = msgpack.Unpacker(raw=False)
         self.health_in = msgpack.Unpacker(raw=False)
@@ -341,6 +411,8 @@ class LoadNode:
         self.next_try = 0.0
 
     def rate_at(self, t):
+        if self.steps:
+            return next((r for from_s, r in reversed(self.steps) if t >= from_s), 0.0)
         if self.square is None:
             return self.rate
         period, high, low = self.square
@@ -485,7 +557,7 @@ class Run:
     stops everything, and keeps what was recorded."""
 
     def __init__(self, sluiced, nodes, shape, mode):
-        self.nodes, self.shape = nodes, shape
+        self.nodes, self.shape, self.burst = nodes, shape, burst_of(shape)
         self.seconds, self.loads, initial, self.plan_events, self.fault = plan(
             shape, nodes, *MODES[mode][2:])
         self.dir = tempfile.mkdtemp(prefix="slf.", dir="/tmp")  # short: socket paths <= 107 bytes
@@ -493,11 +565,12 @@ class Run:
         self.daemons = []
         try:
             self.redis = Redis()
-            self.daemons = [Daemon(sluiced, self.dir, i, self.redis.port, initial)
+            self.daemons = [Daemon(sluiced, self.dir, i, self.redis.port, initial, self.burst)
                             for i in range(len(self.loads))]
             for d in self.daemons[:initial]:
                 d.start()
             self.wait_fleet(self.daemons[:initial])
+            self.idle_calls_per_s = self.idle_calls()
             self.drive()
         finally:
             for d in self.daemons:
@@ -519,6 +592,13 @@ class Run:
                                        % (d.index, h, d.log()))
                 time.sleep(0.02)
 
+    def idle_calls(self):
+        """The script calls per second of the idle fleet (heartbeats and the
+        like), which issue 21's cost target leaves out."""
+        calls, began = self.redis.script_calls(), time.monotonic()
+        time.sleep(IDLE_MEASURE_S)
+        return (self.redis.script_calls() - calls) / (time.monotonic() - began)
+
     def act(self, action):
         if action == "redis-kill":
             self.redis.kill()
@@ -532,6 +612,8 @@ class Run:
             self.daemons[-1].start()
         elif action == "leave":
             self.daemons[0].stop()
+        elif action == "shift":
+            pass  # the generator moves the load itself: the event marks the time
 
     def drive(self):
         out = os.path.join(self.dir, "records")
@@ -539,7 +621,7 @@ class Run:
         with open(spec_path, "w") as f:
             json.dump(dict(loads=self.loads, sockets=[d.socket for d in self.daemons],
                            seconds=self.seconds, out=out), f)
-        calls_before = self.redis.script_calls()
+        calls_before, calls_from = self.redis.script_calls(), time.monotonic()
         cpu_before = {d.index: cpu_seconds(d.proc.pid) for d in self.daemons if d.proc}
         redis_cpu_before, own_cpu_before = self.redis.cpu_seconds(), time.process_time()
         busy_before, wall_before = busy_cpu_seconds(), time.monotonic()
@@ -567,6 +649,8 @@ class Run:
                 load.stdout.close()
         busy, wall = busy_cpu_seconds() - busy_before, time.monotonic() - wall_before
         self.redis_calls = self.redis.script_calls() - calls_before
+        self.net_redis_calls = max(
+            self.redis_calls - self.idle_calls_per_s * (time.monotonic() - calls_from), 0.0)
         self.cpu_s = 0.0
         for d in self.daemons:
             if d.proc is not None and d.proc.poll() is None:
@@ -625,6 +709,7 @@ def first_health(node, after, field, value):
 def analyse(run):
     """The row of the table and the series of the plot for one run."""
     start = run.start
+    burst = run.burst
     nodes = run.records["nodes"]
     loaded = [n for n, spec in zip(nodes, run.loads) if spec["rate"] > 0]
     # Times relative to the start of the load.
@@ -671,7 +756,7 @@ def analyse(run):
         before = [[s for s in n["health"] if s[0] < t_fault][-1] for n in nodes]
         live = before[0][HEALTH_FIELDS.index("nodes")]
         leased = sum(s[HEALTH_FIELDS.index("leased_units")] for s in before)
-        share_bound = len(nodes) * ((LIMIT_PER_S // live) * (t_end - t_fault) + BURST // live)
+        share_bound = len(nodes) * ((LIMIT_PER_S // live) * (t_end - t_fault) + burst // live)
         in_fault = sum(1 for a in admitted if t_fault <= a < t_end)
         in_fallback = sum(1 for n in nodes
                           for a, ok, m in zip(n["answered"], n["allowed"], n["mode"])
@@ -687,7 +772,7 @@ def analyse(run):
         else:
             overshoot_bound = sum(max(r, default=0) for r in reported)
         periods = math.ceil((t_end - t_fault) / PERIOD_S)
-        overshoot = in_fault - (LIMIT_PER_S * (t_end - t_fault) + BURST + leased)
+        overshoot = in_fault - (LIMIT_PER_S * (t_end - t_fault) + burst + leased)
         fault = dict(at_s=t_fault, recovery_s=t_recovery, end_s=t_end, admitted=in_fault,
                      admitted_fallback=in_fallback, bound=share_bound + leased, leased=leased,
                      overshoot=overshoot, overshoot_bound=overshoot_bound * periods,
@@ -698,7 +783,7 @@ def analyse(run):
     fault_span = [(fault["at_s"], fault["end_s"])] if fault else []
 
     # Accuracy: sliding windows of one period over the load, outside faults.
-    per_window = LIMIT_PER_S * PERIOD_S + BURST
+    per_window = LIMIT_PER_S * PERIOD_S + burst
     ratios, window_series, paused = [], [], 0
     steps = int(round((run.seconds - PERIOD_S) / WINDOW_STEP_S)) + 1
     lo = 0
@@ -726,6 +811,8 @@ def analyse(run):
         row.update(ratio_min=min(ratios), ratio_mean=sum(ratios) / len(ratios),
                    ratio_max=max(ratios))
 
+    analyse21(run, row, nodes, admitted, events)
+
     # Series for the plot: per bin, admitted by mode and offered.
     bins = int(math.ceil((run.seconds + DRAIN_S) / BIN_S))
     series = {m: [0] * bins for m in ("normal", "fallback", "other", "offered")}
@@ -747,6 +834,43 @@ def analyse(run):
     return row, plot
 
 
+def analyse21(run, row, nodes, admitted, events):
+    """Issue 21's measures, into `row`: the Redis calls per decision net of
+    the idle fleet's; for shifting-skew, how long after each shift the new
+    hot node first admitted SHIFT_REACH of its max-min share (over a window
+    of SHIFT_RATE_WINDOW_S; None: not before the next shift); for
+    outage-skew, the fleet's admissions from the SIGKILL to the restart over
+    limit x that time."""
+    row["burst"] = run.burst
+    row["net_calls_per_decision"] = run.net_redis_calls / max(row["decisions"], 1)
+    if run.shape == "shifting-skew":
+        reach = []
+        for k in range(1, SHIFTS):
+            t_shift = k * SHIFT_EVERY_S
+            hot = k % run.nodes
+            demands = [next(r for from_s, r in reversed(load["steps"]) if t_shift >= from_s)
+                       for load in run.loads]
+            share = max_min_shares(demands, LIMIT_PER_S)[hot]
+            times = sorted(a for a, ok in zip(nodes[hot]["answered"], nodes[hot]["allowed"])
+                           if ok and a is not None and a >= t_shift)
+            need = SHIFT_REACH * share * SHIFT_RATE_WINDOW_S
+            found = None
+            for step in range(int(round((SHIFT_EVERY_S - SHIFT_RATE_WINDOW_S) /
+                                        SHIFT_RATE_STEP_S)) + 1):
+                w0 = t_shift + step * SHIFT_RATE_STEP_S
+                w1 = w0 + SHIFT_RATE_WINDOW_S
+                if bisect.bisect_left(times, w1) - bisect.bisect_left(times, w0) >= need:
+                    found = round(w1 - t_shift, 6)
+                    break
+            reach.append(dict(at_s=t_shift, hot=hot, share_per_s=share, reach_s=found))
+        row["shifts"] = reach
+    if run.shape == "outage-skew":
+        t_kill, t_restart = events["redis-kill"], events["redis-restart"]
+        inside = bisect.bisect_left(admitted, t_restart) - bisect.bisect_left(admitted, t_kill)
+        row["outage"] = dict(admitted=inside, seconds=t_restart - t_kill,
+                             ratio=inside / (LIMIT_PER_S * (t_restart - t_kill)))
+
+
 # --- the report ---------------------------------------------------------------------------
 
 def fmt(value, spec="%.0f"):
@@ -764,6 +888,87 @@ def verdicts(row):
         "PASS" if f["ratio"] <= 1 and f["overshoot"] <= f["overshoot_bound"] else "MISS")
     stall = "PASS" if row["own_stall_ms"] <= STALL_TARGET_MS and not row["unanswered"] else "MISS"
     return accuracy, fault, stall
+
+
+def gates21(row):
+    """Issue 21's gated columns of a row: {column: (value text, "PASS"/"MISS")},
+    only the columns that apply to its shape."""
+    def verdict(ok):
+        return "PASS" if ok else "MISS"
+    gates = {}
+    shape = row["shape"]
+    if shape == "contended" and row["windows"]:
+        gates["accuracy"] = ("%.3f / %.3f" % (row["ratio_min"], row["ratio_max"]), verdict(
+            row["ratio_min"] >= CONTENDED_LOW and row["ratio_max"] <= CONTENDED_HIGH))
+    if shape == "contended":
+        gates["cost"] = ("%.4f" % row["net_calls_per_decision"],
+                         verdict(row["net_calls_per_decision"] <= CONTENDED_CALLS))
+    if shape == "shifting-skew":
+        reach = [r["reach_s"] for r in row["shifts"]]
+        gates["shift"] = (" / ".join(fmt(ms(r)) for r in reach),
+                          verdict(None not in reach and max(reach) <= SHIFT_REACH_S))
+    if shape == "outage-skew":
+        gates["outage"] = ("%.3f" % row["outage"]["ratio"], verdict(
+            OUTAGE_LOW <= row["outage"]["ratio"] <= OUTAGE_HIGH))
+    f = row["fault"]
+    if f is not None and shape in NEW_SHAPES:
+        gates["overshoot"] = ("%.0f <= %.0f" % (f["overshoot"], f["overshoot_bound"]),
+                              verdict(f["overshoot"] <= f["overshoot_bound"]))
+    return gates
+
+
+GATES21 = (
+    ("accuracy", "contended: admitted / (limit x W + burst) min / max, in [%.2f, %.3f]"
+     % (CONTENDED_LOW, CONTENDED_HIGH)),
+    ("cost", "contended: Redis calls/decision net of the idle fleet's, <= %.2f" % CONTENDED_CALLS),
+    ("shift", "shifting skew: ms from each shift until the hot node admits %.1f of its max-min "
+     "share, <= %.0f" % (SHIFT_REACH, SHIFT_REACH_S * 1000)),
+    ("outage", "outage under skew: admitted / (limit x outage), in [%.2f, %.2f]"
+     % (OUTAGE_LOW, OUTAGE_HIGH)),
+    ("overshoot", "fault run: overshoot <= the daemons' bound"),
+)
+
+
+def report21(rows):
+    """The section of issue 21's shapes: one column per gate."""
+    lines = []
+    add = lines.append
+    add("### Issue 21's shapes and gates")
+    add("")
+    add("- **contended**: as steady (every node 3 x limit / N), with burst %d (3 %% of limit x W)."
+        " The cost target counts the EVALSHA calls of the run less what the idle fleet makes on "
+        "its own (heartbeats, the fleet marker), measured for %.0f s before the load." % (
+            CONTENDED_BURST, IDLE_MEASURE_S))
+    add("- **shifting-skew**: %d %% of the load on one node, the rest spread over the others; "
+        "the hot node changes every %.0f s (%d hot spots). After each shift, the time until the "
+        "new hot node's admissions over %.0f ms first reach %.1f of its max-min share of the "
+        "limit (the others' demand is below an equal share, so its share is the limit less "
+        "their demand); `-`: not before the next shift." % (
+            SHIFT_HOT_SHARE * 100, SHIFT_EVERY_S, SHIFTS, SHIFT_RATE_WINDOW_S * 1000,
+            SHIFT_REACH))
+    add("- **outage-skew**: %d %% of the load on node 0; Redis SIGKILLed %.0f s after the start "
+        "and restarted empty %.0f s later. The fleet's admissions between the two over limit x "
+        "%.0f s." % (SHIFT_HOT_SHARE * 100, FAULT_AT_S, OUTAGE_S, OUTAGE_S))
+    add("")
+    add("| N | shape | burst | " + " | ".join(title for _, title in GATES21) + " |")
+    add("|---:|---|---:|" + "---|" * len(GATES21))
+    for row in rows:
+        if row["shape"] not in NEW_SHAPES:
+            continue
+        gates = gates21(row)
+        cells = ["%s %s" % gates[name] if name in gates else "-" for name, _ in GATES21]
+        add("| %d | %s | %d | %s |" % (row["nodes"], row["shape"], row["burst"], " | ".join(cells)))
+    add("")
+    for name, title in GATES21:
+        judged = [r for r in rows if name in gates21(r)]
+        if not judged:
+            continue
+        missed = ["N=%d %s" % (r["nodes"], r["shape"]) for r in judged
+                  if gates21(r)[name][1] == "MISS"]
+        add("- %s: met in %d of %d runs%s" % (
+            title.split(":")[0] + " " + name, len(judged) - len(missed), len(judged),
+            "; missed: " + ", ".join(missed) if missed else ""))
+    return lines
 
 
 def report(rows, mode, load_before, load_after, took_s):
@@ -869,13 +1074,20 @@ def report(rows, mode, load_before, load_after, took_s):
         if row["errors"]:
             add("- N=%d %s: %d error answers" % (row["nodes"], row["shape"], row["errors"]))
     add("")
+    if any(r["shape"] in NEW_SHAPES for r in rows):
+        lines.extend(report21(rows))
+        add("")
     add("Plots: `%s-<shape>.png` (admitted/s over time against the limit, fault windows shaded), "
         "`throughput.png` (decisions/s and p99 against the baselines of latest.md and global.md)." %
         ("fleet" if mode == "full" else "fleet-quick"))
     add("")
-    add("Reproduce: `BENCH_MODE=%s make bench`, or only this part: `export BENCH_MODE=%s; "
-        "/usr/bin/python3 bench/fleet.py build-release && /usr/bin/python3 bench/plots.py`."
-        % (mode, mode))
+    if os.environ.get("BENCH_SHAPES"):
+        add("Reproduce: `BENCH_MODE=%s BENCH_SHAPES=%s /usr/bin/python3 bench/fleet.py "
+            "build-release`." % (mode, os.environ["BENCH_SHAPES"]))
+    else:
+        add("Reproduce: `BENCH_MODE=%s make bench`, or only this part: `export BENCH_MODE=%s; "
+            "/usr/bin/python3 bench/fleet.py build-release && /usr/bin/python3 bench/plots.py`."
+            % (mode, mode))
     return "\n".join(lines) + "\n"
 
 
@@ -899,6 +1111,13 @@ def main():
     load_before = load_average()
     began = time.monotonic()
     fleets, shapes = MODES[mode][:2]
+    if os.environ.get("BENCH_SHAPES"):
+        wanted = os.environ["BENCH_SHAPES"].split(",")
+        unknown = set(wanted) - set(shapes)
+        if unknown:
+            sys.exit("bench/fleet.py: BENCH_SHAPES names shapes %s mode has not: %s"
+                     % (mode, ", ".join(sorted(unknown))))
+        shapes = tuple(s for s in shapes if s in wanted)
     rows, plots = [], []
     for nodes in fleets:
         for shape in shapes:
@@ -912,6 +1131,8 @@ def main():
             if row["fault"]:
                 sys.stderr.write("  fault: %s\n" % json.dumps(row["fault"]))
     stem = "fleet" if mode == "full" else "fleet-quick"
+    if os.environ.get("BENCH_SHAPES"):
+        stem += "-shapes"  # a part of the mode's runs: the whole mode's files stay
     text = report(rows, mode, load_before, load_average(), time.monotonic() - began)
     os.makedirs(RESULTS, exist_ok=True)
     with open(os.path.join(RESULTS, stem + ".md"), "w") as f:

@@ -40,9 +40,9 @@ void Admin::writeHealth(rpc::MsgId msgid, std::string* out) {
   RedisHealth redis = status_.redisHealth();
   rpc::writeResultHeader(out, msgid);
   msgpack::Writer w(out);
-  w.writeMapHeader(15);
+  w.writeMapHeader(17);
   w.writeStr("status");
-  w.writeStr(redis.configured && !redis.up ? "degraded" : "ok");
+  w.writeStr(redis.configured && (!redis.up || redis.state_refused) ? "degraded" : "ok");
   w.writeStr("redis");
   w.writeStr(!redis.configured ? "none" : redis.up ? "up" : "down");
   w.writeStr("breaker");
@@ -60,6 +60,20 @@ void Admin::writeHealth(rpc::MsgId msgid, std::string* out) {
   w.writeStr("redis_address");
   if (!redis.address.empty()) {
     w.writeStr(redis.address);
+  } else {
+    w.writeNil();
+  }
+  // The state versions: this node's, and the fleet marker's when read (nil
+  // without Redis, or before the first claim answers).
+  w.writeStr("state_version");
+  if (redis.configured) {
+    w.writeInt(redis.state_version);
+  } else {
+    w.writeNil();
+  }
+  w.writeStr("fleet_state_version");
+  if (redis.fleet_state_version > 0) {
+    w.writeInt(redis.fleet_state_version);
   } else {
     w.writeNil();
   }

@@ -99,7 +99,7 @@ void CircuitBreaker::up(int64_t now_ns) {
 }
 
 void CircuitBreaker::identified(uint64_t epoch, const std::optional<RedisIdentity>& identity,
-                                int64_t now_ns) {
+                                int64_t now_ns, std::optional<int64_t> fleet_version) {
   bool state_lost = false;
   if (identity) {
     bool changed = known_ && identity->run_id != last_.run_id;
@@ -126,9 +126,57 @@ void CircuitBreaker::identified(uint64_t epoch, const std::optional<RedisIdentit
     last_ = *identity;
   }
   if (epoch != epoch_) return;  // a newer transition owns the breaker
+  // Refused: the identity stays pending, so the breaker stays half-open
+  // until LeaseManager::checkFleet finds the marker this node's.
+  if (!admit(fleet_version)) return;
   int64_t span_ms = std::max<int64_t>(now_ns - open_since_ns_, 0) / 1'000'000;
   actions_.recover(epoch, state_lost, span_ms);
   answered(epoch, now_ns);  // the identity
+}
+
+void CircuitBreaker::checked(std::optional<int64_t> fleet_version, int64_t now_ns) {
+  if (state_ != Breaker::kClosed || !fleet_version || *fleet_version == 0) return;
+  if (*fleet_version == options_.state_version) return;
+  // What this node admits from now on is debited, once it leases again, as
+  // after an outage that began now.
+  ++epoch_;
+  open_since_ns_ = now_ns;
+  publish(Breaker::kHalfOpen, now_ns);
+  pending_ = 1;  // the identity, asked again by the next checkFleet
+  admit(fleet_version);
+}
+
+bool CircuitBreaker::admit(std::optional<int64_t> fleet_version) {
+  int64_t fleet = fleet_version.value_or(0);
+  bool refuse = fleet != options_.state_version;
+  broker_.setFleetVersion(fleet, refuse);
+  if (!refuse) {
+    if (refused_) {
+      spdlog::info("lease: the fleet on key_prefix \"{}\" now runs this daemon's Redis state "
+                   "version {}; leasing resumes", options_.key_prefix, fleet);
+    }
+    refused_ = false;
+    refused_by_ = -1;
+    return true;
+  }
+  if (refused_by_ != fleet) {
+    if (fleet == 0) {
+      spdlog::error("lease: refusing to lease: the fleet marker \"{}version\" could not be "
+                    "claimed; this daemon writes Redis state version {}; global rules follow "
+                    "on_redis_down meanwhile (docs/operations.md, \"Upgrading the Redis state\")",
+                    options_.key_prefix, options_.state_version);
+    } else {
+      spdlog::error("lease: refusing to lease: the fleet on key_prefix \"{}\" runs Redis state "
+                    "version {} and this daemon writes version {}; global rules follow "
+                    "on_redis_down until no daemon of version {} is left "
+                    "(docs/operations.md, \"Upgrading the Redis state\")",
+                    options_.key_prefix, fleet, options_.state_version, fleet);
+    }
+  }
+  refused_ = true;
+  refused_by_ = fleet;
+  broker_.notifyWorkers();
+  return false;
 }
 
 void CircuitBreaker::expect(uint64_t epoch, size_t calls) {

@@ -24,11 +24,22 @@
 //        yet replicated): debits, and learning mode;
 //      any other new run_id (Redis restarted empty): no debits (there is
 //        no state to charge them to), and learning mode.
-//    Then every concurrency holding is renewed and every holding's debt
-//    leased back. Once the identity and every one of these calls are
-//    answered (or failed), the breaker closes. A down on the way opens it
-//    again; the calls of an older half-open state no longer count (each
-//    transition starts a new epoch).
+//    With INFO's answer the node claims the fleet marker
+//    (lua/fleet_version.lua, redis_keys.h): when the fleet leasing on this
+//    key_prefix writes another state version, or the marker cannot be
+//    claimed, the node is refused: it stays half-open (global rules follow
+//    on_redis_down), logs one line naming both versions, shows it in
+//    health, and asks again every heartbeat interval
+//    (LeaseManager::checkFleet) until the marker is its own, which it is
+//    once the last daemon of the other version has been gone for a
+//    members' TTL. Then, as for any other identity, the fallback debits
+//    are sent, every concurrency holding is renewed and every holding's
+//    debt leased back. Once the identity and every one of these calls are answered (or
+//    failed), the breaker closes. A down on the way opens it again; the
+//    calls of an older half-open state no longer count (each transition
+//    starts a new epoch). A closed breaker keeps the marker claimed every
+//    heartbeat interval; one that finds another version there (another
+//    fleet claimed it while it had expired) goes half-open, refused.
 //
 // Learning mode (Redis lost the fleet's state, or in a cluster a master
 // took over slots it did not hold): each node also holds itself to its
@@ -56,6 +67,7 @@
 #include <string_view>
 #include <vector>
 
+#include "redis_keys.h"
 #include "rules.h"
 
 namespace sluice {
@@ -99,9 +111,9 @@ std::vector<LearningRule> learningRules(const RuleSet& rules, const LeaseBroker&
 class BreakerActions {
  public:
   virtual ~BreakerActions() = default;
-  // Asks Redis who it is (INFO); the answer goes to
-  // CircuitBreaker::identified(epoch, ...). False when it could not be
-  // sent: then no answer comes.
+  // Asks Redis who it is (INFO) and claims the fleet marker; the answers
+  // go to CircuitBreaker::identified(epoch, ...). False when it could not
+  // be sent: then no answer comes.
   virtual bool askIdentity(uint64_t epoch) = 0;
   // Sends the half-open calls: the debits of what the fallback shares
   // admitted, charged over fallback_span_ms (with state_lost the shares'
@@ -117,6 +129,8 @@ class CircuitBreaker {
   struct Options {
     int64_t holding_memory_ns = 0;  // lease_ttl
     int64_t reconnect_ns = 0;       // the longest reconnect backoff
+    int64_t state_version = kRedisStateVersion;  // what this node writes (redis_keys.h)
+    std::string key_prefix = "sluice:";          // for the log line of a refusal
   };
   // `broker` shows the state to the workers; `rules` gives the current rule
   // set (for the fleet-wide end of learning). All outlive the breaker.
@@ -129,8 +143,14 @@ class CircuitBreaker {
   void down(int64_t now_ns);
   // Redis answers again: half-open, and asks who it is.
   void up(int64_t now_ns);
-  // INFO's answer for `epoch` (nullopt: no answer, or no run_id in it).
-  void identified(uint64_t epoch, const std::optional<RedisIdentity>& identity, int64_t now_ns);
+  // INFO's answer for `epoch` (nullopt: no answer, or no run_id in it) and
+  // the fleet marker's state version after the claim (nullopt: no answer;
+  // 0: not a version). Another version than options.state_version refuses.
+  void identified(uint64_t epoch, const std::optional<RedisIdentity>& identity, int64_t now_ns,
+                  std::optional<int64_t> fleet_version = kRedisStateVersion);
+  // The marker's state version from a closed breaker's claim: another
+  // version (not 0, not nullopt: a failed claim changes nothing) refuses.
+  void checked(std::optional<int64_t> fleet_version, int64_t now_ns);
   // A recovery call of `epoch` is about to be sent / was answered or failed.
   void expect(uint64_t epoch, size_t calls);
   void answered(uint64_t epoch, int64_t now_ns);
@@ -144,11 +164,17 @@ class CircuitBreaker {
   uint64_t epoch() const { return epoch_; }
   // Recovery calls (and the identity) not answered yet.
   size_t pending() const { return pending_; }
+  // Whether the fleet marker names another state version than this node's
+  // (the breaker is then half-open, asking again every heartbeat interval).
+  bool refused() const { return refused_; }
 
  private:
   void publish(Breaker state, int64_t now_ns);
   void startLearning(int64_t now_ns);
   void closeWhenDone(int64_t now_ns);
+  // Publishes the marker's version; false (logged, once per version) when
+  // it refuses this node.
+  bool admit(std::optional<int64_t> fleet_version);
 
   LeaseBroker& broker_;
   BreakerActions& actions_;
@@ -160,6 +186,8 @@ class CircuitBreaker {
   int64_t open_since_ns_ = 0;  // when the breaker last opened (0: never: the start)
   bool known_ = false;         // some INFO has been read
   RedisIdentity last_;         // of the Redis we last talked to
+  bool refused_ = false;       // the marker names another version (or none)
+  int64_t refused_by_ = -1;    // the marker's version last logged (0: none; -1: no refusal logged)
 };
 
 }  // namespace sluice

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <vector>
 
 #include <spdlog/spdlog.h>
@@ -25,12 +26,28 @@ std::string defaultNodeId() {
   return std::string(host) + ":" + std::to_string(getpid());
 }
 
+namespace {
+
+// The state version this node writes: kRedisStateVersion, or the tests'
+// seam `env` (SLUICE_TEST_STATE_VERSION), which lets a test run a mixed
+// fleet on one Redis. A value that is not a version >= 1 is ignored.
+int64_t stateVersionOf(const char* env) {
+  if (env == nullptr) return kRedisStateVersion;
+  char* end = nullptr;
+  long long version = std::strtoll(env, &end, 10);
+  if (end == env || *end != '\0' || version < 1 || version > (1LL << 31)) return kRedisStateVersion;
+  return version;
+}
+
+}  // namespace
+
 Control::Control(RedisConfig config, RedisLinkOptions link_options, MonotonicClock clock)
     : config_(std::move(config)),
       link_options_(link_options),
       clock_ns_(std::move(clock)),
       node_id_(config_.node_id.empty() ? defaultNodeId() : config_.node_id),
       members_key_(redisMembersKey(config_.key_prefix)),
+      state_version_(stateVersionOf(std::getenv("SLUICE_TEST_STATE_VERSION"))),
       nodes_(std::max<uint32_t>(config_.expected_nodes, 1)) {}
 
 Control::~Control() {
@@ -105,6 +122,8 @@ void Control::start() {
       redis_->registerScript(std::string(heartbeat.name), std::string(heartbeat.source));
   if (lease_context_.keys != nullptr) {
     lease_context_.node_id = node_id_;
+    lease_context_.fleet_ttl_ms = kHeartbeatTtlIntervals * config_.heartbeat_interval_ms;
+    lease_context_.state_version = state_version_;
     lease_context_.redis_now_us = [this]() -> std::optional<int64_t> {
       int64_t offset_us = clock_offset_us_.load(std::memory_order_acquire);
       if (offset_us == kNoOffset) return std::nullopt;
@@ -248,7 +267,9 @@ void Control::ping() {
 }
 
 void Control::beat() {
-  if (stopping_ || beat_in_flight_ || !redis_->connected()) return;
+  if (stopping_ || !redis_->connected()) return;
+  if (leases_) leases_->checkFleet();
+  if (beat_in_flight_) return;
   std::vector<std::string> argv = scripts::heartbeatArgv(
       scripts::HeartbeatOp::kBeat, node_id_, kHeartbeatTtlIntervals * config_.heartbeat_interval_ms);
   std::vector<std::string_view> args(argv.begin(), argv.end());

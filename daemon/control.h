@@ -34,7 +34,9 @@
 // live count N. N starts as expected_nodes and changes only when a heartbeat
 // answers, so while Redis is down the last known N stays in force; for one
 // heartbeat TTL after each (re)connect N may grow but not shrink, as the
-// other nodes may not have beaten again yet.
+// other nodes may not have beaten again yet. With each beat the lease
+// manager claims the fleet marker (checkFleet, breaker.h), which lives as
+// long as a member does.
 //
 // Sentinel mode ([redis] sentinel_master): the link asks a Sentinel
 // (sentinel.h) where the master is before every connection attempt, checks
@@ -144,6 +146,9 @@ class Control {
   // This node's id in the members set, and that set's key. Immutable.
   const std::string& nodeId() const { return node_id_; }
   const std::string& membersKey() const { return members_key_; }
+  // The Redis state version this node writes (redis_keys.h; the tests' seam
+  // SLUICE_TEST_STATE_VERSION may set another). Immutable.
+  int64_t stateVersion() const { return state_version_; }
   // The loop's open handles (openHandles) as of its last health tick; any
   // thread (relaxed).
   size_t handles() const { return handle_count_.load(std::memory_order_relaxed); }
@@ -174,6 +179,7 @@ class Control {
   int64_t nowUs() const { return clock_ns_() / 1000; }
   const std::string node_id_;
   const std::string members_key_;
+  const int64_t state_version_;
   std::function<void(uint32_t)> on_nodes_changed_;
 
   // Control thread only (set up by start() before the thread exists).

@@ -123,6 +123,14 @@ class LeaseBroker {
   // them longest_ns.
   void startLearning(int64_t now_ns, int64_t holding_memory_ns, int64_t reconnect_ns,
                      int64_t longest_ns);
+  // The fleet marker's state version as last read (0: none yet, or not a
+  // version) and whether this node refuses to lease for it (breaker.h).
+  void setFleetVersion(int64_t fleet_version, bool refused) {
+    fleet_version_.store(fleet_version, std::memory_order_relaxed);
+    refused_.store(refused, std::memory_order_release);
+  }
+  int64_t fleetVersion() const { return fleet_version_.load(std::memory_order_relaxed); }
+  bool refused() const { return refused_.load(std::memory_order_acquire); }
   // Takes every queued request.
   void takeRequests(std::vector<LeaseRequest>* out);
   // The handle submit() wakes (nullptr: none yet, requests wait).
@@ -155,6 +163,8 @@ class LeaseBroker {
   std::atomic<int64_t> learning_until_ns_{0};  // the longest rule's end
   std::atomic<int64_t> open_since_ns_{0};      // while open: since when
   std::atomic<uint64_t> open_ns_total_{0};     // closed periods of fallback
+  std::atomic<int64_t> fleet_version_{0};      // setFleetVersion
+  std::atomic<bool> refused_{false};
   Counters counters_;
   WaitLines lines_;
 

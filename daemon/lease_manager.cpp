@@ -36,10 +36,12 @@ LeaseManager::LeaseManager(RedisTarget& link, const RedisConfig& config, LeaseCo
       config_(config),
       context_(std::move(context)),
       reader_(context_.keys->registerReader()),
+      version_key_(redisVersionKey(config.key_prefix)),
       pipe_(link, [this] { serveTaken(); }),
       breaker_(*context_.broker, *this,
                {config.lease_ttl_ms * 1'000'000,
-                static_cast<int64_t>(link.options().longestBackoffMs() * 1e6)},
+                static_cast<int64_t>(link.options().longestBackoffMs() * 1e6),
+                context_.state_version, config.key_prefix},
                context_.rules) {
   auto add = [&](scripts::Script script) {
     const scripts::ScriptSource& source = scripts::get(script);
@@ -52,14 +54,15 @@ LeaseManager::LeaseManager(RedisTarget& link, const RedisConfig& config, LeaseCo
   }
   concurrency_ = add(scripts::Script::kConcurrency);
   penalty_ = add(scripts::Script::kPenalty);
+  fleet_version_ = add(scripts::Script::kFleetVersion);
 }
 
 std::string LeaseManager::stateKey(std::string_view rule_name, std::string_view key) const {
-  return redisStateKey(config_.key_prefix, rule_name, key);
+  return redisStateKey(config_.key_prefix, rule_name, key, context_.state_version);
 }
 
 std::string LeaseManager::blockKey(std::string_view rule_name, std::string_view key) const {
-  return redisBlockKey(config_.key_prefix, rule_name, key);
+  return redisBlockKey(config_.key_prefix, rule_name, key, context_.state_version);
 }
 
 RedisLink::ScriptId LeaseManager::scriptFor(Algorithm algorithm) const {
@@ -384,14 +387,59 @@ void LeaseManager::newMaster(std::string_view master) {
 
 bool LeaseManager::askIdentity(uint64_t epoch) {
   // INFO's default sections hold server (run_id) and replication.
-  return link_.command(
+  bool sent = link_.command(
       {"INFO"},
       [this, epoch](const RedisResult& result) {
         std::optional<RedisIdentity> identity;
         if (result.status == RedisStatus::kOk) identity = parseInfo(result.reply->str());
-        breaker_.identified(epoch, identity, now());
+        // Then the fleet marker: the breaker weighs both at once.
+        auto done = [this, epoch, identity](std::optional<int64_t> fleet) {
+          --identities_in_flight_;
+          breaker_.identified(epoch, identity, now(), fleet);
+        };
+        if (!claimFleet(done)) done(std::nullopt);
       },
       config_.lease_timeout_ms + config_.health_timeout_ms);
+  if (sent) ++identities_in_flight_;
+  return sent;
+}
+
+bool LeaseManager::claimFleet(std::function<void(std::optional<int64_t>)> done) {
+  std::vector<std::string> argv = scripts::fleetVersionArgv(
+      scripts::FleetVersionOp::kClaim, context_.state_version, context_.fleet_ttl_ms);
+  std::vector<std::string_view> args(argv.begin(), argv.end());
+  std::string_view keys[] = {version_key_};
+  return link_.evalsha(
+      fleet_version_, keys, args,
+      [this, done = std::move(done)](const RedisResult& result) {
+        std::optional<int64_t> fleet;
+        if (result.status == RedisStatus::kOk) {
+          if (auto values = result.reply->integers()) fleet = scripts::parseFleetVersionReply(*values);
+        }
+        if (!fleet && result.status != RedisStatus::kDisconnected) {
+          std::string error = result.status == RedisStatus::kOk ? "a reply that is not a version"
+                                                                : std::string(result.error);
+          if (error != last_error_) {  // logged once until it changes
+            spdlog::error("lease: the fleet marker {} answered {}", version_key_, error);
+            last_error_ = error;
+          }
+        }
+        done(fleet);
+      },
+      config_.lease_timeout_ms + config_.health_timeout_ms);
+}
+
+void LeaseManager::checkFleet() {
+  if (!breaker_.redisUp()) return;
+  if (breaker_.refused()) {
+    if (identities_in_flight_ == 0) askIdentity(breaker_.epoch());
+    return;
+  }
+  if (breaker_.state() != Breaker::kClosed || claim_in_flight_) return;
+  claim_in_flight_ = claimFleet([this](std::optional<int64_t> fleet) {
+    claim_in_flight_ = false;
+    breaker_.checked(fleet, now());
+  });
 }
 
 void LeaseManager::recover(uint64_t epoch, bool state_lost, int64_t fallback_span_ms) {

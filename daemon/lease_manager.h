@@ -51,6 +51,7 @@
 #include "config.h"
 #include "key_table.h"
 #include "lease.h"
+#include "redis_keys.h"
 #include "redis_link.h"
 #include "rules.h"
 #include "script_pipe.h"
@@ -69,6 +70,13 @@ struct LeaseContext {
   std::function<std::optional<int64_t>()> redis_now_us;
   // This node's id, the owner of its concurrency holdings. Set by Control.
   std::string node_id;
+  // The state version this node writes (redis_keys.h): its keys' names
+  // and the fleet marker it claims. Only tests set another (Control reads
+  // SLUICE_TEST_STATE_VERSION).
+  int64_t state_version = kRedisStateVersion;
+  // How long a claim keeps the fleet marker: the members' TTL. Set by
+  // Control.
+  int64_t fleet_ttl_ms = 3'000;
   // The clock every time the manager and its breaker use comes from
   // (monotonic ns); tests drive a simulated one.
   std::function<int64_t()> now_ns = monotonicNowNs;
@@ -123,6 +131,11 @@ class LeaseManager : private BreakerActions {
   // calls it every lease_ttl / kRenewalsPerTtl. Nothing while Redis is down.
   void renewHoldings();
 
+  // Claims the fleet marker (breaker.h): a closed breaker keeps it, a
+  // refused one asks Redis who it is again. Control calls it every
+  // heartbeat interval. Nothing while Redis is down.
+  void checkFleet();
+
   // Sends again the debits that could not be sent (in a cluster, their
   // key's master was unreachable while the breaker stayed closed). Control
   // calls it every health interval.
@@ -150,6 +163,9 @@ class LeaseManager : private BreakerActions {
   // BreakerActions (breaker.h).
   bool askIdentity(uint64_t epoch) override;
   void recover(uint64_t epoch, bool state_lost, int64_t fallback_span_ms) override;
+  // Sends fleet_version.lua's claim; `done` gets the marker's version
+  // (nullopt: no answer). False when it could not be sent.
+  bool claimFleet(std::function<void(std::optional<int64_t>)> done);
   // Debits what the fallback shares admitted over span_ms (nothing when
   // Redis lost the state); `expect` counts the debits before they are sent,
   // and each one's answer calls `answered`.
@@ -215,7 +231,10 @@ class LeaseManager : private BreakerActions {
   KeyTable::ReaderId reader_;
   // By algorithm, of those that lease a slice (algorithm.h).
   std::array<RedisLink::ScriptId, kAlgorithmCount> slice_scripts_{};
-  RedisLink::ScriptId concurrency_ = 0, penalty_ = 0;
+  RedisLink::ScriptId concurrency_ = 0, penalty_ = 0, fleet_version_ = 0;
+  const std::string version_key_;  // the fleet marker
+  size_t identities_in_flight_ = 0;   // askIdentity calls not answered
+  bool claim_in_flight_ = false;      // checkFleet's claim, while closed
 
   ScriptPipe pipe_;  // every script call goes through it
 

@@ -229,6 +229,9 @@ std::string renderPrometheus(const MetricsView& view) {
       w.sample("sluice_breaker_state", "state=\"" + std::string(breakerName(state)) + "\"",
                h.breaker == state ? 1.0 : 0.0);
     }
+    w.single("sluice_state_refused", "gauge",
+             "1 while the fleet marker names another Redis state version: no leases.",
+             h.state_refused ? 1 : 0);
     w.single("sluice_learning", "gauge", "1 while some rule leases cautiously (learning mode).",
              h.learning ? 1 : 0);
     w.family("sluice_learning_seconds", "gauge",

@@ -60,11 +60,14 @@ std::string tagOf(std::string_view pair) {
   return tag;
 }
 
-// <prefix><kind>:{<tag>}:<pair>
-std::string pairKey(std::string_view prefix, char kind, std::string_view rule_name,
-                    std::string_view key) {
+// <prefix>v<version>:<kind>:{<tag>}:<pair>
+std::string pairKey(std::string_view prefix, int64_t state_version, char kind,
+                    std::string_view rule_name, std::string_view key) {
   std::string pair = pairName(rule_name, key);
   std::string name(prefix);
+  name += 'v';
+  name += std::to_string(state_version);
+  name += ':';
   name += kind;
   name += ':';
   name += tagOf(pair);
@@ -92,15 +95,17 @@ std::string redisHashTag(std::string_view rule_name, std::string_view key) {
 }
 
 std::string redisStateKey(std::string_view prefix, std::string_view rule_name,
-                          std::string_view key) {
-  return pairKey(prefix, 'q', rule_name, key);
+                          std::string_view key, int64_t state_version) {
+  return pairKey(prefix, state_version, 'q', rule_name, key);
 }
 
 std::string redisBlockKey(std::string_view prefix, std::string_view rule_name,
-                          std::string_view key) {
-  return pairKey(prefix, 'b', rule_name, key);
+                          std::string_view key, int64_t state_version) {
+  return pairKey(prefix, state_version, 'b', rule_name, key);
 }
 
 std::string redisMembersKey(std::string_view prefix) { return std::string(prefix) + "members"; }
+
+std::string redisVersionKey(std::string_view prefix) { return std::string(prefix) + "version"; }
 
 }  // namespace sluice

@@ -5,8 +5,13 @@
 // lua/penalty.lua take together (KEYS[1], KEYS[2]), so in a cluster they
 // must share a slot whatever bytes the key holds:
 //
-//   <key_prefix>q:{<tag>}:<rule name length>:<rule name>:<key>   global state
-//   <key_prefix>b:{<tag>}:<rule name length>:<rule name>:<key>   penalty block
+//   <key_prefix>v<V>:q:{<tag>}:<rule name length>:<rule name>:<key>   global state
+//   <key_prefix>v<V>:b:{<tag>}:<rule name length>:<rule name>:<key>   penalty block
+//
+// <V> is the state version (kRedisStateVersion): what these keys hold and
+// what the scripts that write them reply. Daemons of different state
+// versions never touch each other's keys; the fleet marker (below) keeps
+// them from sharing a key_prefix by accident.
 //
 // <tag> is 16 lowercase hex digits of a 64-bit FNV-1a hash of
 // "<rule name length>:<rule name>:<key>". Redis hashes only what lies between
@@ -17,7 +22,11 @@
 // their hashes do. The length prefix keeps any two (rule, key) pairs' names
 // apart whatever bytes they contain.
 //
-// Membership (control.h) is one key, <key_prefix>members, so one slot.
+// Membership (control.h) is one key, <key_prefix>members, so one slot. It
+// and the fleet marker, <key_prefix>version (lua/fleet_version.lua: the
+// state version the daemons leasing on this prefix write), carry no
+// version: every version reads them, so the whole fleet is counted and a
+// daemon of another version sees the marker.
 //
 // Pure functions; any thread.
 #pragma once
@@ -27,6 +36,12 @@
 #include <string_view>
 
 namespace sluice {
+
+// The state version this build writes. Raise it with any change to what a
+// state or block key holds or to what a script that writes one replies
+// (docs/operations.md, "Upgrading the Redis state"). Version 1 is the key
+// names without a version, which no daemon writes any more.
+constexpr int64_t kRedisStateVersion = 2;
 
 // Redis Cluster's slot count (CLUSTER KEYSLOT answers 0 .. kClusterSlots - 1).
 constexpr uint16_t kClusterSlots = 16384;
@@ -39,13 +54,17 @@ uint16_t clusterSlot(std::string_view name);
 // The hash tag of (rule, key), braces included: "{" + 16 hex digits + "}".
 std::string redisHashTag(std::string_view rule_name, std::string_view key);
 
-// The Redis keys of (rule, key): its global state and its penalty block.
+// The Redis keys of (rule, key) at `state_version`: its global state and
+// its penalty block.
 std::string redisStateKey(std::string_view prefix, std::string_view rule_name,
-                          std::string_view key);
+                          std::string_view key, int64_t state_version = kRedisStateVersion);
 std::string redisBlockKey(std::string_view prefix, std::string_view rule_name,
-                          std::string_view key);
+                          std::string_view key, int64_t state_version = kRedisStateVersion);
 
 // The members sorted set (lua/heartbeat.lua).
 std::string redisMembersKey(std::string_view prefix);
+
+// The fleet marker (lua/fleet_version.lua).
+std::string redisVersionKey(std::string_view prefix);
 
 }  // namespace sluice

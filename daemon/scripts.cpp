@@ -14,7 +14,7 @@ namespace {
 // kLua_<name>: lua/<name>.lua's bytes, written by daemon/embed_lua.cmake.
 #include "lua_sources.inc"
 
-constexpr std::array<ScriptSource, 8> kScripts = {{
+constexpr std::array<ScriptSource, 9> kScripts = {{
     {Script::kTokenBucket, "token_bucket.lua", kLua_token_bucket},
     {Script::kGcra, "gcra.lua", kLua_gcra},
     {Script::kFixedWindow, "fixed_window.lua", kLua_fixed_window},
@@ -23,6 +23,7 @@ constexpr std::array<ScriptSource, 8> kScripts = {{
     {Script::kConcurrency, "concurrency.lua", kLua_concurrency},
     {Script::kHeartbeat, "heartbeat.lua", kLua_heartbeat},
     {Script::kPenalty, "penalty.lua", kLua_penalty},
+    {Script::kFleetVersion, "fleet_version.lua", kLua_fleet_version},
 }};
 
 constexpr int64_t kNsPerMs = 1'000'000;
@@ -197,6 +198,16 @@ std::optional<LeaseReply> parseLeaseReply(std::span<const int64_t> values, Scrip
     r.blocked_ms = std::min(values[5], kMaxWaitMs);
   }
   return r;
+}
+
+std::vector<std::string> fleetVersionArgv(FleetVersionOp op, int64_t version, int64_t ttl_ms) {
+  return {op == FleetVersionOp::kClaim ? "claim" : "peek", std::to_string(version),
+          std::to_string(ttl_ms)};
+}
+
+std::optional<int64_t> parseFleetVersionReply(std::span<const int64_t> values) {
+  if (values.size() != 1 || values[0] < 0) return std::nullopt;
+  return values[0];
 }
 
 std::optional<HeartbeatReply> parseHeartbeatReply(std::span<const int64_t> values) {

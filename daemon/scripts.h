@@ -38,6 +38,7 @@ enum class Script {
   kConcurrency,    // lua/concurrency.lua
   kHeartbeat,      // lua/heartbeat.lua
   kPenalty,        // lua/penalty.lua
+  kFleetVersion,   // lua/fleet_version.lua
 };
 
 struct ScriptSource {
@@ -161,6 +162,15 @@ struct LeaseReply {
 // waits are cut to 2^41 ms).
 std::optional<LeaseReply> parseLeaseReply(std::span<const int64_t> values,
                                           Script script = Script::kTokenBucket);
+
+// ARGV of fleet_version: {op, version, ttl_ms}. kClaim sets the marker to
+// `version` when it is absent or already holds it; kPeek changes nothing.
+enum class FleetVersionOp { kClaim, kPeek };
+std::vector<std::string> fleetVersionArgv(FleetVersionOp op, int64_t version, int64_t ttl_ms);
+
+// Parses fleet_version's reply, {fleet}: the marker's version (0: absent or
+// not a version); nullopt when it is not 1 integer >= 0.
+std::optional<int64_t> parseFleetVersionReply(std::span<const int64_t> values);
 
 struct HeartbeatReply {
   int64_t live = 0;    // live nodes, N

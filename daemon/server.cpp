@@ -194,6 +194,9 @@ RedisHealth Server::redisHealth() const {
   health.address = std::move(snapshot.address);
   int64_t now_ns = clock_ns_();
   health.breaker = broker_->breaker();
+  health.state_version = control_->stateVersion();
+  health.fleet_state_version = broker_->fleetVersion();
+  health.state_refused = broker_->refused();
   health.learning = broker_->learningAny(now_ns);
   if (RuleSetPtr rules = rules_.load(std::memory_order_acquire)) {
     health.learning_rules = learningRules(*rules, *broker_, now_ns);

@@ -28,6 +28,12 @@ struct RedisHealth {
   // Leased units this node holds and has not spent (an estimate: granted
   // minus returned minus spent).
   int64_t leased_units = 0;
+  // The Redis state version this node writes, the fleet marker's as last
+  // read (0: not read yet), and whether this node refuses to lease because
+  // they differ (breaker.h).
+  int64_t state_version = 0;
+  int64_t fleet_state_version = 0;
+  bool state_refused = false;
   uint32_t nodes = 1;       // live nodes N, or expected_nodes before heartbeats
   std::string_view mode;    // "standalone", "sentinel" or "cluster" ("" without Redis)
   // The Redis last connected to, "host:port" or "unix:/path" (in Sentinel

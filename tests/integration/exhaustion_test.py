@@ -951,7 +951,7 @@ class GlobalKeyBytesTest(ExhaustionCase):
         first = KeyBytesTest.assert_separate_budgets(self, client, "global_once")
         self.assertTrue(all(r["mode"] == "normal" for r in first), [r["mode"] for r in first])
         count = self.redis.command(
-            "EVAL", "return #redis.call('KEYS', ARGV[1])", "0", "sluice:q:*")
+            "EVAL", "return #redis.call('KEYS', ARGV[1])", "0", "sluice:v2:q:*")
         self.assertEqual(count, len(DISTINCT_KEYS))
         client.close()
         self.daemon.assert_unharmed(self)

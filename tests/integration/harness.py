@@ -51,13 +51,17 @@ def _fnv1a64(data):
     return value
 
 
-def redis_key(kind, rule, key, prefix="sluice:"):
+STATE_VERSION = 2  # kRedisStateVersion in daemon/redis_keys.h
+
+
+def redis_key(kind, rule, key, prefix="sluice:", version=STATE_VERSION):
     """The name of a (rule, key)'s Redis key, as daemon/redis_keys.h makes
     it: kind "q" (global state) or "b" (penalty block); str or bytes."""
     rule = rule.encode() if isinstance(rule, str) else rule
     key = key.encode() if isinstance(key, str) else key
     pair = b"%d:%s:%s" % (len(rule), rule, key)
-    return b"%s%s:{%016x}:%s" % (prefix.encode(), kind.encode(), _fnv1a64(pair), pair)
+    return b"%sv%d:%s:{%016x}:%s" % (prefix.encode(), version, kind.encode(), _fnv1a64(pair),
+                                     pair)
 
 
 def _crc16(data):

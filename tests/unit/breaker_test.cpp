@@ -347,6 +347,91 @@ TEST_F(BreakerTest, ANewClusterMasterStartsLearningWithoutOpening) {
   EXPECT_TRUE(broker_.learning(rule("per-hour"), now_));
 }
 
+// --- The fleet marker: state versions -----------------------------------------
+
+// Verifies that a fleet marker naming another state version refuses the
+// node: it stays half-open (global rules follow on_redis_down), starts no
+// recovery, and shows both versions; once the marker is its own, the same
+// epoch's identity recovers and closes.
+TEST_F(BreakerTest, AFleetOfAnotherStateVersionKeepsTheBreakerHalfOpenUntilTheMarkerIsOurs) {
+  breaker_.up(now_);
+  uint64_t epoch = breaker_.epoch();
+  breaker_.identified(epoch, identity("a"), now_, kRedisStateVersion + 1);
+  EXPECT_EQ(breaker_.state(), Breaker::kHalfOpen);
+  EXPECT_TRUE(breaker_.refused());
+  EXPECT_FALSE(broker_.leasing());
+  EXPECT_TRUE(broker_.refused());
+  EXPECT_EQ(broker_.fleetVersion(), kRedisStateVersion + 1);
+  EXPECT_TRUE(actions_.recoveries.empty());
+  EXPECT_EQ(breaker_.pending(), 1u);  // the identity, asked again by the manager
+
+  now_ += 10 * kSecond;
+  breaker_.identified(epoch, identity("a"), now_, kRedisStateVersion);
+  EXPECT_FALSE(breaker_.refused());
+  EXPECT_FALSE(broker_.refused());
+  EXPECT_EQ(broker_.fleetVersion(), kRedisStateVersion);
+  ASSERT_EQ(actions_.recoveries.size(), 1u);
+  EXPECT_EQ(breaker_.state(), Breaker::kClosed);
+}
+
+// Verifies that a marker that could not be claimed (no answer) refuses as
+// well: a node leases only once it knows the fleet runs its version.
+TEST_F(BreakerTest, AMarkerThatCouldNotBeClaimedRefuses) {
+  breaker_.up(now_);
+  breaker_.identified(breaker_.epoch(), identity("a"), now_, std::nullopt);
+  EXPECT_TRUE(breaker_.refused());
+  EXPECT_EQ(broker_.fleetVersion(), 0);
+  EXPECT_EQ(breaker_.state(), Breaker::kHalfOpen);
+  EXPECT_TRUE(actions_.recoveries.empty());
+}
+
+// Verifies that a node whose own version differs from the build's (the
+// tests' seam) is refused by a fleet of the build's version.
+TEST_F(BreakerTest, TheNodesOwnStateVersionIsTheOneCompared) {
+  CircuitBreaker breaker(broker_, actions_, {5 * kSecond, 2'400 * kMs, 7, "blue:"},
+                         [this] { return rules_; });
+  breaker.up(now_);
+  breaker.identified(breaker.epoch(), identity("a"), now_, kRedisStateVersion);
+  EXPECT_TRUE(breaker.refused());
+  breaker.identified(breaker.epoch(), identity("a"), now_, 7);
+  EXPECT_FALSE(breaker.refused());
+}
+
+// Verifies that a closed breaker whose periodic claim finds another version
+// goes half-open, refused, in a new epoch, and debits what it admits from
+// then on once it leases again; a failed claim or its own version changes
+// nothing.
+TEST_F(BreakerTest, AClosedBreakerThatFindsAnotherVersionGoesHalfOpenRefused) {
+  recoverAs(identity("a"));
+  breaker_.checked(std::nullopt, now_);
+  breaker_.checked(0, now_);
+  breaker_.checked(kRedisStateVersion, now_);
+  EXPECT_EQ(breaker_.state(), Breaker::kClosed);
+  uint64_t epoch = breaker_.epoch();
+
+  breaker_.checked(kRedisStateVersion + 1, now_);
+  EXPECT_EQ(breaker_.state(), Breaker::kHalfOpen);
+  EXPECT_TRUE(breaker_.refused());
+  EXPECT_FALSE(broker_.leasing());
+  EXPECT_GT(breaker_.epoch(), epoch);
+
+  now_ += 4 * kSecond;
+  breaker_.identified(breaker_.epoch(), identity("a"), now_, kRedisStateVersion);
+  ASSERT_EQ(actions_.recoveries.size(), 2u);
+  EXPECT_FALSE(actions_.recoveries[1].state_lost);
+  EXPECT_EQ(actions_.recoveries[1].span_ms, 4'000);
+  EXPECT_EQ(breaker_.state(), Breaker::kClosed);
+}
+
+// Verifies that health's refusal shows on /metrics.
+TEST(StateVersion, MetricsShowARefusal) {
+  MetricsView view;
+  view.redis.emplace();
+  EXPECT_NE(renderPrometheus(view).find("sluice_state_refused 0\n"), std::string::npos);
+  view.redis->state_refused = true;
+  EXPECT_NE(renderPrometheus(view).find("sluice_state_refused 1\n"), std::string::npos);
+}
+
 // Verifies that INFO's fields are read from their lines, and that a text
 // without run_id is no identity.
 TEST(ParseInfo, ReadsRunIdAndReplicationIds) {
@@ -386,12 +471,28 @@ class ManagerBreakerTest : public ::testing::Test {
 
   const Rule& hourly() { return *rules_->find("hourly"); }
 
-  // Up, INFO answered as (run_id, replid).
-  void upAs(const std::string& run_id, const std::string& replid) {
+  // Up, INFO answered as (run_id, replid), the fleet marker as `fleet`.
+  void upAs(const std::string& run_id, const std::string& replid,
+            int64_t fleet = kRedisStateVersion) {
     manager_->onUp();
+    answerIdentity(run_id, replid, fleet);
+  }
+
+  // Answers the identity step: INFO, then the claim of the fleet marker.
+  void answerIdentity(const std::string& run_id, const std::string& replid, int64_t fleet) {
     ASSERT_FALSE(redis_.calls.empty());
     ASSERT_EQ(redis_.calls.front().argv, std::vector<std::string>{"INFO"});
     redis_.answerString(info(run_id, replid));
+    answerClaim(fleet);
+  }
+
+  void answerClaim(int64_t fleet) {
+    ASSERT_FALSE(redis_.calls.empty());
+    ASSERT_TRUE(redis_.calls.front().script);
+    ASSERT_EQ(redis_.calls.front().keys, std::vector<std::string>{"sluice:version"});
+    ASSERT_EQ(redis_.calls.front().argv,
+              (std::vector<std::string>{"claim", std::to_string(kRedisStateVersion), "3000"}));
+    redis_.answerIntegers({fleet});
   }
 
   // Counts `units` admitted in fallback on `key`'s share entry.
@@ -446,6 +547,67 @@ TEST_F(ManagerBreakerTest, ARestartedRedisIsDebitedNothingAndTheRuleLearns) {
 }
 
 
+// Verifies the identity step's second call: after INFO the manager claims
+// the fleet marker; another version refuses, nothing is debited, and each
+// checkFleet asks again until the marker is this node's; then what the
+// refused node admitted in fallback is debited and the breaker closes.
+TEST_F(ManagerBreakerTest, ARefusedNodeAsksAgainEachCheckAndLeasesOnceTheMarkerIsItsOwn) {
+  upAs("run-a", "r1", kRedisStateVersion + 1);
+  EXPECT_TRUE(redis_.calls.empty());
+  EXPECT_EQ(broker_.breaker(), Breaker::kHalfOpen);
+  EXPECT_TRUE(broker_.refused());
+  admitInFallback("k", 3);
+
+  now_ += kSecond;
+  manager_->checkFleet();
+  manager_->checkFleet();  // one identity at a time
+  ASSERT_EQ(redis_.calls.size(), 1u);
+  answerIdentity("run-a", "r1", kRedisStateVersion + 1);
+  EXPECT_TRUE(broker_.refused());
+  EXPECT_TRUE(redis_.calls.empty());
+
+  now_ += kSecond;
+  manager_->checkFleet();
+  answerIdentity("run-a", "r1", kRedisStateVersion);
+  EXPECT_FALSE(broker_.refused());
+  ASSERT_EQ(redis_.calls.size(), 1u);  // the fallback's debit
+  EXPECT_EQ(redis_.calls.front().keys.front(), manager_->stateKey("hourly", "k"));
+  EXPECT_EQ(redis_.calls.front().argv[0], "debit");
+  redis_.answerIntegers({0, 5, 0, 0, kStart / kMs});
+  EXPECT_EQ(broker_.breaker(), Breaker::kClosed);
+  EXPECT_EQ(broker_.stats(now_).debited_units, 3u);
+}
+
+// Verifies that a closed node claims the marker again at every check (its
+// TTL is a members' TTL), and that finding another version there refuses it.
+TEST_F(ManagerBreakerTest, AClosedNodeKeepsClaimingTheMarkerAndIsRefusedWhenItChanges) {
+  upAs("run-a", "r1");
+  ASSERT_EQ(broker_.breaker(), Breaker::kClosed);
+  manager_->checkFleet();
+  manager_->checkFleet();  // one claim at a time
+  ASSERT_EQ(redis_.calls.size(), 1u);
+  answerClaim(kRedisStateVersion);
+  EXPECT_EQ(broker_.breaker(), Breaker::kClosed);
+  manager_->checkFleet();
+  answerClaim(kRedisStateVersion + 1);
+  EXPECT_EQ(broker_.breaker(), Breaker::kHalfOpen);
+  EXPECT_TRUE(broker_.refused());
+}
+
+// Verifies that the state keys carry the node's own state version.
+TEST_F(ManagerBreakerTest, StateKeysCarryTheNodesStateVersion) {
+  EXPECT_EQ(manager_->stateKey("hourly", "k"), redisStateKey("sluice:", "hourly", "k"));
+  LeaseContext context;
+  context.keys = &keys_;
+  context.broker = &broker_;
+  context.rules = [this] { return rules_; };
+  context.state_version = 9;
+  FakeRedis other;
+  LeaseManager nine(other, config_, context);
+  EXPECT_EQ(nine.stateKey("hourly", "k"), redisStateKey("sluice:", "hourly", "k", 9));
+  EXPECT_EQ(nine.blockKey("hourly", "k"), redisBlockKey("sluice:", "hourly", "k", 9));
+}
+
 // --- Learning on a fleet of two nodes, in one process -------------------------
 
 // One Redis shared by the nodes' fake links: a token bucket per Redis key
@@ -474,6 +636,7 @@ class FakeRedisState {
     const std::vector<std::string>& a = call.argv;
     const std::string& key = call.keys.front();
     long long now_ms = now_ns_ / kMs;
+    if (a[0] == "claim") return {std::stoll(a[1])};  // the fleet marker: one version
     if (a.size() == 7 && a[0] != "peek" && !std::isdigit(static_cast<unsigned char>(a[5][0]))) {
       return concurrency(a, key, now_ms);  // {op, n, need, limit, ttl, node_id, now}
     }

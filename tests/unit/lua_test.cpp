@@ -173,8 +173,8 @@ class LuaTest : public ::testing::Test {
 
   static test::RedisServer* server_;
   std::unique_ptr<Redis> redis_;
-  std::string sha_[static_cast<size_t>(Script::kPenalty) + 1];           // by Script
-  std::string timeless_sha_[static_cast<size_t>(Script::kPenalty) + 1];  // kTimeless forms
+  std::string sha_[static_cast<size_t>(Script::kFleetVersion) + 1];           // by Script
+  std::string timeless_sha_[static_cast<size_t>(Script::kFleetVersion) + 1];  // kTimeless forms
 };
 
 test::RedisServer* LuaTest::server_ = nullptr;
@@ -185,7 +185,7 @@ test::RedisServer* LuaTest::server_ = nullptr;
 // Verifies that every embedded script is byte for byte its file in lua/, so
 // the .lua files really are the single source of truth.
 TEST(Scripts, EmbedsEachLuaFileExactly) {
-  ASSERT_EQ(scripts::all().size(), 8u);
+  ASSERT_EQ(scripts::all().size(), 9u);
   for (const auto& script : scripts::all()) {
     std::ifstream in(std::string(SLUICE_SOURCE_DIR) + "/lua/" + std::string(script.name), std::ios::binary);
     ASSERT_TRUE(in) << script.name;
@@ -211,6 +211,10 @@ TEST(Scripts, BuildsArgvInTheDocumentedOrder) {
             (std::vector<std::string>{"renew", "0", "0", "5", "30000", "node-a", "42"}));
   EXPECT_EQ(scripts::heartbeatArgv(scripts::HeartbeatOp::kBeat, "node-a", 15'000),
             (std::vector<std::string>{"beat", "node-a", "15000", "0"}));
+  EXPECT_EQ(scripts::fleetVersionArgv(scripts::FleetVersionOp::kClaim, 2, 3'000),
+            (std::vector<std::string>{"claim", "2", "3000"}));
+  EXPECT_EQ(scripts::fleetVersionArgv(scripts::FleetVersionOp::kPeek, 2, 3'000),
+            (std::vector<std::string>{"peek", "2", "3000"}));
   EXPECT_EQ(scripts::forAlgorithm(Algorithm::kGcra), Script::kGcra);
   EXPECT_EQ(scripts::forAlgorithm(Algorithm::kSlidingLog), Script::kSlidingLog);
   // A return names the lease's window; a sliding log's, the lease's ms.
@@ -1180,6 +1184,56 @@ TEST_F(LuaTest, HeartbeatKeyExpiresWithinTheTtl) {
   const int64_t ttl_ms = redis_->integer({"PTTL", "m"});
   EXPECT_GT(ttl_ms, 0);
   EXPECT_LE(ttl_ms, 3000);
+}
+
+// ---------------------------------------------------------------------------
+// The fleet marker (lua/fleet_version.lua).
+
+// Verifies that a claim takes an absent marker for its version with the
+// given TTL, refreshes its own, and leaves another version's alone,
+// answering it; and that a peek changes nothing.
+TEST_F(LuaTest, FleetMarkerIsClaimedWhenAbsentAndKeptByItsOwnVersionOnly) {
+  using scripts::FleetVersionOp;
+  auto fleet = [&](FleetVersionOp op, int64_t version, int64_t ttl_ms) {
+    return scripts::parseFleetVersionReply(eval(Script::kFleetVersion, "fv", scripts::fleetVersionArgv(op, version, ttl_ms)));
+  };
+  EXPECT_EQ(fleet(FleetVersionOp::kPeek, 2, 3'000), 0);
+  EXPECT_EQ(redis_->integer({"EXISTS", "fv"}), 0);
+  EXPECT_EQ(fleet(FleetVersionOp::kClaim, 2, 3'000), 2);
+  int64_t ttl_ms = redis_->integer({"PTTL", "fv"});
+  EXPECT_GT(ttl_ms, 0);
+  EXPECT_LE(ttl_ms, 3'000);
+  // Another version is told the fleet's and changes neither value nor TTL.
+  EXPECT_EQ(fleet(FleetVersionOp::kClaim, 3, 60'000), 2);
+  EXPECT_EQ(fleet(FleetVersionOp::kPeek, 3, 60'000), 2);
+  EXPECT_LE(redis_->integer({"PTTL", "fv"}), 3'000);
+  // Its own version refreshes the TTL.
+  EXPECT_EQ(fleet(FleetVersionOp::kClaim, 2, 60'000), 2);
+  EXPECT_GT(redis_->integer({"PTTL", "fv"}), 3'000);
+  // Gone (the last daemon of version 2 left a TTL ago): version 3 claims it.
+  redis_->command({"DEL", "fv"});
+  EXPECT_EQ(fleet(FleetVersionOp::kClaim, 3, 3'000), 3);
+  EXPECT_EQ(fleet(FleetVersionOp::kClaim, 2, 3'000), 3);
+}
+
+// Verifies that a marker holding no version (written by hand) is claimed,
+// so it cannot refuse the fleet forever, and that bad ARGV is an error reply.
+TEST_F(LuaTest, FleetMarkerThatHoldsNoVersionIsClaimedAndBadArgvIsAnError) {
+  redis_->command({"SET", "fv", "blue"});
+  EXPECT_EQ(scripts::parseFleetVersionReply(eval(Script::kFleetVersion, "fv", scripts::fleetVersionArgv(scripts::FleetVersionOp::kPeek, 2, 3'000))), 0);
+  EXPECT_EQ(scripts::parseFleetVersionReply(eval(Script::kFleetVersion, "fv", scripts::fleetVersionArgv(scripts::FleetVersionOp::kClaim, 2, 3'000))), 2);
+  for (const std::vector<std::string>& argv : {std::vector<std::string>{"claim", "0", "3000"},
+                                                std::vector<std::string>{"claim", "2", "0"},
+                                                std::vector<std::string>{"grab", "2", "3000"},
+                                                std::vector<std::string>{"claim", "2.5", "3000"}}) {
+    std::vector<std::string> args = {"EVALSHA", sha_[static_cast<size_t>(Script::kFleetVersion)], "1", "fv"};
+    args.insert(args.end(), argv.begin(), argv.end());
+    ReplyPtr reply = redis_->command(args);
+    ASSERT_EQ(reply->type, REDIS_REPLY_ERROR) << argv[0] << " " << argv[1] << " " << argv[2];
+    EXPECT_NE(std::string(reply->str).find("fleet_version.lua"), std::string::npos);
+  }
+  EXPECT_EQ(scripts::parseFleetVersionReply(std::vector<int64_t>{2, 3}), std::nullopt);
+  EXPECT_EQ(scripts::parseFleetVersionReply(std::vector<int64_t>{-1}), std::nullopt);
 }
 
 }  // namespace

@@ -57,8 +57,8 @@ TEST(RedisKeysTest, StateAndBlockOfAnyPairShareTheTagsSlot) {
       ASSERT_EQ(tag.size(), 18u);
       EXPECT_EQ(clusterSlot(state), clusterSlot(tag.substr(1, 16)));
       EXPECT_EQ(clusterSlot(block), clusterSlot(state));
-      EXPECT_EQ(state.rfind("sluice:q:" + tag + ":", 0), 0u);
-      EXPECT_EQ(block.rfind("sluice:b:" + tag + ":", 0), 0u);
+      EXPECT_EQ(state.rfind("sluice:v2:q:" + tag + ":", 0), 0u);
+      EXPECT_EQ(block.rfind("sluice:v2:b:" + tag + ":", 0), 0u);
     }
   }
 }
@@ -94,6 +94,31 @@ TEST(RedisKeysTest, PairsSpreadOverTheSlots) {
     slots.insert(clusterSlot(redisStateKey("sluice:", "rule" + std::to_string(i), "same")));
   }
   EXPECT_GT(slots.size(), 1800u);
+}
+
+// Verifies that the state version is a part of every pair's names, so
+// daemons of two versions never read each other's state, while the pair
+// keeps its tag (and slot) in every version.
+TEST(RedisKeysTest, EachStateVersionNamesItsOwnKeysInTheSameSlot) {
+  EXPECT_EQ(kRedisStateVersion, 2);
+  EXPECT_EQ(redisStateKey("sluice:", "api", "k"), redisStateKey("sluice:", "api", "k", kRedisStateVersion));
+  for (int64_t version : {1, 3, 10}) {
+    std::string mine = redisStateKey("sluice:", "api", "k");
+    std::string theirs = redisStateKey("sluice:", "api", "k", version);
+    EXPECT_NE(theirs, mine) << version;
+    EXPECT_NE(redisBlockKey("sluice:", "api", "k", version), redisBlockKey("sluice:", "api", "k"));
+    EXPECT_EQ(theirs.rfind("sluice:v" + std::to_string(version) + ":q:{", 0), 0u) << theirs;
+    EXPECT_EQ(clusterSlot(theirs), clusterSlot(mine));
+  }
+  // "v1" and "v10" cannot collide: the version ends at its ':'.
+  EXPECT_NE(redisStateKey("p:", "r", "k", 1).substr(0, 6), redisStateKey("p:", "r", "k", 10).substr(0, 6));
+}
+
+// Verifies that the members set and the fleet marker carry no version:
+// daemons of every version read the same two keys.
+TEST(RedisKeysTest, TheFleetMarkerIsOnePlainNameOfThePrefix) {
+  EXPECT_EQ(redisVersionKey("sluice:"), "sluice:version");
+  EXPECT_EQ(redisVersionKey("blue:"), "blue:version");
 }
 
 TEST(RedisKeysTest, MembersKeyIsOnePlainName) {
