@@ -101,6 +101,11 @@ std::string redisBlockKey(std::string_view prefix, std::string_view rule_name,
   return pairKey(prefix, 'b', rule_name, key);
 }
 
+std::string redisRatesKey(std::string_view prefix, std::string_view rule_name,
+                          std::string_view key) {
+  return pairKey(prefix, 'r', rule_name, key);
+}
+
 std::string redisMembersKey(std::string_view prefix) { return std::string(prefix) + "members"; }
 
 }  // namespace sluice

@@ -44,6 +44,9 @@ std::string redisStateKey(std::string_view prefix, std::string_view rule_name,
                           std::string_view key);
 std::string redisBlockKey(std::string_view prefix, std::string_view rule_name,
                           std::string_view key);
+// The rate leases held on (rule, key) (lua/token_bucket.lua's KEYS[3]).
+std::string redisRatesKey(std::string_view prefix, std::string_view rule_name,
+                          std::string_view key);
 
 // The members sorted set (lua/heartbeat.lua).
 std::string redisMembersKey(std::string_view prefix);

@@ -23,6 +23,7 @@
 #include "holding.h"
 #include "limiter.h"
 #include "penalty.h"
+#include "rate_lease.h"
 #include "slice.h"
 #include "systemd.h"
 #include "uv_handles.h"
@@ -224,18 +225,25 @@ std::vector<RuleOvershoot> Server::overshootBounds() const {
   // The most units one key holds leased, by configured rule id: a walk of
   // the key table, only when some rule's leases are stamped (the others'
   // held units do not count).
-  std::unordered_map<uint32_t, int64_t> held;
+  // Likewise the most units one key's rate lease refills its slice to
+  // (rate_lease.h), for the rules whose keys may hold rates.
+  std::unordered_map<uint32_t, int64_t> held, rated;
   bool any_stamped = false;
   for (const Rule& rule : rules->rules()) {
-    any_stamped = any_stamped || stamped(rule) ||
+    any_stamped = any_stamped || stamped(rule) || rate_lease::eligible(rule) ||
                   std::any_of(rules->parts(rule).begin(), rules->parts(rule).end(), stamped);
   }
   if (any_stamped) {
     keys_->visit([&](KeyTable::Entry& entry) {
       const Rule* rule = rules->findById(entry.ruleId());
-      if (rule == nullptr || !stamped(*rule) || entry.state().size() != entryWords(*rule)) return;
-      int64_t& most = held[entry.ruleId() & kRuleIdMask];
-      most = std::max(most, slice::heldUnits(entry.state(), now_ns));
+      if (rule == nullptr || entry.state().size() != entryWords(*rule)) return;
+      if (stamped(*rule)) {
+        int64_t& most = held[entry.ruleId() & kRuleIdMask];
+        most = std::max(most, slice::heldUnits(entry.state(), now_ns));
+      } else if (rate_lease::eligible(*rule)) {
+        int64_t& most = rated[entry.ruleId() & kRuleIdMask];
+        most = std::max(most, slice::rateCapUnits(entry.state(), now_ns));
+      }
     });
   }
   for (const Rule& rule : rules->rules()) {
@@ -244,9 +252,11 @@ std::vector<RuleOvershoot> Server::overshootBounds() const {
     bool learning = broker_->learning(rule, now_ns);
     for (const Rule& part : rules->parts(rule)) learning = learning || broker_->learning(part, now_ns);
     auto found = held.find(rule.id);
+    auto found_rate = rated.find(rule.id);
     OvershootInput input{.leasing = broker_->leasing(),
                          .learning = learning,
-                         .held_units = found != held.end() ? found->second : 0};
+                         .held_units = found != held.end() ? found->second : 0,
+                         .rate_cap_units = found_rate != rated.end() ? found_rate->second : 0};
     bounds.push_back({rule.name, overshootBound(rule, *share, input)});
   }
   return bounds;
