@@ -87,9 +87,10 @@ std::optional<Reply> parseReply(std::span<const int64_t> values, int64_t limit);
 bool eligible(const Rule& rule);
 
 // Whether a key of an eligible rule that holds no rate asks for one with
-// its next lease: its demand, measured over at least one lease interval
-// (demand_per_interval, slice kRate), is at least the rule's refill per
-// lease interval split over the `nodes` (the key is hot on this node), and
+// its next lease: its demand per lease interval (demand_per_interval,
+// slice::demandPerInterval: the last full measurement, or what was asked in
+// less than an interval since) is at least the rule's refill per lease
+// interval split over the `nodes` (the key is hot on this node), and
 // the last grant left Redis less than slice::kRoomyFactor times what it
 // granted (roomy false: token leases cannot carry the demand). Cold and
 // lightly used keys keep leasing tokens.

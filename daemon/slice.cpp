@@ -387,7 +387,7 @@ bool holdsRate(ConstWords words, int64_t now_ns) { return now_ns < load(words, k
 
 bool roomy(ConstWords words) { return (words[kFlags].load(std::memory_order_acquire) & kRoomy) != 0; }
 
-int64_t demandPerInterval(ConstWords words) { return load(words, kRate); }
+int64_t demandPerInterval(ConstWords words) { return std::max(load(words, kRate), load(words, kDemand)); }
 
 int64_t rateCapUnits(ConstWords words, int64_t now_ns) {
   return holdsRate(words, now_ns) ? load(words, kRateCap) : 0;

@@ -208,8 +208,9 @@ bool holdsRate(ConstWords words, int64_t now_ns);
 // Whether the key's last grant left Redis kRoomyFactor times what it granted.
 bool roomy(ConstWords words);
 
-// The key's demand per lease interval as last measured (kRate; nextBatch
-// measures it).
+// The key's demand per lease interval: the last full measurement (kRate;
+// nextBatch measures it), or the units asked in the one under way
+// (kDemand, less than an interval) when that is more already.
 int64_t demandPerInterval(ConstWords words);
 
 // The units a rate lease's slice refills to (kRateCap) while it holds a

@@ -581,5 +581,19 @@ TEST_F(SliceTest, ARenewedRateRefillsOnAndAnEndedOneLeasesTokensAgain) {
   EXPECT_FALSE(slice::holdsRate(words(), 3'100 * kMs));
 }
 
+// Verifies that the demand a rate lease is asked by counts the units asked
+// in the measurement under way once they pass the last full one, so that a
+// key that turns hot asks for a rate within its first interval.
+TEST_F(SliceTest, DemandPerIntervalCountsTheMeasurementUnderWay) {
+  const Rule rule = bucketRule(1'000, 1'000 * kMs, 30);
+  grant(100);
+  for (int i = 0; i < 40; ++i) slice::take(words(), 1 * kMs, 1);
+  EXPECT_EQ(slice::demandPerInterval(words()), 40);
+  slice::nextBatch(words(), 1 * kMs, 1, rule, 1, kInterval);  // starts a measurement
+  slice::nextBatch(words(), 1 * kMs + kInterval, 1, rule, 1, kInterval);  // ends it: 40
+  slice::take(words(), 1 * kMs + kInterval, 1);
+  EXPECT_EQ(slice::demandPerInterval(words()), 40);
+}
+
 }  // namespace
 }  // namespace sluice
