@@ -432,9 +432,20 @@ bool LeaseManager::askIdentity(uint64_t epoch) {
 void LeaseManager::recover(uint64_t epoch, bool state_lost, int64_t fallback_span_ms) {
   auto answered = [this, epoch] { breaker_.answered(epoch, now()); };
   auto expect = [this, epoch](size_t calls) { breaker_.expect(epoch, calls); };
+  if (state_lost) endRates();
   debitFallback(state_lost, fallback_span_ms, answered, expect);
   passHoldings(true, answered, expect);
   leaseDebts(answered, expect);
+}
+
+void LeaseManager::endRates() {
+  RuleSetPtr rules = context_.rules();
+  const int64_t now_ns = now();
+  context_.keys->visit([&](KeyTable::Entry& entry) {
+    const Rule* rule = rules->findById(entry.ruleId());
+    if (rule == nullptr || !rate_lease::eligible(*rule) || entry.state().size() != entryWords(*rule)) return;
+    slice::applyRate(entry.state(), 0, 0, 0, 0, now_ns);
+  });
 }
 
 void LeaseManager::debitFallback(bool state_lost, int64_t span_ms,

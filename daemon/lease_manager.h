@@ -150,6 +150,10 @@ class LeaseManager : private BreakerActions {
   // BreakerActions (breaker.h).
   bool askIdentity(uint64_t epoch) override;
   void recover(uint64_t epoch, bool state_lost, int64_t fallback_span_ms) override;
+  // Ends every rate lease this node holds (rate_lease.h): Redis came back
+  // without the rates hash, so it counts none of them, and a slice that
+  // refilled on would admit beside a bucket that refills at the full rate.
+  void endRates();
   // Debits what the fallback shares admitted over span_ms (nothing when
   // Redis lost the state); `expect` counts the debits before they are sent,
   // and each one's answer calls `answered`.
