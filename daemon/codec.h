@@ -8,10 +8,11 @@
 // question that waited, when its answer comes. The codec makes no
 // decision and touches no socket.
 //
-// Two codecs: MessagePack-RPC (RpcCodec, rpc_front.h), whose answers carry
-// the client's msgid and may go out in any order, and the Redis protocol
-// (RespCodec, resp_front.h), whose replies go out in request order: while
-// one of its questions waits, the connection reads no further frame.
+// Three codecs: MessagePack-RPC (RpcCodec, rpc_front.h), whose answers
+// carry the client's msgid and may go out in any order, the Redis protocol
+// (RespCodec, resp_front.h) and HTTP/1.1 (HttpCodec, http_front.h), whose
+// replies go out in request order: while one of their questions waits, the
+// connection reads no further frame.
 //
 // One codec per connection, called on that connection's worker thread
 // only, inside the worker's KeyTable::ReadGuard.
@@ -31,6 +32,7 @@ namespace sluice {
 enum class Protocol : uint8_t {
   kMsgpackRpc,  // the Unix socket ([daemon] socket)
   kResp,        // [resp] listen
+  kHttp,        // [http] listen
 };
 
 struct Frame {
@@ -49,6 +51,9 @@ struct Frame {
   // kQuestion: a MessagePack-RPC notification. It is decided, never waits,
   // and its answer is dropped.
   bool unanswered = false;
+  // kQuestion: its answer is the last reply (HTTP's Connection: close):
+  // read nothing more, close for `close_reason` once it is written.
+  bool close_after = false;
   CloseReason close_reason = CloseReason::kUnreadable;
 };
 

@@ -102,6 +102,15 @@ Config build(const toml::table& root, const std::string& source_name, ConfigChec
 
   std::vector<Rule> rules;
   if (const toml::node* node = root.get("rule")) rules = loadRules(*node, config.redis.has_value());
+  if (!config.resp.listen.empty()) {
+    for (const Rule& rule : rules) {
+      if (rule.name.starts_with(kThrottleRulePrefix)) {
+        refuse(*given["resp"]["listen"],
+               "rule " + quote(rule.name) + " starts with \"" + std::string(kThrottleRulePrefix) +
+                   "\", which names the rules CL.THROTTLE makes; rename the [[rule]]");
+      }
+    }
+  }
   if (const toml::node* node = root.get("envoy")) {
     config.envoy = loadEnvoy(asSection(*node, "envoy"), config.redis.has_value());
     for (const Rule& rule : rules) {

@@ -167,6 +167,10 @@ struct HttpConfig {
 };
 
 // [resp]: the Redis protocol front (resp_front.h); off while `listen` is "".
+// The prefix of the rules CL.THROTTLE makes, one per parameter set
+// (resp::throttleRuleName); a [[rule]] may not use it while [resp] listens.
+constexpr std::string_view kThrottleRulePrefix = "cl.throttle/";
+
 struct RespConfig {
   // "HOST:PORT" (numeric host) or "unix:/absolute/path"; "" serves none.
   std::string listen;

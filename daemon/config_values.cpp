@@ -171,7 +171,12 @@ const toml::table& asSection(const toml::node& node, std::string_view name) {
 void refuseUnknownKey(const toml::key& key, const std::string& subject, std::string_view where,
                       std::span<const std::string_view> known) {
   std::string message = subject + "unknown key " + quote(key.str()) + " in " + std::string(where);
-  if (auto suggestion = closest(key.str(), known)) {
+  if (key.str() == "calendar" &&
+      std::find(known.begin(), known.end(), std::string_view("window")) != known.end()) {
+    // Other limiters' spelling of a calendar window (period plus a flag).
+    message += "; a calendar window is written window = \"day\", \"week\" or \"month\" in "
+               "place of period (with time_zone)";
+  } else if (auto suggestion = closest(key.str(), known)) {
     message += "; did you mean " + quote(*suggestion) + "?";
   } else {
     message += "; remove it (the keys of " + std::string(where) + " are " + joinPlain(known) + ")";
@@ -202,8 +207,19 @@ int64_t durationValue(const toml::node& node, const std::string& what, std::stri
                      "; write a duration in quotes with a unit, e.g. " + std::string(example));
   }
   auto ns = parseDurationNs(value->get());
-  if (!ns) refuse(node, what + " " + quote(value->get()) + " is not a duration; " +
-                            std::string(kDurationHint));
+  if (!ns) {
+    const std::string_view text = value->get();
+    // Weeks and months are calendar spans, not durations (a month is 28 to
+    // 31 days): a rule counts them with window, which other limiters spell
+    // as a period with a calendar flag.
+    const bool calendar = text.ends_with("w") || text.ends_with("mo") ||
+                          text.ends_with("week") || text.ends_with("month");
+    refuse(node, what + " " + quote(text) + " is not a duration; " +
+                     (calendar ? std::string("a rule's limit per calendar week or month is "
+                                             "written window = \"week\" or \"month\" in "
+                                             "place of period (with time_zone)")
+                               : std::string(kDurationHint)));
+  }
   return *ns;
 }
 

@@ -210,6 +210,10 @@ void Connection::consume(std::span<const uint8_t> bytes, bool from_scratch) {
       } else {
         ++answered;
       }
+      if (frame.close_after) {
+        last = true;
+        drain_reason_ = frame.close_reason;
+      }
     } else if (frame.kind == Frame::Kind::kReplied) {
       ++answered;
     } else if (frame.kind == Frame::Kind::kLast) {
@@ -233,6 +237,9 @@ void Connection::consume(std::span<const uint8_t> bytes, bool from_scratch) {
     worker_.armLeaseTimer();
   }
   if (last) {
+    // What follows the last request is never read.
+    input_used_ = 0;
+    partial_since_ms_ = 0;
     drain();
     return;
   }

@@ -1,12 +1,12 @@
 // Connection: one client of a listener, owned by one worker's loop; its
 // codec (codec.h) is the protocol it speaks: MessagePack-RPC on the Unix
-// socket, the Redis protocol on [resp] listen.
+// socket, the Redis protocol on [resp] listen, HTTP/1.1 on [http] listen.
 //
 // Reads land in a growable input buffer; every complete frame in it is
 // parsed and answered at once, and the answers of one read are written
 // together (one write for the batch). At most one write is in flight: while
 // it is, new answers gather in a second buffer and go out when it ends.
-// A codec whose replies go in request order (RESP) stops at a question
+// A codec whose replies go in request order (RESP, HTTP) stops at a question
 // that waits: the frames after it stay in the input buffer, reading stops,
 // and both go on once its answer is written (the worker resumes the
 // connection from its loop, never from inside the dispatcher).

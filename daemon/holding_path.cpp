@@ -9,6 +9,20 @@
 
 namespace sluice {
 
+namespace {
+
+// What the fleet has free, as far as the node can tell: its own free units
+// (`left`) and what Redis had free at the key's last lease answer
+// (slice::redisLeft), at most the limit; see docs/protocol.md,
+// "Remaining on a global rule".
+int64_t fleetFree(std::span<const std::atomic<uint64_t>> words, const Rule& rule, int64_t now_ns,
+                  int64_t left) {
+  return std::min(rule.limits.front().limit,
+                  left + slice::redisLeft(words.first(slice::kWords), rule, now_ns));
+}
+
+}  // namespace
+
 void HoldingPath::requestHolding(const RuleSet& rules, const Rule& rule, std::string_view key,
                                  std::span<std::atomic<uint64_t>> words, int64_t now_ns,
                                  int64_t cost) {
@@ -59,7 +73,10 @@ Outcome HoldingPath::acquire(const RuleSet& rules, const Rule& rule, const rpc::
     switch (got.taken.outcome) {
       case slice::Outcome::kTaken:
         metrics_.lease_units_spent.add(static_cast<uint64_t>(item.cost));
-        decision = holding::decide(words, limit, now_ns, item.cost, got.taken.left, true);
+        decision = holding::decide(words, limit, now_ns, item.cost,
+                                   cap > 0 ? got.taken.left
+                                           : fleetFree(words, rule, now_ns, got.taken.left),
+                                   true);
         return answer(words);
       case slice::Outcome::kDenied:
         if (got.capped) {
@@ -110,7 +127,8 @@ Decision HoldingPath::peekHeld(const RuleSet& rules, const Rule& rule,
     slice::TakeResult looked = slice::look(words.first(slice::kWords), now_ns, cost);
     switch (looked.outcome) {
       case slice::Outcome::kTaken:
-        return holding::decide(words, limit, now_ns, cost, looked.left, true);
+        return holding::decide(words, limit, now_ns, cost,
+                               fleetFree(words, rule, now_ns, looked.left), true);
       case slice::Outcome::kDenied:
         return holding::decide(words, limit, now_ns, cost, 0, false,
                                std::max<int64_t>(looked.until_ns - now_ns, 1),

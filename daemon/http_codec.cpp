@@ -1,4 +1,4 @@
-// HttpCodec; see http_codec.h.
+// The HTTP check endpoint's words; see http_codec.h.
 #include "http_codec.h"
 
 #include <algorithm>
@@ -32,9 +32,14 @@ std::string_view reasonPhrase(unsigned status) {
     case 403: return "Forbidden";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
+    case 411: return "Length Required";
+    case 413: return "Content Too Large";
+    case 414: return "URI Too Long";
     case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
     case 500: return "Internal Server Error";
     case 503: return "Service Unavailable";
+    case 505: return "HTTP Version Not Supported";
     default: return status < 500 ? "Client Error" : "Server Error";
   }
 }
@@ -81,7 +86,86 @@ void appendField(std::string* body, std::string_view name, int64_t value) {
   *body += std::to_string(value);
 }
 
+void appendNumber(std::string* out, uint64_t value) {
+  char text[24];
+  char* end = std::to_chars(text, text + sizeof(text), value).ptr;
+  out->append(text, static_cast<size_t>(end - text));
+}
+
+void appendTwoDigits(std::string* out, int value) {
+  *out += static_cast<char>('0' + value / 10 % 10);
+  *out += static_cast<char>('0' + value % 10);
+}
+
 }  // namespace
+
+void writeResponse(std::string* out, const Reply& reply, std::string_view connection,
+                   std::string_view date, bool with_body) {
+  *out += "HTTP/1.1 ";
+  appendNumber(out, reply.status);
+  *out += ' ';
+  *out += reasonPhrase(reply.status);
+  *out += "\r\n";
+  if (!date.empty()) {
+    *out += "Date: ";
+    *out += date;
+    *out += "\r\n";
+  }
+  if (!connection.empty()) {
+    *out += "Connection: ";
+    *out += connection;
+    *out += "\r\n";
+  }
+  if (!reply.content_type.empty()) {
+    *out += "Content-Type: ";
+    *out += reply.content_type;
+    *out += "\r\n";
+  }
+  for (const auto& [name, value] : reply.headers) {
+    *out += name;
+    *out += ": ";
+    *out += value;
+    *out += "\r\n";
+  }
+  *out += "Content-Length: ";
+  appendNumber(out, reply.body.size());
+  *out += "\r\n\r\n";
+  if (with_body) *out += reply.body;
+}
+
+std::string imfDate(int64_t unix_s) {
+  static constexpr const char* kDays[] = {"Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"};
+  static constexpr const char* kMonths[] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
+                                            "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
+  if (unix_s < 0) unix_s = 0;
+  const int64_t days = unix_s / 86400;
+  const int64_t second_of_day = unix_s % 86400;
+  // Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
+  const int64_t z = days + 719468;
+  const int64_t era = z / 146097;
+  const int64_t doe = z - era * 146097;
+  const int64_t yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+  const int64_t doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+  const int64_t mp = (5 * doy + 2) / 153;
+  const int64_t day = doy - (153 * mp + 2) / 5 + 1;
+  const int64_t month = mp < 10 ? mp + 3 : mp - 9;
+  const int64_t year = yoe + era * 400 + (month <= 2 ? 1 : 0);
+  std::string out = kDays[days % 7];
+  out += ", ";
+  appendTwoDigits(&out, static_cast<int>(day));
+  out += ' ';
+  out += kMonths[month - 1];
+  out += ' ';
+  appendNumber(&out, static_cast<uint64_t>(year));
+  out += ' ';
+  appendTwoDigits(&out, static_cast<int>(second_of_day / 3600));
+  out += ':';
+  appendTwoDigits(&out, static_cast<int>(second_of_day / 60 % 60));
+  out += ':';
+  appendTwoDigits(&out, static_cast<int>(second_of_day % 60));
+  out += " GMT";
+  return out;
+}
 
 const std::string* Reply::header(std::string_view name) const {
   for (const auto& [key, value] : headers) {

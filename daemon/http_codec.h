@@ -1,6 +1,7 @@
-// HttpCodec: the HTTP check endpoint's words (http_front.h has the server),
-// pure functions with no sockets, so every status, header and body is
-// unit-tested on its own.
+// http_codec: the HTTP check endpoint's words, pure functions with no
+// sockets, so every status, header and body is unit-tested on its own;
+// HttpCodec (http_front.h) speaks them on a connection, and
+// http_request.h parses the requests.
 //
 // In: a request's path and method, and `rule`, `key`, `cost` from the query
 // string or the headers Sluice-Rule, Sluice-Key, Sluice-Cost (the query
@@ -19,7 +20,9 @@
 //     seconds, rounded up, at least 1) and an RFC 9457 problem body;
 //   - a bad parameter 400, an unknown rule or path 404, a method other
 //     than GET or POST 405, each with a problem body naming what is wrong;
-//     only the daemon's own trouble (overloaded, stopping, a bug) is 5xx.
+//     only the daemon's own trouble (overloaded, stopping, a bug) is 5xx;
+//   - a request the parser refuses (http_request.h) gets its status with a
+//     problem body too, written by writeResponse like every answer.
 #pragma once
 
 #include <cstdint>
@@ -104,6 +107,19 @@ Reply problem(unsigned status, std::string_view detail);
 // of several limits gets one policy item per limit, named "rule/0",
 // "rule/1", ..., and RateLimit names the one the decision reports.
 std::pair<std::string, std::string> rateLimitHeaders(const Rule& rule, const Decision& decision);
+
+// Appends `reply` to `out` as an HTTP/1.1 response, its header lines in
+// the order libmicrohttpd wrote them: the status line, `Date: DATE` unless
+// `date` is empty, `Connection: CONNECTION` unless `connection` is empty
+// ("close", or "Keep-Alive" to an HTTP/1.0 client that asked for it),
+// Content-Type, the reply's headers, Content-Length; then the body, unless
+// `with_body` is false (the answer to a HEAD).
+void writeResponse(std::string* out, const Reply& reply, std::string_view connection,
+                   std::string_view date, bool with_body);
+
+// The IMF-fixdate (RFC 9110 section 5.6.7) of `unix_s` seconds since the
+// epoch: "Sun, 06 Nov 1994 08:49:37 GMT".
+std::string imfDate(int64_t unix_s);
 
 // A JSON string literal of `text`, quoted and escaped.
 std::string jsonString(std::string_view text);

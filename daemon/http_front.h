@@ -2,84 +2,108 @@
 // decision seam for proxies (nginx auth_request, Traefik ForwardAuth, Envoy
 // ext_authz) and any HTTP client.
 //
-// libmicrohttpd (the library /metrics uses) serves it on a thread of its
-// own. Each request is parsed by the codec (http_codec.h) into a Question
-// of one item, handed to a worker through `submit` (Worker::submit), and
-// its connection is suspended until the worker calls the request's
-// Recipient with the Answer; the Recipient encodes the reply there and
-// resumes the connection, and the HTTP thread sends it. No decision is made
-// here: the worker's dispatcher decides, as for every front.
+// Its connections live on the worker loops beside the MessagePack-RPC and
+// RESP ones: the server's main loop accepts them on the [http] listener and
+// hands each to a worker (server.h), whose Connection reads it through an
+// HttpCodec. A request is parsed (http_request.h), turned into a Question
+// of one item (http_codec.h) and decided on that loop, with no thread
+// between the socket and the decision; a keep-alive connection's pipelined
+// requests are answered in one write. Answers go out in request order: a
+// question that waits (a lease, a line) holds the requests after it until
+// it is answered (connection.h). `Connection: close`, and an HTTP/1.0
+// request without `Connection: keep-alive`, close the connection once the
+// answer is written; so does a request the parser refuses, after its
+// problem answer. The bounds are the main socket's: a request (head and
+// body) of at most [limits] max_frame_bytes, at most max_items header
+// lines, the idle and partial-frame timeouts, the output cap.
 //
-// A TCP listener has no peer credentials: it is unauthenticated, and binds
-// where the operator writes (loopback in the shipped config). On a
-// Unix-socket listener, `admit` ([access], access.h) decides each request's
-// peer, and a peer it does not allow is answered 403.
+// A TCP listener is unauthenticated (no peer credentials); on a Unix-socket
+// listener [access] decides each connection at accept, and every request
+// of a peer it does not allow is answered 403.
 //
-// Thread-safety: start() and stop() on one thread (the server's main
-// thread); setRules() from any thread. stop() must come after the workers
-// have stopped, so that no question is still waiting for its answer (a
-// stopped worker answers at once).
+// One HttpFront per worker, and its codecs, on that worker's thread only.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
+#include <string_view>
 
+#include "access.h"
+#include "codec.h"
+#include "dispatch.h"
+#include "http_codec.h"
+#include "http_request.h"
 #include "question.h"
-#include "rules.h"
-
-struct MHD_Daemon;
 
 namespace sluice {
 
 class HttpFront {
  public:
   struct Options {
-    std::string listen;         // "HOST:PORT" or "unix:/path" (parseFrontAddress)
-    unsigned deny_status = 429;  // the status of a denial
+    unsigned deny_status = 429;  // the status of a denial ([http] deny_status)
     size_t max_key_bytes = 4096;
-    unsigned max_connections = 4096;  // open at once; more are refused
-    unsigned idle_timeout_s = 300;    // a silent connection is closed; 0: never
+    http::Limits limits;
   };
-  // Hands a question to a worker (Worker::submit); any thread.
-  using Submit = std::function<void(HeldQuestion, Recipient*, MsgId)>;
-  // Whether the peer on a Unix-socket connection `fd` may ask ([access]).
-  using Admit = std::function<bool(int fd)>;
+  // Seconds since the epoch, for the Date header.
+  using WallClock = std::function<int64_t()>;
 
-  HttpFront() = default;
-  ~HttpFront();
-  HttpFront(const HttpFront&) = delete;
-  HttpFront& operator=(const HttpFront&) = delete;
+  // `wall_clock_s` empty: the system's.
+  HttpFront(Dispatcher& dispatcher, const Options& options, WallClock wall_clock_s = {});
 
-  // Listens and serves; false with `error` (naming the address and what to
-  // do) when it cannot.
-  bool start(const Options& options, RuleSetPtr rules, Submit submit, Admit admit,
-             std::string* error);
-  // Later requests' headers describe `rules` (after a reload).
-  void setRules(RuleSetPtr rules);
-  RuleSetPtr rules() const;
-  void stop();
+  // A new connection's codec; `peer` (who must outlive it) says whether
+  // [access] allows it.
+  std::unique_ptr<Codec> makeCodec(const Peer& peer);
 
-  // Used by the request handler (http_front.cpp), on the HTTP thread.
-  struct Call;
   const Options& options() const { return options_; }
-  void submit(HeldQuestion question, Recipient* recipient) {
-    submit_(std::move(question), recipient, MsgId(++asked_));
-  }
-  bool admits(int fd) const { return !admit_ || admit_(fd); }
-  bool unixListener() const { return !unix_path_.empty(); }
+  Dispatcher& dispatcher() { return dispatcher_; }
+  // The Date header's value now, formatted once a second.
+  std::string_view date();
 
  private:
-  Options options_;
-  Submit submit_;
-  Admit admit_;
-  mutable std::mutex mutex_;  // guards rules_
-  RuleSetPtr rules_;
-  MHD_Daemon* daemon_ = nullptr;
-  std::string unix_path_;  // the socket file to remove on stop; "" for TCP
-  uint64_t asked_ = 0;     // HTTP thread only: the questions' tags
+  Dispatcher& dispatcher_;
+  const Options& options_;
+  WallClock wall_clock_s_;
+  int64_t date_s_ = -1;
+  std::string date_;
+};
+
+// HTTP/1.1 as a connection's codec. Replies go in request order
+// (inOrder), so the request being answered is the one last read: its
+// rule's name and how its connection goes on are kept here until its
+// answer is written.
+class HttpCodec final : public Codec {
+ public:
+  HttpCodec(HttpFront& front, const Peer& peer) : front_(front), peer_(peer) {}
+
+  Frame read(std::span<const uint8_t> bytes, int64_t now_ns, std::string* out) override;
+  // Walks an unfinished request once: to the end of its head, then waits
+  // for the bytes of its body.
+  bool frameReady(std::span<const uint8_t> bytes) override;
+  void restartFrame() override {
+    scanned_ = 0;
+    needed_ = 0;
+  }
+  void writeAnswer(std::string* out, MsgId tag, const Answer& answer) override;
+  bool inOrder() const override { return true; }
+
+ private:
+  // Writes `reply` as the answer to the request just read.
+  void reply(std::string* out, const http::Reply& response);
+
+  HttpFront& front_;
+  const Peer& peer_;
+  http::Request request_;  // the request being read; its headers vector is reused
+  std::string decoded_;    // its path and parameters, percent-decoded
+  std::string rule_name_;  // the rule the question names, for its answer's headers
+  Item item_;              // the question's; views decoded_ or the request's bytes
+  bool keep_alive_ = true;
+  bool head_ = false;      // a HEAD request: its answer has no body
+  bool keep_alive_1_0_ = false;  // an HTTP/1.0 keep-alive: say so in the answer
+  bool continued_ = false; // the unfinished request was sent "100 Continue"
+  size_t scanned_ = 0;     // frameReady: how far the unfinished head was walked
+  size_t needed_ = 0;      // frameReady: the unfinished request's size, once known
 };
 
 }  // namespace sluice

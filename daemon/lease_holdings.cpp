@@ -67,6 +67,7 @@ void LeaseManager::sendHoldingLease(const LeaseRequest& request, const Rule& rul
         finish(request.rule_id, request.key, [&](Words words) {
           if (words.size() != entryWords(rule)) return;
           slice::noteGrant(words, reply->granted, reply->remaining);
+          slice::noteRedisLeft(words, rule, reply->remaining, now_ns);
           if (reply->granted == 0) {
             // Redis's retry_after is when holdings expire, but a return may
             // free units sooner: ask again after a lease interval at most.

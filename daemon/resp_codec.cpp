@@ -6,6 +6,8 @@
 #include <charconv>
 #include <optional>
 
+#include "config.h"
+
 namespace sluice::resp {
 
 namespace {
@@ -209,7 +211,7 @@ Parse parseCommand(std::string_view input, const Limits& limits, size_t* consume
 }
 
 std::string throttleRuleName(const Throttle& throttle) {
-  return "cl.throttle/" + std::to_string(throttle.max_burst) + "/" +
+  return std::string(kThrottleRulePrefix) + std::to_string(throttle.max_burst) + "/" +
          std::to_string(throttle.count) + "/" + std::to_string(throttle.period_s);
 }
 

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <ctime>
 #include <thread>
 #include <unordered_map>
 
@@ -53,6 +54,10 @@ WorkerOptions workerOptions(const Config& config) {
   options.resp.max_command_bytes = config.limits.max_frame_bytes;
   options.resp.max_arguments = config.limits.max_items;
   options.resp.max_key_bytes = config.limits.max_key_bytes;
+  options.http.deny_status = config.http.deny_status;
+  options.http.max_key_bytes = config.limits.max_key_bytes;
+  options.http.limits.max_request_bytes = config.limits.max_frame_bytes;
+  options.http.limits.max_headers = config.limits.max_items;
   if (config.redis) options.lease_timeout_ms = config.redis->lease_timeout_ms;
   // 0 turns the timeouts off; a day is as good as never for a sweep timer.
   constexpr int64_t kNever = 24LL * 3600 * 1000;
@@ -395,9 +400,13 @@ int Server::run() {
     spdlog::critical("{}", error);
     for (auto& worker : workers_) worker->stop();
     for (auto& worker : workers_) worker->join();
-    // After the workers, as at a stop: no question is left waiting.
-    http_front_.stop();
     workers_.clear();
+    if (http_fd_ >= 0) {
+      uv_close(reinterpret_cast<uv_handle_t*>(&http_listener_), nullptr);
+      ::close(http_fd_);
+      http_fd_ = -1;
+      if (!http_unix_path_.empty()) unlink(http_unix_path_.c_str());
+    }
     ::close(listen_fd_);
     listen_fd_ = -1;
     if (!socket_inherited_) unlink(config_.daemon.socket_path.c_str());
@@ -457,8 +466,6 @@ int Server::run() {
   for (auto& worker : workers_) {
     worker->join();
   }
-  // After the workers: every question it submitted has been answered.
-  http_front_.stop();
   // After the workers: nothing spends from slices any more, so the control
   // thread returns what they hold, then leaves the members set.
   if (control_) {
@@ -484,6 +491,12 @@ void Server::startAccepting() {
       if (status == 0) self->onAcceptable(self->resp_fd_, Protocol::kResp);
     });
   }
+  if (http_fd_ >= 0) {
+    uv_poll_start(&http_listener_, UV_READABLE, [](uv_poll_t* handle, int status, int) {
+      auto* self = static_cast<Server*>(handle->data);
+      if (status == 0) self->onAcceptable(self->http_fd_, Protocol::kHttp);
+    });
+  }
 }
 
 void Server::onAcceptable(int listen_fd, Protocol protocol) {
@@ -500,6 +513,7 @@ void Server::onAcceptable(int listen_fd, Protocol protocol) {
                      kAcceptPauseMs);
         uv_poll_stop(&listener_);
         if (resp_fd_ >= 0) uv_poll_stop(&resp_listener_);
+        if (http_fd_ >= 0) uv_poll_stop(&http_listener_);
         uv_timer_start(
             &accept_pause_,
             [](uv_timer_t* t) {
@@ -531,8 +545,11 @@ void Server::onAcceptable(int listen_fd, Protocol protocol) {
              protocol);
       continue;
     }
-    // A TCP peer has no credentials: [access] cannot apply (docs/resp.md).
-    const bool tcp = protocol == Protocol::kResp && resp_unix_path_.empty();
+    // A TCP peer has no credentials: [access] cannot apply (docs/resp.md,
+    // docs/http.md). A peer it does not allow on a Unix [http] listener is
+    // answered 403 to every request by its codec.
+    const bool tcp = (protocol == Protocol::kResp && resp_unix_path_.empty()) ||
+                     (protocol == Protocol::kHttp && http_unix_path_.empty());
     Peer peer;
     peer.allowed = true;
     if (!tcp) {
@@ -571,6 +588,9 @@ void Server::refuse(int fd, RefuseReason reason, std::string_view why, Protocol 
   std::string notification;
   if (protocol == Protocol::kResp) {
     resp::writeError(&notification, "ERR max number of clients reached: " + std::string(why));
+  } else if (protocol == Protocol::kHttp) {
+    http::writeResponse(&notification, http::problem(503, why), "close",
+                        http::imfDate(static_cast<int64_t>(std::time(nullptr))), true);
   } else {
     rpc::writeErrorNotification(&notification, rpc::ErrorCode::kOverloaded, why);
   }
@@ -661,7 +681,6 @@ bool Server::reloadLocked(std::string* error) {
 }
 
 void Server::installRules(RuleSetPtr rules) {
-  http_front_.setRules(rules);
   config_.rules = rules;
   rules_.store(rules, std::memory_order_release);
   for (auto& worker : workers_) {
@@ -796,6 +815,12 @@ void Server::beginStop() {
     ::close(resp_fd_);
     resp_fd_ = -1;
     if (!resp_unix_path_.empty()) unlink(resp_unix_path_.c_str());
+  }
+  if (http_fd_ >= 0) {
+    uv_close(reinterpret_cast<uv_handle_t*>(&http_listener_), nullptr);
+    ::close(http_fd_);
+    http_fd_ = -1;
+    if (!http_unix_path_.empty()) unlink(http_unix_path_.c_str());
   }
   systemd::notifyStopping();
   uv_close(reinterpret_cast<uv_handle_t*>(&status_timer_), nullptr);

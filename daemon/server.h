@@ -1,11 +1,11 @@
 // Server: the daemon as a whole. Owns the listening socket, the workers, the
 // key table and the metrics, and runs the main loop on the calling thread.
 //
-// The main loop accepts connections, on the socket and on [resp] listen
-// alike, and hands each to the worker with the fewest; it handles
-// SIGTERM/SIGINT (graceful stop) and SIGHUP (reload), and sweeps idle keys
-// out of the key table, then hands the pages malloc holds free back to the
-// system (every thread allocates from one malloc arena, so
+// The main loop accepts connections, on the socket, [resp] listen and
+// [http] listen alike, and hands each to the worker with the fewest; it
+// handles SIGTERM/SIGINT (graceful stop) and SIGHUP (reload), and sweeps
+// idle keys out of the key table, then hands the pages malloc holds free
+// back to the system (every thread allocates from one malloc arena, so
 // that all of them can go back). The thread model is written down in
 // worker.h.
 //
@@ -80,7 +80,8 @@ class Server : public DaemonStatus {
  private:
   bool listen(std::string* error);
   bool reloadLocked(std::string* error);
-  // Polls the listeners (the socket and [resp] listen) for connections.
+  // Polls the listeners (the socket, [resp] and [http] listen) for
+  // connections.
   void startAccepting();
   // Accepts what waits on `listen_fd`, whose clients speak `protocol`, and
   // hands each connection to the worker with the fewest.
@@ -121,7 +122,8 @@ class Server : public DaemonStatus {
   static std::vector<Rule> withAddedRules(std::vector<Rule> rules, const std::vector<Rule>& added);
   // Installs `rules` on every worker; the caller holds reload_mutex_.
   void installRules(RuleSetPtr rules);
-  // Serves [http] listen (http_front.h); false with `error`.
+  // Binds [http] listen (http_front.h), whose connections the main loop
+  // accepts once startAccepting() runs; false with `error`.
   bool startHttp(std::string* error);
   // Binds [resp] listen (resp_front.h), whose connections the main loop
   // accepts once startAccepting() runs; false with `error`.
@@ -165,8 +167,11 @@ class Server : public DaemonStatus {
   uv_timer_t key_sweep_;
   uv_timer_t status_timer_;
   MetricsEndpoint metrics_endpoint_;
-  HttpFront http_front_;  // [http]: started after the workers, stopped after they join
-  std::atomic<size_t> http_next_worker_{0};
+  // [http] listen: bound after the workers start, polled by the main loop
+  // like the socket, closed at the stop.
+  int http_fd_ = -1;
+  uv_poll_t http_listener_;
+  std::string http_unix_path_;  // a Unix [http] listen's socket file, removed at the stop
   // [resp] listen: bound after the workers start, polled by the main loop
   // like the socket, closed at the stop.
   int resp_fd_ = -1;

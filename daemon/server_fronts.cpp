@@ -15,8 +15,6 @@
 
 #include <spdlog/spdlog.h>
 
-#include "reservations.h"
-
 namespace sluice {
 
 std::vector<Rule> Server::withAddedRules(std::vector<Rule> rules, const std::vector<Rule>& added) {
@@ -34,31 +32,6 @@ std::vector<Rule> Server::withAddedRules(std::vector<Rule> rules, const std::vec
     rules.push_back(std::move(copy));
   }
   return rules;
-}
-
-bool Server::startHttp(std::string* error) {
-  HttpFront::Options options;
-  options.listen = config_.http.listen;
-  options.deny_status = config_.http.deny_status;
-  options.max_key_bytes = config_.limits.max_key_bytes;
-  options.max_connections = config_.limits.max_connections;
-  options.idle_timeout_s = static_cast<unsigned>((config_.limits.idle_timeout_ms + 999) / 1000);
-  // Questions go to the workers in turn; each decides on the shared key table.
-  // A settle goes to the worker whose table holds its reservation.
-  auto submit = [this](HeldQuestion question, Recipient* recipient, MsgId tag) {
-    const Question asked = question.question();
-    size_t index = settles(asked.method) && !asked.items.empty()
-                       ? Reservations::workerOf(asked.items.front().reservation) % workers_.size()
-                       : http_next_worker_.fetch_add(1, std::memory_order_relaxed) % workers_.size();
-    workers_[index]->submit(std::move(question), recipient, tag);
-  };
-  auto admit = [this](int fd) {
-    Peer peer = access_.admit(fd);
-    return peer.allowed;
-  };
-  if (!http_front_.start(options, config_.rules, submit, admit, error)) return false;
-  spdlog::info("serving HTTP checks on {}", config_.http.listen);
-  return true;
 }
 
 namespace {
@@ -121,6 +94,21 @@ int bindListener(const std::string& listen, mode_t mode, std::string* unix_path,
 }
 
 }  // namespace
+
+bool Server::startHttp(std::string* error) {
+  std::string problem;
+  http_fd_ = bindListener(config_.http.listen, config_.daemon.socket_mode, &http_unix_path_,
+                          &problem);
+  if (http_fd_ < 0) {
+    *error = "cannot serve HTTP checks on " + config_.http.listen + ": " + problem +
+             "; choose another [http] listen";
+    return false;
+  }
+  uv_poll_init(&loop_, &http_listener_, http_fd_);
+  http_listener_.data = this;
+  spdlog::info("serving HTTP checks on {}", config_.http.listen);
+  return true;
+}
 
 bool Server::startResp(std::string* error) {
   std::string problem;

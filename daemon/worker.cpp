@@ -49,6 +49,7 @@ Worker::Worker(size_t index, const WorkerOptions& options, KeyTable& keys, Metri
                   static_cast<uint32_t>(index)),
       rpc_front_(dispatcher_, keys, metrics, status, broker),
       resp_front_(dispatcher_, options_.resp, std::move(throttle_rules)),
+      http_front_(dispatcher_, options_.http),
       reader_slot_(keys.registerReader()),
       read_scratch_(kReadScratchBytes) {
   dispatcher_.setRules(std::move(rules));
@@ -73,6 +74,7 @@ Worker::Worker(size_t index, const WorkerOptions& options, KeyTable& keys, Metri
 
 std::unique_ptr<Codec> Worker::makeCodec(Protocol protocol, const Peer& peer) {
   if (protocol == Protocol::kResp) return resp_front_.makeCodec();
+  if (protocol == Protocol::kHttp) return http_front_.makeCodec(peer);
   return std::make_unique<RpcCodec>(
       rpc_front_, metrics_, options_.protocol, peer,
       [this](const rpc::ParseResult* result, const rpc::Request* request) {

@@ -45,6 +45,7 @@
 #include "key_table.h"
 #include "metrics.h"
 #include "question.h"
+#include "http_front.h"
 #include "resp_front.h"
 #include "rpc.h"
 #include "rpc_front.h"
@@ -60,6 +61,7 @@ struct WorkerOptions {
   int64_t shutdown_timeout_ms = 5'000;
   int64_t lease_timeout_ms = 50;  // longest a request waits for a lease
   resp::Limits resp;              // [resp] connections' commands
+  HttpFront::Options http;        // [http] connections' requests and answers
 };
 
 class Worker {
@@ -81,7 +83,7 @@ class Worker {
   // Thread-safe: later requests use `rules`.
   void setRules(RuleSetPtr rules);
   // Thread-safe: the seam (dispatch.h) for a front on a thread of its own
-  // (HTTP, gRPC). The worker decides `question` on its loop and calls
+  // (gRPC). The worker decides `question` on its loop and calls
   // recipient->receive(tag, answer) there, at once or when it stops
   // waiting (waiting.h bounds every wait); a stopped worker answers
   // OVERLOADED on the caller's thread. The recipient must live until it
@@ -184,6 +186,7 @@ class Worker {
   Dispatcher dispatcher_;
   RpcFront rpc_front_;
   RespFront resp_front_;
+  HttpFront http_front_;
   KeyTable::ReaderId reader_slot_;
   Answer answer_;  // a submitted question's or a connection's, reused
 

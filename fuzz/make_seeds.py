@@ -514,9 +514,37 @@ def resp_seeds():
     write("resp", "partial", resp_command("CL.THROTTLE", "k", 1, 2, 3)[:-5])
 
 
+# --- http: HTTP clients' byte streams to the HTTP check front ----------------------
+
+def http_seeds():
+    host = b"Host: sluice\r\n"
+    write("http", "check", b"GET /v1/check?rule=api&key=user%3A42&cost=2 HTTP/1.1\r\n" + host +
+          b"\r\n")
+    write("http", "pipeline", b"".join([
+        b"GET /v1/check?rule=api&key=a HTTP/1.1\r\n" + host + b"\r\n",
+        b"POST /v1/peek HTTP/1.1\r\n" + host +
+        b"Sluice-Rule: api\r\nSluice-Key: b\r\nContent-Length: 4\r\n\r\nbody",
+        b"GET /v1/check?rule=api&key_header=X-Forwarded-For HTTP/1.1\r\n" + host +
+        b"X-Forwarded-For: 1.2.3.4, 10.0.0.1\r\n\r\n",
+        b"POST /v1/reserve?rule=api&key=c&estimate=10&ttl_ms=500 HTTP/1.1\r\n" + host + b"\r\n",
+        b"POST /v1/settle?id=281474976710659&actual=0 HTTP/1.1\r\n" + host +
+        b"Connection: close\r\n\r\n"]))
+    write("http", "http10", b"\r\nGET /v1/check?rule=a+b&key=%zz HTTP/1.0\n"
+          b"Connection: keep-alive\n\nHEAD /v1/check HTTP/1.0\n\n")
+    write("http", "errors", b"DELETE /v1/check?rule=api&key=k HTTP/1.1\r\n" + host + b"\r\n"
+          b"GET /v2 HTTP/1.1\r\n" + host + b"\r\n"
+          b"GET /v1/check?rule=api&key=k&cost=-1 HTTP/1.1\r\n" + host + b"\r\n"
+          b"GET /v1/check HTTP/1.1\r\nBad Name: x\r\n\r\n")
+    write("http", "chunked", b"POST /v1/check HTTP/1.1\r\n" + host +
+          b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
+    write("http", "too_long", b"GET /" + b"a" * 5000 + b" HTTP/1.1\r\n\r\n")
+    write("http", "partial", b"GET /v1/check?rule=api&key=k HTTP/1.1\r\nHost: s")
+
+
 def main():
     rpc_seeds()
     resp_seeds()
+    http_seeds()
     config_seeds()
     lease_reply_seeds()
     return 0

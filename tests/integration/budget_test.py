@@ -9,6 +9,7 @@ Run by ctest; SLUICED names the daemon binary.
 
 import json
 import os
+import socket
 import subprocess
 import unittest
 
@@ -187,6 +188,15 @@ class HttpReservations(unittest.TestCase):
         self.daemon = Daemon("budget-http")
         config = CONFIG.format(socket=self.daemon.socket).replace("workers = 1", "workers = 3")
         self.daemon.start(config + '\n[http]\nlisten = "127.0.0.1:%d"\n' % self.port)
+        # The daemon accepts on its socket before its HTTP front listens.
+        self.assertTrue(wait_for(lambda: self.accepts_http(), 10), self.daemon.logs())
+
+    def accepts_http(self):
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+            return True
+        except OSError:
+            return False
 
     def tearDown(self):
         self.daemon.stop()

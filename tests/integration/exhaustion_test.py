@@ -963,7 +963,7 @@ class DeferredFramesTest(ExhaustionCase):
     # Most bytes of questions (rules and keys) one worker keeps for requests
     # waiting on a lease (daemon/waiting.h, kMaxDeferredBytes).
     MAX_DEFERRED_BYTES = 16 << 20
-    FRAMES = 3000
+    FRAMES = 1000     # 60 MB of padded frames, against an 8 MiB bound on RSS
     KEY_FRAMES = 400  # 24 MB of keys: more than one worker keeps
     ITEMS = 15        # keys per acquire_all: about 60 KB of keys in one frame
     KEY_BYTES = 4000  # under the default max_key_bytes (4096)

@@ -220,6 +220,94 @@ class HttpEndpointTest(unittest.TestCase):
         self.assertEqual(headers["RateLimit-Policy"], '"slots";q=4;qu="concurrent-requests"')
 
 
+def read_responses(sock, count):
+    """`count` whole responses read off `sock`: (status, headers, body)
+    each, and whether the daemon closed the connection after them."""
+    data = b""
+    responses = []
+    while len(responses) < count:
+        end = data.find(b"\r\n\r\n")
+        if end >= 0:
+            head = data[:end].decode()
+            lines = head.split("\r\n")
+            headers = dict(line.split(": ", 1) for line in lines[1:])
+            length = int(headers["Content-Length"])
+            if len(data) >= end + 4 + length:
+                responses.append((int(lines[0].split()[1]), headers,
+                                  data[end + 4:end + 4 + length].decode()))
+                data = data[end + 4 + length:]
+                continue
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return responses
+
+
+class HttpWireTest(unittest.TestCase):
+    """The endpoint's HTTP/1.1 on a raw socket: pipelining, Connection:
+    close, HTTP/1.0 and the bounds."""
+
+    def setUp(self):
+        self.port = free_port()
+        start_daemon(self, CONFIG.format(socket="{socket}", listen="127.0.0.1:%d" % self.port,
+                                         deny_status=429), self.port)
+
+    def connect(self):
+        sock = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+        self.addCleanup(sock.close)
+        return sock
+
+    def test_pipelined_requests_are_answered_in_order_on_one_connection(self):
+        sock = self.connect()
+        requests = b"".join(b"GET /v1/check?rule=three&key=pipe HTTP/1.1\r\nHost: s\r\n\r\n"
+                            for _ in range(4))
+        sock.sendall(requests + b"GET /v1/peek?rule=three&key=pipe HTTP/1.1\r\nHost: s\r\n\r\n")
+        answers = read_responses(sock, 5)
+        # The peek (cost 0) passes, and sees what the four checks left.
+        self.assertEqual([status for status, _, _ in answers], [200, 200, 200, 429, 200])
+        self.assertEqual([h["RateLimit"].split(";")[1] for _, h, _ in answers],
+                         ["r=2", "r=1", "r=0", "r=0", "r=0"])
+        # Still open: one more request is answered.
+        sock.sendall(b"GET /v1/peek?rule=three&key=other HTTP/1.1\r\nHost: s\r\n\r\n")
+        self.assertEqual(read_responses(sock, 1)[0][0], 200)
+
+    def test_connection_close_and_http_1_0_are_answered_then_closed(self):
+        for request in (b"GET /v1/peek?rule=three&key=c HTTP/1.1\r\nHost: s\r\n"
+                        b"Connection: close\r\n\r\n",
+                        b"GET /v1/peek?rule=three&key=c HTTP/1.0\r\n\r\n"):
+            sock = self.connect()
+            sock.sendall(request)
+            answers = read_responses(sock, 1)
+            self.assertEqual(answers[0][0], 200)
+            self.assertEqual(answers[0][1]["Connection"], "close")
+            self.assertEqual(sock.recv(1), b"", "the connection stayed open")
+
+    def test_malformed_and_oversized_requests_get_their_problem_and_a_close(self):
+        cases = [
+            (b"GET /v1/check HTTP/1.1\r\nHost: s\r\nBad Name: x\r\n\r\n", 400),
+            (b"POST /v1/check HTTP/1.1\r\nHost: s\r\nTransfer-Encoding: chunked\r\n\r\n", 411),
+            (b"POST /v1/check HTTP/1.1\r\nHost: s\r\nContent-Length: 9999999\r\n\r\n", 413),
+            # Just past [limits] max_frame_bytes (64 KiB): the daemon reads it all
+            # before it answers, so its close sends no reset over the answer.
+            (b"GET /v1/check HTTP/1.1\r\nHost: s\r\nX: " + b"x" * 65500 + b"\r\n\r\n", 431),
+            (b"GET /v1/check HTTP/2.0\r\nHost: s\r\n\r\n", 505),
+        ]
+        for request, status in cases:
+            sock = self.connect()
+            try:
+                sock.sendall(request)
+            except OSError:
+                pass  # closed before the whole head was sent: the answer is there
+            answers = read_responses(sock, 1)
+            self.assertEqual(len(answers), 1, request[:60])
+            got, headers, body = answers[0]
+            self.assertEqual(got, status, body)
+            self.assertEqual(headers["Content-Type"], "application/problem+json")
+            self.assertEqual(json.loads(body)["status"], status)
+            self.assertEqual(sock.recv(1), b"")
+
+
 class HttpUnixSocketTest(unittest.TestCase):
     def test_a_unix_socket_listener_answers_checks(self):
         daemon = Daemon("http-unix")

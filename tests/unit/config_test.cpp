@@ -795,6 +795,15 @@ const Refusal kRefusals[] = {
     {"calendar_window_written_as_a_period",
      "[[rule]]\nname = \"b\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1d\"\n",
      "5:10", "or period = \"1d\" for a fixed length"},
+    {"calendar_window_as_a_flag",
+     "[[rule]]\nname = \"b\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1d\"\n"
+     "calendar = true\n",
+     "6:1", "a calendar window is written window = \"day\", \"week\" or \"month\" in place of "
+     "period"},
+    {"calendar_month_as_a_period",
+     "[[rule]]\nname = \"b\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1mo\"\n",
+     "5:10", "period \"1mo\" is not a duration; a rule's limit per calendar week or month is "
+     "written window = \"week\" or \"month\" in place of period"},
     {"calendar_window_on_a_bucket",
      "[[rule]]\nname = \"b\"\nlimit = 5\nwindow = \"day\"\n", "4:10",
      "window applies only to fixed_window"},
@@ -1168,6 +1177,21 @@ TEST(ConfigTest, RespGlobalScopeNeedsRedis) {
   Config local = mustLoad("[resp]\nlisten = \"unix:/run/sluice/resp.sock\"\n");
   EXPECT_EQ(local.resp.scope, "local");
   EXPECT_EQ(local.resp.max_parameter_sets, 1000u);
+}
+
+// Verifies that while [resp] listens, a [[rule]] may not take a name of the
+// rules CL.THROTTLE makes (the front would decide on it instead of its own
+// parameters); without [resp] the name is free.
+TEST(ConfigTest, RespRefusesARuleNamedLikeAThrottleRule) {
+  const std::string rule =
+      "[[rule]]\nname = \"cl.throttle/10/100/60\"\nlimit = 5\nperiod = \"1s\"\n";
+  std::string error = errorOf("[resp]\nlisten = \"127.0.0.1:6390\"\n" + rule);
+  EXPECT_NE(error.find("x.toml:2:"), std::string::npos) << error;
+  EXPECT_NE(error.find("names the rules CL.THROTTLE makes; rename the [[rule]]"),
+            std::string::npos)
+      << error;
+  Config without = mustLoad(rule);
+  EXPECT_NE(without.rules->find("cl.throttle/10/100/60"), nullptr);
 }
 
 }  // namespace

@@ -130,6 +130,32 @@ TEST_F(HoldingPathTest, GrantedUnitsAreHeldAndReleasedIntoThePool) {
   EXPECT_EQ(peeked.remaining, released.remaining);
 }
 
+// Verifies remaining on a held key is the fleet's free units as far as the
+// node can tell: its own free units plus what Redis had free at the key's
+// last lease answer, at most the limit; without an answer from Redis, its
+// own alone. See docs/protocol.md, "Remaining on a global rule".
+TEST_F(HoldingPathTest, RemainingCountsWhatRedisHadFreeAtTheLastLease) {
+  ASSERT_EQ(acquire(1, true), Got::kWaitsForLease);
+  grant(3);
+  EXPECT_EQ(acquire(1), Got::kHeld);
+  EXPECT_EQ(decision_.remaining, 2);  // no lease answer noted: the node's own
+  {
+    KeyTable::Entry* entry = keys_.find(jobs().id, "k");
+    ASSERT_NE(entry, nullptr);
+    slice::noteRedisLeft(slice::of(entry->state()), jobs(), 4, now_ns_);
+  }
+  EXPECT_EQ(acquire(1), Got::kHeld);
+  EXPECT_EQ(decision_.remaining, 1 + 4);
+  Decision peeked = path_.look(rules_, jobs(), item(0), false, now_ns_, &mode_);
+  EXPECT_EQ(peeked.remaining, 1 + 4);
+  {
+    KeyTable::Entry* entry = keys_.find(jobs().id, "k");
+    slice::noteRedisLeft(slice::of(entry->state()), jobs(), 8, now_ns_);
+  }
+  peeked = path_.look(rules_, jobs(), item(0), false, now_ns_, &mode_);
+  EXPECT_EQ(peeked.remaining, 8);  // 1 + 8, at most the limit
+}
+
 // Verifies a release on a key that holds nothing answers as peek does, and
 // creates no key.
 TEST_F(HoldingPathTest, AReleaseOnAKeyThatHoldsNothingAnswersAsPeek) {

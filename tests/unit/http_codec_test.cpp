@@ -296,5 +296,30 @@ TEST(HttpCodecTest, AReserveCarriesItsIdAndASettleWhatItSettled) {
             "\"limit\":100000,\"reset_after_ms\":1000,\"mode\":\"local\"}");
 }
 
+TEST(HttpCodecTest, AResponseIsWrittenInLibmicrohttpdsOrder) {
+  Reply reply = problem(404, "no");
+  reply.headers.emplace_back("Allow", "GET, POST");
+  std::string out;
+  writeResponse(&out, reply, "close", "Sun, 06 Nov 1994 08:49:37 GMT", true);
+  EXPECT_EQ(out,
+            "HTTP/1.1 404 Not Found\r\nDate: Sun, 06 Nov 1994 08:49:37 GMT\r\n"
+            "Connection: close\r\nContent-Type: application/problem+json\r\n"
+            "Allow: GET, POST\r\nContent-Length: " +
+                std::to_string(reply.body.size()) + "\r\n\r\n" + reply.body);
+  std::string head;
+  writeResponse(&head, reply, "", "", false);
+  EXPECT_TRUE(head.ends_with("Content-Length: " + std::to_string(reply.body.size()) +
+                             "\r\n\r\n"))
+      << head;
+  EXPECT_EQ(head.find("Connection"), std::string::npos);
+}
+
+TEST(HttpCodecTest, DatesAreImfFixdates) {
+  EXPECT_EQ(imfDate(784111777), "Sun, 06 Nov 1994 08:49:37 GMT");
+  EXPECT_EQ(imfDate(0), "Thu, 01 Jan 1970 00:00:00 GMT");
+  EXPECT_EQ(imfDate(951782400), "Tue, 29 Feb 2000 00:00:00 GMT");
+  EXPECT_EQ(imfDate(1795752339), "Fri, 27 Nov 2026 04:05:39 GMT");
+}
+
 }  // namespace
 }  // namespace sluice::http

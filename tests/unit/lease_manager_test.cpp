@@ -257,13 +257,15 @@ class HoldingManagerTest : public ManagerFixture {
 };
 
 // Verifies a lease puts its units into the pool and the node's holding in
-// Redis, and a return (as the sweep sends for a key gone idle) takes them
+// Redis (and notes what the fleet had free after it), and a return (as the sweep sends for a key gone idle) takes them
 // out of both.
 TEST_F(HoldingManagerTest, ALeaseHoldsUnitsInRedisUntilTheyAreReturned) {
   lease("k", 4, 1);
   EXPECT_EQ(word("k", slice::kUnits), 4);
   EXPECT_EQ(word("k", holding::kHeld), 4);
   EXPECT_EQ(redisHeld("k"), 4);
+  // The reply's free units across the fleet, kept for remaining: 10 - 4.
+  EXPECT_EQ(slice::redisLeft(slice::of(words("k")), *rule_, monotonicNowNs()), 6);
   // The sweep empties the pool, then asks for the return.
   int64_t units = static_cast<int64_t>(words("k")[slice::kUnits].exchange(0));
   LeaseRequest back;

@@ -1,0 +1,306 @@
+// The HTTP check front (http_front.h) on a real worker: a client on one end
+// of a socket pair, the worker's Connection with an HttpCodec on the other.
+// Keep-alive and pipelined requests are answered in request order however
+// long a question waits; Connection: close and HTTP/1.0 close after their
+// answer; a request the parser refuses is answered with its problem and
+// closed; the main socket's bounds (request size, idle and partial-request
+// timeouts) close HTTP connections too; [access] answers 403. The tests
+// wait on conditions (test::waitFor, a read timeout), never on a fixed
+// sleep, and end by stopping and joining the worker.
+#include "http_front.h"
+
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "clock.h"
+#include "lease.h"
+#include "test_status.h"
+#include "test_support.h"
+#include "worker.h"
+
+namespace sluice {
+namespace {
+
+constexpr int64_t kMs = 1'000'000;
+
+Rule makeRule(uint32_t id, std::string name, Scope scope) {
+  Rule rule;
+  rule.id = id;
+  rule.name = std::move(name);
+  rule.scope = scope;
+  rule.algorithm = Algorithm::kTokenBucket;
+  rule.on_redis_down = RedisDownPolicy::kOpen;
+  rule.limits = {Limit{.limit = 5, .period_ns = 3'600'000 * kMs, .burst = 5}};
+  return rule;
+}
+
+// One worker serving one HTTP client over a socket pair.
+class HttpConnectionTest : public ::testing::Test {
+ protected:
+  void start(WorkerOptions options) {
+    broker_.setBreaker(Breaker::kClosed, monotonicNowNs());
+    std::vector<Rule> rules = {makeRule(1, "local", Scope::kLocal),
+                               makeRule(2, "global", Scope::kGlobal)};
+    worker_ = std::make_unique<Worker>(0, options, keys_, metrics_.shard(0), status_,
+                                       std::make_shared<const RuleSet>(std::move(rules), 1),
+                                       &broker_);
+    worker_->start();
+  }
+
+  int connect(bool allowed = true) {
+    int pair[2];
+    EXPECT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair), 0);
+    timeval timeout{.tv_sec = 5, .tv_usec = 0};
+    setsockopt(pair[0], SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+    Peer peer;
+    peer.allowed = allowed;
+    worker_->adopt(pair[1], peer, Protocol::kHttp);
+    clients_.push_back(pair[0]);
+    return pair[0];
+  }
+
+  static void send(int fd, const std::string& bytes) {
+    ASSERT_EQ(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(bytes.size()));
+  }
+
+  // Everything the daemon writes until it closes (or the read timeout).
+  static std::string readAll(int fd) {
+    std::string out;
+    char buffer[4096];
+    for (;;) {
+      ssize_t n = ::read(fd, buffer, sizeof(buffer));
+      if (n <= 0) break;
+      out.append(buffer, static_cast<size_t>(n));
+    }
+    return out;
+  }
+
+  // Reads `count` whole responses (each "Content-Length: N" head and body).
+  static std::vector<std::string> readResponses(int fd, size_t count) {
+    std::vector<std::string> responses;
+    std::string buffer;
+    char chunk[4096];
+    while (responses.size() < count) {
+      size_t head_end = buffer.find("\r\n\r\n");
+      if (head_end != std::string::npos) {
+        size_t length_at = buffer.find("Content-Length: ");
+        size_t length = std::stoul(buffer.substr(length_at + 16));
+        if (buffer.size() >= head_end + 4 + length) {
+          responses.push_back(buffer.substr(0, head_end + 4 + length));
+          buffer.erase(0, head_end + 4 + length);
+          continue;
+        }
+      }
+      ssize_t n = ::read(fd, chunk, sizeof(chunk));
+      if (n <= 0) break;
+      buffer.append(chunk, static_cast<size_t>(n));
+    }
+    return responses;
+  }
+
+  // Whether the daemon closes the connection within the read timeout.
+  static bool closedByDaemon(int fd) {
+    char buffer[4096];
+    for (;;) {
+      ssize_t n = ::read(fd, buffer, sizeof(buffer));
+      if (n == 0) return true;
+      if (n < 0) return errno == ECONNRESET;
+    }
+  }
+
+  uint64_t closed(CloseReason reason) {
+    return metrics_.shard(0).connections_closed[static_cast<size_t>(reason)].get();
+  }
+
+  void TearDown() override {
+    for (int fd : clients_) ::close(fd);
+    if (worker_) {
+      worker_->stop();
+      worker_->join();
+    }
+  }
+
+  KeyTable keys_{KeyTableOptions{}};
+  Metrics metrics_{1};
+  TestStatus status_{metrics_, 1};
+  LeaseBroker broker_{100 * kMs};
+  std::unique_ptr<Worker> worker_;
+  std::vector<int> clients_;
+};
+
+std::string get(const std::string& target, const std::string& extra = "") {
+  return "GET " + target + " HTTP/1.1\r\nHost: sluice\r\n" + extra + "\r\n";
+}
+
+std::string statusLine(const std::string& response) {
+  return response.substr(0, response.find("\r\n"));
+}
+
+TEST_F(HttpConnectionTest, PipelinedRequestsAreAnsweredInOrderBehindOneThatWaits) {
+  WorkerOptions options;
+  options.lease_timeout_ms = 200;  // nobody answers the lease: the policy does
+  start(options);
+  int client = connect();
+  // One write: a cold global key waits for its first lease; the requests
+  // behind it wait with it.
+  send(client, get("/v1/check?rule=global&key=cold") + get("/v1/check?rule=local&key=a") +
+                   get("/v1/nothing") + get("/v1/peek?rule=local&key=a"));
+  std::vector<std::string> responses = readResponses(client, 4);
+  ASSERT_EQ(responses.size(), 4u);
+  EXPECT_EQ(statusLine(responses[0]), "HTTP/1.1 200 OK");
+  EXPECT_NE(responses[0].find("Sluice-Mode: open\r\n"), std::string::npos) << responses[0];
+  EXPECT_NE(responses[1].find("RateLimit: \"local\";r=4;"), std::string::npos) << responses[1];
+  EXPECT_EQ(statusLine(responses[2]), "HTTP/1.1 404 Not Found");
+  EXPECT_NE(responses[3].find("RateLimit: \"local\";r=4;"), std::string::npos) << responses[3];
+  // Keep-alive: nothing says close, and the connection answers again.
+  EXPECT_EQ(responses[0].find("Connection:"), std::string::npos);
+  send(client, get("/v1/check?rule=local&key=a"));
+  EXPECT_NE(readResponses(client, 1).at(0).find("\"local\";r=3;"), std::string::npos);
+}
+
+TEST_F(HttpConnectionTest, ConnectionCloseIsAnsweredThenTheRestIsNotRead) {
+  start(WorkerOptions{});
+  int client = connect();
+  send(client, get("/v1/check?rule=local&key=c", "Connection: close\r\n") +
+                   get("/v1/check?rule=local&key=c"));
+  std::string all = readAll(client);
+  EXPECT_EQ(statusLine(all), "HTTP/1.1 200 OK");
+  EXPECT_NE(all.find("Connection: close\r\n"), std::string::npos) << all;
+  // One answer only: the second request was never asked.
+  EXPECT_EQ(all.find("HTTP/1.1", 1), std::string::npos) << all;
+  EXPECT_NE(all.find("\"local\";r=4;"), std::string::npos) << all;
+  EXPECT_TRUE(test::waitFor(5'000, [&] { return closed(CloseReason::kPeerClosed) == 1; }));
+}
+
+TEST_F(HttpConnectionTest, Http10ClosesUnlessItAsksForKeepAlive) {
+  start(WorkerOptions{});
+  int kept = connect();
+  send(kept, "GET /v1/check?rule=local&key=k HTTP/1.0\r\nConnection: keep-alive\r\n\r\n");
+  std::vector<std::string> first = readResponses(kept, 1);
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_NE(first[0].find("Connection: Keep-Alive\r\n"), std::string::npos) << first[0];
+  send(kept, "GET /v1/check?rule=local&key=k HTTP/1.0\r\n\r\n");
+  std::string last = readAll(kept);
+  EXPECT_NE(last.find("Connection: close\r\n"), std::string::npos) << last;
+  EXPECT_NE(last.find("\"local\";r=3;"), std::string::npos) << last;
+}
+
+TEST_F(HttpConnectionTest, MalformedRequestIsAnsweredWithItsProblemAndClosed) {
+  start(WorkerOptions{});
+  int client = connect();
+  send(client, get("/v1/check?rule=local&key=m") + "GET /v1/check HTTP/1.1\r\nBad Name: x\r\n\r\n" +
+                   get("/v1/check?rule=local&key=m"));
+  std::string all = readAll(client);
+  const size_t second = all.find("HTTP/1.1 400 Bad Request\r\nDate: ");
+  ASSERT_NE(second, std::string::npos) << all;
+  EXPECT_NE(all.find("GMT\r\nConnection: close\r\nContent-Type: application/problem+json\r\n",
+                     second),
+            std::string::npos)
+      << all;
+  EXPECT_EQ(statusLine(all), "HTTP/1.1 200 OK");
+  EXPECT_NE(all.find("\"detail\":\"a header line must be NAME: VALUE", second), std::string::npos);
+  EXPECT_EQ(all.find("HTTP/1.1", second + 1), std::string::npos) << all;
+  EXPECT_TRUE(test::waitFor(5'000, [&] { return closed(CloseReason::kUnreadable) == 1; }));
+}
+
+TEST_F(HttpConnectionTest, RequestOverTheFrameLimitIsRefusedWith413Or431) {
+  WorkerOptions options;
+  options.http.limits.max_request_bytes = 1024;
+  start(options);
+  int body = connect();
+  send(body, "POST /v1/check?rule=local&key=b HTTP/1.1\r\nHost: s\r\nContent-Length: 5000\r\n\r\n");
+  EXPECT_EQ(statusLine(readAll(body)), "HTTP/1.1 413 Content Too Large");
+  int head = connect();
+  send(head, get("/v1/check?rule=local&key=h", "X-Long: " + std::string(2000, 'x') + "\r\n"));
+  EXPECT_EQ(statusLine(readAll(head)), "HTTP/1.1 431 Request Header Fields Too Large");
+  EXPECT_TRUE(test::waitFor(5'000, [&] { return closed(CloseReason::kUnreadable) == 2; }));
+}
+
+TEST_F(HttpConnectionTest, BodyWithinTheBoundIsReadAndIgnoredEvenWhenItTrickles) {
+  start(WorkerOptions{});
+  int client = connect();
+  send(client, "POST /v1/check?rule=local&key=t HTTP/1.1\r\nHost: s\r\nContent-Length: 10\r\n\r\n01234");
+  send(client, "56789" + get("/v1/check?rule=local&key=t"));
+  std::vector<std::string> responses = readResponses(client, 2);
+  ASSERT_EQ(responses.size(), 2u);
+  EXPECT_NE(responses[0].find("\"local\";r=4;"), std::string::npos) << responses[0];
+  EXPECT_NE(responses[1].find("\"local\";r=3;"), std::string::npos) << responses[1];
+}
+
+TEST_F(HttpConnectionTest, ClientThatExpects100ContinueGetsItBeforeItsBody) {
+  start(WorkerOptions{});
+  int client = connect();
+  send(client, "POST /v1/check?rule=local&key=e HTTP/1.1\r\nHost: s\r\n"
+               "Expect: 100-continue\r\nContent-Length: 4\r\n\r\n");
+  std::string interim;
+  char byte = 0;
+  while (!interim.ends_with("\r\n\r\n") && ::read(client, &byte, 1) == 1) interim += byte;
+  EXPECT_EQ(interim, "HTTP/1.1 100 Continue\r\n\r\n");
+  send(client, "body");
+  std::vector<std::string> responses = readResponses(client, 1);
+  ASSERT_EQ(responses.size(), 1u);
+  EXPECT_EQ(statusLine(responses[0]), "HTTP/1.1 200 OK");
+  EXPECT_NE(responses[0].find("\"local\";r=4;"), std::string::npos) << responses[0];
+}
+
+TEST_F(HttpConnectionTest, ChunkedBodyIsRefusedWith411) {
+  start(WorkerOptions{});
+  int client = connect();
+  send(client, "POST /v1/check?rule=local&key=c HTTP/1.1\r\nHost: s\r\n"
+               "Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n");
+  std::string all = readAll(client);
+  EXPECT_EQ(statusLine(all), "HTTP/1.1 411 Length Required");
+  EXPECT_NE(all.find("\"status\":411"), std::string::npos) << all;
+}
+
+TEST_F(HttpConnectionTest, HalfSentRequestIsClosedAtThePartialFrameTimeout) {
+  WorkerOptions options;
+  options.partial_frame_timeout_ms = 100;
+  start(options);
+  int client = connect();
+  send(client, "GET /v1/check?rule=local&key=p HTTP/1.1\r\nHost: s\r\n");
+  EXPECT_TRUE(closedByDaemon(client));
+  EXPECT_EQ(closed(CloseReason::kPartialFrame), 1u);
+  EXPECT_EQ(closed(CloseReason::kIdle), 0u);
+}
+
+TEST_F(HttpConnectionTest, SilentClientIsClosedAtTheIdleTimeout) {
+  WorkerOptions options;
+  options.idle_timeout_ms = 100;
+  start(options);
+  int client = connect();
+  send(client, get("/v1/check?rule=local&key=i"));
+  EXPECT_EQ(readResponses(client, 1).size(), 1u);
+  EXPECT_TRUE(closedByDaemon(client));
+  EXPECT_EQ(closed(CloseReason::kIdle), 1u);
+}
+
+TEST_F(HttpConnectionTest, PeerThatAccessDoesNotAllowIsAnswered403) {
+  start(WorkerOptions{});
+  int client = connect(/*allowed=*/false);
+  send(client, get("/v1/check?rule=local&key=f"));
+  std::vector<std::string> responses = readResponses(client, 1);
+  ASSERT_EQ(responses.size(), 1u);
+  EXPECT_EQ(statusLine(responses[0]), "HTTP/1.1 403 Forbidden");
+  EXPECT_NE(responses[0].find("[access]"), std::string::npos) << responses[0];
+}
+
+TEST_F(HttpConnectionTest, PercentEncodedParametersAreDecoded) {
+  start(WorkerOptions{});
+  int client = connect();
+  send(client, get("/v1/check?rule=loc%61l&key=a+b%2Fc") + get("/v1/check?rule=local&key=a%20b/c"));
+  std::vector<std::string> responses = readResponses(client, 2);
+  ASSERT_EQ(responses.size(), 2u);
+  EXPECT_NE(responses[0].find("\"local\";r=4;"), std::string::npos) << responses[0];
+  // The same key, however it was encoded.
+  EXPECT_NE(responses[1].find("\"local\";r=3;"), std::string::npos) << responses[1];
+}
+
+}  // namespace
+}  // namespace sluice
