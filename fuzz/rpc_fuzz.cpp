@@ -133,6 +133,11 @@ class FuzzRedis {
       link.answerString("# Server\r\nrun_id:fuzz\r\n# Replication\r\nmaster_replid:fuzz\r\n");
       return;
     }
+    if (!call.argv.empty() && call.argv[0] == "claim") {
+      // fleet_version.lua: the fleet runs this node's state version.
+      link.answerIntegers({std::strtoll(call.argv[1].c_str(), nullptr, 10)});
+      return;
+    }
     if (++calls_ % 11 == 5) {
       link.answerString("not a lease");
       return;
