@@ -22,8 +22,13 @@
 # acquires on the same hot global rule over the daemon's own socket, one at
 # a time (bench/load sync: the round trip) and pipelined (2 connections × 64
 # in flight: the throughput), so the gRPC figures read as ratios to them.
-# Paced rows pace with gRPC's timers, which have 1 ms steps: calls leave in
-# small bursts, as an Envoy's do when several requests arrive together.
+# rls_load (its header says how): one connection per thread, each read by
+# a thread in gRPC's async completion queue; closed loop, that thread sends
+# each slot's next call as the last is answered; paced, a sender thread per
+# connection sends every call at its own time (evenly spaced across the
+# connections, clock_nanosleep to each), as Envoy sends each call when its
+# request arrives; latency runs from send to answer, and send_lag_p99_us
+# says how late the busy machine let the sends leave.
 # Each row is the median of BENCH_ROUNDS rounds (3; BENCH_MODE=quick: 1).
 # Knobs: BENCH_SECONDS (3), BENCH_ROUNDS (3), BENCH_THREADS (2), BENCH_DEPTH (32).
 set -euo pipefail
@@ -133,6 +138,7 @@ measure() {  # NAME DESCRIPTORS [RATE]
   last_p99=$(field p99_us "$out")
   last_calls=$(field redis_calls_per_rpc "$out")
   last_cpu=$(field cpu_us_per_call "$out")
+  last_lag=$(field send_lag_p99_us "$out")
 }
 
 # The references: MessagePack-RPC on the same daemon, rule and key.
@@ -154,6 +160,7 @@ measure four-descriptors 4
 four_rate=${last_rate%.*}
 measure "half-rate ($half/s, paced)" 1 "$half"
 half_p99=$last_p99
+half_lag=$last_lag
 kill -STOP "$redis_pid"
 sleep 1  # the health check notices (health_interval + health_timeout)
 down=$("$rls_load" "$target" 1 "$seconds" 1 8 1000 2>&1 || true)
@@ -172,10 +179,11 @@ result="$here/results/$(bench_result_name rls)"
   echo "\`bench/rls.sh $(basename "$build")\` (\`make bench\`, a Release build) on $(nproc) CPUs,"
   echo "$(date -u +%Y-%m-%d), sluice $(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo '?'):"
   echo "rls_load (on the same CPUs as sluiced) with $threads threads × $depth calls in flight, or"
-  echo "paced (1 ms steps), over a Unix socket; each row the median of $rounds rounds of ${seconds}s"
+  echo "paced (calls evenly spaced), over a Unix socket; each row the median of $rounds rounds of ${seconds}s"
   echo "(by calls/s, or by p99 when paced); sluiced (default"
   echo "workers) with one global limit per descriptor key on a local redis-server, one hot key"
   echo "each. Load average (1, 5, 15 min) before the run: $load_before; after: $load_after."
+  echo "Paced at half rate, 99 % of the sends left within $half_lag µs of their due time."
   echo
   echo "| row | calls/s | p50 µs | p99 µs | sluiced CPU µs per call | switches per call | Redis calls per RPC | errors |"
   echo "|---|---|---|---|---|---|---|---|"

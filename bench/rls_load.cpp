@@ -1,20 +1,46 @@
 // rls_load: a load generator for Envoy's rate limit service, as Envoy calls
 // it: ShouldRateLimit with one domain and N descriptors, over one HTTP/2
-// channel per thread, `depth` calls in flight per thread (closed loop), or
-// paced to a total `rate` (calls/s) for latency at a given load.
+// connection per thread, either closed loop (`depth` calls in flight per
+// thread, each answer sending the next) or paced to a total `rate` (calls/s)
+// for the latency at a given load.
 //
 //   rls_load TARGET DESCRIPTORS SECONDS [THREADS] [DEPTH] [RATE] [KEYS]
 //
 // Prints one line: calls/s, p50/p99/max latency in µs, OK, OVER_LIMIT and
-// errors. Keys cycle through KEYS values of descriptor i's key "k<i>"
-// (1: one hot key per descriptor).
+// errors; paced runs add send_lag_p99_us (how late the sends left, below).
+// Keys cycle through KEYS values of descriptor i's key "k<i>" (1: one hot
+// key per descriptor).
+//
+// The thread model: each connection has its own channel and completion
+// queue (gRPC's async API), and a thread blocked in its queue's Next(),
+// which reads the answers (the queue's poller) and timestamps each as it
+// arrives. Closed loop, that thread also sends each slot's next call. Paced,
+// a sender thread of its own sends: each call at its own time,
+// start + i / rate (the connections' schedules interleaved, so the calls of
+// all of them are evenly spaced), sleeping to it with clock_nanosleep on
+// the monotonic clock (timer slack 1 ns): as Envoy sends each call when its
+// request arrives. gRPC's own timers (an alarm, AsyncNext's deadline) round
+// up to whole milliseconds and would send in bursts. A call's latency runs
+// from its send to its answer; send_lag_p99_us is the p99 of how late the
+// sends left after their due time (a busy machine delays the sender), so a
+// reader can tell the pacing held.
+//
+// Per call the driver allocates nothing of its own: the request is built
+// once per connection (only its values change, in place), and each slot
+// reuses its response and rebuilds its ClientContext in place; what gRPC
+// allocates for a call is gRPC's.
 #include <grpcpp/grpcpp.h>
+#include <sys/prctl.h>
+#include <time.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -30,84 +56,76 @@ using Clock = std::chrono::steady_clock;
 
 struct Totals {
   std::vector<int64_t> latencies_us;
+  std::vector<int64_t> send_lags_us;  // paced runs
   uint64_t ok = 0, over = 0, errors = 0;
 };
 
+// One call in flight; its tag is its index in the connection's slots.
 struct Slot {
-  grpc::ClientContext* context = nullptr;
+  std::optional<grpc::ClientContext> context;
   RateLimitResponse response;
   grpc::Status status;
-  std::unique_ptr<grpc::ClientAsyncResponseReader<RateLimitResponse>> reader;
-  Clock::time_point started;
+  Clock::time_point sent;
 };
 
-void run(const std::string& target, int descriptors, double seconds, int depth, double rate,
-         int keys, Totals* totals) {
-  // A connection of its own, as each of Envoy's worker threads has: gRPC
-  // would otherwise share one subchannel (one HTTP/2 connection) between
-  // the threads' channels, and the server would read every call from it.
-  grpc::ChannelArguments arguments;
-  arguments.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  auto channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), arguments);
-  auto stub = RateLimitService::NewStub(channel);
-  grpc::CompletionQueue queue;
-  std::vector<Slot> slots(static_cast<size_t>(depth));
-  uint64_t sent = 0;
-  const Clock::time_point start = Clock::now();
-  const Clock::time_point end = start + std::chrono::duration_cast<Clock::duration>(
-                                            std::chrono::duration<double>(seconds));
-  // When the next call is due (paced runs); never sleeps with answers waiting.
-  auto due = [&] {
-    return start + std::chrono::duration_cast<Clock::duration>(
-                       std::chrono::duration<double>(static_cast<double>(sent) / rate));
-  };
-  auto send = [&](size_t i) {
-    RateLimitRequest request;
-    request.set_domain("bench");
+// One connection: its channel, queue, slots and the request it sends.
+class Connection {
+ public:
+  Connection(const std::string& target, int descriptors, int keys, size_t slots)
+      : keys_(static_cast<uint64_t>(keys)), slots_(slots) {
+    // A connection of its own, as each of Envoy's worker threads has: gRPC
+    // would otherwise share one subchannel (one HTTP/2 connection) between
+    // the threads' channels, and the server would read every call from it.
+    grpc::ChannelArguments arguments;
+    arguments.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    // Off, as Envoy's own client has none of them: retries (their filter
+    // holds each call's messages), the optional filters (deadline, message
+    // size) and HTTP/2's BDP pings, which a Unix socket does not need.
+    // Together about a seventh of the driver's instructions a call
+    // (callgrind), CPU the daemon gets on a machine the two share.
+    arguments.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+    arguments.SetInt(GRPC_ARG_MINIMAL_STACK, 1);
+    arguments.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+    stub_ = RateLimitService::NewStub(
+        grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), arguments));
+    request_.set_domain("bench");
     for (int d = 0; d < descriptors; ++d) {
-      auto* entry = request.add_descriptors()->add_entries();
+      auto* entry = request_.add_descriptors()->add_entries();
       entry->set_key("k" + std::to_string(d));
-      entry->set_value("v" + std::to_string(static_cast<int>(sent % static_cast<uint64_t>(keys))));
-    }
-    ++sent;
-    Slot& slot = slots[i];
-    delete slot.context;
-    slot.context = new grpc::ClientContext();
-    slot.started = Clock::now();
-    slot.reader = stub->AsyncShouldRateLimit(slot.context, request, &queue);
-    slot.reader->Finish(&slot.response, &slot.status, reinterpret_cast<void*>(i));
-  };
-  std::vector<size_t> idle;  // paced runs: slots waiting for their call's due time
-  size_t in_flight = 0;
-  for (size_t i = 0; i < slots.size(); ++i) {
-    if (rate > 0) {
-      idle.push_back(i);
-    } else {
-      send(i);
-      ++in_flight;
+      entry->set_value("v0");
     }
   }
-  for (;;) {
-    const Clock::time_point now = Clock::now();
-    while (rate > 0 && !idle.empty() && now < end && due() <= now) {
-      send(idle.back());
-      idle.pop_back();
-      ++in_flight;
+
+  // Sends call number `n` on slot `i` (free). Only one thread sends.
+  void send(size_t i, uint64_t n) {
+    if (keys_ > 1) {
+      const std::string value = "v" + std::to_string(n % keys_);
+      for (auto& descriptor : *request_.mutable_descriptors()) {
+        descriptor.mutable_entries(0)->set_value(value);
+      }
     }
-    if (in_flight == 0 && (rate <= 0 || now >= end)) break;
+    Slot& slot = slots_[i];
+    slot.context.reset();
+    slot.context.emplace();
+    slot.sent = Clock::now();
+    auto reader = stub_->PrepareAsyncShouldRateLimit(&*slot.context, request_, &queue_);
+    reader->StartCall();
+    reader->Finish(&slot.response, &slot.status, reinterpret_cast<void*>(i));
+  }
+
+  // The next answer: its slot, or false once the queue is shut down and empty.
+  bool next(size_t* i, bool* ok) {
     void* tag = nullptr;
-    bool ok = false;
-    const Clock::time_point wake = rate > 0 && !idle.empty() ? std::min(due(), end) : end + std::chrono::seconds(10);
-    // gRPC takes deadlines on the system clock.
-    const auto got = queue.AsyncNext(&tag, &ok, std::chrono::system_clock::now() + (wake - Clock::now()));
-    if (got == grpc::CompletionQueue::SHUTDOWN) break;
-    if (got == grpc::CompletionQueue::TIMEOUT) continue;
-    const auto i = reinterpret_cast<size_t>(tag);
-    Slot& slot = slots[i];
-    const Clock::time_point answered = Clock::now();
+    if (!queue_.Next(&tag, ok)) return false;
+    *i = reinterpret_cast<size_t>(tag);
+    return true;
+  }
+
+  // Counts slot i's answer, which arrived at `answered`.
+  void count(size_t i, bool ok, Clock::time_point answered, Totals* totals) const {
+    const Slot& slot = slots_[i];
     totals->latencies_us.push_back(
-        std::chrono::duration_cast<std::chrono::microseconds>(answered - slot.started).count());
-    --in_flight;
+        std::chrono::duration_cast<std::chrono::microseconds>(answered - slot.sent).count());
     if (!ok || !slot.status.ok()) {
       ++totals->errors;
     } else if (slot.response.overall_code() == RateLimitResponse::OK) {
@@ -115,15 +133,87 @@ void run(const std::string& target, int descriptors, double seconds, int depth, 
     } else {
       ++totals->over;
     }
-    if (answered >= end) continue;
-    if (rate > 0) {
-      idle.push_back(i);
-    } else {
-      send(i);
+  }
+
+  size_t slots() const { return slots_.size(); }
+  // No call may be sent after this; next() returns the rest, then false.
+  void shutdown() { queue_.Shutdown(); }
+
+ private:
+  const uint64_t keys_;
+  std::unique_ptr<RateLimitService::Stub> stub_;
+  grpc::CompletionQueue queue_;
+  RateLimitRequest request_;
+  std::vector<Slot> slots_;
+};
+
+// Closed loop: `depth` calls in flight, each answer sending the next until `end`.
+void closedLoop(Connection& connection, Clock::time_point end, Totals* totals) {
+  uint64_t sent = 0;
+  size_t in_flight = 0;
+  for (size_t i = 0; i < connection.slots(); ++i, ++in_flight) connection.send(i, sent++);
+  size_t i = 0;
+  bool ok = false;
+  while (in_flight > 0 && connection.next(&i, &ok)) {
+    const Clock::time_point answered = Clock::now();
+    connection.count(i, ok, answered, totals);
+    --in_flight;
+    if (answered < end) {
+      connection.send(i, sent++);
       ++in_flight;
     }
   }
-  for (Slot& slot : slots) delete slot.context;
+  connection.shutdown();
+  while (connection.next(&i, &ok)) {
+  }
+}
+
+// Paced: this connection's calls due at first + n * interval until `end`,
+// sent by a thread of their own; this thread reads the answers.
+void paced(Connection& connection, Clock::time_point first, Clock::duration interval,
+           Clock::time_point end, Totals* totals) {
+  std::mutex mutex;  // free
+  std::condition_variable freed;
+  std::vector<size_t> free;
+  for (size_t i = connection.slots(); i-- > 0;) free.push_back(i);
+  std::thread sender([&] {
+    ::prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
+    for (uint64_t n = 0;; ++n) {
+      const Clock::time_point due = first + interval * static_cast<int64_t>(n);
+      if (due >= end) break;
+      const auto due_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(due.time_since_epoch()).count();
+      const timespec at{.tv_sec = static_cast<time_t>(due_ns / 1'000'000'000),
+                        .tv_nsec = static_cast<long>(due_ns % 1'000'000'000)};
+      // steady_clock is CLOCK_MONOTONIC in libstdc++.
+      while (::clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &at, nullptr) != 0) {
+      }
+      size_t i = 0;
+      {
+        std::unique_lock<std::mutex> lock(mutex);
+        freed.wait(lock, [&] { return !free.empty(); });
+        i = free.back();
+        free.pop_back();
+      }
+      connection.send(i, n);
+      totals->send_lags_us.push_back(
+          std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - due).count());
+    }
+    connection.shutdown();
+  });
+  size_t i = 0;
+  bool ok = false;
+  while (connection.next(&i, &ok)) {
+    connection.count(i, ok, Clock::now(), totals);
+    std::lock_guard<std::mutex> lock(mutex);
+    free.push_back(i);
+    freed.notify_one();
+  }
+  sender.join();
+}
+
+int64_t quantile(const std::vector<int64_t>& sorted, double q) {
+  if (sorted.empty()) return 0;
+  return sorted[static_cast<size_t>(q * static_cast<double>(sorted.size() - 1))];
 }
 
 }  // namespace
@@ -136,35 +226,59 @@ int main(int argc, char** argv) {
   const std::string target = argv[1];
   const int descriptors = std::atoi(argv[2]);
   const double seconds = std::atof(argv[3]);
-  const int threads = argc > 4 ? std::atoi(argv[4]) : 2;
-  const int depth = argc > 5 ? std::atoi(argv[5]) : 32;
+  const int threads = std::max(1, argc > 4 ? std::atoi(argv[4]) : 2);
+  const int depth = std::max(1, argc > 5 ? std::atoi(argv[5]) : 32);
   const double rate = argc > 6 ? std::atof(argv[6]) : 0;
   const int keys = argc > 7 ? std::max(1, std::atoi(argv[7])) : 1;
-  std::vector<Totals> totals(static_cast<size_t>(threads));
-  std::vector<std::thread> workers;
-  const auto started = Clock::now();
+  // Paced, a slot per call that may be in flight: enough for 100 ms of
+  // answers late, so that the sender never waits on a slow answer.
+  const size_t slots = rate > 0 ? std::max<size_t>(static_cast<size_t>(depth),
+                                                   static_cast<size_t>(rate / threads / 10) + 1)
+                                : static_cast<size_t>(depth);
+  std::vector<std::unique_ptr<Connection>> connections;
   for (int t = 0; t < threads; ++t) {
-    workers.emplace_back(run, target, descriptors, seconds, depth, rate / threads, keys,
-                         &totals[static_cast<size_t>(t)]);
+    connections.push_back(std::make_unique<Connection>(target, descriptors, keys, slots));
+  }
+  std::vector<Totals> totals(static_cast<size_t>(threads));
+  for (Totals& part : totals) {
+    part.latencies_us.reserve(static_cast<size_t>(std::min(seconds * (rate > 0 ? rate : 1e5), 1e8) / threads));
+    if (rate > 0) part.send_lags_us.reserve(part.latencies_us.capacity());
+  }
+  const auto started = Clock::now();
+  const auto end = started + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  std::vector<std::thread> workers;
+  for (int t = 0; t < threads; ++t) {
+    Connection& connection = *connections[static_cast<size_t>(t)];
+    Totals* part = &totals[static_cast<size_t>(t)];
+    if (rate > 0) {
+      // Connection t's calls are t, t + threads, t + 2 * threads, ... of one
+      // schedule of `rate` calls/s.
+      const auto spacing = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(1.0 / rate));
+      workers.emplace_back(paced, std::ref(connection), started + spacing * t, spacing * threads, end, part);
+    } else {
+      workers.emplace_back(closedLoop, std::ref(connection), end, part);
+    }
   }
   for (std::thread& worker : workers) worker.join();
   const double elapsed = std::chrono::duration<double>(Clock::now() - started).count();
   Totals all;
   for (Totals& part : totals) {
     all.latencies_us.insert(all.latencies_us.end(), part.latencies_us.begin(), part.latencies_us.end());
+    all.send_lags_us.insert(all.send_lags_us.end(), part.send_lags_us.begin(), part.send_lags_us.end());
     all.ok += part.ok;
     all.over += part.over;
     all.errors += part.errors;
   }
   std::sort(all.latencies_us.begin(), all.latencies_us.end());
-  auto at = [&](double q) {
-    if (all.latencies_us.empty()) return int64_t{0};
-    return all.latencies_us[static_cast<size_t>(q * static_cast<double>(all.latencies_us.size() - 1))];
-  };
-  std::printf("calls_per_s=%.0f p50_us=%lld p99_us=%lld max_us=%lld ok=%llu over_limit=%llu errors=%llu\n",
-              static_cast<double>(all.latencies_us.size()) / elapsed, static_cast<long long>(at(0.5)),
-              static_cast<long long>(at(0.99)), static_cast<long long>(at(1.0)),
+  std::sort(all.send_lags_us.begin(), all.send_lags_us.end());
+  std::printf("calls_per_s=%.0f p50_us=%lld p99_us=%lld max_us=%lld ok=%llu over_limit=%llu errors=%llu",
+              static_cast<double>(all.latencies_us.size()) / elapsed,
+              static_cast<long long>(quantile(all.latencies_us, 0.5)),
+              static_cast<long long>(quantile(all.latencies_us, 0.99)),
+              static_cast<long long>(quantile(all.latencies_us, 1.0)),
               static_cast<unsigned long long>(all.ok), static_cast<unsigned long long>(all.over),
               static_cast<unsigned long long>(all.errors));
+  if (rate > 0) std::printf(" send_lag_p99_us=%lld", static_cast<long long>(quantile(all.send_lags_us, 0.99)));
+  std::printf("\n");
   return all.errors == 0 ? 0 : 1;
 }
