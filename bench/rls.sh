@@ -22,13 +22,15 @@
 # acquires on the same hot global rule over the daemon's own socket, one at
 # a time (bench/load sync: the round trip) and pipelined (2 connections × 64
 # in flight: the throughput), so the gRPC figures read as ratios to them.
-# rls_load (its header says how): one connection per thread, each read by
-# a thread in gRPC's async completion queue; closed loop, that thread sends
-# each slot's next call as the last is answered; paced, a sender thread per
-# connection sends every call at its own time (evenly spaced across the
-# connections, clock_nanosleep to each), as Envoy sends each call when its
-# request arrives; latency runs from send to answer, and send_lag_p99_us
-# says how late the busy machine let the sends leave.
+# rls_load (its header says how) speaks gRPC over nghttp2's HTTP/2, as
+# Envoy's client does, one connection and thread per BENCH_THREADS, at a
+# few µs of CPU a call (gRPC's C++ client cost 15 to 45, CPU taken from
+# sluiced on the same cores). Closed loop, each answer sends the next call;
+# paced, every call leaves at its own time (a timerfd per connection, the
+# connections' schedules interleaved: evenly spaced), as Envoy sends each
+# call when its request arrives, not in bursts; latency runs from send to
+# answer, and send_lag_p99_us says how late the busy machine let the sends
+# leave.
 # Each row is the median of BENCH_ROUNDS rounds (3; BENCH_MODE=quick: 1).
 # Knobs: BENCH_SECONDS (3), BENCH_ROUNDS (3), BENCH_THREADS (2), BENCH_DEPTH (32).
 set -euo pipefail

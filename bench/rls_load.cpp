@@ -6,53 +6,64 @@
 //
 //   rls_load TARGET DESCRIPTORS SECONDS [THREADS] [DEPTH] [RATE] [KEYS]
 //
-// Prints one line: calls/s, p50/p99/max latency in µs, OK, OVER_LIMIT and
-// errors; paced runs add send_lag_p99_us (how late the sends left, below).
-// Keys cycle through KEYS values of descriptor i's key "k<i>" (1: one hot
-// key per descriptor).
+// TARGET is unix:PATH or HOST:PORT (IPv4). Prints one line: calls/s,
+// p50/p99/max latency in µs, OK, OVER_LIMIT and errors; paced runs add
+// send_lag_p99_us (how late the sends left, below). Keys cycle through
+// KEYS values of descriptor i's key "k<i>" (1: one hot key per descriptor).
 //
-// The thread model: each connection has its own channel and completion
-// queue (gRPC's async API), and a thread blocked in its queue's Next(),
-// which reads the answers (the queue's poller) and timestamps each as it
-// arrives. Closed loop, that thread also sends each slot's next call. Paced,
-// a sender thread of its own sends: each call at its own time,
-// start + i / rate (the connections' schedules interleaved, so the calls of
-// all of them are evenly spaced), sleeping to it with clock_nanosleep on
-// the monotonic clock (timer slack 1 ns): as Envoy sends each call when its
-// request arrives. gRPC's own timers (an alarm, AsyncNext's deadline) round
-// up to whole milliseconds and would send in bursts. A call's latency runs
-// from its send to its answer; send_lag_p99_us is the p99 of how late the
-// sends left after their due time (a busy machine delays the sender), so a
-// reader can tell the pacing held.
+// It speaks gRPC's framing over HTTP/2 with nghttp2, as Envoy's own gRPC
+// client does over its HTTP/2 codec (nghttp2 or oghttp2), not with gRPC's
+// C++ client: that costs some 15 to 45 µs of CPU a call (more paced, when
+// each call wakes its threads), CPU a sluiced on the same two cores loses,
+// so that at half the one-descriptor rate the two together filled the
+// machine. Each request's bytes (the 5-byte gRPC prefix and the message)
+// are built once per key; an answer is its DATA (the RateLimitResponse,
+// parsed) and its trailers' grpc-status.
 //
-// Per call the driver allocates nothing of its own: the request is built
-// once per connection (only its values change, in place), and each slot
-// reuses its response and rebuilds its ClientContext in place; what gRPC
-// allocates for a call is gRPC's.
-#include <grpcpp/grpcpp.h>
+// The thread model: one thread per connection, in epoll on its socket and,
+// paced, a timerfd. Closed loop, each answer sends that slot's next call.
+// Paced, every call has its own due time, start + i / rate (the
+// connections' schedules interleaved, so the calls of all of them are
+// evenly spaced), and the timerfd (absolute, monotonic, 1 ns timer slack)
+// wakes the thread to send it: as Envoy sends each call when its request
+// arrives. A call's latency runs from its send to its answer's end of
+// stream; send_lag_p99_us is the p99 of how late the sends left after
+// their due time (a busy machine delays the thread), so a reader can tell
+// whether the pacing held.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <nghttp2/nghttp2.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
 #include <sys/prctl.h>
-#include <time.h>
+#include <sys/socket.h>
+#include <sys/timerfd.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
+#include <cerrno>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
-#include <mutex>
-#include <optional>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "envoy/service/ratelimit/v3/rls.grpc.pb.h"
+#include "envoy/service/ratelimit/v3/rls.pb.h"
 
 namespace {
 
 using envoy::service::ratelimit::v3::RateLimitRequest;
 using envoy::service::ratelimit::v3::RateLimitResponse;
-using envoy::service::ratelimit::v3::RateLimitService;
 using Clock = std::chrono::steady_clock;
+
+// How long a run waits for its last answers after SECONDS, before it
+// counts them as errors.
+constexpr auto kDrainLimit = std::chrono::seconds(10);
 
 struct Totals {
   std::vector<int64_t> latencies_us;
@@ -60,156 +71,305 @@ struct Totals {
   uint64_t ok = 0, over = 0, errors = 0;
 };
 
-// One call in flight; its tag is its index in the connection's slots.
+// unix:PATH or HOST:PORT, connected (blocking), or -1 with a message.
+int connectTo(const std::string& target) {
+  if (target.starts_with("unix:")) {
+    sockaddr_un address{};
+    address.sun_family = AF_UNIX;
+    const std::string path = target.substr(5);
+    if (path.size() >= sizeof(address.sun_path)) return -1;
+    std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0) return fd;
+    if (fd >= 0) ::close(fd);
+    return -1;
+  }
+  const size_t colon = target.rfind(':');
+  if (colon == std::string::npos) return -1;
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(target.substr(0, colon).c_str(), target.substr(colon + 1).c_str(), &hints, &found) != 0) {
+    return -1;
+  }
+  int fd = ::socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0 && ::connect(fd, found->ai_addr, found->ai_addrlen) != 0) {
+    ::close(fd);
+    fd = -1;
+  }
+  ::freeaddrinfo(found);
+  if (fd >= 0) {
+    const int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  }
+  return fd;
+}
+
+// A request's bytes on the wire: gRPC's 5-byte prefix (uncompressed,
+// big-endian length) and the message.
+std::string grpcFrame(const RateLimitRequest& request) {
+  const std::string message = request.SerializeAsString();
+  std::string frame(5, '\0');
+  const uint32_t length = htonl(static_cast<uint32_t>(message.size()));
+  std::memcpy(&frame[1], &length, 4);
+  return frame + message;
+}
+
+// One call in flight: its request's bytes, how much of them went, its
+// answer so far.
 struct Slot {
-  std::optional<grpc::ClientContext> context;
-  RateLimitResponse response;
-  grpc::Status status;
+  const std::string* body = nullptr;
+  size_t body_sent = 0;
+  std::string answer;  // DATA: gRPC's prefix and the response
+  bool grpc_ok = false;  // trailers said grpc-status 0
   Clock::time_point sent;
 };
 
-// One connection: its channel, queue, slots and the request it sends.
+// One HTTP/2 connection and its calls, on one thread.
 class Connection {
  public:
-  Connection(const std::string& target, int descriptors, int keys, size_t slots)
-      : keys_(static_cast<uint64_t>(keys)), slots_(slots) {
-    // A connection of its own, as each of Envoy's worker threads has: gRPC
-    // would otherwise share one subchannel (one HTTP/2 connection) between
-    // the threads' channels, and the server would read every call from it.
-    grpc::ChannelArguments arguments;
-    arguments.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    // Off, as Envoy's own client has none of them: retries (their filter
-    // holds each call's messages), the optional filters (deadline, message
-    // size) and HTTP/2's BDP pings, which a Unix socket does not need.
-    // Together about a seventh of the driver's instructions a call
-    // (callgrind), CPU the daemon gets on a machine the two share.
-    arguments.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
-    arguments.SetInt(GRPC_ARG_MINIMAL_STACK, 1);
-    arguments.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-    stub_ = RateLimitService::NewStub(
-        grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), arguments));
-    request_.set_domain("bench");
+  Connection(const std::string& target, int descriptors, int keys) {
+    RateLimitRequest request;
+    request.set_domain("bench");
     for (int d = 0; d < descriptors; ++d) {
-      auto* entry = request_.add_descriptors()->add_entries();
+      auto* entry = request.add_descriptors()->add_entries();
       entry->set_key("k" + std::to_string(d));
       entry->set_value("v0");
     }
+    for (int k = 0; k < keys; ++k) {
+      for (auto& descriptor : *request.mutable_descriptors()) {
+        descriptor.mutable_entries(0)->set_value("v" + std::to_string(k));
+      }
+      bodies_.push_back(grpcFrame(request));
+    }
+    fd_ = connectTo(target);
+    if (fd_ < 0) {
+      std::fprintf(stderr, "rls_load: cannot connect to %s: %s\n", target.c_str(), std::strerror(errno));
+      std::exit(2);
+    }
+    nghttp2_session_callbacks* callbacks = nullptr;
+    nghttp2_session_callbacks_new(&callbacks);
+    nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks, onData);
+    nghttp2_session_callbacks_set_on_header_callback(callbacks, onHeader);
+    nghttp2_session_callbacks_set_on_stream_close_callback(callbacks, onClose);
+    nghttp2_session_client_new(&session_, callbacks, this);
+    nghttp2_session_callbacks_del(callbacks);
+    nghttp2_submit_settings(session_, NGHTTP2_FLAG_NONE, nullptr, 0);
   }
+  ~Connection() {
+    nghttp2_session_del(session_);
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
 
-  // Sends call number `n` on slot `i` (free). Only one thread sends.
-  void send(size_t i, uint64_t n) {
-    if (keys_ > 1) {
-      const std::string value = "v" + std::to_string(n % keys_);
-      for (auto& descriptor : *request_.mutable_descriptors()) {
-        descriptor.mutable_entries(0)->set_value(value);
+  // Closed loop (rate 0): `depth` calls in flight until `end`. Paced: call
+  // n due at first + n * interval, until `end`.
+  void run(size_t depth, double rate, Clock::time_point first, Clock::duration interval,
+           Clock::time_point end, Totals* totals) {
+    totals_ = totals;
+    end_ = end;
+    closed_loop_ = rate <= 0;
+    const int epoll = ::epoll_create1(EPOLL_CLOEXEC);
+    const int timer = closed_loop_ ? -1 : ::timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
+    ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) | O_NONBLOCK);
+    epoll_event event{.events = EPOLLIN, .data = {.fd = fd_}};
+    ::epoll_ctl(epoll, EPOLL_CTL_ADD, fd_, &event);
+    uint64_t due_index = 0;
+    auto due = [&] { return first + interval * static_cast<int64_t>(due_index); };
+    auto arm = [&] {
+      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(due().time_since_epoch()).count();
+      itimerspec at{};
+      at.it_value = {.tv_sec = static_cast<time_t>(ns / 1'000'000'000), .tv_nsec = static_cast<long>(ns % 1'000'000'000)};
+      ::timerfd_settime(timer, TFD_TIMER_ABSTIME, &at, nullptr);
+    };
+    if (closed_loop_) {
+      for (size_t i = 0; i < depth; ++i) send();
+    } else {
+      ::prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
+      epoll_event tick{.events = EPOLLIN, .data = {.fd = timer}};
+      ::epoll_ctl(epoll, EPOLL_CTL_ADD, timer, &tick);
+      arm();
+    }
+    bool want_write = false;
+    char buffer[65536];
+    while (!broken_) {
+      // Out: what nghttp2 has to send, as far as the socket takes it.
+      flush();
+      if (want_write != !pending_.empty()) {
+        want_write = !pending_.empty();
+        event.events = EPOLLIN | (want_write ? EPOLLOUT : 0U);
+        ::epoll_ctl(epoll, EPOLL_CTL_MOD, fd_, &event);
+      }
+      const Clock::time_point now = Clock::now();
+      const bool sending = !closed_loop_ && due() < end_;
+      if (!sending && in_flight_ == 0 && (!closed_loop_ || now >= end_)) break;
+      if (now >= end_ + kDrainLimit) break;
+      epoll_event events[4];
+      const int n = ::epoll_wait(epoll, events, 4, 100);
+      for (int e = 0; e < n; ++e) {
+        if (events[e].data.fd == timer) {
+          uint64_t expirations = 0;
+          [[maybe_unused]] const ssize_t got = ::read(timer, &expirations, sizeof(expirations));
+          const Clock::time_point woke = Clock::now();
+          while (due() <= woke && due() < end_) {
+            send();
+            totals_->send_lags_us.push_back(
+                std::chrono::duration_cast<std::chrono::microseconds>(slots_[last_].sent - due()).count());
+            ++due_index;
+          }
+          if (due() < end_) arm();
+          continue;
+        }
+        if (events[e].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
+          for (;;) {
+            const ssize_t got = ::read(fd_, buffer, sizeof(buffer));
+            if (got > 0) {
+              if (nghttp2_session_mem_recv(session_, reinterpret_cast<uint8_t*>(buffer), static_cast<size_t>(got)) < 0) {
+                broken_ = true;
+              }
+              if (static_cast<size_t>(got) < sizeof(buffer)) break;
+              continue;
+            }
+            if (got == 0 || (errno != EAGAIN && errno != EINTR)) broken_ = true;
+            break;
+          }
+        }
       }
     }
-    Slot& slot = slots_[i];
-    slot.context.reset();
-    slot.context.emplace();
-    slot.sent = Clock::now();
-    auto reader = stub_->PrepareAsyncShouldRateLimit(&*slot.context, request_, &queue_);
-    reader->StartCall();
-    reader->Finish(&slot.response, &slot.status, reinterpret_cast<void*>(i));
+    totals_->errors += in_flight_;  // unanswered: the connection broke, or the drain gave up
+    if (timer >= 0) ::close(timer);
+    ::close(epoll);
   }
-
-  // The next answer: its slot, or false once the queue is shut down and empty.
-  bool next(size_t* i, bool* ok) {
-    void* tag = nullptr;
-    if (!queue_.Next(&tag, ok)) return false;
-    *i = reinterpret_cast<size_t>(tag);
-    return true;
-  }
-
-  // Counts slot i's answer, which arrived at `answered`.
-  void count(size_t i, bool ok, Clock::time_point answered, Totals* totals) const {
-    const Slot& slot = slots_[i];
-    totals->latencies_us.push_back(
-        std::chrono::duration_cast<std::chrono::microseconds>(answered - slot.sent).count());
-    if (!ok || !slot.status.ok()) {
-      ++totals->errors;
-    } else if (slot.response.overall_code() == RateLimitResponse::OK) {
-      ++totals->ok;
-    } else {
-      ++totals->over;
-    }
-  }
-
-  size_t slots() const { return slots_.size(); }
-  // No call may be sent after this; next() returns the rest, then false.
-  void shutdown() { queue_.Shutdown(); }
 
  private:
-  const uint64_t keys_;
-  std::unique_ptr<RateLimitService::Stub> stub_;
-  grpc::CompletionQueue queue_;
-  RateLimitRequest request_;
-  std::vector<Slot> slots_;
-};
+  // Sends the next call on a free slot.
+  void send() {
+    size_t i = 0;
+    if (free_.empty()) {
+      i = slots_.size();
+      slots_.emplace_back();
+    } else {
+      i = free_.back();
+      free_.pop_back();
+    }
+    Slot& slot = slots_[i];
+    slot.body = &bodies_[sent_ % bodies_.size()];
+    slot.body_sent = 0;
+    slot.answer.clear();
+    slot.grpc_ok = false;
+    static const nghttp2_nv headers[] = {
+        header(":method", "POST"), header(":scheme", "http"),
+        header(":path", "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"),
+        header(":authority", "localhost"), header("content-type", "application/grpc"),
+        header("te", "trailers")};
+    nghttp2_data_provider body{};
+    body.read_callback = readBody;
+    slot.sent = Clock::now();
+    const int32_t stream = nghttp2_submit_request(session_, nullptr, headers, std::size(headers), &body,
+                                                  reinterpret_cast<void*>(i));
+    if (stream < 0) {
+      broken_ = true;
+      return;
+    }
+    ++sent_;
+    ++in_flight_;
+    last_ = i;
+  }
 
-// Closed loop: `depth` calls in flight, each answer sending the next until `end`.
-void closedLoop(Connection& connection, Clock::time_point end, Totals* totals) {
-  uint64_t sent = 0;
-  size_t in_flight = 0;
-  for (size_t i = 0; i < connection.slots(); ++i, ++in_flight) connection.send(i, sent++);
-  size_t i = 0;
-  bool ok = false;
-  while (in_flight > 0 && connection.next(&i, &ok)) {
+  static nghttp2_nv header(const char* name, const char* value) {
+    return {reinterpret_cast<uint8_t*>(const_cast<char*>(name)), reinterpret_cast<uint8_t*>(const_cast<char*>(value)),
+            std::strlen(name), std::strlen(value), NGHTTP2_NV_FLAG_NO_COPY_NAME | NGHTTP2_NV_FLAG_NO_COPY_VALUE};
+  }
+
+  // Writes what nghttp2 has for the socket; keeps what it does not take.
+  void flush() {
+    for (;;) {
+      if (pending_.empty()) {
+        const uint8_t* data = nullptr;
+        const ssize_t n = nghttp2_session_mem_send(session_, &data);
+        if (n < 0) {
+          broken_ = true;
+          return;
+        }
+        if (n == 0) return;
+        pending_.assign(reinterpret_cast<const char*>(data), static_cast<size_t>(n));
+      }
+      const ssize_t wrote = ::write(fd_, pending_.data(), pending_.size());
+      if (wrote < 0) {
+        if (errno != EAGAIN && errno != EINTR) broken_ = true;
+        return;
+      }
+      pending_.erase(0, static_cast<size_t>(wrote));
+    }
+  }
+
+  Slot& slotOf(int32_t stream) {
+    return slots_[reinterpret_cast<size_t>(nghttp2_session_get_stream_user_data(session_, stream))];
+  }
+
+  static ssize_t readBody(nghttp2_session* session, int32_t stream, uint8_t* buffer, size_t length,
+                          uint32_t* flags, nghttp2_data_source*, void* user) {
+    (void)session;
+    Slot& slot = static_cast<Connection*>(user)->slotOf(stream);
+    const size_t n = std::min(length, slot.body->size() - slot.body_sent);
+    std::memcpy(buffer, slot.body->data() + slot.body_sent, n);
+    slot.body_sent += n;
+    if (slot.body_sent == slot.body->size()) *flags |= NGHTTP2_DATA_FLAG_EOF;
+    return static_cast<ssize_t>(n);
+  }
+
+  static int onData(nghttp2_session*, uint8_t, int32_t stream, const uint8_t* data, size_t length, void* user) {
+    static_cast<Connection*>(user)->slotOf(stream).answer.append(reinterpret_cast<const char*>(data), length);
+    return 0;
+  }
+
+  static int onHeader(nghttp2_session*, const nghttp2_frame* frame, const uint8_t* name, size_t name_length,
+                      const uint8_t* value, size_t value_length, uint8_t, void* user) {
+    if (std::string_view(reinterpret_cast<const char*>(name), name_length) == "grpc-status") {
+      static_cast<Connection*>(user)->slotOf(frame->hd.stream_id).grpc_ok =
+          std::string_view(reinterpret_cast<const char*>(value), value_length) == "0";
+    }
+    return 0;
+  }
+
+  static int onClose(nghttp2_session*, int32_t stream, uint32_t error_code, void* user) {
+    auto* self = static_cast<Connection*>(user);
     const Clock::time_point answered = Clock::now();
-    connection.count(i, ok, answered, totals);
-    --in_flight;
-    if (answered < end) {
-      connection.send(i, sent++);
-      ++in_flight;
+    const size_t i = reinterpret_cast<size_t>(nghttp2_session_get_stream_user_data(self->session_, stream));
+    Slot& slot = self->slots_[i];
+    self->totals_->latencies_us.push_back(
+        std::chrono::duration_cast<std::chrono::microseconds>(answered - slot.sent).count());
+    if (error_code != NGHTTP2_NO_ERROR || !slot.grpc_ok || slot.answer.size() < 5 ||
+        !self->response_.ParseFromArray(slot.answer.data() + 5, static_cast<int>(slot.answer.size() - 5))) {
+      ++self->totals_->errors;
+    } else if (self->response_.overall_code() == RateLimitResponse::OK) {
+      ++self->totals_->ok;
+    } else {
+      ++self->totals_->over;
     }
+    --self->in_flight_;
+    self->free_.push_back(i);
+    if (self->closed_loop_ && answered < self->end_) self->send();
+    return 0;
   }
-  connection.shutdown();
-  while (connection.next(&i, &ok)) {
-  }
-}
 
-// Paced: this connection's calls due at first + n * interval until `end`,
-// sent by a thread of their own; this thread reads the answers.
-void paced(Connection& connection, Clock::time_point first, Clock::duration interval,
-           Clock::time_point end, Totals* totals) {
-  std::mutex mutex;  // free
-  std::condition_variable freed;
-  std::vector<size_t> free;
-  for (size_t i = connection.slots(); i-- > 0;) free.push_back(i);
-  std::thread sender([&] {
-    ::prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
-    for (uint64_t n = 0;; ++n) {
-      const Clock::time_point due = first + interval * static_cast<int64_t>(n);
-      if (due >= end) break;
-      const auto due_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(due.time_since_epoch()).count();
-      const timespec at{.tv_sec = static_cast<time_t>(due_ns / 1'000'000'000),
-                        .tv_nsec = static_cast<long>(due_ns % 1'000'000'000)};
-      // steady_clock is CLOCK_MONOTONIC in libstdc++.
-      while (::clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &at, nullptr) != 0) {
-      }
-      size_t i = 0;
-      {
-        std::unique_lock<std::mutex> lock(mutex);
-        freed.wait(lock, [&] { return !free.empty(); });
-        i = free.back();
-        free.pop_back();
-      }
-      connection.send(i, n);
-      totals->send_lags_us.push_back(
-          std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - due).count());
-    }
-    connection.shutdown();
-  });
-  size_t i = 0;
-  bool ok = false;
-  while (connection.next(&i, &ok)) {
-    connection.count(i, ok, Clock::now(), totals);
-    std::lock_guard<std::mutex> lock(mutex);
-    free.push_back(i);
-    freed.notify_one();
-  }
-  sender.join();
-}
+  std::vector<std::string> bodies_;  // one per key
+  int fd_ = -1;
+  nghttp2_session* session_ = nullptr;
+  std::string pending_;  // bytes nghttp2 gave that the socket has not taken yet
+  std::vector<Slot> slots_;
+  std::vector<size_t> free_;  // indexes of slots_ not in flight
+  RateLimitResponse response_;  // each answer parsed into it
+  Totals* totals_ = nullptr;
+  Clock::time_point end_;
+  bool closed_loop_ = true;
+  bool broken_ = false;  // the connection failed: the run ends
+  uint64_t sent_ = 0;
+  size_t in_flight_ = 0;
+  size_t last_ = 0;  // the slot send() used last
+};
 
 int64_t quantile(const std::vector<int64_t>& sorted, double q) {
   if (sorted.empty()) return 0;
@@ -229,16 +389,9 @@ int main(int argc, char** argv) {
   const int threads = std::max(1, argc > 4 ? std::atoi(argv[4]) : 2);
   const int depth = std::max(1, argc > 5 ? std::atoi(argv[5]) : 32);
   const double rate = argc > 6 ? std::atof(argv[6]) : 0;
-  const int keys = argc > 7 ? std::max(1, std::atoi(argv[7])) : 1;
-  // Paced, a slot per call that may be in flight: enough for 100 ms of
-  // answers late, so that the sender never waits on a slow answer.
-  const size_t slots = rate > 0 ? std::max<size_t>(static_cast<size_t>(depth),
-                                                   static_cast<size_t>(rate / threads / 10) + 1)
-                                : static_cast<size_t>(depth);
+  const int keys = std::clamp(argc > 7 ? std::atoi(argv[7]) : 1, 1, 1'000'000);
   std::vector<std::unique_ptr<Connection>> connections;
-  for (int t = 0; t < threads; ++t) {
-    connections.push_back(std::make_unique<Connection>(target, descriptors, keys, slots));
-  }
+  for (int t = 0; t < threads; ++t) connections.push_back(std::make_unique<Connection>(target, descriptors, keys));
   std::vector<Totals> totals(static_cast<size_t>(threads));
   for (Totals& part : totals) {
     part.latencies_us.reserve(static_cast<size_t>(std::min(seconds * (rate > 0 ? rate : 1e5), 1e8) / threads));
@@ -246,18 +399,16 @@ int main(int argc, char** argv) {
   }
   const auto started = Clock::now();
   const auto end = started + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  // Connection t's calls are t, t + threads, t + 2 * threads, ... of one
+  // schedule of `rate` calls/s.
+  const auto spacing = rate > 0 ? std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(1.0 / rate))
+                                : Clock::duration::zero();
   std::vector<std::thread> workers;
   for (int t = 0; t < threads; ++t) {
-    Connection& connection = *connections[static_cast<size_t>(t)];
-    Totals* part = &totals[static_cast<size_t>(t)];
-    if (rate > 0) {
-      // Connection t's calls are t, t + threads, t + 2 * threads, ... of one
-      // schedule of `rate` calls/s.
-      const auto spacing = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(1.0 / rate));
-      workers.emplace_back(paced, std::ref(connection), started + spacing * t, spacing * threads, end, part);
-    } else {
-      workers.emplace_back(closedLoop, std::ref(connection), end, part);
-    }
+    workers.emplace_back([&, t] {
+      connections[static_cast<size_t>(t)]->run(static_cast<size_t>(depth), rate, started + spacing * t,
+                                               spacing * threads, end, &totals[static_cast<size_t>(t)]);
+    });
   }
   for (std::thread& worker : workers) worker.join();
   const double elapsed = std::chrono::duration<double>(Clock::now() - started).count();
