@@ -244,6 +244,17 @@ class HttpReservations(unittest.TestCase):
         self.assertEqual(status, 404)
         self.assertIn("no open reservation", problem["detail"])
 
+    def test_a_settle_past_the_keys_debt_bound_answers_what_it_left_unpaid(self):
+        status, _, body = self.post("/v1/reserve?rule=capped&key=h&estimate=1000")
+        self.assertEqual(status, 200, body)
+        status, _, settled = self.post("/v1/settle?id=%d&actual=1500" % body["id"])
+        self.assertEqual(status, 200, settled)
+        self.assertEqual((settled["debt"], settled["unpaid"], settled["remaining"]),
+                         (100, 400, -100))
+        status, _, body = self.post("/v1/reserve?rule=tokens&key=h2&estimate=10")
+        status, _, settled = self.post("/v1/settle?id=%d&actual=15" % body["id"])
+        self.assertEqual((settled["debt"], settled["unpaid"]), (5, 0))
+
 
 GLOBAL_CONFIG = """
 [daemon]
