@@ -367,6 +367,50 @@ class GlobalReservations(unittest.TestCase):
         counted = int(self.redis.command("HGET", redis_key("q", "tokens", "k"), "n"))
         self.assertGreaterEqual(counted, 5 * 1000)
 
+    def test_a_killed_daemons_open_reservations_stay_spent_for_the_fleet(self):
+        # Two more daemons on the same Redis share a 10,000-unit key.
+        config = (GLOBAL_CONFIG.replace("limit = 1000000", "limit = 10000", 1) +
+                  redis_section(self.redis.port).replace("expected_nodes = 1", "expected_nodes = 3"))
+        dying, other = Daemon("budget-dying"), Daemon("budget-other")
+        for daemon in (dying, other):
+            self.addCleanup(daemon.stop)
+            daemon.start(config.format(socket=daemon.socket), connect=True)
+        for daemon in (dying, other):
+            self.assertTrue(wait_for(lambda: daemon.client.result(
+                "acquire", "tokens", "fleet", 1)["mode"] == "normal", 10))
+        # Units spent from leases (mode normal), which Redis counted when it
+        # granted them; under load a lease may come late and the share
+        # decide instead: those are cancelled, or not counted.
+        warmed = dying.client.result("stats")["allowed"]["normal"]
+        reserved = 0
+        for _ in range(50):
+            answer = dying.client.result("reserve", "tokens", "fleet", 1000, 60000)
+            self.assertTrue(answer["allowed"])
+            if answer["mode"] != "normal":
+                dying.client.result("cancel", answer["id"])
+                continue
+            reserved += 1
+            if reserved == 5:
+                break
+        self.assertEqual(reserved, 5)
+        dying.proc.kill()
+        dying.proc.wait(10)
+        # The other daemon spends what the fleet has left, at once: the dead
+        # node's open estimates stay spent (they settle at their estimates),
+        # so it admits no more than the limit less them.
+        spent = other.client.result("stats")["allowed"]["normal"]
+        for _ in range(400):
+            answer = other.client.result("acquire", "tokens", "fleet", 100)
+            if answer["mode"] == "normal":
+                if not answer["allowed"]:
+                    break
+                spent += 100
+        self.assertGreater(spent, 0)
+        self.assertLessEqual(spent + 5 * 1000 + warmed, 10000)
+        counted = int(self.redis.command("HGET", redis_key("q", "tokens", "fleet"), "n"))
+        self.assertGreaterEqual(counted, spent + 5 * 1000 + warmed)
+        self.assertLessEqual(counted, 10000)
+
     def test_a_debt_past_the_slice_denies_until_a_lease_pays_it(self):
         self.warm("over")
         reserved = self.client.result("reserve", "tokens", "over", 10)
