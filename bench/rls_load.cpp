@@ -7,7 +7,9 @@
 //   rls_load TARGET DESCRIPTORS SECONDS [THREADS] [DEPTH] [RATE] [KEYS]
 //
 // TARGET is unix:PATH or HOST:PORT (IPv4). Prints one line: calls/s,
-// p50/p99/max latency in µs, OK, OVER_LIMIT and errors; paced runs add
+// p50/p99/max latency in µs, OK, OVER_LIMIT and errors, and
+// driver_cpu_us_per_call (this process's user + system CPU over the calls
+// answered: what the driver takes from a machine it shares); paced runs add
 // send_lag_p99_us (how late the sends left, below). Keys cycle through
 // KEYS values of descriptor i's key "k<i>" (1: one hot key per descriptor).
 //
@@ -38,6 +40,7 @@
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/timerfd.h>
 #include <sys/un.h>
@@ -422,13 +425,19 @@ int main(int argc, char** argv) {
   }
   std::sort(all.latencies_us.begin(), all.latencies_us.end());
   std::sort(all.send_lags_us.begin(), all.send_lags_us.end());
-  std::printf("calls_per_s=%.0f p50_us=%lld p99_us=%lld max_us=%lld ok=%llu over_limit=%llu errors=%llu",
+  rusage usage{};
+  ::getrusage(RUSAGE_SELF, &usage);
+  const double cpu_us = static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) * 1e6 +
+                        static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
+  std::printf("calls_per_s=%.0f p50_us=%lld p99_us=%lld max_us=%lld ok=%llu over_limit=%llu errors=%llu "
+              "driver_cpu_us_per_call=%.1f",
               static_cast<double>(all.latencies_us.size()) / elapsed,
               static_cast<long long>(quantile(all.latencies_us, 0.5)),
               static_cast<long long>(quantile(all.latencies_us, 0.99)),
               static_cast<long long>(quantile(all.latencies_us, 1.0)),
               static_cast<unsigned long long>(all.ok), static_cast<unsigned long long>(all.over),
-              static_cast<unsigned long long>(all.errors));
+              static_cast<unsigned long long>(all.errors),
+              all.latencies_us.empty() ? 0.0 : cpu_us / static_cast<double>(all.latencies_us.size()));
   if (rate > 0) std::printf(" send_lag_p99_us=%lld", static_cast<long long>(quantile(all.send_lags_us, 0.99)));
   std::printf("\n");
   return all.errors == 0 ? 0 : 1;
