@@ -571,9 +571,9 @@ class GrpcEnvoyFront final : public EnvoyFront {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     pollers_->stop();
-    pollers_.reset();
     server_->Wait();
     server_.reset();
+    pollers_.reset();  // the queue outlives the server, as gRPC asks
     if (!socket_path_.empty()) ::unlink(socket_path_.c_str());
   }
 
