@@ -13,73 +13,18 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <memory>
 #include <string>
 #include <vector>
 
-#include "clock.h"
-#include "lease.h"
-#include "test_status.h"
-#include "test_support.h"
-#include "worker.h"
+#include "front_fixture.h"
 
 namespace sluice {
 namespace {
 
-constexpr int64_t kMs = 1'000'000;
-
-Rule makeRule(uint32_t id, std::string name, Scope scope) {
-  Rule rule;
-  rule.id = id;
-  rule.name = std::move(name);
-  rule.scope = scope;
-  rule.algorithm = Algorithm::kTokenBucket;
-  rule.on_redis_down = RedisDownPolicy::kOpen;
-  rule.limits = {Limit{.limit = 5, .period_ns = 3'600'000 * kMs, .burst = 5}};
-  return rule;
-}
-
-// One worker serving one HTTP client over a socket pair.
-class HttpConnectionTest : public ::testing::Test {
+// One worker serving HTTP clients.
+class HttpConnectionTest : public test::FrontTest {
  protected:
-  void start(WorkerOptions options) {
-    broker_.setBreaker(Breaker::kClosed, monotonicNowNs());
-    std::vector<Rule> rules = {makeRule(1, "local", Scope::kLocal),
-                               makeRule(2, "global", Scope::kGlobal)};
-    worker_ = std::make_unique<Worker>(0, options, keys_, metrics_.shard(0), status_,
-                                       std::make_shared<const RuleSet>(std::move(rules), 1),
-                                       &broker_);
-    worker_->start();
-  }
-
-  int connect(bool allowed = true) {
-    int pair[2];
-    EXPECT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair), 0);
-    timeval timeout{.tv_sec = 5, .tv_usec = 0};
-    setsockopt(pair[0], SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-    Peer peer;
-    peer.allowed = allowed;
-    worker_->adopt(pair[1], peer, Protocol::kHttp);
-    clients_.push_back(pair[0]);
-    return pair[0];
-  }
-
-  static void send(int fd, const std::string& bytes) {
-    ASSERT_EQ(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL),
-              static_cast<ssize_t>(bytes.size()));
-  }
-
-  // Everything the daemon writes until it closes (or the read timeout).
-  static std::string readAll(int fd) {
-    std::string out;
-    char buffer[4096];
-    for (;;) {
-      ssize_t n = ::read(fd, buffer, sizeof(buffer));
-      if (n <= 0) break;
-      out.append(buffer, static_cast<size_t>(n));
-    }
-    return out;
-  }
+  HttpConnectionTest() : FrontTest(Protocol::kHttp) {}
 
   // Reads `count` whole responses (each "Content-Length: N" head and body).
   static std::vector<std::string> readResponses(int fd, size_t count) {
@@ -103,35 +48,6 @@ class HttpConnectionTest : public ::testing::Test {
     }
     return responses;
   }
-
-  // Whether the daemon closes the connection within the read timeout.
-  static bool closedByDaemon(int fd) {
-    char buffer[4096];
-    for (;;) {
-      ssize_t n = ::read(fd, buffer, sizeof(buffer));
-      if (n == 0) return true;
-      if (n < 0) return errno == ECONNRESET;
-    }
-  }
-
-  uint64_t closed(CloseReason reason) {
-    return metrics_.shard(0).connections_closed[static_cast<size_t>(reason)].get();
-  }
-
-  void TearDown() override {
-    for (int fd : clients_) ::close(fd);
-    if (worker_) {
-      worker_->stop();
-      worker_->join();
-    }
-  }
-
-  KeyTable keys_{KeyTableOptions{}};
-  Metrics metrics_{1};
-  TestStatus status_{metrics_, 1};
-  LeaseBroker broker_{100 * kMs};
-  std::unique_ptr<Worker> worker_;
-  std::vector<int> clients_;
 };
 
 std::string get(const std::string& target, const std::string& extra = "") {

@@ -13,68 +13,20 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <memory>
 #include <string>
 #include <vector>
 
-#include "clock.h"
-#include "lease.h"
-#include "test_status.h"
-#include "test_support.h"
-#include "worker.h"
+#include "front_fixture.h"
 
 namespace sluice {
 namespace {
 
-constexpr int64_t kMs = 1'000'000;
+using test::kFrontMs;
 
-Rule makeRule(uint32_t id, std::string name, Scope scope) {
-  Rule rule;
-  rule.id = id;
-  rule.name = std::move(name);
-  rule.scope = scope;
-  rule.algorithm = Algorithm::kTokenBucket;
-  rule.on_redis_down = RedisDownPolicy::kOpen;
-  rule.limits = {Limit{.limit = 5, .period_ns = 3'600'000 * kMs, .burst = 5}};
-  return rule;
-}
-
-std::vector<Rule> baseRules() {
-  return {makeRule(1, "local", Scope::kLocal), makeRule(2, "global", Scope::kGlobal)};
-}
-
-// One worker serving one RESP client over a socket pair.
-class RespConnectionTest : public ::testing::Test {
+// One worker serving RESP clients.
+class RespConnectionTest : public test::FrontTest {
  protected:
-  void start(WorkerOptions options, RespFront::EnsureRule ensure = {}) {
-    broker_.setBreaker(Breaker::kClosed, monotonicNowNs());
-    worker_ = std::make_unique<Worker>(
-        0, options, keys_, metrics_.shard(0), status_,
-        std::make_shared<const RuleSet>(baseRules(), 1), &broker_, std::move(ensure));
-    worker_->start();
-  }
-
-  // A new client; `server_send_bytes` > 0 shrinks the daemon's send buffer.
-  int connect(int server_send_bytes = 0) {
-    int pair[2];
-    EXPECT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair), 0);
-    timeval timeout{.tv_sec = 5, .tv_usec = 0};
-    setsockopt(pair[0], SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-    if (server_send_bytes > 0) {
-      setsockopt(pair[1], SOL_SOCKET, SO_SNDBUF, &server_send_bytes, sizeof(server_send_bytes));
-      setsockopt(pair[0], SOL_SOCKET, SO_RCVBUF, &server_send_bytes, sizeof(server_send_bytes));
-    }
-    Peer peer;
-    peer.allowed = true;
-    worker_->adopt(pair[1], peer, Protocol::kResp);
-    clients_.push_back(pair[0]);
-    return pair[0];
-  }
-
-  static void send(int fd, const std::string& bytes) {
-    ASSERT_EQ(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL),
-              static_cast<ssize_t>(bytes.size()));
-  }
+  RespConnectionTest() : FrontTest(Protocol::kResp) {}
 
   // Reads until the bytes end with `last` or the connection ends.
   static std::string readUntil(int fd, const std::string& last) {
@@ -87,35 +39,6 @@ class RespConnectionTest : public ::testing::Test {
     }
     return out;
   }
-
-  // Whether the daemon closes the connection within the read timeout.
-  static bool closedByDaemon(int fd) {
-    char buffer[4096];
-    for (;;) {
-      ssize_t n = ::read(fd, buffer, sizeof(buffer));
-      if (n == 0) return true;
-      if (n < 0) return errno == ECONNRESET;
-    }
-  }
-
-  uint64_t closed(CloseReason reason) {
-    return metrics_.shard(0).connections_closed[static_cast<size_t>(reason)].get();
-  }
-
-  void TearDown() override {
-    for (int fd : clients_) ::close(fd);
-    if (worker_) {
-      worker_->stop();
-      worker_->join();
-    }
-  }
-
-  KeyTable keys_{KeyTableOptions{}};
-  Metrics metrics_{1};
-  TestStatus status_{metrics_, 1};
-  LeaseBroker broker_{100 * kMs};
-  std::unique_ptr<Worker> worker_;
-  std::vector<int> clients_;
 };
 
 std::string command(const std::vector<std::string>& words) {
@@ -160,9 +83,9 @@ TEST_F(RespConnectionTest, ThrottleRuleIsDecidedOnTheWorkerThatAddedItAtOnce) {
     rule.name = resp::throttleRuleName(throttle);
     rule.algorithm = Algorithm::kGcra;
     rule.limits = {Limit{.limit = throttle.count,
-                         .period_ns = throttle.period_s * 1000 * kMs,
+                         .period_ns = throttle.period_s * 1000 * kFrontMs,
                          .burst = throttle.max_burst + 1}};
-    std::vector<Rule> rules = baseRules();
+    std::vector<Rule> rules = test::frontRules();
     rules.push_back(rule);
     return std::make_shared<const RuleSet>(std::move(rules), 1);
   });
@@ -208,7 +131,7 @@ TEST_F(RespConnectionTest, ClientThatDoesNotReadItsRepliesIsClosedAtTheOutputCap
   WorkerOptions options;
   options.max_output_bytes = 16 * 1024;
   start(options);
-  int client = connect(4096);
+  int client = connect(/*allowed=*/true, 4096);
   std::string batch;
   for (int i = 0; i < 64; ++i) batch += command({"ECHO", std::string(1000, 'x')});
   // The daemon closes mid-batch: the rest of the write may fail.
