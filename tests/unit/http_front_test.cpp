@@ -13,6 +13,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -91,6 +93,7 @@ TEST_F(HttpConnectionTest, ConnectionCloseIsAnsweredThenTheRestIsNotRead) {
   // One answer only: the second request was never asked.
   EXPECT_EQ(all.find("HTTP/1.1", 1), std::string::npos) << all;
   EXPECT_NE(all.find("\"local\";r=4;"), std::string::npos) << all;
+  ::shutdown(client, SHUT_WR);  // done sending: the daemon stops lingering
   EXPECT_TRUE(test::waitFor(5'000, [&] { return closed(CloseReason::kPeerClosed) == 1; }));
 }
 
@@ -122,6 +125,7 @@ TEST_F(HttpConnectionTest, MalformedRequestIsAnsweredWithItsProblemAndClosed) {
   EXPECT_EQ(statusLine(all), "HTTP/1.1 200 OK");
   EXPECT_NE(all.find("\"detail\":\"a header line must be NAME: VALUE", second), std::string::npos);
   EXPECT_EQ(all.find("HTTP/1.1", second + 1), std::string::npos) << all;
+  ::shutdown(client, SHUT_WR);
   EXPECT_TRUE(test::waitFor(5'000, [&] { return closed(CloseReason::kUnreadable) == 1; }));
 }
 
@@ -135,6 +139,8 @@ TEST_F(HttpConnectionTest, RequestOverTheFrameLimitIsRefusedWith413Or431) {
   int head = connect();
   send(head, get("/v1/check?rule=local&key=h", "X-Long: " + std::string(2000, 'x') + "\r\n"));
   EXPECT_EQ(statusLine(readAll(head)), "HTTP/1.1 431 Request Header Fields Too Large");
+  ::shutdown(body, SHUT_WR);
+  ::shutdown(head, SHUT_WR);
   EXPECT_TRUE(test::waitFor(5'000, [&] { return closed(CloseReason::kUnreadable) == 2; }));
 }
 
@@ -163,6 +169,56 @@ TEST_F(HttpConnectionTest, ClientThatExpects100ContinueGetsItBeforeItsBody) {
   ASSERT_EQ(responses.size(), 1u);
   EXPECT_EQ(statusLine(responses[0]), "HTTP/1.1 200 OK");
   EXPECT_NE(responses[0].find("\"local\";r=4;"), std::string::npos) << responses[0];
+}
+
+TEST_F(HttpConnectionTest, RefusedRequestIsAnsweredWhileItsClientIsStillSendingItsBody) {
+  WorkerOptions options;
+  options.http.limits.max_request_bytes = 1024;
+  start(options);
+  int client = connectTcp(16 * 1024);
+  const std::string body(200'000, 'b');
+  send(client, "POST /v1/check?rule=local&key=l HTTP/1.1\r\nHost: s\r\n"
+               "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n");
+  // Refused at its head, the request's body is still coming: a daemon that
+  // closed now would reset the connection, failing this send and
+  // discarding the answer.
+  size_t sent = 0;
+  while (sent < body.size()) {
+    ssize_t n = ::send(client, body.data() + sent, body.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) break;
+    sent += static_cast<size_t>(n);
+  }
+  EXPECT_EQ(sent, body.size()) << std::strerror(errno);
+  std::vector<std::string> responses = readResponses(client, 1);
+  ASSERT_EQ(responses.size(), 1u);
+  EXPECT_EQ(statusLine(responses[0]), "HTTP/1.1 413 Content Too Large");
+  EXPECT_NE(responses[0].find("\"status\":413"), std::string::npos) << responses[0];
+  EXPECT_EQ(readToEnd(client), 0);  // an orderly end, no reset
+  EXPECT_EQ(closed(CloseReason::kUnreadable), 0u);  // lingering, until the client ends
+  ::shutdown(client, SHUT_WR);
+  EXPECT_TRUE(test::waitFor(5'000, [&] { return closed(CloseReason::kUnreadable) == 1; }));
+}
+
+TEST_F(HttpConnectionTest, LingeringEndsAtItsTimeBoundForAClientThatNeverCloses) {
+  WorkerOptions options;
+  options.linger_ms = 100;
+  start(options);
+  int client = connect();
+  send(client, "BAD\r\n\r\n");
+  EXPECT_EQ(statusLine(readAll(client)), "HTTP/1.1 400 Bad Request");
+  EXPECT_TRUE(test::waitFor(5'000, [&] { return closed(CloseReason::kUnreadable) == 1; }));
+}
+
+TEST_F(HttpConnectionTest, LingeringEndsAtItsByteBoundForAClientThatSendsOn) {
+  WorkerOptions options;
+  options.linger_max_bytes = 1000;
+  start(options);
+  int client = connect();
+  send(client, "BAD\r\n\r\n");
+  EXPECT_EQ(statusLine(readAll(client)), "HTTP/1.1 400 Bad Request");
+  EXPECT_EQ(closed(CloseReason::kUnreadable), 0u);
+  send(client, std::string(2000, 'x'));
+  EXPECT_TRUE(test::waitFor(5'000, [&] { return closed(CloseReason::kUnreadable) == 1; }));
 }
 
 TEST_F(HttpConnectionTest, ChunkedBodyIsRefusedWith411) {

@@ -13,6 +13,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -113,6 +115,7 @@ TEST_F(RespConnectionTest, CommandWithTooManyArgumentsIsAnsweredAndClosed) {
   send(client, command({"PING"}) + command({"ECHO", "a", "b", "c", "d"}) + command({"PING"}));
   std::string replies = readUntil(client, "(none)");
   EXPECT_EQ(replies, "+PONG\r\n-ERR Protocol error: too many arguments (at most 4)\r\n");
+  ::shutdown(client, SHUT_WR);
   EXPECT_TRUE(test::waitFor(5'000, [&] { return closed(CloseReason::kUnreadable) == 1; }));
 }
 
@@ -124,6 +127,31 @@ TEST_F(RespConnectionTest, CommandOverTheFrameLimitIsAnsweredAndClosed) {
   send(client, command({"ECHO", std::string(2000, 'x')}));
   std::string replies = readUntil(client, "(none)");
   EXPECT_TRUE(replies.starts_with("-ERR Protocol error: invalid bulk length")) << replies;
+  ::shutdown(client, SHUT_WR);
+  EXPECT_TRUE(test::waitFor(5'000, [&] { return closed(CloseReason::kUnreadable) == 1; }));
+}
+
+TEST_F(RespConnectionTest, MalformedCommandIsAnsweredWhileItsClientIsStillSending) {
+  WorkerOptions options;
+  options.resp.max_arguments = 4;
+  start(options);
+  int client = connectTcp(16 * 1024);
+  send(client, command({"ECHO", "a", "b", "c", "d"}));
+  // The daemon refuses the first command; the client is still sending: a
+  // daemon that closed now would reset the connection, failing this send
+  // and discarding the error.
+  const std::string rest = std::string(200'000, 'x');
+  size_t sent = 0;
+  while (sent < rest.size()) {
+    ssize_t n = ::send(client, rest.data() + sent, rest.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) break;
+    sent += static_cast<size_t>(n);
+  }
+  EXPECT_EQ(sent, rest.size()) << std::strerror(errno);
+  const std::string error = "-ERR Protocol error: too many arguments (at most 4)\r\n";
+  EXPECT_EQ(readUntil(client, error), error);
+  EXPECT_EQ(readToEnd(client), 0);  // an orderly end, no reset
+  ::shutdown(client, SHUT_WR);
   EXPECT_TRUE(test::waitFor(5'000, [&] { return closed(CloseReason::kUnreadable) == 1; }));
 }
 
@@ -166,6 +194,7 @@ TEST_F(RespConnectionTest, QuitIsAnsweredThenTheConnectionCloses) {
   int client = connect();
   send(client, command({"QUIT"}) + command({"PING"}));
   EXPECT_EQ(readUntil(client, "(none)"), "+OK\r\n");
+  ::shutdown(client, SHUT_WR);
   EXPECT_TRUE(test::waitFor(5'000, [&] { return closed(CloseReason::kPeerClosed) == 1; }));
 }
 
