@@ -171,6 +171,27 @@ TEST_F(HttpConnectionTest, ClientThatExpects100ContinueGetsItBeforeItsBody) {
   EXPECT_NE(responses[0].find("\"local\";r=4;"), std::string::npos) << responses[0];
 }
 
+TEST_F(HttpConnectionTest, ClientWhoseHeadArrivesInPiecesGets100ContinueBeforeItsBody) {
+  start(WorkerOptions{});
+  int client = connect();
+  // The first piece is read with a whole request before it, which is
+  // answered: the rest of the head comes in a read of its own.
+  send(client, get("/v1/check?rule=local&key=p") +
+                   "POST /v1/check?rule=local&key=p HTTP/1.1\r\nHost: s\r\n");
+  ASSERT_EQ(readResponses(client, 1).size(), 1u);
+  send(client, "Expect: 100-continue\r\nContent-");
+  send(client, "Length: 4\r\n\r\n");
+  std::string interim;
+  char byte = 0;
+  while (!interim.ends_with("\r\n\r\n") && ::read(client, &byte, 1) == 1) interim += byte;
+  EXPECT_EQ(interim, "HTTP/1.1 100 Continue\r\n\r\n");
+  send(client, "body");
+  std::vector<std::string> responses = readResponses(client, 1);
+  ASSERT_EQ(responses.size(), 1u);
+  EXPECT_EQ(statusLine(responses[0]), "HTTP/1.1 200 OK");
+  EXPECT_NE(responses[0].find("\"local\";r=3;"), std::string::npos) << responses[0];
+}
+
 TEST_F(HttpConnectionTest, RefusedRequestIsAnsweredWhileItsClientIsStillSendingItsBody) {
   WorkerOptions options;
   options.http.limits.max_request_bytes = 1024;
