@@ -242,6 +242,48 @@ TEST_F(HttpConnectionTest, LingeringEndsAtItsByteBoundForAClientThatSendsOn) {
   EXPECT_TRUE(test::waitFor(5'000, [&] { return closed(CloseReason::kUnreadable) == 1; }));
 }
 
+TEST_F(HttpConnectionTest, CheckWaitingForALeaseWhenAReloadRemovesItsRuleIsAnswered503) {
+  WorkerOptions options;
+  options.lease_timeout_ms = 300;  // nobody answers the lease
+  start(options);
+  int client = connect();
+  send(client, get("/v1/check?rule=global&key=cold"));
+  ASSERT_TRUE(test::waitFor(5'000, [&] { return metrics_.shard(0).lease_deferred.get() == 1; }));
+  reload({test::frontRule(1, "local", Scope::kLocal)});
+  std::vector<std::string> responses = readResponses(client, 1);
+  ASSERT_EQ(responses.size(), 1u);
+  // The rule was there when asked: not a 404, and not the daemon's bug.
+  EXPECT_EQ(statusLine(responses[0]), "HTTP/1.1 503 Service Unavailable");
+  EXPECT_NE(responses[0].find("\r\nRetry-After: 1\r\n"), std::string::npos) << responses[0];
+  EXPECT_NE(responses[0].find("rule \\\"global\\\" was removed by a reload"), std::string::npos)
+      << responses[0];
+  // A request after the reload names a rule that is not there.
+  send(client, get("/v1/check?rule=global&key=cold"));
+  EXPECT_EQ(statusLine(readResponses(client, 1).at(0)), "HTTP/1.1 404 Not Found");
+}
+
+TEST_F(HttpConnectionTest, CheckGivenItsUnitsBeforeAReloadRemovedItsRuleGetsItsDecision) {
+  // One unit every 500 ms; a check may wait a second for its unit.
+  Rule paced = test::frontRule(3, "paced", Scope::kLocal);
+  paced.limits = {Limit{.limit = 1, .period_ns = 500 * test::kFrontMs, .burst = 1}};
+  paced.max_wait_ns = 1'000 * test::kFrontMs;
+  std::vector<Rule> rules = test::frontRules();
+  rules.push_back(paced);
+  start(WorkerOptions{}, {}, rules);
+  int client = connect();
+  send(client, get("/v1/check?rule=paced&key=w") + get("/v1/check?rule=paced&key=w"));
+  // Both decided: the second holds its unit, due in about 500 ms.
+  ASSERT_TRUE(test::waitFor(5'000, [&] { return decided() == 2; }));
+  reload(test::frontRules());
+  std::vector<std::string> responses = readResponses(client, 2);
+  ASSERT_EQ(responses.size(), 2u);
+  EXPECT_EQ(statusLine(responses[1]), "HTTP/1.1 200 OK") << responses[1];
+  // Its policy is its limit alone: the rule's window went with it.
+  EXPECT_NE(responses[1].find("\r\nRateLimit-Policy: \"paced\";q=1\r\n"), std::string::npos)
+      << responses[1];
+  EXPECT_NE(responses[1].find("\"allowed\":true"), std::string::npos) << responses[1];
+}
+
 TEST_F(HttpConnectionTest, ChunkedBodyIsRefusedWith411) {
   start(WorkerOptions{});
   int client = connect();

@@ -155,6 +155,18 @@ TEST_F(RespConnectionTest, MalformedCommandIsAnsweredWhileItsClientIsStillSendin
   EXPECT_TRUE(test::waitFor(5'000, [&] { return closed(CloseReason::kUnreadable) == 1; }));
 }
 
+TEST_F(RespConnectionTest, AcquireWaitingForALeaseWhenAReloadRemovesItsRuleIsOverloaded) {
+  WorkerOptions options;
+  options.lease_timeout_ms = 300;  // nobody answers the lease
+  start(options);
+  int client = connect();
+  send(client, command({"SLUICE.ACQUIRE", "global", "cold"}));
+  ASSERT_TRUE(test::waitFor(5'000, [&] { return metrics_.shard(0).lease_deferred.get() == 1; }));
+  reload({test::frontRule(1, "local", Scope::kLocal)});
+  EXPECT_EQ(readUntil(client, "\r\n").rfind("-OVERLOADED rule \"global\" was removed by a reload", 0),
+            0u);
+}
+
 TEST_F(RespConnectionTest, ClientThatDoesNotReadItsRepliesIsClosedAtTheOutputCap) {
   WorkerOptions options;
   options.max_output_bytes = 16 * 1024;
