@@ -110,6 +110,19 @@ class FrontTest : public ::testing::Test {
               static_cast<ssize_t>(bytes.size()));
   }
 
+  // Sends all of `bytes`, blocking while the daemon does not read, until
+  // an error (errno says which; the send timeout is 5 s); how many were
+  // sent.
+  static size_t sendAll(int fd, const std::string& bytes) {
+    size_t sent = 0;
+    while (sent < bytes.size()) {
+      ssize_t n = ::send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+      if (n <= 0) break;
+      sent += static_cast<size_t>(n);
+    }
+    return sent;
+  }
+
   // Everything the daemon writes until the end of the stream (or an
   // error, or the read timeout).
   static std::string readAll(int fd) {

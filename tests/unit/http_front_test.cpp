@@ -4,9 +4,12 @@
 // long a question waits; Connection: close and HTTP/1.0 close after their
 // answer; a request the parser refuses is answered with its problem and
 // closed; the main socket's bounds (request size, idle and partial-request
-// timeouts) close HTTP connections too; [access] answers 403. The tests
-// wait on conditions (test::waitFor, a read timeout), never on a fixed
-// sleep, and end by stopping and joining the worker.
+// timeouts) close HTTP connections too; [access] answers 403. A closing
+// connection lingers, so a client still sending reads its answer; a
+// reload that removes the rule of a waiting check answers 503 (or the
+// decision already made). The fixture (front_fixture.h) waits on
+// conditions (test::waitFor, a read timeout), never on a fixed sleep, and
+// ends by stopping and joining the worker.
 #include "http_front.h"
 
 #include <gtest/gtest.h>
@@ -27,6 +30,14 @@ namespace {
 class HttpConnectionTest : public test::FrontTest {
  protected:
   HttpConnectionTest() : FrontTest(Protocol::kHttp) {}
+
+  // Reads an interim (1xx) response, which has no body, and no more.
+  static std::string readInterim(int fd) {
+    std::string interim;
+    char byte = 0;
+    while (!interim.ends_with("\r\n\r\n") && ::read(fd, &byte, 1) == 1) interim += byte;
+    return interim;
+  }
 
   // Reads `count` whole responses (each "Content-Length: N" head and body).
   static std::vector<std::string> readResponses(int fd, size_t count) {
@@ -160,10 +171,7 @@ TEST_F(HttpConnectionTest, ClientThatExpects100ContinueGetsItBeforeItsBody) {
   int client = connect();
   send(client, "POST /v1/check?rule=local&key=e HTTP/1.1\r\nHost: s\r\n"
                "Expect: 100-continue\r\nContent-Length: 4\r\n\r\n");
-  std::string interim;
-  char byte = 0;
-  while (!interim.ends_with("\r\n\r\n") && ::read(client, &byte, 1) == 1) interim += byte;
-  EXPECT_EQ(interim, "HTTP/1.1 100 Continue\r\n\r\n");
+  EXPECT_EQ(readInterim(client), "HTTP/1.1 100 Continue\r\n\r\n");
   send(client, "body");
   std::vector<std::string> responses = readResponses(client, 1);
   ASSERT_EQ(responses.size(), 1u);
@@ -181,10 +189,7 @@ TEST_F(HttpConnectionTest, ClientWhoseHeadArrivesInPiecesGets100ContinueBeforeIt
   ASSERT_EQ(readResponses(client, 1).size(), 1u);
   send(client, "Expect: 100-continue\r\nContent-");
   send(client, "Length: 4\r\n\r\n");
-  std::string interim;
-  char byte = 0;
-  while (!interim.ends_with("\r\n\r\n") && ::read(client, &byte, 1) == 1) interim += byte;
-  EXPECT_EQ(interim, "HTTP/1.1 100 Continue\r\n\r\n");
+  EXPECT_EQ(readInterim(client), "HTTP/1.1 100 Continue\r\n\r\n");
   send(client, "body");
   std::vector<std::string> responses = readResponses(client, 1);
   ASSERT_EQ(responses.size(), 1u);
@@ -203,13 +208,7 @@ TEST_F(HttpConnectionTest, RefusedRequestIsAnsweredWhileItsClientIsStillSendingI
   // Refused at its head, the request's body is still coming: a daemon that
   // closed now would reset the connection, failing this send and
   // discarding the answer.
-  size_t sent = 0;
-  while (sent < body.size()) {
-    ssize_t n = ::send(client, body.data() + sent, body.size() - sent, MSG_NOSIGNAL);
-    if (n <= 0) break;
-    sent += static_cast<size_t>(n);
-  }
-  EXPECT_EQ(sent, body.size()) << std::strerror(errno);
+  EXPECT_EQ(sendAll(client, body), body.size()) << std::strerror(errno);
   std::vector<std::string> responses = readResponses(client, 1);
   ASSERT_EQ(responses.size(), 1u);
   EXPECT_EQ(statusLine(responses[0]), "HTTP/1.1 413 Content Too Large");

@@ -3,9 +3,11 @@
 // other. Replies go in request order however long a question waits; the
 // main socket's bounds (frame and argument limits, the output cap, idle and
 // partial-frame timeouts) close RESP connections too; CL.THROTTLE's rule is
-// decided on the worker that asked for it at once. The tests wait on
-// conditions (test::waitFor, a read timeout), never on a fixed sleep, and
-// end by stopping and joining the worker.
+// decided on the worker that asked for it at once; a closing connection
+// lingers, so a client still sending reads its error; a reload that
+// removes the rule of a waiting call answers -OVERLOADED. The fixture
+// (front_fixture.h) waits on conditions (test::waitFor, a read timeout),
+// never on a fixed sleep, and ends by stopping and joining the worker.
 #include "resp_front.h"
 
 #include <gtest/gtest.h>
@@ -141,13 +143,7 @@ TEST_F(RespConnectionTest, MalformedCommandIsAnsweredWhileItsClientIsStillSendin
   // daemon that closed now would reset the connection, failing this send
   // and discarding the error.
   const std::string rest = std::string(200'000, 'x');
-  size_t sent = 0;
-  while (sent < rest.size()) {
-    ssize_t n = ::send(client, rest.data() + sent, rest.size() - sent, MSG_NOSIGNAL);
-    if (n <= 0) break;
-    sent += static_cast<size_t>(n);
-  }
-  EXPECT_EQ(sent, rest.size()) << std::strerror(errno);
+  EXPECT_EQ(sendAll(client, rest), rest.size()) << std::strerror(errno);
   const std::string error = "-ERR Protocol error: too many arguments (at most 4)\r\n";
   EXPECT_EQ(readUntil(client, error), error);
   EXPECT_EQ(readToEnd(client), 0);  // an orderly end, no reset
