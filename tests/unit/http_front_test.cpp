@@ -241,6 +241,20 @@ TEST_F(HttpConnectionTest, LingeringEndsAtItsByteBoundForAClientThatSendsOn) {
   EXPECT_TRUE(test::waitFor(5'000, [&] { return closed(CloseReason::kUnreadable) == 1; }));
 }
 
+TEST_F(HttpConnectionTest, StoppingWorkerClosesALingeringConnectionAtOnce) {
+  start(WorkerOptions{});
+  int client = connect();
+  send(client, "BAD\r\n\r\n");
+  EXPECT_EQ(statusLine(readAll(client)), "HTTP/1.1 400 Bad Request");
+  EXPECT_EQ(closed(CloseReason::kUnreadable), 0u);  // lingering: the client has not closed
+  worker_->stop();
+  worker_->join();
+  // Closed for its own reason, not cut off at the shutdown timeout.
+  EXPECT_EQ(closed(CloseReason::kUnreadable), 1u);
+  EXPECT_EQ(closed(CloseReason::kShutdown), 0u);
+  worker_.reset();
+}
+
 TEST_F(HttpConnectionTest, CheckWaitingForALeaseWhenAReloadRemovesItsRuleIsAnswered503) {
   WorkerOptions options;
   options.lease_timeout_ms = 300;  // nobody answers the lease
