@@ -378,6 +378,7 @@ Reply encodeAnswer(const Answer& answer, const Rule* rule, std::string_view rule
     reply.body = "{\"id\":" + std::to_string(answer.reservation);
     appendField(&reply.body, "refunded", answer.refunded);
     appendField(&reply.body, "debt", answer.debt);
+    appendField(&reply.body, "unpaid", answer.unpaid);
     reply.body += std::string(",\"allowed\":") + (decision.allowed ? "true" : "false");
     appendField(&reply.body, "remaining", decision.remaining);
     appendField(&reply.body, "limit", decision.limit);

@@ -277,7 +277,7 @@ TEST(HttpCodecTest, SettleTakesAnIdAndTheActualAndZeroCancels) {
   EXPECT_EQ(parseCheck("/v1/settle", "POST", parameters, kMaxKeyBytes).refusal.status, 400u);
 }
 
-TEST(HttpCodecTest, AReserveCarriesItsIdAndASettleWhatItSettled) {
+TEST(HttpCodecTest, AReserveCarriesItsIdAndASettleWhatItSettledAndLeftUnpaid) {
   Rule rule = rateRule("llm", 100000, 3600);
   Answer reserved = decided(true, 95904, 100000, 1000, 0, Mode::kLocal);
   reserved.method = Method::kReserve;
@@ -292,10 +292,12 @@ TEST(HttpCodecTest, AReserveCarriesItsIdAndASettleWhatItSettled) {
   settled.method = Method::kSettle;
   settled.reservation = 17;
   settled.debt = 500;
+  settled.unpaid = 250;
   Reply settled_reply = encodeAnswer(settled, nullptr, "", 429);
   EXPECT_EQ(settled_reply.status, 200u);
   EXPECT_EQ(settled_reply.body,
-            "{\"id\":17,\"refunded\":0,\"debt\":500,\"allowed\":false,\"remaining\":-500,"
+            "{\"id\":17,\"refunded\":0,\"debt\":500,\"unpaid\":250,\"allowed\":false,"
+            "\"remaining\":-500,"
             "\"limit\":100000,\"reset_after_ms\":1000,\"mode\":\"local\"}");
 }
 
