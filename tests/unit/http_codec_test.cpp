@@ -230,6 +230,9 @@ TEST(HttpCodecTest, ErrorsMapToClientStatusesAndOnlyTheDaemonsTroubleTo5xx) {
     answer.fail(c.code, "the \"reason\"");
     Reply reply = encodeAnswer(answer, nullptr, "api", 429);
     EXPECT_EQ(reply.status, c.status);
+    // The daemon's passing trouble says when to come back.
+    const std::string* retry = reply.header("Retry-After");
+    EXPECT_EQ(retry != nullptr && *retry == "1", c.status == 503);
     EXPECT_EQ(reply.content_type, "application/problem+json");
     EXPECT_NE(reply.body.find("\"detail\":\"the \\\"reason\\\"\""), std::string::npos)
         << reply.body;
