@@ -53,12 +53,12 @@ class Tag {
 
 class Pollers;
 
-// One ShouldRateLimit call's gRPC side, owned by the Pollers: its context, its request and
-// response on a protobuf arena that starts in the exchange itself (parsing
-// the request and building the response cost no allocation of their own
-// unless they outgrow kArenaBlockBytes), and its responder. Reused call
-// after call: reset() rebuilds the context and responder in place and
-// empties the arena.
+// One ShouldRateLimit call's gRPC side, owned by the Pollers: its context,
+// its request and response on a protobuf arena that starts in the
+// exchange itself (parsing the request and building the response cost no
+// allocation of their own unless they outgrow kArenaBlockBytes), and its
+// responder. Reused call after call: reset() rebuilds the context and
+// responder in place and empties the arena.
 class Exchange final : public Tag {
  public:
   explicit Exchange(Pollers* owner) : owner_(owner), arena_(arenaOptions(block_)) { reset(); }
