@@ -7,6 +7,7 @@
 
 #include "limiter.h"
 #include "penalty.h"
+#include "rate_lease.h"
 
 namespace sluice {
 
@@ -356,6 +357,17 @@ void LeasePath::requestLease(const RuleSet& rules, const Rule& rule, const Rule&
   batch.n = std::min(batch.n, share_left);
   batch.need = std::min(batch.need, batch.n);
   LeaseRequest request;
+  // A key that holds a rate renews it; a hot one short of tokens asks for
+  // one (rate_lease::wants). Not while learning: the share bounds the node.
+  if (share_left == INT64_MAX && rate_lease::eligible(deciding)) {
+    const Limit& limit = deciding.limits.front();
+    const int64_t demand = slice::demandPerInterval(words);
+    if (slice::holdsRate(words, now_ns) ||
+        rate_lease::wants(limit, demand, slice::roomy(words), rules.fallbackNodes(),
+                          broker_->leaseIntervalNs())) {
+      request.rate = rate_lease::askedRate(limit, std::max(demand, cost), broker_->leaseIntervalNs());
+    }
+  }
   request.rule_id = rule.id;
   request.variant = storedOverride(rule, words);
   request.key = std::string(key);

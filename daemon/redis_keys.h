@@ -60,6 +60,10 @@ std::string redisStateKey(std::string_view prefix, std::string_view rule_name,
                           std::string_view key, int64_t state_version = kRedisStateVersion);
 std::string redisBlockKey(std::string_view prefix, std::string_view rule_name,
                           std::string_view key, int64_t state_version = kRedisStateVersion);
+// The rate leases held on (rule, key) at `state_version`
+// (lua/token_bucket.lua's KEYS[3]).
+std::string redisRatesKey(std::string_view prefix, std::string_view rule_name,
+                          std::string_view key, int64_t state_version = kRedisStateVersion);
 
 // The members sorted set (lua/heartbeat.lua).
 std::string redisMembersKey(std::string_view prefix);

@@ -640,8 +640,12 @@ class FakeRedisState {
     if (a.size() == 7 && a[0] != "peek" && !std::isdigit(static_cast<unsigned char>(a[5][0]))) {
       return concurrency(a, key, now_ms);  // {op, n, need, limit, ttl, node_id, now}
     }
-    int64_t n = std::stoll(a[1]);
-    int64_t need = std::stoll(a[2]);
+    // A rate op (rate_lease.h) grants no rate here: the fleet stays on
+    // token leases, with the tokens it asked for ({"rate", rate, tokens,
+    // ...}), and its reply carries the block's time left and the rate.
+    const bool rate_op = a[0] == "rate";
+    int64_t n = std::stoll(rate_op ? a[2] : a[1]);
+    int64_t need = rate_op ? std::min<int64_t>(n, 1) : std::stoll(a[2]);
     double limit = std::stod(a[3]);
     double period_ms = std::stod(a[4]);
     Bucket& bucket = bucket_(key, std::stod(a[5]));
@@ -650,7 +654,7 @@ class FakeRedisState {
     bucket.at_ns = now_ns_;
     long long granted = 0;
     long long retry_ms = 0;
-    if (a[0] == "lease") {
+    if (a[0] == "lease" || (rate_op && n > 0)) {
       ++leases_;
       if (bucket.tokens >= static_cast<double>(need)) {
         granted = std::min<long long>(n, static_cast<long long>(bucket.tokens));
@@ -664,8 +668,9 @@ class FakeRedisState {
     } else if (a[0] == "debit") {
       bucket.tokens -= static_cast<double>(n);
     }
-    return {granted, std::max<long long>(static_cast<long long>(bucket.tokens), 0), retry_ms, 0,
-            now_ms};
+    const long long left = std::max<long long>(static_cast<long long>(bucket.tokens), 0);
+    if (rate_op) return {granted, left, retry_ms, 0, now_ms, 0, 0};
+    return {granted, left, retry_ms, 0, now_ms};
   }
 
  private:
