@@ -289,6 +289,7 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, const Rule& rule,
       }
     }
     slice::noteGrant(words, reply->granted, reply->remaining);
+    slice::noteShort(words, request.n, reply->granted);
     slice::noteRedisLeft(words, rule, reply->remaining, now_ns);
     if (request.rate >= 0) {
       // Held in Redis from when it ran, after sent_ns, for rateLeaseMs():

@@ -14,7 +14,10 @@
 //  - the units a rate lease (rate_lease.h) refills its slice to on one key
 //    (slice::rateCapUnits): the rate itself is counted in Redis, which
 //    refills the bucket only at what the rates leave of the limit, but the
-//    slice may save up to this much and spend it at once;
+//    slice may save up to this much and spend it at once. While Redis is
+//    unreachable the key keeps spending its rate until it ends
+//    (LeasePath::acquireOnRate): Redis charges the rate until then all the
+//    same, so that too escapes the count by the cap alone;
 //  - while the breaker is not closed, the fallback budget of the rule's
 //    on_redis_down: "local" admits up to what its share (limit / N,
 //    burst / N) admits in a span of one period, which Redis never counts

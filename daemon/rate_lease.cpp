@@ -110,11 +110,12 @@ bool eligible(const Rule& rule) {
          limit.limit < (int64_t{1} << 53) / (kMaxLeaseMs * 1000);
 }
 
-bool wants(const Limit& limit, int64_t demand_per_interval, bool roomy, uint32_t nodes,
+bool wants(const Limit& limit, int64_t demand_per_interval, bool drained, uint32_t nodes,
            int64_t lease_interval_ns) {
-  if (roomy || demand_per_interval <= 0) return false;
+  if (!drained || demand_per_interval <= 0) return false;
   const double refill = static_cast<double>(limit.limit) * static_cast<double>(lease_interval_ns) /
                         static_cast<double>(limit.period_ns);
+  if (refill < 1.0) return false;
   return static_cast<double>(demand_per_interval) * std::max<uint32_t>(nodes, 1) >= refill;
 }
 
@@ -131,7 +132,10 @@ int64_t nsPerUnit(const Limit& limit, int64_t rate) {
 }
 
 int64_t capUnits(const Limit& limit, int64_t rate, int64_t lease_interval_ns) {
-  return std::max<int64_t>(ceilDiv(lease_interval_ns, nsPerUnit(limit, rate)), 1);
+  const int64_t interval_units = ceilDiv(lease_interval_ns, nsPerUnit(limit, rate));
+  // burst * rate < 2^63: both are at most 10^9 (algorithm.h's max_limit).
+  const int64_t burst_share = limit.burst * std::max<int64_t>(rate, 0) / std::max<int64_t>(limit.limit, 1);
+  return std::max<int64_t>({interval_units, burst_share, 1});
 }
 
 }  // namespace sluice::rate_lease

@@ -87,14 +87,19 @@ std::optional<Reply> parseReply(std::span<const int64_t> values, int64_t limit);
 bool eligible(const Rule& rule);
 
 // Whether a key of an eligible rule that holds no rate asks for one with
-// its next lease: its demand per lease interval (demand_per_interval,
-// slice::demandPerInterval: the last full measurement, or what was asked in
-// less than an interval since) is at least the rule's refill per lease
-// interval split over the `nodes` (the key is hot on this node), and
-// the last grant left Redis less than slice::kRoomyFactor times what it
-// granted (roomy false: token leases cannot carry the demand). Cold and
-// lightly used keys keep leasing tokens.
-bool wants(const Limit& limit, int64_t demand_per_interval, bool roomy, uint32_t nodes,
+// its next lease. All of:
+//  - drained: its last lease granted fewer tokens than it asked for
+//    (slice::drained), so Redis's bucket is empty and the rule's burst is
+//    spent: a rate never stands in for a burst the bucket still holds;
+//  - the rule refills at least one unit per lease interval: a slower rule
+//    (8 an hour) gains nothing from a rate, whose slice refills one lease
+//    interval of it at most;
+//  - its demand per lease interval (demand_per_interval,
+//    slice::demandPerInterval: the last full measurement, or what was asked
+//    in less than an interval since) is at least the rule's refill per
+//    lease interval split over the `nodes` (the key is hot on this node).
+// Cold, lightly used and slowly refilled keys keep leasing tokens.
+bool wants(const Limit& limit, int64_t demand_per_interval, bool drained, uint32_t nodes,
            int64_t lease_interval_ns);
 
 // The rate a key asks for: its demand per interval scaled to the period,
@@ -108,9 +113,13 @@ int64_t askedRate(const Limit& limit, int64_t demand_per_interval, int64_t lease
 int64_t nsPerUnit(const Limit& limit, int64_t rate);
 
 // The most units a rate's refill fills the slice to: one lease interval of
-// the rate, at least one. Tokens a lease brings (bursts) may sit above it;
-// the refill adds nothing while the slice holds this many. It is what a rate
-// lease may admit beyond its rate in any span (overshoot.h).
+// the rate, or the rate's share of the burst (burst * rate / limit, floored)
+// when that is more, at least one. So a key that holds the rule's whole
+// rate and pauses gets its burst back, as a bucket of the rule would (Redis's
+// bucket refills nothing while the whole rate is held). Tokens a lease
+// brings may sit above it; the refill adds nothing while the slice holds
+// this many. It is what a rate lease may admit beyond its rate in any span
+// (overshoot.h).
 int64_t capUnits(const Limit& limit, int64_t rate, int64_t lease_interval_ns);
 
 }  // namespace sluice::rate_lease

@@ -86,6 +86,27 @@ bool negativelyCached(ConstWords words, int64_t now_ns,
 
 }  // namespace
 
+TakeResult takeOnRate(Words words, int64_t now_ns, int64_t cost) {
+  TakeResult result;
+  if (!holdsRate(words, now_ns) || cost > load(words, kRateCap)) {
+    result.outcome = Outcome::kFallback;
+    return result;
+  }
+  refillRate(words, now_ns);
+  uint64_t units = words[kUnits].load(std::memory_order_acquire);
+  while (static_cast<int64_t>(units) >= cost) {
+    if (words[kUnits].compare_exchange_weak(units, units - static_cast<uint64_t>(cost),
+                                            std::memory_order_acq_rel)) {
+      result.outcome = Outcome::kTaken;
+      result.left = static_cast<int64_t>(units) - cost;
+      return result;
+    }
+  }
+  result.outcome = Outcome::kDenied;
+  result.until_ns = std::max(rateDueNs(words, cost, static_cast<int64_t>(units)), now_ns + 1);
+  return result;
+}
+
 TakeResult look(ConstWords words, int64_t now_ns, int64_t cost) {
   TakeResult result;
   result.cold = (words[kFlags].load(std::memory_order_acquire) & kWarm) == 0;
@@ -250,6 +271,14 @@ void noteGrant(Words words, int64_t granted, int64_t remaining) {
   }
 }
 
+void noteShort(Words words, int64_t asked, int64_t granted) {
+  if (granted < asked) {
+    words[kFlags].fetch_or(kDrained, std::memory_order_acq_rel);
+  } else {
+    words[kFlags].fetch_and(~kDrained, std::memory_order_acq_rel);
+  }
+}
+
 Batch nextBatch(Words words, int64_t now_ns, int64_t cost,
                 const Rule& rule, uint32_t nodes, int64_t lease_interval_ns) {
   const Limit& limit = rule.limits.front();
@@ -402,7 +431,7 @@ int64_t redisLeft(ConstWords words, const Rule& rule, int64_t now_ns) {
 
 bool holdsRate(ConstWords words, int64_t now_ns) { return now_ns < load(words, kRateUntil); }
 
-bool roomy(ConstWords words) { return (words[kFlags].load(std::memory_order_acquire) & kRoomy) != 0; }
+bool drained(ConstWords words) { return (words[kFlags].load(std::memory_order_acquire) & kDrained) != 0; }
 
 int64_t demandPerInterval(ConstWords words) { return std::max(load(words, kRate), load(words, kDemand)); }
 

@@ -31,11 +31,14 @@
 //  - A hot key of a token bucket rule may hold a rate lease instead
 //    (rate_lease.h): "spend up to r units per period until t". Its slice
 //    then refills here at r, one unit per kRateNsPerUnit ns, up to
-//    kRateCap units (one lease interval of r; tokens a lease brings may sit
+//    kRateCap units (rate_lease::capUnits; tokens a lease brings may sit
 //    above it), and asks Redis for nothing but the rate's renewal, due at
 //    kRateRenewAt; an empty slice denies until its next units refill (a
 //    cost past kRateCap, which the refill never reaches, leases tokens). At
-//    kRateUntil the rate ends and the key leases tokens again.
+//    kRateUntil the rate ends and the key leases tokens again. A key asks
+//    for a rate only once a lease found Redis's bucket drained (kDrained).
+//    While Redis is unreachable the rate is spent until it ends
+//    (takeOnRate).
 //  - Every lease's answer also says what Redis had left after it; the slice
 //    keeps that in the spare bits of kFlags (kRedisLeftShift), so that a
 //    decision can report the fleet's remaining, not only this node's units
@@ -93,6 +96,11 @@ constexpr uint64_t kRedisLeftKnown = 8;
 // only the first in line may spend them. May outlive the line
 // (WaitLines::standing).
 constexpr uint64_t kLine = 16;
+// The last lease (of tokens, or the tokens beside a rate) granted fewer
+// units than it asked for: Redis's bucket ran dry (noteShort). A key may
+// start a rate lease only then (rate_lease::wants), so that its burst is
+// spent from Redis first.
+constexpr uint64_t kDrained = 32;
 // Bits 8..11 of kFlags: log2 of how many lease intervals of demand the last
 // batch covered.
 constexpr int kBoostShift = 8;
@@ -156,6 +164,13 @@ struct TakeResult {
 TakeResult take(Words words, int64_t now_ns, int64_t cost, bool again = false,
                 bool first_in_line = false);
 
+// Redis is unreachable: spends `cost` from what the key's rate lease
+// refills (and the units the slice holds) while the rate holds at now_ns;
+// kDenied with the time of its next units when they are short, kFallback
+// when no rate holds (the equal share decides). Claims no lease, counts no
+// demand. Lock-free. See LeasePath::acquireOnRate.
+TakeResult takeOnRate(Words words, int64_t now_ns, int64_t cost);
+
 // Reports what take() would answer, spending and claiming nothing.
 TakeResult look(ConstWords words, int64_t now_ns, int64_t cost);
 
@@ -210,8 +225,9 @@ Batch nextBatch(Words words, int64_t now_ns, int64_t cost, const Rule& rule, uin
 // Whether the key holds a rate lease at now_ns.
 bool holdsRate(ConstWords words, int64_t now_ns);
 
-// Whether the key's last grant left Redis kRoomyFactor times what it granted.
-bool roomy(ConstWords words);
+// Whether the key's last lease granted fewer units than it asked for
+// (kDrained).
+bool drained(ConstWords words);
 
 // The key's demand per lease interval: the last full measurement (kRate;
 // nextBatch measures it), or the units asked in the one under way
@@ -255,6 +271,10 @@ void clearLine(Words words);
 // grow (kRoomy). Called with every answer, before the key's in-flight bit
 // is cleared.
 void noteGrant(Words words, int64_t granted, int64_t remaining);
+// Records whether a lease that asked for `asked` units got them all
+// (kDrained). Called with every answer of a leasing key, before its
+// in-flight bit is cleared.
+void noteShort(Words words, int64_t asked, int64_t granted);
 
 // Records what Redis had left after a lease's answer of a key of `rule`:
 // `left` whole units (the reply's remaining), read at now_ns, in the 52

@@ -334,21 +334,43 @@ TEST(RateLeaseShare, MaxMinMeetsSmallDemandsAndSplitsTheRest) {
   EXPECT_EQ(rate_lease::fairShare({50, 60, 1000}, 100, 60), 33);
 }
 
-// Verifies the daemon's rule: a key hot on this node and short of tokens
-// asks for a rate; a roomy or light one does not.
-TEST(RateLeaseRule, AHotKeyShortOfTokensAsksForARate) {
+// Verifies the daemon's rule: a key hot on this node whose last lease found
+// Redis's bucket drained asks for a rate; one whose bucket still had what it
+// asked for, or a light one, does not.
+TEST(RateLeaseRule, AHotKeyWhoseBucketRanDryAsksForARate) {
   const Limit limit{1000, kSecondNs, 30};
   const int64_t interval_ns = 100'000'000;  // refills 100 per interval
-  EXPECT_TRUE(rate_lease::wants(limit, 300, false, 1, interval_ns));
-  EXPECT_FALSE(rate_lease::wants(limit, 300, true, 1, interval_ns));
-  EXPECT_FALSE(rate_lease::wants(limit, 50, false, 1, interval_ns));
-  EXPECT_TRUE(rate_lease::wants(limit, 50, false, 2, interval_ns));
+  EXPECT_TRUE(rate_lease::wants(limit, 300, true, 1, interval_ns));
+  EXPECT_FALSE(rate_lease::wants(limit, 300, false, 1, interval_ns));
+  EXPECT_FALSE(rate_lease::wants(limit, 50, true, 1, interval_ns));
+  EXPECT_TRUE(rate_lease::wants(limit, 50, true, 2, interval_ns));
   EXPECT_EQ(rate_lease::askedRate(limit, 300, interval_ns), 1000);  // capped at the limit
   EXPECT_EQ(rate_lease::askedRate(limit, 20, interval_ns), 200);
   // 1000/s: one unit per ms; the cap is one interval of the rate.
   EXPECT_EQ(rate_lease::nsPerUnit(limit, 1000), 1'000'000);
   EXPECT_EQ(rate_lease::capUnits(limit, 1000, interval_ns), 100);
   EXPECT_EQ(rate_lease::capUnits(limit, 1, interval_ns), 1);
+}
+
+// Verifies that a rate's slice refills to the rate's share of the burst when
+// that is more than one lease interval of the rate: 10/s with a burst of 10
+// refills one unit per interval, but its whole rate keeps all 10.
+TEST(RateLeaseRule, ARateKeepsItsShareOfTheBurst) {
+  const Limit limit{10, kSecondNs, 10};
+  const int64_t interval_ns = 100'000'000;
+  EXPECT_EQ(rate_lease::capUnits(limit, 10, interval_ns), 10);
+  EXPECT_EQ(rate_lease::capUnits(limit, 5, interval_ns), 5);
+  EXPECT_EQ(rate_lease::capUnits(Limit{1000, kSecondNs, 30}, 500, interval_ns), 50);  // the interval's
+}
+
+// Verifies that a rule refilling less than one unit per lease interval never
+// leases a rate, however hot and drained the key: 10/s refills one unit per
+// 100 ms interval and may; 8 an hour may not.
+TEST(RateLeaseRule, ARuleRefillingLessThanAUnitPerIntervalNeverAsksForARate) {
+  const int64_t interval_ns = 100'000'000;
+  EXPECT_TRUE(rate_lease::wants(Limit{10, kSecondNs, 10}, 5, true, 1, interval_ns));
+  EXPECT_FALSE(rate_lease::wants(Limit{9, kSecondNs, 10}, 5, true, 1, interval_ns));
+  EXPECT_FALSE(rate_lease::wants(Limit{8, 3600 * kSecondNs, 8}, 1000, true, 1, interval_ns));
 }
 
 }  // namespace
