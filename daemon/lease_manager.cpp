@@ -293,12 +293,23 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, const Rule& rule,
     slice::noteRedisLeft(words, rule, reply->remaining, now_ns);
     if (request.rate >= 0) {
       // Held in Redis from when it ran, after sent_ns, for rateLeaseMs():
-      // here it ends no later, and is renewed halfway.
+      // here it ends no later, and is renewed halfway, or after
+      // rate_lease::kMaxRenewNs when that is sooner: a renewal is how a
+      // holder learns of new demand (its share shrinks).
       const int64_t lease_ns = rateLeaseMs() * 1'000'000;
       slice::applyRate(words, rate > 0 ? rate_lease::nsPerUnit(limit, rate) : 0,
                        rate_lease::capUnits(limit, rate, context_.broker->leaseIntervalNs()),
-                       sent_ns + lease_ns, sent_ns + lease_ns / 2, now_ns);
+                       sent_ns + lease_ns, sent_ns + std::min(lease_ns / 2, rate_lease::kMaxRenewNs), now_ns);
       if (rate > 0 && reply->granted == 0) return;  // the rate refills the slice
+      if (rate == 0 && reply->granted == 0) {
+        // Its demand is recorded, and the holders give up their share of
+        // it at their next renewals: ask again within two lease intervals,
+        // not at Redis's wait (the holders' ends).
+        const int64_t wait_ms = std::min<int64_t>(std::max<int64_t>(reply->retry_after_ms, 1),
+                                                  2 * config_.lease_interval_ms);
+        slice::applyEmpty(words, now_ns, wait_ms * 1'000'000);
+        return;
+      }
     }
     if (reply->granted == 0) {
       // Nothing until retry_after_ms: deny locally until then (but asked

@@ -385,8 +385,7 @@ void LeasePath::requestLease(const RuleSet& rules, const Rule& rule, const Rule&
     const Limit& limit = deciding.limits.front();
     const int64_t demand = slice::demandPerInterval(words);
     if (slice::holdsRate(words, now_ns) ||
-        rate_lease::wants(limit, demand, slice::drained(words), rules.fallbackNodes(),
-                          broker_->leaseIntervalNs())) {
+        rate_lease::wants(limit, demand, slice::drained(words), broker_->leaseIntervalNs())) {
       request.rate = rate_lease::askedRate(limit, std::max(demand, cost), broker_->leaseIntervalNs());
     }
   }

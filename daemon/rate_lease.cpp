@@ -110,13 +110,11 @@ bool eligible(const Rule& rule) {
          limit.limit < (int64_t{1} << 53) / (kMaxLeaseMs * 1000);
 }
 
-bool wants(const Limit& limit, int64_t demand_per_interval, bool drained, uint32_t nodes,
-           int64_t lease_interval_ns) {
+bool wants(const Limit& limit, int64_t demand_per_interval, bool drained, int64_t lease_interval_ns) {
   if (!drained || demand_per_interval <= 0) return false;
   const double refill = static_cast<double>(limit.limit) * static_cast<double>(lease_interval_ns) /
                         static_cast<double>(limit.period_ns);
-  if (refill < 1.0) return false;
-  return static_cast<double>(demand_per_interval) * std::max<uint32_t>(nodes, 1) >= refill;
+  return refill >= 1.0;
 }
 
 int64_t askedRate(const Limit& limit, int64_t demand_per_interval, int64_t lease_interval_ns) {

@@ -35,6 +35,12 @@ namespace sluice::rate_lease {
 // longest a crashed node's rate stays held.
 constexpr int64_t kMaxLeaseMs = 60'000;
 
+// A held rate is renewed at most this long after its last renewal was sent
+// (halfway through the lease when that is sooner): the renewal is how a
+// holder learns of other nodes' new demand, so a node that asked while the
+// others held everything gets its share within about this long.
+constexpr int64_t kMaxRenewNs = 500'000'000;
+
 // One entry of the rates hash.
 struct Held {
   std::string node;
@@ -87,20 +93,19 @@ std::optional<Reply> parseReply(std::span<const int64_t> values, int64_t limit);
 bool eligible(const Rule& rule);
 
 // Whether a key of an eligible rule that holds no rate asks for one with
-// its next lease. All of:
+// its next lease. Both of:
 //  - drained: its last lease granted fewer tokens than it asked for
 //    (slice::drained), so Redis's bucket is empty and the rule's burst is
-//    spent: a rate never stands in for a burst the bucket still holds;
+//    spent: a rate never stands in for a burst the bucket still holds, and
+//    the key's demand is above what the bucket gives it. A node that is
+//    cold beside a hot one asks too: its demand is then recorded, and the
+//    rates follow the max-min division of every node's demand (a node on
+//    token leases beside a holder of the whole rate would get nothing);
 //  - the rule refills at least one unit per lease interval: a slower rule
 //    (8 an hour) gains nothing from a rate, whose slice refills one lease
-//    interval of it at most;
-//  - its demand per lease interval (demand_per_interval,
-//    slice::demandPerInterval: the last full measurement, or what was asked
-//    in less than an interval since) is at least the rule's refill per
-//    lease interval split over the `nodes` (the key is hot on this node).
-// Cold, lightly used and slowly refilled keys keep leasing tokens.
-bool wants(const Limit& limit, int64_t demand_per_interval, bool drained, uint32_t nodes,
-           int64_t lease_interval_ns);
+//    interval of it at most, and keeps token leases, which carry its burst.
+// demand_per_interval (slice::demandPerInterval) must be above 0.
+bool wants(const Limit& limit, int64_t demand_per_interval, bool drained, int64_t lease_interval_ns);
 
 // The rate a key asks for: its demand per interval scaled to the period,
 // rounded up, within [1, limit].

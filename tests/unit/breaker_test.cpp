@@ -26,6 +26,7 @@
 #include "lease_manager.h"
 #include "metrics.h"
 #include "prometheus.h"
+#include "rate_lease.h"
 #include "redis_keys.h"
 #include "rpc.h"
 #include "slice.h"
@@ -643,8 +644,9 @@ class FakeRedisState {
     }
     // A rate op (rate_lease.h): {"rate", rate, tokens, limit, period_ms,
     // burst, now_us, deadline_us, node, lease_ms}. The node's rate is
-    // replaced by what it asks for, up to what the others' rates leave of
-    // the limit, until now + lease_ms; up to `tokens` are taken beside it;
+    // replaced by rate_lease::grant's (its max-min share of the demands
+    // recorded, within what the others' rates leave of the limit) until now
+    // + lease_ms; up to `tokens` are taken beside it;
     // the reply carries the block's time left and the rate. The bucket
     // refills at the limit less the rates held (refill()).
     const bool rate_op = a[0] == "rate";
@@ -657,11 +659,13 @@ class FakeRedisState {
     long long rate = 0;
     if (rate_op) {
       ++rate_ops_;
+      const long long asked = std::stoll(a[1]);
       bucket.rates.erase(a[8]);
-      long long others = 0;
-      for (const auto& [node, held] : bucket.rates) others += held.rate;
-      rate = std::clamp<long long>(std::stoll(a[1]), 0, static_cast<long long>(limit) - others);
-      if (rate > 0) bucket.rates[a[8]] = {rate, now_ns_ + std::stoll(a[9]) * kMs};
+      std::vector<rate_lease::Held> live;
+      for (const auto& [node, held] : bucket.rates) live.push_back({node, held.rate, held.until_ns, held.demand});
+      rate = asked > 0 ? rate_lease::grant(live, a[8], asked, static_cast<int64_t>(limit)) : 0;
+      // Kept with rate 0 too: its demand counts in the others' next grants.
+      if (asked > 0) bucket.rates[a[8]] = {rate, now_ns_ + std::stoll(a[9]) * kMs, asked};
     }
     long long granted = 0;
     long long retry_ms = 0;
@@ -688,8 +692,9 @@ class FakeRedisState {
 
  private:
   struct Held {
-    long long rate = 0;  // units per period
+    int64_t rate = 0;  // units per period
     int64_t until_ns = 0;
+    int64_t demand = 0;  // the rate asked for
   };
   struct Bucket {
     double burst = 0;
@@ -1011,7 +1016,7 @@ TEST_F(RateLeaseNodeTest, AHotKeyHoldsARateOnlyOnceItsBucketRanDry) {
     now_ += 100 * kMs / 3;
     a_->acquire("per-second", "k");
   }
-  EXPECT_LE(redis_.leases() - calls, 2);  // renewals only (lease_ttl 5 s, renewed halfway)
+  EXPECT_LE(redis_.leases() - calls, 2 * kSecond / rate_lease::kMaxRenewNs);  // renewals only
 }
 
 // Verifies that a key holding its rule's whole rate gets its burst back
@@ -1091,6 +1096,30 @@ TEST_F(RateFallbackTest, AKeyOnTokenLeasesFallsBackToTheEqualShareAtOnce) {
   EXPECT_TRUE(in_mode);
   EXPECT_GE(allowed, 10);
   EXPECT_LE(allowed, 10 + 10 + 1);
+}
+
+// Verifies that a light node beside a hot one is not starved by the hot
+// one's rate: once its token lease finds the bucket drained it asks for a
+// rate too, the max-min division records its demand, and within a few
+// renewals it admits what it asks (8/s of 80/s) while the hot node keeps
+// the rest; the rates never sum past the limit.
+TEST_F(RateFallbackTest, ALightNodeBesideAHotOneGetsItsDemandAsARate) {
+  Node b("node-b", redis_, rules_, now_);
+  b.up();
+  bool in_mode = false;
+  hot(kSecond, Mode::kNormal, &in_mode);  // node A holds the whole rate
+  ASSERT_GE(redis_.rateOps(), 1);
+  int light = 0;
+  int hot_allowed = 0;
+  for (int64_t t = 0; t < 10 * kSecond; t += kSecond / 240) {
+    now_ += kSecond / 240;
+    hot_allowed += a_->ask("per-second", "k").allowed ? 1 : 0;
+    if (t % (kSecond / 8) < kSecond / 240 && t >= 5 * kSecond) light += b.acquire("per-second", "k") ? 1 : 0;
+    else if (t % (kSecond / 8) < kSecond / 240) b.acquire("per-second", "k");
+  }
+  // Over the last 5 s B asked 40 times (8/s) and got nearly all of them.
+  EXPECT_GE(light, 36);
+  EXPECT_LE(hot_allowed + light, 10 * 80 + 80 + 2 * 8);
 }
 
 }  // namespace

@@ -334,16 +334,18 @@ TEST(RateLeaseShare, MaxMinMeetsSmallDemandsAndSplitsTheRest) {
   EXPECT_EQ(rate_lease::fairShare({50, 60, 1000}, 100, 60), 33);
 }
 
-// Verifies the daemon's rule: a key hot on this node whose last lease found
-// Redis's bucket drained asks for a rate; one whose bucket still had what it
-// asked for, or a light one, does not.
-TEST(RateLeaseRule, AHotKeyWhoseBucketRanDryAsksForARate) {
+// Verifies the daemon's rule: a key whose last lease found Redis's bucket
+// drained asks for a rate, however light; one whose bucket still had what
+// it asked for does not.
+TEST(RateLeaseRule, AKeyWhoseBucketRanDryAsksForARate) {
   const Limit limit{1000, kSecondNs, 30};
   const int64_t interval_ns = 100'000'000;  // refills 100 per interval
-  EXPECT_TRUE(rate_lease::wants(limit, 300, true, 1, interval_ns));
-  EXPECT_FALSE(rate_lease::wants(limit, 300, false, 1, interval_ns));
-  EXPECT_FALSE(rate_lease::wants(limit, 50, true, 1, interval_ns));
-  EXPECT_TRUE(rate_lease::wants(limit, 50, true, 2, interval_ns));
+  EXPECT_TRUE(rate_lease::wants(limit, 300, true, interval_ns));
+  EXPECT_FALSE(rate_lease::wants(limit, 300, false, interval_ns));
+  // A light key beside a hot one: its bucket ran dry too, so it asks, and
+  // its demand is recorded for the max-min division.
+  EXPECT_TRUE(rate_lease::wants(limit, 5, true, interval_ns));
+  EXPECT_FALSE(rate_lease::wants(limit, 0, true, interval_ns));
   EXPECT_EQ(rate_lease::askedRate(limit, 300, interval_ns), 1000);  // capped at the limit
   EXPECT_EQ(rate_lease::askedRate(limit, 20, interval_ns), 200);
   // 1000/s: one unit per ms; the cap is one interval of the rate.
@@ -368,9 +370,9 @@ TEST(RateLeaseRule, ARateKeepsItsShareOfTheBurst) {
 // 100 ms interval and may; 8 an hour may not.
 TEST(RateLeaseRule, ARuleRefillingLessThanAUnitPerIntervalNeverAsksForARate) {
   const int64_t interval_ns = 100'000'000;
-  EXPECT_TRUE(rate_lease::wants(Limit{10, kSecondNs, 10}, 5, true, 1, interval_ns));
-  EXPECT_FALSE(rate_lease::wants(Limit{9, kSecondNs, 10}, 5, true, 1, interval_ns));
-  EXPECT_FALSE(rate_lease::wants(Limit{8, 3600 * kSecondNs, 8}, 1000, true, 1, interval_ns));
+  EXPECT_TRUE(rate_lease::wants(Limit{10, kSecondNs, 10}, 5, true, interval_ns));
+  EXPECT_FALSE(rate_lease::wants(Limit{9, kSecondNs, 10}, 5, true, interval_ns));
+  EXPECT_FALSE(rate_lease::wants(Limit{8, 3600 * kSecondNs, 8}, 1000, true, interval_ns));
 }
 
 }  // namespace
