@@ -378,9 +378,9 @@ void LeasePath::requestLease(const RuleSet& rules, const Rule& rule, const Rule&
   batch.n = std::min(batch.n, share_left);
   batch.need = std::min(batch.need, batch.n);
   LeaseRequest request;
-  // A key that holds a rate renews it; a hot one whose last lease found
-  // Redis's bucket drained asks for one (rate_lease::wants). Not while
-  // learning: the share bounds the node.
+  // A key that holds a rate renews it; one whose last lease found Redis's
+  // bucket drained asks for one (rate_lease::wants). Not while learning:
+  // the share bounds the node.
   if (share_left == INT64_MAX && rate_lease::eligible(deciding)) {
     const Limit& limit = deciding.limits.front();
     const int64_t demand = slice::demandPerInterval(words);
