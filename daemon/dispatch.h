@@ -81,7 +81,10 @@ class Dispatcher {
   // into `answer`, or leaves it waiting. now_ns is the monotonic time it was
   // read at. asker.recipient and asker.tag say where a later answer goes;
   // without a recipient (or with !asker.may_wait) it never waits.
-  // asker.question is ignored: `question` is held if it waits.
+  // asker.question is ignored: `question` is held if it waits. A question
+  // asked again whose rule a reload removed while it waited is answered
+  // OVERLOADED, naming the rule as removed by a reload (not UNKNOWN_RULE:
+  // the client named a rule that was there).
   Outcome ask(const Question& question, int64_t now_ns, const Asker& asker, Answer* answer);
   // An Asker for a question read at now_ns that may wait when it has a
   // recipient.
@@ -123,6 +126,9 @@ class Dispatcher {
   void routeSettlesWith(Router router) { router_ = std::move(router); }
 
  private:
+  // A question asked again (it waited) whose item names a rule that a
+  // reload removed since: that item; else null.
+  const Item* removedByReload(const Question& question) const;
   // acquire_all, and acquire of a cost over 0, through the group path
   // (group_path.h), counted; the rest through look().
   Outcome decide(const Question& question, int64_t now_ns, const Asker& asker, Answer* answer);
