@@ -549,5 +549,75 @@ TEST_F(SliceTest, AWindowedDebtIsOwedUntilItsWindowEnds) {
   EXPECT_EQ(slice::owed(words(), 20 * kInterval), 0);
 }
 
+// --- Rate leases (rate_lease.h) ----------------------------------------------
+
+// Verifies that a rate lease refills the slice here, one unit per
+// ns_per_unit, and never past its cap however long the key sits idle.
+TEST_F(SliceTest, ARateRefillsTheSliceLocallyUpToItsCap) {
+  slice::applyRate(words(), kMs, 100, 5'000 * kMs, 2'500 * kMs, 0);
+  EXPECT_TRUE(slice::holdsRate(words(), 0));
+  slice::TakeResult first = slice::take(words(), 50 * kMs, 1);
+  ASSERT_EQ(first.outcome, slice::Outcome::kTaken);
+  EXPECT_EQ(first.left, 49);
+  EXPECT_FALSE(first.must_request);  // a rate asks Redis only to renew
+  EXPECT_EQ(slice::take(words(), 60 * kMs, 20).left, 39);
+  EXPECT_EQ(slice::look(words(), 1'000 * kMs, 1).left, 99);  // capped: 100
+  EXPECT_EQ(slice::take(words(), 1'000 * kMs, 1).left, 99);
+  EXPECT_EQ(slice::rateCapUnits(words(), 1'000 * kMs), 100);
+}
+
+// Verifies that an empty rate slice is denied until its refill brings the
+// cost, without a lease, and that the take after the renewal time claims one.
+TEST_F(SliceTest, AnEmptyRateSliceDeniesUntilItsRefillAndAsksRedisOnlyToRenew) {
+  slice::applyRate(words(), 10 * kMs, 10, 1'000 * kMs, 500 * kMs, 0);
+  slice::TakeResult empty = slice::take(words(), 5 * kMs, 3);
+  EXPECT_EQ(empty.outcome, slice::Outcome::kDenied);
+  EXPECT_EQ(empty.until_ns, 30 * kMs);
+  EXPECT_FALSE(empty.must_request);
+  EXPECT_EQ(slice::take(words(), 30 * kMs, 3).outcome, slice::Outcome::kTaken);
+  slice::TakeResult renew = slice::take(words(), 500 * kMs, 1);
+  EXPECT_EQ(renew.outcome, slice::Outcome::kTaken);
+  EXPECT_TRUE(renew.must_request);
+  EXPECT_FALSE(slice::take(words(), 510 * kMs, 1).must_request);  // claimed once
+}
+
+// Verifies that a renewal keeps the refill where it was (no units twice,
+// none lost), and that at its end the rate stops and the key leases tokens
+// again.
+TEST_F(SliceTest, ARenewedRateRefillsOnAndAnEndedOneLeasesTokensAgain) {
+  slice::applyRate(words(), 10 * kMs, 100, 1'000 * kMs, 500 * kMs, 0);
+  EXPECT_EQ(slice::take(words(), 500 * kMs, 50).left, 0);
+  slice::unclaim(words());
+  slice::applyRate(words(), 10 * kMs, 100, 1'500 * kMs, 1'000 * kMs, 505 * kMs);
+  EXPECT_EQ(slice::take(words(), 600 * kMs, 10).left, 0);
+  // Not renewed again: refilled up to 1,500 ms (90 units), then tokens.
+  EXPECT_FALSE(slice::holdsRate(words(), 1'500 * kMs));
+  slice::TakeResult last = slice::take(words(), 2'000 * kMs, 90);
+  EXPECT_EQ(last.outcome, slice::Outcome::kTaken);
+  EXPECT_TRUE(last.must_request);  // a token lease, as any empty slice asks
+  slice::unclaim(words());
+  EXPECT_EQ(slice::take(words(), 3'000 * kMs, 1).outcome, slice::Outcome::kEmpty);
+  EXPECT_EQ(slice::rateCapUnits(words(), 3'000 * kMs), 0);
+  // A grant of rate 0 ends a rate at once.
+  slice::applyRate(words(), 10 * kMs, 100, 5'000 * kMs, 4'000 * kMs, 3'000 * kMs);
+  EXPECT_TRUE(slice::holdsRate(words(), 3'000 * kMs));
+  slice::applyRate(words(), 0, 0, 0, 0, 3'100 * kMs);
+  EXPECT_FALSE(slice::holdsRate(words(), 3'100 * kMs));
+}
+
+// Verifies that the demand a rate lease is asked by counts the units asked
+// in the measurement under way once they pass the last full one, so that a
+// key that turns hot asks for a rate within its first interval.
+TEST_F(SliceTest, DemandPerIntervalCountsTheMeasurementUnderWay) {
+  const Rule rule = bucketRule(1'000, 1'000 * kMs, 30);
+  grant(100);
+  for (int i = 0; i < 40; ++i) slice::take(words(), 1 * kMs, 1);
+  EXPECT_EQ(slice::demandPerInterval(words()), 40);
+  slice::nextBatch(words(), 1 * kMs, 1, rule, 1, kInterval);  // starts a measurement
+  slice::nextBatch(words(), 1 * kMs + kInterval, 1, rule, 1, kInterval);  // ends it: 40
+  slice::take(words(), 1 * kMs + kInterval, 1);
+  EXPECT_EQ(slice::demandPerInterval(words()), 40);
+}
+
 }  // namespace
 }  // namespace sluice
