@@ -133,7 +133,9 @@ Outcome Dispatcher::decide(const Question& question, int64_t now_ns, const Asker
   return outcome;
 }
 
-Outcome Dispatcher::acquire(const Item& item, int64_t now_ns, const Asker& asker, Answer* answer) {
+// Inline: decide() is its one caller.
+inline Outcome Dispatcher::acquire(const Item& item, int64_t now_ns, const Asker& asker,
+                                   Answer* answer) {
   const Rule* configured = rules_->find(item.rule);
   if (configured == nullptr) {
     waiting_.leaveLine(asker.wait.ticket);  // asked again: the rule went in a reload

@@ -52,13 +52,8 @@ Outcome GroupPath::acquire(const RuleSet& rules, std::span<const Item> items, in
   return acquireGroups(items, now_ns, asker, answer);
 }
 
-Outcome GroupPath::acquireOne(const RuleSet& rules, const Rule& configured, const Item& item,
-                              int64_t now_ns, const Asker& asker, Answer* answer) {
-  rules_ = &rules;
-  // Only a question of one entry may wait for its units (group_path.h).
-  if (broker_ == nullptr || configured.part_count == 0) {
-    return acquireAlone(configured, item, now_ns, asker, answer);
-  }
+Outcome GroupPath::acquireParts(const Rule& configured, const Item& item, int64_t now_ns,
+                                const Asker& asker, Answer* answer) {
   groups_.clear();
   groups_.push_back({&configured, item.key});
   return acquireGroups(std::span<const Item>(&item, 1), now_ns, asker, answer);

@@ -79,7 +79,14 @@ class GroupPath {
   // (`configured`, one of `rules`): the same decision, without a group to
   // build for a rule of one limit.
   Outcome acquireOne(const RuleSet& rules, const Rule& configured, const Item& item,
-                     int64_t now_ns, const Asker& asker, Answer* answer);
+                     int64_t now_ns, const Asker& asker, Answer* answer) {
+    rules_ = &rules;
+    // Only a question of one entry may wait for its units (above).
+    if (broker_ == nullptr || configured.part_count == 0) {
+      return acquireAlone(configured, item, now_ns, asker, answer);
+    }
+    return acquireParts(configured, item, now_ns, asker, answer);
+  }
   // The rule the i-th item of the last acquire() named.
   const Rule& configured(size_t i) const { return *groups_[i].configured; }
   // What an acquire of item.cost on a rule of parts would answer, spending
@@ -104,6 +111,9 @@ class GroupPath {
   // A question of one entry (one item on a rule of one limit): its group
   // is its entry, which may wait for its units.
   Outcome acquireAlone(const Rule& configured, const Item& item, int64_t now_ns,
+                       const Asker& asker, Answer* answer);
+  // acquireOne() of a rule of parts: a group of one item.
+  Outcome acquireParts(const Rule& configured, const Item& item, int64_t now_ns,
                        const Asker& asker, Answer* answer);
   // Decides the groups_ of `items` (found, one per item), all or nothing.
   Outcome acquireGroups(std::span<const Item> items, int64_t now_ns, const Asker& asker,
