@@ -69,6 +69,11 @@ void Connection::drain() {
   if (closing_) {
     return;
   }
+  if (lingering_) {
+    // The worker stops: the answers are written, and nobody waits on it.
+    close(drain_reason_);
+    return;
+  }
   draining_ = true;
   uv_read_stop(&socket_.stream);
   flush();
@@ -76,8 +81,25 @@ void Connection::drain() {
 }
 
 void Connection::closeIfDrained() {
-  if (draining_ && !closing_ && !held_ && !write_in_flight_ && output_.empty() &&
-      deferred_ == 0) {
+  if (!draining_ || closing_ || lingering_ || held_ || write_in_flight_ || !output_.empty() ||
+      deferred_ != 0) {
+    return;
+  }
+  if (linger_on_close_ && !worker_.stopping()) {
+    startLingering();
+  } else {
+    close(drain_reason_);
+  }
+}
+
+void Connection::startLingering() {
+  lingering_ = true;
+  lingering_since_ms_ = static_cast<int64_t>(uv_now(worker_.loop()));
+  // Every answer is written (closeIfDrained): the client reads them, then
+  // the end of the stream.
+  uv_os_fd_t fd;
+  if (uv_fileno(&socket_.handle, &fd) != 0 || ::shutdown(fd, SHUT_WR) != 0 ||
+      uv_read_start(&socket_.stream, onAlloc, onRead) != 0) {
     close(drain_reason_);
   }
 }
@@ -120,6 +142,10 @@ void Connection::checkTimeouts(int64_t now_ms) {
     return;
   }
   const WorkerOptions& options = worker_.options();
+  if (lingering_) {
+    if (now_ms - lingering_since_ms_ >= options.linger_ms) close(drain_reason_);
+    return;
+  }
   // Held frames wait for the daemon, not for the client.
   if (input_used_ > 0 && !held_ &&
       now_ms - partial_since_ms_ >= options.partial_frame_timeout_ms) {
@@ -152,6 +178,15 @@ void Connection::onAlloc(uv_handle_t* handle, size_t /*suggested*/, uv_buf_t* bu
 
 void Connection::onRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf) {
   auto* self = static_cast<Connection*>(stream->data);
+  if (self->lingering_) {
+    // Read and dropped; the end of the stream (or an error, or too much)
+    // ends the lingering.
+    if (nread > 0) self->lingered_bytes_ += static_cast<size_t>(nread);
+    if (nread < 0 || self->lingered_bytes_ > self->worker_.options().linger_max_bytes) {
+      self->close(self->drain_reason_);
+    }
+    return;
+  }
   if (nread > 0) {
     self->last_active_ms_ = static_cast<int64_t>(uv_now(self->worker_.loop()));
     if (self->reading_into_scratch_) {
@@ -237,7 +272,9 @@ void Connection::consume(std::span<const uint8_t> bytes, bool from_scratch) {
     worker_.armLeaseTimer();
   }
   if (last) {
-    // What follows the last request is never read.
+    // What follows the last request is never read, but the client may
+    // still be sending it: linger before closing.
+    linger_on_close_ = true;
     input_used_ = 0;
     partial_since_ms_ = 0;
     drain();

@@ -17,6 +17,18 @@
 // idle_timeout_ms without traffic and a frame left half-sent for
 // partial_frame_timeout_ms (checked by the worker's sweep timer).
 //
+// Lingering close (nginx's lingering_close). When the codec ends the
+// conversation (a refused request or command, Connection: close, QUIT)
+// while the client may still be sending, closing at once would make the
+// kernel answer its unread bytes with a reset, and a client that is still
+// writing, or has not read the answer yet, loses the answer. So once the
+// last answer is written the connection shuts its sending side (the client
+// reads the answer, then end of stream), then reads and discards what the
+// client still sends until it closes, for at most linger_ms and
+// linger_max_bytes (WorkerOptions; the sweep timer checks the time), and
+// closes only then. Never while the worker stops: drain() closes a
+// lingering connection at once.
+//
 // Lifetime (libuv's rule): close() starts uv_close; the worker deletes the
 // Connection in the close callback, never before, whichever path closed it
 // (open() failing included). Loop thread only.
@@ -91,8 +103,12 @@ class Connection final : public Recipient {
   bool peerGone();
   void releaseWriting();
   void flush();
-  // Closes a draining connection once nothing is left to answer or write.
+  // Closes a draining connection once nothing is left to answer or write
+  // (after lingering, when the codec ended the conversation).
   void closeIfDrained();
+  // Shuts the sending side and reads what the client still sends, to close
+  // when it has finished or at the linger bounds.
+  void startLingering();
   size_t unsentBytes() const;
 
   Worker& worker_;
@@ -124,6 +140,12 @@ class Connection final : public Recipient {
   // and nothing is read until its answer is written.
   bool held_ = false;
   bool draining_ = false;
+  // The codec ended the conversation: linger before closing (unless the
+  // client has finished sending, or the worker stops).
+  bool linger_on_close_ = false;
+  bool lingering_ = false;
+  int64_t lingering_since_ms_ = 0;
+  size_t lingered_bytes_ = 0;  // read and discarded while lingering
   CloseReason drain_reason_ = CloseReason::kShutdown;  // counted when draining ends
   bool closing_ = false;
 };

@@ -105,9 +105,29 @@ Outcome Dispatcher::ask(const Question& question, int64_t now_ns, const Asker& a
   return Outcome::kAnswered;
 }
 
+const Item* Dispatcher::removedByReload(const Question& question) const {
+  if (settles(question.method)) return nullptr;  // a reservation names no rule
+  for (const Item& item : question.items) {
+    if (rules_->find(item.rule) == nullptr) return &item;
+  }
+  return nullptr;
+}
+
 Outcome Dispatcher::decide(const Question& question, int64_t now_ns, const Asker& asker,
                            Answer* answer) {
   answer->method = question.method;
+  if (const Item* removed = asker.again ? removedByReload(question) : nullptr) {
+    // Known when it was asked, since it waited: a reload removed it. That
+    // is not the client's mistake (an unknown rule), and asking again
+    // later may find it back: OVERLOADED, which clients retry. Its place
+    // in a line, if it had one, goes to the next.
+    waiting_.leaveLine(asker.wait.ticket);
+    answer->fail(ErrorCode::kOverloaded,
+                 "rule \"" + std::string(removed->rule) +
+                     "\" was removed by a reload while this request waited; retry, and check "
+                     "the daemon's rules if it is not back");
+    return Outcome::kAnswered;
+  }
   switch (question.method) {
     case Method::kReserve: return reserve(question, now_ns, asker, answer);
     case Method::kSettle:

@@ -83,7 +83,10 @@ class Dispatcher {
   // without a recipient (or with !asker.may_wait) it never waits.
   // `question` is held if it waits: asker.question is `question` itself
   // (askerFor with the question, which spares ask() a copy of the Asker) or
-  // anything else, which ask() replaces.
+  // anything else, which ask() replaces. A question asked again whose rule
+  // a reload removed while it waited is answered OVERLOADED, naming the
+  // rule as removed by a reload (not UNKNOWN_RULE: the client named a rule
+  // that was there).
   Outcome ask(const Question& question, int64_t now_ns, const Asker& asker, Answer* answer);
   // An Asker for a question read at now_ns that may wait when it has a
   // recipient; with the question it asks for, the Asker ask() uses as it is.
@@ -130,6 +133,9 @@ class Dispatcher {
   void routeSettlesWith(Router router) { router_ = std::move(router); }
 
  private:
+  // A question asked again (it waited) whose item names a rule that a
+  // reload removed since: that item; else null.
+  const Item* removedByReload(const Question& question) const;
   // acquire_all through the group path (group_path.h), counted; acquire
   // through acquire(); the rest through look().
   Outcome decide(const Question& question, int64_t now_ns, const Asker& asker, Answer* answer);

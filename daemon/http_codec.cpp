@@ -364,7 +364,12 @@ std::pair<std::string, std::string> rateLimitHeaders(const Rule& rule, const Dec
 
 Reply encodeAnswer(const Answer& answer, const Rule* rule, std::string_view rule_name,
                    unsigned deny_status) {
-  if (answer.failed) return problem(errorStatus(answer.error), answer.message);
+  if (answer.failed) {
+    Reply reply = problem(errorStatus(answer.error), answer.message);
+    // The daemon's trouble passes: say when to come back.
+    if (reply.status == 503) reply.headers.emplace_back("Retry-After", "1");
+    return reply;
+  }
   if (settles(answer.method) && !answer.decisions.empty()) {
     // What was settled, and the key's state afterwards.
     const Decision& decision = answer.decisions.front();
@@ -373,6 +378,7 @@ Reply encodeAnswer(const Answer& answer, const Rule* rule, std::string_view rule
     reply.body = "{\"id\":" + std::to_string(answer.reservation);
     appendField(&reply.body, "refunded", answer.refunded);
     appendField(&reply.body, "debt", answer.debt);
+    appendField(&reply.body, "unpaid", answer.unpaid);
     reply.body += std::string(",\"allowed\":") + (decision.allowed ? "true" : "false");
     appendField(&reply.body, "remaining", decision.remaining);
     appendField(&reply.body, "limit", decision.limit);
@@ -380,10 +386,20 @@ Reply encodeAnswer(const Answer& answer, const Rule* rule, std::string_view rule
     reply.body += ",\"mode\":" + jsonString(modeName(answer.modes.front())) + "}";
     return reply;
   }
-  if (answer.decisions.empty() || rule == nullptr) {
+  if (answer.decisions.empty()) {
     return problem(500, "the daemon answered no decision; this is a bug, please report it");
   }
   const Decision& decision = answer.decisions.front();
+  // A decision made before a reload removed its rule (a request that waited
+  // for units it was given): answered as made, its policy the decision's
+  // limit alone, since the rule's windows are gone with it.
+  std::optional<Rule> removed;
+  if (rule == nullptr) {
+    removed.emplace();
+    removed->name = std::string(rule_name);
+    removed->limits = {Limit{.limit = decision.limit}};
+    rule = &*removed;
+  }
   const Mode mode = answer.modes.empty() ? Mode::kLocal : answer.modes.front();
   Reply reply;
   auto [ratelimit, policy] = rateLimitHeaders(*rule, decision);

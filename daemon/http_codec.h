@@ -20,7 +20,9 @@
 //     seconds, rounded up, at least 1) and an RFC 9457 problem body;
 //   - a bad parameter 400, an unknown rule or path 404, a method other
 //     than GET or POST 405, each with a problem body naming what is wrong;
-//     only the daemon's own trouble (overloaded, stopping, a bug) is 5xx;
+//     only the daemon's own trouble (overloaded, stopping, a bug) is 5xx,
+//     and its 503 (OVERLOADED: a full table, or a rule a reload removed
+//     while the request waited) carries Retry-After: 1;
 //   - a request the parser refuses (http_request.h) gets its status with a
 //     problem body too, written by writeResponse like every answer.
 #pragma once
@@ -93,7 +95,9 @@ Parsed parseCheck(std::string_view path, std::string_view http_method,
                   const Parameters& parameters, size_t max_key_bytes);
 
 // The reply to `answer` on `rule` (the rule the request named; null when
-// the answer is an error and the rule is unknown).
+// it is unknown: the answer is an error, or a decision made before a
+// reload removed the rule, answered as made with a RateLimit-Policy of the
+// decision's limit alone).
 Reply encodeAnswer(const Answer& answer, const Rule* rule, std::string_view rule_name,
                    unsigned deny_status);
 

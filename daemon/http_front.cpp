@@ -37,6 +37,9 @@ bool HttpCodec::frameReady(std::span<const uint8_t> bytes) {
       return true;  // whole without a body, or refused: read() says which
     }
     needed_ = request_.consumed;
+    // The head is whole and the body is not: read() answers a client that
+    // waits for "100 Continue" before it sends the body.
+    if (input.size() < needed_ && expectsContinue()) return true;
   }
   return input.size() >= needed_;
 }
@@ -51,12 +54,9 @@ Frame HttpCodec::read(std::span<const uint8_t> bytes, int64_t /*now_ns*/, std::s
     // A client that waits for "100 Continue" before it sends its body
     // (curl does, for a large one) gets it once its head is whole, as
     // libmicrohttpd answered it.
-    if (request_.consumed > 0 && !continued_ && request_.minor_version == 1) {
-      std::optional<std::string_view> expect = request_.header("Expect");
-      if (expect && http::equalsIgnoringCase(*expect, "100-continue")) {
-        *out += "HTTP/1.1 100 Continue\r\n\r\n";
-        continued_ = true;
-      }
+    if (request_.consumed > 0 && expectsContinue()) {
+      *out += "HTTP/1.1 100 Continue\r\n\r\n";
+      continued_ = true;
     }
     return frame;
   }
@@ -129,6 +129,12 @@ Frame HttpCodec::read(std::span<const uint8_t> bytes, int64_t /*now_ns*/, std::s
   frame.question = Question{parsed.method, {&item_, 1}};
   frame.close_after = !keep_alive_;
   return frame;
+}
+
+bool HttpCodec::expectsContinue() const {
+  if (continued_ || request_.minor_version != 1) return false;
+  std::optional<std::string_view> expect = request_.header("Expect");
+  return expect && http::equalsIgnoringCase(*expect, "100-continue");
 }
 
 void HttpCodec::writeAnswer(std::string* out, MsgId /*tag*/, const Answer& answer) {

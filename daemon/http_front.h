@@ -79,7 +79,8 @@ class HttpCodec final : public Codec {
 
   Frame read(std::span<const uint8_t> bytes, int64_t now_ns, std::string* out) override;
   // Walks an unfinished request once: to the end of its head, then waits
-  // for the bytes of its body.
+  // for the bytes of its body (ready at once when the client waits for
+  // "100 Continue", which read() sends, whichever read ended the head).
   bool frameReady(std::span<const uint8_t> bytes) override;
   void restartFrame() override {
     scanned_ = 0;
@@ -89,6 +90,9 @@ class HttpCodec final : public Codec {
   bool inOrder() const override { return true; }
 
  private:
+  // Whether the request whose head was parsed last waits for "100
+  // Continue" before its body, and has not had it.
+  bool expectsContinue() const;
   // Writes `reply` as the answer to the request just read.
   void reply(std::string* out, const http::Reply& response);
 

@@ -211,7 +211,8 @@ void Worker::ask(const Message& message) {
 
 void Worker::start() {
   uint64_t sweep_ms = static_cast<uint64_t>(
-      std::clamp<int64_t>(std::min(options_.idle_timeout_ms, options_.partial_frame_timeout_ms) / 4,
+      std::clamp<int64_t>(std::min({options_.idle_timeout_ms, options_.partial_frame_timeout_ms,
+                                    options_.linger_ms}) / 4,
                           10, 1000));
   uv_timer_start(
       &sweep_timer_, [](uv_timer_t* t) { static_cast<Worker*>(t->data)->onSweep(); }, sweep_ms,

@@ -71,6 +71,11 @@ struct WorkerOptions {
   int64_t idle_timeout_ms = 300'000;
   int64_t partial_frame_timeout_ms = 10'000;
   int64_t shutdown_timeout_ms = 5'000;
+  // A connection the codec ended reads and drops what the client still
+  // sends for at most this long and this much before it closes
+  // (connection.h, lingering close).
+  int64_t linger_ms = 2'000;
+  size_t linger_max_bytes = 1 << 20;
   int64_t lease_timeout_ms = 50;  // longest a request waits for a lease
   resp::Limits resp;              // [resp] connections' commands
   HttpFront::Options http;        // [http] connections' requests and answers

@@ -100,7 +100,7 @@ type call struct {
 	err    error
 	// The result, by kind; the reader allocates the rarer ones.
 	decision Decision
-	extras   extras // reserve's id; settle's id, refunded and debt
+	extras   extras // reserve's id; settle's id, refunded, debt and unpaid
 	all      *AllDecision
 	health   *Health
 }
@@ -110,6 +110,7 @@ type extras struct {
 	id       uint64
 	refunded int64
 	debt     int64
+	unpaid   int64
 }
 
 type resultKind uint8
@@ -120,7 +121,7 @@ const (
 	kindAll
 	kindHealth
 	kindReserve // a decision map with id
-	kindSettle  // a decision map with id, refunded and debt
+	kindSettle  // a decision map with id, refunded, debt and unpaid
 )
 
 func (k *call) finish(err error) {
@@ -928,6 +929,8 @@ func (r *reader) extra(key []byte, x *extras) {
 		x.refunded = r.int()
 	case "debt":
 		x.debt = r.int()
+	case "unpaid":
+		x.unpaid = r.int()
 	default:
 		r.skip()
 	}

@@ -59,6 +59,15 @@ name = "budget"
 algorithm = "fixed_window"
 limit = 10
 period = "366d"
+
+# As budget, and a key owes at most cappedDebt: a settle's excess past it
+# is unpaid.
+[[rule]]
+name = "capped"
+algorithm = "fixed_window"
+limit = 10
+period = "366d"
+max_debt = 2
 `
 
 const perkeyLimit = 100000
@@ -247,6 +256,7 @@ func TestAcquireWaitIsAnsweredOnceTheUnitsAreDue(t *testing.T) {
 // reach a worker other than the reserving one and be handed to it.
 
 const budgetLimit = 10
+const cappedDebt = 2
 
 func TestReserveThenSettleBelowTheEstimateRefundsTheDifference(t *testing.T) {
 	c := startDaemon(t, testRules).client(nil)
@@ -273,11 +283,24 @@ func TestSettleAboveTheEstimateLeavesDebt(t *testing.T) {
 		t.Fatalf("reserve the whole limit: %+v, %v", r, err)
 	}
 	s, err := c.Settle(within(t, callTimeout), r.ID, budgetLimit+4)
-	if err != nil || s.Refunded != 0 || s.Debt != 4 || s.Remaining != -4 || s.Allowed {
-		t.Fatalf("settle 4 past the estimate: %+v, %v, want a debt of 4, remaining -4, not allowed", s, err)
+	if err != nil || s.Refunded != 0 || s.Debt != 4 || s.Unpaid != 0 || s.Remaining != -4 || s.Allowed {
+		t.Fatalf("settle 4 past the estimate: %+v, %v, want a debt of 4, none unpaid, remaining -4, not allowed", s, err)
 	}
 	if d, err := c.Acquire(within(t, callTimeout), "budget", "debt", 1); err != nil || d.Allowed || d.Remaining != -4 {
 		t.Fatalf("acquire in debt: %+v, %v, want denied with remaining -4", d, err)
+	}
+}
+
+func TestSettlePastTheDebtBoundReportsWhatItLeftUnpaid(t *testing.T) {
+	c := startDaemon(t, testRules).client(nil)
+	r, err := c.Reserve(within(t, callTimeout), "capped", "runaway", budgetLimit, 0)
+	if err != nil || r.ID == 0 {
+		t.Fatalf("reserve the whole limit: %+v, %v", r, err)
+	}
+	s, err := c.Settle(within(t, callTimeout), r.ID, budgetLimit+5)
+	if err != nil || s.Debt != cappedDebt || s.Unpaid != 5-cappedDebt || s.Remaining != -cappedDebt {
+		t.Fatalf("settle 5 past the estimate: %+v, %v, want a debt of %d and %d unpaid", s, err,
+			cappedDebt, 5-cappedDebt)
 	}
 }
 

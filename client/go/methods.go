@@ -129,7 +129,7 @@ func (c *Client) Reserve(ctx context.Context, rule, key string, estimate uint32,
 // Settle settles reservation id at actual units: the daemon gives back
 // estimate - actual (Refunded), or charges the excess past the limit (Debt;
 // the key's Remaining goes below 0 and it admits nothing until the debt is
-// paid back). An id that is not open returns ErrUnknownReservation. id 0 (a
+// paid back; Unpaid: the part past the rule's max_debt, charged to nobody). An id that is not open returns ErrUnknownReservation. id 0 (a
 // denied or Policy-made Reservation) returns at once without asking the
 // daemon. When the daemon cannot be asked the error is returned: the daemon
 // settles the reservation at its estimate after its TTL.
@@ -151,7 +151,7 @@ func (c *Client) settle(ctx context.Context, r *request) (Settlement, error) {
 		return Settlement{}, err
 	}
 	return Settlement{Decision: k.decision, ID: k.extras.id, Refunded: k.extras.refunded,
-		Debt: k.extras.debt}, nil
+		Debt: k.extras.debt, Unpaid: k.extras.unpaid}, nil
 }
 
 // Allow is Acquire with the Client's Policy: when the daemon cannot be asked

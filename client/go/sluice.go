@@ -179,13 +179,15 @@ type Reservation struct {
 // Settlement is the answer of Settle and Cancel: the key's state afterwards
 // (Remaining below 0 while it is in debt; Allowed whether it could spend
 // now), ID the reservation settled, Refunded the units given back (estimate -
-// actual) and Debt those charged past the estimate. Settling ID 0 asks the
-// daemon nothing: Allowed, ID 0, nothing refunded.
+// actual), Debt those charged past the estimate and Unpaid those of the
+// excess past the rule's max_debt that nobody was charged. Settling ID 0
+// asks the daemon nothing: Allowed, ID 0, nothing refunded.
 type Settlement struct {
 	Decision
 	ID       uint64
 	Refunded int64
 	Debt     int64
+	Unpaid   int64
 }
 
 // DefaultTTL is the TTL Reserve sends for a ttl of 0 (libsluice's

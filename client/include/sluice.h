@@ -204,6 +204,13 @@ SLUICE_API int sluice_reserve(sluice_client* client, const char* rule, const voi
  * answers SLUICE_ESERVER (UNKNOWN_RESERVATION). */
 SLUICE_API int sluice_settle(sluice_client* client, uint64_t id, uint32_t actual, int timeout_ms,
                              sluice_decision* out, int64_t* refunded, int64_t* debt);
+/* sluice_settle, plus *unpaid: the units of the excess past the key's debt
+ * bound (the rule's max_debt) that nobody was charged; 0 when the whole
+ * excess was charged. `unpaid` may be NULL. A function of its own, so that
+ * sluice_settle and sluice_decision keep their signature and layout. */
+SLUICE_API int sluice_settle_with_unpaid(sluice_client* client, uint64_t id, uint32_t actual,
+                                         int timeout_ms, sluice_decision* out, int64_t* refunded,
+                                         int64_t* debt, int64_t* unpaid);
 /* Gives reservation `id` back whole: sluice_settle with actual 0. */
 SLUICE_API int sluice_cancel(sluice_client* client, uint64_t id, int timeout_ms,
                              sluice_decision* out, int64_t* refunded);

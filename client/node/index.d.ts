@@ -33,12 +33,14 @@ export interface Reservation extends Decision {
 }
 
 /** settle's and cancel's answer: the key's state afterwards (remaining below
- *  0 while it is in debt), the units given back and those charged past the
- *  estimate. A settle of a null id asks nothing: id null, zeros. */
+ *  0 while it is in debt), the units given back, those charged past the
+ *  estimate, and those of the excess past the rule's max_debt that nobody
+ *  was charged. A settle of a null id asks nothing: id null, zeros. */
 export interface Settlement extends Decision {
   id: ReservationId | null;
   refunded: number;
   debt: number;
+  unpaid: number;
 }
 
 export interface ReserveOptions extends CallOptions {

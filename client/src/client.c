@@ -760,12 +760,13 @@ typedef struct decision_extras {
   uint64_t* id;       /* reserve, settle, cancel */
   int64_t* refunded;  /* settle, cancel */
   int64_t* debt;      /* settle */
+  int64_t* unpaid;    /* settle */
 } decision_extras;
 
 /* Reads a decision map; keys this library does not know are skipped, and
  * the extras' keys are stored where `extras` points (it may be NULL). */
 static int parse_decision_extras(mp_reader* r, sluice_decision* d, const decision_extras* extras) {
-  static const decision_extras none = {NULL, NULL, NULL, NULL};
+  static const decision_extras none = {NULL, NULL, NULL, NULL, NULL};
   int64_t* waited_ms;
   mp_value v;
   int saw_allowed = 0;
@@ -794,6 +795,9 @@ static int parse_decision_extras(mp_reader* r, sluice_decision* d, const decisio
     } else if (extras->debt != NULL && MP_BYTES_ARE(key, key_len, "debt")) {
       kind = KEY_NUMBER;
       number = extras->debt;
+    } else if (extras->unpaid != NULL && MP_BYTES_ARE(key, key_len, "unpaid")) {
+      kind = KEY_NUMBER;
+      number = extras->unpaid;
     } else if (extras->id != NULL && MP_BYTES_ARE(key, key_len, "id")) {
       if (mp_read_uint(r, extras->id) != 0) {
         return SLUICE_EPROTO;
@@ -901,7 +905,7 @@ int sluice_acquire_wait(sluice_client* c, const char* rule, const void* key, siz
   }
   int rc = sync_item_call(c, SLUICE_METHOD("acquire"), rule, key, key_len, 1, cost, max_wait_ms,
                           timeout_ms, &r);
-  decision_extras extras = {waited_ms != NULL ? waited_ms : &ignored, NULL, NULL, NULL};
+  decision_extras extras = {waited_ms != NULL ? waited_ms : &ignored, NULL, NULL, NULL, NULL};
   return rc != 0 ? rc : parse_decision_extras(&r, out, &extras);
 }
 
@@ -960,7 +964,7 @@ int sluice_reserve(sluice_client* c, const char* rule, const void* key, size_t k
   /* [rule, key, estimate, ttl_ms]: the item's shape, its fourth field the TTL. */
   int rc = sync_item_call(c, SLUICE_METHOD("reserve"), rule, key, key_len, 1, estimate,
                           ttl_ms > 0 ? (int64_t)ttl_ms : SLUICE_DEFAULT_TTL_MS, timeout_ms, &r);
-  decision_extras extras = {NULL, &got, NULL, NULL};
+  decision_extras extras = {NULL, &got, NULL, NULL, NULL};
   if (rc == 0) {
     rc = parse_decision_extras(&r, out, &extras);
   }
@@ -971,12 +975,12 @@ int sluice_reserve(sluice_client* c, const char* rule, const void* key, size_t k
 }
 
 /* settle [id, actual] or cancel [id]; the answer is a decision map with
- * refunded and debt. */
+ * refunded, debt and unpaid. */
 static int settle_call(sluice_client* c, const char* method, size_t method_len, uint64_t id,
                        int with_actual, uint32_t actual, int timeout_ms, sluice_decision* out,
-                       int64_t* refunded, int64_t* debt) {
+                       int64_t* refunded, int64_t* debt, int64_t* unpaid) {
   int64_t deadline_ms = deadline_after(timeout_ms);
-  int64_t ignored_refunded = 0, ignored_debt = 0;
+  int64_t ignored_refunded = 0, ignored_debt = 0, ignored_unpaid = 0;
   uint32_t msgid;
   mp_reader r;
   sluice_decision ignored;
@@ -1002,20 +1006,30 @@ static int settle_call(sluice_client* c, const char* method, size_t method_len, 
     return rc;
   }
   decision_extras extras = {NULL, NULL, refunded != NULL ? refunded : &ignored_refunded,
-                            debt != NULL ? debt : &ignored_debt};
-  if (extras.refunded != NULL) *extras.refunded = 0;
-  if (extras.debt != NULL) *extras.debt = 0;
+                            debt != NULL ? debt : &ignored_debt,
+                            unpaid != NULL ? unpaid : &ignored_unpaid};
+  *extras.refunded = 0;
+  *extras.debt = 0;
+  *extras.unpaid = 0;
   return parse_decision_extras(&r, out != NULL ? out : &ignored, &extras);
 }
 
 int sluice_settle(sluice_client* c, uint64_t id, uint32_t actual, int timeout_ms,
                   sluice_decision* out, int64_t* refunded, int64_t* debt) {
-  return settle_call(c, SLUICE_METHOD("settle"), id, 1, actual, timeout_ms, out, refunded, debt);
+  return settle_call(c, SLUICE_METHOD("settle"), id, 1, actual, timeout_ms, out, refunded, debt,
+                     NULL);
+}
+
+int sluice_settle_with_unpaid(sluice_client* c, uint64_t id, uint32_t actual, int timeout_ms,
+                              sluice_decision* out, int64_t* refunded, int64_t* debt,
+                              int64_t* unpaid) {
+  return settle_call(c, SLUICE_METHOD("settle"), id, 1, actual, timeout_ms, out, refunded, debt,
+                     unpaid);
 }
 
 int sluice_cancel(sluice_client* c, uint64_t id, int timeout_ms, sluice_decision* out,
                   int64_t* refunded) {
-  return settle_call(c, SLUICE_METHOD("cancel"), id, 0, 0, timeout_ms, out, refunded, NULL);
+  return settle_call(c, SLUICE_METHOD("cancel"), id, 0, 0, timeout_ms, out, refunded, NULL, NULL);
 }
 
 int sluice_acquire_all(sluice_client* c, const sluice_item* items, size_t count, int timeout_ms,

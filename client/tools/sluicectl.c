@@ -161,22 +161,27 @@ static void print_decisions(const sluice_decision* results, size_t count, int al
 }
 
 /* A reservation's answer: the decision, its id (0: none opened) and, for a
- * settle or cancel, what was given back and charged. */
+ * settle or cancel, what was given back, charged and left unpaid. */
 static void print_reservation(const sluice_decision* d, uint64_t id, int settled,
-                              int64_t refunded, int64_t debt, int json) {
+                              int64_t refunded, int64_t debt, int64_t unpaid, int json) {
   if (json) {
     printf("{\"allowed\":%s,\"remaining\":%" PRId64 ",\"limit\":%" PRId64
            ",\"reset_after_ms\":%" PRId64 ",\"retry_after_ms\":%" PRId64 ",\"mode\":\"%s\"",
            d->allowed ? "true" : "false", d->remaining, d->limit, d->reset_after_ms,
            d->retry_after_ms, sluice_mode_name(d->mode));
     if (id != 0) printf(",\"id\":%" PRIu64, id);
-    if (settled) printf(",\"refunded\":%" PRId64 ",\"debt\":%" PRId64, refunded, debt);
+    if (settled) {
+      printf(",\"refunded\":%" PRId64 ",\"debt\":%" PRId64 ",\"unpaid\":%" PRId64, refunded,
+             debt, unpaid);
+    }
     puts("}");
     return;
   }
   print_decision(d, -1, 0);
   if (id != 0) printf("id %" PRIu64 "\n", id);
-  if (settled) printf("refunded %" PRId64 ", debt %" PRId64 "\n", refunded, debt);
+  if (settled) {
+    printf("refunded %" PRId64 ", debt %" PRId64 ", unpaid %" PRId64 "\n", refunded, debt, unpaid);
+  }
 }
 
 /* Whether compact JSON (as libsluice writes it) is an object whose "status"
@@ -438,16 +443,18 @@ int main(int argc, char** argv) {
     sluice_decision d;
     int64_t refunded = 0;
     int64_t debt = 0;
+    int64_t unpaid = 0;
     if (is_reserve) {
       rc = sluice_reserve(client, args[0], args[1], strlen(args[1]), cost, ttl_ms, timeout_ms, &d,
                           &reservation);
     } else if (command[0] == 's') {
-      rc = sluice_settle(client, reservation, cost, timeout_ms, &d, &refunded, &debt);
+      rc = sluice_settle_with_unpaid(client, reservation, cost, timeout_ms, &d, &refunded, &debt,
+                                     &unpaid);
     } else {
       rc = sluice_cancel(client, reservation, timeout_ms, &d, &refunded);
     }
     if (rc == 0) {
-      print_reservation(&d, reservation, is_settle, refunded, debt, json);
+      print_reservation(&d, reservation, is_settle, refunded, debt, unpaid, json);
       status = is_settle || d.allowed ? EXIT_OK : EXIT_DENIED;
     }
   } else if (is_item || is_peek) {

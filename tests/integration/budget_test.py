@@ -244,6 +244,17 @@ class HttpReservations(unittest.TestCase):
         self.assertEqual(status, 404)
         self.assertIn("no open reservation", problem["detail"])
 
+    def test_a_settle_past_the_keys_debt_bound_answers_what_it_left_unpaid(self):
+        status, _, body = self.post("/v1/reserve?rule=capped&key=h&estimate=1000")
+        self.assertEqual(status, 200, body)
+        status, _, settled = self.post("/v1/settle?id=%d&actual=1500" % body["id"])
+        self.assertEqual(status, 200, settled)
+        self.assertEqual((settled["debt"], settled["unpaid"], settled["remaining"]),
+                         (100, 400, -100))
+        status, _, body = self.post("/v1/reserve?rule=tokens&key=h2&estimate=10")
+        status, _, settled = self.post("/v1/settle?id=%d&actual=15" % body["id"])
+        self.assertEqual((settled["debt"], settled["unpaid"]), (5, 0))
+
 
 GLOBAL_CONFIG = """
 [daemon]
@@ -355,6 +366,50 @@ class GlobalReservations(unittest.TestCase):
         # reservations end settled at their estimates for the whole fleet.
         counted = int(self.redis.command("HGET", redis_key("q", "tokens", "k"), "n"))
         self.assertGreaterEqual(counted, 5 * 1000)
+
+    def test_a_killed_daemons_open_reservations_stay_spent_for_the_fleet(self):
+        # Two more daemons on the same Redis share a 10,000-unit key.
+        config = (GLOBAL_CONFIG.replace("limit = 1000000", "limit = 10000", 1) +
+                  redis_section(self.redis.port).replace("expected_nodes = 1", "expected_nodes = 3"))
+        dying, other = Daemon("budget-dying"), Daemon("budget-other")
+        for daemon in (dying, other):
+            self.addCleanup(daemon.stop)
+            daemon.start(config.format(socket=daemon.socket), connect=True)
+        for daemon in (dying, other):
+            self.assertTrue(wait_for(lambda: daemon.client.result(
+                "acquire", "tokens", "fleet", 1)["mode"] == "normal", 10))
+        # Units spent from leases (mode normal), which Redis counted when it
+        # granted them; under load a lease may come late and the share
+        # decide instead: those are cancelled, or not counted.
+        warmed = dying.client.result("stats")["allowed"]["normal"]
+        reserved = 0
+        for _ in range(50):
+            answer = dying.client.result("reserve", "tokens", "fleet", 1000, 60000)
+            self.assertTrue(answer["allowed"])
+            if answer["mode"] != "normal":
+                dying.client.result("cancel", answer["id"])
+                continue
+            reserved += 1
+            if reserved == 5:
+                break
+        self.assertEqual(reserved, 5)
+        dying.proc.kill()
+        dying.proc.wait(10)
+        # The other daemon spends what the fleet has left, at once: the dead
+        # node's open estimates stay spent (they settle at their estimates),
+        # so it admits no more than the limit less them.
+        spent = other.client.result("stats")["allowed"]["normal"]
+        for _ in range(400):
+            answer = other.client.result("acquire", "tokens", "fleet", 100)
+            if answer["mode"] == "normal":
+                if not answer["allowed"]:
+                    break
+                spent += 100
+        self.assertGreater(spent, 0)
+        self.assertLessEqual(spent + 5 * 1000 + warmed, 10000)
+        counted = int(self.redis.command("HGET", redis_key("q", "tokens", "fleet"), "n"))
+        self.assertGreaterEqual(counted, spent + 5 * 1000 + warmed)
+        self.assertLessEqual(counted, 10000)
 
     def test_a_debt_past_the_slice_denies_until_a_lease_pays_it(self):
         self.warm("over")

@@ -39,6 +39,13 @@ name = "slow"
 algorithm = "sliding_window"
 limit = 2
 period = "1h"
+
+[[rule]]
+name = "capped"
+algorithm = "fixed_window"
+limit = 1000
+period = "1h"
+max_debt = 100
 )";
 
 class DaemonTest : public ::testing::Test {
@@ -108,6 +115,34 @@ TEST_F(DaemonTest, FivePerSecondAllowsFiveOfTwentyThroughLibsluice) {
 }
 
 // Verifies an unknown rule surfaces as the daemon's UNKNOWN_RULE error.
+// A settle past the key's max_debt charges the debt up to it and reports
+// the rest as unpaid, through libsluice and through sluicectl.
+TEST_F(DaemonTest, ASettlePastTheDebtBoundReportsWhatItLeftUnpaid) {
+  sluice_decision d{};
+  uint64_t id = 0;
+  ASSERT_EQ(sluice_reserve(client_, "capped", "runaway", 7, 1000, 30000, kTimeoutMs, &d, &id), 0);
+  ASSERT_NE(id, 0u);
+  int64_t refunded = -1;
+  int64_t debt = -1;
+  int64_t unpaid = -1;
+  ASSERT_EQ(sluice_settle_with_unpaid(client_, id, 1500, kTimeoutMs, &d, &refunded, &debt, &unpaid),
+            0);
+  EXPECT_EQ(refunded, 0);
+  EXPECT_EQ(debt, 100);
+  EXPECT_EQ(unpaid, 400);
+  EXPECT_EQ(d.remaining, -100);
+
+  ASSERT_EQ(sluice_reserve(client_, "window", "fine", 4, 10, 30000, kTimeoutMs, &d, &id), 0);
+  ASSERT_EQ(sluice_settle_with_unpaid(client_, id, 15, kTimeoutMs, &d, nullptr, &debt, &unpaid), 0);
+  EXPECT_EQ(debt, 5);
+  EXPECT_EQ(unpaid, 0);
+
+  std::string output;
+  ASSERT_EQ(sluice_reserve(client_, "capped", "shell", 5, 1000, 30000, kTimeoutMs, &d, &id), 0);
+  EXPECT_EQ(sluicectl("--json settle " + std::to_string(id) + " 1300", &output), 0) << output;
+  EXPECT_NE(output.find("\"debt\":100,\"unpaid\":200"), std::string::npos) << output;
+}
+
 TEST_F(DaemonTest, UnknownRuleIsAServerError) {
   sluice_decision decision{};
   int rc = sluice_acquire(client_, "nope", "k", 1, 1, kTimeoutMs, &decision);

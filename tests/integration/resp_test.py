@@ -167,6 +167,20 @@ class RespClientsTest(unittest.TestCase):
                 self.assertTrue(reply.startswith(b"-ERR Protocol error"), (garbage[:20], reply))
         self.assertTrue(self.client.ping())
 
+    def test_malformed_resp_is_answered_while_its_client_still_sends(self):
+        # A small send buffer: what follows the malformed command goes out
+        # only as the daemon reads it. A daemon that closed at its -ERR would
+        # reset the connection and fail this sendall; it lingers, reading
+        # and dropping the rest.
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)
+            s.settimeout(5)
+            s.connect(("127.0.0.1", self.port))
+            s.sendall(b"*1\r\n$-5\r\n" + b"x" * 300_000)
+            reply = s.makefile("rb").read()  # to the end of the stream, no reset
+            self.assertTrue(reply.startswith(b"-ERR Protocol error"), reply[:80])
+            self.assertEqual(reply.count(b"\r\n"), 1, reply[:200])
+
     def test_one_parameter_set_too_many_is_refused(self):
         for count in (1, 2, 3):
             self.client.execute_command("CL.THROTTLE", "k", 1, count, 60)

@@ -650,7 +650,7 @@ TEST_F(ClientTest, ReleaseAcceptsAnyResult) {
 }
 
 // Verifies reserve, settle and cancel send the wire shapes of
-// docs/protocol.md and read the id, refunded and debt back.
+// docs/protocol.md and read the id, refunded, debt and unpaid back.
 TEST_F(ClientTest, ReserveSettleAndCancelSendTheirParamsAndReadWhatWasSettled) {
   FakeServer s(path_, [](Conn& conn, int) {
     while (auto req = conn.read()) {
@@ -661,7 +661,7 @@ TEST_F(ClientTest, ReserveSettleAndCancelSendTheirParamsAndReadWhatWasSettled) {
       pk.pack(req->msgid);
       pk.pack_nil();
       const bool reserve = req->method == "reserve";
-      pk.pack_map(reserve ? 5 : 7);
+      pk.pack_map(reserve ? 5 : 8);
       pk.pack(std::string("allowed"));
       pk.pack(true);
       pk.pack(std::string("remaining"));
@@ -677,6 +677,8 @@ TEST_F(ClientTest, ReserveSettleAndCancelSendTheirParamsAndReadWhatWasSettled) {
         pk.pack(req->method == "cancel" ? 96 : 0);
         pk.pack(std::string("debt"));
         pk.pack(req->method == "cancel" ? 0 : 50);
+        pk.pack(std::string("unpaid"));
+        pk.pack(req->method == "cancel" ? 0 : 20);
       }
       conn.send(std::string(buf.data(), buf.size()));
     }
@@ -693,13 +695,18 @@ TEST_F(ClientTest, ReserveSettleAndCancelSendTheirParamsAndReadWhatWasSettled) {
   EXPECT_EQ(refunded, 0);
   EXPECT_EQ(debt, 50);
   EXPECT_EQ(d.remaining, -50);
+  int64_t unpaid = -1;
+  ASSERT_EQ(sluice_settle_with_unpaid(client_, id, 166, kTimeoutMs, &d, nullptr, &debt, &unpaid),
+            0);
+  EXPECT_EQ(debt, 50);
+  EXPECT_EQ(unpaid, 20);
   ASSERT_EQ(sluice_cancel(client_, id, kTimeoutMs, nullptr, &refunded), 0);
   EXPECT_EQ(refunded, 96);
   EXPECT_EQ(sluice_reserve(client_, "llm", "tenant", 6, 0, 0, kTimeoutMs, &d, &id), SLUICE_EINVAL);
   EXPECT_EQ(sluice_settle(client_, 0, 1, kTimeoutMs, &d, nullptr, nullptr), SLUICE_EINVAL);
 
   auto requests = s.requests();
-  ASSERT_EQ(requests.size(), 3u);
+  ASSERT_EQ(requests.size(), 4u);
   EXPECT_EQ(requests[0].method, "reserve");
   EXPECT_EQ(requests[0].rule, "llm");
   EXPECT_EQ(requests[0].cost, 96u);
@@ -707,8 +714,10 @@ TEST_F(ClientTest, ReserveSettleAndCancelSendTheirParamsAndReadWhatWasSettled) {
   EXPECT_EQ(requests[1].method, "settle");
   EXPECT_EQ(requests[1].id, uint64_t{7} << 48 | 3);
   EXPECT_EQ(requests[1].actual, 146u);
-  EXPECT_EQ(requests[2].method, "cancel");
-  EXPECT_EQ(requests[2].param_count, 1u);
+  EXPECT_EQ(requests[2].method, "settle");
+  EXPECT_EQ(requests[2].actual, 166u);
+  EXPECT_EQ(requests[3].method, "cancel");
+  EXPECT_EQ(requests[3].param_count, 1u);
 }
 
 // Verifies acquire_all's nested parameters and its per-item results.

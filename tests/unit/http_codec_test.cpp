@@ -230,6 +230,9 @@ TEST(HttpCodecTest, ErrorsMapToClientStatusesAndOnlyTheDaemonsTroubleTo5xx) {
     answer.fail(c.code, "the \"reason\"");
     Reply reply = encodeAnswer(answer, nullptr, "api", 429);
     EXPECT_EQ(reply.status, c.status);
+    // The daemon's passing trouble says when to come back.
+    const std::string* retry = reply.header("Retry-After");
+    EXPECT_EQ(retry != nullptr && *retry == "1", c.status == 503);
     EXPECT_EQ(reply.content_type, "application/problem+json");
     EXPECT_NE(reply.body.find("\"detail\":\"the \\\"reason\\\"\""), std::string::npos)
         << reply.body;
@@ -274,7 +277,7 @@ TEST(HttpCodecTest, SettleTakesAnIdAndTheActualAndZeroCancels) {
   EXPECT_EQ(parseCheck("/v1/settle", "POST", parameters, kMaxKeyBytes).refusal.status, 400u);
 }
 
-TEST(HttpCodecTest, AReserveCarriesItsIdAndASettleWhatItSettled) {
+TEST(HttpCodecTest, AReserveCarriesItsIdAndASettleWhatItSettledAndLeftUnpaid) {
   Rule rule = rateRule("llm", 100000, 3600);
   Answer reserved = decided(true, 95904, 100000, 1000, 0, Mode::kLocal);
   reserved.method = Method::kReserve;
@@ -289,10 +292,12 @@ TEST(HttpCodecTest, AReserveCarriesItsIdAndASettleWhatItSettled) {
   settled.method = Method::kSettle;
   settled.reservation = 17;
   settled.debt = 500;
+  settled.unpaid = 250;
   Reply settled_reply = encodeAnswer(settled, nullptr, "", 429);
   EXPECT_EQ(settled_reply.status, 200u);
   EXPECT_EQ(settled_reply.body,
-            "{\"id\":17,\"refunded\":0,\"debt\":500,\"allowed\":false,\"remaining\":-500,"
+            "{\"id\":17,\"refunded\":0,\"debt\":500,\"unpaid\":250,\"allowed\":false,"
+            "\"remaining\":-500,"
             "\"limit\":100000,\"reset_after_ms\":1000,\"mode\":\"local\"}");
 }
 

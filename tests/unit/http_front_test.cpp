@@ -4,81 +4,39 @@
 // long a question waits; Connection: close and HTTP/1.0 close after their
 // answer; a request the parser refuses is answered with its problem and
 // closed; the main socket's bounds (request size, idle and partial-request
-// timeouts) close HTTP connections too; [access] answers 403. The tests
-// wait on conditions (test::waitFor, a read timeout), never on a fixed
-// sleep, and end by stopping and joining the worker.
+// timeouts) close HTTP connections too; [access] answers 403. A closing
+// connection lingers, so a client still sending reads its answer; a
+// reload that removes the rule of a waiting check answers 503 (or the
+// decision already made). The fixture (front_fixture.h) waits on
+// conditions (test::waitFor, a read timeout), never on a fixed sleep, and
+// ends by stopping and joining the worker.
 #include "http_front.h"
 
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <memory>
+#include <cerrno>
+#include <cstring>
 #include <string>
 #include <vector>
 
-#include "clock.h"
-#include "lease.h"
-#include "test_status.h"
-#include "test_support.h"
-#include "worker.h"
+#include "front_fixture.h"
 
 namespace sluice {
 namespace {
 
-constexpr int64_t kMs = 1'000'000;
-
-Rule makeRule(uint32_t id, std::string name, Scope scope) {
-  Rule rule;
-  rule.id = id;
-  rule.name = std::move(name);
-  rule.scope = scope;
-  rule.algorithm = Algorithm::kTokenBucket;
-  rule.on_redis_down = RedisDownPolicy::kOpen;
-  rule.limits = {Limit{.limit = 5, .period_ns = 3'600'000 * kMs, .burst = 5}};
-  return rule;
-}
-
-// One worker serving one HTTP client over a socket pair.
-class HttpConnectionTest : public ::testing::Test {
+// One worker serving HTTP clients.
+class HttpConnectionTest : public test::FrontTest {
  protected:
-  void start(WorkerOptions options) {
-    broker_.setBreaker(Breaker::kClosed, monotonicNowNs());
-    std::vector<Rule> rules = {makeRule(1, "local", Scope::kLocal),
-                               makeRule(2, "global", Scope::kGlobal)};
-    worker_ = std::make_unique<Worker>(0, options, keys_, metrics_.shard(0), status_,
-                                       std::make_shared<const RuleSet>(std::move(rules), 1),
-                                       &broker_);
-    worker_->start();
-  }
+  HttpConnectionTest() : FrontTest(Protocol::kHttp) {}
 
-  int connect(bool allowed = true) {
-    int pair[2];
-    EXPECT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair), 0);
-    timeval timeout{.tv_sec = 5, .tv_usec = 0};
-    setsockopt(pair[0], SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-    Peer peer;
-    peer.allowed = allowed;
-    worker_->adopt(pair[1], peer, Protocol::kHttp);
-    clients_.push_back(pair[0]);
-    return pair[0];
-  }
-
-  static void send(int fd, const std::string& bytes) {
-    ASSERT_EQ(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL),
-              static_cast<ssize_t>(bytes.size()));
-  }
-
-  // Everything the daemon writes until it closes (or the read timeout).
-  static std::string readAll(int fd) {
-    std::string out;
-    char buffer[4096];
-    for (;;) {
-      ssize_t n = ::read(fd, buffer, sizeof(buffer));
-      if (n <= 0) break;
-      out.append(buffer, static_cast<size_t>(n));
-    }
-    return out;
+  // Reads an interim (1xx) response, which has no body, and no more.
+  static std::string readInterim(int fd) {
+    std::string interim;
+    char byte = 0;
+    while (!interim.ends_with("\r\n\r\n") && ::read(fd, &byte, 1) == 1) interim += byte;
+    return interim;
   }
 
   // Reads `count` whole responses (each "Content-Length: N" head and body).
@@ -103,35 +61,6 @@ class HttpConnectionTest : public ::testing::Test {
     }
     return responses;
   }
-
-  // Whether the daemon closes the connection within the read timeout.
-  static bool closedByDaemon(int fd) {
-    char buffer[4096];
-    for (;;) {
-      ssize_t n = ::read(fd, buffer, sizeof(buffer));
-      if (n == 0) return true;
-      if (n < 0) return errno == ECONNRESET;
-    }
-  }
-
-  uint64_t closed(CloseReason reason) {
-    return metrics_.shard(0).connections_closed[static_cast<size_t>(reason)].get();
-  }
-
-  void TearDown() override {
-    for (int fd : clients_) ::close(fd);
-    if (worker_) {
-      worker_->stop();
-      worker_->join();
-    }
-  }
-
-  KeyTable keys_{KeyTableOptions{}};
-  Metrics metrics_{1};
-  TestStatus status_{metrics_, 1};
-  LeaseBroker broker_{100 * kMs};
-  std::unique_ptr<Worker> worker_;
-  std::vector<int> clients_;
 };
 
 std::string get(const std::string& target, const std::string& extra = "") {
@@ -175,6 +104,7 @@ TEST_F(HttpConnectionTest, ConnectionCloseIsAnsweredThenTheRestIsNotRead) {
   // One answer only: the second request was never asked.
   EXPECT_EQ(all.find("HTTP/1.1", 1), std::string::npos) << all;
   EXPECT_NE(all.find("\"local\";r=4;"), std::string::npos) << all;
+  ::shutdown(client, SHUT_WR);  // done sending: the daemon stops lingering
   EXPECT_TRUE(test::waitFor(5'000, [&] { return closed(CloseReason::kPeerClosed) == 1; }));
 }
 
@@ -206,6 +136,7 @@ TEST_F(HttpConnectionTest, MalformedRequestIsAnsweredWithItsProblemAndClosed) {
   EXPECT_EQ(statusLine(all), "HTTP/1.1 200 OK");
   EXPECT_NE(all.find("\"detail\":\"a header line must be NAME: VALUE", second), std::string::npos);
   EXPECT_EQ(all.find("HTTP/1.1", second + 1), std::string::npos) << all;
+  ::shutdown(client, SHUT_WR);
   EXPECT_TRUE(test::waitFor(5'000, [&] { return closed(CloseReason::kUnreadable) == 1; }));
 }
 
@@ -219,6 +150,8 @@ TEST_F(HttpConnectionTest, RequestOverTheFrameLimitIsRefusedWith413Or431) {
   int head = connect();
   send(head, get("/v1/check?rule=local&key=h", "X-Long: " + std::string(2000, 'x') + "\r\n"));
   EXPECT_EQ(statusLine(readAll(head)), "HTTP/1.1 431 Request Header Fields Too Large");
+  ::shutdown(body, SHUT_WR);
+  ::shutdown(head, SHUT_WR);
   EXPECT_TRUE(test::waitFor(5'000, [&] { return closed(CloseReason::kUnreadable) == 2; }));
 }
 
@@ -238,15 +171,130 @@ TEST_F(HttpConnectionTest, ClientThatExpects100ContinueGetsItBeforeItsBody) {
   int client = connect();
   send(client, "POST /v1/check?rule=local&key=e HTTP/1.1\r\nHost: s\r\n"
                "Expect: 100-continue\r\nContent-Length: 4\r\n\r\n");
-  std::string interim;
-  char byte = 0;
-  while (!interim.ends_with("\r\n\r\n") && ::read(client, &byte, 1) == 1) interim += byte;
-  EXPECT_EQ(interim, "HTTP/1.1 100 Continue\r\n\r\n");
+  EXPECT_EQ(readInterim(client), "HTTP/1.1 100 Continue\r\n\r\n");
   send(client, "body");
   std::vector<std::string> responses = readResponses(client, 1);
   ASSERT_EQ(responses.size(), 1u);
   EXPECT_EQ(statusLine(responses[0]), "HTTP/1.1 200 OK");
   EXPECT_NE(responses[0].find("\"local\";r=4;"), std::string::npos) << responses[0];
+}
+
+TEST_F(HttpConnectionTest, ClientWhoseHeadArrivesInPiecesGets100ContinueBeforeItsBody) {
+  start(WorkerOptions{});
+  int client = connect();
+  // The first piece is read with a whole request before it, which is
+  // answered: the rest of the head comes in a read of its own.
+  send(client, get("/v1/check?rule=local&key=p") +
+                   "POST /v1/check?rule=local&key=p HTTP/1.1\r\nHost: s\r\n");
+  ASSERT_EQ(readResponses(client, 1).size(), 1u);
+  send(client, "Expect: 100-continue\r\nContent-");
+  send(client, "Length: 4\r\n\r\n");
+  EXPECT_EQ(readInterim(client), "HTTP/1.1 100 Continue\r\n\r\n");
+  send(client, "body");
+  std::vector<std::string> responses = readResponses(client, 1);
+  ASSERT_EQ(responses.size(), 1u);
+  EXPECT_EQ(statusLine(responses[0]), "HTTP/1.1 200 OK");
+  EXPECT_NE(responses[0].find("\"local\";r=3;"), std::string::npos) << responses[0];
+}
+
+TEST_F(HttpConnectionTest, RefusedRequestIsAnsweredWhileItsClientIsStillSendingItsBody) {
+  WorkerOptions options;
+  options.http.limits.max_request_bytes = 1024;
+  start(options);
+  int client = connectTcp(16 * 1024);
+  const std::string body(200'000, 'b');
+  send(client, "POST /v1/check?rule=local&key=l HTTP/1.1\r\nHost: s\r\n"
+               "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n");
+  // Refused at its head, the request's body is still coming: a daemon that
+  // closed now would reset the connection, failing this send and
+  // discarding the answer.
+  EXPECT_EQ(sendAll(client, body), body.size()) << std::strerror(errno);
+  std::vector<std::string> responses = readResponses(client, 1);
+  ASSERT_EQ(responses.size(), 1u);
+  EXPECT_EQ(statusLine(responses[0]), "HTTP/1.1 413 Content Too Large");
+  EXPECT_NE(responses[0].find("\"status\":413"), std::string::npos) << responses[0];
+  EXPECT_EQ(readToEnd(client), 0);  // an orderly end, no reset
+  EXPECT_EQ(closed(CloseReason::kUnreadable), 0u);  // lingering, until the client ends
+  ::shutdown(client, SHUT_WR);
+  EXPECT_TRUE(test::waitFor(5'000, [&] { return closed(CloseReason::kUnreadable) == 1; }));
+}
+
+TEST_F(HttpConnectionTest, LingeringEndsAtItsTimeBoundForAClientThatNeverCloses) {
+  WorkerOptions options;
+  options.linger_ms = 100;
+  start(options);
+  int client = connect();
+  send(client, "BAD\r\n\r\n");
+  EXPECT_EQ(statusLine(readAll(client)), "HTTP/1.1 400 Bad Request");
+  EXPECT_TRUE(test::waitFor(5'000, [&] { return closed(CloseReason::kUnreadable) == 1; }));
+}
+
+TEST_F(HttpConnectionTest, LingeringEndsAtItsByteBoundForAClientThatSendsOn) {
+  WorkerOptions options;
+  options.linger_max_bytes = 1000;
+  start(options);
+  int client = connect();
+  send(client, "BAD\r\n\r\n");
+  EXPECT_EQ(statusLine(readAll(client)), "HTTP/1.1 400 Bad Request");
+  EXPECT_EQ(closed(CloseReason::kUnreadable), 0u);
+  send(client, std::string(2000, 'x'));
+  EXPECT_TRUE(test::waitFor(5'000, [&] { return closed(CloseReason::kUnreadable) == 1; }));
+}
+
+TEST_F(HttpConnectionTest, StoppingWorkerClosesALingeringConnectionAtOnce) {
+  start(WorkerOptions{});
+  int client = connect();
+  send(client, "BAD\r\n\r\n");
+  EXPECT_EQ(statusLine(readAll(client)), "HTTP/1.1 400 Bad Request");
+  EXPECT_EQ(closed(CloseReason::kUnreadable), 0u);  // lingering: the client has not closed
+  worker_->stop();
+  worker_->join();
+  // Closed for its own reason, not cut off at the shutdown timeout.
+  EXPECT_EQ(closed(CloseReason::kUnreadable), 1u);
+  EXPECT_EQ(closed(CloseReason::kShutdown), 0u);
+  worker_.reset();
+}
+
+TEST_F(HttpConnectionTest, CheckWaitingForALeaseWhenAReloadRemovesItsRuleIsAnswered503) {
+  WorkerOptions options;
+  options.lease_timeout_ms = 300;  // nobody answers the lease
+  start(options);
+  int client = connect();
+  send(client, get("/v1/check?rule=global&key=cold"));
+  ASSERT_TRUE(test::waitFor(5'000, [&] { return metrics_.shard(0).lease_deferred.get() == 1; }));
+  reload({test::frontRule(1, "local", Scope::kLocal)});
+  std::vector<std::string> responses = readResponses(client, 1);
+  ASSERT_EQ(responses.size(), 1u);
+  // The rule was there when asked: not a 404, and not the daemon's bug.
+  EXPECT_EQ(statusLine(responses[0]), "HTTP/1.1 503 Service Unavailable");
+  EXPECT_NE(responses[0].find("\r\nRetry-After: 1\r\n"), std::string::npos) << responses[0];
+  EXPECT_NE(responses[0].find("rule \\\"global\\\" was removed by a reload"), std::string::npos)
+      << responses[0];
+  // A request after the reload names a rule that is not there.
+  send(client, get("/v1/check?rule=global&key=cold"));
+  EXPECT_EQ(statusLine(readResponses(client, 1).at(0)), "HTTP/1.1 404 Not Found");
+}
+
+TEST_F(HttpConnectionTest, CheckGivenItsUnitsBeforeAReloadRemovedItsRuleGetsItsDecision) {
+  // One unit every 500 ms; a check may wait a second for its unit.
+  Rule paced = test::frontRule(3, "paced", Scope::kLocal);
+  paced.limits = {Limit{.limit = 1, .period_ns = 500 * test::kFrontMs, .burst = 1}};
+  paced.max_wait_ns = 1'000 * test::kFrontMs;
+  std::vector<Rule> rules = test::frontRules();
+  rules.push_back(paced);
+  start(WorkerOptions{}, {}, rules);
+  int client = connect();
+  send(client, get("/v1/check?rule=paced&key=w") + get("/v1/check?rule=paced&key=w"));
+  // Both decided: the second holds its unit, due in about 500 ms.
+  ASSERT_TRUE(test::waitFor(5'000, [&] { return decided() == 2; }));
+  reload(test::frontRules());
+  std::vector<std::string> responses = readResponses(client, 2);
+  ASSERT_EQ(responses.size(), 2u);
+  EXPECT_EQ(statusLine(responses[1]), "HTTP/1.1 200 OK") << responses[1];
+  // Its policy is its limit alone: the rule's window went with it.
+  EXPECT_NE(responses[1].find("\r\nRateLimit-Policy: \"paced\";q=1\r\n"), std::string::npos)
+      << responses[1];
+  EXPECT_NE(responses[1].find("\"allowed\":true"), std::string::npos) << responses[1];
 }
 
 TEST_F(HttpConnectionTest, ChunkedBodyIsRefusedWith411) {

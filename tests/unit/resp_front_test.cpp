@@ -3,9 +3,11 @@
 // other. Replies go in request order however long a question waits; the
 // main socket's bounds (frame and argument limits, the output cap, idle and
 // partial-frame timeouts) close RESP connections too; CL.THROTTLE's rule is
-// decided on the worker that asked for it at once. The tests wait on
-// conditions (test::waitFor, a read timeout), never on a fixed sleep, and
-// end by stopping and joining the worker.
+// decided on the worker that asked for it at once; a closing connection
+// lingers, so a client still sending reads its error; a reload that
+// removes the rule of a waiting call answers -OVERLOADED. The fixture
+// (front_fixture.h) waits on conditions (test::waitFor, a read timeout),
+// never on a fixed sleep, and ends by stopping and joining the worker.
 #include "resp_front.h"
 
 #include <gtest/gtest.h>
@@ -13,68 +15,22 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <memory>
+#include <cerrno>
+#include <cstring>
 #include <string>
 #include <vector>
 
-#include "clock.h"
-#include "lease.h"
-#include "test_status.h"
-#include "test_support.h"
-#include "worker.h"
+#include "front_fixture.h"
 
 namespace sluice {
 namespace {
 
-constexpr int64_t kMs = 1'000'000;
+using test::kFrontMs;
 
-Rule makeRule(uint32_t id, std::string name, Scope scope) {
-  Rule rule;
-  rule.id = id;
-  rule.name = std::move(name);
-  rule.scope = scope;
-  rule.algorithm = Algorithm::kTokenBucket;
-  rule.on_redis_down = RedisDownPolicy::kOpen;
-  rule.limits = {Limit{.limit = 5, .period_ns = 3'600'000 * kMs, .burst = 5}};
-  return rule;
-}
-
-std::vector<Rule> baseRules() {
-  return {makeRule(1, "local", Scope::kLocal), makeRule(2, "global", Scope::kGlobal)};
-}
-
-// One worker serving one RESP client over a socket pair.
-class RespConnectionTest : public ::testing::Test {
+// One worker serving RESP clients.
+class RespConnectionTest : public test::FrontTest {
  protected:
-  void start(WorkerOptions options, RespFront::EnsureRule ensure = {}) {
-    broker_.setBreaker(Breaker::kClosed, monotonicNowNs());
-    worker_ = std::make_unique<Worker>(
-        0, options, keys_, metrics_.shard(0), status_,
-        std::make_shared<const RuleSet>(baseRules(), 1), &broker_, std::move(ensure));
-    worker_->start();
-  }
-
-  // A new client; `server_send_bytes` > 0 shrinks the daemon's send buffer.
-  int connect(int server_send_bytes = 0) {
-    int pair[2];
-    EXPECT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair), 0);
-    timeval timeout{.tv_sec = 5, .tv_usec = 0};
-    setsockopt(pair[0], SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-    if (server_send_bytes > 0) {
-      setsockopt(pair[1], SOL_SOCKET, SO_SNDBUF, &server_send_bytes, sizeof(server_send_bytes));
-      setsockopt(pair[0], SOL_SOCKET, SO_RCVBUF, &server_send_bytes, sizeof(server_send_bytes));
-    }
-    Peer peer;
-    peer.allowed = true;
-    worker_->adopt(pair[1], peer, Protocol::kResp);
-    clients_.push_back(pair[0]);
-    return pair[0];
-  }
-
-  static void send(int fd, const std::string& bytes) {
-    ASSERT_EQ(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL),
-              static_cast<ssize_t>(bytes.size()));
-  }
+  RespConnectionTest() : FrontTest(Protocol::kResp) {}
 
   // Reads until the bytes end with `last` or the connection ends.
   static std::string readUntil(int fd, const std::string& last) {
@@ -87,35 +43,6 @@ class RespConnectionTest : public ::testing::Test {
     }
     return out;
   }
-
-  // Whether the daemon closes the connection within the read timeout.
-  static bool closedByDaemon(int fd) {
-    char buffer[4096];
-    for (;;) {
-      ssize_t n = ::read(fd, buffer, sizeof(buffer));
-      if (n == 0) return true;
-      if (n < 0) return errno == ECONNRESET;
-    }
-  }
-
-  uint64_t closed(CloseReason reason) {
-    return metrics_.shard(0).connections_closed[static_cast<size_t>(reason)].get();
-  }
-
-  void TearDown() override {
-    for (int fd : clients_) ::close(fd);
-    if (worker_) {
-      worker_->stop();
-      worker_->join();
-    }
-  }
-
-  KeyTable keys_{KeyTableOptions{}};
-  Metrics metrics_{1};
-  TestStatus status_{metrics_, 1};
-  LeaseBroker broker_{100 * kMs};
-  std::unique_ptr<Worker> worker_;
-  std::vector<int> clients_;
 };
 
 std::string command(const std::vector<std::string>& words) {
@@ -160,9 +87,9 @@ TEST_F(RespConnectionTest, ThrottleRuleIsDecidedOnTheWorkerThatAddedItAtOnce) {
     rule.name = resp::throttleRuleName(throttle);
     rule.algorithm = Algorithm::kGcra;
     rule.limits = {Limit{.limit = throttle.count,
-                         .period_ns = throttle.period_s * 1000 * kMs,
+                         .period_ns = throttle.period_s * 1000 * kFrontMs,
                          .burst = throttle.max_burst + 1}};
-    std::vector<Rule> rules = baseRules();
+    std::vector<Rule> rules = test::frontRules();
     rules.push_back(rule);
     return std::make_shared<const RuleSet>(std::move(rules), 1);
   });
@@ -190,6 +117,7 @@ TEST_F(RespConnectionTest, CommandWithTooManyArgumentsIsAnsweredAndClosed) {
   send(client, command({"PING"}) + command({"ECHO", "a", "b", "c", "d"}) + command({"PING"}));
   std::string replies = readUntil(client, "(none)");
   EXPECT_EQ(replies, "+PONG\r\n-ERR Protocol error: too many arguments (at most 4)\r\n");
+  ::shutdown(client, SHUT_WR);
   EXPECT_TRUE(test::waitFor(5'000, [&] { return closed(CloseReason::kUnreadable) == 1; }));
 }
 
@@ -201,14 +129,45 @@ TEST_F(RespConnectionTest, CommandOverTheFrameLimitIsAnsweredAndClosed) {
   send(client, command({"ECHO", std::string(2000, 'x')}));
   std::string replies = readUntil(client, "(none)");
   EXPECT_TRUE(replies.starts_with("-ERR Protocol error: invalid bulk length")) << replies;
+  ::shutdown(client, SHUT_WR);
   EXPECT_TRUE(test::waitFor(5'000, [&] { return closed(CloseReason::kUnreadable) == 1; }));
+}
+
+TEST_F(RespConnectionTest, MalformedCommandIsAnsweredWhileItsClientIsStillSending) {
+  WorkerOptions options;
+  options.resp.max_arguments = 4;
+  start(options);
+  int client = connectTcp(16 * 1024);
+  send(client, command({"ECHO", "a", "b", "c", "d"}));
+  // The daemon refuses the first command; the client is still sending: a
+  // daemon that closed now would reset the connection, failing this send
+  // and discarding the error.
+  const std::string rest = std::string(200'000, 'x');
+  EXPECT_EQ(sendAll(client, rest), rest.size()) << std::strerror(errno);
+  const std::string error = "-ERR Protocol error: too many arguments (at most 4)\r\n";
+  EXPECT_EQ(readUntil(client, error), error);
+  EXPECT_EQ(readToEnd(client), 0);  // an orderly end, no reset
+  ::shutdown(client, SHUT_WR);
+  EXPECT_TRUE(test::waitFor(5'000, [&] { return closed(CloseReason::kUnreadable) == 1; }));
+}
+
+TEST_F(RespConnectionTest, AcquireWaitingForALeaseWhenAReloadRemovesItsRuleIsOverloaded) {
+  WorkerOptions options;
+  options.lease_timeout_ms = 300;  // nobody answers the lease
+  start(options);
+  int client = connect();
+  send(client, command({"SLUICE.ACQUIRE", "global", "cold"}));
+  ASSERT_TRUE(test::waitFor(5'000, [&] { return metrics_.shard(0).lease_deferred.get() == 1; }));
+  reload({test::frontRule(1, "local", Scope::kLocal)});
+  EXPECT_EQ(readUntil(client, "\r\n").rfind("-OVERLOADED rule \"global\" was removed by a reload", 0),
+            0u);
 }
 
 TEST_F(RespConnectionTest, ClientThatDoesNotReadItsRepliesIsClosedAtTheOutputCap) {
   WorkerOptions options;
   options.max_output_bytes = 16 * 1024;
   start(options);
-  int client = connect(4096);
+  int client = connect(/*allowed=*/true, 4096);
   std::string batch;
   for (int i = 0; i < 64; ++i) batch += command({"ECHO", std::string(1000, 'x')});
   // The daemon closes mid-batch: the rest of the write may fail.
@@ -243,6 +202,7 @@ TEST_F(RespConnectionTest, QuitIsAnsweredThenTheConnectionCloses) {
   int client = connect();
   send(client, command({"QUIT"}) + command({"PING"}));
   EXPECT_EQ(readUntil(client, "(none)"), "+OK\r\n");
+  ::shutdown(client, SHUT_WR);
   EXPECT_TRUE(test::waitFor(5'000, [&] { return closed(CloseReason::kPeerClosed) == 1; }));
 }
 

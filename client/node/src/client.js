@@ -68,7 +68,7 @@ const DECISIONS = 1; // acquire_all's {allowed, results}; the policy applies
 const RELEASED = 2; // release: a decision map, or anything else as allowed
 const RAW = 3; // the result as decoded
 const RESERVED = 4; // reserve: a decision map with id; the policy applies
-const SETTLED = 5; // settle, cancel: a decision map with id, refunded, debt
+const SETTLED = 5; // settle, cancel: a decision map with id, refunded, debt, unpaid
 
 class Call {
   constructor(msgid, kind, count, resolve, reject) {
@@ -322,7 +322,8 @@ export class Client {
   /**
    * Settles reservation `id` at `actual` units: gives back estimate - actual
    * (`refunded`), or charges the excess (`debt`; the key's remaining goes
-   * below 0). Resolves to the key's state afterwards; an id not open rejects
+   * below 0; `unpaid`: the part past the rule's max_debt, charged to
+   * nobody). Resolves to the key's state afterwards; an id not open rejects
    * with UnknownReservationError (code UNKNOWN_RESERVATION). A null id
    * resolves at once, nothing refunded, without asking the daemon.
    * @param {number|bigint|null} id
@@ -841,6 +842,7 @@ function convert(kind, result) {
       decision.id = reservationId(result.id);
       decision.refunded = number(result.refunded);
       decision.debt = number(result.debt);
+      decision.unpaid = number(result.unpaid);
       return decision;
     }
     case RELEASED:
@@ -885,7 +887,7 @@ function reservationId(id) {
 // What settle and cancel of no reservation resolve to: nothing was spent.
 function noSettlement() {
   return { allowed: true, mode: "unknown", remaining: 0, limit: 0, resetAfterMs: 0, retryAfterMs: 0,
-    id: null, refunded: 0, debt: 0 };
+    id: null, refunded: 0, debt: 0, unpaid: 0 };
 }
 
 function number(value) {

@@ -38,8 +38,17 @@ name = "budget"
 algorithm = "fixed_window"
 limit = 10
 period = "366d"
+
+# As budget, and a key owes at most CAPPED_DEBT: a settle's excess past it is unpaid.
+[[rule]]
+name = "capped"
+algorithm = "fixed_window"
+limit = 10
+period = "366d"
+max_debt = 2
 `;
 const BUDGET = 10;
+const CAPPED_DEBT = 2;
 
 describe("a Client against sluiced", () => {
   let daemon;
@@ -154,7 +163,7 @@ describe("a Client against sluiced", () => {
 
   it("call reaches any method, here rules", async () => {
     const rules = await client.call("rules");
-    assert.deepEqual(rules.map((r) => r.name).sort(), ["budget", "hourly", "paced", "uploads"]);
+    assert.deepEqual(rules.map((r) => r.name).sort(), ["budget", "capped", "hourly", "paced", "uploads"]);
   });
 
   it("settle below the estimate refunds the difference: peek and acquire see the units back", async () => {
@@ -174,6 +183,13 @@ describe("a Client against sluiced", () => {
     assert.deepEqual([settled.refunded, settled.debt, settled.remaining, settled.allowed], [0, 4, -4, false]);
     assert.equal((await client.peek("budget", "debt")).remaining, -4);
     assert.equal((await client.acquire("budget", "debt")).allowed, false);
+    assert.equal(settled.unpaid, 0);
+  });
+
+  it("settle past the rule's max_debt charges up to it and reports the rest as unpaid", async () => {
+    const reserved = await client.reserve("capped", "runaway", BUDGET);
+    const settled = await client.settle(reserved.id, BUDGET + 5);
+    assert.deepEqual([settled.debt, settled.unpaid, settled.remaining], [CAPPED_DEBT, 5 - CAPPED_DEBT, -CAPPED_DEBT]);
   });
 
   it("cancel gives the whole estimate back", async () => {
@@ -204,7 +220,7 @@ describe("a Client against sluiced", () => {
     assert.deepEqual([denied.allowed, denied.id, denied.remaining], [false, null, 1]);
     assert.ok(denied.retryAfterMs > 0);
     const nothing = await client.settle(denied.id, 2);
-    assert.deepEqual([nothing.allowed, nothing.id, nothing.refunded, nothing.debt], [true, null, 0, 0]);
+    assert.deepEqual([nothing.allowed, nothing.id, nothing.refunded, nothing.debt, nothing.unpaid], [true, null, 0, 0, 0]);
     assert.equal((await client.peek("budget", "denied")).remaining, 1);
   });
 

@@ -102,20 +102,23 @@ class Settlement(Decision):
     """settle's or cancel's answer: the key's state afterwards as a Decision
     (`allowed`: whether it could spend now; `remaining` below 0 while it is
     in debt), `id` the reservation settled, `refunded` the units given back
-    (estimate - actual) and `debt` those charged past the estimate. A
-    settlement of no reservation (id None: a denial's or the on_unreachable
-    policy's) asks nothing of the daemon: allowed, nothing refunded, no debt,
-    mode ""."""
+    (estimate - actual), `debt` those charged past the estimate and `unpaid`
+    those of the excess past the key's debt bound (the rule's max_debt),
+    charged to nobody. A settlement of no reservation (id None: a denial's
+    or the on_unreachable policy's) asks nothing of the daemon: allowed,
+    nothing refunded, no debt, nothing unpaid, mode ""."""
 
     __slots__ = ()
 
     id = _field("id", None)
     refunded = _field("refunded", 0)
     debt = _field("debt", 0)
+    unpaid = _field("unpaid", 0)
 
     def __repr__(self):
-        return "Settlement(id=%r, refunded=%r, debt=%r, %s)" % (
-            self.id, self.refunded, self.debt, Decision.__repr__(self)[len("Decision("):-1])
+        return "Settlement(id=%r, refunded=%r, debt=%r, unpaid=%r, %s)" % (
+            self.id, self.refunded, self.debt, self.unpaid,
+            Decision.__repr__(self)[len("Decision("):-1])
 
 
 class AllDecision:

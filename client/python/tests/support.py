@@ -39,6 +39,9 @@ CONC = 2
 # `budget`: BUDGET units in a window no test ends, for reserve and settle:
 # a refund or a debt shows in the next answer's remaining exactly.
 BUDGET = 10
+# `capped`: BUDGET units like `budget`, and a key may owe at most CAPPED_DEBT:
+# a settle's excess past it is unpaid.
+CAPPED_DEBT = 2
 
 CONFIG = """
 [daemon]
@@ -76,7 +79,14 @@ name = "budget"
 algorithm = "fixed_window"
 limit = %d
 period = "366d"
-""" % (WIDE, SMALL, CONC, BUDGET)
+
+[[rule]]
+name = "capped"
+algorithm = "fixed_window"
+limit = %d
+period = "366d"
+max_debt = %d
+""" % (WIDE, SMALL, CONC, BUDGET, BUDGET, CAPPED_DEBT)
 
 
 def start_daemon(test, config=CONFIG):

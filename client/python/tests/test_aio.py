@@ -11,7 +11,7 @@ import time
 import unittest
 
 import support
-from support import BUDGET, CONC, SMALL, WIDE
+from support import BUDGET, CAPPED_DEBT, CONC, SMALL, WIDE
 
 import sluice
 
@@ -113,6 +113,11 @@ class ReservationTest(AsyncCase):
         self.assertEqual((charged.refunded, charged.debt, charged.remaining, charged.allowed),
                          (0, 4, -4, False))
         self.assertEqual((await self.client.peek("budget", "over")).remaining, -4)
+        self.assertEqual(charged.unpaid, 0)
+        capped = await self.client.reserve("capped", "over", BUDGET)
+        past = await self.client.settle(capped.id, BUDGET + 5)
+        self.assertEqual((past.debt, past.unpaid, past.remaining),
+                         (CAPPED_DEBT, 5 - CAPPED_DEBT, -CAPPED_DEBT))
 
     # Verifies cancel refunds all, an id not open raises UnknownReservation,
     # and a reserve the key cannot afford is denied without an id.

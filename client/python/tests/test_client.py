@@ -14,7 +14,7 @@ import unittest
 import msgpack
 
 import support
-from support import BUDGET, CONC, HELD_INTERVAL_MS, SMALL, WIDE, harness
+from support import BUDGET, CAPPED_DEBT, CONC, HELD_INTERVAL_MS, SMALL, WIDE, harness
 
 import sluice
 from sluice import _wire
@@ -120,7 +120,7 @@ class MethodTest(ClientCase):
     # Verifies any other method is callable and gives its decoded result.
     def test_call_returns_any_methods_result(self):
         names = [rule["name"] for rule in self.client.call("rules")]
-        self.assertEqual(sorted(names), ["budget", "conc", "held", "small", "wide"])
+        self.assertEqual(sorted(names), ["budget", "capped", "conc", "held", "small", "wide"])
 
     # Verifies the daemon's errors arrive as ServerError carrying its code,
     # and the connection serves the next call.
@@ -176,6 +176,16 @@ class ReservationTest(ClientCase):
                          (0, 4, -4, False))
         self.assertEqual(self.client.peek("budget", "k").remaining, -4)
         self.assertFalse(self.client.acquire("budget", "k").allowed)
+        self.assertEqual(settled.unpaid, 0)
+
+    # Verifies a settle past the key's debt bound (max_debt) charges up to it
+    # and reports the rest as unpaid.
+    def test_settle_past_the_debt_bound_reports_what_it_left_unpaid(self):
+        reserved = self.client.reserve("capped", "k", BUDGET)
+        settled = self.client.settle(reserved.id, BUDGET + 5)
+        self.assertEqual((settled.debt, settled.unpaid, settled.remaining),
+                         (CAPPED_DEBT, 5 - CAPPED_DEBT, -CAPPED_DEBT))
+        self.assertIn("unpaid=3", repr(settled))
 
     # Verifies cancel gives the whole estimate back.
     def test_cancel_refunds_the_whole_estimate(self):

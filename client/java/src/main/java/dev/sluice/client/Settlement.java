@@ -10,9 +10,16 @@ package dev.sluice.client;
  * @param id the reservation settled
  * @param refunded the units given back (estimate - actual)
  * @param debt the units charged past the estimate
+ * @param unpaid the units of the excess past the rule's max_debt that nobody
+ *     was charged
  */
-public record Settlement(Decision decision, long id, long refunded, long debt) {
+public record Settlement(Decision decision, long id, long refunded, long debt, long unpaid) {
 
   static final Settlement NOTHING =
-      new Settlement(new Decision(true, Mode.UNKNOWN, 0, 0, 0, 0, -1, null, null), 0, 0, 0);
+      new Settlement(new Decision(true, Mode.UNKNOWN, 0, 0, 0, 0, -1, null, null), 0, 0, 0, 0);
+
+  /** A settlement that left nothing unpaid: the constructor of the four fields. */
+  public Settlement(Decision decision, long id, long refunded, long debt) {
+    this(decision, id, refunded, debt, 0);
+  }
 }

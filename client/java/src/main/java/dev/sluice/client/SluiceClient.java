@@ -703,7 +703,9 @@ public final class SluiceClient implements AutoCloseable {
   /**
    * Settles reservation `id` at `actual` units: gives back estimate - actual
    * ({@link Settlement#refunded()}), or charges the excess past the limit
-   * ({@link Settlement#debt()}; the key's remaining goes below 0). An id not
+   * ({@link Settlement#debt()}; the key's remaining goes below 0;
+   * {@link Settlement#unpaid()} the part past the rule's max_debt, charged
+   * to nobody). An id not
    * open fails with ESERVER, {@link SluiceException#unknownReservation()}.
    * Id 0 completes at once, asking the daemon nothing.
    */
@@ -759,7 +761,7 @@ public final class SluiceClient implements AutoCloseable {
 
   /**
    * A reservation's decision map: the decision, `id` (the reservation's
-   * unsigned 64 bits), and for a settle `refunded` and `debt`.
+   * unsigned 64 bits), and for a settle `refunded`, `debt` and `unpaid`.
    */
   private static Object readReservation(MessageUnpacker u, boolean settled)
       throws IOException, FatalFrame, BadResult {
@@ -782,7 +784,8 @@ public final class SluiceClient implements AutoCloseable {
     long bits = id instanceof BigInteger ? ((BigInteger) id).longValue()
         : id instanceof Long ? (Long) id : 0;
     if (settled) {
-      return new Settlement(decision, bits, number(map, "refunded"), number(map, "debt"));
+      return new Settlement(decision, bits, number(map, "refunded"), number(map, "debt"),
+          number(map, "unpaid"));
     }
     if (decision.allowed() && bits == 0) {
       throw new BadResult("an allowed reservation without an id");

@@ -27,8 +27,14 @@ class MethodsTest {
       // reserve and settle, a refund or a debt shows in the next answer's
       // remaining exactly.
       "[[rule]]", "name = \"budget\"", "algorithm = \"fixed_window\"", "limit = 10",
-      "period = \"366d\"", "");
+      "period = \"366d\"",
+      "",
+      // As budget, and a key owes at most CAPPED_DEBT: a settle's excess
+      // past it is unpaid.
+      "[[rule]]", "name = \"capped\"", "algorithm = \"fixed_window\"", "limit = 10",
+      "period = \"366d\"", "max_debt = 2", "");
   static final long BUDGET = 10;
+  static final long CAPPED_DEBT = 2;
 
   static Daemon daemon;
   static SluiceClient client;
@@ -165,7 +171,7 @@ class MethodsTest {
     for (Object rule : rules) {
       names.add(((Map<?, ?>) rule).get("name"));
     }
-    assertEquals(List.of("five", "two", "slots", "paced", "budget"), names);
+    assertEquals(List.of("five", "two", "slots", "paced", "budget", "capped"), names);
     Map<?, ?> five = (Map<?, ?>) rules.get(0);
     assertEquals("fixed_window", five.get("algorithm"));
   }
@@ -251,6 +257,16 @@ class MethodsTest {
     Decision d = client.acquire("budget", "debt");
     assertFalse(d.allowed());
     assertEquals(-4, d.remaining());
+    assertEquals(0, s.unpaid());
+  }
+
+  @Test
+  void settlePastTheDebtBoundReportsWhatItLeftUnpaid() {
+    Reservation r = client.reserve("capped", "runaway", BUDGET);
+    Settlement s = client.settle(r.id(), BUDGET + 5);
+    assertEquals(CAPPED_DEBT, s.debt());
+    assertEquals(5 - CAPPED_DEBT, s.unpaid());
+    assertEquals(-CAPPED_DEBT, s.decision().remaining());
   }
 
   @Test
