@@ -190,7 +190,9 @@ TakeResult take(Words words, int64_t now_ns, int64_t cost, bool again,
       result.left = static_cast<int64_t>(units) - cost;
       if (rated) {
         // The rate refills the slice: Redis is asked only for its renewal.
-        if (now_ns >= load(words, kRateRenewAt)) result.must_request = claim(words);
+        if (now_ns >= load(words, kRateRenewAt) || demandMoved(words, now_ns)) {
+          result.must_request = claim(words);
+        }
         return result;
       }
       // Refill below a quarter of the last batch, so the next lease lands
@@ -208,7 +210,9 @@ TakeResult take(Words words, int64_t now_ns, int64_t cost, bool again,
     // no cost to Redis.
     result.outcome = Outcome::kDenied;
     result.until_ns = std::max(rateDueNs(words, cost, static_cast<int64_t>(units)), now_ns + 1);
-    if (now_ns >= load(words, kRateRenewAt)) result.must_request = claim(words);
+    if (now_ns >= load(words, kRateRenewAt) || demandMoved(words, now_ns)) {
+      result.must_request = claim(words);
+    }
     return result;
   }
   if (negativelyCached(words, now_ns, &result)) {
@@ -455,6 +459,28 @@ void applyRate(Words words, int64_t ns_per_unit, int64_t cap, int64_t until_ns, 
   store(words, kRateRenewAt, renew_at_ns);
   store(words, kRateUntil, until_ns);
   store(words, kDenyUntil, 0);
+}
+
+void noteAsked(Words words, const Limit& limit, int64_t asked, int64_t moved_at_ns) {
+  if (asked <= 0) {
+    store(words, kRateMovedAt, 0);
+    return;
+  }
+  const int64_t per_unit = std::max<int64_t>(limit.period_ns / asked, 1);
+  store(words, kRateMoreNsPerUnit, asked >= limit.limit ? 0 : std::max<int64_t>(per_unit / 2, 1));
+  store(words, kRateLessNsPerUnit, 2 * per_unit);
+  store(words, kRateMovedAt, moved_at_ns);
+}
+
+bool demandMoved(ConstWords words, int64_t now_ns) {
+  const int64_t moved_at = load(words, kRateMovedAt);
+  const int64_t since = load(words, kDemandSince);
+  if (moved_at == 0 || now_ns < moved_at || since == 0 || now_ns <= since) return false;
+  const double elapsed = static_cast<double>(now_ns - since);
+  const double demand = static_cast<double>(load(words, kDemand));
+  const int64_t more = load(words, kRateMoreNsPerUnit);
+  if (more > 0 && demand * static_cast<double>(more) > elapsed) return true;
+  return demand * static_cast<double>(load(words, kRateLessNsPerUnit)) < elapsed;
 }
 
 int64_t leaseNowMs(ConstWords words) { return load(words, kLeaseNowMs); }
