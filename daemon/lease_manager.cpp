@@ -304,7 +304,7 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, const Rule& rule,
       slice::applyRate(words, rate > 0 ? rate_lease::nsPerUnit(limit, rate) : 0,
                        rate_lease::capUnits(limit, rate, interval_ns), sent_ns + lease_ns,
                        rate_lease::renewAtNs(sent_ns, lease_ns, unmet, interval_ns), now_ns);
-      slice::noteAsked(words, limit, rate > 0 ? request.rate : 0, sent_ns + interval_ns);
+      slice::noteAsked(words, limit, rate > 0 ? request.rate : 0, interval_ns, now_ns);
       if (rate > 0 && reply->granted == 0) return;  // the rate refills the slice
       if (rate == 0 && reply->granted == 0) {
         // Its demand is recorded, and the holders hear it is unmet and give
