@@ -42,8 +42,9 @@ constexpr int64_t kMaxLeaseMs = 60'000;
 // renewal is how a holder gives up what it holds beyond its share, so a
 // node that asked while the others held everything gets its share within
 // about two lease intervals, and a node alone on a key pays one call per
-// this long.
-constexpr int64_t kMaxRenewNs = 500'000'000;
+// this long (slice::demandMoved renews sooner when the key's own demand
+// moves).
+constexpr int64_t kMaxRenewNs = 2'500'000'000;
 
 // One entry of the rates hash.
 struct Held {
