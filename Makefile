@@ -34,6 +34,7 @@
 PACKAGES := cmake make g++ pkg-config libuv1-dev libhiredis-dev libmsgpack-cxx-dev libsystemd-dev \
             libmicrohttpd-dev libyaml-cpp-dev \
             libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc python3-grpcio \
+            libnghttp2-dev \
             python3-protobuf \
             libtomlplusplus-dev libhowardhinnant-date-dev tzdata libspdlog-dev libfmt-dev \
             googletest libgtest-dev \

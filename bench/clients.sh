@@ -44,16 +44,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-cat >"$tmp/bench.toml" <<EOF
-# Written by bench/clients.sh.
-[daemon]
-socket = "$sock"
-workers = $workers
-log_level = "warn"
-
-[limits]
-max_output_bytes = 67108864
-idle_timeout = "0"
+{
+  bench_daemon_tables "$sock" "$workers"
+  cat <<EOF
 
 [[rule]]
 name = "bench"
@@ -62,6 +55,7 @@ limit = 1000000000
 period = "1s"
 burst = 1000000000
 EOF
+} >"$tmp/bench.toml"
 "$build/daemon/sluiced" --config "$tmp/bench.toml" 2>"$tmp/sluiced.log" &
 daemon_pid=$!
 for _ in $(seq 100); do

@@ -1,4 +1,4 @@
-# bench/common.sh: what bench/run.sh and bench/global.sh share (sourced).
+# bench/common.sh: what the bench scripts share (sourced).
 
 # Checks the scripts' one argument, BUILD_DIR (a build with sluiced and
 # bench/load built), and sets `build` to its absolute path and
@@ -64,6 +64,75 @@ start_redis() {  # DIR
     redis_pid=
   done
   echo "bench: could not start redis-server" >&2
+  exit 1
+}
+
+# Prints the [daemon] and [limits] tables of a bench daemon: sluiced on
+# SOCKET with WORKERS worker threads, warnings only, room for a deep
+# pipeline's answers and no idle timeout, under a line naming the script
+# that wrote it.
+bench_daemon_tables() {  # SOCKET WORKERS
+  cat <<EOF
+# Written by bench/$(basename "$0").
+[daemon]
+socket = "$1"
+workers = $2
+log_level = "warn"
+
+[limits]
+max_output_bytes = 67108864
+idle_timeout = "0"
+EOF
+}
+
+# Writes FILE, the config of a benchmark that leases: the daemon tables
+# (bench_daemon_tables SOCKET WORKERS), the Redis of start_redis (`port`)
+# with the daemon's keys under KEY_PREFIX (none given: the default), and
+# two token buckets too large to deny (1e9 per 1s, burst 1e9): `local`,
+# decided on the node alone, and `global`, leased from Redis. A script
+# appends rules of its own to FILE.
+write_bench_config() {  # FILE SOCKET WORKERS [KEY_PREFIX]
+  local file=$1 prefix=
+  [ -z "${4:-}" ] || prefix="key_prefix = \"$4\""
+  {
+    bench_daemon_tables "$2" "$3"
+    cat <<EOF
+
+[redis]
+url = "redis://127.0.0.1:$port"
+$prefix
+
+[[rule]]
+name = "local"
+algorithm = "token_bucket"
+limit = 1000000000
+period = "1s"
+burst = 1000000000
+
+[[rule]]
+name = "global"
+algorithm = "token_bucket"
+limit = 1000000000
+period = "1s"
+burst = 1000000000
+scope = "global"
+EOF
+  } >"$file"
+}
+
+# Waits until the sluiced on SOCKET leases from Redis (its breaker closed),
+# asking SLUICECTL every 0.05 s, TRIES times at most; otherwise prints LOG
+# (the daemon's stderr) and exits.
+wait_for_leasing() {  # SLUICECTL SOCKET TRIES LOG
+  local breaker=
+  for _ in $(seq "$3"); do
+    breaker=$("$1" --socket "$2" --json health 2>/dev/null |
+              sed -n 's/.*"breaker":"\([a-z_]*\)".*/\1/p' || true)
+    [ "$breaker" = closed ] && return 0
+    sleep 0.05
+  done
+  echo "bench: the sluiced on $2 did not start leasing (breaker: ${breaker:-?})" >&2
+  cat "$4" >&2
   exit 1
 }
 

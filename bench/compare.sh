@@ -53,45 +53,10 @@ pids+=("$redis_pid")
 # start NAME BUILD: one sluiced on its own socket, leasing from the Redis.
 start() {
   local name=$1 build=$2
-  cat >"$tmp/$name.toml" <<EOF
-[daemon]
-socket = "$tmp/$name.sock"
-workers = $workers
-log_level = "warn"
-
-[limits]
-max_output_bytes = 67108864
-idle_timeout = "0"
-
-[redis]
-url = "redis://127.0.0.1:$port"
-key_prefix = "$name:"
-
-[[rule]]
-name = "local"
-algorithm = "token_bucket"
-limit = 1000000000
-period = "1s"
-burst = 1000000000
-
-[[rule]]
-name = "global"
-algorithm = "token_bucket"
-limit = 1000000000
-period = "1s"
-burst = 1000000000
-scope = "global"
-EOF
+  write_bench_config "$tmp/$name.toml" "$tmp/$name.sock" "$workers" "$name:"
   "$build/daemon/sluiced" --config "$tmp/$name.toml" 2>"$tmp/$name.log" &
   pids+=($!)
-  local breaker=
-  for _ in $(seq 100); do
-    breaker=$("$new_build/client/sluicectl" --socket "$tmp/$name.sock" --json health 2>/dev/null |
-              sed -n 's/.*"breaker":"\([a-z_]*\)".*/\1/p' || true)
-    [ "$breaker" = closed ] && break
-    sleep 0.05
-  done
-  [ "$breaker" = closed ] || { echo "bench: $name sluiced did not start leasing" >&2; cat "$tmp/$name.log" >&2; exit 1; }
+  wait_for_leasing "$new_build/client/sluicectl" "$tmp/$name.sock" 100 "$tmp/$name.log"
 }
 start old "$old_build"
 start new "$new_build"

@@ -60,34 +60,8 @@ trap cleanup EXIT
 start_redis "$tmp"
 rcli() { redis-cli -p "$port" "$@"; }
 
-cat >"$tmp/bench.toml" <<EOF
-# Written by bench/global.sh.
-[daemon]
-socket = "$sock"
-workers = $workers
-log_level = "warn"
-
-[limits]
-max_output_bytes = 67108864
-idle_timeout = "0"
-
-[redis]
-url = "redis://127.0.0.1:$port"
-
-[[rule]]
-name = "local"
-algorithm = "token_bucket"
-limit = 1000000000
-period = "1s"
-burst = 1000000000
-
-[[rule]]
-name = "global"
-algorithm = "token_bucket"
-limit = 1000000000
-period = "1s"
-burst = 1000000000
-scope = "global"
+write_bench_config "$tmp/bench.toml" "$sock" "$workers"
+cat >>"$tmp/bench.toml" <<EOF
 
 [[rule]]
 name = "global-over"
@@ -100,12 +74,7 @@ EOF
 "$build/daemon/sluiced" --config "$tmp/bench.toml" 2>"$tmp/sluiced.log" &
 daemon_pid=$!
 sluicectl_json() { "$build/client/sluicectl" --socket "$sock" --json "$@"; }
-for _ in $(seq 100); do
-  breaker=$(sluicectl_json health 2>/dev/null | sed -n 's/.*"breaker":"\([a-z_]*\)".*/\1/p' || true)
-  [ "$breaker" = closed ] && break
-  sleep 0.05
-done
-[ "$breaker" = closed ] || { echo "bench: sluiced did not start leasing (breaker: ${breaker:-?})" >&2; exit 1; }
+wait_for_leasing "$build/client/sluicectl" "$sock" 100 "$tmp/sluiced.log"
 echo "bench: redis-server pid $redis_pid on port $port, sluiced pid $daemon_pid ($workers workers)" >&2
 
 # Totals read around each measurement.

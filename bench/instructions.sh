@@ -53,48 +53,14 @@ pids+=("$redis_pid")
 # count ROW NAME BUILD: one daemon of BUILD under callgrind, one row's load,
 # and its instructions per Dispatcher::ask.
 count() {
-  local row=$1 name=$2 build=$3 sock="$tmp/$2.sock" pid breaker= calls
-  cat >"$tmp/$name.toml" <<CONF
-[daemon]
-socket = "$sock"
-workers = 1
-log_level = "warn"
-
-[limits]
-max_output_bytes = 67108864
-idle_timeout = "0"
-
-[redis]
-url = "redis://127.0.0.1:$port"
-key_prefix = "$name-$row:"
-
-[[rule]]
-name = "local"
-algorithm = "token_bucket"
-limit = 1000000000
-period = "1s"
-burst = 1000000000
-
-[[rule]]
-name = "global"
-algorithm = "token_bucket"
-limit = 1000000000
-period = "1s"
-burst = 1000000000
-scope = "global"
-CONF
+  local row=$1 name=$2 build=$3 sock="$tmp/$2.sock" pid calls
+  write_bench_config "$tmp/$name.toml" "$sock" 1 "$name-$row:"
   rm -f "$tmp/$name.out"
   valgrind --tool=callgrind --callgrind-out-file="$tmp/$name.out" \
     --toggle-collect="$function" \
     "$build/daemon/sluiced" --config "$tmp/$name.toml" 2>"$tmp/$name.log" &
   pid=$!
-  for _ in $(seq 400); do
-    breaker=$("$new_build/client/sluicectl" --socket "$sock" --json health 2>/dev/null |
-              sed -n 's/.*"breaker":"\([a-z_]*\)".*/\1/p' || true)
-    [ "$breaker" = closed ] && break
-    sleep 0.05
-  done
-  [ "$breaker" = closed ] || { echo "bench: $name sluiced did not start leasing" >&2; cat "$tmp/$name.log" >&2; exit 1; }
+  wait_for_leasing "$new_build/client/sluicectl" "$sock" 400 "$tmp/$name.log"
   local out
   case $row in
     local-hot) out=$("$load" pipelined "$sock" local hot 1 64 "$seconds") ;;

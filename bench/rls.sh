@@ -14,7 +14,9 @@
 # Redis calls per RPC: every client command Redis counted (INFO
 # commandstats, as bench/global.sh sums them) over the calls answered.
 # sluiced CPU µs per call: the daemon's user + system CPU time (/proc) over
-# the calls answered, which a busy machine disturbs far less than calls/s.
+# the calls answered, which a busy machine disturbs far less than calls/s;
+# rls_load CPU µs per call: the driver's own, what it takes from the cores
+# it shares with sluiced.
 # Switches per call: the context switches of sluiced's threads (voluntary
 # and not, /proc/PID/task/*/status) over the calls answered: the thread
 # hops a call costs.
@@ -22,10 +24,18 @@
 # acquires on the same hot global rule over the daemon's own socket, one at
 # a time (bench/load sync: the round trip) and pipelined (2 connections × 64
 # in flight: the throughput), so the gRPC figures read as ratios to them.
-# Paced rows pace with gRPC's timers, which have 1 ms steps: calls leave in
-# small bursts, as an Envoy's do when several requests arrive together.
+# rls_load (its header says how) speaks gRPC over nghttp2's HTTP/2, as
+# Envoy's client does, one connection and thread per BENCH_THREADS, at a
+# few µs of CPU a call (gRPC's C++ client cost 15 to 45, CPU taken from
+# sluiced on the same cores). Closed loop, each answer sends the next call;
+# paced, every call leaves at its own time (a timerfd per connection, the
+# connections' schedules interleaved: evenly spaced), as Envoy sends each
+# call when its request arrives, not in bursts; latency runs from send to
+# answer, and send_lag_p99_us says how late the busy machine let the sends
+# leave.
 # Each row is the median of BENCH_ROUNDS rounds (3; BENCH_MODE=quick: 1).
-# Knobs: BENCH_SECONDS (3), BENCH_ROUNDS (3), BENCH_THREADS (2), BENCH_DEPTH (32).
+# Knobs: BENCH_SECONDS (3), BENCH_ROUNDS (3), BENCH_THREADS (2), BENCH_DEPTH (32),
+# BENCH_RLS_THREADS (sluiced's [envoy] threads; its default when unset).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -72,6 +82,7 @@ url = "redis://127.0.0.1:$port"
 [envoy]
 listen = "unix:$tmp/rls.sock"
 config = "$tmp/bench.yaml"
+${BENCH_RLS_THREADS:+threads = $BENCH_RLS_THREADS}
 EOF
 "$build/daemon/sluiced" --config "$tmp/bench.toml" 2>"$tmp/sluiced.log" &
 daemon_pid=$!
@@ -128,11 +139,12 @@ measure() {  # NAME DESCRIPTORS [RATE]
   done
   out=$(for line in "${lines[@]}"; do echo "$(field "$key" "$line") $line"; done |
     sort -n | sed -n "$(((rounds + 1) / 2))p" | cut -d' ' -f2-)
-  rows+=("| $name | $(field calls_per_s "$out") | $(field p50_us "$out") | $(field p99_us "$out") | $(field cpu_us_per_call "$out") | $(field switches_per_call "$out") | $(field redis_calls_per_rpc "$out") | $(field errors "$out") |")
+  rows+=("| $name | $(field calls_per_s "$out") | $(field p50_us "$out") | $(field p99_us "$out") | $(field cpu_us_per_call "$out") | $(field switches_per_call "$out") | $(field driver_cpu_us_per_call "$out") | $(field redis_calls_per_rpc "$out") | $(field errors "$out") |")
   last_rate=$(field calls_per_s "$out")
   last_p99=$(field p99_us "$out")
   last_calls=$(field redis_calls_per_rpc "$out")
   last_cpu=$(field cpu_us_per_call "$out")
+  last_lag=$(field send_lag_p99_us "$out")
 }
 
 # The references: MessagePack-RPC on the same daemon, rule and key.
@@ -154,11 +166,12 @@ measure four-descriptors 4
 four_rate=${last_rate%.*}
 measure "half-rate ($half/s, paced)" 1 "$half"
 half_p99=$last_p99
+half_lag=$last_lag
 kill -STOP "$redis_pid"
 sleep 1  # the health check notices (health_interval + health_timeout)
 down=$("$rls_load" "$target" 1 "$seconds" 1 8 1000 2>&1 || true)
 kill -CONT "$redis_pid"
-rows+=("| redis-down (SIGSTOP, 1000/s, paced) | $(field calls_per_s "$down") | $(field p50_us "$down") | $(field p99_us "$down") | - | - | - | $(field errors "$down") |")
+rows+=("| redis-down (SIGSTOP, 1000/s, paced) | $(field calls_per_s "$down") | $(field p50_us "$down") | $(field p99_us "$down") | - | - | - | - | $(field errors "$down") |")
 echo "redis-down: $down" >&2
 down_p99=$(field p99_us "$down")
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -172,13 +185,14 @@ result="$here/results/$(bench_result_name rls)"
   echo "\`bench/rls.sh $(basename "$build")\` (\`make bench\`, a Release build) on $(nproc) CPUs,"
   echo "$(date -u +%Y-%m-%d), sluice $(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo '?'):"
   echo "rls_load (on the same CPUs as sluiced) with $threads threads × $depth calls in flight, or"
-  echo "paced (1 ms steps), over a Unix socket; each row the median of $rounds rounds of ${seconds}s"
+  echo "paced (calls evenly spaced), over a Unix socket; each row the median of $rounds rounds of ${seconds}s"
   echo "(by calls/s, or by p99 when paced); sluiced (default"
-  echo "workers) with one global limit per descriptor key on a local redis-server, one hot key"
+  echo "workers, [envoy] threads ${BENCH_RLS_THREADS:-default}) with one global limit per descriptor key on a local redis-server, one hot key"
   echo "each. Load average (1, 5, 15 min) before the run: $load_before; after: $load_after."
+  echo "Paced at half rate, 99 % of the sends left within $half_lag µs of their due time."
   echo
-  echo "| row | calls/s | p50 µs | p99 µs | sluiced CPU µs per call | switches per call | Redis calls per RPC | errors |"
-  echo "|---|---|---|---|---|---|---|---|"
+  echo "| row | calls/s | p50 µs | p99 µs | sluiced CPU µs per call | switches per call | rls_load CPU µs per call | Redis calls per RPC | errors |"
+  echo "|---|---|---|---|---|---|---|---|---|"
   printf '%s\n' "${rows[@]}"
   echo
   echo "Reference, same daemon, rule and key, same run: MessagePack-RPC \`acquire\` over the"

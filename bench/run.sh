@@ -111,16 +111,9 @@ wait_for_socket() {
 rss_kb() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"; }
 
 
-cat >"$tmp/bench.toml" <<EOF
-# Written by bench/run.sh.
-[daemon]
-socket = "$sock"
-workers = $workers
-log_level = "warn"
-
-[limits]
-max_output_bytes = 67108864
-idle_timeout = "0"
+{
+  bench_daemon_tables "$sock" "$workers"
+  cat <<EOF
 
 [keys]
 max_keys = $((nkeys + nkeys / 10 + 16))
@@ -140,6 +133,7 @@ algorithm = "token_bucket"
 limit = 1
 period = "1h"
 EOF
+} >"$tmp/bench.toml"
 
 "$build/daemon/sluiced" --config "$tmp/bench.toml" --socket "$sock" &
 daemon_pid=$!

@@ -184,6 +184,9 @@ struct RespConfig {
   bool operator==(const RespConfig&) const = default;
 };
 
+// [envoy] threads is 1 to this.
+inline constexpr int kMaxEnvoyThreads = 64;
+
 // [envoy]: Envoy's rate limit service (envoy_front.h); present only when
 // the file has an [envoy] section. Its YAML files are read with the TOML
 // file, and their rules join the rule set, so a reload reloads them.
@@ -199,6 +202,9 @@ struct EnvoyConfig {
   // by default each is spent on its own and the results ORed, as the
   // reference server does.
   bool all_or_nothing = false;
+  // gRPC polling threads that take ShouldRateLimit calls (envoy_front.h):
+  // 1 costs the least per call; more carry more calls/s on more cores.
+  int threads = 1;
   EnvoyPolicyPtr policy;  // never null in a loaded Config with [envoy]
 };
 

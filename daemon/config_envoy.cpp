@@ -8,8 +8,8 @@
 namespace sluice::config_detail {
 namespace {
 
-constexpr std::array<std::string_view, 6> kEnvoyKeys = {
-    "listen", "config", "scope", "algorithm", "on_redis_down", "all_or_nothing"};
+constexpr std::array<std::string_view, 7> kEnvoyKeys = {
+    "listen", "config", "scope", "algorithm", "on_redis_down", "all_or_nothing", "threads"};
 constexpr std::array<std::string_view, 3> kRedisDownNames = {"local", "open", "closed"};
 constexpr std::array<RedisDownPolicy, 3> kRedisDownValues = {
     RedisDownPolicy::kLocal, RedisDownPolicy::kOpen, RedisDownPolicy::kClosed};
@@ -91,6 +91,15 @@ EnvoyConfig loadEnvoy(const toml::table& table, bool have_redis) {
                        "; write all_or_nothing = true or false");
     }
     envoy.all_or_nothing = *value;
+  }
+  if (const toml::node* threads = table.get("threads")) {
+    const int64_t value = integerValue(*threads, "[envoy] threads", "threads = 1");
+    if (value < 1 || value > kMaxEnvoyThreads) {
+      refuse(*threads, "[envoy] threads is " + std::to_string(value) + "; write 1 to " +
+                           std::to_string(kMaxEnvoyThreads) + " (1, the default, costs the "
+                           "least per call)");
+    }
+    envoy.threads = static_cast<int>(value);
   }
   auto policy = std::make_shared<EnvoyPolicy>();
   const std::string error =

@@ -314,7 +314,7 @@ void Connection::consume(std::span<const uint8_t> bytes, bool from_scratch) {
 
 bool Connection::ask(const Frame& frame, int64_t now_ns) {
   Recipient* recipient = frame.unanswered ? nullptr : this;
-  Asker asker = worker_.dispatcher().askerFor(recipient, frame.tag, now_ns);
+  Asker asker = worker_.dispatcher().askerFor(frame.question, recipient, frame.tag, now_ns);
   // A stopping worker has answered its waiters: a question now may not wait.
   asker.may_wait = asker.may_wait && !worker_.stopping();
   Answer& answer = worker_.answerScratch();

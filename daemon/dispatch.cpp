@@ -28,6 +28,14 @@ std::string cannotWait(const Rule& rule) {
          (rule.limits.size() > 1 ? " of several limits" : "");
 }
 
+// Whether `asker` carries `question` itself (askerFor with the question):
+// then ask() passes it on as it is, without a copy.
+bool holds(const Asker& asker, const Question& question) {
+  return asker.question.items.data() == question.items.data() &&
+         asker.question.items.size() == question.items.size() &&
+         asker.question.method == question.method;
+}
+
 }  // namespace
 
 Dispatcher::Dispatcher(KeyTable& keys, MetricsShard& metrics, LeaseBroker* broker,
@@ -83,9 +91,14 @@ Outcome Dispatcher::ask(const Question& question, int64_t now_ns, const Asker& a
                  "a question is acquire, peek, release, reserve, settle or cancel of one item, or "
                  "acquire_all of one or more");
   } else {
-    Asker asking = asker;
-    asking.question = question;
-    Outcome outcome = decide(question, now_ns, asking, answer);
+    Outcome outcome;
+    if (holds(asker, question)) {
+      outcome = decide(question, now_ns, asker, answer);
+    } else {
+      Asker asking = asker;
+      asking.question = question;
+      outcome = decide(question, now_ns, asking, answer);
+    }
     if (outcome != Outcome::kAnswered) return outcome;
   }
   if (answer->failed) metrics_.errors[static_cast<size_t>(answer->error)].add();
@@ -126,21 +139,38 @@ Outcome Dispatcher::decide(const Question& question, int64_t now_ns, const Asker
       (question.method != Method::kAcquire || item.cost <= 0)) {
     return look(question, now_ns, answer);
   }
-  if (question.method == Method::kAcquire && item.max_wait_ms > 0) {
-    // An unknown rule is the group path's to refuse.
-    const Rule* configured = rules_->find(item.rule);
-    if (configured != nullptr && !canWait(*configured)) {
-      answer->fail(ErrorCode::kBadRequest, cannotWait(*configured));
-      return Outcome::kAnswered;
-    }
-  }
-  // Every acquire: all or nothing on its entries (group_path.h).
+  if (question.method == Method::kAcquire) return acquire(item, now_ns, asker, answer);
+  // Every acquire_all: all or nothing on its entries (group_path.h).
   Outcome outcome = group_.acquire(*rules_, question.items, now_ns, asker, answer);
   if ((outcome == Outcome::kAnswered && !answer->failed) ||
       outcome == Outcome::kWaitsReserved) {
     for (size_t i = 0; i < answer->decisions.size(); ++i) {
       count(group_.configured(i), answer->decisions[i], answer->modes[i]);
     }
+  }
+  // A reservation's answer is Waiting's to give, when its units are due.
+  if (outcome == Outcome::kWaitsReserved) answer->clear();
+  return outcome;
+}
+
+// Inline: decide() is its one caller.
+inline Outcome Dispatcher::acquire(const Item& item, int64_t now_ns, const Asker& asker,
+                                   Answer* answer) {
+  const Rule* configured = rules_->find(item.rule);
+  if (configured == nullptr) {
+    waiting_.leaveLine(asker.wait.ticket);  // asked again: the rule went in a reload
+    answer->fail(ErrorCode::kUnknownRule, unknownRule(item.rule));
+    return Outcome::kAnswered;
+  }
+  if (item.max_wait_ms > 0 && !canWait(*configured)) {
+    answer->fail(ErrorCode::kBadRequest, cannotWait(*configured));
+    return Outcome::kAnswered;
+  }
+  // An acquire_all of one item (group_path.h), without a group to build.
+  Outcome outcome = group_.acquireOne(*rules_, *configured, item, now_ns, asker, answer);
+  if ((outcome == Outcome::kAnswered && !answer->failed) ||
+      outcome == Outcome::kWaitsReserved) {
+    count(*configured, answer->decisions.front(), answer->modes.front());
   }
   // A reservation's answer is Waiting's to give, when its units are due.
   if (outcome == Outcome::kWaitsReserved) answer->clear();
@@ -194,8 +224,7 @@ Outcome Dispatcher::reserve(const Question& question, int64_t now_ns, const Aske
   Item spend = item;
   spend.max_wait_ms = 0;
   const bool leases = leasing(*configured);
-  Outcome outcome =
-      group_.acquire(*rules_, std::span<const Item>(&spend, 1), now_ns, for_lease, answer);
+  Outcome outcome = group_.acquireOne(*rules_, *configured, spend, now_ns, for_lease, answer);
   if (outcome != Outcome::kAnswered || answer->failed) return outcome;
   const Decision& decision = answer->decisions.front();
   const Mode mode = answer->modes.front();

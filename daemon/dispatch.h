@@ -81,19 +81,26 @@ class Dispatcher {
   // into `answer`, or leaves it waiting. now_ns is the monotonic time it was
   // read at. asker.recipient and asker.tag say where a later answer goes;
   // without a recipient (or with !asker.may_wait) it never waits.
-  // asker.question is ignored: `question` is held if it waits. A question
-  // asked again whose rule a reload removed while it waited is answered
-  // OVERLOADED, naming the rule as removed by a reload (not UNKNOWN_RULE:
-  // the client named a rule that was there).
+  // `question` is held if it waits: asker.question is `question` itself
+  // (askerFor with the question, which spares ask() a copy of the Asker) or
+  // anything else, which ask() replaces. A question asked again whose rule
+  // a reload removed while it waited is answered OVERLOADED, naming the
+  // rule as removed by a reload (not UNKNOWN_RULE: the client named a rule
+  // that was there).
   Outcome ask(const Question& question, int64_t now_ns, const Asker& asker, Answer* answer);
   // An Asker for a question read at now_ns that may wait when it has a
-  // recipient.
+  // recipient; with the question it asks for, the Asker ask() uses as it is.
   Asker askerFor(Recipient* recipient, MsgId tag, int64_t now_ns) const {
     Asker asker;
     asker.recipient = recipient;
     asker.tag = tag;
     asker.deadline_ns = now_ns + waiting_.leaseTimeoutNs();
     asker.may_wait = recipient != nullptr;
+    return asker;
+  }
+  Asker askerFor(const Question& question, Recipient* recipient, MsgId tag, int64_t now_ns) const {
+    Asker asker = askerFor(recipient, tag, now_ns);
+    asker.question = question;
     return asker;
   }
 
@@ -129,9 +136,12 @@ class Dispatcher {
   // A question asked again (it waited) whose item names a rule that a
   // reload removed since: that item; else null.
   const Item* removedByReload(const Question& question) const;
-  // acquire_all, and acquire of a cost over 0, through the group path
-  // (group_path.h), counted; the rest through look().
+  // acquire_all through the group path (group_path.h), counted; acquire
+  // through acquire(); the rest through look().
   Outcome decide(const Question& question, int64_t now_ns, const Asker& asker, Answer* answer);
+  // acquire of a cost over 0: acquire_all of its one item (group_path.h),
+  // counted.
+  Outcome acquire(const Item& item, int64_t now_ns, const Asker& asker, Answer* answer);
   // peek, release, and acquire of cost 0: one item, taking nothing.
   Outcome look(const Question& question, int64_t now_ns, Answer* answer);
   // reserve, and settle or cancel (reservations.h).

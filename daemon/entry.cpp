@@ -8,18 +8,6 @@
 
 namespace sluice {
 
-bool leasable(const Rule& rule) {
-  return rule.scope == Scope::kGlobal && rule.limits.size() == 1 &&
-         hasRateLeaseScript(rule.algorithm);
-}
-
-bool leasesHolding(const Rule& rule) {
-  return rule.scope == Scope::kGlobal && rule.limits.size() == 1 &&
-         algorithmTraits(rule.algorithm).holds;
-}
-
-int64_t leaseCapacity(const Limit& limit) { return limit.burst > 0 ? limit.burst : limit.limit; }
-
 namespace {
 
 // Where the words after a rule's state begin.

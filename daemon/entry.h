@@ -30,12 +30,21 @@ namespace sluice {
 // a holding instead (leasesHolding, holding.h). A global rate rule of several
 // limits leases through its parts (RuleSet::parts), each a leasable rule of
 // one limit.
-bool leasable(const Rule& rule);
-bool leasesHolding(const Rule& rule);
+// Inline: every decision asks.
+inline bool leasable(const Rule& rule) {
+  return rule.scope == Scope::kGlobal && rule.limits.size() == 1 &&
+         hasRateLeaseScript(rule.algorithm);
+}
+inline bool leasesHolding(const Rule& rule) {
+  return rule.scope == Scope::kGlobal && rule.limits.size() == 1 &&
+         algorithmTraits(rule.algorithm).holds;
+}
 
 // Units of one limit the whole fleet may hold at once: burst for the
 // buckets, limit for the windows.
-int64_t leaseCapacity(const Limit& limit);
+inline int64_t leaseCapacity(const Limit& limit) {
+  return limit.burst > 0 ? limit.burst : limit.limit;
+}
 
 // The words of a key-table entry of `rule`, in order:
 //  - its state: for a leasable global rule its slice (slice::kWords), for

@@ -16,8 +16,10 @@
 // waits (a cold key's lease) is answered on the worker's thread. The last
 // answer encodes the RateLimitResponse (envoy_rls.h) and finishes the call.
 //
-// gRPC runs its own threads (the callback API); nothing here blocks them:
-// the lanes are taken with try_lock.
+// The calls are read by [envoy] threads polling threads of the front's own
+// (gRPC's async API; envoy_front.cpp says why), which also answer
+// grpc.health.v1.Health's Check; nothing here blocks them: the lanes are
+// taken with try_lock.
 // An error answer (a rule gone in a reload, a full key table) is answered
 // OK, never an error Envoy would turn into its failure mode, and logged.
 #pragma once

@@ -9,6 +9,33 @@
 
 namespace sluice {
 
+inline Outcome GroupPath::decideEntry(const Rule& rule, const Item& item, int64_t now_ns,
+                                      const Asker& asker, Verdict* verdict) {
+  // A cost of 0 takes nothing: the limiter answers it as a peek, on the
+  // key's state or its share's.
+  if (item.cost > 0 && broker_ != nullptr && leasesHolding(rule)) {
+    return holding_.acquire(*rules_, rule, item, now_ns, asker, verdict);
+  }
+  if (item.cost > 0 && leasing(rule)) {
+    return lease_.acquire(*rules_, rule, item, now_ns, asker, verdict);
+  }
+  // Asked again after standing in its key's line, on a rule that no longer
+  // leases: it leaves the line.
+  waiting_.leaveLine(asker.wait.ticket);
+  if (item.cost > 0 && broker_ != nullptr && leasable(rule)) {
+    // Redis is unreachable: a key holding a rate spends it (its demand-weighted share).
+    if (std::optional<Outcome> rated = lease_.acquireOnRate(*rules_, rule, item, now_ns, verdict)) {
+      return *rated;
+    }
+  }
+  auto [routed, mode] = route(rule);
+  if (routed == nullptr) {
+    verdict->decide(policyDecision(rule, mode), mode);
+    return Outcome::kAnswered;
+  }
+  return local_.acquire(*rules_, rule, *routed, mode, item, now_ns, asker, verdict);
+}
+
 Outcome GroupPath::acquire(const RuleSet& rules, std::span<const Item> items, int64_t now_ns,
                            const Asker& asker, Answer* answer) {
   rules_ = &rules;
@@ -26,8 +53,20 @@ Outcome GroupPath::acquire(const RuleSet& rules, std::span<const Item> items, in
   }
   // Only a question of one entry may wait for its units (group_path.h).
   if (items.size() == 1 && (broker_ == nullptr || groups_.front().configured->part_count == 0)) {
-    return acquireAlone(items.front(), now_ns, asker, answer);
+    return acquireAlone(*groups_.front().configured, items.front(), now_ns, asker, answer);
   }
+  return acquireGroups(items, now_ns, asker, answer);
+}
+
+Outcome GroupPath::acquireParts(const Rule& configured, const Item& item, int64_t now_ns,
+                                const Asker& asker, Answer* answer) {
+  groups_.clear();
+  groups_.push_back({&configured, item.key});
+  return acquireGroups(std::span<const Item>(&item, 1), now_ns, asker, answer);
+}
+
+Outcome GroupPath::acquireGroups(std::span<const Item> items, int64_t now_ns, const Asker& asker,
+                                 Answer* answer) {
   entries_.clear();
   in_group_ = asker;
   in_group_.may_wait_for_units = false;
@@ -63,7 +102,7 @@ Outcome GroupPath::acquire(const RuleSet& rules, std::span<const Item> items, in
       for (Entry& entry : entries) giveBack(entry, now_ns);
     }
     if (allowed) {
-      for (const Entry& entry : entries) keep(group, entry);
+      for (const Entry& entry : entries) keep(group.key, entry);
     }
     Mode mode = Mode::kLocal;
     Decision decision = groupDecision(group, &mode);
@@ -73,17 +112,16 @@ Outcome GroupPath::acquire(const RuleSet& rules, std::span<const Item> items, in
   return Outcome::kAnswered;
 }
 
-Outcome GroupPath::acquireAlone(const Item& item, int64_t now_ns, const Asker& asker,
-                                Answer* answer) {
-  const Group& group = groups_.front();
+Outcome GroupPath::acquireAlone(const Rule& configured, const Item& item, int64_t now_ns,
+                                const Asker& asker, Answer* answer) {
   // The lone entry is kept between questions: only what a path may leave
   // unset is reset (a path always decides or fails what it answers).
   Entry& entry = alone_;
-  entry.rule = group.configured;
+  entry.rule = &configured;
   entry.verdict.taken = Taken{};
   entry.verdict.failed = false;
   entry.verdict.waited_ms = -1;
-  Outcome outcome = decideEntry(*group.configured, item, now_ns, asker, &entry.verdict);
+  Outcome outcome = decideEntry(configured, item, now_ns, asker, &entry.verdict);
   switch (outcome) {
     case Outcome::kWaitsForLease:
     case Outcome::kWaitsUntilDue:
@@ -102,7 +140,7 @@ Outcome GroupPath::acquireAlone(const Item& item, int64_t now_ns, const Asker& a
       return Outcome::kAnswered;
   }
   if (entry.verdict.decision.allowed) {
-    keep(group, entry);
+    keep(item.key, entry);
   } else {
     giveBack(entry, now_ns);
   }
@@ -137,32 +175,6 @@ Outcome GroupPath::decideItem(const Group& group, const Item& item, int64_t now_
   return Outcome::kAnswered;
 }
 
-Outcome GroupPath::decideEntry(const Rule& rule, const Item& item, int64_t now_ns,
-                               const Asker& asker, Verdict* verdict) {
-  // A cost of 0 takes nothing: the limiter answers it as a peek, on the
-  // key's state or its share's.
-  if (item.cost > 0 && broker_ != nullptr && leasesHolding(rule)) {
-    return holding_.acquire(*rules_, rule, item, now_ns, asker, verdict);
-  }
-  if (item.cost > 0 && leasing(rule)) {
-    return lease_.acquire(*rules_, rule, item, now_ns, asker, verdict);
-  }
-  // Asked again after standing in its key's line, on a rule that no longer
-  // leases: it leaves the line.
-  waiting_.leaveLine(asker.wait.ticket);
-  if (item.cost > 0 && broker_ != nullptr && leasable(rule)) {
-    // Redis is unreachable: a key holding a rate spends it (its demand-weighted share).
-    if (std::optional<Outcome> rated = lease_.acquireOnRate(*rules_, rule, item, now_ns, verdict)) {
-      return *rated;
-    }
-  }
-  auto [routed, mode] = route(rule);
-  if (routed == nullptr) {
-    verdict->decide(policyDecision(rule, mode), mode);
-    return Outcome::kAnswered;
-  }
-  return local_.acquire(*rules_, rule, *routed, mode, item, now_ns, asker, verdict);
-}
 
 void GroupPath::giveBack(Entry& entry, int64_t now_ns) {
   Taken& taken = entry.verdict.taken;
@@ -176,11 +188,11 @@ void GroupPath::giveBackAll(int64_t now_ns) {
   for (Entry& entry : entries_) giveBack(entry, now_ns);
 }
 
-void GroupPath::keep(const Group& group, const Entry& entry) {
+void GroupPath::keep(std::string_view key, const Entry& entry) {
   const Taken& taken = entry.verdict.taken;
   if (!taken.slice.empty()) metrics_.lease_units_spent.add(static_cast<uint64_t>(taken.cost));
   if (taken.share != nullptr) {
-    policy_.noteFallbackSpend(*rules_, *taken.share, group.key, taken.share_words, taken.cost);
+    policy_.noteFallbackSpend(*rules_, *taken.share, key, taken.share_words, taken.cost);
   }
 }
 

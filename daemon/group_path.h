@@ -75,6 +75,18 @@ class GroupPath {
   // clear. Counts no decisions.
   Outcome acquire(const RuleSet& rules, std::span<const Item> items, int64_t now_ns,
                   const Asker& asker, Answer* answer);
+  // acquire() of the one item `item`, whose rule the caller has found
+  // (`configured`, one of `rules`): the same decision, without a group to
+  // build for a rule of one limit.
+  Outcome acquireOne(const RuleSet& rules, const Rule& configured, const Item& item,
+                     int64_t now_ns, const Asker& asker, Answer* answer) {
+    rules_ = &rules;
+    // Only a question of one entry may wait for its units (above).
+    if (broker_ == nullptr || configured.part_count == 0) {
+      return acquireAlone(configured, item, now_ns, asker, answer);
+    }
+    return acquireParts(configured, item, now_ns, asker, answer);
+  }
   // The rule the i-th item of the last acquire() named.
   const Rule& configured(size_t i) const { return *groups_[i].configured; }
   // What an acquire of item.cost on a rule of parts would answer, spending
@@ -98,19 +110,26 @@ class GroupPath {
 
   // A question of one entry (one item on a rule of one limit): its group
   // is its entry, which may wait for its units.
-  Outcome acquireAlone(const Item& item, int64_t now_ns, const Asker& asker, Answer* answer);
+  Outcome acquireAlone(const Rule& configured, const Item& item, int64_t now_ns,
+                       const Asker& asker, Answer* answer);
+  // acquireOne() of a rule of parts: a group of one item.
+  Outcome acquireParts(const Rule& configured, const Item& item, int64_t now_ns,
+                       const Asker& asker, Answer* answer);
+  // Decides the groups_ of `items` (found, one per item), all or nothing.
+  Outcome acquireGroups(std::span<const Item> items, int64_t now_ns, const Asker& asker,
+                        Answer* answer);
   // Decides the entries of one item (its group's), adding them to entries_.
   Outcome decideItem(const Group& group, const Item& item, int64_t now_ns, const Asker& asker);
   // Decides one entry on `rule` by the path its units come from, into
   // `verdict` (with nothing taken yet).
-  Outcome decideEntry(const Rule& rule, const Item& item, int64_t now_ns, const Asker& asker,
-                      Verdict* verdict);
+  inline Outcome decideEntry(const Rule& rule, const Item& item, int64_t now_ns,
+                             const Asker& asker, Verdict* verdict);
   // Gives back what an entry took, and forgets it.
   void giveBack(Entry& entry, int64_t now_ns);
   void giveBackAll(int64_t now_ns);
   // Keeps what an entry took: slice units count as spent, a fallback spend
   // is noted for its debit.
-  void keep(const Group& group, const Entry& entry);
+  void keep(std::string_view key, const Entry& entry);
   // The decision and mode reported for a request item.
   Decision groupDecision(const Group& group, Mode* mode) const;
   // Whether a global rule decides on leases right now.

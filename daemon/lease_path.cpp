@@ -11,11 +11,6 @@
 
 namespace sluice {
 
-int64_t maxWaitNs(const Rule& rule, const rpc::Item& item) {
-  if (!canWait(rule)) return 0;
-  return item.max_wait_ms >= 0 ? item.max_wait_ms * 1'000'000 : rule.max_wait_ns;
-}
-
 namespace {
 
 int64_t ceilMs(int64_t ns) { return ns <= 0 ? 0 : (ns + 999'999) / 1'000'000; }

@@ -46,7 +46,10 @@ namespace sluice {
 
 // How long a request on `rule` may wait for its units: its max_wait_ms,
 // else the rule's max_wait; 0 when it cannot wait.
-int64_t maxWaitNs(const Rule& rule, const rpc::Item& item);
+inline int64_t maxWaitNs(const Rule& rule, const rpc::Item& item) {
+  if (!canWait(rule)) return 0;
+  return item.max_wait_ms >= 0 ? item.max_wait_ms * 1'000'000 : rule.max_wait_ns;
+}
 
 // A decision made on a slice (normal mode), before shadow. `words` are the
 // slice's: an allowed decision's remaining is the fleet's as far as this

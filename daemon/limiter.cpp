@@ -212,7 +212,7 @@ bool MostRestrictive::add(const Decision& d) {
   return keep;
 }
 
-size_t stateWords(const Rule& rule) {
+size_t wordPerUnitStateWords(const Rule& rule) {
   size_t words = 0;
   for (const Limit& limit : rule.limits) words += limitWords(rule.algorithm, limit);
   return words;

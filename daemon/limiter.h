@@ -27,8 +27,13 @@
 
 namespace sluice {
 
-// Number of 64-bit state words one key of `rule` needs.
-size_t stateWords(const Rule& rule);
+// Number of 64-bit state words one key of `rule` needs: one per limit, but
+// for the algorithms that keep a word per unit. Inline: every decision asks.
+size_t wordPerUnitStateWords(const Rule& rule);
+inline size_t stateWords(const Rule& rule) {
+  if (algorithmTraits(rule.algorithm).state == StateShape::kOneWord) return rule.limits.size();
+  return wordPerUnitStateWords(rule);
+}
 
 // Spends `cost` units (cost >= 1) when every limit allows it. A cost of 0 or
 // less spends nothing and answers like peek(rule, state, now_ns, 0).

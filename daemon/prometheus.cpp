@@ -5,6 +5,7 @@
 #include <microhttpd.h>
 #include <netinet/in.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -41,6 +42,66 @@ std::string escape(std::string_view value) {
   }
   return out;
 }
+
+// A counter of one unlabelled sample: a field of Source.
+template <typename Source>
+struct CounterRow {
+  std::string_view name;
+  std::string_view help;
+  uint64_t Source::*field;
+};
+
+// One sample of a family: its labels and the field of Source it reads.
+template <typename Source>
+struct SampleRow {
+  std::string_view labels;
+  uint64_t Source::*field;
+};
+
+constexpr std::array<SampleRow<MetricsSnapshot>, 3> kReservationsClosed = {{
+    {"how=\"settled\"", &MetricsSnapshot::reservations_settled},
+    {"how=\"cancelled\"", &MetricsSnapshot::reservations_cancelled},
+    {"how=\"expired\"", &MetricsSnapshot::reservations_expired},
+}};
+
+constexpr std::array<CounterRow<MetricsSnapshot>, 4> kReservationUnits = {{
+    {"sluice_reservation_refunded_units_total",
+     "Units given back by settles below the estimate and by cancels.",
+     &MetricsSnapshot::reservation_refunded_units},
+    {"sluice_reservation_debt_units_total",
+     "Units charged past the estimate by settles, even past the limit (debt).",
+     &MetricsSnapshot::reservation_debt_units},
+    {"sluice_reservation_unpaid_units_total",
+     "Units of settles' excess left unpaid: past the key's debt bound (max_debt).",
+     &MetricsSnapshot::reservation_unpaid_units},
+    {"sluice_reservations_unpaid_total",
+     "Settles that left units unpaid at the key's debt bound (max_debt).",
+     &MetricsSnapshot::reservations_unpaid},
+}};
+
+constexpr std::array<SampleRow<LeaseStats>, 3> kLeaseAnswers = {{
+    {"outcome=\"granted\"", &LeaseStats::granted},
+    {"outcome=\"empty\"", &LeaseStats::empty},
+    {"outcome=\"failed\"", &LeaseStats::failed},
+}};
+
+constexpr std::array<SampleRow<LeaseStats>, 4> kLeaseUnits = {{
+    {"direction=\"granted\"", &LeaseStats::granted_units},
+    {"direction=\"returned\"", &LeaseStats::returned_units},
+    {"direction=\"debited\"", &LeaseStats::debited_units},
+    {"direction=\"lost\"", &LeaseStats::lost_units},
+}};
+
+constexpr std::array<CounterRow<MetricsSnapshot>, 3> kLeaseWaits = {{
+    {"sluice_lease_deferred_total", "Requests that waited for a lease.",
+     &MetricsSnapshot::lease_deferred},
+    {"sluice_lease_deferred_expired_total",
+     "Requests whose lease wait ran out; their policy answered.",
+     &MetricsSnapshot::lease_deferred_expired},
+    {"sluice_lease_negative_cache_hits_total",
+     "Denials answered locally while Redis said the key is empty.",
+     &MetricsSnapshot::lease_negative_hits},
+}};
 
 class Writer {
  public:
@@ -96,6 +157,19 @@ class Writer {
     sample(std::string(name) + "_sum", "", static_cast<double>(h.sum_us) / 1e6);
     sample(std::string(name) + "_count", "", cumulative);
   }
+  // Counters of one unlabelled sample each, in the rows' order.
+  template <typename Source, size_t N>
+  void counters(const std::array<CounterRow<Source>, N>& rows, const Source& source) {
+    for (const CounterRow<Source>& row : rows) {
+      single(row.name, "counter", row.help, static_cast<double>(source.*row.field));
+    }
+  }
+  // The samples of one family, one a row.
+  template <typename Source, size_t N>
+  void samples(std::string_view name, const std::array<SampleRow<Source>, N>& rows,
+               const Source& source) {
+    for (const SampleRow<Source>& row : rows) sample(name, row.labels, source.*row.field);
+  }
   std::string take() { return std::move(out_); }
 
  private:
@@ -149,21 +223,8 @@ std::string renderPrometheus(const MetricsView& view) {
            static_cast<double>(t.reservationsOpen()));
   w.family("sluice_reservations_closed_total", "counter",
            "Reservations closed, by how: settled, cancelled, or expired at their estimate.");
-  w.sample("sluice_reservations_closed_total", "how=\"settled\"", t.reservations_settled);
-  w.sample("sluice_reservations_closed_total", "how=\"cancelled\"", t.reservations_cancelled);
-  w.sample("sluice_reservations_closed_total", "how=\"expired\"", t.reservations_expired);
-  w.single("sluice_reservation_refunded_units_total", "counter",
-           "Units given back by settles below the estimate and by cancels.",
-           static_cast<double>(t.reservation_refunded_units));
-  w.single("sluice_reservation_debt_units_total", "counter",
-           "Units charged past the estimate by settles, even past the limit (debt).",
-           static_cast<double>(t.reservation_debt_units));
-  w.single("sluice_reservation_unpaid_units_total", "counter",
-           "Units of settles' excess left unpaid: past the key's debt bound (max_debt).",
-           static_cast<double>(t.reservation_unpaid_units));
-  w.single("sluice_reservations_unpaid_total", "counter",
-           "Settles that left units unpaid at the key's debt bound (max_debt).",
-           static_cast<double>(t.reservations_unpaid));
+  w.samples("sluice_reservations_closed_total", kReservationsClosed, t);
+  w.counters(kReservationUnits, t);
   w.single("sluice_shadow_denials_total", "counter",
            "Decisions of shadow rules that would have denied.", static_cast<double>(t.shadow_denied));
   w.single("sluice_envoy_overrides_refused_total", "counter",
@@ -257,15 +318,10 @@ std::string renderPrometheus(const MetricsView& view) {
     w.single("sluice_lease_requests_total", "counter", "Leases sent to Redis.",
              static_cast<double>(l.requested));
     w.family("sluice_leases_total", "counter", "Lease answers, by outcome.");
-    w.sample("sluice_leases_total", "outcome=\"granted\"", l.granted);
-    w.sample("sluice_leases_total", "outcome=\"empty\"", l.empty);
-    w.sample("sluice_leases_total", "outcome=\"failed\"", l.failed);
+    w.samples("sluice_leases_total", kLeaseAnswers, l);
     w.family("sluice_lease_units_total", "counter",
              "Units moved between Redis and this node's slices, by direction.");
-    w.sample("sluice_lease_units_total", "direction=\"granted\"", l.granted_units);
-    w.sample("sluice_lease_units_total", "direction=\"returned\"", l.returned_units);
-    w.sample("sluice_lease_units_total", "direction=\"debited\"", l.debited_units);
-    w.sample("sluice_lease_units_total", "direction=\"lost\"", l.lost_units);
+    w.samples("sluice_lease_units_total", kLeaseUnits, l);
     w.single("sluice_lease_renewals_total", "counter",
              "Renewals of this node's concurrency holdings in Redis.",
              static_cast<double>(l.renewed));
@@ -280,14 +336,7 @@ std::string renderPrometheus(const MetricsView& view) {
     }
     w.histogram("sluice_lease_duration_seconds", "Round trip of a lease script to Redis.",
                 view.lease_latency);
-    w.single("sluice_lease_deferred_total", "counter", "Requests that waited for a lease.",
-             static_cast<double>(t.lease_deferred));
-    w.single("sluice_lease_deferred_expired_total", "counter",
-             "Requests whose lease wait ran out; their policy answered.",
-             static_cast<double>(t.lease_deferred_expired));
-    w.single("sluice_lease_negative_cache_hits_total", "counter",
-             "Denials answered locally while Redis said the key is empty.",
-             static_cast<double>(t.lease_negative_hits));
+    w.counters(kLeaseWaits, t);
   }
   return w.take();
 }

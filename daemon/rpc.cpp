@@ -11,6 +11,8 @@
 
 #include "rules.h"
 
+#include <algorithm>
+#include <array>
 #include <cassert>
 
 namespace sluice::rpc {
@@ -124,6 +126,13 @@ class Parser {
   bool parseAcquireAll(uint32_t n);
   bool parsePositional(uint32_t n, CostRule cost, std::string_view message, Item* item);
   bool parseMap(uint32_t depth, CostRule cost, Item* item);
+  // What a map entry's reader made of its name (parseFields).
+  enum class Field { kRead, kFailed, kUnknown, kIgnored };
+  template <typename ReadField>
+  bool parseFields(uint32_t depth, std::string_view message, ReadField read_field);
+  template <size_t N, typename ReadField>
+  bool parseRecord(uint32_t n, const std::array<std::string_view, N>& names, size_t required,
+                   std::string_view message, ReadField read_field);
   bool parseKey(std::string_view* key);
   bool parseCost(int64_t* cost);
   bool parseMaxWait(int64_t* max_wait_ms);
@@ -242,39 +251,95 @@ bool Parser::parsePositional(uint32_t n, CostRule cost, std::string_view message
 
 // {"rule": ..., "key": ..., "cost": ...} held at `depth`.
 bool Parser::parseMap(uint32_t depth, CostRule cost, Item* item) {
-  uint32_t n = 0;
-  if (!reader_.readMapHeader(&n)) return readerBad(kBadItem);
-  if (!enter(depth) || !count(n)) return false;
   bool has_rule = false;
   bool has_key = false;
   item->cost = cost.absent;
   item->max_wait_ms = -1;
+  auto read = [&](std::string_view name) {
+    bool read_it = true;
+    if (name == "rule") {
+      read_it = reader_.readStr(&item->rule) || readerBad(kBadRule);
+      has_rule = true;
+    } else if (name == "key") {
+      read_it = parseKey(&item->key);
+      has_key = true;
+    } else if (name == "cost") {
+      // A method without a cost passes over one: it is no unknown field.
+      if (!cost.accepted) return Field::kIgnored;
+      read_it = parseCost(&item->cost);
+    } else if (name == "max_wait_ms" && cost.waits) {
+      read_it = parseMaxWait(&item->max_wait_ms);
+    } else {
+      return Field::kUnknown;
+    }
+    return read_it ? Field::kRead : Field::kFailed;
+  };
+  if (!parseFields(depth, kBadItem, read)) return false;
+  return (has_rule && has_key) || bad(kMapNeedsRuleKey);
+}
+
+// The entries of a map held at `depth`, its header next: read_field(name)
+// reads each value, or says to pass over it (kUnknown counts it as an
+// unknown field, kIgnored does not). An entry whose name is not a string
+// is an unknown field with an empty name. A header or name that cannot be
+// read is `message`.
+template <typename ReadField>
+bool Parser::parseFields(uint32_t depth, std::string_view message, ReadField read_field) {
+  uint32_t n = 0;
+  if (!reader_.readMapHeader(&n)) return readerBad(message);
+  if (!enter(depth) || !count(n)) return false;
   for (uint32_t i = 0; i < n; ++i) {
     std::string_view name;
     const Type type = reader_.peekType();
     if (type == Type::kStr || type == Type::kBin) {
-      if (!reader_.readStrOrBin(&name)) return readerBad(kBadItem);
+      if (!reader_.readStrOrBin(&name)) return readerBad(message);
     } else if (!skipIn(depth)) {
       return false;
     }
-    if (name == "rule") {
-      if (!reader_.readStr(&item->rule)) return readerBad(kBadRule);
-      has_rule = true;
-    } else if (name == "key") {
-      if (!parseKey(&item->key)) return false;
-      has_key = true;
-    } else if (name == "cost" && cost.accepted) {
-      if (!parseCost(&item->cost)) return false;
-    } else if (name == "max_wait_ms" && cost.waits) {
-      if (!parseMaxWait(&item->max_wait_ms)) return false;
-    } else {
-      if (!(name == "cost" && !cost.accepted) && request_->unknown_fields++ == 0) {
-        request_->first_unknown_field = name;
-      }
-      if (!skipIn(depth)) return false;
+    switch (read_field(name)) {
+      case Field::kRead:
+        break;
+      case Field::kFailed:
+        return false;
+      case Field::kUnknown:
+        if (request_->unknown_fields++ == 0) request_->first_unknown_field = name;
+        if (!skipIn(depth)) return false;
+        break;
+      case Field::kIgnored:
+        if (!skipIn(depth)) return false;
+        break;
     }
   }
-  return (has_rule && has_key) || bad(kMapNeedsRuleKey);
+  return true;
+}
+
+// A record of the fields `names`, the first `required` of them required:
+// positional, [f0, f1, ...] with at least `required` and at most N fields
+// (n of them), or one map [{"name": value, ...}] (at depth 3, past the
+// frame and params arrays). read_field(i) reads field i. A record of the
+// wrong shape, or a map without a required field, is `message`.
+template <size_t N, typename ReadField>
+bool Parser::parseRecord(uint32_t n, const std::array<std::string_view, N>& names, size_t required,
+                         std::string_view message, ReadField read_field) {
+  if (n == 1 && reader_.peekType() == Type::kMap) {
+    std::array<bool, N> has{};
+    auto read = [&](std::string_view name) {
+      const auto found = std::find(names.begin(), names.end(), name);
+      if (found == names.end()) return Field::kUnknown;
+      const auto i = static_cast<size_t>(found - names.begin());
+      has[i] = true;
+      return read_field(i) ? Field::kRead : Field::kFailed;
+    };
+    if (!parseFields(3, message, read)) return false;
+    return std::all_of(has.begin(), has.begin() + static_cast<std::ptrdiff_t>(required),
+                       [](bool h) { return h; }) ||
+           bad(message);
+  }
+  if (n < required || n > N) return bad(message);
+  for (size_t i = 0; i < n; ++i) {
+    if (!read_field(i)) return false;
+  }
+  return true;
 }
 
 bool Parser::parseKey(std::string_view* key) {
@@ -297,82 +362,34 @@ bool Parser::parseMaxWait(int64_t* max_wait_ms) {
 bool Parser::parseReserve(uint32_t n) {
   Item& item = request_->items.emplace_back();
   item.max_wait_ms = 0;  // a reserve answers at once
-  if (n == 1 && reader_.peekType() == Type::kMap) {
-    uint32_t entries = 0;
-    if (!reader_.readMapHeader(&entries)) return readerBad(kBadReserve);
-    if (!enter(3) || !count(entries)) return false;
-    bool has_rule = false;
-    bool has_key = false;
-    bool has_estimate = false;
-    for (uint32_t i = 0; i < entries; ++i) {
-      std::string_view name;
-      const Type type = reader_.peekType();
-      if (type == Type::kStr || type == Type::kBin) {
-        if (!reader_.readStrOrBin(&name)) return readerBad(kBadReserve);
-      } else if (!skipIn(3)) {
-        return false;
-      }
-      if (name == "rule") {
-        if (!reader_.readStr(&item.rule)) return readerBad(kBadRule);
-        has_rule = true;
-      } else if (name == "key") {
-        if (!parseKey(&item.key)) return false;
-        has_key = true;
-      } else if (name == "estimate") {
-        if (!parseBounded(&item.cost, 1, kMaxCost, kBadEstimate)) return false;
-        has_estimate = true;
-      } else if (name == "ttl_ms") {
-        if (!parseBounded(&item.ttl_ms, 1, kMaxReservationTtlMs, kBadTtl)) return false;
-      } else {
-        if (request_->unknown_fields++ == 0) request_->first_unknown_field = name;
-        if (!skipIn(3)) return false;
-      }
+  static constexpr std::array<std::string_view, 4> kFields = {"rule", "key", "estimate", "ttl_ms"};
+  return parseRecord(n, kFields, 3, kBadReserve, [&](size_t field) {
+    switch (field) {
+      case 0:
+        return reader_.readStr(&item.rule) || readerBad(kBadRule);
+      case 1:
+        return parseKey(&item.key);
+      case 2:
+        return parseBounded(&item.cost, 1, kMaxCost, kBadEstimate);
+      default:
+        return parseBounded(&item.ttl_ms, 1, kMaxReservationTtlMs, kBadTtl);
     }
-    return (has_rule && has_key && has_estimate) || bad(kBadReserve);
-  }
-  if (n != 3 && n != 4) return bad(kBadReserve);
-  if (!reader_.readStr(&item.rule)) return readerBad(kBadRule);
-  if (!parseKey(&item.key)) return false;
-  if (!parseBounded(&item.cost, 1, kMaxCost, kBadEstimate)) return false;
-  return n < 4 || parseBounded(&item.ttl_ms, 1, kMaxReservationTtlMs, kBadTtl);
+  });
 }
 
 // settle: [id, actual] or [{"id", "actual"}]; cancel: [id] or [{"id"}]. The
 // item has no rule or key; its cost is the actual cost (cancel: 0).
 bool Parser::parseSettle(uint32_t n, bool cancel) {
-  const std::string_view message = cancel ? kBadCancel : kBadSettle;
   Item& item = request_->items.emplace_back();
   item.cost = 0;
-  if (n == 1 && reader_.peekType() == Type::kMap) {
-    uint32_t entries = 0;
-    if (!reader_.readMapHeader(&entries)) return readerBad(message);
-    if (!enter(3) || !count(entries)) return false;
-    bool has_id = false;
-    bool has_actual = cancel;
-    for (uint32_t i = 0; i < entries; ++i) {
-      std::string_view name;
-      const Type type = reader_.peekType();
-      if (type == Type::kStr || type == Type::kBin) {
-        if (!reader_.readStrOrBin(&name)) return readerBad(message);
-      } else if (!skipIn(3)) {
-        return false;
-      }
-      if (name == "id") {
-        if (!parseId(&item.reservation)) return false;
-        has_id = true;
-      } else if (name == "actual" && !cancel) {
-        if (!parseBounded(&item.cost, 0, kMaxCost, kBadActual)) return false;
-        has_actual = true;
-      } else {
-        if (request_->unknown_fields++ == 0) request_->first_unknown_field = name;
-        if (!skipIn(3)) return false;
-      }
-    }
-    return (has_id && has_actual) || bad(message);
-  }
-  if (n != (cancel ? 1u : 2u)) return bad(message);
-  if (!parseId(&item.reservation)) return false;
-  return cancel || parseBounded(&item.cost, 0, kMaxCost, kBadActual);
+  static constexpr std::array<std::string_view, 2> kFields = {"id", "actual"};
+  auto read = [&](size_t field) {
+    return field == 0 ? parseId(&item.reservation)
+                      : parseBounded(&item.cost, 0, kMaxCost, kBadActual);
+  };
+  // A cancel's record is the id alone: an actual is an unknown field.
+  if (cancel) return parseRecord(n, std::array{kFields[0]}, 1, kBadCancel, read);
+  return parseRecord(n, kFields, 2, kBadSettle, read);
 }
 
 bool Parser::parseBounded(int64_t* value, int64_t low, int64_t high, std::string_view message) {

@@ -38,7 +38,7 @@ bool RpcFront::handle(const rpc::Request& request, const Peer& peer, int64_t now
   bool waits = false;
   if (decides(request.method)) {
     Question question{request.method, request.items};
-    Asker asker = dispatcher_.askerFor(recipient, request.msgid, now_ns);
+    Asker asker = dispatcher_.askerFor(question, recipient, request.msgid, now_ns);
     waits = dispatcher_.ask(question, now_ns, asker, &answer_) != Outcome::kAnswered;
     if (!waits) rpc::writeAnswer(target, request.msgid, answer_);
   } else if (request.method == Method::kUnknown) {

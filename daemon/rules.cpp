@@ -183,11 +183,6 @@ const Rule* RuleSet::find(std::string_view name) const {
   return it == by_name_.end() ? nullptr : it->second;
 }
 
-bool canWait(const Rule& rule) {
-  return algorithmTraits(rule.algorithm).waits &&
-         (rule.scope == Scope::kLocal || rule.limits.size() == 1);
-}
-
 const Rule* RuleSet::findById(uint32_t id) const {
   auto it = by_id_.find(id);
   return it == by_id_.end() ? nullptr : it->second;

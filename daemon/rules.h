@@ -233,7 +233,10 @@ constexpr int64_t kMaxWaitNs = 60'000'000'000;  // 60 s
 // waits (algorithm.h: a bucket, as a window cannot be reserved ahead), local,
 // or global with one limit (a rule that leases; the waiter asks Redis again
 // when its units are due).
-bool canWait(const Rule& rule);
+inline bool canWait(const Rule& rule) {
+  return algorithmTraits(rule.algorithm).waits &&
+         (rule.scope == Scope::kLocal || rule.limits.size() == 1);
+}
 
 // Whether `key` matches the glob `pattern`: * is any run of bytes, ? any one
 // byte, everything else itself (no classes, no escapes).

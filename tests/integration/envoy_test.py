@@ -269,6 +269,18 @@ class ReferenceYamlTest(EnvoyCase):
                                              request_serializer=lambda b: b,
                                              response_deserializer=lambda b: b)
         self.assertEqual(check(b"", timeout=5), b"\x08\x01")  # status: SERVING
+        name = b"envoy.service.ratelimit.v3.RateLimitService"
+        self.assertEqual(check(b"\x0a" + bytes([len(name)]) + name, timeout=5), b"\x08\x01")
+        with self.assertRaises(grpc.RpcError) as unknown:
+            check(b"\x0a\x05other", timeout=5)
+        self.assertEqual(unknown.exception.code(), grpc.StatusCode.NOT_FOUND)
+        other = self.rls.channel.unary_unary("/grpc.health.v1.Health/Other",
+                                             request_serializer=lambda b: b,
+                                             response_deserializer=lambda b: b)
+        with self.assertRaises(grpc.RpcError) as unimplemented:
+            other(b"", timeout=5)
+        self.assertEqual(unimplemented.exception.code(), grpc.StatusCode.UNIMPLEMENTED)
+        self.assertEqual(self.rls.codes([("database", "users")]), [OK])
 
     def test_malformed_requests_are_refused_and_the_daemon_keeps_answering(self):
         raw = self.rls.channel.unary_unary(METHOD, request_serializer=lambda b: b,

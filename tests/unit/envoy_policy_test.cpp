@@ -276,7 +276,7 @@ TEST_F(EnvoySection, ItsLimitsJoinTheRuleSetLocalWithoutRedis) {
 TEST_F(EnvoySection, ItsOptionsShapeTheRules) {
   ConfigResult result = load("listen = \"unix:/tmp/rls.sock\"\nconfig = \"" + path_ +
                                  "\"\nalgorithm = \"gcra\"\non_redis_down = \"open\"\n"
-                                 "all_or_nothing = true\n",
+                                 "all_or_nothing = true\nthreads = 2\n",
                              true);
   ASSERT_TRUE(result.ok()) << result.error;
   const Rule* rule = result.config->rules->find("mongo_cps/database=default");
@@ -285,6 +285,7 @@ TEST_F(EnvoySection, ItsOptionsShapeTheRules) {
   EXPECT_EQ(rule->algorithm, Algorithm::kGcra);
   EXPECT_EQ(rule->on_redis_down, RedisDownPolicy::kOpen);
   EXPECT_TRUE(result.config->envoy->all_or_nothing);
+  EXPECT_EQ(result.config->envoy->threads, 2);
 }
 
 TEST_F(EnvoySection, MistakesAreRefusedWithLineAndFix) {
@@ -300,6 +301,9 @@ TEST_F(EnvoySection, MistakesAreRefusedWithLineAndFix) {
   const std::string missing = load("listen = \"127.0.0.1:8081\"\nconfig = \"/nonexistent/*.yaml\"\n").error;
   EXPECT_EQ(missing.rfind("x.toml:3:10: [envoy] config: /nonexistent/*.yaml: no file matches;", 0), 0u)
       << missing;
+  EXPECT_EQ(load("listen = \"127.0.0.1:8081\"\nconfig = \"" + path_ + "\"\nthreads = 0\n").error,
+            "x.toml:4:11: [envoy] threads is 0; write 1 to 64 (1, the default, costs the least "
+            "per call)");
 }
 
 TEST_F(EnvoySection, ARuleNamedAsADescriptorOrAnOverrideRuleIsRefused) {
