@@ -246,15 +246,13 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, const Rule& rule,
   const Limit& limit = rule.limits.front();
   int64_t now_ns = now();
   std::optional<scripts::LeaseReply> reply;
-  int64_t rate = 0;     // a rate lease's grant, units per period
-  bool unmet = false;   // the rate op's reply: some node's demand is unmet
+  int64_t rate = 0;  // a rate lease's grant, units per period
   if (result.status == RedisStatus::kOk) {
     if (auto values = result.reply->integers()) {
       if (request.rate >= 0) {
         if (auto rated = rate_lease::parseReply(*values, limit.limit)) {
           reply = rated->lease;
           rate = rated->rate;
-          unmet = rated->unmet;
         }
       } else {
         reply = scripts::parseLeaseReply(*values);
@@ -295,22 +293,20 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, const Rule& rule,
     slice::noteRedisLeft(words, rule, reply->remaining, now_ns);
     if (request.rate >= 0) {
       // Held in Redis from when it ran, after sent_ns, for rateLeaseMs():
-      // here it ends no later. Renewed at the next lease interval while
-      // some node's demand is unmet, else after rate_lease::kMaxRenewNs
-      // (rate_lease::renewAtNs): a renewal is how a holder learns of new
-      // demand (its share shrinks).
+      // here it ends no later, and is renewed halfway, or after
+      // rate_lease::kMaxRenewNs when that is sooner: a renewal is how a
+      // holder learns of new demand (its share shrinks).
       const int64_t lease_ns = rateLeaseMs() * 1'000'000;
-      const int64_t interval_ns = context_.broker->leaseIntervalNs();
       slice::applyRate(words, rate > 0 ? rate_lease::nsPerUnit(limit, rate) : 0,
-                       rate_lease::capUnits(limit, rate, interval_ns), sent_ns + lease_ns,
-                       rate_lease::renewAtNs(sent_ns, lease_ns, unmet, interval_ns), now_ns);
-      slice::noteAsked(words, limit, rate > 0 ? request.rate : 0, interval_ns, now_ns);
+                       rate_lease::capUnits(limit, rate, context_.broker->leaseIntervalNs()),
+                       sent_ns + lease_ns, sent_ns + std::min(lease_ns / 2, rate_lease::kMaxRenewNs), now_ns);
       if (rate > 0 && reply->granted == 0) return;  // the rate refills the slice
       if (rate == 0 && reply->granted == 0) {
-        // Its demand is recorded, and the holders hear it is unmet and give
-        // up their share of it at their next lease interval: ask again
-        // within one, not at Redis's wait (the holders' ends).
-        const int64_t wait_ms = rate_lease::reaskAfterMs(reply->retry_after_ms, config_.lease_interval_ms);
+        // Its demand is recorded, and the holders give up their share of
+        // it at their next renewals: ask again within two lease intervals,
+        // not at Redis's wait (the holders' ends).
+        const int64_t wait_ms = std::min<int64_t>(std::max<int64_t>(reply->retry_after_ms, 1),
+                                                  2 * config_.lease_interval_ms);
         slice::applyEmpty(words, now_ns, wait_ms * 1'000'000);
         return;
       }

@@ -72,16 +72,6 @@ int64_t grant(std::span<const Held> live, std::string_view node, int64_t asked, 
   return std::max<int64_t>(std::min(fairShare(std::move(demands), limit, asked), limit - others), 0);
 }
 
-bool unmet(std::span<const Held> live, int64_t limit) {
-  std::vector<int64_t> demands;
-  demands.reserve(live.size());
-  for (const Held& h : live) demands.push_back(h.demand);
-  for (const Held& h : live) {
-    if (h.rate < fairShare(demands, limit, h.demand)) return true;
-  }
-  return false;
-}
-
 int64_t heldWaitUs(int64_t wait_us, int64_t held_rate, int64_t limit, int64_t first_end_us,
                    int64_t now_us) {
   if (held_rate >= limit) return first_end_us - now_us + wait_us;
@@ -105,21 +95,10 @@ std::vector<std::string> rateArgv(int64_t rate, int64_t tokens, const Limit& lim
 }
 
 std::optional<Reply> parseReply(std::span<const int64_t> values, int64_t limit) {
-  if (values.size() != 8 || values[6] < 0 || values[6] > limit || values[7] < 0 || values[7] > 1) {
-    return std::nullopt;
-  }
+  if (values.size() != 7 || values[6] < 0 || values[6] > limit) return std::nullopt;
   std::optional<scripts::LeaseReply> lease = scripts::parseLeaseReply(values.first(6));
   if (!lease) return std::nullopt;
-  return Reply{*lease, values[6], values[7] == 1};
-}
-
-int64_t renewAtNs(int64_t sent_ns, int64_t lease_ns, bool unmet, int64_t lease_interval_ns) {
-  const int64_t after_ns = unmet ? std::max<int64_t>(lease_interval_ns, 1) : kMaxRenewNs;
-  return sent_ns + std::min(after_ns, lease_ns / 2);
-}
-
-int64_t reaskAfterMs(int64_t retry_ms, int64_t lease_interval_ms) {
-  return std::min(std::max<int64_t>(retry_ms, 1), std::max<int64_t>(lease_interval_ms, 1));
+  return Reply{*lease, values[6]};
 }
 
 bool eligible(const Rule& rule) {

@@ -35,16 +35,11 @@ namespace sluice::rate_lease {
 // longest a crashed node's rate stays held.
 constexpr int64_t kMaxLeaseMs = 60'000;
 
-// A held rate whose last reply said every recorded demand is met is renewed
-// at most this long after that renewal was sent (halfway through the lease
-// when that is sooner). One whose reply said some demand is unmet (Reply::
-// unmet) is renewed one lease interval after it was sent (renewAtNs): the
-// renewal is how a holder gives up what it holds beyond its share, so a
-// node that asked while the others held everything gets its share within
-// about two lease intervals, and a node alone on a key pays one call per
-// this long (slice::demandMoved renews sooner when the key's own demand
-// moves).
-constexpr int64_t kMaxRenewNs = 2'500'000'000;
+// A held rate is renewed at most this long after its last renewal was sent
+// (halfway through the lease when that is sooner): the renewal is how a
+// holder learns of other nodes' new demand, so a node that asked while the
+// others held everything gets its share within about this long.
+constexpr int64_t kMaxRenewNs = 500'000'000;
 
 // One entry of the rates hash.
 struct Held {
@@ -71,11 +66,6 @@ int64_t fairShare(std::vector<int64_t> demands, int64_t capacity, int64_t mine);
 // entries `live` (its own old entry, if any, is replaced).
 int64_t grant(std::span<const Held> live, std::string_view node, int64_t asked, int64_t limit);
 
-// Whether some entry of `live` (after the op) holds less than its max-min
-// share (fairShare) of `limit` among every entry's demand: the script's
-// `unmet`. An entry that asked and got 0 while its share is above 0 is unmet.
-bool unmet(std::span<const Held> live, int64_t limit);
-
 // The wait (µs) for units that a full-rate refill would bring in wait_us,
 // while `held_rate` of `limit` is held: wait_us * limit / (limit -
 // held_rate) (rounded up, in doubles as the script has it), or with all of
@@ -88,29 +78,13 @@ int64_t heldWaitUs(int64_t wait_us, int64_t held_rate, int64_t limit, int64_t fi
 std::vector<std::string> rateArgv(int64_t rate, int64_t tokens, const Limit& limit, int64_t deadline_us,
                                   std::string_view node, int64_t lease_ms, int64_t now_us = 0);
 
-// The rate op's reply: the lease reply's six integers, then the rate, then
-// unmet (0 or 1).
+// The rate op's reply: the lease reply's six integers, then the rate.
 struct Reply {
   scripts::LeaseReply lease;
-  int64_t rate = 0;    // units per period granted until the lease's end
-  bool unmet = false;  // some node's recorded demand is below its share (unmet())
+  int64_t rate = 0;  // units per period granted until the lease's end
 };
-// nullopt unless 8 integers in the scripts' ranges, 0 <= rate <= limit and
-// unmet 0 or 1.
+// nullopt unless 7 integers in the scripts' ranges and 0 <= rate <= limit.
 std::optional<Reply> parseReply(std::span<const int64_t> values, int64_t limit);
-
-// When a key whose rate op was sent at sent_ns, granting a lease of
-// lease_ns, asks for its renewal: one lease interval after sent_ns when
-// the reply said some demand is unmet (so holders shrink to their shares
-// and a node granted less asks again within two lease intervals), else
-// kMaxRenewNs after it; never later than halfway through the lease.
-int64_t renewAtNs(int64_t sent_ns, int64_t lease_ns, bool unmet, int64_t lease_interval_ns);
-
-// How long a key granted no rate and no tokens waits before it asks again:
-// Redis's wait (retry_ms, at least 1 ms), but at most one lease interval:
-// its demand is recorded, and the holders that hear so give up their
-// share of it by then.
-int64_t reaskAfterMs(int64_t retry_ms, int64_t lease_interval_ms);
 
 // --- The daemon's rule ---------------------------------------------------------
 

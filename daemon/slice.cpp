@@ -190,9 +190,7 @@ TakeResult take(Words words, int64_t now_ns, int64_t cost, bool again,
       result.left = static_cast<int64_t>(units) - cost;
       if (rated) {
         // The rate refills the slice: Redis is asked only for its renewal.
-        if (now_ns >= load(words, kRateRenewAt) || demandMoved(words, now_ns)) {
-          result.must_request = claim(words);
-        }
+        if (now_ns >= load(words, kRateRenewAt)) result.must_request = claim(words);
         return result;
       }
       // Refill below a quarter of the last batch, so the next lease lands
@@ -210,9 +208,7 @@ TakeResult take(Words words, int64_t now_ns, int64_t cost, bool again,
     // no cost to Redis.
     result.outcome = Outcome::kDenied;
     result.until_ns = std::max(rateDueNs(words, cost, static_cast<int64_t>(units)), now_ns + 1);
-    if (now_ns >= load(words, kRateRenewAt) || demandMoved(words, now_ns)) {
-      result.must_request = claim(words);
-    }
+    if (now_ns >= load(words, kRateRenewAt)) result.must_request = claim(words);
     return result;
   }
   if (negativelyCached(words, now_ns, &result)) {
@@ -459,49 +455,6 @@ void applyRate(Words words, int64_t ns_per_unit, int64_t cap, int64_t until_ns, 
   store(words, kRateRenewAt, renew_at_ns);
   store(words, kRateUntil, until_ns);
   store(words, kDenyUntil, 0);
-}
-
-void noteAsked(Words words, const Limit& limit, int64_t asked, int64_t span_ns, int64_t now_ns) {
-  if (asked <= 0 || span_ns <= 0) {
-    store(words, kRateMovedSpan, 0);
-    return;
-  }
-  const int64_t per_unit = std::max<int64_t>(limit.period_ns / asked, 1);
-  store(words, kRateMoreNsPerUnit, asked >= limit.limit ? 0 : std::max<int64_t>(per_unit / 2, 1));
-  store(words, kRateLessNsPerUnit, 2 * per_unit);
-  store(words, kRateMovedDemand, load(words, kDemand));
-  store(words, kRateMovedSince, now_ns);
-  store(words, kRateMovedSpan, span_ns);
-}
-
-bool demandMoved(Words words, int64_t now_ns) {
-  const int64_t span = load(words, kRateMovedSpan);
-  uint64_t since = words[kRateMovedSince].load(std::memory_order_acquire);
-  if (span <= 0 || now_ns < static_cast<int64_t>(since) + span) return false;
-  // kDemand restarts from 0 at each measurement nextBatch ends: a window
-  // across that counts what came since.
-  const int64_t total = load(words, kDemand);
-  const int64_t from = load(words, kRateMovedDemand);
-  const double demand = static_cast<double>(total >= from ? total - from : total);
-  const double elapsed = static_cast<double>(now_ns - static_cast<int64_t>(since));
-  const int64_t more = load(words, kRateMoreNsPerUnit);
-  if ((more > 0 && demand * static_cast<double>(more) > elapsed) ||
-      demand * static_cast<double>(load(words, kRateLessNsPerUnit)) < elapsed) {
-    // The window's demand is the key's rate (kRate), and a new measurement
-    // starts: the renewal asks for what the key wants now, not an average
-    // with the spell before the move.
-    store(words, kRate, static_cast<int64_t>(demand * static_cast<double>(span) / elapsed + 0.5));
-    words[kDemand].store(0, std::memory_order_relaxed);
-    store(words, kDemandSince, now_ns);
-    store(words, kRateMovedDemand, 0);
-    return true;
-  }
-  // As asked: the next window starts (one taker moves it).
-  if (words[kRateMovedSince].compare_exchange_strong(since, static_cast<uint64_t>(now_ns),
-                                                     std::memory_order_acq_rel)) {
-    store(words, kRateMovedDemand, total);
-  }
-  return false;
 }
 
 int64_t leaseNowMs(ConstWords words) { return load(words, kLeaseNowMs); }

@@ -85,11 +85,6 @@ enum Word : size_t {
   kRateUntil,      // ns: the rate lease ends (0: none held)
   kRateRenewAt,    // ns: when a take asks for the rate's renewal
   kRateRefilledAt, // ns: the rate has refilled the slice up to this time
-  kRateMovedSince, // ns: the start of the window demandMoved measures
-  kRateMovedSpan,  // ns: its length, one lease interval (0: no rate asked)
-  kRateMovedDemand,    // kDemand at kRateMovedSince
-  kRateMoreNsPerUnit,  // demand above one unit per this many ns: twice what it asked (0: none)
-  kRateLessNsPerUnit,  // demand below one unit per this many ns: half what it asked
   kWords
 };
 constexpr uint64_t kInFlight = 1;
@@ -249,23 +244,6 @@ int64_t rateCapUnits(ConstWords words, int64_t now_ns);
 // keeps refilling from where it was; a new one refills from now_ns.
 void applyRate(Words words, int64_t ns_per_unit, int64_t cap, int64_t until_ns, int64_t renew_at_ns,
                int64_t now_ns);
-
-// The control thread: the rate op just answered at now_ns asked for
-// `asked` units per period of `limit`. The key's demand is measured over
-// windows of span_ns (one lease interval) from now_ns: a take at the end of
-// a window in which the demand was above twice that (unless it asked the
-// whole limit, which it cannot pass) or below half of it asks for the
-// rate's renewal before kRateRenewAt (demandMoved): the recorded demand is
-// stale, and the max-min shares follow the new one within two lease
-// intervals. asked 0: never.
-void noteAsked(Words words, const Limit& limit, int64_t asked, int64_t span_ns, int64_t now_ns);
-
-// Whether, at now_ns, a window of the key's demand has ended in which it
-// moved from what its rate op asked for (noteAsked); a window that ended
-// without is replaced by the next one. When it moved, the window's demand
-// becomes the key's (kRate) and a new measurement starts, so the renewal
-// asks for what the key wants now (demandPerInterval). Lock-free.
-bool demandMoved(Words words, int64_t now_ns);
 
 // Whether a blocked key is due to be asked of Redis again (kBlockRecheckNs)
 // at now_ns. When it is, the units a lease granted before the block are

@@ -68,8 +68,7 @@
 --
 -- Returns five integers {granted, remaining, retry_after_ms, reset_after_ms,
 -- now_ms}, and blocked_ms sixth when KEYS[2] is given, and for a rate op the
--- rate granted seventh (units per period; 0 when it ran as a peek) and
--- `unmet` eighth:
+-- rate granted seventh (units per period; 0 when it ran as a peek):
 --   granted         units moved into the caller's slice (lease, rate), else 0;
 --   remaining       whole units left in the bucket after this call;
 --   retry_after_ms  0 when the lease granted (or a peek of `need` would);
@@ -83,12 +82,6 @@
 --                   the time until the first held rate ends plus w;
 --   reset_after_ms  until the bucket is full again, rounded up;
 --   now_ms          Redis's time (floor of now_us / 1000), for clock offsets.
---   unmet           1 when some node's recorded demand is unmet after the
---                   call: an entry of KEYS[3] holds less than its max-min
---                   share of the limit among every recorded demand (a node
---                   that asked and got 0 included), else 0. A holder that
---                   hears 1 renews at its next lease interval, and so gives
---                   up what it holds beyond its share soon.
 --
 -- The key's TTL is reset_after_ms (the state matters until the bucket is
 -- full; a full bucket deletes the key), so it is at most
@@ -375,16 +368,5 @@ if op == 'lease' or op == 'peek' or (op == 'rate' and rate_granted == 0 and gran
 end
 local reply = {granted, units_at(empty), retry_ms, ceil_ms(empty - full), math.floor(now / 1000)}
 if KEYS[2] then reply[6] = blocked_ms end
-if rate_op then
-  reply[7] = rate_granted
-  local all = {}
-  for _, h in ipairs(rates) do all[#all + 1] = h[4] end
-  local unmet = 0
-  for _, h in ipairs(rates) do
-    local copy = {}
-    for i, d in ipairs(all) do copy[i] = d end
-    if h[2] < fair_share(copy, limit, h[4]) then unmet = 1 end
-  end
-  reply[8] = unmet
-end
+if rate_op then reply[7] = rate_granted end
 return reply

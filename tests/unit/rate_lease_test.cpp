@@ -36,7 +36,6 @@ struct Answer {
   int64_t remaining = 0;
   int64_t retry_after_ms = 0;
   int64_t rate = -1;  // a rate op's, else -1
-  bool unmet = false;  // a rate op's: some recorded demand is below its share
 };
 
 class RateLeaseScript : public ::testing::Test {
@@ -92,11 +91,10 @@ class RateLeaseScript : public ::testing::Test {
     std::vector<int64_t> values;
     for (size_t i = 0; i < reply->elements; ++i) values.push_back(reply->element[i]->integer);
     Answer a{values.at(0), values.at(1), values.at(2)};
-    if (values.size() == 8) {
+    if (values.size() == 7) {
       auto parsed = rate_lease::parseReply(values, 1'000'000);
       if (!parsed) throw std::runtime_error("malformed rate reply");
       a.rate = parsed->rate;
-      a.unmet = parsed->unmet;
     }
     return a;
   }
@@ -158,7 +156,6 @@ class Model {
       kept.push_back({node, a.rate, now + lease_ms * kMsUs, asked});
     }
     live_ = kept;
-    a.unmet = rate_lease::unmet(live_, limit_.limit);
     if (tokens > 0 && limit_.burst >= 1 && units(empty, now) >= 1) {
       a.granted = std::min(tokens, units(empty, now));
       empty += a.granted * interval_;
@@ -229,7 +226,6 @@ TEST_F(RateLeaseScript, RandomLeasesAndRatesAnswerAsTheCppMirror) {
     std::mt19937_64 rng(limit.limit);
     const std::string nodes[] = {"node-a", "node-b", "node-c"};
     int64_t now = kBaseUs;
-    int unmet_replies = 0;
     for (int step = 0; step < 600; ++step) {
       now += static_cast<int64_t>(rng() % 300) * kMsUs + static_cast<int64_t>(rng() % 1000);
       const int op = static_cast<int>(rng() % 3);
@@ -249,14 +245,11 @@ TEST_F(RateLeaseScript, RandomLeasesAndRatesAnswerAsTheCppMirror) {
         lua = rate(limit, node, asked, tokens, lease_ms, now);
         cpp = model.rate(node, asked, tokens, lease_ms, now);
         ASSERT_EQ(lua.rate, cpp.rate) << "step " << step;
-        ASSERT_EQ(lua.unmet, cpp.unmet) << "step " << step;
-        if (lua.unmet) ++unmet_replies;
       }
       ASSERT_EQ(lua.granted, cpp.granted) << "step " << step << " op " << op;
       ASSERT_EQ(lua.remaining, cpp.remaining) << "step " << step << " op " << op;
       ASSERT_LE(model.held(now), limit.limit);
     }
-    EXPECT_GT(unmet_replies, 0);  // both answers were seen
   }
 }
 
@@ -304,27 +297,17 @@ TEST_F(RateLeaseScript, TheBucketAndTheRateHoldersNeverPassTheLimitTogether) {
 
 // Verifies max-min shares: a node that asks for less than an equal split
 // gets what it asks for once the one holding everything renews, within two
-// renewals; the rates never sum past the limit; and `unmet` says so while a
-// recorded demand is below its share, and not once every share is held.
+// renewals; the rates never sum past the limit.
 TEST_F(RateLeaseScript, ASmallDemandGetsItsRateWithinTwoRenewals) {
   const Limit limit{100, kSecondNs, 0};
-  Answer alone = rate(limit, "node-a", 100, 0, 1000, kBaseUs);
-  EXPECT_EQ(alone.rate, 100);
-  EXPECT_FALSE(alone.unmet);
-  Answer refused = rate(limit, "node-b", 20, 0, 1000, kBaseUs + 100 * kMsUs);
-  EXPECT_EQ(refused.rate, 0);  // none free yet
-  EXPECT_TRUE(refused.unmet);
-  Answer shrunk = rate(limit, "node-a", 100, 0, 1000, kBaseUs + 200 * kMsUs);
-  EXPECT_EQ(shrunk.rate, 80);
-  EXPECT_TRUE(shrunk.unmet);  // b has not asked again yet
-  Answer met = rate(limit, "node-b", 20, 0, 1000, kBaseUs + 300 * kMsUs);
-  EXPECT_EQ(met.rate, 20);
-  EXPECT_FALSE(met.unmet);
-  EXPECT_FALSE(rate(limit, "node-a", 100, 0, 1000, kBaseUs + 500 * kMsUs).unmet);
+  EXPECT_EQ(rate(limit, "node-a", 100, 0, 1000, kBaseUs).rate, 100);
+  EXPECT_EQ(rate(limit, "node-b", 20, 0, 1000, kBaseUs + 100 * kMsUs).rate, 0);  // none free yet
+  EXPECT_EQ(rate(limit, "node-a", 100, 0, 1000, kBaseUs + 500 * kMsUs).rate, 80);
+  EXPECT_EQ(rate(limit, "node-b", 20, 0, 1000, kBaseUs + 600 * kMsUs).rate, 20);
   // A third that wants everything: a and c split what b leaves.
   EXPECT_EQ(rate(limit, "node-c", 100, 0, 1000, kBaseUs + 700 * kMsUs).rate, 0);
-  EXPECT_EQ(rate(limit, "node-a", 100, 0, 1000, kBaseUs + 800 * kMsUs).rate, 40);
-  EXPECT_EQ(rate(limit, "node-c", 100, 0, 1000, kBaseUs + 900 * kMsUs).rate, 40);
+  EXPECT_EQ(rate(limit, "node-a", 100, 0, 1000, kBaseUs + 1000 * kMsUs).rate, 40);
+  EXPECT_EQ(rate(limit, "node-c", 100, 0, 1000, kBaseUs + 1100 * kMsUs).rate, 40);
   // A rate given up (0) is free at once.
   EXPECT_EQ(rate(limit, "node-b", 0, 0, 1000, kBaseUs + 1200 * kMsUs).rate, 0);
   EXPECT_EQ(rate(limit, "node-c", 100, 0, 1000, kBaseUs + 1300 * kMsUs).rate, 50);
@@ -390,43 +373,6 @@ TEST(RateLeaseRule, ARuleRefillingLessThanAUnitPerIntervalNeverAsksForARate) {
   EXPECT_TRUE(rate_lease::wants(Limit{10, kSecondNs, 10}, 5, true, interval_ns));
   EXPECT_FALSE(rate_lease::wants(Limit{9, kSecondNs, 10}, 5, true, interval_ns));
   EXPECT_FALSE(rate_lease::wants(Limit{8, 3600 * kSecondNs, 8}, 1000, true, interval_ns));
-}
-
-// Verifies `unmet`: a node that asked and got 0 beside a holder of the whole
-// limit is unmet; equal demands each holding their equal (floored) share are
-// met; a node holding more than its share leaves the other unmet.
-TEST(RateLeaseShare, UnmetSaysWhetherSomeRecordedDemandIsBelowItsShare) {
-  const std::vector<Held> refused = {{"a", 100, 1, 100}, {"b", 0, 1, 20}};
-  EXPECT_TRUE(rate_lease::unmet(refused, 100));
-  const std::vector<Held> equal = {{"a", 33, 1, 300}, {"b", 33, 1, 300}, {"c", 33, 1, 300}};
-  EXPECT_FALSE(rate_lease::unmet(equal, 100));
-  const std::vector<Held> skewed = {{"a", 70, 1, 300}, {"b", 30, 1, 300}};
-  EXPECT_TRUE(rate_lease::unmet(skewed, 100));
-  const std::vector<Held> small = {{"a", 80, 1, 300}, {"b", 20, 1, 20}};
-  EXPECT_FALSE(rate_lease::unmet(small, 100));
-  EXPECT_FALSE(rate_lease::unmet({}, 100));
-}
-
-// Verifies the renewal schedule on a simulated clock (lease interval 100 ms,
-// lease 5 s): a holder that heard some demand is unmet renews one lease
-// interval after its call was sent, one that heard none after kMaxRenewNs,
-// and never past halfway through a short lease.
-TEST(RateLeaseRule, AHolderThatHearsOfUnmetDemandRenewsAtTheNextLeaseInterval) {
-  const int64_t sent_ns = 7 * kSecondNs;
-  const int64_t interval_ns = 100'000'000;
-  EXPECT_EQ(rate_lease::renewAtNs(sent_ns, 5 * kSecondNs, true, interval_ns), sent_ns + interval_ns);
-  EXPECT_EQ(rate_lease::renewAtNs(sent_ns, 5 * kSecondNs, false, interval_ns), sent_ns + rate_lease::kMaxRenewNs);
-  EXPECT_EQ(rate_lease::renewAtNs(sent_ns, 120'000'000, true, interval_ns), sent_ns + 60'000'000);
-  EXPECT_EQ(rate_lease::renewAtNs(sent_ns, 600'000'000, false, interval_ns), sent_ns + 300'000'000);
-}
-
-// Verifies that a node granted nothing asks again within one lease interval
-// however long Redis says the holders keep everything, and sooner when
-// Redis's wait is shorter.
-TEST(RateLeaseRule, ANodeGrantedNothingAsksAgainWithinOneLeaseInterval) {
-  EXPECT_EQ(rate_lease::reaskAfterMs(4'500, 100), 100);
-  EXPECT_EQ(rate_lease::reaskAfterMs(30, 100), 30);
-  EXPECT_EQ(rate_lease::reaskAfterMs(0, 100), 1);
 }
 
 }  // namespace

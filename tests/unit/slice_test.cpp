@@ -605,37 +605,6 @@ TEST_F(SliceTest, ARenewedRateRefillsOnAndAnEndedOneLeasesTokensAgain) {
   EXPECT_FALSE(slice::holdsRate(words(), 3'100 * kMs));
 }
 
-// Verifies that a rate holder whose demand moves from what it asked (100
-// units/s of 1,000/s here) asks for its renewal at the end of the lease
-// interval (100 ms) in which it moved, before its renewal time (500 ms): at
-// twice the demand, or half, but not at the demand it asked for, nor past
-// the whole limit it asked; and that a drop after a long spell as asked is
-// seen in the first whole interval after it.
-TEST_F(SliceTest, ARateHolderWhoseDemandMovedRenewsAtTheNextLeaseInterval) {
-  const Limit limit{1'000, 1'000 * kMs, 10};
-  // Takes of one unit every gap_ms from 1 ms (every later_gap_ms from
-  // 300 ms): the first that asks Redis.
-  auto firstRequestMs = [&](int64_t asked, int64_t gap_ms, int64_t later_gap_ms) -> int64_t {
-    for (auto& w : words_) w.store(0);
-    slice::applyRate(words(), kMs, 1'000, 5'000 * kMs, 500 * kMs, 0);
-    slice::noteAsked(words(), limit, asked, kInterval, 0);
-    for (int64_t t = 1; t < 600; t += t < 300 ? gap_ms : later_gap_ms) {
-      if (slice::take(words(), t * kMs, 1).must_request) return t;
-    }
-    return -1;
-  };
-  EXPECT_EQ(firstRequestMs(100, 2, 2), 101);   // 500/s: moved up, asked at the interval
-  EXPECT_EQ(firstRequestMs(100, 40, 40), 121);  // 25/s: moved down
-  EXPECT_EQ(firstRequestMs(100, 10, 10), 501);  // 100/s as asked: at the renewal time
-  EXPECT_EQ(firstRequestMs(100, 6, 6), 505);    // 167/s is not above twice
-  EXPECT_EQ(firstRequestMs(limit.limit, 2, 2), 501);  // asked the whole limit already
-  EXPECT_EQ(firstRequestMs(0, 2, 2), 501);      // no rate asked: nothing moves
-  EXPECT_EQ(firstRequestMs(500, 2, 20), 401);   // 500/s as asked, then 50/s from 300 ms
-  // The renewal asks for the last window's demand: 5 units in 100 ms, not
-  // the average with the 500/s before.
-  EXPECT_EQ(slice::demandPerInterval(words()), 5);
-}
-
 // Verifies that the demand a rate lease is asked by counts the units asked
 // in the measurement under way once they pass the last full one, so that a
 // key that turns hot asks for a rate within its first interval.
