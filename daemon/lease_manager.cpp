@@ -11,7 +11,6 @@
 #include "holding.h"
 #include "limiter.h"
 #include "penalty.h"
-#include "rate_lease.h"
 #include "redis_keys.h"
 #include "slice.h"
 
@@ -142,23 +141,10 @@ bool LeaseManager::serve(const LeaseRequest& request, const RuleSetPtr& rules, b
   return true;
 }
 
-std::vector<std::string> LeaseManager::scriptKeys(const Rule& rule, std::string_view key) const {
-  std::vector<std::string> keys = {stateKey(rule.name, key)};
-  // A rule whose keys may hold rates passes the rates with every call
-  // (lua/token_bucket.lua charges them first), and so the block key before
-  // them; otherwise a rule with a penalty asks for the key's block.
-  if (rule.penalty || rate_lease::eligible(rule)) keys.push_back(blockKey(rule.name, key));
-  if (rate_lease::eligible(rule)) {
-    keys.push_back(redisRatesKey(config_.key_prefix, rule.name, key, context_.state_version));
-  }
-  return keys;
-}
-
 void LeaseManager::callScript(const Rule& rule, std::string_view key, std::vector<std::string> argv,
                               int64_t timeout_ms, RedisCallback on_result) {
-  std::vector<std::string> keys = scriptKeys(rule, key);
-  if (!rate_lease::eligible(rule)) keys.resize(1);  // returns and debits need no block
-  pipe_.call(scriptFor(rule.algorithm), std::move(keys), std::move(argv), timeout_ms, std::move(on_result));
+  pipe_.call(scriptFor(rule.algorithm), {stateKey(rule.name, key)}, std::move(argv), timeout_ms,
+             std::move(on_result));
 }
 
 void LeaseManager::sendLease(const LeaseRequest& request, const Rule& rule, RuleSetPtr rules) {
@@ -170,19 +156,15 @@ void LeaseManager::sendLease(const LeaseRequest& request, const Rule& rule, Rule
       deadline_us = *now_us + std::max(kMinLeaseDeadlineUs, 2 * config_.lease_timeout_ms * 1000);
     }
   }
-  std::vector<std::string> argv =
-      request.rate >= 0
-          ? rate_lease::rateArgv(request.rate, request.n, limit, deadline_us, context_.node_id, rateLeaseMs())
-          : scripts::leaseArgv(request.n, request.need, limit, deadline_us);
-  pipe_.call(scriptFor(rule.algorithm), scriptKeys(rule, request.key), std::move(argv),
+  // A rule with a penalty asks for the key's block too (the script's KEYS[2]).
+  std::vector<std::string> keys = {stateKey(rule.name, request.key)};
+  if (rule.penalty) keys.push_back(blockKey(rule.name, request.key));
+  pipe_.call(scriptFor(rule.algorithm), std::move(keys),
+             scripts::leaseArgv(request.n, request.need, limit, deadline_us),
              config_.lease_timeout_ms,
-             [this, request, &rule, rules = std::move(rules), sent_ns = now()](const RedisResult& result) {
-               onLeaseReply(request, rule, result, sent_ns);
+             [this, request, &rule, rules = std::move(rules)](const RedisResult& result) {
+               onLeaseReply(request, rule, result);
              });
-}
-
-int64_t LeaseManager::rateLeaseMs() const {
-  return std::clamp<int64_t>(config_.lease_ttl_ms, 1, rate_lease::kMaxLeaseMs);
 }
 
 void LeaseManager::sendPenalty(const Rule& rule, std::string_view key, scripts::PenaltyOp op,
@@ -242,22 +224,12 @@ void LeaseManager::countLease(const scripts::LeaseReply& reply, const RedisResul
 }
 
 void LeaseManager::onLeaseReply(const LeaseRequest& request, const Rule& rule,
-                                const RedisResult& result, int64_t sent_ns) {
+                                const RedisResult& result) {
   const Limit& limit = rule.limits.front();
   int64_t now_ns = now();
   std::optional<scripts::LeaseReply> reply;
-  int64_t rate = 0;  // a rate lease's grant, units per period
   if (result.status == RedisStatus::kOk) {
-    if (auto values = result.reply->integers()) {
-      if (request.rate >= 0) {
-        if (auto rated = rate_lease::parseReply(*values, limit.limit)) {
-          reply = rated->lease;
-          rate = rated->rate;
-        }
-      } else {
-        reply = scripts::parseLeaseReply(*values);
-      }
-    }
+    if (auto values = result.reply->integers()) reply = scripts::parseLeaseReply(*values);
     if (reply && reply->granted > request.n) reply.reset();  // more than asked: not our script
   }
   if (!reply) {
@@ -289,28 +261,7 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, const Rule& rule,
       }
     }
     slice::noteGrant(words, reply->granted, reply->remaining);
-    slice::noteShort(words, request.n, reply->granted);
     slice::noteRedisLeft(words, rule, reply->remaining, now_ns);
-    if (request.rate >= 0) {
-      // Held in Redis from when it ran, after sent_ns, for rateLeaseMs():
-      // here it ends no later, and is renewed halfway, or after
-      // rate_lease::kMaxRenewNs when that is sooner: a renewal is how a
-      // holder learns of new demand (its share shrinks).
-      const int64_t lease_ns = rateLeaseMs() * 1'000'000;
-      slice::applyRate(words, rate > 0 ? rate_lease::nsPerUnit(limit, rate) : 0,
-                       rate_lease::capUnits(limit, rate, context_.broker->leaseIntervalNs()),
-                       sent_ns + lease_ns, sent_ns + std::min(lease_ns / 2, rate_lease::kMaxRenewNs), now_ns);
-      if (rate > 0 && reply->granted == 0) return;  // the rate refills the slice
-      if (rate == 0 && reply->granted == 0) {
-        // Its demand is recorded, and the holders give up their share of
-        // it at their next renewals: ask again within two lease intervals,
-        // not at Redis's wait (the holders' ends).
-        const int64_t wait_ms = std::min<int64_t>(std::max<int64_t>(reply->retry_after_ms, 1),
-                                                  2 * config_.lease_interval_ms);
-        slice::applyEmpty(words, now_ns, wait_ms * 1'000'000);
-        return;
-      }
-    }
     if (reply->granted == 0) {
       // Nothing until retry_after_ms: deny locally until then (but asked
       // again after slice::kEmptyRecheckNs), so an over-limit key costs
@@ -494,20 +445,9 @@ void LeaseManager::checkFleet() {
 void LeaseManager::recover(uint64_t epoch, bool state_lost, int64_t fallback_span_ms) {
   auto answered = [this, epoch] { breaker_.answered(epoch, now()); };
   auto expect = [this, epoch](size_t calls) { breaker_.expect(epoch, calls); };
-  if (state_lost) endRates();
   debitFallback(state_lost, fallback_span_ms, answered, expect);
   passHoldings(true, answered, expect);
   leaseDebts(answered, expect);
-}
-
-void LeaseManager::endRates() {
-  RuleSetPtr rules = context_.rules();
-  const int64_t now_ns = now();
-  context_.keys->visit([&](KeyTable::Entry& entry) {
-    const Rule* rule = rules->findById(entry.ruleId());
-    if (rule == nullptr || !rate_lease::eligible(*rule) || entry.state().size() != entryWords(*rule)) return;
-    slice::applyRate(entry.state(), 0, 0, 0, 0, now_ns);
-  });
 }
 
 void LeaseManager::debitFallback(bool state_lost, int64_t span_ms,
