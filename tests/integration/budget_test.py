@@ -15,8 +15,8 @@ import unittest
 
 import http.client
 
-from harness import (Daemon, Redis, free_port, redis_key, redis_section, tear_down_module,
-                     wait_for)
+from harness import (Client, Daemon, Redis, free_port, redis_key, redis_section,
+                     tear_down_module, wait_for)
 
 CONFIG = """
 [daemon]
@@ -189,14 +189,22 @@ class RoutedSettles(unittest.TestCase):
         self.daemon.stop()
 
     def test_a_settle_on_another_connection_finds_its_reservation(self):
-        workers = set()
-        for i in range(12):
-            reserved = self.daemon.ask("reserve", "tokens", "r", 1000, 30000)
-            workers.add(reserved["id"] >> 48)
-            settled = self.daemon.ask("settle", reserved["id"], 100 + i)
-            self.assertEqual(settled["refunded"], 900 - i)
-        # Connections are spread over the workers: some settles were routed.
-        self.assertGreater(len(workers), 1)
+        # Open at once, the connections go to the workers with the fewest
+        # (one each, then a second each): a settle on the next connection
+        # reaches another worker than its reserve's.
+        clients = [Client(self.daemon.socket) for _ in range(6)]
+        try:
+            workers = set()
+            for i, client in enumerate(clients):
+                reserved = client.result("reserve", "tokens", "r", 1000, 30000)
+                workers.add(reserved["id"] >> 48)
+                other = clients[(i + 1) % len(clients)]
+                settled = other.result("settle", reserved["id"], 100 + i)
+                self.assertEqual(settled["refunded"], 900 - i)
+        finally:
+            for client in clients:
+                client.close()
+        self.assertEqual(len(workers), 3)
         self.assertEqual(self.daemon.ask("stats")["reservations"]["open"], 0)
 
 
