@@ -86,6 +86,14 @@ class Exchange final : public Tag {
     finishing_ = true;
     responder_->Finish(*response_, grpc::Status::OK, this);
   }
+  // On the polling thread, instead of finish(): the call's deadline passed
+  // before it was decided.
+  void finishLate() {
+    finishing_ = true;
+    responder_->FinishWithError(kLate, this);
+  }
+  // When the client gives up on the call (time_point::max() for never).
+  std::chrono::system_clock::time_point deadline() const { return context_->deadline(); }
   const RateLimitRequest& requestMessage() const { return *request_; }
   RateLimitResponse* response() { return response_; }
   // Whether the queue's event for this is the finish (else a new call).
@@ -95,6 +103,8 @@ class Exchange final : public Tag {
  private:
   // Enough for a request of a few descriptors and its response.
   static constexpr size_t kArenaBlockBytes = 4096;
+  static inline const grpc::Status kLate{grpc::StatusCode::DEADLINE_EXCEEDED,
+                                         "the deadline passed before the call was decided"};
   static google::protobuf::ArenaOptions arenaOptions(char* block) {
     google::protobuf::ArenaOptions options;
     options.initial_block = block;
@@ -225,10 +235,21 @@ class Call final : public Recipient {
 // rules. Thread-safe.
 class Service {
  public:
+  explicit Service(DeadlineClock clock) : clock_(std::move(clock)) {}
+
   // A new call on `exchange`, on its polling thread: plans it and asks its
   // questions; the last answer finishes it (Call::finish), here or later on
-  // a worker's thread.
+  // a worker's thread. A call whose deadline has passed is finished at once,
+  // undecided (envoy_front.h).
   void shouldRateLimit(Exchange* exchange) {
+    if (exchange->deadline() <= clock_()) {
+      {
+        std::lock_guard<std::mutex> lock(late_mutex_);
+        late_->add();
+      }
+      exchange->finishLate();
+      return;
+    }
     std::shared_ptr<const Settings> settings = settings_.load(std::memory_order_acquire);
     EnvoyPlan plan = planRequest(*settings->policy, exchange->requestMessage(),
                                  [&](std::string_view domain, const EnvoyLimit& limit) {
@@ -250,10 +271,11 @@ class Service {
     settings->all_or_nothing = envoy.all_or_nothing;
     settings_.store(std::move(settings), std::memory_order_release);
   }
-  void setWorkers(std::vector<Worker*> workers, AddRule add_rule, Counter* refused) {
+  void setWorkers(std::vector<Worker*> workers, AddRule add_rule, EnvoyCounters counters) {
     workers_ = std::move(workers);
     add_rule_ = std::move(add_rule);
-    refused_ = refused;
+    refused_ = counters.overrides_refused;
+    late_ = counters.deadline_exceeded;
   }
 
  private:
@@ -286,11 +308,14 @@ class Service {
 
   static constexpr int64_t kRefusalLogIntervalNs = 60'000'000'000;
 
+  const DeadlineClock clock_;
   AddRule add_rule_;
   std::mutex overrides_mutex_;  // installed_, refusal_logged_ns_
   std::set<std::string, std::less<>> installed_;  // override rules added, at most kMaxEnvoyOverrides
   int64_t refusal_logged_ns_ = 0;
   Counter* refused_ = nullptr;  // set before the server starts; written under overrides_mutex_
+  std::mutex late_mutex_;  // late_ (Counter has one writer at a time)
+  Counter* late_ = nullptr;  // set before the server starts; calls finished DEADLINE_EXCEEDED
   std::atomic<std::shared_ptr<const Settings>> settings_;
   std::vector<Worker*> workers_;  // set before the server starts
   std::atomic<size_t> next_{0};
@@ -505,10 +530,12 @@ void Pollers::start(size_t threads) {
 
 class GrpcEnvoyFront final : public EnvoyFront {
  public:
+  explicit GrpcEnvoyFront(DeadlineClock clock) : service_(std::move(clock)) {}
+
   bool start(const EnvoyConfig& envoy, uint32_t socket_mode, std::vector<Worker*> workers,
-             AddRule add_rule, Counter* refused, std::string* error) override {
+             AddRule add_rule, EnvoyCounters counters, std::string* error) override {
     service_.setConfig(envoy);
-    service_.setWorkers(std::move(workers), std::move(add_rule), refused);
+    service_.setWorkers(std::move(workers), std::move(add_rule), counters);
     if (envoy.listen.starts_with("unix:")) {
       socket_path_ = envoy.listen.substr(5);
       ::unlink(socket_path_.c_str());  // a previous run's; bind would fail on it
@@ -527,6 +554,7 @@ class GrpcEnvoyFront final : public EnvoyFront {
     // bandwidth-delay product: a Unix socket or loopback has none worth
     // probing, and each probe costs a ping and its ack.
     builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxCallsPerConnection);
     std::unique_ptr<grpc::ServerCompletionQueue> queue = builder.AddCompletionQueue();
     server_ = builder.BuildAndStart();
     if (server_ == nullptr || (socket_path_.empty() && port == 0)) {
@@ -599,6 +627,9 @@ class GrpcEnvoyFront final : public EnvoyFront {
 
 }  // namespace
 
-std::unique_ptr<EnvoyFront> makeEnvoyFront() { return std::make_unique<GrpcEnvoyFront>(); }
+std::unique_ptr<EnvoyFront> makeEnvoyFront(DeadlineClock clock) {
+  if (!clock) clock = [] { return std::chrono::system_clock::now(); };
+  return std::make_unique<GrpcEnvoyFront>(std::move(clock));
+}
 
 }  // namespace sluice
