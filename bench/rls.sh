@@ -43,8 +43,9 @@
 # as errors, and their latency (20 ms or more) counts in p50/p99.
 # Each row is the median of BENCH_ROUNDS rounds (3; BENCH_MODE=quick: 1).
 # Knobs: BENCH_SECONDS (3), BENCH_ROUNDS (3), BENCH_THREADS (2), BENCH_DEPTH (32),
-# BENCH_DEADLINE_MS (20), BENCH_RLS_THREADS (sluiced's [envoy] threads; its
-# default when unset).
+# BENCH_DEADLINE_MS (20), BENCH_RLS_THREADS and BENCH_RLS_SPIN_US (sluiced's
+# [envoy] threads and poll_spin_us; its defaults when unset), BENCH_SPIN_US
+# (rls_load's SPIN_US, paced: poll for a call due within it; 0).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -56,6 +57,7 @@ rounds=${BENCH_ROUNDS:-3}
 threads=${BENCH_THREADS:-2}
 depth=${BENCH_DEPTH:-32}
 deadline_ms=${BENCH_DEADLINE_MS:-20}
+spin_us=${BENCH_SPIN_US:-0}
 rls_load="$build/bench/rls_load"
 [ -x "$rls_load" ] || { echo "bench: $rls_load is missing (built with SLUICE_GRPC=ON)" >&2; exit 2; }
 
@@ -93,6 +95,7 @@ url = "redis://127.0.0.1:$port"
 listen = "unix:$tmp/rls.sock"
 config = "$tmp/bench.yaml"
 ${BENCH_RLS_THREADS:+threads = $BENCH_RLS_THREADS}
+${BENCH_RLS_SPIN_US:+poll_spin_us = $BENCH_RLS_SPIN_US}
 EOF
 "$build/daemon/sluiced" --config "$tmp/bench.toml" 2>"$tmp/sluiced.log" &
 daemon_pid=$!
@@ -128,7 +131,7 @@ round() {  # DESCRIPTORS SECONDS THREADS DEPTH RATE
   before=$(redis_calls)
   ticks=$(cpu_ticks)
   hops=$(switches)
-  out=$("$rls_load" "$target" "$@" 1 "$deadline_ms")
+  out=$("$rls_load" "$target" "$@" 1 "$deadline_ms" "$spin_us")
   hops=$(($(switches) - hops))
   ticks=$(($(cpu_ticks) - ticks))
   after=$(redis_calls)
@@ -183,7 +186,7 @@ measure "after overload ($half/s, paced)" 1 "$half" 1
 after_p99=$last_p99
 kill -STOP "$redis_pid"
 sleep 1  # the health check notices (health_interval + health_timeout)
-down=$("$rls_load" "$target" 1 "$seconds" 1 8 1000 1 "$deadline_ms" 2>&1 || true)
+down=$("$rls_load" "$target" 1 "$seconds" 1 8 1000 1 "$deadline_ms" "$spin_us" 2>&1 || true)
 kill -CONT "$redis_pid"
 rows+=("| redis-down (SIGSTOP, 1000/s, paced) | $(field calls_per_s "$down") | $(field p50_us "$down") | $(field p99_us "$down") | - | - | - | - | $(field deadline_exceeded "$down") | $(field errors "$down") |")
 echo "redis-down: $down" >&2
@@ -201,7 +204,7 @@ result="$here/results/$(bench_result_name rls)"
   echo "rls_load (on the same CPUs as sluiced) with $threads threads × $depth calls in flight, or"
   echo "paced (calls evenly spaced), over a Unix socket; each row the median of $rounds rounds of ${seconds}s"
   echo "(by calls/s, or by p99 when paced); sluiced (default"
-  echo "workers, [envoy] threads ${BENCH_RLS_THREADS:-default}) with one global limit per descriptor key on a local redis-server, one hot key"
+  echo "workers, [envoy] threads ${BENCH_RLS_THREADS:-default}, poll_spin_us ${BENCH_RLS_SPIN_US:-default}; rls_load SPIN_US $spin_us) with one global limit per descriptor key on a local redis-server, one hot key"
   echo "each. Load average (1, 5, 15 min) before the run: $load_before; after: $load_after."
   echo "Paced at half rate, 99 % of the sends left within $half_lag µs of their due time."
   echo "Every call had a ${deadline_ms} ms deadline (grpc-timeout; rls_load gives up then, as Envoy does)."

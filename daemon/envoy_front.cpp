@@ -348,8 +348,9 @@ class Pollers {
   Pollers(Service* service, RlsService::AsyncService* async, grpc::AsyncGenericService* generic,
           std::unique_ptr<grpc::ServerCompletionQueue> queue);
 
-  // Requests the first calls and starts `threads` threads.
-  void start(size_t threads);
+  // Requests the first calls and starts `threads` threads, each spinning
+  // `spin_ns` after an event before it blocks (run()).
+  void start(size_t threads, int64_t spin_ns);
   // After the server's shutdown: no call is requested any more.
   void stopRequesting() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -387,10 +388,30 @@ class Pollers {
   grpc::ServerCompletionQueue* queue() { return queue_.get(); }
 
  private:
+  // Handles events until the queue shuts down. After each event the thread
+  // keeps polling without blocking (AsyncNext with a deadline already
+  // past, one non-blocking poll of gRPC's sockets) until spin_ns_ passes
+  // with no event, then blocks in Next(): calls that come one by one
+  // within the spin are read without the thread sleeping and waking for
+  // each, and an idle front spins once, then sleeps.
   void run() {
     void* tag = nullptr;
     bool ok = false;
-    while (queue_->Next(&tag, &ok)) static_cast<Tag*>(tag)->done(ok);
+    while (queue_->Next(&tag, &ok)) {
+      static_cast<Tag*>(tag)->done(ok);
+      int64_t last_event_ns = spin_ns_ > 0 ? monotonicNowNs() : 0;
+      while (spin_ns_ > 0) {
+        const auto status = queue_->AsyncNext(&tag, &ok, gpr_inf_past(GPR_CLOCK_MONOTONIC));
+        if (status == grpc::CompletionQueue::SHUTDOWN) return;
+        const int64_t now_ns = monotonicNowNs();
+        if (status == grpc::CompletionQueue::GOT_EVENT) {
+          static_cast<Tag*>(tag)->done(ok);
+          last_event_ns = now_ns;
+        } else if (now_ns - last_event_ns >= spin_ns_) {
+          break;
+        }
+      }
+    }
   }
 
   void requestAnother() {
@@ -408,6 +429,7 @@ class Pollers {
   Service* service_;
   RlsService::AsyncService* async_;
   std::unique_ptr<grpc::ServerCompletionQueue> queue_;
+  int64_t spin_ns_ = 0;  // [envoy] poll_spin_us, set before the threads start
   std::unique_ptr<Tag> health_;  // the HealthCheck
   std::vector<std::thread> threads_;
   std::mutex mutex_;  // the three below
@@ -522,7 +544,8 @@ Pollers::Pollers(Service* service, RlsService::AsyncService* async,
     : service_(service), async_(async), queue_(std::move(queue)),
       health_(std::make_unique<HealthCheck>(this, generic)) {}
 
-void Pollers::start(size_t threads) {
+void Pollers::start(size_t threads, int64_t spin_ns) {
+  spin_ns_ = spin_ns;
   for (size_t i = 0; i < kRequests; ++i) requestAnother();
   static_cast<HealthCheck*>(health_.get())->request();
   for (size_t i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
@@ -566,7 +589,7 @@ class GrpcEnvoyFront final : public EnvoyFront {
       return false;
     }
     pollers_ = std::make_unique<Pollers>(&service_, &async_, &generic_, std::move(queue));
-    pollers_->start(static_cast<size_t>(envoy.threads));
+    pollers_->start(static_cast<size_t>(envoy.threads), envoy.poll_spin_us * 1'000);
     if (!socket_path_.empty() && ::chmod(socket_path_.c_str(), socket_mode) != 0) {
       *error = "[envoy] listen " + envoy.listen + ": cannot set the socket's mode: " +
                std::strerror(errno);
