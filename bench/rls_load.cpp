@@ -13,11 +13,14 @@
 // send_lag_p99_us (how late the sends left, below). Keys cycle through
 // KEYS values of descriptor i's key "k<i>" (1: one hot key per descriptor).
 //
-// Every call carries a deadline, DEADLINE_MS (20, Envoy's default timeout
-// for its rate limit service; 0: none): `grpc-timeout` tells the server,
-// and at the deadline the driver gives up on the call as Envoy does, with
-// RST_STREAM (CANCEL), whether it was sent or still queued behind the
-// server's limit on streams. Such a call, and one the server answers
+// A connection opens at most as many streams as the server's
+// SETTINGS_MAX_CONCURRENT_STREAMS allows; calls past it wait in the
+// driver's own queue, in order, as in Envoy's connection pool (not in
+// nghttp2's, whose cancelling of a queued stream costs a walk of its
+// queue). Every call carries a deadline, DEADLINE_MS (20, Envoy's default
+// timeout for its rate limit service; 0: none): `grpc-timeout` tells the
+// server, and at the deadline the driver gives up on the call as Envoy
+// does: unsent if still queued, else with RST_STREAM (CANCEL). Such a call, and one the server answers
 // DEADLINE_EXCEEDED or CANCELLED, counts as deadline_exceeded, not as an
 // error, and its latency is the time until it ended: p99 counts the calls
 // Envoy gave up on, at 20 ms or more.
@@ -238,8 +241,11 @@ class Connection {
       int wait_ms = 100;
       if (expireCalls(now)) {
         wait_ms = 0;  // RST_STREAMs to send
-      } else if (!sent_order_.empty() && deadline_.count() > 0) {
-        const auto next = slots_[sent_order_.front().first].sent + deadline_ - now;
+      } else if (deadline_.count() > 0 && (!sent_order_.empty() || !waiting_.empty())) {
+        Clock::time_point oldest = Clock::time_point::max();
+        if (!sent_order_.empty()) oldest = slots_[sent_order_.front().first].sent;
+        if (!waiting_.empty()) oldest = std::min(oldest, slots_[waiting_.front()].sent);
+        const auto next = oldest + deadline_ - now;
         wait_ms = static_cast<int>(std::clamp<int64_t>(
             std::chrono::ceil<std::chrono::milliseconds>(next).count(), 0, wait_ms));
       }
@@ -292,7 +298,10 @@ class Connection {
   }
 
  private:
-  // Sends the next call on a free slot.
+  // Starts the next call on a free slot: submitted to nghttp2 when the
+  // server's limit on open streams leaves room, else queued (waiting_)
+  // until a stream ends, as Envoy's connection pool queues calls past it.
+  // The call's latency runs from here either way.
   void send() {
     size_t i = 0;
     if (free_.empty()) {
@@ -308,6 +317,27 @@ class Connection {
     slot.answer.clear();
     slot.grpc_ok = false;
     slot.late = false;
+    slot.stream = 0;
+    slot.sent = Clock::now();
+    ++sent_;
+    ++in_flight_;
+    last_ = i;
+    if (waiting_.empty() && open_ < maxStreams()) {
+      submit(i);
+    } else {
+      waiting_.push_back(i);
+    }
+  }
+
+  // The server's SETTINGS_MAX_CONCURRENT_STREAMS (nghttp2's 100 until it
+  // comes).
+  size_t maxStreams() const {
+    return nghttp2_session_get_remote_settings(session_, NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS);
+  }
+
+  // Hands slot i's call to nghttp2, which opens its stream.
+  void submit(size_t i) {
+    Slot& slot = slots_[i];
     const nghttp2_nv headers[] = {
         header(":method", "POST"), header(":scheme", "http"),
         header(":path", "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"),
@@ -315,7 +345,6 @@ class Connection {
         header("te", "trailers"), header("grpc-timeout", grpc_timeout_.c_str())};
     nghttp2_data_provider body{};
     body.read_callback = readBody;
-    slot.sent = Clock::now();
     const size_t count = deadline_.count() > 0 ? std::size(headers) : std::size(headers) - 1;
     const int32_t stream = nghttp2_submit_request(session_, nullptr, headers, count, &body,
                                                   reinterpret_cast<void*>(i));
@@ -324,17 +353,45 @@ class Connection {
       return;
     }
     slot.stream = stream;
+    ++open_;
     if (deadline_.count() > 0) sent_order_.emplace_back(i, stream);
-    ++sent_;
-    ++in_flight_;
-    last_ = i;
+  }
+
+  // Submits the queued calls while streams are free; a queued call whose
+  // deadline passed is given up on, never sent.
+  void submitWaiting(Clock::time_point now) {
+    while (!waiting_.empty() && open_ < maxStreams()) {
+      const size_t i = waiting_.front();
+      waiting_.pop_front();
+      if (deadline_.count() > 0 && slots_[i].sent + deadline_ <= now) {
+        giveUp(i, now);
+      } else {
+        submit(i);
+      }
+    }
+  }
+
+  // Slot i's call, never sent, ends at its deadline.
+  void giveUp(size_t i, Clock::time_point now) {
+    totals_->latencies_us.push_back(
+        std::chrono::duration_cast<std::chrono::microseconds>(now - slots_[i].sent).count());
+    ++totals_->deadline_exceeded;
+    --in_flight_;
+    free_.push_back(i);
+    if (closed_loop_ && now < end_) send();
   }
 
   // Gives up on the calls whose deadline passed by `now`, as Envoy does:
-  // RST_STREAM (CANCEL), sent or still queued in nghttp2. Calls leave in
-  // the order they were sent, so the oldest is first. true when it reset
-  // any (they go out with the next flush).
+  // a queued one ends unsent, a sent one with RST_STREAM (CANCEL). Calls
+  // leave each queue in the order they started, so the oldest is first.
+  // true when it reset any (they go out with the next flush).
   bool expireCalls(Clock::time_point now) {
+    if (deadline_.count() == 0) return false;
+    while (!waiting_.empty() && slots_[waiting_.front()].sent + deadline_ <= now) {
+      const size_t i = waiting_.front();
+      waiting_.pop_front();
+      giveUp(i, now);
+    }
     bool reset = false;
     while (!sent_order_.empty()) {
       const auto [i, stream] = sent_order_.front();
@@ -432,8 +489,10 @@ class Connection {
       ++self->totals_->over;
     }
     --self->in_flight_;
+    --self->open_;
     self->free_.push_back(i);
     if (self->closed_loop_ && answered < self->end_) self->send();
+    self->submitWaiting(answered);
     return 0;
   }
 
@@ -449,6 +508,8 @@ class Connection {
   // The calls with a deadline in the order sent: (slot, stream); a slot
   // whose stream differs was answered.
   std::deque<std::pair<size_t, int32_t>> sent_order_;
+  std::deque<size_t> waiting_;  // slots started, not yet submitted: the server's streams were all open
+  size_t open_ = 0;  // streams submitted and not yet closed
   RateLimitResponse response_;  // each answer parsed into it
   Totals* totals_ = nullptr;
   Clock::time_point end_;
