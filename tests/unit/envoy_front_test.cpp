@@ -1,5 +1,6 @@
 // EnvoyFront (envoy_front.h): a call whose deadline has passed is finished
-// undecided. The real front on a Unix socket, one worker with a lane and a
+// undecided, and a connection may open kMaxCallsPerConnection calls. The
+// real front on a Unix socket, one worker with a lane and a
 // local limit of 2 a minute, asked by gRPC's C++ client; the front reads
 // deadlines on a clock the test sets ahead (DeadlineClock), so "passed" is
 // decided by the test, not by how fast the machine is.
@@ -7,8 +8,13 @@
 
 #include <gtest/gtest.h>
 #include <grpcpp/grpcpp.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cstring>
+#include <optional>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -87,6 +93,48 @@ class EnvoyFrontTest : public ::testing::Test {
     return stub_->ShouldRateLimit(&context, request, out);
   }
 
+  // The SETTINGS_MAX_CONCURRENT_STREAMS the front sends a new HTTP/2
+  // connection in its SETTINGS frame (RFC 9113, 6.5): read over a raw Unix
+  // socket after the client preface; nullopt when the frame lacks it.
+  std::optional<uint32_t> maxConcurrentStreams() {
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un address{};
+    address.sun_family = AF_UNIX;
+    const std::string path = dir_.file("rls.sock");
+    std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
+    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+    static constexpr char kPreface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    static constexpr char kEmptySettings[] = {0, 0, 0, 4, 0, 0, 0, 0, 0};
+    EXPECT_EQ(::write(fd, kPreface, sizeof(kPreface) - 1), ssize_t{sizeof(kPreface) - 1});
+    EXPECT_EQ(::write(fd, kEmptySettings, sizeof(kEmptySettings)), ssize_t{sizeof(kEmptySettings)});
+    auto readAll = [&](size_t n) {
+      std::string out(n, '\0');
+      for (size_t got = 0; got < n;) {
+        const ssize_t r = ::read(fd, out.data() + got, n - got);
+        if (r <= 0) return std::string();
+        got += static_cast<size_t>(r);
+      }
+      return out;
+    };
+    std::optional<uint32_t> found;
+    // The server's first frame is its SETTINGS (RFC 9113, 3.4).
+    const std::string header = readAll(9);
+    if (header.size() == 9 && header[3] == 4 && (header[4] & 1) == 0) {
+      const size_t length = (size_t{static_cast<uint8_t>(header[0])} << 16) |
+                            (size_t{static_cast<uint8_t>(header[1])} << 8) |
+                            static_cast<uint8_t>(header[2]);
+      const std::string payload = readAll(length);
+      for (size_t at = 0; at + 6 <= payload.size(); at += 6) {
+        const auto byte = [&](size_t i) { return static_cast<uint32_t>(static_cast<uint8_t>(payload[at + i])); };
+        if ((byte(0) << 8 | byte(1)) == 3) {  // SETTINGS_MAX_CONCURRENT_STREAMS
+          found = byte(2) << 24 | byte(3) << 16 | byte(4) << 8 | byte(5);
+        }
+      }
+    }
+    ::close(fd);
+    return found;
+  }
+
   test::TempDir dir_;
   KeyTable keys_{KeyTableOptions{}};
   Metrics metrics_{2};
@@ -129,6 +177,15 @@ TEST_F(EnvoyFrontTest, ACallWithinItsDeadlineIsDecidedAndSpends) {
   ASSERT_EQ(response.statuses_size(), 1);
   EXPECT_EQ(response.statuses(0).limit_remaining(), 1u);
   EXPECT_EQ(late_.get(), 0u);
+}
+
+// Verifies that the front limits each connection to kMaxCallsPerConnection
+// calls open at once, so that a client outrunning it queues its calls on
+// its own side, where their deadlines end them (envoy_front.h).
+TEST_F(EnvoyFrontTest, EachConnectionMayOpenAtMostKMaxCallsPerConnectionCalls) {
+  const std::optional<uint32_t> streams = maxConcurrentStreams();
+  ASSERT_TRUE(streams.has_value());
+  EXPECT_EQ(*streams, static_cast<uint32_t>(kMaxCallsPerConnection));
 }
 
 }  // namespace
