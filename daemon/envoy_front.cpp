@@ -323,7 +323,9 @@ class Service {
 };
 
 // The polling threads ([envoy] threads, 1 by default): blocked in the
-// completion queue's Next(), each handles the events it polled inline,
+// completion queue's Next() (or, with [envoy] poll_spin_us, polling it
+// without blocking for that long after an event: run()), each handles the
+// events it polled inline,
 // with no hop to another thread. A new call is planned
 // and asked at once (most are answered on a lane, on this thread, and
 // finished before the next event); each call in hand gets another

@@ -64,7 +64,7 @@ constexpr size_t kMaxEnvoyOverrideDomainBytes = 256;
 // past it (and opens connections, within its circuit breakers). Without a
 // bound a client sending faster than the front answers has all its calls
 // open in gRPC at once, and gRPC's cost a call grows with them: at 40,000
-// paced calls/s the front answered under 1,000 calls/s and went on
+// paced calls/s the front answered under 2,000 calls/s and went on
 // deciding the abandoned calls for seconds after the client hung up
 // (bench/results/rls.md).
 constexpr int kMaxCallsPerConnection = 100;
