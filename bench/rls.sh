@@ -8,6 +8,10 @@
 #   four-descriptors   four descriptors per call (four decisions), the same;
 #   half-rate          one descriptor paced at half the one-descriptor rate:
 #                      the latency at a load the machine carries;
+#   overload           one round paced at twice the one-descriptor rate:
+#                      most calls reach their deadline (below);
+#   after overload     one round at half rate again, straight after: the
+#                      front recovers instead of answering a backlog;
 #   redis-down         Redis stopped (SIGSTOP, so its calls hang until
 #                      lease_timeout) at a paced 1,000 calls/s: every call
 #                      is answered from the node's share, p99 shows the wait.
@@ -33,9 +37,15 @@
 # call when its request arrives, not in bursts; latency runs from send to
 # answer, and send_lag_p99_us says how late the busy machine let the sends
 # leave.
+# Every call has a deadline, BENCH_DEADLINE_MS (20, Envoy's default
+# timeout): rls_load sends it as grpc-timeout and gives up on the call
+# then, as Envoy does; such calls are counted as "deadline exceeded", not
+# as errors, and their latency (20 ms or more) counts in p50/p99.
 # Each row is the median of BENCH_ROUNDS rounds (3; BENCH_MODE=quick: 1).
 # Knobs: BENCH_SECONDS (3), BENCH_ROUNDS (3), BENCH_THREADS (2), BENCH_DEPTH (32),
-# BENCH_RLS_THREADS (sluiced's [envoy] threads; its default when unset).
+# BENCH_DEADLINE_MS (20), BENCH_RLS_THREADS and BENCH_RLS_SPIN_US (sluiced's
+# [envoy] threads and poll_spin_us; its defaults when unset), BENCH_SPIN_US
+# (rls_load's SPIN_US, paced: poll for a call due within it; 0).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -46,6 +56,8 @@ seconds=${BENCH_SECONDS:-3}
 rounds=${BENCH_ROUNDS:-3}
 threads=${BENCH_THREADS:-2}
 depth=${BENCH_DEPTH:-32}
+deadline_ms=${BENCH_DEADLINE_MS:-20}
+spin_us=${BENCH_SPIN_US:-0}
 rls_load="$build/bench/rls_load"
 [ -x "$rls_load" ] || { echo "bench: $rls_load is missing (built with SLUICE_GRPC=ON)" >&2; exit 2; }
 
@@ -83,6 +95,7 @@ url = "redis://127.0.0.1:$port"
 listen = "unix:$tmp/rls.sock"
 config = "$tmp/bench.yaml"
 ${BENCH_RLS_THREADS:+threads = $BENCH_RLS_THREADS}
+${BENCH_RLS_SPIN_US:+poll_spin_us = $BENCH_RLS_SPIN_US}
 EOF
 "$build/daemon/sluiced" --config "$tmp/bench.toml" 2>"$tmp/sluiced.log" &
 daemon_pid=$!
@@ -118,11 +131,12 @@ round() {  # DESCRIPTORS SECONDS THREADS DEPTH RATE
   before=$(redis_calls)
   ticks=$(cpu_ticks)
   hops=$(switches)
-  out=$("$rls_load" "$target" "$@")
+  out=$("$rls_load" "$target" "$@" 1 "$deadline_ms" "$spin_us")
   hops=$(($(switches) - hops))
   ticks=$(($(cpu_ticks) - ticks))
   after=$(redis_calls)
-  answered=$(($(field ok "$out") + $(field over_limit "$out") + $(field errors "$out")))
+  answered=$(($(field ok "$out") + $(field over_limit "$out") + $(field deadline_exceeded "$out") +
+    $(field errors "$out")))
   echo "$out redis_calls_per_rpc=$(awk -v a="$answered" -v r=$((after - before)) \
     'BEGIN { printf "%.4f", r / a }') cpu_us_per_call=$(cpu_per_call "$ticks" "$answered") \
 switches_per_call=$(awk -v h="$hops" -v a="$answered" 'BEGIN { printf "%.2f", a ? h / a : 0 }')"
@@ -130,16 +144,16 @@ switches_per_call=$(awk -v h="$hops" -v a="$answered" 'BEGIN { printf "%.2f", a 
 
 # The median of `rounds` rounds: by calls/s as fast as it answers, by p99
 # when paced (the rate is set); its whole line goes in the table.
-measure() {  # NAME DESCRIPTORS [RATE]
-  local name=$1 descriptors=$2 rate=${3:-0} key=calls_per_s lines=() out
+measure() {  # NAME DESCRIPTORS [RATE [ROUNDS]]
+  local name=$1 descriptors=$2 rate=${3:-0} count=${4:-$rounds} key=calls_per_s lines=() out
   [ "$rate" = 0 ] || key=p99_us
-  for _ in $(seq "$rounds"); do
+  for _ in $(seq "$count"); do
     lines+=("$(round "$descriptors" "$seconds" "$threads" "$depth" "$rate")")
     echo "$name: ${lines[-1]}" >&2
   done
   out=$(for line in "${lines[@]}"; do echo "$(field "$key" "$line") $line"; done |
-    sort -n | sed -n "$(((rounds + 1) / 2))p" | cut -d' ' -f2-)
-  rows+=("| $name | $(field calls_per_s "$out") | $(field p50_us "$out") | $(field p99_us "$out") | $(field cpu_us_per_call "$out") | $(field switches_per_call "$out") | $(field driver_cpu_us_per_call "$out") | $(field redis_calls_per_rpc "$out") | $(field errors "$out") |")
+    sort -n | sed -n "$(((count + 1) / 2))p" | cut -d' ' -f2-)
+  rows+=("| $name | $(field calls_per_s "$out") | $(field p50_us "$out") | $(field p99_us "$out") | $(field cpu_us_per_call "$out") | $(field switches_per_call "$out") | $(field driver_cpu_us_per_call "$out") | $(field redis_calls_per_rpc "$out") | $(field deadline_exceeded "$out") | $(field errors "$out") |")
   last_rate=$(field calls_per_s "$out")
   last_p99=$(field p99_us "$out")
   last_calls=$(field redis_calls_per_rpc "$out")
@@ -167,11 +181,14 @@ four_rate=${last_rate%.*}
 measure "half-rate ($half/s, paced)" 1 "$half"
 half_p99=$last_p99
 half_lag=$last_lag
+measure "overload ($((one_rate * 2))/s, paced)" 1 $((one_rate * 2)) 1
+measure "after overload ($half/s, paced)" 1 "$half" 1
+after_p99=$last_p99
 kill -STOP "$redis_pid"
 sleep 1  # the health check notices (health_interval + health_timeout)
-down=$("$rls_load" "$target" 1 "$seconds" 1 8 1000 2>&1 || true)
+down=$("$rls_load" "$target" 1 "$seconds" 1 8 1000 1 "$deadline_ms" "$spin_us" 2>&1 || true)
 kill -CONT "$redis_pid"
-rows+=("| redis-down (SIGSTOP, 1000/s, paced) | $(field calls_per_s "$down") | $(field p50_us "$down") | $(field p99_us "$down") | - | - | - | - | $(field errors "$down") |")
+rows+=("| redis-down (SIGSTOP, 1000/s, paced) | $(field calls_per_s "$down") | $(field p50_us "$down") | $(field p99_us "$down") | - | - | - | - | $(field deadline_exceeded "$down") | $(field errors "$down") |")
 echo "redis-down: $down" >&2
 down_p99=$(field p99_us "$down")
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -187,12 +204,13 @@ result="$here/results/$(bench_result_name rls)"
   echo "rls_load (on the same CPUs as sluiced) with $threads threads × $depth calls in flight, or"
   echo "paced (calls evenly spaced), over a Unix socket; each row the median of $rounds rounds of ${seconds}s"
   echo "(by calls/s, or by p99 when paced); sluiced (default"
-  echo "workers, [envoy] threads ${BENCH_RLS_THREADS:-default}) with one global limit per descriptor key on a local redis-server, one hot key"
+  echo "workers, [envoy] threads ${BENCH_RLS_THREADS:-default}, poll_spin_us ${BENCH_RLS_SPIN_US:-default}; rls_load SPIN_US $spin_us) with one global limit per descriptor key on a local redis-server, one hot key"
   echo "each. Load average (1, 5, 15 min) before the run: $load_before; after: $load_after."
   echo "Paced at half rate, 99 % of the sends left within $half_lag µs of their due time."
+  echo "Every call had a ${deadline_ms} ms deadline (grpc-timeout; rls_load gives up then, as Envoy does)."
   echo
-  echo "| row | calls/s | p50 µs | p99 µs | sluiced CPU µs per call | switches per call | rls_load CPU µs per call | Redis calls per RPC | errors |"
-  echo "|---|---|---|---|---|---|---|---|---|"
+  echo "| row | calls/s | p50 µs | p99 µs | sluiced CPU µs per call | switches per call | rls_load CPU µs per call | Redis calls per RPC | deadline exceeded | errors |"
+  echo "|---|---|---|---|---|---|---|---|---|---|"
   printf '%s\n' "${rows[@]}"
   echo
   echo "Reference, same daemon, rule and key, same run: MessagePack-RPC \`acquire\` over the"
@@ -208,6 +226,7 @@ result="$here/results/$(bench_result_name rls)"
   echo "|---|---|---|"
   echo "| ≥ 50,000 RPCs/s, one descriptor | $one_rate | $(verdict "$one_rate >= 50000") |"
   echo "| p99 ≤ 1 ms at half that rate | $half_p99 µs | $(verdict "$half_p99 <= 1000") |"
+  echo "| the same, straight after an overload | $after_p99 µs | $(verdict "$after_p99 <= 1000") |"
   echo "| ≤ 0.01 Redis calls per RPC, hot descriptor | $one_calls | $(verdict "$one_calls <= 0.01") |"
   echo "| p99 ≤ 1 ms while Redis is down | $down_p99 µs | $(verdict "$down_p99 <= 1000") |"
   busy_warning "rerun on an idle machine for figures worth comparing."

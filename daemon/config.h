@@ -186,6 +186,8 @@ struct RespConfig {
 
 // [envoy] threads is 1 to this.
 inline constexpr int kMaxEnvoyThreads = 64;
+// [envoy] poll_spin_us is 0 to this (1 ms).
+inline constexpr int64_t kMaxEnvoyPollSpinUs = 1'000;
 
 // [envoy]: Envoy's rate limit service (envoy_front.h); present only when
 // the file has an [envoy] section. Its YAML files are read with the TOML
@@ -205,6 +207,10 @@ struct EnvoyConfig {
   // gRPC polling threads that take ShouldRateLimit calls (envoy_front.h):
   // 1 costs the least per call; more carry more calls/s on more cores.
   int threads = 1;
+  // After an event, a polling thread keeps polling without blocking for
+  // this long before it sleeps (envoy_front.cpp, Pollers::run); 0: it
+  // sleeps at once. Never spins while idle.
+  int64_t poll_spin_us = 0;
   EnvoyPolicyPtr policy;  // never null in a loaded Config with [envoy]
 };
 

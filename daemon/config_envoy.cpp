@@ -8,8 +8,8 @@
 namespace sluice::config_detail {
 namespace {
 
-constexpr std::array<std::string_view, 7> kEnvoyKeys = {
-    "listen", "config", "scope", "algorithm", "on_redis_down", "all_or_nothing", "threads"};
+constexpr std::array<std::string_view, 8> kEnvoyKeys = {
+    "listen", "config", "scope", "algorithm", "on_redis_down", "all_or_nothing", "threads", "poll_spin_us"};
 constexpr std::array<std::string_view, 3> kRedisDownNames = {"local", "open", "closed"};
 constexpr std::array<RedisDownPolicy, 3> kRedisDownValues = {
     RedisDownPolicy::kLocal, RedisDownPolicy::kOpen, RedisDownPolicy::kClosed};
@@ -100,6 +100,14 @@ EnvoyConfig loadEnvoy(const toml::table& table, bool have_redis) {
                            "least per call)");
     }
     envoy.threads = static_cast<int>(value);
+  }
+  if (const toml::node* spin = table.get("poll_spin_us")) {
+    const int64_t value = integerValue(*spin, "[envoy] poll_spin_us", "poll_spin_us = 0");
+    if (value < 0 || value > kMaxEnvoyPollSpinUs) {
+      refuse(*spin, "[envoy] poll_spin_us is " + std::to_string(value) + "; write 0 to " +
+                        std::to_string(kMaxEnvoyPollSpinUs) + " (0, the default, sleeps at once)");
+    }
+    envoy.poll_spin_us = value;
   }
   auto policy = std::make_shared<EnvoyPolicy>();
   const std::string error =

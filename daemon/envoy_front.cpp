@@ -86,6 +86,14 @@ class Exchange final : public Tag {
     finishing_ = true;
     responder_->Finish(*response_, grpc::Status::OK, this);
   }
+  // On the polling thread, instead of finish(): the call's deadline passed
+  // before it was decided.
+  void finishLate() {
+    finishing_ = true;
+    responder_->FinishWithError(kLate, this);
+  }
+  // When the client gives up on the call (time_point::max() for never).
+  std::chrono::system_clock::time_point deadline() const { return context_->deadline(); }
   const RateLimitRequest& requestMessage() const { return *request_; }
   RateLimitResponse* response() { return response_; }
   // Whether the queue's event for this is the finish (else a new call).
@@ -95,6 +103,8 @@ class Exchange final : public Tag {
  private:
   // Enough for a request of a few descriptors and its response.
   static constexpr size_t kArenaBlockBytes = 4096;
+  static inline const grpc::Status kLate{grpc::StatusCode::DEADLINE_EXCEEDED,
+                                         "the deadline passed before the call was decided"};
   static google::protobuf::ArenaOptions arenaOptions(char* block) {
     google::protobuf::ArenaOptions options;
     options.initial_block = block;
@@ -225,10 +235,21 @@ class Call final : public Recipient {
 // rules. Thread-safe.
 class Service {
  public:
+  explicit Service(DeadlineClock clock) : clock_(std::move(clock)) {}
+
   // A new call on `exchange`, on its polling thread: plans it and asks its
   // questions; the last answer finishes it (Call::finish), here or later on
-  // a worker's thread.
+  // a worker's thread. A call whose deadline has passed is finished at once,
+  // undecided (envoy_front.h).
   void shouldRateLimit(Exchange* exchange) {
+    if (exchange->deadline() <= clock_()) {
+      {
+        std::lock_guard<std::mutex> lock(late_mutex_);
+        late_->add();
+      }
+      exchange->finishLate();
+      return;
+    }
     std::shared_ptr<const Settings> settings = settings_.load(std::memory_order_acquire);
     EnvoyPlan plan = planRequest(*settings->policy, exchange->requestMessage(),
                                  [&](std::string_view domain, const EnvoyLimit& limit) {
@@ -250,10 +271,11 @@ class Service {
     settings->all_or_nothing = envoy.all_or_nothing;
     settings_.store(std::move(settings), std::memory_order_release);
   }
-  void setWorkers(std::vector<Worker*> workers, AddRule add_rule, Counter* refused) {
+  void setWorkers(std::vector<Worker*> workers, AddRule add_rule, EnvoyCounters counters) {
     workers_ = std::move(workers);
     add_rule_ = std::move(add_rule);
-    refused_ = refused;
+    refused_ = counters.overrides_refused;
+    late_ = counters.deadline_exceeded;
   }
 
  private:
@@ -286,11 +308,14 @@ class Service {
 
   static constexpr int64_t kRefusalLogIntervalNs = 60'000'000'000;
 
+  const DeadlineClock clock_;
   AddRule add_rule_;
   std::mutex overrides_mutex_;  // installed_, refusal_logged_ns_
   std::set<std::string, std::less<>> installed_;  // override rules added, at most kMaxEnvoyOverrides
   int64_t refusal_logged_ns_ = 0;
   Counter* refused_ = nullptr;  // set before the server starts; written under overrides_mutex_
+  std::mutex late_mutex_;  // late_ (Counter has one writer at a time)
+  Counter* late_ = nullptr;  // set before the server starts; calls finished DEADLINE_EXCEEDED
   std::atomic<std::shared_ptr<const Settings>> settings_;
   std::vector<Worker*> workers_;  // set before the server starts
   std::atomic<size_t> next_{0};
@@ -298,7 +323,9 @@ class Service {
 };
 
 // The polling threads ([envoy] threads, 1 by default): blocked in the
-// completion queue's Next(), each handles the events it polled inline,
+// completion queue's Next() (or, with [envoy] poll_spin_us, polling it
+// without blocking for that long after an event: run()), each handles the
+// events it polled inline,
 // with no hop to another thread. A new call is planned
 // and asked at once (most are answered on a lane, on this thread, and
 // finished before the next event); each call in hand gets another
@@ -323,8 +350,9 @@ class Pollers {
   Pollers(Service* service, RlsService::AsyncService* async, grpc::AsyncGenericService* generic,
           std::unique_ptr<grpc::ServerCompletionQueue> queue);
 
-  // Requests the first calls and starts `threads` threads.
-  void start(size_t threads);
+  // Requests the first calls and starts `threads` threads, each spinning
+  // `spin_ns` after an event before it blocks (run()).
+  void start(size_t threads, int64_t spin_ns);
   // After the server's shutdown: no call is requested any more.
   void stopRequesting() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -362,10 +390,30 @@ class Pollers {
   grpc::ServerCompletionQueue* queue() { return queue_.get(); }
 
  private:
+  // Handles events until the queue shuts down. After each event the thread
+  // keeps polling without blocking (AsyncNext with a deadline already
+  // past, one non-blocking poll of gRPC's sockets) until spin_ns_ passes
+  // with no event, then blocks in Next(): calls that come one by one
+  // within the spin are read without the thread sleeping and waking for
+  // each, and an idle front spins once, then sleeps.
   void run() {
     void* tag = nullptr;
     bool ok = false;
-    while (queue_->Next(&tag, &ok)) static_cast<Tag*>(tag)->done(ok);
+    while (queue_->Next(&tag, &ok)) {
+      static_cast<Tag*>(tag)->done(ok);
+      int64_t last_event_ns = spin_ns_ > 0 ? monotonicNowNs() : 0;
+      while (spin_ns_ > 0) {
+        const auto status = queue_->AsyncNext(&tag, &ok, gpr_inf_past(GPR_CLOCK_MONOTONIC));
+        if (status == grpc::CompletionQueue::SHUTDOWN) return;
+        const int64_t now_ns = monotonicNowNs();
+        if (status == grpc::CompletionQueue::GOT_EVENT) {
+          static_cast<Tag*>(tag)->done(ok);
+          last_event_ns = now_ns;
+        } else if (now_ns - last_event_ns >= spin_ns_) {
+          break;
+        }
+      }
+    }
   }
 
   void requestAnother() {
@@ -383,6 +431,7 @@ class Pollers {
   Service* service_;
   RlsService::AsyncService* async_;
   std::unique_ptr<grpc::ServerCompletionQueue> queue_;
+  int64_t spin_ns_ = 0;  // [envoy] poll_spin_us, set before the threads start
   std::unique_ptr<Tag> health_;  // the HealthCheck
   std::vector<std::thread> threads_;
   std::mutex mutex_;  // the three below
@@ -497,7 +546,8 @@ Pollers::Pollers(Service* service, RlsService::AsyncService* async,
     : service_(service), async_(async), queue_(std::move(queue)),
       health_(std::make_unique<HealthCheck>(this, generic)) {}
 
-void Pollers::start(size_t threads) {
+void Pollers::start(size_t threads, int64_t spin_ns) {
+  spin_ns_ = spin_ns;
   for (size_t i = 0; i < kRequests; ++i) requestAnother();
   static_cast<HealthCheck*>(health_.get())->request();
   for (size_t i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
@@ -505,10 +555,12 @@ void Pollers::start(size_t threads) {
 
 class GrpcEnvoyFront final : public EnvoyFront {
  public:
+  explicit GrpcEnvoyFront(DeadlineClock clock) : service_(std::move(clock)) {}
+
   bool start(const EnvoyConfig& envoy, uint32_t socket_mode, std::vector<Worker*> workers,
-             AddRule add_rule, Counter* refused, std::string* error) override {
+             AddRule add_rule, EnvoyCounters counters, std::string* error) override {
     service_.setConfig(envoy);
-    service_.setWorkers(std::move(workers), std::move(add_rule), refused);
+    service_.setWorkers(std::move(workers), std::move(add_rule), counters);
     if (envoy.listen.starts_with("unix:")) {
       socket_path_ = envoy.listen.substr(5);
       ::unlink(socket_path_.c_str());  // a previous run's; bind would fail on it
@@ -527,6 +579,7 @@ class GrpcEnvoyFront final : public EnvoyFront {
     // bandwidth-delay product: a Unix socket or loopback has none worth
     // probing, and each probe costs a ping and its ack.
     builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxCallsPerConnection);
     std::unique_ptr<grpc::ServerCompletionQueue> queue = builder.AddCompletionQueue();
     server_ = builder.BuildAndStart();
     if (server_ == nullptr || (socket_path_.empty() && port == 0)) {
@@ -538,7 +591,7 @@ class GrpcEnvoyFront final : public EnvoyFront {
       return false;
     }
     pollers_ = std::make_unique<Pollers>(&service_, &async_, &generic_, std::move(queue));
-    pollers_->start(static_cast<size_t>(envoy.threads));
+    pollers_->start(static_cast<size_t>(envoy.threads), envoy.poll_spin_us * 1'000);
     if (!socket_path_.empty() && ::chmod(socket_path_.c_str(), socket_mode) != 0) {
       *error = "[envoy] listen " + envoy.listen + ": cannot set the socket's mode: " +
                std::strerror(errno);
@@ -599,6 +652,9 @@ class GrpcEnvoyFront final : public EnvoyFront {
 
 }  // namespace
 
-std::unique_ptr<EnvoyFront> makeEnvoyFront() { return std::make_unique<GrpcEnvoyFront>(); }
+std::unique_ptr<EnvoyFront> makeEnvoyFront(DeadlineClock clock) {
+  if (!clock) clock = [] { return std::chrono::system_clock::now(); };
+  return std::make_unique<GrpcEnvoyFront>(std::move(clock));
+}
 
 }  // namespace sluice

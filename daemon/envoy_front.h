@@ -22,8 +22,21 @@
 // taken with try_lock.
 // An error answer (a rule gone in a reload, a full key table) is answered
 // OK, never an error Envoy would turn into its failure mode, and logged.
+//
+// Deadlines and backlogs: Envoy sends each call with `grpc-timeout` (20 ms
+// by default) and gives up on it then. A call whose deadline has passed
+// when the front reads it is finished DEADLINE_EXCEEDED without a
+// decision, so it spends nothing, and counted
+// (sluice_envoy_deadline_exceeded_total): a front that fell behind drains
+// its backlog at a fraction of a decision's cost instead of spending units
+// for calls nobody waits for. A connection holds at most
+// kMaxCallsPerConnection calls at once (HTTP/2's
+// SETTINGS_MAX_CONCURRENT_STREAMS); the client queues the rest, where its
+// own deadline ends them, so the calls gRPC holds for the front stay few
+// however far a client outruns it.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -46,6 +59,29 @@ class Worker;
 constexpr size_t kMaxEnvoyOverrides = 256;
 constexpr size_t kMaxEnvoyOverrideDomainBytes = 256;
 
+// Calls (HTTP/2 streams) one client connection may have open at once: the
+// smallest value HTTP/2 recommends (RFC 9113, 6.5.2). Envoy queues calls
+// past it (and opens connections, within its circuit breakers). Without a
+// bound a client sending faster than the front answers has all its calls
+// open in gRPC at once, and gRPC's cost a call grows with them: at 40,000
+// paced calls/s the front answered under 2,000 calls/s and went on
+// deciding the abandoned calls for seconds after the client hung up
+// (bench/results/rls.md).
+constexpr int kMaxCallsPerConnection = 100;
+
+// The clock a call's deadline is compared with: gRPC gives the deadline as
+// a std::chrono::system_clock time point (what is left of `grpc-timeout`,
+// converted at the asking), so this is system_clock::now in the daemon; a
+// test sets it ahead to make every deadline passed. Called on the polling
+// threads.
+using DeadlineClock = std::function<std::chrono::system_clock::time_point()>;
+
+// What the front counts on /metrics; the counters outlive the front.
+struct EnvoyCounters {
+  Counter* overrides_refused = nullptr;  // descriptors whose override got no rule
+  Counter* deadline_exceeded = nullptr;  // calls finished DEADLINE_EXCEEDED, undecided
+};
+
 // Adds a rule to the running rule set (Server::addRule); false when it
 // cannot (stopping). Thread-safe; the workers have the rule when it returns.
 using AddRule = std::function<bool(const Rule&)>;
@@ -58,10 +94,10 @@ class EnvoyFront {
   // socket_mode), so that Envoy's user can connect as apps do. false with
   // `error` when it cannot listen.
   // `add_rule` installs the rule of a descriptor's limit override the first
-  // time one is seen; `refused` (which outlives the front) counts the
-  // descriptors whose override gets none (kMaxEnvoyOverrides).
+  // time one is seen; `counters.overrides_refused` counts the descriptors
+  // whose override gets none (kMaxEnvoyOverrides).
   virtual bool start(const EnvoyConfig& envoy, uint32_t socket_mode, std::vector<Worker*> workers,
-                     AddRule add_rule, Counter* refused, std::string* error) = 0;
+                     AddRule add_rule, EnvoyCounters counters, std::string* error) = 0;
   // Thread-safe: later calls use this policy (a reload).
   virtual void setConfig(const EnvoyConfig& envoy) = 0;
   // Stops listening and answers what is in flight (bounded); before the
@@ -69,7 +105,8 @@ class EnvoyFront {
   virtual void stop() = 0;
 };
 
-// nullptr when sluiced was built without gRPC (SLUICE_GRPC=OFF).
-std::unique_ptr<EnvoyFront> makeEnvoyFront();
+// nullptr when sluiced was built without gRPC (SLUICE_GRPC=OFF). Deadlines
+// are read on `clock` (system_clock::now when empty).
+std::unique_ptr<EnvoyFront> makeEnvoyFront(DeadlineClock clock = {});
 
 }  // namespace sluice

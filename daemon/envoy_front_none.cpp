@@ -3,6 +3,6 @@
 
 namespace sluice {
 
-std::unique_ptr<EnvoyFront> makeEnvoyFront() { return nullptr; }
+std::unique_ptr<EnvoyFront> makeEnvoyFront(DeadlineClock) { return nullptr; }
 
 }  // namespace sluice

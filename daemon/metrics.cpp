@@ -134,6 +134,7 @@ MetricsSnapshot Metrics::snapshot() const {
   }
   sum.connections_forbidden = connections_forbidden_.get();
   sum.envoy_overrides_refused = envoy_overrides_refused_.get();
+  sum.envoy_deadline_exceeded = envoy_deadline_exceeded_.get();
   return sum;
 }
 

@@ -186,6 +186,7 @@ struct MetricsSnapshot {
   uint64_t reservation_unpaid_units = 0;
   uint64_t reservations_unpaid = 0;
   uint64_t envoy_overrides_refused = 0;
+  uint64_t envoy_deadline_exceeded = 0;
   HistogramSnapshot decision_latency;
 
   uint64_t reservationsOpen() const {
@@ -211,6 +212,9 @@ class Metrics {
   // Envoy limit overrides refused a rule (envoy_front.h); written under the
   // Envoy front's lock, so by one thread at a time.
   Counter& envoyOverridesRefused() { return envoy_overrides_refused_; }
+  // Envoy calls finished DEADLINE_EXCEEDED without a decision
+  // (envoy_front.h); written under the Envoy front's lock for them.
+  Counter& envoyDeadlineExceeded() { return envoy_deadline_exceeded_; }
 
   MetricsSnapshot snapshot() const;
 
@@ -226,6 +230,7 @@ class Metrics {
   std::array<Counter, kRefuseReasons> connections_refused_;
   Counter connections_forbidden_;
   Counter envoy_overrides_refused_;
+  Counter envoy_deadline_exceeded_;
   mutable std::mutex rules_mutex_;
   std::map<std::string, std::unique_ptr<RuleShard[]>, std::less<>> rules_;
 };

@@ -231,6 +231,10 @@ std::string renderPrometheus(const MetricsView& view) {
            "Envoy descriptors whose limit override got no rule (past the bound on distinct "
            "overrides), decided on their configured limit.",
            static_cast<double>(t.envoy_overrides_refused));
+  w.single("sluice_envoy_deadline_exceeded_total", "counter",
+           "Envoy calls whose deadline had passed when the front read them, finished "
+           "DEADLINE_EXCEEDED without a decision.",
+           static_cast<double>(t.envoy_deadline_exceeded));
   w.histogram("sluice_decision_duration_seconds",
               "Time from reading a request to writing its answer, waits for leases included.",
               t.decision_latency);

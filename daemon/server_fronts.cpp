@@ -162,7 +162,9 @@ bool Server::startEnvoy(std::string* error) {
   for (auto& worker : workers_) workers.push_back(worker.get());
   if (!envoy_->start(*config_.envoy, config_.daemon.socket_mode, std::move(workers),
                      [this](const Rule& rule) { return addRule(rule); },
-                     &metrics_.envoyOverridesRefused(), error)) {
+                     EnvoyCounters{.overrides_refused = &metrics_.envoyOverridesRefused(),
+                                   .deadline_exceeded = &metrics_.envoyDeadlineExceeded()},
+                     error)) {
     envoy_.reset();
     return false;
   }

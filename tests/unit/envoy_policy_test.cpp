@@ -276,7 +276,7 @@ TEST_F(EnvoySection, ItsLimitsJoinTheRuleSetLocalWithoutRedis) {
 TEST_F(EnvoySection, ItsOptionsShapeTheRules) {
   ConfigResult result = load("listen = \"unix:/tmp/rls.sock\"\nconfig = \"" + path_ +
                                  "\"\nalgorithm = \"gcra\"\non_redis_down = \"open\"\n"
-                                 "all_or_nothing = true\nthreads = 2\n",
+                                 "all_or_nothing = true\nthreads = 2\npoll_spin_us = 50\n",
                              true);
   ASSERT_TRUE(result.ok()) << result.error;
   const Rule* rule = result.config->rules->find("mongo_cps/database=default");
@@ -286,6 +286,7 @@ TEST_F(EnvoySection, ItsOptionsShapeTheRules) {
   EXPECT_EQ(rule->on_redis_down, RedisDownPolicy::kOpen);
   EXPECT_TRUE(result.config->envoy->all_or_nothing);
   EXPECT_EQ(result.config->envoy->threads, 2);
+  EXPECT_EQ(result.config->envoy->poll_spin_us, 50);
 }
 
 TEST_F(EnvoySection, MistakesAreRefusedWithLineAndFix) {
@@ -304,6 +305,10 @@ TEST_F(EnvoySection, MistakesAreRefusedWithLineAndFix) {
   EXPECT_EQ(load("listen = \"127.0.0.1:8081\"\nconfig = \"" + path_ + "\"\nthreads = 0\n").error,
             "x.toml:4:11: [envoy] threads is 0; write 1 to 64 (1, the default, costs the least "
             "per call)");
+  EXPECT_EQ(load("listen = \"127.0.0.1:8081\"\nconfig = \"" + path_ + "\"\npoll_spin_us = 5000\n")
+                .error,
+            "x.toml:4:16: [envoy] poll_spin_us is 5000; write 0 to 1000 (0, the default, sleeps "
+            "at once)");
 }
 
 TEST_F(EnvoySection, ARuleNamedAsADescriptorOrAnOverrideRuleIsRefused) {
