@@ -22,6 +22,12 @@ inline Outcome GroupPath::decideEntry(const Rule& rule, const Item& item, int64_
   // Asked again after standing in its key's line, on a rule that no longer
   // leases: it leaves the line.
   waiting_.leaveLine(asker.wait.ticket);
+  if (item.cost > 0 && broker_ != nullptr && leasable(rule)) {
+    // Redis is unreachable: a key holding a rate spends it (its demand-weighted share).
+    if (std::optional<Outcome> rated = lease_.acquireOnRate(*rules_, rule, item, now_ns, verdict)) {
+      return *rated;
+    }
+  }
   auto [routed, mode] = route(rule);
   if (routed == nullptr) {
     verdict->decide(policyDecision(rule, mode), mode);

@@ -166,6 +166,10 @@ class LeaseManager : private BreakerActions {
   // Sends fleet_version.lua's claim; `done` gets the marker's version
   // (nullopt: no answer). False when it could not be sent.
   bool claimFleet(std::function<void(std::optional<int64_t>)> done);
+  // Ends every rate lease this node holds (rate_lease.h): Redis came back
+  // without the rates hash, so it counts none of them, and a slice that
+  // refilled on would admit beside a bucket that refills at the full rate.
+  void endRates();
   // Debits what the fallback shares admitted over span_ms (nothing when
   // Redis lost the state); `expect` counts the debits before they are sent,
   // and each one's answer calls `answered`.
@@ -183,7 +187,14 @@ class LeaseManager : private BreakerActions {
   // down before it could be sent.
   void callScript(const Rule& rule, std::string_view key, std::vector<std::string> argv,
                   int64_t timeout_ms, RedisCallback on_result);
-  void onLeaseReply(const LeaseRequest& request, const Rule& rule, const RedisResult& result);
+  // sent_ns: when the lease was sent (a rate lease's start, at the latest).
+  void onLeaseReply(const LeaseRequest& request, const Rule& rule, const RedisResult& result,
+                    int64_t sent_ns);
+  // The Redis keys a script call on (rule, key) names: its state, then the
+  // block key and the rates key where the rule's script takes them.
+  std::vector<std::string> scriptKeys(const Rule& rule, std::string_view key) const;
+  // How long a rate lease holds (lease_ttl, at most rate_lease::kMaxLeaseMs).
+  int64_t rateLeaseMs() const;
   // A lease that got no usable answer: counted, and the key follows its
   // policy for a while when Redis answered (or its master alone is lost).
   void leaseFailed(const LeaseRequest& request, const RedisResult& result);

@@ -7,6 +7,7 @@
 
 #include "limiter.h"
 #include "penalty.h"
+#include "rate_lease.h"
 
 namespace sluice {
 
@@ -300,6 +301,27 @@ Decision LeasePath::look(const RuleSet& rules, const Rule& rule, std::string_vie
   return decision;
 }
 
+std::optional<Outcome> LeasePath::acquireOnRate(const RuleSet& rules, const Rule& rule,
+                                                const rpc::Item& item, int64_t now_ns, Verdict* verdict) {
+  if (rule.on_redis_down != RedisDownPolicy::kLocal) return std::nullopt;
+  KeyTable::Entry* entry = currentEntry(keys_, rule, item.key);
+  if (entry == nullptr) return std::nullopt;
+  const Rule& deciding = decidingFor(rules, rule, item.key, entry);
+  if (!rate_lease::eligible(deciding)) return std::nullopt;
+  auto words = slice::of(entry->state());
+  slice::TakeResult taken = slice::takeOnRate(words, now_ns, item.cost);
+  if (taken.outcome == slice::Outcome::kFallback) return std::nullopt;
+  if (taken.outcome == slice::Outcome::kTaken) {
+    verdict->taken.cost = item.cost;
+    verdict->taken.slice = words;
+  }
+  Decision decision = sliceDecision(deciding, taken, words, now_ns);
+  policy_.countDenial(rule, item.key, entry->state(), decision, now_ns);
+  applyShadow(rule, &decision);
+  verdict->decide(decision, rule.shadow ? Mode::kShadow : Mode::kFallback);
+  return Outcome::kAnswered;
+}
+
 bool LeasePath::stand(Wait& wait, const Rule& rule, const Rule& deciding, std::string_view key,
                       std::span<std::atomic<uint64_t>> words, int64_t cost, int64_t* ahead) {
   *ahead = 0;
@@ -351,6 +373,17 @@ void LeasePath::requestLease(const RuleSet& rules, const Rule& rule, const Rule&
   batch.n = std::min(batch.n, share_left);
   batch.need = std::min(batch.need, batch.n);
   LeaseRequest request;
+  // A key that holds a rate renews it; one whose last lease found Redis's
+  // bucket drained asks for one (rate_lease::wants). Not while learning:
+  // the share bounds the node.
+  if (share_left == INT64_MAX && rate_lease::eligible(deciding)) {
+    const Limit& limit = deciding.limits.front();
+    const int64_t demand = slice::demandPerInterval(words);
+    if (slice::holdsRate(words, now_ns) ||
+        rate_lease::wants(limit, demand, slice::drained(words), broker_->leaseIntervalNs())) {
+      request.rate = rate_lease::askedRate(limit, std::max(demand, cost), broker_->leaseIntervalNs());
+    }
+  }
   request.rule_id = rule.id;
   request.variant = storedOverride(rule, words);
   request.key = std::string(key);

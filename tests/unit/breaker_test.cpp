@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <deque>
 #include <map>
@@ -25,6 +26,7 @@
 #include "lease_manager.h"
 #include "metrics.h"
 #include "prometheus.h"
+#include "rate_lease.h"
 #include "redis_keys.h"
 #include "rpc.h"
 #include "slice.h"
@@ -640,17 +642,35 @@ class FakeRedisState {
     if (a.size() == 7 && a[0] != "peek" && !std::isdigit(static_cast<unsigned char>(a[5][0]))) {
       return concurrency(a, key, now_ms);  // {op, n, need, limit, ttl, node_id, now}
     }
-    int64_t n = std::stoll(a[1]);
-    int64_t need = std::stoll(a[2]);
+    // A rate op (rate_lease.h): {"rate", rate, tokens, limit, period_ms,
+    // burst, now_us, deadline_us, node, lease_ms}. The node's rate is
+    // replaced by rate_lease::grant's (its max-min share of the demands
+    // recorded, within what the others' rates leave of the limit) until now
+    // + lease_ms; up to `tokens` are taken beside it;
+    // the reply carries the block's time left, the rate and whether some
+    // recorded demand is below its share (rate_lease::unmet). The bucket
+    // refills at the limit less the rates held (refill()).
+    const bool rate_op = a[0] == "rate";
+    int64_t n = std::stoll(rate_op ? a[2] : a[1]);
+    int64_t need = rate_op ? std::min<int64_t>(n, 1) : std::stoll(a[2]);
     double limit = std::stod(a[3]);
     double period_ms = std::stod(a[4]);
     Bucket& bucket = bucket_(key, std::stod(a[5]));
-    bucket.tokens = std::min(bucket.burst, bucket.tokens + static_cast<double>(now_ns_ - bucket.at_ns) /
-                                               kMs * limit / period_ms);
-    bucket.at_ns = now_ns_;
+    refill(bucket, limit, period_ms);
+    long long rate = 0;
+    if (rate_op) {
+      ++rate_ops_;
+      const long long asked = std::stoll(a[1]);
+      bucket.rates.erase(a[8]);
+      std::vector<rate_lease::Held> live;
+      for (const auto& [node, held] : bucket.rates) live.push_back({node, held.rate, held.until_ns, held.demand});
+      rate = asked > 0 ? rate_lease::grant(live, a[8], asked, static_cast<int64_t>(limit)) : 0;
+      // Kept with rate 0 too: its demand counts in the others' next grants.
+      if (asked > 0) bucket.rates[a[8]] = {rate, now_ns_ + std::stoll(a[9]) * kMs, asked};
+    }
     long long granted = 0;
     long long retry_ms = 0;
-    if (a[0] == "lease") {
+    if (a[0] == "lease" || (rate_op && n > 0)) {
       ++leases_;
       if (bucket.tokens >= static_cast<double>(need)) {
         granted = std::min<long long>(n, static_cast<long long>(bucket.tokens));
@@ -664,19 +684,50 @@ class FakeRedisState {
     } else if (a[0] == "debit") {
       bucket.tokens -= static_cast<double>(n);
     }
-    return {granted, std::max<long long>(static_cast<long long>(bucket.tokens), 0), retry_ms, 0,
-            now_ms};
+    const long long left = std::max<long long>(static_cast<long long>(bucket.tokens), 0);
+    if (rate_op) {
+      std::vector<rate_lease::Held> after;
+      for (const auto& [node, held] : bucket.rates) after.push_back({node, held.rate, held.until_ns, held.demand});
+      const long long unmet = rate_lease::unmet(after, static_cast<int64_t>(limit)) ? 1 : 0;
+      return {granted, left, retry_ms, 0, now_ms, 0, rate, unmet};
+    }
+    return {granted, left, retry_ms, 0, now_ms};
   }
+  // Rate ops run so far.
+  int rateOps() const { return rate_ops_; }
 
  private:
+  struct Held {
+    int64_t rate = 0;  // units per period
+    int64_t until_ns = 0;
+    int64_t demand = 0;  // the rate asked for
+  };
   struct Bucket {
     double burst = 0;
     double tokens = 0;
     int64_t at_ns = 0;
+    std::map<std::string, Held> rates;  // node -> its rate lease
   };
+  // The bucket's refill up to now, span by span between the rates' ends:
+  // the limit less the rates held, up to the burst. Ended rates are dropped.
+  void refill(Bucket& bucket, double limit, double period_ms) {
+    while (bucket.at_ns < now_ns_) {
+      int64_t span_end = now_ns_;
+      double held = 0;
+      for (const auto& [node, h] : bucket.rates) {
+        if (h.until_ns <= bucket.at_ns) continue;
+        held += static_cast<double>(h.rate);
+        span_end = std::min(span_end, h.until_ns);
+      }
+      bucket.tokens = std::min(bucket.burst, bucket.tokens + static_cast<double>(span_end - bucket.at_ns) /
+                                                                 kMs * (limit - held) / period_ms);
+      bucket.at_ns = span_end;
+    }
+    std::erase_if(bucket.rates, [this](const auto& entry) { return entry.second.until_ns <= now_ns_; });
+  }
   Bucket& bucket_(const std::string& key, double burst) {
     auto [it, fresh] = buckets_.try_emplace(key);
-    if (fresh) it->second = {burst, burst, now_ns_};
+    if (fresh) it->second = {burst, burst, now_ns_, {}};
     return it->second;
   }
 
@@ -704,6 +755,7 @@ class FakeRedisState {
 
   const int64_t& now_ns_;
   int leases_ = 0;
+  int rate_ops_ = 0;
   std::string run_id_ = "run-1";
   std::map<std::string, Bucket> buckets_;
   std::map<std::string, std::map<std::string, long long>> pools_;
@@ -906,6 +958,175 @@ TEST_F(LearningFleetTest, AConcurrencyRuleIsCappedOnlyWhileItLearnsItself) {
   ASSERT_TRUE(a_->broker().learning(*rules_->find("hourly"), now_));
   a_->pump();
   EXPECT_EQ(acquires(*a_, "slots", 2), 2);
+}
+
+// --- Rate leases keep the burst (rate_lease::wants), on one node -------------
+
+// One node alone on a Redis that grants rate leases (FakeRedisState): a
+// 10/s rule with a burst of 10 (one unit per 100 ms lease interval, the
+// least that may lease a rate) and an 8-an-hour one.
+class RateLeaseNodeTest : public LearningFleetTest {
+ protected:
+  void SetUp() override {
+    std::vector<Rule> rules;
+    rules.push_back(globalRule(1, "per-second", 10, kSecond));
+    rules.push_back(globalRule(2, "hourly", 8, kHour));
+    rules_ = std::make_shared<const RuleSet>(std::move(rules), 1);
+    a_ = std::make_unique<Node>("node-a", redis_, rules_, now_);
+    a_->up();
+    ASSERT_TRUE(a_->broker().leasing());
+    ASSERT_FALSE(a_->broker().learning(*rules_->find("per-second"), now_));
+  }
+
+  // Acquires `count` times on "k" at the same instant; how many passed.
+  int atOnce(std::string_view rule, int count) {
+    int allowed = 0;
+    for (int i = 0; i < count; ++i) allowed += a_->acquire(rule, "k") ? 1 : 0;
+    return allowed;
+  }
+};
+
+// Verifies that a fresh key of 10/s with a burst of 10 admits its burst at
+// once: its bucket is not drained, so no rate stands in for it.
+TEST_F(RateLeaseNodeTest, AFreshKeyOfTenASecondAdmitsItsBurstOfTenAtOnce) {
+  EXPECT_EQ(atOnce("per-second", 10), 10);
+  EXPECT_EQ(atOnce("per-second", 5), 0);
+}
+
+// Verifies that a rule refilling less than a unit per lease interval (8 an
+// hour) admits its 8 and never asks for a rate, however hot the key.
+TEST_F(RateLeaseNodeTest, EightAnHourAdmitsEightAndNeverLeasesARate) {
+  EXPECT_EQ(atOnce("hourly", 20), 8);
+  EXPECT_EQ(acquires(*a_, "hourly", 500), 0);
+  EXPECT_EQ(redis_.rateOps(), 0);
+}
+
+// Verifies the switch: a key hot past its limit spends the burst from
+// Redis's bucket, and once a lease finds the bucket drained it holds a
+// rate, which then refills its slice at 10/s with no call to Redis
+// but the rate's renewal.
+TEST_F(RateLeaseNodeTest, AHotKeyHoldsARateOnlyOnceItsBucketRanDry) {
+  EXPECT_EQ(atOnce("per-second", 10), 10);  // the lease that emptied the bucket may ask for a rate
+  // 3x the limit for 2 s: one acquire every 33 ms.
+  int allowed = 0;
+  for (int i = 0; i < 60; ++i) {
+    now_ += 100 * kMs / 3;
+    allowed += a_->acquire("per-second", "k") ? 1 : 0;
+  }
+  EXPECT_GE(redis_.rateOps(), 1);
+  // About 20 refilled in 2 s, a unit either way for where the refills fell.
+  EXPECT_GE(allowed, 19);
+  EXPECT_LE(allowed, 21);
+  const int calls = redis_.leases();
+  for (int i = 0; i < 60; ++i) {
+    now_ += 100 * kMs / 3;
+    a_->acquire("per-second", "k");
+  }
+  // Renewals only: one per kMaxRenewNs begun.
+  EXPECT_LE(redis_.leases() - calls, (2 * kSecond + rate_lease::kMaxRenewNs - 1) / rate_lease::kMaxRenewNs);
+}
+
+// Verifies that a key holding its rule's whole rate gets its burst back
+// after a pause: tokens refill its slice up to the burst's share of its
+// rate, not one lease interval's, as a token bucket of 10 would.
+TEST_F(RateLeaseNodeTest, AKeyHoldingARateGetsItsBurstBackAfterAPause) {
+  EXPECT_EQ(atOnce("per-second", 10), 10);
+  for (int i = 0; i < 60; ++i) {
+    now_ += 100 * kMs / 3;
+    a_->acquire("per-second", "k");
+  }
+  ASSERT_GE(redis_.rateOps(), 1);
+  now_ += kSecond;
+  EXPECT_EQ(atOnce("per-second", 15), 10);
+}
+
+// One node of eight on 80/s with a burst of 80 (its equal share: 10/s), the
+// others idle: hot, it holds the whole rate.
+class RateFallbackTest : public RateLeaseNodeTest {
+ protected:
+  void SetUp() override {
+    std::vector<Rule> rules;
+    rules.push_back(globalRule(1, "per-second", 80, kSecond));
+    rules_ = std::make_shared<const RuleSet>(std::move(rules), 8);
+    a_ = std::make_unique<Node>("node-a", redis_, rules_, now_);
+    a_->up();
+    ASSERT_TRUE(a_->broker().leasing());
+  }
+
+  // Acquires at 3x the limit (240/s) for `ns`; how many passed, and
+  // whether every answer was in mode `mode`.
+  int hot(int64_t ns, Mode mode, bool* all_in_mode) {
+    int allowed = 0;
+    *all_in_mode = true;
+    for (int64_t t = 0; t < ns; t += kSecond / 240) {
+      now_ += kSecond / 240;
+      Answer answer = a_->ask("per-second", "k");
+      allowed += answer.allowed ? 1 : 0;
+      *all_in_mode = *all_in_mode && answer.modes.front() == mode;
+    }
+    return allowed;
+  }
+};
+
+// Verifies the demand-weighted fallback share: through an outage a key that
+// held the rule's whole rate keeps admitting at that rate (mode fallback)
+// until the rate ends, lease_ttl after its last renewal, and only then at
+// its equal share, limit / 8.
+TEST_F(RateFallbackTest, AKeyHoldingARateSpendsItThroughAnOutageThenTheEqualShare) {
+  bool in_mode = false;
+  hot(kSecond, Mode::kNormal, &in_mode);
+  ASSERT_GE(redis_.rateOps(), 1);
+  a_->down();
+  ASSERT_FALSE(a_->broker().leasing());
+  // The rate (80/s) holds at least the first 2 s of the outage: the lease
+  // lasts 5 s from its last renewal, due 2.5 s after it was sent.
+  int allowed = hot(2 * kSecond, Mode::kFallback, &in_mode);
+  EXPECT_TRUE(in_mode);
+  EXPECT_GE(allowed, 2 * 80 - 2);
+  EXPECT_LE(allowed, 2 * 80 + 8);  // spent down at 3x, the slice saved no more than an interval's
+  // Past any rate's end: the equal share, 10/s (its burst of 10 first).
+  now_ += 5 * kSecond;
+  allowed = hot(2 * kSecond, Mode::kFallback, &in_mode);
+  EXPECT_TRUE(in_mode);
+  EXPECT_GE(allowed, 2 * 10);
+  EXPECT_LE(allowed, 2 * 10 + 10 + 1);
+}
+
+// Verifies that without a rate an outage answers from the equal share at
+// once: a key on token leases (its bucket never ran dry) gets limit / 8.
+TEST_F(RateFallbackTest, AKeyOnTokenLeasesFallsBackToTheEqualShareAtOnce) {
+  EXPECT_EQ(atOnce("per-second", 20), 20);
+  ASSERT_EQ(redis_.rateOps(), 0);
+  a_->down();
+  bool in_mode = false;
+  int allowed = hot(kSecond, Mode::kFallback, &in_mode);
+  EXPECT_TRUE(in_mode);
+  EXPECT_GE(allowed, 10);
+  EXPECT_LE(allowed, 10 + 10 + 1);
+}
+
+// Verifies that a light node beside a hot one is not starved by the hot
+// one's rate: once its token lease finds the bucket drained it asks for a
+// rate too, the max-min division records its demand, and within a few
+// renewals it admits what it asks (8/s of 80/s) while the hot node keeps
+// the rest; the rates never sum past the limit.
+TEST_F(RateFallbackTest, ALightNodeBesideAHotOneGetsItsDemandAsARate) {
+  Node b("node-b", redis_, rules_, now_);
+  b.up();
+  bool in_mode = false;
+  hot(kSecond, Mode::kNormal, &in_mode);  // node A holds the whole rate
+  ASSERT_GE(redis_.rateOps(), 1);
+  int light = 0;
+  int hot_allowed = 0;
+  for (int64_t t = 0; t < 10 * kSecond; t += kSecond / 240) {
+    now_ += kSecond / 240;
+    hot_allowed += a_->ask("per-second", "k").allowed ? 1 : 0;
+    if (t % (kSecond / 8) < kSecond / 240 && t >= 5 * kSecond) light += b.acquire("per-second", "k") ? 1 : 0;
+    else if (t % (kSecond / 8) < kSecond / 240) b.acquire("per-second", "k");
+  }
+  // Over the last 5 s B asked 40 times (8/s) and got nearly all of them.
+  EXPECT_GE(light, 36);
+  EXPECT_LE(hot_allowed + light, 10 * 80 + 80 + 2 * 8);
 }
 
 }  // namespace
