@@ -1,8 +1,8 @@
 // Rate lease: a node's lease of a rate on a hot key of a global token bucket
 // rule, "spend up to r units per period until t" (see docs/design.md,
 // "Rate leases on hot keys"). The global state stays in Redis, written only by
-// lua/token_bucket.lua with Redis TIME: beside the bucket's empty time T, a
-// hash of the rates held (node -> rate, until, demand). The script charges
+// lua/token_bucket.lua with Redis TIME: beside the bucket's empty time T, in
+// the same key, the rates held (node -> rate, until, demand). The script charges
 // the held rates into T span by span between their ends, so the bucket
 // refills at the limit minus the held rates, and grants a node
 // min(its demand, its max-min fair share of the limit among the recorded
@@ -46,7 +46,7 @@ constexpr int64_t kMaxLeaseMs = 60'000;
 // moves).
 constexpr int64_t kMaxRenewNs = 2'500'000'000;
 
-// One entry of the rates hash.
+// One rate held on a key (an entry of its state's rates).
 struct Held {
   std::string node;
   int64_t rate = 0;      // units per period (0: asked, got nothing)
