@@ -224,6 +224,10 @@ Decision GroupPath::peek(const RuleSet& rules, const Rule& configured, const Ite
     Decision decision;
     if (leasing(part)) {
       decision = lease_.look(*rules_, part, item.key, now_ns, item.cost, &part_mode);
+    } else if (std::optional<Decision> rated;
+               broker_ != nullptr && leasable(part) &&
+               (rated = lease_.lookOnRate(*rules_, part, item.key, now_ns, item.cost, &part_mode))) {
+      decision = *rated;  // Redis is unreachable and the part's key holds a rate
     } else if (auto [share, policy_mode] = route(part); share == nullptr) {
       part_mode = policy_mode;
       decision = policyDecision(part, policy_mode);

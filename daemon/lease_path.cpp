@@ -259,6 +259,10 @@ Verdict LeasePath::settle(const RuleSet& rules, const Rule& rule, std::string_vi
   auto words = slice::of(entry->state());
   entry->touch(now_ns);
   slice::refundSpent(words, refund, spent_ns, now_ns, deciding.limits.front().period_ns);
+  // Redis is unreachable: the units back in the slice were not admitted
+  // (a reservation on a rate lease counted its estimate as the rate's
+  // fallback spend), and are counted again if the rate spends them.
+  if (!broker_->leasing()) slice::unnoteRateFallback(words, refund);
   if (debt > 0) *charged = slice::charge(words, debt, debtBound(deciding, deciding.limits.front()));
   slice::TakeResult looked;
   looked.outcome = slice::Outcome::kTaken;
@@ -321,6 +325,22 @@ std::optional<Outcome> LeasePath::acquireOnRate(const RuleSet& rules, const Rule
   applyShadow(rule, &decision);
   verdict->decide(decision, rule.shadow ? Mode::kShadow : Mode::kFallback);
   return Outcome::kAnswered;
+}
+
+std::optional<Decision> LeasePath::lookOnRate(const RuleSet& rules, const Rule& rule, std::string_view key,
+                                              int64_t now_ns, int64_t cost, Mode* mode) {
+  if (rule.on_redis_down != RedisDownPolicy::kLocal) return std::nullopt;
+  KeyTable::Entry* entry = currentEntry(keys_, rule, key);
+  if (entry == nullptr) return std::nullopt;
+  const Rule& deciding = decidingFor(rules, rule, key, entry);
+  if (!rate_lease::eligible(deciding)) return std::nullopt;
+  auto words = slice::of(entry->state());
+  slice::TakeResult looked = slice::lookOnRate(words, now_ns, cost);
+  if (looked.outcome == slice::Outcome::kFallback) return std::nullopt;
+  Decision decision = sliceDecision(deciding, looked, words, now_ns);
+  applyShadow(rule, &decision);
+  *mode = rule.shadow ? Mode::kShadow : Mode::kFallback;
+  return decision;
 }
 
 bool LeasePath::stand(Wait& wait, const Rule& rule, const Rule& deciding, std::string_view key,
