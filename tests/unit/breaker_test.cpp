@@ -194,6 +194,30 @@ TEST_F(BreakerTest, APromotedReplicaGetsDebitsAndStartsLearning) {
   EXPECT_TRUE(broker_.learning(rule("per-second"), now_));
 }
 
+// Verifies that a master change seen by an identity the fleet marker
+// refused still reaches the recovery that follows: the next identity reads
+// the new run_id as the last one seen, yet the node must end its rate
+// leases (the new master may lack their last renewals).
+TEST_F(BreakerTest, AMasterChangeSeenWhileRefusedReachesTheRecovery) {
+  recoverAs(identity("a", "r1"));
+  breaker_.down(now_);
+  breaker_.up(now_);
+  breaker_.identified(breaker_.epoch(), identity("b", "r2", "r1"), now_, kRedisStateVersion + 1);
+  ASSERT_TRUE(breaker_.refused());
+  ASSERT_EQ(actions_.recoveries.size(), 1u);
+  now_ += kSecond;
+  breaker_.identified(breaker_.epoch(), identity("b", "r2", "r1"), now_);
+  ASSERT_EQ(actions_.recoveries.size(), 2u);
+  EXPECT_TRUE(actions_.recoveries[1].master_changed);
+  EXPECT_FALSE(actions_.recoveries[1].state_lost);
+  // Reported once: the next outage on the same master is no change.
+  breaker_.answered(breaker_.epoch(), now_);
+  breaker_.down(now_);
+  recoverAs(identity("b", "r2", "r1"));
+  ASSERT_EQ(actions_.recoveries.size(), 3u);
+  EXPECT_FALSE(actions_.recoveries[2].master_changed);
+}
+
 // Verifies that learning ends per rule: a rule of a second learns until
 // every node can have reconnected (2.4 s here), one of an hour for its
 // hour, a concurrency rule for lease_ttl.
