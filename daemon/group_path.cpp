@@ -115,10 +115,16 @@ Outcome GroupPath::acquireGroups(std::span<const Item> items, int64_t now_ns, co
 Outcome GroupPath::acquireAlone(const Rule& configured, const Item& item, int64_t now_ns,
                                 const Asker& asker, Answer* answer) {
   // The lone entry is kept between questions: only what a path may leave
-  // unset is reset (a path always decides or fails what it answers).
+  // unset is reset (a path always decides or fails what it answers). Of
+  // what it took, that is the kinds keep() and giveBack() look at: a path
+  // sets the rest of a kind with it.
   Entry& entry = alone_;
   entry.rule = &configured;
-  entry.verdict.taken = Taken{};
+  Taken& taken = entry.verdict.taken;
+  taken.slice = {};
+  taken.held = {};
+  taken.limited = nullptr;
+  taken.share = nullptr;
   entry.verdict.failed = false;
   entry.verdict.waited_ms = -1;
   Outcome outcome = decideEntry(configured, item, now_ns, asker, &entry.verdict);

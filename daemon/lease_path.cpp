@@ -25,19 +25,27 @@ Decision sliceDecision(const Rule& rule, const slice::TakeResult& taken, slice::
   decision.limit = limit.limit;
   decision.allowed = taken.outcome == slice::Outcome::kTaken;
   if (decision.allowed) {
+    // What Redis has left counts only while the slice's own units fall
+    // short of the capacity.
+    const int64_t held = std::min(taken.left, capacity);
     decision.remaining =
-        std::min(capacity, std::min(taken.left, capacity) + slice::redisLeft(words, rule, now_ns));
+        held == capacity ? capacity
+                         : std::min(capacity, held + slice::redisLeft(words, rule, now_ns));
   }
   if (taken.outcome == slice::Outcome::kDenied || taken.outcome == slice::Outcome::kQueued) {
     // In line behind waiters (until_ns 0): as soon as they are served.
     decision.retry_after_ms = std::max<int64_t>(ceilMs(taken.until_ns - now_ns), 1);
   }
-  // Until the global state is full again, as far as this node can tell.
+  // Until the global state is full again, as far as this node can tell:
+  // at once when nothing is missing.
   int64_t missing = std::max<int64_t>(capacity - decision.remaining, 0);
-  double period_ms = static_cast<double>(limit.period_ns) / 1e6;
-  decision.reset_after_ms = std::max(
-      decision.retry_after_ms,
-      static_cast<int64_t>(static_cast<double>(missing) * period_ms / static_cast<double>(limit.limit) + 0.999));
+  decision.reset_after_ms = decision.retry_after_ms;
+  if (missing > 0) {
+    double period_ms = static_cast<double>(limit.period_ns) / 1e6;
+    decision.reset_after_ms = std::max(
+        decision.retry_after_ms,
+        static_cast<int64_t>(static_cast<double>(missing) * period_ms / static_cast<double>(limit.limit) + 0.999));
+  }
   return decision;
 }
 
