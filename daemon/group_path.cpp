@@ -22,6 +22,12 @@ inline Outcome GroupPath::decideEntry(const Rule& rule, const Item& item, int64_
   // Asked again after standing in its key's line, on a rule that no longer
   // leases: it leaves the line.
   waiting_.leaveLine(asker.wait.ticket);
+  if (item.cost > 0 && broker_ != nullptr && leasable(rule)) {
+    // Redis is unreachable: a key holding a rate spends it (its demand-weighted share).
+    if (std::optional<Outcome> rated = lease_.acquireOnRate(*rules_, rule, item, now_ns, verdict)) {
+      return *rated;
+    }
+  }
   auto [routed, mode] = route(rule);
   if (routed == nullptr) {
     verdict->decide(policyDecision(rule, mode), mode);
@@ -119,6 +125,7 @@ Outcome GroupPath::acquireAlone(const Rule& configured, const Item& item, int64_
   taken.held = {};
   taken.limited = nullptr;
   taken.share = nullptr;
+  taken.on_rate = false;  // keep() counts the slice's units as a rate's fallback spend
   entry.verdict.failed = false;
   entry.verdict.waited_ms = -1;
   Outcome outcome = decideEntry(configured, item, now_ns, asker, &entry.verdict);
@@ -191,6 +198,8 @@ void GroupPath::giveBackAll(int64_t now_ns) {
 void GroupPath::keep(std::string_view key, const Entry& entry) {
   const Taken& taken = entry.verdict.taken;
   if (!taken.slice.empty()) metrics_.lease_units_spent.add(static_cast<uint64_t>(taken.cost));
+  // Fallback admissions on a rate lease: debited when Redis answers again.
+  if (taken.on_rate) slice::noteRateFallback(taken.slice, taken.cost);
   if (taken.share != nullptr) {
     policy_.noteFallbackSpend(*rules_, *taken.share, key, taken.share_words, taken.cost);
   }
@@ -222,6 +231,10 @@ Decision GroupPath::peek(const RuleSet& rules, const Rule& configured, const Ite
     Decision decision;
     if (leasing(part)) {
       decision = lease_.look(*rules_, part, item.key, now_ns, item.cost, &part_mode);
+    } else if (std::optional<Decision> rated;
+               broker_ != nullptr && leasable(part) &&
+               (rated = lease_.lookOnRate(*rules_, part, item.key, now_ns, item.cost, &part_mode))) {
+      decision = *rated;  // Redis is unreachable and the part's key holds a rate
     } else if (auto [share, policy_mode] = route(part); share == nullptr) {
       part_mode = policy_mode;
       decision = policyDecision(part, policy_mode);

@@ -53,6 +53,10 @@ struct LeaseRequest {
   std::string key;
   int64_t n = 0;     // kLease: at most; kReturn, kDebit: units; kBlock: ms
   int64_t need = 0;  // kLease: the fewest worth granting
+  // kLease of a key that holds or wants a rate lease (rate_lease.h): the
+  // rate asked for, units per period; n is then the tokens asked for beside
+  // it (up to). -1: a token lease.
+  int64_t rate = -1;
   int64_t lease_now_ms = 0;  // kReturn: Redis's clock at the lease (its window)
   // Which override of the rule decides the key (RuleSet::variant): its
   // limits are the ones the script is called with.

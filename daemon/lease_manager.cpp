@@ -11,6 +11,7 @@
 #include "holding.h"
 #include "limiter.h"
 #include "penalty.h"
+#include "rate_lease.h"
 #include "redis_keys.h"
 #include "slice.h"
 
@@ -156,15 +157,22 @@ void LeaseManager::sendLease(const LeaseRequest& request, const Rule& rule, Rule
       deadline_us = *now_us + std::max(kMinLeaseDeadlineUs, 2 * config_.lease_timeout_ms * 1000);
     }
   }
+  std::vector<std::string> argv =
+      request.rate >= 0
+          ? rate_lease::rateArgv(request.rate, request.n, limit, deadline_us, context_.node_id, rateLeaseMs())
+          : scripts::leaseArgv(request.n, request.need, limit, deadline_us);
   // A rule with a penalty asks for the key's block too (the script's KEYS[2]).
   std::vector<std::string> keys = {stateKey(rule.name, request.key)};
   if (rule.penalty) keys.push_back(blockKey(rule.name, request.key));
-  pipe_.call(scriptFor(rule.algorithm), std::move(keys),
-             scripts::leaseArgv(request.n, request.need, limit, deadline_us),
+  pipe_.call(scriptFor(rule.algorithm), std::move(keys), std::move(argv),
              config_.lease_timeout_ms,
-             [this, request, &rule, rules = std::move(rules)](const RedisResult& result) {
-               onLeaseReply(request, rule, result);
+             [this, request, &rule, rules = std::move(rules), sent_ns = now()](const RedisResult& result) {
+               onLeaseReply(request, rule, result, sent_ns);
              });
+}
+
+int64_t LeaseManager::rateLeaseMs() const {
+  return std::clamp<int64_t>(config_.lease_ttl_ms, 1, rate_lease::kMaxLeaseMs);
 }
 
 void LeaseManager::sendPenalty(const Rule& rule, std::string_view key, scripts::PenaltyOp op,
@@ -224,12 +232,24 @@ void LeaseManager::countLease(const scripts::LeaseReply& reply, const RedisResul
 }
 
 void LeaseManager::onLeaseReply(const LeaseRequest& request, const Rule& rule,
-                                const RedisResult& result) {
+                                const RedisResult& result, int64_t sent_ns) {
   const Limit& limit = rule.limits.front();
   int64_t now_ns = now();
   std::optional<scripts::LeaseReply> reply;
+  int64_t rate = 0;     // a rate lease's grant, units per period
+  bool unmet = false;   // the rate op's reply: some node's demand is unmet
   if (result.status == RedisStatus::kOk) {
-    if (auto values = result.reply->integers()) reply = scripts::parseLeaseReply(*values);
+    if (auto values = result.reply->integers()) {
+      if (request.rate >= 0) {
+        if (auto rated = rate_lease::parseReply(*values, limit.limit)) {
+          reply = rated->lease;
+          rate = rated->rate;
+          unmet = rated->unmet;
+        }
+      } else {
+        reply = scripts::parseLeaseReply(*values);
+      }
+    }
     if (reply && reply->granted > request.n) reply.reset();  // more than asked: not our script
   }
   if (!reply) {
@@ -261,7 +281,30 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, const Rule& rule,
       }
     }
     slice::noteGrant(words, reply->granted, reply->remaining);
+    slice::noteShort(words, request.n, reply->granted);
     slice::noteRedisLeft(words, rule, reply->remaining, now_ns);
+    if (request.rate >= 0) {
+      // Held in Redis from when it ran, after sent_ns, for rateLeaseMs():
+      // here it ends no later. Renewed at the next lease interval while
+      // some node's demand is unmet, else after rate_lease::kMaxRenewNs
+      // (rate_lease::renewAtNs): a renewal is how a holder learns of new
+      // demand (its share shrinks).
+      const int64_t lease_ns = rateLeaseMs() * 1'000'000;
+      const int64_t interval_ns = context_.broker->leaseIntervalNs();
+      slice::applyRate(words, rate > 0 ? rate_lease::nsPerUnit(limit, rate) : 0,
+                       rate_lease::capUnits(limit, rate, interval_ns), sent_ns + lease_ns,
+                       rate_lease::renewAtNs(sent_ns, lease_ns, unmet, interval_ns), now_ns);
+      slice::noteAsked(words, limit, rate > 0 ? request.rate : 0, interval_ns, now_ns);
+      if (rate > 0 && reply->granted == 0) return;  // the rate refills the slice
+      if (rate == 0 && reply->granted == 0) {
+        // Its demand is recorded, and the holders hear it is unmet and give
+        // up their share of it at their next lease interval: ask again
+        // within one, not at Redis's wait (the holders' ends).
+        const int64_t wait_ms = rate_lease::reaskAfterMs(reply->retry_after_ms, config_.lease_interval_ms);
+        slice::applyEmpty(words, now_ns, wait_ms * 1'000'000);
+        return;
+      }
+    }
     if (reply->granted == 0) {
       // Nothing until retry_after_ms: deny locally until then (but asked
       // again after slice::kEmptyRecheckNs), so an over-limit key costs
@@ -382,6 +425,8 @@ void LeaseManager::newMaster(std::string_view master) {
                "it had not replicated, or a node added; learning mode, each node also holds to "
                "its share for one period, and until every node can have reconnected",
                master);
+  // It may lack the last renewal of a rate this node holds on its slots.
+  endRates();
   breaker_.newMaster(now());
 }
 
@@ -442,12 +487,37 @@ void LeaseManager::checkFleet() {
   });
 }
 
-void LeaseManager::recover(uint64_t epoch, bool state_lost, int64_t fallback_span_ms) {
+void LeaseManager::recover(uint64_t epoch, bool state_lost, bool master_changed,
+                           int64_t fallback_span_ms) {
   auto answered = [this, epoch] { breaker_.answered(epoch, now()); };
   auto expect = [this, epoch](size_t calls) { breaker_.expect(epoch, calls); };
+  if (master_changed) endRates();
   debitFallback(state_lost, fallback_span_ms, answered, expect);
   passHoldings(true, answered, expect);
   leaseDebts(answered, expect);
+}
+
+void LeaseManager::endRates() {
+  RuleSetPtr rules = context_.rules();
+  const int64_t now_ns = now();
+  std::vector<std::pair<const Rule*, std::string>> held;
+  context_.keys->visit([&](KeyTable::Entry& entry) {
+    const Rule* rule = rules->findById(entry.ruleId());
+    if (rule == nullptr || !rate_lease::eligible(*rule) || entry.state().size() != entryWords(*rule)) return;
+    if (slice::holdsRate(entry.state(), now_ns)) {
+      held.emplace_back(&variantOf(*rules, *rule, storedOverride(*rule, entry.state())), entry.key());
+    }
+    slice::applyRate(entry.state(), 0, 0, 0, 0, now_ns);
+  });
+  // A new master that did get the rate's last renewal would charge it until
+  // it ends, refilling the bucket at what it leaves of the limit while the
+  // node no longer spends it: each is given up there (a rate op of 0).
+  for (const auto& [rule, key] : held) {
+    callScript(*rule, key,
+               rate_lease::rateArgv(0, 0, rule->limits.front(), 0, context_.node_id, rateLeaseMs()),
+               config_.lease_timeout_ms, [](const RedisResult&) {});
+  }
+  if (!held.empty()) spdlog::info("lease: the master changed; {} rate leases given up", held.size());
 }
 
 void LeaseManager::debitFallback(bool state_lost, int64_t span_ms,
@@ -461,16 +531,34 @@ void LeaseManager::debitFallback(bool state_lost, int64_t span_ms,
     int64_t units;
   };
   std::vector<Debit> debits;
+  // A key whose rate ended during the outage admitted on its rate, then on
+  // its share: one debit of both, as a span's debits of one key do not add.
+  std::map<std::pair<const Rule*, std::string>, size_t> debit_of;
+  auto add = [&](const Rule& rule, std::string_view key, int64_t units) {
+    auto [at, fresh] = debit_of.try_emplace({&rule, std::string(key)}, debits.size());
+    if (fresh) {
+      debits.push_back({&rule, std::string(key), units});
+    } else {
+      debits[at->second].units += units;
+    }
+  };
   context_.keys->visit([&](KeyTable::Entry& entry) {
-    if ((entry.ruleId() & kFallbackIdBit) == 0) return;
+    if ((entry.ruleId() & kFallbackIdBit) == 0) {
+      // A slice that spent its rate lease while Redis was unreachable.
+      const Rule* rule = rules->findById(entry.ruleId());
+      if (rule == nullptr || !leasable(*rule) || leasesHolding(*rule) ||
+          entry.state().size() != entryWords(*rule)) {
+        return;
+      }
+      int64_t units = slice::takeRateFallback(entry.state());
+      if (units > 0) add(variantOf(*rules, *rule, storedOverride(*rule, entry.state())), entry.key(), units);
+      return;
+    }
     const Rule* share = rules->findById(entry.ruleId());
     const Rule* global = rules->findById(entry.ruleId() & ~kFallbackIdBit);
     if (share == nullptr || global == nullptr || !leasable(*global)) return;
     int64_t units = takeUndebited(*share, entry.state());
-    if (units > 0) {
-      debits.push_back({&variantOf(*rules, *global, storedOverride(*share, entry.state())),
-                        std::string(entry.key()), units});
-    }
+    if (units > 0) add(variantOf(*rules, *global, storedOverride(*share, entry.state())), entry.key(), units);
   });
   // A Redis that lost the state starts full: the others' leases and the
   // shares' spending since it came back already account for the time, and

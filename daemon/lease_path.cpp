@@ -7,6 +7,7 @@
 
 #include "limiter.h"
 #include "penalty.h"
+#include "rate_lease.h"
 
 namespace sluice {
 
@@ -266,6 +267,10 @@ Verdict LeasePath::settle(const RuleSet& rules, const Rule& rule, std::string_vi
   auto words = slice::of(entry->state());
   entry->touch(now_ns);
   slice::refundSpent(words, refund, spent_ns, now_ns, deciding.limits.front().period_ns);
+  // Redis is unreachable: the units back in the slice were not admitted
+  // (a reservation on a rate lease counted its estimate as the rate's
+  // fallback spend), and are counted again if the rate spends them.
+  if (!broker_->leasing()) slice::unnoteRateFallback(words, refund);
   if (debt > 0) *charged = slice::charge(words, debt, debtBound(deciding, deciding.limits.front()));
   slice::TakeResult looked;
   looked.outcome = slice::Outcome::kTaken;
@@ -305,6 +310,44 @@ Decision LeasePath::look(const RuleSet& rules, const Rule& rule, std::string_vie
     decision = sliceDecision(deciding, looked, words, now_ns);
   }
   applyShadow(rule, &decision);
+  return decision;
+}
+
+std::optional<Outcome> LeasePath::acquireOnRate(const RuleSet& rules, const Rule& rule,
+                                                const rpc::Item& item, int64_t now_ns, Verdict* verdict) {
+  if (rule.on_redis_down != RedisDownPolicy::kLocal) return std::nullopt;
+  KeyTable::Entry* entry = currentEntry(keys_, rule, item.key);
+  if (entry == nullptr) return std::nullopt;
+  const Rule& deciding = decidingFor(rules, rule, item.key, entry);
+  if (!rate_lease::eligible(deciding)) return std::nullopt;
+  auto words = slice::of(entry->state());
+  slice::TakeResult taken = slice::takeOnRate(words, now_ns, item.cost);
+  if (taken.outcome == slice::Outcome::kFallback) return std::nullopt;
+  if (taken.outcome == slice::Outcome::kTaken) {
+    verdict->taken.cost = item.cost;
+    verdict->taken.slice = words;
+    verdict->taken.on_rate = true;
+  }
+  Decision decision = sliceDecision(deciding, taken, words, now_ns);
+  policy_.countDenial(rule, item.key, entry->state(), decision, now_ns);
+  applyShadow(rule, &decision);
+  verdict->decide(decision, rule.shadow ? Mode::kShadow : Mode::kFallback);
+  return Outcome::kAnswered;
+}
+
+std::optional<Decision> LeasePath::lookOnRate(const RuleSet& rules, const Rule& rule, std::string_view key,
+                                              int64_t now_ns, int64_t cost, Mode* mode) {
+  if (rule.on_redis_down != RedisDownPolicy::kLocal) return std::nullopt;
+  KeyTable::Entry* entry = currentEntry(keys_, rule, key);
+  if (entry == nullptr) return std::nullopt;
+  const Rule& deciding = decidingFor(rules, rule, key, entry);
+  if (!rate_lease::eligible(deciding)) return std::nullopt;
+  auto words = slice::of(entry->state());
+  slice::TakeResult looked = slice::lookOnRate(words, now_ns, cost);
+  if (looked.outcome == slice::Outcome::kFallback) return std::nullopt;
+  Decision decision = sliceDecision(deciding, looked, words, now_ns);
+  applyShadow(rule, &decision);
+  *mode = rule.shadow ? Mode::kShadow : Mode::kFallback;
   return decision;
 }
 
@@ -359,6 +402,17 @@ void LeasePath::requestLease(const RuleSet& rules, const Rule& rule, const Rule&
   batch.n = std::min(batch.n, share_left);
   batch.need = std::min(batch.need, batch.n);
   LeaseRequest request;
+  // A key that holds a rate renews it; one whose last lease found Redis's
+  // bucket drained asks for one (rate_lease::wants). Not while learning:
+  // the share bounds the node.
+  if (share_left == INT64_MAX && rate_lease::eligible(deciding)) {
+    const Limit& limit = deciding.limits.front();
+    const int64_t demand = slice::demandPerInterval(words);
+    if (slice::holdsRate(words, now_ns) ||
+        rate_lease::wants(limit, demand, slice::drained(words), broker_->leaseIntervalNs())) {
+      request.rate = rate_lease::askedRate(limit, std::max(demand, cost), broker_->leaseIntervalNs());
+    }
+  }
   request.rule_id = rule.id;
   request.variant = storedOverride(rule, words);
   request.key = std::string(key);

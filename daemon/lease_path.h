@@ -15,6 +15,8 @@
 // question of one entry may (Asker::may_wait_for_units). While learning, an
 // acquire must also pass the node's share. A key blocked by its
 // rule's penalty is denied until its block is due to be asked of Redis again.
+// While Redis is unreachable a key holding a rate lease spends it until it
+// ends (acquireOnRate); the group path asks before the equal share decides.
 //
 // A LeasePath belongs to one worker (its Dispatcher) and is called only
 // from that worker's loop, inside its KeyTable::ReadGuard, and only with a
@@ -23,6 +25,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string_view>
 
@@ -66,6 +69,19 @@ class LeasePath {
   // (`verdict`, after shadow, with what it took), or waiting (Outcome).
   Outcome acquire(const RuleSet& rules, const Rule& rule, const rpc::Item& item, int64_t now_ns,
                   const Asker& asker, Verdict* verdict);
+  // Redis is unreachable (the broker is not leasing): a key of `rule` (on
+  // on_redis_down "local") that holds a rate lease decides on it until the
+  // rate ends (rate_lease.h; lease_ttl after its last renewal at the most),
+  // in mode fallback: its demand-weighted share, which Redis charges as
+  // held whether or not the node reaches it. nullopt when the key holds no
+  // rate (or the cost is past its cap): the rule's equal share decides.
+  std::optional<Outcome> acquireOnRate(const RuleSet& rules, const Rule& rule, const rpc::Item& item,
+                                       int64_t now_ns, Verdict* verdict);
+  // What acquireOnRate would answer for `cost`, spending nothing (a peek
+  // while Redis is unreachable; `mode` gets fallback, or shadow). nullopt:
+  // the equal share answers.
+  std::optional<Decision> lookOnRate(const RuleSet& rules, const Rule& rule, std::string_view key,
+                                     int64_t now_ns, int64_t cost, Mode* mode);
   // Asks for a key's lease as an acquire would, deciding and taking
   // nothing: for a part whose question already waits for another part's
   // lease, so that both leases come within one round trip. `again`: the

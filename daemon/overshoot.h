@@ -11,6 +11,18 @@
 //    when leased, so spent later it may count in no window). A bucket's
 //    leased units were charged when leased, and a window's may be spent
 //    only in the window that counted them: none escape;
+//  - the units a rate lease (rate_lease.h) refills its slice to on one key
+//    (slice::rateCapUnits): the rate itself is counted in Redis, which
+//    refills the bucket only at what the rates leave of the limit, but the
+//    slice may save up to this much and spend it at once. While Redis is
+//    unreachable the key keeps spending its rate until it ends
+//    (LeasePath::acquireOnRate): Redis charges the rate until then all the
+//    same, so that too escapes the count by the cap alone. A master that
+//    took over meanwhile may lack the rate's last renewal: what the rate
+//    admitted is debited to it with the shares' admissions, and the rate
+//    ends at the change (LeaseManager::endRates), so no rate refills beside
+//    a bucket that does not count it; what the new master missed besides
+//    is learning's (below);
 //  - while the breaker is not closed, the fallback budget of the rule's
 //    on_redis_down: "local" admits up to what its share (limit / N,
 //    burst / N) admits in a span of one period, which Redis never counts
@@ -49,6 +61,7 @@ struct OvershootInput {
   // of the rule owes on it (slice::owed).
   int64_t open_reservations = 0;
   int64_t owed_units = 0;
+  int64_t rate_cap_units = 0;  // the most one key's rate lease refills to (slice::rateCapUnits)
 };
 
 // The bound of global `rule` in units; `share` is RuleSet::fallbackShare(rule),

@@ -41,7 +41,7 @@ namespace sluice {
 // state or block key holds or to what a script that writes one replies
 // (docs/operations.md, "Upgrading the Redis state"). Version 1 is the key
 // names without a version, which no daemon writes any more.
-constexpr int64_t kRedisStateVersion = 2;
+constexpr int64_t kRedisStateVersion = 3;
 
 // Redis Cluster's slot count (CLUSTER KEYSLOT answers 0 .. kClusterSlots - 1).
 constexpr uint16_t kClusterSlots = 16384;

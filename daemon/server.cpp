@@ -24,6 +24,7 @@
 #include "holding.h"
 #include "limiter.h"
 #include "penalty.h"
+#include "rate_lease.h"
 #include "slice.h"
 #include "systemd.h"
 #include "uv_handles.h"
@@ -241,12 +242,15 @@ std::vector<RuleOvershoot> Server::overshootBounds() const {
   // The most units one key holds leased (only stamped leases' count) and
   // owes (only once a settle charged a debt), by configured rule id: a walk
   // of the key table, only when one of them may be other than 0.
+  // Likewise the most units one key's rate lease refills its slice to
+  // (rate_lease.h), for the rules whose keys may hold rates.
   std::unordered_map<uint32_t, int64_t> held;
   std::unordered_map<uint32_t, int64_t> owed;
+  std::unordered_map<uint32_t, int64_t> rated;
   bool any_stamped = false;
   bool any_settling = false;
   for (const Rule& rule : rules->rules()) {
-    any_stamped = any_stamped || stamped(rule) ||
+    any_stamped = any_stamped || stamped(rule) || rate_lease::eligible(rule) ||
                   std::any_of(rules->parts(rule).begin(), rules->parts(rule).end(), stamped);
     any_settling = any_settling || settling(rule);
   }
@@ -259,6 +263,9 @@ std::vector<RuleOvershoot> Server::overshootBounds() const {
       if (stamped(*rule)) {
         int64_t& most = held[id];
         most = std::max(most, slice::heldUnits(entry.state(), now_ns));
+      } else if (rate_lease::eligible(*rule)) {
+        int64_t& most = rated[id];
+        most = std::max(most, slice::rateCapUnits(entry.state(), now_ns));
       }
       if (debts && settling(*rule)) {
         int64_t& most = owed[id];
@@ -280,7 +287,8 @@ std::vector<RuleOvershoot> Server::overshootBounds() const {
                          .learning = learning,
                          .held_units = most(held, rule.id),
                          .open_reservations = opened != open.end() ? opened->second : 0,
-                         .owed_units = most(owed, rule.id)};
+                         .owed_units = most(owed, rule.id),
+                         .rate_cap_units = most(rated, rule.id)};
     bounds.push_back({rule.name, overshootBound(rule, *share, input)});
   }
   return bounds;

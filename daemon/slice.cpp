@@ -41,6 +41,50 @@ int64_t spendable(ConstWords words, int64_t now_ns) {
   return load(words, kUnits);
 }
 
+// The rate lease's refill up to now_ns (or its end): whole units since
+// kRateRefilledAt, up to kRateCap in the slice; the refill past the cap is
+// lost, as a full bucket's is. Whoever moves kRateRefilledAt adds the units,
+// so racing workers add each span's units once.
+void refillRate(Words words, int64_t now_ns) {
+  const int64_t until = load(words, kRateUntil);
+  const int64_t per_unit = load(words, kRateNsPerUnit);
+  if (until == 0 || per_unit <= 0) return;
+  const int64_t end = std::min(now_ns, until);
+  uint64_t at = words[kRateRefilledAt].load(std::memory_order_acquire);
+  while (end - static_cast<int64_t>(at) >= per_unit) {
+    const int64_t units = (end - static_cast<int64_t>(at)) / per_unit;
+    if (!words[kRateRefilledAt].compare_exchange_weak(at, at + static_cast<uint64_t>(units * per_unit),
+                                                      std::memory_order_acq_rel)) {
+      continue;
+    }
+    const int64_t cap = load(words, kRateCap);
+    uint64_t held = words[kUnits].load(std::memory_order_acquire);
+    while (static_cast<int64_t>(held) < cap &&
+           !words[kUnits].compare_exchange_weak(
+               held, held + static_cast<uint64_t>(std::min(units, cap - static_cast<int64_t>(held))),
+               std::memory_order_acq_rel)) {
+    }
+    return;
+  }
+}
+
+// When a rate lease's slice has `cost` units again: the refill of what it
+// lacks, from kRateRefilledAt.
+// `units` and what the rate's refill would add to them by now_ns, up to its
+// cap (changing nothing, for the looks).
+int64_t withRateRefill(ConstWords words, int64_t now_ns, int64_t units) {
+  if (load(words, kRateUntil) == 0 || load(words, kRateNsPerUnit) <= 0 || units >= load(words, kRateCap)) {
+    return units;
+  }
+  const int64_t end = std::min(now_ns, load(words, kRateUntil));
+  const int64_t due = (end - load(words, kRateRefilledAt)) / load(words, kRateNsPerUnit);
+  return std::min(units + std::max<int64_t>(due, 0), load(words, kRateCap));
+}
+
+int64_t rateDueNs(ConstWords words, int64_t cost, int64_t units) {
+  return load(words, kRateRefilledAt) + (cost - std::max<int64_t>(units, 0)) * load(words, kRateNsPerUnit);
+}
+
 // Reports a denial when Redis said "nothing until t" and t has not come.
 bool negativelyCached(ConstWords words, int64_t now_ns,
                       TakeResult* result) {
@@ -52,6 +96,45 @@ bool negativelyCached(ConstWords words, int64_t now_ns,
 }
 
 }  // namespace
+
+TakeResult takeOnRate(Words words, int64_t now_ns, int64_t cost) {
+  TakeResult result;
+  if (!holdsRate(words, now_ns) || cost > load(words, kRateCap)) {
+    result.outcome = Outcome::kFallback;
+    return result;
+  }
+  refillRate(words, now_ns);
+  uint64_t units = words[kUnits].load(std::memory_order_acquire);
+  while (static_cast<int64_t>(units) >= cost) {
+    if (words[kUnits].compare_exchange_weak(units, units - static_cast<uint64_t>(cost),
+                                            std::memory_order_acq_rel)) {
+      result.outcome = Outcome::kTaken;
+      result.left = static_cast<int64_t>(units) - cost;
+      return result;
+    }
+  }
+  result.outcome = Outcome::kDenied;
+  result.until_ns = std::max(rateDueNs(words, cost, static_cast<int64_t>(units)), now_ns + 1);
+  return result;
+}
+
+TakeResult lookOnRate(ConstWords words, int64_t now_ns, int64_t cost) {
+  TakeResult result;
+  if (!holdsRate(words, now_ns) || cost > load(words, kRateCap)) {
+    result.outcome = Outcome::kFallback;
+    return result;
+  }
+  const int64_t units = withRateRefill(words, now_ns, load(words, kUnits));
+  if (units >= cost) {
+    result.outcome = Outcome::kTaken;
+    result.left = units - cost;
+    return result;
+  }
+  result.left = units;
+  result.outcome = Outcome::kDenied;
+  result.until_ns = std::max(rateDueNs(words, cost, units), now_ns + 1);
+  return result;
+}
 
 TakeResult look(ConstWords words, int64_t now_ns, int64_t cost) {
   TakeResult result;
@@ -66,11 +149,17 @@ TakeResult look(ConstWords words, int64_t now_ns, int64_t cost) {
     result.until_ns = now_ns < deny_until ? deny_until : 0;
     return result;
   }
-  int64_t units = spendable(words, now_ns);
+  const bool rated = now_ns < load(words, kRateUntil) && cost <= load(words, kRateCap);
+  const int64_t units = withRateRefill(words, now_ns, spendable(words, now_ns));
   result.left = units;
   if (units >= cost) {
     result.outcome = Outcome::kTaken;
     result.left = units - cost;
+    return result;
+  }
+  if (rated) {
+    result.outcome = Outcome::kDenied;
+    result.until_ns = std::max(rateDueNs(words, cost, units), now_ns + 1);
     return result;
   }
   negativelyCached(words, now_ns, &result);
@@ -101,6 +190,10 @@ TakeResult take(Words words, int64_t now_ns, int64_t cost, bool again,
     return result;
   }
 
+  // (An ended rate still adds what it refilled up to its end.) A cost past
+  // the rate's cap, which its refill never reaches, leases tokens.
+  const bool rated = now_ns < load(words, kRateUntil) && cost <= load(words, kRateCap);
+  refillRate(words, now_ns);
   int64_t expires = load(words, kExpires);
   uint64_t units = words[kUnits].load(std::memory_order_acquire);
   if (expires != 0 && now_ns >= expires && units != 0) {
@@ -118,6 +211,13 @@ TakeResult take(Words words, int64_t now_ns, int64_t cost, bool again,
                                             std::memory_order_acq_rel)) {
       result.outcome = Outcome::kTaken;
       result.left = static_cast<int64_t>(units) - cost;
+      if (rated) {
+        // The rate refills the slice: Redis is asked only for its renewal.
+        if (now_ns >= load(words, kRateRenewAt) || demandMoved(words, now_ns)) {
+          result.must_request = claim(words);
+        }
+        return result;
+      }
       // Refill below a quarter of the last batch, so the next lease lands
       // before the slice runs dry.
       int64_t low_water = std::max<int64_t>(load(words, kBatch) / 4, 1);
@@ -127,6 +227,16 @@ TakeResult take(Words words, int64_t now_ns, int64_t cost, bool again,
       }
       return result;
     }
+  }
+  if (rated) {
+    // Nothing until the rate refills what the cost lacks: denied here, at
+    // no cost to Redis.
+    result.outcome = Outcome::kDenied;
+    result.until_ns = std::max(rateDueNs(words, cost, static_cast<int64_t>(units)), now_ns + 1);
+    if (now_ns >= load(words, kRateRenewAt) || demandMoved(words, now_ns)) {
+      result.must_request = claim(words);
+    }
+    return result;
   }
   if (negativelyCached(words, now_ns, &result)) {
     // Past its recheck time, the cache sends one lease to see whether units
@@ -185,6 +295,14 @@ void noteGrant(Words words, int64_t granted, int64_t remaining) {
     words[kFlags].fetch_or(kRoomy, std::memory_order_acq_rel);
   } else {
     words[kFlags].fetch_and(~kRoomy, std::memory_order_acq_rel);
+  }
+}
+
+void noteShort(Words words, int64_t asked, int64_t granted) {
+  if (granted < asked) {
+    words[kFlags].fetch_or(kDrained, std::memory_order_acq_rel);
+  } else {
+    words[kFlags].fetch_and(~kDrained, std::memory_order_acq_rel);
   }
 }
 
@@ -338,6 +456,93 @@ int64_t redisLeft(ConstWords words, const Rule& rule, int64_t now_ns) {
   return std::min(field, capacity);
 }
 
+bool holdsRate(ConstWords words, int64_t now_ns) { return now_ns < load(words, kRateUntil); }
+
+void noteRateFallback(Words words, int64_t units) {
+  words[kRateFallback].fetch_add(static_cast<uint64_t>(units), std::memory_order_acq_rel);
+}
+
+void unnoteRateFallback(Words words, int64_t units) {
+  uint64_t counted = words[kRateFallback].load(std::memory_order_acquire);
+  while (!words[kRateFallback].compare_exchange_weak(
+      counted, counted - std::min(counted, static_cast<uint64_t>(std::max<int64_t>(units, 0))),
+      std::memory_order_acq_rel)) {
+  }
+}
+
+int64_t takeRateFallback(Words words) {
+  return static_cast<int64_t>(words[kRateFallback].exchange(0, std::memory_order_acq_rel));
+}
+
+bool drained(ConstWords words) { return (words[kFlags].load(std::memory_order_acquire) & kDrained) != 0; }
+
+int64_t demandPerInterval(ConstWords words) { return std::max(load(words, kRate), load(words, kDemand)); }
+
+int64_t rateCapUnits(ConstWords words, int64_t now_ns) {
+  return holdsRate(words, now_ns) ? load(words, kRateCap) : 0;
+}
+
+void applyRate(Words words, int64_t ns_per_unit, int64_t cap, int64_t until_ns, int64_t renew_at_ns,
+               int64_t now_ns) {
+  if (ns_per_unit <= 0) {
+    store(words, kRateUntil, 0);
+    store(words, kRateNsPerUnit, 0);
+    return;
+  }
+  // A rate held already refills on from where it was; a new one from now
+  // (the refill stopped at the old one's end).
+  if (!holdsRate(words, now_ns)) store(words, kRateRefilledAt, now_ns);
+  refillRate(words, now_ns);
+  store(words, kRateNsPerUnit, ns_per_unit);
+  store(words, kRateCap, cap);
+  store(words, kRateRenewAt, renew_at_ns);
+  store(words, kRateUntil, until_ns);
+  store(words, kDenyUntil, 0);
+}
+
+void noteAsked(Words words, const Limit& limit, int64_t asked, int64_t span_ns, int64_t now_ns) {
+  if (asked <= 0 || span_ns <= 0) {
+    store(words, kRateMovedSpan, 0);
+    return;
+  }
+  const int64_t per_unit = std::max<int64_t>(limit.period_ns / asked, 1);
+  store(words, kRateMoreNsPerUnit, asked >= limit.limit ? 0 : std::max<int64_t>(per_unit / 2, 1));
+  store(words, kRateLessNsPerUnit, 2 * per_unit);
+  store(words, kRateMovedDemand, load(words, kDemand));
+  store(words, kRateMovedSince, now_ns);
+  store(words, kRateMovedSpan, span_ns);
+}
+
+bool demandMoved(Words words, int64_t now_ns) {
+  const int64_t span = load(words, kRateMovedSpan);
+  uint64_t since = words[kRateMovedSince].load(std::memory_order_acquire);
+  if (span <= 0 || now_ns < static_cast<int64_t>(since) + span) return false;
+  // kDemand restarts from 0 at each measurement nextBatch ends: a window
+  // across that counts what came since.
+  const int64_t total = load(words, kDemand);
+  const int64_t from = load(words, kRateMovedDemand);
+  const double demand = static_cast<double>(total >= from ? total - from : total);
+  const double elapsed = static_cast<double>(now_ns - static_cast<int64_t>(since));
+  const int64_t more = load(words, kRateMoreNsPerUnit);
+  if ((more > 0 && demand * static_cast<double>(more) > elapsed) ||
+      demand * static_cast<double>(load(words, kRateLessNsPerUnit)) < elapsed) {
+    // The window's demand is the key's rate (kRate), and a new measurement
+    // starts: the renewal asks for what the key wants now, not an average
+    // with the spell before the move.
+    store(words, kRate, static_cast<int64_t>(demand * static_cast<double>(span) / elapsed + 0.5));
+    words[kDemand].store(0, std::memory_order_relaxed);
+    store(words, kDemandSince, now_ns);
+    store(words, kRateMovedDemand, 0);
+    return true;
+  }
+  // As asked: the next window starts (one taker moves it).
+  if (words[kRateMovedSince].compare_exchange_strong(since, static_cast<uint64_t>(now_ns),
+                                                     std::memory_order_acq_rel)) {
+    store(words, kRateMovedDemand, total);
+  }
+  return false;
+}
+
 int64_t leaseNowMs(ConstWords words) { return load(words, kLeaseNowMs); }
 
 int64_t deniedUntilNs(ConstWords words) { return load(words, kDenyUntil); }
@@ -349,7 +554,8 @@ bool inFlight(ConstWords words) {
 }
 
 bool idle(ConstWords words, int64_t now_ns) {
-  return !inFlight(words) && now_ns >= load(words, kDenyUntil);
+  // A rate's fallback admissions wait for their debit, as a share's do.
+  return !inFlight(words) && now_ns >= load(words, kDenyUntil) && load(words, kRateFallback) == 0;
 }
 
 bool lineMarked(ConstWords words) {

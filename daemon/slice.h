@@ -28,6 +28,19 @@
 //    contended one leases small batches, so no node sits on units another
 //    needs. A key whose leases are stamped (sliding_log) never boosts: the
 //    units its slice holds are its overshoot bound (overshoot.h).
+//  - A hot key of a token bucket rule may hold a rate lease instead
+//    (rate_lease.h): "spend up to r units per period until t". Its slice
+//    then refills here at r, one unit per kRateNsPerUnit ns, up to
+//    kRateCap units (rate_lease::capUnits; tokens a lease brings may sit
+//    above it), and asks Redis for nothing but the rate's renewal, due at
+//    kRateRenewAt; an empty slice denies until its next units refill (a
+//    cost past kRateCap, which the refill never reaches, leases tokens). At
+//    kRateUntil the rate ends and the key leases tokens again. A key asks
+//    for a rate only once a lease found Redis's bucket drained (kDrained).
+//    While Redis is unreachable the rate is spent until it ends
+//    (takeOnRate), and what it admits then is counted (kRateFallback) to
+//    be debited with the fallback shares' admissions: a master that took
+//    over meanwhile may not know the rate.
 //  - Every lease's answer also says what Redis had left after it; the slice
 //    keeps that in the spare bits of kFlags (kRedisLeftShift), so that a
 //    decision can report the fleet's remaining, not only this node's units
@@ -69,6 +82,17 @@ enum Word : size_t {
   kBatch,          // units asked for by the last lease request
   kRate,           // demand per lease interval, as last measured over one or more
   kRecheckAt,      // ns: while kDenyUntil stands, when to ask Redis again anyway
+  kRateNsPerUnit,  // a rate lease's refill: one unit per this many ns (0: none)
+  kRateCap,        // units the rate's refill fills the slice to, at most
+  kRateUntil,      // ns: the rate lease ends (0: none held)
+  kRateRenewAt,    // ns: when a take asks for the rate's renewal
+  kRateRefilledAt, // ns: the rate has refilled the slice up to this time
+  kRateMovedSince, // ns: the start of the window demandMoved measures
+  kRateMovedSpan,  // ns: its length, one lease interval (0: no rate asked)
+  kRateMovedDemand,    // kDemand at kRateMovedSince
+  kRateMoreNsPerUnit,  // demand above one unit per this many ns: twice what it asked (0: none)
+  kRateLessNsPerUnit,  // demand below one unit per this many ns: half what it asked
+  kRateFallback,   // units the rate admitted while Redis was unreachable, not debited yet
   kWords
 };
 constexpr uint64_t kInFlight = 1;
@@ -80,6 +104,11 @@ constexpr uint64_t kRedisLeftKnown = 8;
 // only the first in line may spend them. May outlive the line
 // (WaitLines::standing).
 constexpr uint64_t kLine = 16;
+// The last lease (of tokens, or the tokens beside a rate) granted fewer
+// units than it asked for: Redis's bucket ran dry (noteShort). A key may
+// start a rate lease only then (rate_lease::wants), so that its burst is
+// spent from Redis first.
+constexpr uint64_t kDrained = 32;
 // Bits 8..11 of kFlags: log2 of how many lease intervals of demand the last
 // batch covered.
 constexpr int kBoostShift = 8;
@@ -143,8 +172,18 @@ struct TakeResult {
 TakeResult take(Words words, int64_t now_ns, int64_t cost, bool again = false,
                 bool first_in_line = false);
 
+// Redis is unreachable: spends `cost` from what the key's rate lease
+// refills (and the units the slice holds) while the rate holds at now_ns;
+// kDenied with the time of its next units when they are short, kFallback
+// when no rate holds (the equal share decides). Claims no lease, counts no
+// demand. Lock-free. See LeasePath::acquireOnRate.
+TakeResult takeOnRate(Words words, int64_t now_ns, int64_t cost);
+
 // Reports what take() would answer, spending and claiming nothing.
 TakeResult look(ConstWords words, int64_t now_ns, int64_t cost);
+
+// Reports what takeOnRate() would answer, spending nothing.
+TakeResult lookOnRate(ConstWords words, int64_t now_ns, int64_t cost);
 
 // Gives up the in-flight bit take() claimed, for a lease that will not be
 // sent after all. The control thread calls it too, once it has applied a
@@ -192,6 +231,57 @@ struct Batch {
 Batch nextBatch(Words words, int64_t now_ns, int64_t cost, const Rule& rule, uint32_t nodes,
                 int64_t lease_interval_ns);
 
+// --- Rate leases (rate_lease.h) -------------------------------------------------
+
+// Whether the key holds a rate lease at now_ns.
+bool holdsRate(ConstWords words, int64_t now_ns);
+
+// A worker: `units` taken by takeOnRate were kept (admitted), to be debited
+// once Redis answers again (kRateFallback). Lock-free.
+void noteRateFallback(Words words, int64_t units);
+// A worker: `units` came back to the slice (a reservation's refund) while
+// Redis was unreachable; the count drops by as much (not below 0).
+void unnoteRateFallback(Words words, int64_t units);
+// The control thread: what noteRateFallback counted, now 0.
+int64_t takeRateFallback(Words words);
+
+// Whether the key's last lease granted fewer units than it asked for
+// (kDrained).
+bool drained(ConstWords words);
+
+// The key's demand per lease interval: the last full measurement (kRate;
+// nextBatch measures it), or the units asked in the one under way
+// (kDemand, less than an interval) when that is more already.
+int64_t demandPerInterval(ConstWords words);
+
+// The units a rate lease's slice refills to (kRateCap) while it holds a
+// rate at now_ns, else 0. For the overshoot bound (overshoot.h).
+int64_t rateCapUnits(ConstWords words, int64_t now_ns);
+
+// The control thread: Redis granted a rate refilling one unit per
+// ns_per_unit (0: no rate; the key leases tokens again) up to cap units
+// until until_ns, to be renewed from renew_at_ns. A rate held already
+// keeps refilling from where it was; a new one refills from now_ns.
+void applyRate(Words words, int64_t ns_per_unit, int64_t cap, int64_t until_ns, int64_t renew_at_ns,
+               int64_t now_ns);
+
+// The control thread: the rate op just answered at now_ns asked for
+// `asked` units per period of `limit`. The key's demand is measured over
+// windows of span_ns (one lease interval) from now_ns: a take at the end of
+// a window in which the demand was above twice that (unless it asked the
+// whole limit, which it cannot pass) or below half of it asks for the
+// rate's renewal before kRateRenewAt (demandMoved): the recorded demand is
+// stale, and the max-min shares follow the new one within two lease
+// intervals. asked 0: never.
+void noteAsked(Words words, const Limit& limit, int64_t asked, int64_t span_ns, int64_t now_ns);
+
+// Whether, at now_ns, a window of the key's demand has ended in which it
+// moved from what its rate op asked for (noteAsked); a window that ended
+// without is replaced by the next one. When it moved, the window's demand
+// becomes the key's (kRate) and a new measurement starts, so the renewal
+// asks for what the key wants now (demandPerInterval). Lock-free.
+bool demandMoved(Words words, int64_t now_ns);
+
 // Whether a blocked key is due to be asked of Redis again (kBlockRecheckNs)
 // at now_ns. When it is, the units a lease granted before the block are
 // dropped: the recheck's lease decides what the key may spend.
@@ -218,6 +308,10 @@ void clearLine(Words words);
 // grow (kRoomy). Called with every answer, before the key's in-flight bit
 // is cleared.
 void noteGrant(Words words, int64_t granted, int64_t remaining);
+// Records whether a lease that asked for `asked` units got them all
+// (kDrained). Called with every answer of a leasing key, before its
+// in-flight bit is cleared.
+void noteShort(Words words, int64_t asked, int64_t granted);
 
 // Records what Redis had left after a lease's answer of a key of `rule`:
 // `left` whole units (the reply's remaining), read at now_ns, in the 52
@@ -269,8 +363,9 @@ void failUntil(Words words, int64_t until_ns);
 // Whether a lease of the key is on the way (the in-flight bit).
 bool inFlight(ConstWords words);
 
-// Whether the key is idle for the sweep at now_ns: no lease on the way and
-// no negative cache standing (its next lease would be refused for nothing).
+// Whether the key is idle for the sweep at now_ns: no lease on the way, no
+// negative cache standing (its next lease would be refused for nothing) and
+// no rate's fallback admissions waiting for their debit (kRateFallback).
 bool idle(ConstWords words, int64_t now_ns);
 
 // Whether the key's flags still carry a line mark (wait_lines.h).

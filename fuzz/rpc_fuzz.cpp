@@ -123,8 +123,8 @@ constexpr int64_t kStartNs = 5 * kS;
 // (starting at the limit the call names, at most 2^20) and, for a
 // concurrency rule, the units this node holds. It does not refill: a key
 // that has leased everything is told "nothing for 50 ms" from then on, so
-// both the grant and the negative cache are reached. Every 11th script call
-// gets a reply that is not a lease.
+// both the grant and the negative cache are reached. A rate op gets the rate
+// it asks for. Every 11th script call gets a reply that is not a lease.
 class FuzzRedis {
  public:
   void answer(test::FakeRedis& link, int64_t now_ns) {
@@ -158,7 +158,19 @@ class FuzzRedis {
     if (fresh) state.units = capacity;
     long long granted = 0;
     long long retry_ms = 0;
-    if (op == "lease") {
+    long long rate = 0;
+    if (op == "rate") {
+      // token_bucket.lua's rate op: {"rate", rate, tokens, limit, ...}. The
+      // rate asked is granted (at most the limit), and up to `tokens` beside
+      // it as a lease of need 1 would take them.
+      rate = std::min(num(1), num(3));
+      if (state.units >= 1) {
+        granted = std::min(num(2), state.units);
+        state.units -= granted;
+      } else if (rate == 0) {
+        retry_ms = 50;
+      }
+    } else if (op == "lease") {
       if (state.units >= num(2)) {
         granted = std::min(num(1), state.units);
         state.units -= granted;
@@ -174,6 +186,7 @@ class FuzzRedis {
     std::vector<long long> reply = {granted, state.units, retry_ms, 0,
                                     1'700'000'000'000LL + now_ns / kMs};
     reply.push_back(concurrency ? state.held : 0);  // held, or no block
+    if (op == "rate") reply.push_back(rate);
     link.answerIntegers(reply);
   }
 

@@ -8,23 +8,50 @@
 --          at which the bucket was, or would have been, empty. The bucket
 --          holds min(burst, floor((now - T) / interval)) units, interval =
 --          ceil(period_us / limit). An absent key is a full bucket.
+--          While rate leases are held on the key, the string is instead a
+--          MessagePack array (its first byte is never a digit): {T (0: a
+--          full bucket), at_us, then per node: node, rate, until_us,
+--          demand}. at_us is the time up to which the rates held are charged
+--          to T; the node may spend up to `rate` units per period until
+--          until_us (its own slice refills at it), and asked for `demand`
+--          units per period (rate 0: it asked and got nothing yet). Every op
+--          first charges the rates held since at_us into T, span by span
+--          between their ends: a span of dt µs at held rates R moves T by
+--          ceil(dt * R / limit) and keeps it at or after the span's end
+--          minus burst * interval, so the bucket refills at (limit - R) per
+--          period and the bucket and the rate holders never hand out more
+--          than the limit between them. Rates that ended are dropped. One
+--          key holds both, so that no call reads T uncharged, and so that a
+--          call names one key: Redis Cluster serves a call of several keys
+--          during a slot's migration only once all of them are on one node
+--          (else -TRYAGAIN), which a fresh key's absent ones never are.
 -- KEYS[2]  optional: the key's penalty block (penalty.lua), a string whose
 --          TTL is the block's time left. While it exists a lease grants
 --          nothing and replies as a peek. Given, the reply gets a sixth
---          integer: the block's time left, ms (0: not blocked).
+--          integer: the block's time left, ms (0: not blocked); a rate op's
+--          reply has it always (0 without KEYS[2]).
 -- ARGV[1]  op: "lease"  take up to n units when at least `need` are there;
 --              "return" give n unused units back (never beyond a full bucket);
 --              "debit"  take n units unconditionally: units admitted while
 --                       Redis was unreachable. T may pass now: that is debt,
 --                       and the next lease waits until it has refilled;
---              "peek"   take nothing, report the state.
--- ARGV[2]  n: units (lease: at most; return, debit: exactly; peek: ignored).
+--              "peek"   take nothing, report the state;
+--              "rate"   hold a rate: this
+--                       node's rate lease is replaced by one of
+--                       min(n, its max-min fair share of the limit among
+--                       the demands recorded, the limit minus the others'
+--                       held rates) units per period until now + lease_ms
+--                       (n = 0 gives it up), and up to `need` tokens are
+--                       taken as a lease of need 1 would take them.
+-- ARGV[2]  n: units (lease: at most; return, debit: exactly; peek: ignored);
+--          rate: the rate asked for, units per period, 0 <= n <= limit.
 -- ARGV[3]  need: lease: the fewest units worth granting, 1 <= need <= n;
 --          peek: report retry_after_ms for this many units (0 is allowed);
 --          debit: how long ago (ms) the units began to be admitted (the
 --          start of the fallback span; 0: just now). They are charged as
 --          spent over that span, so a fleet that its fallback shares held
---          to the limit leaves the state empty, not in debt for the span.
+--          to the limit leaves the state empty, not in debt for the span;
+--          rate: the tokens to take beside the rate, at most (0: none).
 -- ARGV[4]  limit: units refilled per period, >= 1.
 -- ARGV[5]  period_ms: >= 1.
 -- ARGV[6]  burst: the bucket's capacity in units, >= 0.
@@ -34,24 +61,45 @@
 --          later, the lease grants nothing and replies as a peek. Other
 --          ops ignore it (fixed_window's and sliding_window's return take
 --          the window there; every rate script takes the same ARGV).
+--          rate: as for lease (run late, it holds nothing new and replies
+--          as a peek, rate 0; the node's earlier rate lease stands).
+-- ARGV[9]  rate: the node's id (its entry in KEYS[1]'s rates).
+-- ARGV[10] rate: lease_ms, how long the rate holds, 1 .. 60,000.
 --
 -- Needs Redis >= 5: the script writes after TIME, which takes effects
 -- replication (the default from 5.0, the only mode from 7.0); it asks for it
 -- with redis.replicate_commands() where that exists.
 --
 -- Returns five integers {granted, remaining, retry_after_ms, reset_after_ms,
--- now_ms}, and blocked_ms sixth when KEYS[2] is given:
---   granted         units moved into the caller's slice (lease), else 0;
+-- now_ms}, and blocked_ms sixth when KEYS[2] is given or the op is rate, and
+-- for a rate op the rate granted seventh (units per period; 0 when it ran as
+-- a peek) and `unmet` eighth:
+--   granted         units moved into the caller's slice (lease, rate), else 0;
 --   remaining       whole units left in the bucket after this call;
 --   retry_after_ms  0 when the lease granted (or a peek of `need` would);
 --                   otherwise until `need` units are in the bucket, rounded
---                   up; -1 when need > burst, which can never be granted;
+--                   up; -1 when need > burst, which can never be granted.
+--                   A rate op that got neither a rate nor tokens: until one
+--                   unit is there (-1: burst 0); otherwise 0.
+--                   While rates are held (R in all) the bucket refills at
+--                   (limit - R): the wait at the full rate w becomes
+--                   w * limit / (limit - R) in doubles, or, with R = limit,
+--                   the time until the first held rate ends plus w;
 --   reset_after_ms  until the bucket is full again, rounded up;
 --   now_ms          Redis's time (floor of now_us / 1000), for clock offsets.
+--   unmet           1 when some node's recorded demand is unmet after the
+--                   call: a rate entry holds less than its max-min
+--                   share of the limit among every recorded demand (a node
+--                   that asked and got 0 included), else 0. A holder that
+--                   hears 1 renews at its next lease interval, and so gives
+--                   up what it holds beyond its share soon.
 --
 -- The key's TTL is reset_after_ms (the state matters until the bucket is
 -- full; a full bucket deletes the key), so it is at most
--- burst * interval + outstanding debt, rounded up to ms.
+-- burst * interval + outstanding debt, rounded up to ms, plus, while rates
+-- are held, the time until the last of them ends (the bucket may not refill
+-- before), and at least until its last rate entry ends.
+-- A rate lease needs limit * 60,000,000 < 2^53 (dt * R stays exact).
 -- Lua numbers are doubles: every quantity is an integer below 2^53. Times
 -- near 2^50.6 µs (now) plus burst * interval <= 2^50 stay exact; debt
 -- saturates at 2^50 µs past now.
@@ -99,6 +147,19 @@ end
 if op == 'lease' and (need < 1 or need > n) then
   return fail('lease needs 1 <= need <= n')
 end
+local MAX_RATE_LEASE_US = 60000000
+local rate_op = op == 'rate'
+local node, lease_us
+if rate_op then
+  node = ARGV[9]
+  local lease_ms = int_arg(10, 1, MAX_RATE_LEASE_US / 1000)
+  if not node or node == '' or not lease_ms then
+    return fail('rate needs ARGV[9] node and ARGV[10] lease_ms in 1 .. 60000')
+  end
+  if n > limit then return fail('rate needs n <= limit') end
+  if limit * MAX_RATE_LEASE_US >= 2 ^ 53 then return fail('rate needs limit * 6e7 < 2^53') end
+  lease_us = lease_ms * 1000
+end
 if now == 0 then
   -- Writes after TIME need effects replication (Redis < 5 does not default to it).
   if redis.replicate_commands then redis.replicate_commands() end
@@ -110,7 +171,7 @@ end
 -- daemon that sent it: Redis was frozen or slow with the call in its socket.
 -- Granting would take units nobody spends (and, after an outage, would run
 -- before that daemon's debit), so it only reports, as a peek does.
-if op == 'lease' then
+if op == 'lease' or rate_op then
   local deadline = int_arg(8, 0, 2 ^ 53)
   if deadline and deadline > 0 and now > deadline then op = 'peek' end
 end
@@ -120,36 +181,125 @@ end
 local blocked_ms = 0
 if KEYS[2] then
   blocked_ms = math.max(redis.call('PTTL', KEYS[2]), 0)
-  if op == 'lease' and blocked_ms > 0 then op = 'peek' end
+  if (op == 'lease' or op == 'rate') and blocked_ms > 0 then op = 'peek' end
 end
 
 local interval = idiv(period_ms * 1000 + limit - 1, limit)
 -- (A debit's `need` is a span of time, not units.)
-local need_units = op == 'debit' and 0 or need
+local need_units = (op == 'debit' or op == 'rate') and 0 or need
 if burst * interval > MAX_SPAN_US or n * interval > MAX_SPAN_US or need_units * interval > MAX_SPAN_US then
   return fail('burst * period / limit must stay below 2^50 us')
 end
 local full = now - burst * interval
 
--- The empty time as it applies now: anything older than `full` reads as full.
+-- The state: T alone, or T and the rates held (see KEYS[1]).
 local stored = redis.call('GET', KEYS[1])
+local all = {}      -- every rate entry read: {node, rate, until_us, demand}
+local at = now      -- the rates are charged up to here
+if stored and (string.byte(stored, 1) or 0) >= 0x80 then
+  local v = cmsgpack.unpack(stored)
+  if type(v) ~= 'table' or type(v[1]) ~= 'number' or type(v[2]) ~= 'number' then
+    return fail('KEYS[1] holds neither T nor T and rates')
+  end
+  at = math.min(v[2], now)
+  for i = 3, #v - 3, 4 do all[#all + 1] = {tostring(v[i]), v[i + 1], v[i + 2], v[i + 3]} end
+  stored = v[1] ~= 0 and v[1] or nil
+elseif stored then
+  stored = tonumber(stored)
+end
+
+-- The rates held are charged into T up to now, one span between
+-- their ends at a time. Within a span at rates R < limit the bucket is
+-- max(T0 + dt * R / limit, t - burst * interval): once full it stays full,
+-- as the uncharged refill outruns the charge; with R = limit both move
+-- together. So the span's end alone needs the cap, and its start (a bucket
+-- already full there would otherwise be charged from an older T).
+local rates = {}      -- the entries live after now: {node, rate, until_us, demand}
+local held_rate = 0   -- the sum of their rates
+if #all > 0 then
+  local cap_us = burst * interval
+  local charged = false
+  local t = stored
+  while at < now do
+    local r, span_end = 0, now
+    for _, h in ipairs(all) do
+      if h[3] > at and h[2] > 0 then
+        r = r + h[2]
+        if h[3] < span_end then span_end = h[3] end
+      end
+    end
+    if r == 0 then break end
+    t = math.max(t or (at - cap_us), at - cap_us)
+    t = math.max(t + idiv((span_end - at) * r + limit - 1, limit), span_end - cap_us)
+    charged = true
+    at = span_end
+  end
+  if charged then stored = t end
+  for _, h in ipairs(all) do
+    if h[3] > now then
+      rates[#rates + 1] = h
+      held_rate = held_rate + h[2]
+    end
+  end
+end
+
+-- The empty time as it applies now: anything older than `full` reads as full.
 local empty = full
-if stored then empty = math.max(tonumber(stored), full) end
+if stored then empty = math.max(stored, full) end
 
 local function units_at(t)
   if t >= now then return 0 end
   return idiv(now - t, interval)
 end
 
-local function store(t)
-  if t <= full then
-    redis.call('DEL', KEYS[1])
-  else
-    redis.call('SET', KEYS[1], string.format('%d', t), 'PX', ceil_ms(t - full))
+-- The end of the last rate held (now when none): the bucket's state lives
+-- at least until then, as it may not refill before.
+local function last_rate_end()
+  local last = now
+  for _, h in ipairs(rates) do
+    if h[2] > 0 and h[3] > last then last = h[3] end
   end
+  return last
+end
+
+-- Writes T (and the rates live after now, charged up to now): T alone as
+-- its digits, deleted once full; with rates as their array (KEYS[1]).
+local function store(t)
+  if #rates == 0 then
+    if t <= full then
+      redis.call('DEL', KEYS[1])
+    else
+      redis.call('SET', KEYS[1], string.format('%d', t), 'PX', ceil_ms(t - full))
+    end
+    return
+  end
+  local v = {t > full and t or 0, now}
+  local last = now
+  for i, h in ipairs(rates) do
+    for j = 1, 4 do v[2 + 4 * (i - 1) + j] = h[j] end
+    if h[3] > last then last = h[3] end
+  end
+  local ttl_ms = math.max(ceil_ms(math.max(t - full, 0)) + ceil_ms(last_rate_end() - now), ceil_ms(last - now), 1)
+  redis.call('SET', KEYS[1], cmsgpack.pack(v), 'PX', string.format('%d', ttl_ms))
+end
+
+-- Max-min fairness: the share of a node asking `mine` among `demands` (its
+-- own included) of `capacity`: demands are met smallest first while an equal
+-- split of what is left covers them; the rest get that split (floored).
+local function fair_share(demands, capacity, mine)
+  table.sort(demands)
+  local left, k = capacity, #demands
+  for _, d in ipairs(demands) do
+    local split = idiv(left, k)
+    if d > split then return math.min(mine, split) end
+    left = left - d
+    k = k - 1
+  end
+  return mine
 end
 
 local granted = 0
+local rate_granted = 0
 if op == 'lease' then
   if need <= burst and units_at(empty) >= need then
     granted = math.min(n, units_at(empty))
@@ -158,7 +308,7 @@ if op == 'lease' then
   end
 elseif op == 'return' then
   if stored then
-    empty = tonumber(stored) - n * interval
+    empty = stored - n * interval
     store(empty)
     empty = math.max(empty, full)
   end
@@ -178,18 +328,66 @@ elseif op == 'debit' then
   end
   store(empty)
   empty = math.max(empty, full)
+elseif op == 'rate' then
+  local kept, others, demands = {}, 0, {}
+  for _, h in ipairs(rates) do
+    if h[1] ~= node then
+      kept[#kept + 1] = h
+      others = others + h[2]
+      demands[#demands + 1] = h[4]
+    end
+  end
+  rates = kept
+  if n > 0 then
+    demands[#demands + 1] = n
+    rate_granted = math.max(math.min(fair_share(demands, limit, n), limit - others), 0)
+    rates[#rates + 1] = {node, rate_granted, now + lease_us, n}
+  end
+  held_rate = others + rate_granted
+  if need > 0 and burst >= 1 and units_at(empty) >= 1 then
+    granted = math.min(need, units_at(empty))
+    empty = empty + granted * interval
+  end
 elseif op ~= 'peek' then
-  return fail('op must be lease, return, debit or peek')
+  return fail('op must be lease, return, debit, peek or rate')
 end
 
+-- A rate op (its tokens, its rate), or rates read (T charged, ended ones
+-- dropped) or held now: written back.
+if rate_op or #all > 0 or #rates > 0 then store(empty) end
+
 local retry_ms = 0
-if op == 'lease' or op == 'peek' then
-  if need > burst then
+-- A rate op that got neither a rate nor tokens says when one token is there.
+local wait_need = op == 'rate' and 1 or need
+if op == 'lease' or op == 'peek' or (op == 'rate' and rate_granted == 0 and granted == 0) then
+  if wait_need > burst then
     retry_ms = -1
-  elseif granted == 0 and units_at(empty) < need then
-    retry_ms = ceil_ms(empty + need * interval - now)
+  elseif granted == 0 and units_at(empty) < wait_need then
+    local wait_us = empty + wait_need * interval - now
+    if held_rate >= limit then
+      local first_end = nil
+      for _, h in ipairs(rates) do
+        if h[2] > 0 and (first_end == nil or h[3] < first_end) then first_end = h[3] end
+      end
+      wait_us = (first_end or now) - now + wait_us
+    elseif held_rate > 0 then
+      wait_us = math.ceil(wait_us * limit / (limit - held_rate))
+    end
+    retry_ms = ceil_ms(wait_us)
   end
 end
 local reply = {granted, units_at(empty), retry_ms, ceil_ms(empty - full), math.floor(now / 1000)}
-if KEYS[2] then reply[6] = blocked_ms end
+if KEYS[2] or rate_op then reply[6] = blocked_ms end
+if rate_op then
+  reply[7] = rate_granted
+  local all = {}
+  for _, h in ipairs(rates) do all[#all + 1] = h[4] end
+  local unmet = 0
+  for _, h in ipairs(rates) do
+    local copy = {}
+    for i, d in ipairs(all) do copy[i] = d end
+    if h[2] < fair_share(copy, limit, h[4]) then unmet = 1 end
+  end
+  reply[8] = unmet
+end
 return reply

@@ -33,7 +33,8 @@ import unittest
 
 import msgpack
 
-from harness import Client, Daemon, Redis, redis_section, tear_down_module, wait_for
+from harness import (STATE_VERSION, Client, Daemon, Redis, redis_section, tear_down_module,
+                     wait_for)
 
 # A fresh client's acquire after an attack must be answered within this; a
 # normal answer takes well under a millisecond, so this only allows for a
@@ -956,7 +957,7 @@ class GlobalKeyBytesTest(ExhaustionCase):
         first = KeyBytesTest.assert_separate_budgets(self, client, "global_once")
         self.assertTrue(all(r["mode"] == "normal" for r in first), [r["mode"] for r in first])
         count = self.redis.command(
-            "EVAL", "return #redis.call('KEYS', ARGV[1])", "0", "sluice:v2:q:*")
+            "EVAL", "return #redis.call('KEYS', ARGV[1])", "0", "sluice:v%d:q:*" % STATE_VERSION)
         self.assertEqual(count, len(DISTINCT_KEYS))
         client.close()
         self.daemon.assert_unharmed(self)

@@ -51,7 +51,7 @@ def _fnv1a64(data):
     return value
 
 
-STATE_VERSION = 2  # kRedisStateVersion in daemon/redis_keys.h
+STATE_VERSION = 3  # kRedisStateVersion in daemon/redis_keys.h
 
 
 def redis_key(kind, rule, key, prefix="sluice:", version=STATE_VERSION):

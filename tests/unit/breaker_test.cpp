@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <deque>
 #include <map>
@@ -25,6 +26,7 @@
 #include "lease_manager.h"
 #include "metrics.h"
 #include "prometheus.h"
+#include "rate_lease.h"
 #include "redis_keys.h"
 #include "rpc.h"
 #include "slice.h"
@@ -60,14 +62,15 @@ class FakeActions : public BreakerActions {
     identity_epochs.push_back(epoch);
     return can_ask;
   }
-  void recover(uint64_t epoch, bool state_lost, int64_t fallback_span_ms) override {
-    recoveries.push_back({epoch, state_lost, fallback_span_ms});
+  void recover(uint64_t epoch, bool state_lost, bool master_changed, int64_t fallback_span_ms) override {
+    recoveries.push_back({epoch, state_lost, master_changed, fallback_span_ms});
     if (breaker != nullptr && calls > 0) breaker->expect(epoch, calls);
   }
 
   struct Recovery {
     uint64_t epoch;
     bool state_lost;
+    bool master_changed;
     int64_t span_ms;
   };
   CircuitBreaker* breaker = nullptr;
@@ -159,6 +162,7 @@ TEST_F(BreakerTest, TheSameRedisGetsDebitsOverTheFallbackSpanAndNoLearning) {
   recoverAs(identity("a"));
   ASSERT_EQ(actions_.recoveries.size(), 2u);
   EXPECT_FALSE(actions_.recoveries[1].state_lost);
+  EXPECT_FALSE(actions_.recoveries[1].master_changed);
   EXPECT_EQ(actions_.recoveries[1].span_ms, 5'000);
   EXPECT_FALSE(broker_.learning(rule("per-hour"), now_));
   EXPECT_EQ(broker_.stats(now_).learning_entries, 0u);
@@ -173,6 +177,7 @@ TEST_F(BreakerTest, ARestartedRedisGetsNoDebitsAndStartsLearning) {
   recoverAs(identity("b", "r2"));
   ASSERT_EQ(actions_.recoveries.size(), 2u);
   EXPECT_TRUE(actions_.recoveries[1].state_lost);
+  EXPECT_TRUE(actions_.recoveries[1].master_changed);
   EXPECT_TRUE(broker_.learning(rule("per-hour"), now_));
   EXPECT_TRUE(broker_.learningAny(now_));
   EXPECT_EQ(broker_.stats(now_).learning_entries, 1u);
@@ -185,7 +190,32 @@ TEST_F(BreakerTest, APromotedReplicaGetsDebitsAndStartsLearning) {
   breaker_.down(now_);
   recoverAs(identity("b", "r2", "r1"));
   EXPECT_FALSE(actions_.recoveries[1].state_lost);
+  EXPECT_TRUE(actions_.recoveries[1].master_changed);
   EXPECT_TRUE(broker_.learning(rule("per-second"), now_));
+}
+
+// Verifies that a master change seen by an identity the fleet marker
+// refused still reaches the recovery that follows: the next identity reads
+// the new run_id as the last one seen, yet the node must end its rate
+// leases (the new master may lack their last renewals).
+TEST_F(BreakerTest, AMasterChangeSeenWhileRefusedReachesTheRecovery) {
+  recoverAs(identity("a", "r1"));
+  breaker_.down(now_);
+  breaker_.up(now_);
+  breaker_.identified(breaker_.epoch(), identity("b", "r2", "r1"), now_, kRedisStateVersion + 1);
+  ASSERT_TRUE(breaker_.refused());
+  ASSERT_EQ(actions_.recoveries.size(), 1u);
+  now_ += kSecond;
+  breaker_.identified(breaker_.epoch(), identity("b", "r2", "r1"), now_);
+  ASSERT_EQ(actions_.recoveries.size(), 2u);
+  EXPECT_TRUE(actions_.recoveries[1].master_changed);
+  EXPECT_FALSE(actions_.recoveries[1].state_lost);
+  // Reported once: the next outage on the same master is no change.
+  breaker_.answered(breaker_.epoch(), now_);
+  breaker_.down(now_);
+  recoverAs(identity("b", "r2", "r1"));
+  ASSERT_EQ(actions_.recoveries.size(), 3u);
+  EXPECT_FALSE(actions_.recoveries[2].master_changed);
 }
 
 // Verifies that learning ends per rule: a rule of a second learns until
@@ -318,7 +348,7 @@ TEST_F(BreakerTest, AnIdentityThatCannotBeAskedRecoversWithDebits) {
 TEST_F(BreakerTest, RecoveryCallsAnsweredAtOnceDoNotCloseTheBreakerEarly) {
   class Eager : public FakeActions {
    public:
-    void recover(uint64_t epoch, bool, int64_t) override {
+    void recover(uint64_t epoch, bool, bool, int64_t) override {
       breaker->expect(epoch, 1);
       breaker->answered(epoch, kStart);  // failed at once (not sent)
       closed_between = breaker->state() == Breaker::kClosed;
@@ -449,9 +479,10 @@ TEST(ParseInfo, ReadsRunIdAndReplicationIds) {
 
 // --- The lease manager's half, on a fake Redis ---------------------------------
 
-std::string info(const std::string& run_id, const std::string& replid) {
+std::string info(const std::string& run_id, const std::string& replid,
+                 const std::string& replid2 = "0000") {
   return "# Server\r\nrun_id:" + run_id + "\r\n# Replication\r\nmaster_replid:" + replid +
-         "\r\nmaster_replid2:0000\r\n";
+         "\r\nmaster_replid2:" + replid2 + "\r\n";
 }
 
 class ManagerBreakerTest : public ::testing::Test {
@@ -623,7 +654,19 @@ class FakeRedisState {
     buckets_.clear();
     pools_.clear();
   }
+  // A replica took over: a new run_id that continues the last master's
+  // history, with its buckets but without the rate leases (their last
+  // renewals had not reached it).
+  void failover(std::string run_id) {
+    replid2_ = "replid-" + run_id_;
+    run_id_ = std::move(run_id);
+    for (auto& [key, bucket] : buckets_) bucket.rates.clear();
+  }
   const std::string& runId() const { return run_id_; }
+  // INFO's master_replid2: the history a promoted replica continued.
+  const std::string& replid2() const { return replid2_; }
+  // Units debited so far.
+  int64_t debited() const { return debited_; }
   // Rate leases run so far.
   int leases() const { return leases_; }
   // Units the bucket of `state_key` holds now.
@@ -640,17 +683,35 @@ class FakeRedisState {
     if (a.size() == 7 && a[0] != "peek" && !std::isdigit(static_cast<unsigned char>(a[5][0]))) {
       return concurrency(a, key, now_ms);  // {op, n, need, limit, ttl, node_id, now}
     }
-    int64_t n = std::stoll(a[1]);
-    int64_t need = std::stoll(a[2]);
+    // A rate op (rate_lease.h): {"rate", rate, tokens, limit, period_ms,
+    // burst, now_us, deadline_us, node, lease_ms}. The node's rate is
+    // replaced by rate_lease::grant's (its max-min share of the demands
+    // recorded, within what the others' rates leave of the limit) until now
+    // + lease_ms; up to `tokens` are taken beside it;
+    // the reply carries the block's time left, the rate and whether some
+    // recorded demand is below its share (rate_lease::unmet). The bucket
+    // refills at the limit less the rates held (refill()).
+    const bool rate_op = a[0] == "rate";
+    int64_t n = std::stoll(rate_op ? a[2] : a[1]);
+    int64_t need = rate_op ? std::min<int64_t>(n, 1) : std::stoll(a[2]);
     double limit = std::stod(a[3]);
     double period_ms = std::stod(a[4]);
     Bucket& bucket = bucket_(key, std::stod(a[5]));
-    bucket.tokens = std::min(bucket.burst, bucket.tokens + static_cast<double>(now_ns_ - bucket.at_ns) /
-                                               kMs * limit / period_ms);
-    bucket.at_ns = now_ns_;
+    refill(bucket, limit, period_ms);
+    long long rate = 0;
+    if (rate_op) {
+      ++rate_ops_;
+      const long long asked = std::stoll(a[1]);
+      bucket.rates.erase(a[8]);
+      std::vector<rate_lease::Held> live;
+      for (const auto& [node, held] : bucket.rates) live.push_back({node, held.rate, held.until_ns, held.demand});
+      rate = asked > 0 ? rate_lease::grant(live, a[8], asked, static_cast<int64_t>(limit)) : 0;
+      // Kept with rate 0 too: its demand counts in the others' next grants.
+      if (asked > 0) bucket.rates[a[8]] = {rate, now_ns_ + std::stoll(a[9]) * kMs, asked};
+    }
     long long granted = 0;
     long long retry_ms = 0;
-    if (a[0] == "lease") {
+    if (a[0] == "lease" || (rate_op && n > 0)) {
       ++leases_;
       if (bucket.tokens >= static_cast<double>(need)) {
         granted = std::min<long long>(n, static_cast<long long>(bucket.tokens));
@@ -663,20 +724,52 @@ class FakeRedisState {
       bucket.tokens = std::min(bucket.burst, bucket.tokens + static_cast<double>(n));
     } else if (a[0] == "debit") {
       bucket.tokens -= static_cast<double>(n);
+      debited_ += n;
     }
-    return {granted, std::max<long long>(static_cast<long long>(bucket.tokens), 0), retry_ms, 0,
-            now_ms};
+    const long long left = std::max<long long>(static_cast<long long>(bucket.tokens), 0);
+    if (rate_op) {
+      std::vector<rate_lease::Held> after;
+      for (const auto& [node, held] : bucket.rates) after.push_back({node, held.rate, held.until_ns, held.demand});
+      const long long unmet = rate_lease::unmet(after, static_cast<int64_t>(limit)) ? 1 : 0;
+      return {granted, left, retry_ms, 0, now_ms, 0, rate, unmet};
+    }
+    return {granted, left, retry_ms, 0, now_ms};
   }
+  // Rate ops run so far.
+  int rateOps() const { return rate_ops_; }
 
  private:
+  struct Held {
+    int64_t rate = 0;  // units per period
+    int64_t until_ns = 0;
+    int64_t demand = 0;  // the rate asked for
+  };
   struct Bucket {
     double burst = 0;
     double tokens = 0;
     int64_t at_ns = 0;
+    std::map<std::string, Held> rates;  // node -> its rate lease
   };
+  // The bucket's refill up to now, span by span between the rates' ends:
+  // the limit less the rates held, up to the burst. Ended rates are dropped.
+  void refill(Bucket& bucket, double limit, double period_ms) {
+    while (bucket.at_ns < now_ns_) {
+      int64_t span_end = now_ns_;
+      double held = 0;
+      for (const auto& [node, h] : bucket.rates) {
+        if (h.until_ns <= bucket.at_ns) continue;
+        held += static_cast<double>(h.rate);
+        span_end = std::min(span_end, h.until_ns);
+      }
+      bucket.tokens = std::min(bucket.burst, bucket.tokens + static_cast<double>(span_end - bucket.at_ns) /
+                                                                 kMs * (limit - held) / period_ms);
+      bucket.at_ns = span_end;
+    }
+    std::erase_if(bucket.rates, [this](const auto& entry) { return entry.second.until_ns <= now_ns_; });
+  }
   Bucket& bucket_(const std::string& key, double burst) {
     auto [it, fresh] = buckets_.try_emplace(key);
-    if (fresh) it->second = {burst, burst, now_ns_};
+    if (fresh) it->second = {burst, burst, now_ns_, {}};
     return it->second;
   }
 
@@ -704,7 +797,10 @@ class FakeRedisState {
 
   const int64_t& now_ns_;
   int leases_ = 0;
+  int rate_ops_ = 0;
+  int64_t debited_ = 0;
   std::string run_id_ = "run-1";
+  std::string replid2_ = "0000";
   std::map<std::string, Bucket> buckets_;
   std::map<std::string, std::map<std::string, long long>> pools_;
 };
@@ -753,12 +849,24 @@ class Node {
     return answer;
   }
 
+  // One question of `method` on `item`, answered (and every call it makes
+  // of Redis) before it returns.
+  Answer question(Method method, Item item) {
+    Answer answer;
+    {
+      KeyTable::ReadGuard guard(keys_, reader_);
+      dispatcher_->ask({method, {&item, 1}}, now_ns_, Asker{}, &answer);
+    }
+    pump();
+    return answer;
+  }
+
   // Serves the broker's requests and answers every call, until none is left.
   void pump() {
     manager_->onWakeup();
     while (!link_.calls.empty()) {
       if (!link_.calls.front().script) {
-        link_.answerString(info(redis_.runId(), "replid-" + redis_.runId()));
+        link_.answerString(info(redis_.runId(), "replid-" + redis_.runId(), redis_.replid2()));
       } else {
         std::vector<long long> reply = redis_.run(link_.calls.front());
         link_.answerIntegers(reply);
@@ -906,6 +1014,277 @@ TEST_F(LearningFleetTest, AConcurrencyRuleIsCappedOnlyWhileItLearnsItself) {
   ASSERT_TRUE(a_->broker().learning(*rules_->find("hourly"), now_));
   a_->pump();
   EXPECT_EQ(acquires(*a_, "slots", 2), 2);
+}
+
+// --- Rate leases keep the burst (rate_lease::wants), on one node -------------
+
+// One node alone on a Redis that grants rate leases (FakeRedisState): a
+// 10/s rule with a burst of 10 (one unit per 100 ms lease interval, the
+// least that may lease a rate) and an 8-an-hour one.
+class RateLeaseNodeTest : public LearningFleetTest {
+ protected:
+  void SetUp() override {
+    std::vector<Rule> rules;
+    rules.push_back(globalRule(1, "per-second", 10, kSecond));
+    rules.push_back(globalRule(2, "hourly", 8, kHour));
+    rules_ = std::make_shared<const RuleSet>(std::move(rules), 1);
+    a_ = std::make_unique<Node>("node-a", redis_, rules_, now_);
+    a_->up();
+    ASSERT_TRUE(a_->broker().leasing());
+    ASSERT_FALSE(a_->broker().learning(*rules_->find("per-second"), now_));
+  }
+
+  // Acquires `count` times on "k" at the same instant; how many passed.
+  int atOnce(std::string_view rule, int count) {
+    int allowed = 0;
+    for (int i = 0; i < count; ++i) allowed += a_->acquire(rule, "k") ? 1 : 0;
+    return allowed;
+  }
+};
+
+// Verifies that a fresh key of 10/s with a burst of 10 admits its burst at
+// once: its bucket is not drained, so no rate stands in for it.
+TEST_F(RateLeaseNodeTest, AFreshKeyOfTenASecondAdmitsItsBurstOfTenAtOnce) {
+  EXPECT_EQ(atOnce("per-second", 10), 10);
+  EXPECT_EQ(atOnce("per-second", 5), 0);
+}
+
+// Verifies that a rule refilling less than a unit per lease interval (8 an
+// hour) admits its 8 and never asks for a rate, however hot the key.
+TEST_F(RateLeaseNodeTest, EightAnHourAdmitsEightAndNeverLeasesARate) {
+  EXPECT_EQ(atOnce("hourly", 20), 8);
+  EXPECT_EQ(acquires(*a_, "hourly", 500), 0);
+  EXPECT_EQ(redis_.rateOps(), 0);
+}
+
+// Verifies the switch: a key hot past its limit spends the burst from
+// Redis's bucket, and once a lease finds the bucket drained it holds a
+// rate, which then refills its slice at 10/s with no call to Redis
+// but the rate's renewal.
+TEST_F(RateLeaseNodeTest, AHotKeyHoldsARateOnlyOnceItsBucketRanDry) {
+  EXPECT_EQ(atOnce("per-second", 10), 10);  // the lease that emptied the bucket may ask for a rate
+  // 3x the limit for 2 s: one acquire every 33 ms.
+  int allowed = 0;
+  for (int i = 0; i < 60; ++i) {
+    now_ += 100 * kMs / 3;
+    allowed += a_->acquire("per-second", "k") ? 1 : 0;
+  }
+  EXPECT_GE(redis_.rateOps(), 1);
+  // About 20 refilled in 2 s, a unit either way for where the refills fell.
+  EXPECT_GE(allowed, 19);
+  EXPECT_LE(allowed, 21);
+  const int calls = redis_.leases();
+  for (int i = 0; i < 60; ++i) {
+    now_ += 100 * kMs / 3;
+    a_->acquire("per-second", "k");
+  }
+  // Renewals only: one per kMaxRenewNs begun.
+  EXPECT_LE(redis_.leases() - calls, (2 * kSecond + rate_lease::kMaxRenewNs - 1) / rate_lease::kMaxRenewNs);
+}
+
+// Verifies that a key holding its rule's whole rate gets its burst back
+// after a pause: tokens refill its slice up to the burst's share of its
+// rate, not one lease interval's, as a token bucket of 10 would.
+TEST_F(RateLeaseNodeTest, AKeyHoldingARateGetsItsBurstBackAfterAPause) {
+  EXPECT_EQ(atOnce("per-second", 10), 10);
+  for (int i = 0; i < 60; ++i) {
+    now_ += 100 * kMs / 3;
+    a_->acquire("per-second", "k");
+  }
+  ASSERT_GE(redis_.rateOps(), 1);
+  now_ += kSecond;
+  EXPECT_EQ(atOnce("per-second", 15), 10);
+}
+
+// One node of eight on 80/s with a burst of 80 (its equal share: 10/s), the
+// others idle: hot, it holds the whole rate.
+class RateFallbackTest : public RateLeaseNodeTest {
+ protected:
+  void SetUp() override {
+    std::vector<Rule> rules;
+    rules.push_back(globalRule(1, "per-second", 80, kSecond));
+    rules_ = std::make_shared<const RuleSet>(std::move(rules), 8);
+    a_ = std::make_unique<Node>("node-a", redis_, rules_, now_);
+    a_->up();
+    ASSERT_TRUE(a_->broker().leasing());
+  }
+
+  // Acquires at 3x the limit (240/s) for `ns`; how many passed, and
+  // whether every answer was in mode `mode`.
+  int hot(int64_t ns, Mode mode, bool* all_in_mode) {
+    int allowed = 0;
+    *all_in_mode = true;
+    for (int64_t t = 0; t < ns; t += kSecond / 240) {
+      now_ += kSecond / 240;
+      Answer answer = a_->ask("per-second", "k");
+      allowed += answer.allowed ? 1 : 0;
+      *all_in_mode = *all_in_mode && answer.modes.front() == mode;
+    }
+    return allowed;
+  }
+};
+
+// Verifies the demand-weighted fallback share: through an outage a key that
+// held the rule's whole rate keeps admitting at that rate (mode fallback)
+// until the rate ends, lease_ttl after its last renewal, and only then at
+// its equal share, limit / 8.
+TEST_F(RateFallbackTest, AKeyHoldingARateSpendsItThroughAnOutageThenTheEqualShare) {
+  bool in_mode = false;
+  hot(kSecond, Mode::kNormal, &in_mode);
+  ASSERT_GE(redis_.rateOps(), 1);
+  a_->down();
+  ASSERT_FALSE(a_->broker().leasing());
+  // The rate (80/s) holds at least the first 2 s of the outage: the lease
+  // lasts 5 s from its last renewal, due 2.5 s after it was sent.
+  int allowed = hot(2 * kSecond, Mode::kFallback, &in_mode);
+  EXPECT_TRUE(in_mode);
+  EXPECT_GE(allowed, 2 * 80 - 2);
+  EXPECT_LE(allowed, 2 * 80 + 8);  // spent down at 3x, the slice saved no more than an interval's
+  // Past any rate's end: the equal share, 10/s (its burst of 10 first).
+  now_ += 5 * kSecond;
+  allowed = hot(2 * kSecond, Mode::kFallback, &in_mode);
+  EXPECT_TRUE(in_mode);
+  EXPECT_GE(allowed, 2 * 10);
+  EXPECT_LE(allowed, 2 * 10 + 10 + 1);
+}
+
+// Verifies that a failover can never let a rate pass the limit unknown to
+// the new master: the promoted replica lacks the rate's last renewal, so
+// what the key admitted on its rate through the outage is debited to it,
+// and the rate ends at the change (learning then holds the node to its
+// equal share, 10/s), where a slice refilling on at 80/s would admit beside
+// a bucket that refills at the whole limit.
+TEST_F(RateFallbackTest, AFailoverDebitsWhatTheRateAdmittedAndEndsIt) {
+  bool in_mode = false;
+  hot(kSecond, Mode::kNormal, &in_mode);
+  ASSERT_GE(redis_.rateOps(), 1);
+  a_->down();
+  const int64_t debited = redis_.debited();
+  const int spent = hot(2 * kSecond, Mode::kFallback, &in_mode);
+  ASSERT_TRUE(in_mode);
+  ASSERT_GE(spent, 2 * 80 - 2);
+  redis_.failover("run-2");
+  a_->up();
+  ASSERT_TRUE(a_->broker().leasing());
+  const Rule& rule = *rules_->find("per-second");
+  ASSERT_TRUE(a_->broker().learning(rule, now_));
+  EXPECT_EQ(redis_.debited() - debited, spent);
+  // Learning: the share's 10/s and its burst of 10 at the most.
+  const int learning = hot(kSecond, Mode::kNormal, &in_mode);
+  EXPECT_LE(learning, 10 + 10 + 1);
+}
+
+// Verifies that the same master after an outage keeps the rate (it holds
+// and charges it), and is debited what the rate admitted all the same, as
+// the shares' admissions are: charged over the outage, it adds nothing to
+// a bucket that counted the rate.
+TEST_F(RateFallbackTest, TheSameMasterKeepsTheRateAndIsDebitedWhatItAdmitted) {
+  bool in_mode = false;
+  hot(kSecond, Mode::kNormal, &in_mode);
+  ASSERT_GE(redis_.rateOps(), 1);
+  a_->down();
+  const int64_t debited = redis_.debited();
+  const int spent = hot(kSecond, Mode::kFallback, &in_mode);
+  ASSERT_TRUE(in_mode);
+  a_->up();
+  ASSERT_TRUE(a_->broker().leasing());
+  EXPECT_EQ(redis_.debited() - debited, spent);
+  EXPECT_FALSE(a_->broker().learning(*rules_->find("per-second"), now_));
+  // Its rate refills on: past what the equal share (10/s, burst 10) admits.
+  EXPECT_GT(hot(kSecond / 2, Mode::kNormal, &in_mode), 5 + 10 + 1);
+}
+
+// Verifies that only what a rate admits while Redis is unreachable is
+// debited: after an outage, its units spent while Redis is up again (the
+// same lone entry deciding each question) are counted nowhere, so a later
+// outage that admits nothing debits nothing.
+TEST_F(RateFallbackTest, UnitsARateSpendsWhileRedisIsUpAreNeverDebited) {
+  bool in_mode = false;
+  hot(kSecond, Mode::kNormal, &in_mode);
+  ASSERT_GE(redis_.rateOps(), 1);
+  a_->down();
+  ASSERT_GT(hot(kSecond / 2, Mode::kFallback, &in_mode), 0);
+  now_ += kSecond / 4;
+  ASSERT_TRUE(a_->acquire("per-second", "k"));  // the last question: allowed on the rate
+  a_->up();
+  now_ += kSecond / 2;
+  ASSERT_TRUE(a_->acquire("per-second", "k"));  // the rate's slice refilled meanwhile
+  const int64_t debited = redis_.debited();
+  a_->down();
+  a_->up();
+  EXPECT_EQ(redis_.debited(), debited);
+}
+
+// Verifies that a peek and a reserve agree with an acquire during an outage
+// on a key holding a rate: they answer from the rate's slice (40 units
+// after a 0.5 s pause at 80/s), not from the equal share (its burst of 10);
+// a settle below the estimate gives the rest back to that slice, and the
+// debit counts what the rate admitted net of it.
+TEST_F(RateFallbackTest, PeekAndReserveDuringAnOutageUseTheRateAsAcquireDoes) {
+  bool in_mode = false;
+  hot(kSecond, Mode::kNormal, &in_mode);
+  ASSERT_GE(redis_.rateOps(), 1);
+  a_->down();
+  const int64_t debited = redis_.debited();
+  now_ += kSecond / 2;
+  Answer peeked = a_->question(Method::kPeek, Item{.rule = "per-second", .key = "k", .cost = 20});
+  ASSERT_FALSE(peeked.failed) << peeked.message;
+  EXPECT_TRUE(peeked.allowed);
+  EXPECT_EQ(peeked.modes.front(), Mode::kFallback);
+  Answer short_of = a_->question(Method::kPeek, Item{.rule = "per-second", .key = "k", .cost = 60});
+  EXPECT_FALSE(short_of.allowed);
+  EXPECT_GT(short_of.decisions.front().retry_after_ms, 0);
+
+  Answer reserved = a_->question(Method::kReserve, Item{.rule = "per-second", .key = "k", .cost = 30});
+  ASSERT_FALSE(reserved.failed) << reserved.message;
+  ASSERT_TRUE(reserved.allowed);
+  EXPECT_EQ(reserved.modes.front(), Mode::kFallback);
+  Answer settled = a_->question(Method::kSettle, Item{.rule = "per-second", .key = "k", .cost = 10,
+                                                      .reservation = reserved.reservation});
+  ASSERT_FALSE(settled.failed) << settled.message;
+  EXPECT_EQ(settled.refunded, 20);
+  // The refund is the rate's again: 30 units at once.
+  EXPECT_TRUE(a_->acquire("per-second", "k", 30));
+  EXPECT_FALSE(a_->acquire("per-second", "k"));
+  a_->up();
+  EXPECT_EQ(redis_.debited() - debited, 10 + 30);
+}
+
+// Verifies that without a rate an outage answers from the equal share at
+// once: a key on token leases (its bucket never ran dry) gets limit / 8.
+TEST_F(RateFallbackTest, AKeyOnTokenLeasesFallsBackToTheEqualShareAtOnce) {
+  EXPECT_EQ(atOnce("per-second", 20), 20);
+  ASSERT_EQ(redis_.rateOps(), 0);
+  a_->down();
+  bool in_mode = false;
+  int allowed = hot(kSecond, Mode::kFallback, &in_mode);
+  EXPECT_TRUE(in_mode);
+  EXPECT_GE(allowed, 10);
+  EXPECT_LE(allowed, 10 + 10 + 1);
+}
+
+// Verifies that a light node beside a hot one is not starved by the hot
+// one's rate: once its token lease finds the bucket drained it asks for a
+// rate too, the max-min division records its demand, and within a few
+// renewals it admits what it asks (8/s of 80/s) while the hot node keeps
+// the rest; the rates never sum past the limit.
+TEST_F(RateFallbackTest, ALightNodeBesideAHotOneGetsItsDemandAsARate) {
+  Node b("node-b", redis_, rules_, now_);
+  b.up();
+  bool in_mode = false;
+  hot(kSecond, Mode::kNormal, &in_mode);  // node A holds the whole rate
+  ASSERT_GE(redis_.rateOps(), 1);
+  int light = 0;
+  int hot_allowed = 0;
+  for (int64_t t = 0; t < 10 * kSecond; t += kSecond / 240) {
+    now_ += kSecond / 240;
+    hot_allowed += a_->ask("per-second", "k").allowed ? 1 : 0;
+    if (t % (kSecond / 8) < kSecond / 240 && t >= 5 * kSecond) light += b.acquire("per-second", "k") ? 1 : 0;
+    else if (t % (kSecond / 8) < kSecond / 240) b.acquire("per-second", "k");
+  }
+  // Over the last 5 s B asked 40 times (8/s) and got nearly all of them.
+  EXPECT_GE(light, 36);
+  EXPECT_LE(hot_allowed + light, 10 * 80 + 80 + 2 * 8);
 }
 
 }  // namespace

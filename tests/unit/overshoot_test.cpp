@@ -171,5 +171,14 @@ TEST(OvershootBound, MetricsShowItPerRule) {
   EXPECT_NE(text.find("sluice_overshoot_bound_units{rule=\"open\"} +Inf\n"), std::string::npos) << text;
 }
 
+// Verifies that what a rate lease's slice may save up counts in a bucket's
+// bound while Redis is up: the rate itself is counted in Redis.
+TEST(OvershootBound, ARateLeaseOwesWhatItsSliceMaySaveUp) {
+  const Rule rule = globalRule(Algorithm::kTokenBucket, {1000, kSecondNs, 30});
+  const Rule share = shareOf(rule, 3);
+  EXPECT_EQ(overshootBound(rule, share, {.leasing = true, .learning = false, .held_units = 0,
+                                         .rate_cap_units = 100}), 100);
+}
+
 }  // namespace
 }  // namespace sluice

@@ -54,11 +54,12 @@ TEST(RedisKeysTest, StateAndBlockOfAnyPairShareTheTagsSlot) {
       std::string state = redisStateKey("sluice:", rule, key);
       std::string block = redisBlockKey("sluice:", rule, key);
       std::string tag = redisHashTag(rule, key);
+      const std::string v = "sluice:v" + std::to_string(kRedisStateVersion);
       ASSERT_EQ(tag.size(), 18u);
       EXPECT_EQ(clusterSlot(state), clusterSlot(tag.substr(1, 16)));
       EXPECT_EQ(clusterSlot(block), clusterSlot(state));
-      EXPECT_EQ(state.rfind("sluice:v2:q:" + tag + ":", 0), 0u);
-      EXPECT_EQ(block.rfind("sluice:v2:b:" + tag + ":", 0), 0u);
+      EXPECT_EQ(state.rfind(v + ":q:" + tag + ":", 0), 0u);
+      EXPECT_EQ(block.rfind(v + ":b:" + tag + ":", 0), 0u);
     }
   }
 }
@@ -100,9 +101,9 @@ TEST(RedisKeysTest, PairsSpreadOverTheSlots) {
 // daemons of two versions never read each other's state, while the pair
 // keeps its tag (and slot) in every version.
 TEST(RedisKeysTest, EachStateVersionNamesItsOwnKeysInTheSameSlot) {
-  EXPECT_EQ(kRedisStateVersion, 2);
+  EXPECT_EQ(kRedisStateVersion, 3);
   EXPECT_EQ(redisStateKey("sluice:", "api", "k"), redisStateKey("sluice:", "api", "k", kRedisStateVersion));
-  for (int64_t version : {1, 3, 10}) {
+  for (int64_t version : {1, 2, 10}) {
     std::string mine = redisStateKey("sluice:", "api", "k");
     std::string theirs = redisStateKey("sluice:", "api", "k", version);
     EXPECT_NE(theirs, mine) << version;

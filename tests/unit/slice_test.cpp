@@ -549,5 +549,106 @@ TEST_F(SliceTest, AWindowedDebtIsOwedUntilItsWindowEnds) {
   EXPECT_EQ(slice::owed(words(), 20 * kInterval), 0);
 }
 
+// --- Rate leases (rate_lease.h) ----------------------------------------------
+
+// Verifies that a rate lease refills the slice here, one unit per
+// ns_per_unit, and never past its cap however long the key sits idle.
+TEST_F(SliceTest, ARateRefillsTheSliceLocallyUpToItsCap) {
+  slice::applyRate(words(), kMs, 100, 5'000 * kMs, 2'500 * kMs, 0);
+  EXPECT_TRUE(slice::holdsRate(words(), 0));
+  slice::TakeResult first = slice::take(words(), 50 * kMs, 1);
+  ASSERT_EQ(first.outcome, slice::Outcome::kTaken);
+  EXPECT_EQ(first.left, 49);
+  EXPECT_FALSE(first.must_request);  // a rate asks Redis only to renew
+  EXPECT_EQ(slice::take(words(), 60 * kMs, 20).left, 39);
+  EXPECT_EQ(slice::look(words(), 1'000 * kMs, 1).left, 99);  // capped: 100
+  EXPECT_EQ(slice::take(words(), 1'000 * kMs, 1).left, 99);
+  EXPECT_EQ(slice::rateCapUnits(words(), 1'000 * kMs), 100);
+}
+
+// Verifies that an empty rate slice is denied until its refill brings the
+// cost, without a lease, and that the take after the renewal time claims one.
+TEST_F(SliceTest, AnEmptyRateSliceDeniesUntilItsRefillAndAsksRedisOnlyToRenew) {
+  slice::applyRate(words(), 10 * kMs, 10, 1'000 * kMs, 500 * kMs, 0);
+  slice::TakeResult empty = slice::take(words(), 5 * kMs, 3);
+  EXPECT_EQ(empty.outcome, slice::Outcome::kDenied);
+  EXPECT_EQ(empty.until_ns, 30 * kMs);
+  EXPECT_FALSE(empty.must_request);
+  EXPECT_EQ(slice::take(words(), 30 * kMs, 3).outcome, slice::Outcome::kTaken);
+  slice::TakeResult renew = slice::take(words(), 500 * kMs, 1);
+  EXPECT_EQ(renew.outcome, slice::Outcome::kTaken);
+  EXPECT_TRUE(renew.must_request);
+  EXPECT_FALSE(slice::take(words(), 510 * kMs, 1).must_request);  // claimed once
+}
+
+// Verifies that a renewal keeps the refill where it was (no units twice,
+// none lost), and that at its end the rate stops and the key leases tokens
+// again.
+TEST_F(SliceTest, ARenewedRateRefillsOnAndAnEndedOneLeasesTokensAgain) {
+  slice::applyRate(words(), 10 * kMs, 100, 1'000 * kMs, 500 * kMs, 0);
+  EXPECT_EQ(slice::take(words(), 500 * kMs, 50).left, 0);
+  slice::unclaim(words());
+  slice::applyRate(words(), 10 * kMs, 100, 1'500 * kMs, 1'000 * kMs, 505 * kMs);
+  EXPECT_EQ(slice::take(words(), 600 * kMs, 10).left, 0);
+  // Not renewed again: refilled up to 1,500 ms (90 units), then tokens.
+  EXPECT_FALSE(slice::holdsRate(words(), 1'500 * kMs));
+  slice::TakeResult last = slice::take(words(), 2'000 * kMs, 90);
+  EXPECT_EQ(last.outcome, slice::Outcome::kTaken);
+  EXPECT_TRUE(last.must_request);  // a token lease, as any empty slice asks
+  slice::unclaim(words());
+  EXPECT_EQ(slice::take(words(), 3'000 * kMs, 1).outcome, slice::Outcome::kEmpty);
+  EXPECT_EQ(slice::rateCapUnits(words(), 3'000 * kMs), 0);
+  // A grant of rate 0 ends a rate at once.
+  slice::applyRate(words(), 10 * kMs, 100, 5'000 * kMs, 4'000 * kMs, 3'000 * kMs);
+  EXPECT_TRUE(slice::holdsRate(words(), 3'000 * kMs));
+  slice::applyRate(words(), 0, 0, 0, 0, 3'100 * kMs);
+  EXPECT_FALSE(slice::holdsRate(words(), 3'100 * kMs));
+}
+
+// Verifies that a rate holder whose demand moves from what it asked (100
+// units/s of 1,000/s here) asks for its renewal at the end of the lease
+// interval (100 ms) in which it moved, before its renewal time (500 ms): at
+// twice the demand, or half, but not at the demand it asked for, nor past
+// the whole limit it asked; and that a drop after a long spell as asked is
+// seen in the first whole interval after it.
+TEST_F(SliceTest, ARateHolderWhoseDemandMovedRenewsAtTheNextLeaseInterval) {
+  const Limit limit{1'000, 1'000 * kMs, 10};
+  // Takes of one unit every gap_ms from 1 ms (every later_gap_ms from
+  // 300 ms): the first that asks Redis.
+  auto firstRequestMs = [&](int64_t asked, int64_t gap_ms, int64_t later_gap_ms) -> int64_t {
+    for (auto& w : words_) w.store(0);
+    slice::applyRate(words(), kMs, 1'000, 5'000 * kMs, 500 * kMs, 0);
+    slice::noteAsked(words(), limit, asked, kInterval, 0);
+    for (int64_t t = 1; t < 600; t += t < 300 ? gap_ms : later_gap_ms) {
+      if (slice::take(words(), t * kMs, 1).must_request) return t;
+    }
+    return -1;
+  };
+  EXPECT_EQ(firstRequestMs(100, 2, 2), 101);   // 500/s: moved up, asked at the interval
+  EXPECT_EQ(firstRequestMs(100, 40, 40), 121);  // 25/s: moved down
+  EXPECT_EQ(firstRequestMs(100, 10, 10), 501);  // 100/s as asked: at the renewal time
+  EXPECT_EQ(firstRequestMs(100, 6, 6), 505);    // 167/s is not above twice
+  EXPECT_EQ(firstRequestMs(limit.limit, 2, 2), 501);  // asked the whole limit already
+  EXPECT_EQ(firstRequestMs(0, 2, 2), 501);      // no rate asked: nothing moves
+  EXPECT_EQ(firstRequestMs(500, 2, 20), 401);   // 500/s as asked, then 50/s from 300 ms
+  // The renewal asks for the last window's demand: 5 units in 100 ms, not
+  // the average with the 500/s before.
+  EXPECT_EQ(slice::demandPerInterval(words()), 5);
+}
+
+// Verifies that the demand a rate lease is asked by counts the units asked
+// in the measurement under way once they pass the last full one, so that a
+// key that turns hot asks for a rate within its first interval.
+TEST_F(SliceTest, DemandPerIntervalCountsTheMeasurementUnderWay) {
+  const Rule rule = bucketRule(1'000, 1'000 * kMs, 30);
+  grant(100);
+  for (int i = 0; i < 40; ++i) slice::take(words(), 1 * kMs, 1);
+  EXPECT_EQ(slice::demandPerInterval(words()), 40);
+  slice::nextBatch(words(), 1 * kMs, 1, rule, 1, kInterval);  // starts a measurement
+  slice::nextBatch(words(), 1 * kMs + kInterval, 1, rule, 1, kInterval);  // ends it: 40
+  slice::take(words(), 1 * kMs + kInterval, 1);
+  EXPECT_EQ(slice::demandPerInterval(words()), 40);
+}
+
 }  // namespace
 }  // namespace sluice

@@ -1,0 +1,156 @@
+// Rate lease: a node's lease of a rate on a hot key of a global token bucket
+// rule, "spend up to r units per period until t" (see docs/design.md,
+// "Rate leases on hot keys"). The global state stays in Redis, written only by
+// lua/token_bucket.lua with Redis TIME: beside the bucket's empty time T, in
+// the same key, the rates held (node -> rate, until, demand). The script charges
+// the held rates into T span by span between their ends, so the bucket
+// refills at the limit minus the held rates, and grants a node
+// min(its demand, its max-min fair share of the limit among the recorded
+// demands, the limit minus the rates the others hold): the rates held never
+// sum past the limit, and a crashed node's rate ends at its until.
+//
+// This header holds the script's maths in C++ (cross-tested against the Lua
+// on a real Redis, tests/unit/rate_lease_test.cpp), the rate op's ARGV and
+// reply, and the daemon's rule for when a key leases a rate, how much it
+// asks for, and how its slice refills (slice.h holds the words).
+//
+// Units: rates in units per the limit's period; Redis times in µs; the
+// daemon's times in monotonic ns. Pure functions, no I/O, no clock: any
+// thread.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "rules.h"
+#include "scripts.h"
+
+namespace sluice::rate_lease {
+
+// The longest rate lease the script grants (ARGV lease_ms), and so the
+// longest a crashed node's rate stays held.
+constexpr int64_t kMaxLeaseMs = 60'000;
+
+// A held rate whose last reply said every recorded demand is met is renewed
+// at most this long after that renewal was sent (halfway through the lease
+// when that is sooner). One whose reply said some demand is unmet (Reply::
+// unmet) is renewed one lease interval after it was sent (renewAtNs): the
+// renewal is how a holder gives up what it holds beyond its share, so a
+// node that asked while the others held everything gets its share within
+// about two lease intervals, and a node alone on a key pays one call per
+// this long (slice::demandMoved renews sooner when the key's own demand
+// moves).
+constexpr int64_t kMaxRenewNs = 2'500'000'000;
+
+// One rate held on a key (an entry of its state's rates).
+struct Held {
+  std::string node;
+  int64_t rate = 0;      // units per period (0: asked, got nothing)
+  int64_t until_us = 0;  // Redis clock
+  int64_t demand = 0;    // units per period the node asked for
+};
+
+// The script's charge: T (stored_us; nullopt: a full bucket) as it stood at
+// at_us, charged with the rates `held` over [at_us, now_us], one span
+// between their ends at a time, each span dt at rates R moving T by
+// ceil(dt * R / limit) and keeping it >= span end - cap_us (cap_us = burst
+// * interval). nullopt when nothing was held (T unchanged).
+std::optional<int64_t> charge(std::optional<int64_t> stored_us, int64_t at_us, int64_t now_us,
+                              std::span<const Held> held, int64_t limit, int64_t cap_us);
+
+// Max-min fairness: the share of a node asking `mine` among `demands` (its
+// own included) of `capacity`: demands are met smallest first while an
+// equal split (floored) of what is left covers them; the rest get that split.
+int64_t fairShare(std::vector<int64_t> demands, int64_t capacity, int64_t mine);
+
+// The rate the script grants `node` asking `asked` (> 0) among the live
+// entries `live` (its own old entry, if any, is replaced).
+int64_t grant(std::span<const Held> live, std::string_view node, int64_t asked, int64_t limit);
+
+// Whether some entry of `live` (after the op) holds less than its max-min
+// share (fairShare) of `limit` among every entry's demand: the script's
+// `unmet`. An entry that asked and got 0 while its share is above 0 is unmet.
+bool unmet(std::span<const Held> live, int64_t limit);
+
+// The wait (µs) for units that a full-rate refill would bring in wait_us,
+// while `held_rate` of `limit` is held: wait_us * limit / (limit -
+// held_rate) (rounded up, in doubles as the script has it), or with all of
+// it held, until first_end_us (the first held rate's end) and then wait_us.
+int64_t heldWaitUs(int64_t wait_us, int64_t held_rate, int64_t limit, int64_t first_end_us,
+                   int64_t now_us);
+
+// ARGV of the rate op: {"rate", rate, tokens, limit, period_ms, burst,
+// now_us, deadline_us, node, lease_ms}. rate 0 gives the node's rate up.
+std::vector<std::string> rateArgv(int64_t rate, int64_t tokens, const Limit& limit, int64_t deadline_us,
+                                  std::string_view node, int64_t lease_ms, int64_t now_us = 0);
+
+// The rate op's reply: the lease reply's six integers, then the rate, then
+// unmet (0 or 1).
+struct Reply {
+  scripts::LeaseReply lease;
+  int64_t rate = 0;    // units per period granted until the lease's end
+  bool unmet = false;  // some node's recorded demand is below its share (unmet())
+};
+// nullopt unless 8 integers in the scripts' ranges, 0 <= rate <= limit and
+// unmet 0 or 1.
+std::optional<Reply> parseReply(std::span<const int64_t> values, int64_t limit);
+
+// When a key whose rate op was sent at sent_ns, granting a lease of
+// lease_ns, asks for its renewal: one lease interval after sent_ns when
+// the reply said some demand is unmet (so holders shrink to their shares
+// and a node granted less asks again within two lease intervals), else
+// kMaxRenewNs after it; never later than halfway through the lease.
+int64_t renewAtNs(int64_t sent_ns, int64_t lease_ns, bool unmet, int64_t lease_interval_ns);
+
+// How long a key granted no rate and no tokens waits before it asks again:
+// Redis's wait (retry_ms, at least 1 ms), but at most one lease interval:
+// its demand is recorded, and the holders that hear so give up their
+// share of it by then.
+int64_t reaskAfterMs(int64_t retry_ms, int64_t lease_interval_ms);
+
+// --- The daemon's rule ---------------------------------------------------------
+
+// Whether keys of `rule` may hold rate leases: a token bucket of one limit
+// (no calendar window) whose limit keeps the script's maths exact.
+bool eligible(const Rule& rule);
+
+// Whether a key of an eligible rule that holds no rate asks for one with
+// its next lease. Both of:
+//  - drained: its last lease granted fewer tokens than it asked for
+//    (slice::drained), so Redis's bucket is empty and the rule's burst is
+//    spent: a rate never stands in for a burst the bucket still holds, and
+//    the key's demand is above what the bucket gives it. A node that is
+//    cold beside a hot one asks too: its demand is then recorded, and the
+//    rates follow the max-min division of every node's demand (a node on
+//    token leases beside a holder of the whole rate would get nothing);
+//  - the rule refills at least one unit per lease interval: a slower rule
+//    (8 an hour) gains nothing from a rate, whose slice refills one lease
+//    interval of it at most, and keeps token leases, which carry its burst.
+// demand_per_interval (slice::demandPerInterval) must be above 0.
+bool wants(const Limit& limit, int64_t demand_per_interval, bool drained, int64_t lease_interval_ns);
+
+// The rate a key asks for: its demand per interval scaled to the period,
+// rounded up, within [1, limit].
+int64_t askedRate(const Limit& limit, int64_t demand_per_interval, int64_t lease_interval_ns);
+
+// The local refill of a rate: one unit per this many ns. The script charges
+// the bucket `rate` / limit of its refill, one unit per interval µs
+// (ceil(period_us / limit)), so the slice refills at rate units per limit *
+// interval µs, rounded up: never faster than Redis counts it.
+int64_t nsPerUnit(const Limit& limit, int64_t rate);
+
+// The most units a rate's refill fills the slice to: one lease interval of
+// the rate, or the rate's share of the burst (burst * rate / limit, floored)
+// when that is more, at least one. So a key that holds the rule's whole
+// rate and pauses gets its burst back, as a bucket of the rule would (Redis's
+// bucket refills nothing while the whole rate is held). Tokens a lease
+// brings may sit above it; the refill adds nothing while the slice holds
+// this many. It is what a rate lease may admit beyond its rate in any span
+// (overshoot.h).
+int64_t capUnits(const Limit& limit, int64_t rate, int64_t lease_interval_ns);
+
+}  // namespace sluice::rate_lease

@@ -1,0 +1,151 @@
+#!/usr/bin/python3
+"""Rate leases on a hot key (docs/design.md, "Rate leases on hot keys"): one
+real sluiced on one real redis-server, driven at 3x a global token bucket's
+limit with a small burst. The key switches to a rate lease: Redis holds the
+node's rate in the key's state, the daemon refills its slice at it and
+asks Redis only to renew, so a second of load costs a handful of script
+calls, while admissions stay within limit x T + burst plus the slice's cap.
+A node that crashes holding the rate holds it only until its lease ends;
+then another node gets the whole rate.
+
+Needs SLUICED (the daemon binary) in the environment; run with /usr/bin/python3
+(python3-msgpack). The load is paced with sleeps (it is the offered load, not
+a clock standing in for one); the daemon's clocks are its own.
+"""
+
+import os
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import Daemon, Redis, redis_key, tear_down_module, wait_for  # noqa: E402
+
+LIMIT = 200
+BURST = 6
+LEASE_TTL_S = 1.0
+LEASE_INTERVAL_S = 0.1
+CAP = int(LIMIT * LEASE_INTERVAL_S)  # the slice's refill cap: one interval of the rate
+
+CONFIG = """
+[daemon]
+socket = "{socket}"
+workers = 1
+
+[redis]
+url = "redis://127.0.0.1:{port}"
+node_id = "{node}"
+expected_nodes = 1
+heartbeat_interval = "1s"
+lease_ttl = "1s"
+
+[[rule]]
+name = "hot"
+algorithm = "token_bucket"
+limit = 200
+period = "1s"
+burst = 6
+scope = "global"
+"""
+
+
+def drive(daemon, seconds, rate):
+    """Acquires at `rate` per second for `seconds`, paced; returns (asked,
+    allowed, modes seen)."""
+    asked = allowed = 0
+    modes = set()
+    start = time.monotonic()
+    while True:
+        elapsed = time.monotonic() - start
+        if elapsed >= seconds:
+            return asked, allowed, modes
+        while asked < elapsed * rate:
+            decision = daemon.acquire("hot", "k")
+            asked += 1
+            allowed += decision["allowed"]
+            modes.add(decision["mode"])
+        time.sleep(0.002)
+
+
+# The rates of a token bucket's state key: a MessagePack array {T, at_us,
+# then node, rate, until_us, demand per node} while any is held.
+RATES_LUA = """
+local s = redis.call('GET', KEYS[1])
+if not s or string.byte(s, 1) < 128 then return {} end
+local v, out = cmsgpack.unpack(s), {}
+for i = 3, #v - 3, 4 do
+  out[#out + 1] = v[i]
+  out[#out + 1] = string.format('%d:%d:%d', v[i + 1], v[i + 2], v[i + 3])
+end
+return out
+"""
+
+
+class RateLeaseTest(unittest.TestCase):
+    def setUp(self):
+        self.redis = Redis()
+        self.addCleanup(self.redis.stop)
+
+    def start(self, node):
+        daemon = Daemon(node)
+        daemon.start(CONFIG.format(socket=daemon.socket, port=self.redis.port, node=node),
+                     connect=True)
+        self.addCleanup(daemon.stop)
+        self.assertTrue(wait_for(lambda: daemon.health()["breaker"] == "closed", 10), daemon.logs())
+        return daemon
+
+    def rates(self):
+        """The rates held on ("hot", "k"), node -> "rate:until_us:demand", read
+        out of the key's state (lua/token_bucket.lua's KEYS[1])."""
+        flat = self.redis.command("EVAL", RATES_LUA, "1", redis_key("q", "hot", "k")) or []
+        return {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
+
+    # Verifies that a hot key holds a rate lease: after a second at 3x the
+    # limit, the rates in Redis's state give this node the whole limit, the next
+    # two seconds cost at most a few script calls per second (renewals and
+    # heartbeats), and they admit no more than limit x 2 s + burst + the cap,
+    # and at least 90 % of limit x 2 s.
+    def test_a_hot_key_leases_a_rate_and_costs_redis_only_its_renewals(self):
+        daemon = self.start("rate-a")
+        drive(daemon, 1.0, 3 * LIMIT)
+        held = self.rates()
+        self.assertIn("rate-a", held, daemon.logs())
+        self.assertEqual(held["rate-a"].split(":")[0], str(LIMIT))
+        calls_before = self.redis.script_calls()
+        asked, allowed, modes = drive(daemon, 2.0, 3 * LIMIT)
+        calls = self.redis.script_calls() - calls_before
+        self.assertEqual(modes, {"normal"})
+        self.assertGreaterEqual(asked, 2 * 3 * LIMIT * 0.9)
+        # Renewals every half lease (4) and heartbeats (2), with slack; the
+        # token path pays about one call per five decisions here.
+        self.assertLessEqual(calls, 10, "%d calls for %d decisions" % (calls, asked))
+        self.assertLessEqual(allowed, LIMIT * 2 + BURST + CAP)
+        self.assertGreaterEqual(allowed, LIMIT * 2 * 0.9)
+
+    # Verifies that a node that crashes holding the rate holds it only until
+    # its lease ends: a second node on the same key gets nothing while it
+    # stands, and the whole rate once it has ended.
+    def test_a_crashed_nodes_rate_ends_with_its_lease(self):
+        first = self.start("rate-a")
+        drive(first, 1.0, 3 * LIMIT)
+        self.assertIn("rate-a", self.rates())
+        first.proc.kill()
+        first.proc.wait()
+        crashed_at = time.monotonic()
+        second = self.start("rate-b")
+        self.assertTrue(wait_for(lambda: "rate-a" not in self.rates(), LEASE_TTL_S + 1))
+        self.assertLessEqual(time.monotonic() - crashed_at, LEASE_TTL_S + 0.5)
+        drive(second, 1.5, 3 * LIMIT)
+        held = self.rates()
+        self.assertIn("rate-b", held, second.logs())
+        self.assertEqual(held["rate-b"].split(":")[0], str(LIMIT))
+        _, allowed, _ = drive(second, 1.0, 3 * LIMIT)
+        self.assertGreaterEqual(allowed, LIMIT * 0.9)
+
+
+def tearDownModule():
+    tear_down_module()
+
+
+if __name__ == "__main__":
+    unittest.main()

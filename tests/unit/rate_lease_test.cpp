@@ -1,0 +1,460 @@
+// Rate leases (daemon/rate_lease.h): the maths of lua/token_bucket.lua's held
+// rates cross-tested against its C++ mirror on a real redis-server, the
+// max-min share, and the daemon's rule. Time comes from the script's now_us
+// test seam, never from sleeping.
+#include "rate_lease.h"
+
+#include <cctype>
+#include <gtest/gtest.h>
+#include <hiredis/hiredis.h>
+
+#include <memory>
+#include <optional>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "redis_server.h"
+#include "scripts.h"
+
+namespace sluice {
+namespace {
+
+using rate_lease::Held;
+
+constexpr int64_t kBaseUs = 1'700'000'000'000'000;
+constexpr int64_t kMsUs = 1'000;
+constexpr int64_t kSecondUs = 1'000'000;
+constexpr int64_t kSecondNs = 1'000'000'000;
+
+using ReplyPtr = std::unique_ptr<redisReply, decltype(&freeReplyObject)>;
+
+// What one call of the script answered.
+struct Answer {
+  int64_t granted = 0;
+  int64_t remaining = 0;
+  int64_t retry_after_ms = 0;
+  int64_t rate = -1;  // a rate op's, else -1
+  bool unmet = false;  // a rate op's: some recorded demand is below its share
+};
+
+class RateLeaseScript : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { server_ = new test::RedisServer(); }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+
+  void SetUp() override {
+    ctx_ = redisConnect(server_->host().c_str(), server_->port());
+    ASSERT_TRUE(ctx_ != nullptr && ctx_->err == 0);
+    command({"FLUSHALL"});
+    ReplyPtr reply = command(
+        {"SCRIPT", "LOAD", std::string(kTimeless) + std::string(scripts::get(scripts::Script::kTokenBucket).source)});
+    ASSERT_EQ(reply->type, REDIS_REPLY_STRING);
+    sha_.assign(reply->str, reply->len);
+  }
+  void TearDown() override { redisFree(ctx_); }
+
+  // Prefixed to the script, makes it set no TTLs: they are relative to the
+  // script's simulated clock but run out on Redis's real one, which could
+  // drop state the simulated time still needs (tests/unit/lua_test.cpp).
+  static constexpr std::string_view kTimeless =
+      "local real_redis = redis "
+      "local redis = setmetatable({call = function(command, ...) "
+      "if command == 'PEXPIRE' then return 1 end "
+      "if command == 'SET' then local key, value = ... return real_redis.call('SET', key, value) end "
+      "return real_redis.call(command, ...) end}, {__index = real_redis}) ";
+
+  ReplyPtr command(const std::vector<std::string>& args) {
+    std::vector<const char*> argv;
+    std::vector<size_t> lens;
+    for (const auto& arg : args) {
+      argv.push_back(arg.data());
+      lens.push_back(arg.size());
+    }
+    auto* reply = static_cast<redisReply*>(
+        redisCommandArgv(ctx_, static_cast<int>(args.size()), argv.data(), lens.data()));
+    if (reply == nullptr) throw std::runtime_error("redis connection lost");
+    return ReplyPtr(reply, freeReplyObject);
+  }
+
+  // EVALSHA on the state key alone (it holds the rates too) with `argv`.
+  Answer eval(const std::vector<std::string>& argv) {
+    std::vector<std::string> args = {"EVALSHA", sha_, "1", "q"};
+    args.insert(args.end(), argv.begin(), argv.end());
+    ReplyPtr reply = command(args);
+    if (reply->type != REDIS_REPLY_ARRAY) {
+      throw std::runtime_error(reply->str != nullptr ? reply->str : "not an array");
+    }
+    std::vector<int64_t> values;
+    for (size_t i = 0; i < reply->elements; ++i) values.push_back(reply->element[i]->integer);
+    Answer a{values.at(0), values.at(1), values.at(2)};
+    if (values.size() == 8) {
+      auto parsed = rate_lease::parseReply(values, 1'000'000);
+      if (!parsed) throw std::runtime_error("malformed rate reply");
+      a.rate = parsed->rate;
+      a.unmet = parsed->unmet;
+    }
+    return a;
+  }
+
+  Answer lease(const Limit& limit, int64_t n, int64_t need, int64_t now_us) {
+    return eval(scripts::rateArgv(scripts::Op::kLease, n, need, limit, now_us));
+  }
+  Answer peek(const Limit& limit, int64_t need, int64_t now_us) {
+    return eval(scripts::rateArgv(scripts::Op::kPeek, 0, need, limit, now_us));
+  }
+  Answer rate(const Limit& limit, const std::string& node, int64_t asked, int64_t tokens, int64_t lease_ms,
+              int64_t now_us) {
+    return eval(rate_lease::rateArgv(asked, tokens, limit, 0, node, lease_ms, now_us));
+  }
+
+  static test::RedisServer* server_;
+  redisContext* ctx_ = nullptr;
+  std::string sha_;
+};
+
+test::RedisServer* RateLeaseScript::server_ = nullptr;
+
+// The script's state and answers, computed in C++ with rate_lease.h's maths
+// on the token bucket's empty time.
+class Model {
+ public:
+  explicit Model(const Limit& limit)
+      : limit_(limit),
+        interval_((limit.period_ns / 1'000'000 * 1000 + limit.limit - 1) / limit.limit),
+        cap_us_(limit.burst * interval_) {}
+
+  Answer lease(int64_t n, int64_t need, int64_t now) {
+    int64_t empty = begin(now);
+    Answer a;
+    if (need <= limit_.burst && units(empty, now) >= need) {
+      a.granted = std::min(n, units(empty, now));
+      empty += a.granted * interval_;
+    }
+    end(empty, now);
+    a.remaining = units(std::max(empty, now - cap_us_), now);
+    if (need > limit_.burst) {
+      a.retry_after_ms = -1;
+    } else if (a.granted == 0 && a.remaining < need) {
+      a.retry_after_ms = waitMs(empty + need * interval_ - now, now);
+    }
+    return a;
+  }
+
+  Answer rate(const std::string& node, int64_t asked, int64_t tokens, int64_t lease_ms, int64_t now) {
+    int64_t empty = begin(now);
+    Answer a;
+    a.rate = 0;
+    std::vector<Held> kept;
+    for (const Held& h : live_) {
+      if (h.node != node) kept.push_back(h);
+    }
+    if (asked > 0) {
+      a.rate = rate_lease::grant(live_, node, asked, limit_.limit);
+      kept.push_back({node, a.rate, now + lease_ms * kMsUs, asked});
+    }
+    live_ = kept;
+    a.unmet = rate_lease::unmet(live_, limit_.limit);
+    if (tokens > 0 && limit_.burst >= 1 && units(empty, now) >= 1) {
+      a.granted = std::min(tokens, units(empty, now));
+      empty += a.granted * interval_;
+    }
+    end(empty, now);
+    a.remaining = units(empty, now);
+    return a;
+  }
+
+  // The sum of the rates held after now.
+  int64_t held(int64_t now) const {
+    int64_t sum = 0;
+    for (const Held& h : live_) sum += h.until_us > now ? h.rate : 0;
+    return sum;
+  }
+
+ private:
+  int64_t units(int64_t empty, int64_t now) const { return empty >= now ? 0 : (now - empty) / interval_; }
+
+  // Charges the rates held since the last call; the empty time as it applies now.
+  int64_t begin(int64_t now) {
+    if (std::optional<int64_t> t = rate_lease::charge(stored_, at_, now, live_, limit_.limit, cap_us_)) {
+      stored_ = t;
+    }
+    std::vector<Held> live;
+    for (const Held& h : live_) {
+      if (h.until_us > now) live.push_back(h);
+    }
+    live_ = live;
+    return std::max(stored_.value_or(now - cap_us_), now - cap_us_);
+  }
+
+  void end(int64_t empty, int64_t now) {
+    stored_ = empty <= now - cap_us_ ? std::nullopt : std::optional<int64_t>(empty);
+    at_ = now;
+  }
+
+  int64_t waitMs(int64_t wait_us, int64_t now) const {
+    int64_t held_rate = 0;
+    int64_t first_end = now;
+    bool any = false;
+    for (const Held& h : live_) {
+      held_rate += h.rate;
+      if (h.rate > 0 && (!any || h.until_us < first_end)) {
+        first_end = h.until_us;
+        any = true;
+      }
+    }
+    int64_t us = rate_lease::heldWaitUs(wait_us, held_rate, limit_.limit, first_end, now);
+    return us <= 0 ? 0 : (us + 999) / 1000;
+  }
+
+  Limit limit_;
+  int64_t interval_;
+  int64_t cap_us_;
+  std::optional<int64_t> stored_;
+  int64_t at_ = 0;
+  std::vector<Held> live_;
+};
+
+// Verifies that token leases, peeks and the rate leases of three nodes,
+// at random sizes and times, answer in Lua exactly what the C++ mirror
+// computes, and that the rates held never sum past the limit.
+TEST_F(RateLeaseScript, RandomLeasesAndRatesAnswerAsTheCppMirror) {
+  for (const Limit& limit : {Limit{100, kSecondNs, 10}, Limit{1000, kSecondNs, 30}, Limit{7, 3 * kSecondNs, 5}}) {
+    command({"FLUSHALL"});
+    Model model(limit);
+    std::mt19937_64 rng(limit.limit);
+    const std::string nodes[] = {"node-a", "node-b", "node-c"};
+    int64_t now = kBaseUs;
+    int unmet_replies = 0;
+    for (int step = 0; step < 600; ++step) {
+      now += static_cast<int64_t>(rng() % 300) * kMsUs + static_cast<int64_t>(rng() % 1000);
+      const int op = static_cast<int>(rng() % 3);
+      Answer lua, cpp;
+      if (op == 0) {
+        int64_t n = 1 + static_cast<int64_t>(rng() % 20);
+        int64_t need = 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(n));
+        lua = lease(limit, n, need, now);
+        cpp = model.lease(n, need, now);
+        ASSERT_EQ(lua.retry_after_ms, cpp.retry_after_ms) << "step " << step;
+      } else {
+        const std::string& node = nodes[rng() % 3];
+        int64_t asked = static_cast<int64_t>(rng() % static_cast<uint64_t>(limit.limit * 3 / 2 + 1));
+        asked = std::min(asked, limit.limit);
+        int64_t tokens = static_cast<int64_t>(rng() % 10);
+        int64_t lease_ms = 200 + static_cast<int64_t>(rng() % 2000);
+        lua = rate(limit, node, asked, tokens, lease_ms, now);
+        cpp = model.rate(node, asked, tokens, lease_ms, now);
+        ASSERT_EQ(lua.rate, cpp.rate) << "step " << step;
+        ASSERT_EQ(lua.unmet, cpp.unmet) << "step " << step;
+        if (lua.unmet) ++unmet_replies;
+      }
+      ASSERT_EQ(lua.granted, cpp.granted) << "step " << step << " op " << op;
+      ASSERT_EQ(lua.remaining, cpp.remaining) << "step " << step << " op " << op;
+      ASSERT_LE(model.held(now), limit.limit);
+    }
+    EXPECT_GT(unmet_replies, 0);  // both answers were seen
+  }
+}
+
+// Verifies that a node that holds the whole rate and stops renewing gives
+// it back at its lease's end: the bucket does not refill while the rate is
+// held, and refills at the full rate from its end.
+TEST_F(RateLeaseScript, ARateThatIsNotRenewedReturnsToTheBucketAtItsEnd) {
+  const Limit limit{100, kSecondNs, 1000};
+  ASSERT_EQ(lease(limit, 1000, 1000, kBaseUs).granted, 1000);  // the bucket empty
+  Answer held = rate(limit, "node-a", 100, 0, 2000, kBaseUs);
+  EXPECT_EQ(held.rate, 100);
+  // Held: nothing refills for anyone else, and a lease waits for its end.
+  Answer during = peek(limit, 1, kBaseUs + 1500 * kMsUs);
+  EXPECT_EQ(during.remaining, 0);
+  EXPECT_EQ(during.retry_after_ms, 510);  // 500 ms to the end, then 10 ms
+  // Not renewed (the node crashed): from the end the bucket refills at 100/s.
+  EXPECT_EQ(peek(limit, 1, kBaseUs + 2500 * kMsUs).remaining, 50);
+  EXPECT_EQ(lease(limit, 1000, 1, kBaseUs + 3000 * kMsUs).granted, 100);
+}
+
+// Verifies that the rates live in the bucket's own state key, so that every
+// call names one key (a Cluster slot in migration serves a call of several
+// only once all are on one node): while rates are held Redis has the state
+// key alone, which reads back as T's digits once the last rate ended and
+// is deleted once the bucket is full again.
+TEST_F(RateLeaseScript, TheRatesLiveInTheStateKeyAlone) {
+  const Limit limit{100, kSecondNs, 100};
+  ASSERT_EQ(lease(limit, 100, 100, kBaseUs).granted, 100);
+  EXPECT_EQ(rate(limit, "node-a", 60, 0, 1000, kBaseUs).rate, 60);
+  EXPECT_EQ(rate(limit, "node-b", 60, 0, 1000, kBaseUs + 100 * kMsUs).rate, 40);
+  ReplyPtr keys = command({"KEYS", "*"});
+  ASSERT_EQ(keys->elements, 1u);
+  EXPECT_EQ(std::string(keys->element[0]->str), "q");
+  EXPECT_GE(static_cast<unsigned char>(command({"GET", "q"})->str[0]), 0x80);  // T and the rates
+  // Both rates ended (at 1 s and 1.1 s): T alone. The rates took 60/s for
+  // 0.1 s, 100/s for 0.9 s and 40/s for 0.1 s: 10 units had refilled at 1.1 s.
+  EXPECT_EQ(peek(limit, 1, kBaseUs + 1200 * kMsUs).remaining, 20);
+  ReplyPtr state = command({"GET", "q"});
+  ASSERT_EQ(state->type, REDIS_REPLY_STRING);
+  EXPECT_TRUE(std::isdigit(static_cast<unsigned char>(state->str[0])));
+  // Full again: no key at all.
+  EXPECT_EQ(lease(limit, 1, 1, kBaseUs + 3000 * kMsUs).granted, 1);
+  EXPECT_EQ(lease(limit, 1, 1, kBaseUs + 3000 * kMsUs).remaining, 98);
+  EXPECT_EQ(command({"DBSIZE"})->integer, 1);
+  EXPECT_EQ(eval(scripts::rateArgv(scripts::Op::kReturn, 2, 0, limit, kBaseUs + 3000 * kMsUs)).remaining, 100);
+  EXPECT_EQ(command({"DBSIZE"})->integer, 0);
+}
+
+// Verifies that a rate held by one node slows the bucket for the others to
+// the rest of the limit: over 10 s the token leases of another node get
+// what refills at limit - rate, and the two never pass limit * W + burst.
+TEST_F(RateLeaseScript, TheBucketAndTheRateHoldersNeverPassTheLimitTogether) {
+  const Limit limit{100, kSecondNs, 20};
+  int64_t now = kBaseUs;
+  int64_t tokens = lease(limit, 20, 1, now).granted;  // the burst
+  int64_t rate_units = 0;
+  Answer held = rate(limit, "node-a", 60, 0, 1000, now);
+  ASSERT_EQ(held.rate, 60);
+  int64_t held_since = now;
+  for (int step = 1; step <= 1000; ++step) {
+    now = kBaseUs + step * 10 * kMsUs;
+    tokens += lease(limit, 50, 1, now).granted;
+    if (step % 50 == 0) {  // renewed every 500 ms
+      rate_units += (now - held_since) * 60 / (100 * 10'000);  // its slice's refill
+      held_since = now;
+      ASSERT_EQ(rate(limit, "node-a", 60, 0, 1000, now).rate, 60);
+    }
+  }
+  EXPECT_EQ(rate_units, 600);
+  EXPECT_GE(tokens, 20 + 400 - 2);
+  EXPECT_LE(tokens + rate_units, 100 * 10 + 20);
+}
+
+// Verifies max-min shares: a node that asks for less than an equal split
+// gets what it asks for once the one holding everything renews, within two
+// renewals; the rates never sum past the limit; and `unmet` says so while a
+// recorded demand is below its share, and not once every share is held.
+TEST_F(RateLeaseScript, ASmallDemandGetsItsRateWithinTwoRenewals) {
+  const Limit limit{100, kSecondNs, 0};
+  Answer alone = rate(limit, "node-a", 100, 0, 1000, kBaseUs);
+  EXPECT_EQ(alone.rate, 100);
+  EXPECT_FALSE(alone.unmet);
+  Answer refused = rate(limit, "node-b", 20, 0, 1000, kBaseUs + 100 * kMsUs);
+  EXPECT_EQ(refused.rate, 0);  // none free yet
+  EXPECT_TRUE(refused.unmet);
+  Answer shrunk = rate(limit, "node-a", 100, 0, 1000, kBaseUs + 200 * kMsUs);
+  EXPECT_EQ(shrunk.rate, 80);
+  EXPECT_TRUE(shrunk.unmet);  // b has not asked again yet
+  Answer met = rate(limit, "node-b", 20, 0, 1000, kBaseUs + 300 * kMsUs);
+  EXPECT_EQ(met.rate, 20);
+  EXPECT_FALSE(met.unmet);
+  EXPECT_FALSE(rate(limit, "node-a", 100, 0, 1000, kBaseUs + 500 * kMsUs).unmet);
+  // A third that wants everything: a and c split what b leaves.
+  EXPECT_EQ(rate(limit, "node-c", 100, 0, 1000, kBaseUs + 700 * kMsUs).rate, 0);
+  EXPECT_EQ(rate(limit, "node-a", 100, 0, 1000, kBaseUs + 800 * kMsUs).rate, 40);
+  EXPECT_EQ(rate(limit, "node-c", 100, 0, 1000, kBaseUs + 900 * kMsUs).rate, 40);
+  // A rate given up (0) is free at once.
+  EXPECT_EQ(rate(limit, "node-b", 0, 0, 1000, kBaseUs + 1200 * kMsUs).rate, 0);
+  EXPECT_EQ(rate(limit, "node-c", 100, 0, 1000, kBaseUs + 1300 * kMsUs).rate, 50);
+}
+
+// Verifies that a rate op without a node id, with a rate past the limit or
+// a lease past 60 s is an error reply.
+TEST_F(RateLeaseScript, BadRateArgumentsAreAnErrorReply) {
+  const Limit limit{100, kSecondNs, 10};
+  EXPECT_THROW(rate(limit, "", 10, 0, 1000, kBaseUs), std::runtime_error);
+  EXPECT_THROW(rate(limit, "n", 101, 0, 1000, kBaseUs), std::runtime_error);
+  EXPECT_THROW(rate(limit, "n", 10, 0, 60'001, kBaseUs), std::runtime_error);
+}
+
+// Verifies max-min fairness on its own: small demands are met, the rest
+// split what is left.
+TEST(RateLeaseShare, MaxMinMeetsSmallDemandsAndSplitsTheRest) {
+  EXPECT_EQ(rate_lease::fairShare({10, 100, 100}, 100, 10), 10);
+  EXPECT_EQ(rate_lease::fairShare({10, 100, 100}, 100, 100), 45);
+  EXPECT_EQ(rate_lease::fairShare({30, 30, 30}, 100, 30), 30);
+  EXPECT_EQ(rate_lease::fairShare({300}, 100, 300), 100);
+  EXPECT_EQ(rate_lease::fairShare({50, 60, 1000}, 100, 60), 33);
+}
+
+// Verifies the daemon's rule: a key whose last lease found Redis's bucket
+// drained asks for a rate, however light; one whose bucket still had what
+// it asked for does not.
+TEST(RateLeaseRule, AKeyWhoseBucketRanDryAsksForARate) {
+  const Limit limit{1000, kSecondNs, 30};
+  const int64_t interval_ns = 100'000'000;  // refills 100 per interval
+  EXPECT_TRUE(rate_lease::wants(limit, 300, true, interval_ns));
+  EXPECT_FALSE(rate_lease::wants(limit, 300, false, interval_ns));
+  // A light key beside a hot one: its bucket ran dry too, so it asks, and
+  // its demand is recorded for the max-min division.
+  EXPECT_TRUE(rate_lease::wants(limit, 5, true, interval_ns));
+  EXPECT_FALSE(rate_lease::wants(limit, 0, true, interval_ns));
+  EXPECT_EQ(rate_lease::askedRate(limit, 300, interval_ns), 1000);  // capped at the limit
+  EXPECT_EQ(rate_lease::askedRate(limit, 20, interval_ns), 200);
+  // 1000/s: one unit per ms; the cap is one interval of the rate.
+  EXPECT_EQ(rate_lease::nsPerUnit(limit, 1000), 1'000'000);
+  EXPECT_EQ(rate_lease::capUnits(limit, 1000, interval_ns), 100);
+  EXPECT_EQ(rate_lease::capUnits(limit, 1, interval_ns), 1);
+}
+
+// Verifies that a rate's slice refills to the rate's share of the burst when
+// that is more than one lease interval of the rate: 10/s with a burst of 10
+// refills one unit per interval, but its whole rate keeps all 10.
+TEST(RateLeaseRule, ARateKeepsItsShareOfTheBurst) {
+  const Limit limit{10, kSecondNs, 10};
+  const int64_t interval_ns = 100'000'000;
+  EXPECT_EQ(rate_lease::capUnits(limit, 10, interval_ns), 10);
+  EXPECT_EQ(rate_lease::capUnits(limit, 5, interval_ns), 5);
+  EXPECT_EQ(rate_lease::capUnits(Limit{1000, kSecondNs, 30}, 500, interval_ns), 50);  // the interval's
+}
+
+// Verifies that a rule refilling less than one unit per lease interval never
+// leases a rate, however hot and drained the key: 10/s refills one unit per
+// 100 ms interval and may; 8 an hour may not.
+TEST(RateLeaseRule, ARuleRefillingLessThanAUnitPerIntervalNeverAsksForARate) {
+  const int64_t interval_ns = 100'000'000;
+  EXPECT_TRUE(rate_lease::wants(Limit{10, kSecondNs, 10}, 5, true, interval_ns));
+  EXPECT_FALSE(rate_lease::wants(Limit{9, kSecondNs, 10}, 5, true, interval_ns));
+  EXPECT_FALSE(rate_lease::wants(Limit{8, 3600 * kSecondNs, 8}, 1000, true, interval_ns));
+}
+
+// Verifies `unmet`: a node that asked and got 0 beside a holder of the whole
+// limit is unmet; equal demands each holding their equal (floored) share are
+// met; a node holding more than its share leaves the other unmet.
+TEST(RateLeaseShare, UnmetSaysWhetherSomeRecordedDemandIsBelowItsShare) {
+  const std::vector<Held> refused = {{"a", 100, 1, 100}, {"b", 0, 1, 20}};
+  EXPECT_TRUE(rate_lease::unmet(refused, 100));
+  const std::vector<Held> equal = {{"a", 33, 1, 300}, {"b", 33, 1, 300}, {"c", 33, 1, 300}};
+  EXPECT_FALSE(rate_lease::unmet(equal, 100));
+  const std::vector<Held> skewed = {{"a", 70, 1, 300}, {"b", 30, 1, 300}};
+  EXPECT_TRUE(rate_lease::unmet(skewed, 100));
+  const std::vector<Held> small = {{"a", 80, 1, 300}, {"b", 20, 1, 20}};
+  EXPECT_FALSE(rate_lease::unmet(small, 100));
+  EXPECT_FALSE(rate_lease::unmet({}, 100));
+}
+
+// Verifies the renewal schedule on a simulated clock (lease interval 100 ms,
+// lease 5 s): a holder that heard some demand is unmet renews one lease
+// interval after its call was sent, one that heard none after kMaxRenewNs,
+// and never past halfway through a short lease.
+TEST(RateLeaseRule, AHolderThatHearsOfUnmetDemandRenewsAtTheNextLeaseInterval) {
+  const int64_t sent_ns = 7 * kSecondNs;
+  const int64_t interval_ns = 100'000'000;
+  EXPECT_EQ(rate_lease::renewAtNs(sent_ns, 5 * kSecondNs, true, interval_ns), sent_ns + interval_ns);
+  EXPECT_EQ(rate_lease::renewAtNs(sent_ns, 5 * kSecondNs, false, interval_ns), sent_ns + rate_lease::kMaxRenewNs);
+  EXPECT_EQ(rate_lease::renewAtNs(sent_ns, 120'000'000, true, interval_ns), sent_ns + 60'000'000);
+  EXPECT_EQ(rate_lease::renewAtNs(sent_ns, 600'000'000, false, interval_ns), sent_ns + 300'000'000);
+}
+
+// Verifies that a node granted nothing asks again within one lease interval
+// however long Redis says the holders keep everything, and sooner when
+// Redis's wait is shorter.
+TEST(RateLeaseRule, ANodeGrantedNothingAsksAgainWithinOneLeaseInterval) {
+  EXPECT_EQ(rate_lease::reaskAfterMs(4'500, 100), 100);
+  EXPECT_EQ(rate_lease::reaskAfterMs(30, 100), 30);
+  EXPECT_EQ(rate_lease::reaskAfterMs(0, 100), 1);
+}
+
+}  // namespace
+}  // namespace sluice
