@@ -145,7 +145,7 @@ bool LeaseManager::serve(const LeaseRequest& request, const RuleSetPtr& rules, b
 std::vector<std::string> LeaseManager::scriptKeys(const Rule& rule, std::string_view key) const {
   std::vector<std::string> keys = {stateKey(rule.name, key)};
   // A rule whose keys may hold rates passes the rates with every call
-  // (lua/token_bucket.lua charges them first), and so the block key before
+  // (the script charges them first, rate_lease.h), and so the block key before
   // them; otherwise a rule with a penalty asks for the key's block.
   if (rule.penalty || rate_lease::eligible(rule)) keys.push_back(blockKey(rule.name, key));
   if (rate_lease::eligible(rule)) {

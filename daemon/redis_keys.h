@@ -61,7 +61,7 @@ std::string redisStateKey(std::string_view prefix, std::string_view rule_name,
 std::string redisBlockKey(std::string_view prefix, std::string_view rule_name,
                           std::string_view key, int64_t state_version = kRedisStateVersion);
 // The rate leases held on (rule, key) at `state_version`
-// (lua/token_bucket.lua's KEYS[3]).
+// (KEYS[3] of lua/token_bucket.lua and lua/gcra.lua).
 std::string redisRatesKey(std::string_view prefix, std::string_view rule_name,
                           std::string_view key, int64_t state_version = kRedisStateVersion);
 

@@ -23,7 +23,14 @@
 --          after the span's end minus burst * interval, so the bucket refills
 --          at (limit - R) per period and the bucket and the rate holders never
 --          hand out more than the limit between them. Rates that ended are
---          dropped. The daemon passes KEYS[3] with every call on a key of a
+--          dropped.
+--          The bucket cap: while rates are held, the bucket fills to burst
+--          less the holders' shares of it, floor(burst * rate / limit)
+--          each (their slices refill to that much: daemon/rate_lease.h,
+--          capUnits), so a pause does not save the burst twice. "Full"
+--          below is full to that cap: burst * interval above is then
+--          (burst - shares) * interval, span by span as the rates held
+--          change, and a new rate's share leaves the bucket at once. The daemon passes KEYS[3] with every call on a key of a
 --          rule that may hold rates (and KEYS[2] then, maybe absent in Redis),
 --          so that no call reads T uncharged.
 -- ARGV[1]  op: "lease"  take up to n units when at least `need` are there;
@@ -155,6 +162,7 @@ if rate_op then
   end
   if n > limit then return fail('rate needs n <= limit') end
   if limit * MAX_RATE_LEASE_US >= 2 ^ 53 then return fail('rate needs limit * 6e7 < 2^53') end
+  if burst * limit >= 2 ^ 53 then return fail('rate needs burst * limit < 2^53') end
   lease_us = lease_ms * 1000
 end
 if now == 0 then
@@ -187,14 +195,22 @@ local need_units = (op == 'debit' or op == 'rate') and 0 or need
 if burst * interval > MAX_SPAN_US or n * interval > MAX_SPAN_US or need_units * interval > MAX_SPAN_US then
   return fail('burst * period / limit must stay below 2^50 us')
 end
-local full = now - burst * interval
+-- The bucket's cap while the rates `held` ({node, rate, until_us, demand}
+-- each) are held, in µs of refill: burst less their shares of it.
+local function cap_us_of(held)
+  local cap = burst
+  for _, h in ipairs(held) do
+    if h[2] > 0 then cap = cap - idiv(burst * h[2], limit) end
+  end
+  return math.max(cap, 0) * interval
+end
 
 local stored = redis.call('GET', KEYS[1])
 if stored then stored = tonumber(stored) end
 
 -- The rates held (KEYS[3]) are charged into T up to now, one span between
 -- their ends at a time. Within a span at rates R < limit the bucket is
--- max(T0 + dt * R / limit, t - burst * interval): once full it stays full,
+-- max(T0 + dt * R / limit, t - cap) (cap: the span's, in µs): once full it stays full,
 -- as the uncharged refill outruns the charge; with R = limit both move
 -- together. So the span's end alone needs the cap, and its start (a bucket
 -- already full there would otherwise be charged from an older T).
@@ -212,18 +228,19 @@ if KEYS[3] then
       if r then all[#all + 1] = {flat[i], tonumber(r), tonumber(u), tonumber(d)} end
     end
   end
-  local cap_us = burst * interval
   local charged = false
   local t = stored
   while at < now do
-    local r, span_end = 0, now
+    local r, span_end, span_held = 0, now, {}
     for _, h in ipairs(all) do
       if h[3] > at and h[2] > 0 then
         r = r + h[2]
         if h[3] < span_end then span_end = h[3] end
+        span_held[#span_held + 1] = h
       end
     end
     if r == 0 then break end
+    local cap_us = cap_us_of(span_held)
     t = math.max(t or (at - cap_us), at - cap_us)
     t = math.max(t + idiv((span_end - at) * r + limit - 1, limit), span_end - cap_us)
     charged = true
@@ -239,6 +256,7 @@ if KEYS[3] then
 end
 
 -- The empty time as it applies now: anything older than `full` reads as full.
+local full = now - cap_us_of(rates)
 local empty = full
 if stored then empty = math.max(stored, full) end
 
@@ -305,7 +323,7 @@ elseif op == 'debit' then
     -- beside it under the same shares, so the later of the two stands, not
     -- their sum. (A node cut off alone while the others leased on is not
     -- charged its share of the span: that share is the overshoot bound.)
-    local spent = now - need * 1000 - burst * interval + n * interval
+    local spent = full - need * 1000 + n * interval
     empty = math.min(math.max(empty, spent), now + MAX_SPAN_US)
   end
   store(empty)
@@ -326,6 +344,9 @@ elseif op == 'rate' then
     rates[#rates + 1] = {node, rate_granted, now + lease_us, n}
   end
   held_rate = others + rate_granted
+  -- The new rates' shares of the burst leave the bucket now.
+  full = now - cap_us_of(rates)
+  empty = math.max(empty, full)
   if need > 0 and burst >= 1 and units_at(empty) >= 1 then
     granted = math.min(need, units_at(empty))
     empty = empty + granted * interval
