@@ -314,6 +314,7 @@ std::optional<Outcome> LeasePath::acquireOnRate(const RuleSet& rules, const Rule
   if (taken.outcome == slice::Outcome::kTaken) {
     verdict->taken.cost = item.cost;
     verdict->taken.slice = words;
+    verdict->taken.on_rate = true;
   }
   Decision decision = sliceDecision(deciding, taken, words, now_ns);
   policy_.countDenial(rule, item.key, entry->state(), decision, now_ns);

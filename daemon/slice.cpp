@@ -435,6 +435,14 @@ int64_t redisLeft(ConstWords words, const Rule& rule, int64_t now_ns) {
 
 bool holdsRate(ConstWords words, int64_t now_ns) { return now_ns < load(words, kRateUntil); }
 
+void noteRateFallback(Words words, int64_t units) {
+  words[kRateFallback].fetch_add(static_cast<uint64_t>(units), std::memory_order_acq_rel);
+}
+
+int64_t takeRateFallback(Words words) {
+  return static_cast<int64_t>(words[kRateFallback].exchange(0, std::memory_order_acq_rel));
+}
+
 bool drained(ConstWords words) { return (words[kFlags].load(std::memory_order_acquire) & kDrained) != 0; }
 
 int64_t demandPerInterval(ConstWords words) { return std::max(load(words, kRate), load(words, kDemand)); }
@@ -515,7 +523,8 @@ bool inFlight(ConstWords words) {
 }
 
 bool idle(ConstWords words, int64_t now_ns) {
-  return !inFlight(words) && now_ns >= load(words, kDenyUntil);
+  // A rate's fallback admissions wait for their debit, as a share's do.
+  return !inFlight(words) && now_ns >= load(words, kDenyUntil) && load(words, kRateFallback) == 0;
 }
 
 bool lineMarked(ConstWords words) {

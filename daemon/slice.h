@@ -38,7 +38,9 @@
 //    kRateUntil the rate ends and the key leases tokens again. A key asks
 //    for a rate only once a lease found Redis's bucket drained (kDrained).
 //    While Redis is unreachable the rate is spent until it ends
-//    (takeOnRate).
+//    (takeOnRate), and what it admits then is counted (kRateFallback) to
+//    be debited with the fallback shares' admissions: a master that took
+//    over meanwhile may not know the rate.
 //  - Every lease's answer also says what Redis had left after it; the slice
 //    keeps that in the spare bits of kFlags (kRedisLeftShift), so that a
 //    decision can report the fleet's remaining, not only this node's units
@@ -90,6 +92,7 @@ enum Word : size_t {
   kRateMovedDemand,    // kDemand at kRateMovedSince
   kRateMoreNsPerUnit,  // demand above one unit per this many ns: twice what it asked (0: none)
   kRateLessNsPerUnit,  // demand below one unit per this many ns: half what it asked
+  kRateFallback,   // units the rate admitted while Redis was unreachable, not debited yet
   kWords
 };
 constexpr uint64_t kInFlight = 1;
@@ -230,6 +233,12 @@ Batch nextBatch(Words words, int64_t now_ns, int64_t cost, const Rule& rule, uin
 // Whether the key holds a rate lease at now_ns.
 bool holdsRate(ConstWords words, int64_t now_ns);
 
+// A worker: `units` taken by takeOnRate were kept (admitted), to be debited
+// once Redis answers again (kRateFallback). Lock-free.
+void noteRateFallback(Words words, int64_t units);
+// The control thread: what noteRateFallback counted, now 0.
+int64_t takeRateFallback(Words words);
+
 // Whether the key's last lease granted fewer units than it asked for
 // (kDrained).
 bool drained(ConstWords words);
@@ -348,8 +357,9 @@ void failUntil(Words words, int64_t until_ns);
 // Whether a lease of the key is on the way (the in-flight bit).
 bool inFlight(ConstWords words);
 
-// Whether the key is idle for the sweep at now_ns: no lease on the way and
-// no negative cache standing (its next lease would be refused for nothing).
+// Whether the key is idle for the sweep at now_ns: no lease on the way, no
+// negative cache standing (its next lease would be refused for nothing) and
+// no rate's fallback admissions waiting for their debit (kRateFallback).
 bool idle(ConstWords words, int64_t now_ns);
 
 // Whether the key's flags still carry a line mark (wait_lines.h).
