@@ -30,7 +30,7 @@
 --          conform at once and a pause does not save the burst twice. The
 --          floor below is that time (now when no rate is held), span by
 --          span as the rates held change; a new rate's share is taken at
---          once.
+--          once (after the rate op's units are).
 --          With TAT = T + burst * interval (T: token_bucket.lua's empty
 --          time) this script and token_bucket.lua answer every op alike;
 --          each keeps its own state's words.
@@ -346,13 +346,14 @@ elseif op == 'rate' then
     rates[#rates + 1] = {node, rate_granted, now + lease_us, n}
   end
   held_rate = others + rate_granted
-  -- The new rates' shares of the burst are taken now.
-  floor = now + shares_us_of(rates)
-  tat = math.max(tat, floor)
   if need > 0 and burst >= 1 and units_at(tat) >= 1 then
     granted = math.min(need, units_at(tat))
     tat = tat + granted * interval
   end
+  -- Then the new rates' shares of the burst are taken: the units just
+  -- taken were the state's as the call found it.
+  floor = now + shares_us_of(rates)
+  tat = math.max(tat, floor)
 elseif op ~= 'peek' then
   return fail('op must be lease, return, debit, peek or rate')
 end

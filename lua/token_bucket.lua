@@ -30,7 +30,8 @@
 --          capUnits), so a pause does not save the burst twice. "Full"
 --          below is full to that cap: burst * interval above is then
 --          (burst - shares) * interval, span by span as the rates held
---          change, and a new rate's share leaves the bucket at once. The daemon passes KEYS[3] with every call on a key of a
+--          change, and a new rate's share leaves the bucket at once
+--          (after the rate op's tokens are taken). The daemon passes KEYS[3] with every call on a key of a
 --          rule that may hold rates (and KEYS[2] then, maybe absent in Redis),
 --          so that no call reads T uncharged.
 -- ARGV[1]  op: "lease"  take up to n units when at least `need` are there;
@@ -344,13 +345,14 @@ elseif op == 'rate' then
     rates[#rates + 1] = {node, rate_granted, now + lease_us, n}
   end
   held_rate = others + rate_granted
-  -- The new rates' shares of the burst leave the bucket now.
-  full = now - cap_us_of(rates)
-  empty = math.max(empty, full)
   if need > 0 and burst >= 1 and units_at(empty) >= 1 then
     granted = math.min(need, units_at(empty))
     empty = empty + granted * interval
   end
+  -- Then the new rates' shares of the burst leave the bucket: the tokens
+  -- just taken were the bucket's as the call found it.
+  full = now - cap_us_of(rates)
+  empty = math.max(empty, full)
 elseif op ~= 'peek' then
   return fail('op must be lease, return, debit, peek or rate')
 end

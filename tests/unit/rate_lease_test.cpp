@@ -169,13 +169,13 @@ class Model {
       a.rate = rate_lease::grant(live_, node, asked, limit_.limit);
       kept.push_back({node, a.rate, now + lease_ms * kMsUs, asked});
     }
-    live_ = kept;
-    a.unmet = rate_lease::unmet(live_, limit_.limit);
-    empty = std::max(empty, full(now));  // the new rates' shares of the burst leave the bucket
+    a.unmet = rate_lease::unmet(kept, limit_.limit);
     if (tokens > 0 && limit_.burst >= 1 && units(empty, now) >= 1) {
       a.granted = std::min(tokens, units(empty, now));
       empty += a.granted * interval_;
     }
+    live_ = kept;
+    empty = std::max(empty, full(now));  // then the new rates' shares of the burst leave the bucket
     end(empty, now);
     a.remaining = units(empty, now);
     return a;
@@ -331,6 +331,18 @@ TEST_P(RateLeaseScript, AHeldRateTakesItsShareOfTheBurstOutOfTheBucket) {
   // 6 units in 120 ms); a's ends at +5 s, and the bucket is whole again.
   EXPECT_EQ(peek(limit, 1, kBaseUs + 4500 * kMsUs).remaining, 10);
   EXPECT_EQ(peek(limit, 1, kBaseUs + 6 * kSecondUs).remaining, 20);
+}
+
+// Verifies that the tokens a rate op takes beside its rate come out of the
+// bucket as the call found it, before the new rate's share of the burst
+// leaves it: a key that switches to the whole rate keeps what it asked for
+// of a full bucket, and the rest is its share, which its slice refills.
+TEST_P(RateLeaseScript, ARateOpTakesItsTokensBeforeItsShareLeavesTheBucket) {
+  const Limit limit{100, kSecondNs, 20};
+  Answer switched = rate(limit, "node-a", 100, 12, 5000, kBaseUs);
+  EXPECT_EQ(switched.rate, 100);
+  EXPECT_EQ(switched.granted, 12);
+  EXPECT_EQ(switched.remaining, 0);
 }
 
 // Verifies that a rate held by one node slows the bucket for the others to
