@@ -121,6 +121,12 @@ class RateLeaseScript : public ::testing::TestWithParam<scripts::Script> {
   Answer peek(const Limit& limit, int64_t need, int64_t now_us) {
     return eval(scripts::rateArgv(scripts::Op::kPeek, 0, need, limit, now_us));
   }
+  Answer giveBack(const Limit& limit, int64_t n, int64_t now_us) {
+    return eval(scripts::returnArgv(n, limit, 0, now_us));
+  }
+  Answer debit(const Limit& limit, int64_t n, int64_t span_ms, int64_t now_us) {
+    return eval(scripts::rateArgv(scripts::Op::kDebit, n, span_ms, limit, now_us));
+  }
   Answer rate(const Limit& limit, const std::string& node, int64_t asked, int64_t tokens, int64_t lease_ms,
               int64_t now_us) {
     return eval(rate_lease::rateArgv(asked, tokens, limit, 0, node, lease_ms, now_us));
@@ -155,6 +161,40 @@ class Model {
       a.retry_after_ms = waitMs(empty + need * interval_ - now, now);
     }
     return a;
+  }
+
+  Answer peek(int64_t need, int64_t now) {
+    int64_t empty = begin(now);
+    end(empty, now);
+    Answer a;
+    a.remaining = units(empty, now);
+    if (need > limit_.burst) {
+      a.retry_after_ms = -1;
+    } else if (a.remaining < need) {
+      a.retry_after_ms = waitMs(empty + need * interval_ - now, now);
+    }
+    return a;
+  }
+
+  // A return of n units: the stored T moves back (nothing when absent).
+  Answer giveBack(int64_t n, int64_t now) {
+    int64_t empty = begin(now);
+    if (stored_) empty = std::max(*stored_ - n * interval_, full(now));
+    end(empty, now);
+    return Answer{0, units(empty, now), 0};
+  }
+
+  // A debit of n units spent over the last span_ms (0: just now), from a
+  // bucket full to its cap at the span's start.
+  Answer debit(int64_t n, int64_t span_ms, int64_t now) {
+    int64_t empty = begin(now);
+    if (span_ms == 0) {
+      empty += n * interval_;
+    } else {
+      empty = std::max(empty, full(now) - span_ms * kMsUs + n * interval_);
+    }
+    end(empty, now);
+    return Answer{0, units(empty, now), 0};
   }
 
   Answer rate(const std::string& node, int64_t asked, int64_t tokens, int64_t lease_ms, int64_t now) {
@@ -245,11 +285,11 @@ class Model {
   std::vector<Held> live_;
 };
 
-// Verifies that token leases and the rate leases of three nodes, at random
-// sizes and times, answer in Lua exactly what the C++ mirror computes and
-// leave the state it computes (GCRA's TAT read as the bucket's T), that the
-// rates held never sum past the limit, and that the bucket never holds more
-// than the burst less the holders' shares of it.
+// Verifies that token leases, peeks, returns, debits and the rate leases of
+// three nodes, at random sizes and times, answer in Lua exactly what the C++
+// mirror computes and leave the state it computes (GCRA's TAT read as the
+// bucket's T), that the rates held never sum past the limit, and that the
+// bucket never holds more than the burst less the holders' shares of it.
 TEST_P(RateLeaseScript, RandomLeasesAndRatesAnswerAsTheCppMirror) {
   for (const Limit& limit : {Limit{100, kSecondNs, 10}, Limit{1000, kSecondNs, 30}, Limit{7, 3 * kSecondNs, 5}}) {
     command({"FLUSHALL"});
@@ -261,7 +301,7 @@ TEST_P(RateLeaseScript, RandomLeasesAndRatesAnswerAsTheCppMirror) {
     int capped_steps = 0;  // the bucket full to its cap, below the burst
     for (int step = 0; step < 600; ++step) {
       now += static_cast<int64_t>(rng() % 300) * kMsUs + static_cast<int64_t>(rng() % 1000);
-      const int op = static_cast<int>(rng() % 3);
+      const int op = static_cast<int>(rng() % 6);
       Answer lua, cpp;
       if (op == 0) {
         int64_t n = 1 + static_cast<int64_t>(rng() % 20);
@@ -269,6 +309,20 @@ TEST_P(RateLeaseScript, RandomLeasesAndRatesAnswerAsTheCppMirror) {
         lua = lease(limit, n, need, now);
         cpp = model.lease(n, need, now);
         ASSERT_EQ(lua.retry_after_ms, cpp.retry_after_ms) << "step " << step;
+      } else if (op == 3) {
+        int64_t need = static_cast<int64_t>(rng() % static_cast<uint64_t>(limit.burst + 2));
+        lua = peek(limit, need, now);
+        cpp = model.peek(need, now);
+        ASSERT_EQ(lua.retry_after_ms, cpp.retry_after_ms) << "step " << step;
+      } else if (op == 4) {
+        int64_t n = 1 + static_cast<int64_t>(rng() % 10);
+        lua = giveBack(limit, n, now);
+        cpp = model.giveBack(n, now);
+      } else if (op == 5) {
+        int64_t n = 1 + static_cast<int64_t>(rng() % 10);
+        int64_t span_ms = rng() % 2 == 0 ? 0 : static_cast<int64_t>(rng() % 3000);
+        lua = debit(limit, n, span_ms, now);
+        cpp = model.debit(n, span_ms, now);
       } else {
         const std::string& node = nodes[rng() % 3];
         int64_t asked = static_cast<int64_t>(rng() % static_cast<uint64_t>(limit.limit * 3 / 2 + 1));
