@@ -142,23 +142,10 @@ bool LeaseManager::serve(const LeaseRequest& request, const RuleSetPtr& rules, b
   return true;
 }
 
-std::vector<std::string> LeaseManager::scriptKeys(const Rule& rule, std::string_view key) const {
-  std::vector<std::string> keys = {stateKey(rule.name, key)};
-  // A rule whose keys may hold rates passes the rates with every call
-  // (the script charges them first, rate_lease.h), and so the block key before
-  // them; otherwise a rule with a penalty asks for the key's block.
-  if (rule.penalty || rate_lease::eligible(rule)) keys.push_back(blockKey(rule.name, key));
-  if (rate_lease::eligible(rule)) {
-    keys.push_back(redisRatesKey(config_.key_prefix, rule.name, key, context_.state_version));
-  }
-  return keys;
-}
-
 void LeaseManager::callScript(const Rule& rule, std::string_view key, std::vector<std::string> argv,
                               int64_t timeout_ms, RedisCallback on_result) {
-  std::vector<std::string> keys = scriptKeys(rule, key);
-  if (!rate_lease::eligible(rule)) keys.resize(1);  // returns and debits need no block
-  pipe_.call(scriptFor(rule.algorithm), std::move(keys), std::move(argv), timeout_ms, std::move(on_result));
+  pipe_.call(scriptFor(rule.algorithm), {stateKey(rule.name, key)}, std::move(argv), timeout_ms,
+             std::move(on_result));
 }
 
 void LeaseManager::sendLease(const LeaseRequest& request, const Rule& rule, RuleSetPtr rules) {
@@ -174,7 +161,10 @@ void LeaseManager::sendLease(const LeaseRequest& request, const Rule& rule, Rule
       request.rate >= 0
           ? rate_lease::rateArgv(request.rate, request.n, limit, deadline_us, context_.node_id, rateLeaseMs())
           : scripts::leaseArgv(request.n, request.need, limit, deadline_us);
-  pipe_.call(scriptFor(rule.algorithm), scriptKeys(rule, request.key), std::move(argv),
+  // A rule with a penalty asks for the key's block too (the script's KEYS[2]).
+  std::vector<std::string> keys = {stateKey(rule.name, request.key)};
+  if (rule.penalty) keys.push_back(blockKey(rule.name, request.key));
+  pipe_.call(scriptFor(rule.algorithm), std::move(keys), std::move(argv),
              config_.lease_timeout_ms,
              [this, request, &rule, rules = std::move(rules), sent_ns = now()](const RedisResult& result) {
                onLeaseReply(request, rule, result, sent_ns);

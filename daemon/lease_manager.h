@@ -196,9 +196,6 @@ class LeaseManager : private BreakerActions {
   // sent_ns: when the lease was sent (a rate lease's start, at the latest).
   void onLeaseReply(const LeaseRequest& request, const Rule& rule, const RedisResult& result,
                     int64_t sent_ns);
-  // The Redis keys a script call on (rule, key) names: its state, then the
-  // block key and the rates key where the rule's script takes them.
-  std::vector<std::string> scriptKeys(const Rule& rule, std::string_view key) const;
   // How long a rate lease holds (lease_ttl, at most rate_lease::kMaxLeaseMs).
   int64_t rateLeaseMs() const;
   // A lease that got no usable answer: counted, and the key follows its

@@ -4,9 +4,9 @@
 // "Rate leases on hot keys"). The global state stays in Redis, written only
 // by the rule's script (lua/token_bucket.lua, lua/gcra.lua) with Redis
 // TIME: beside the bucket's empty time T (GCRA's TAT, which is T + burst *
-// interval), a hash of the rates held (node -> rate, until, demand). The
-// script charges the held rates into T span by span between their ends, so
-// the bucket refills at the limit minus the held rates, and grants a node
+// interval), in the same key, the rates held (node -> rate, until, demand).
+// The script charges the held rates into T span by span between their ends,
+// so the bucket refills at the limit minus the held rates, and grants a node
 // min(its demand, its max-min fair share of the limit among the recorded
 // demands, the limit minus the rates the others hold): the rates held never
 // sum past the limit, and a crashed node's rate ends at its until.
@@ -48,7 +48,7 @@ constexpr int64_t kMaxLeaseMs = 60'000;
 // moves).
 constexpr int64_t kMaxRenewNs = 2'500'000'000;
 
-// One entry of the rates hash.
+// One rate held on a key (an entry of its state's rates).
 struct Held {
   std::string node;
   int64_t rate = 0;      // units per period (0: asked, got nothing)

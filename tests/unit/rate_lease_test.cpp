@@ -6,6 +6,7 @@
 // sleeping.
 #include "rate_lease.h"
 
+#include <cctype>
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
 
@@ -83,9 +84,9 @@ class RateLeaseScript : public ::testing::TestWithParam<scripts::Script> {
     return ReplyPtr(reply, freeReplyObject);
   }
 
-  // EVALSHA on the three keys (state, block, rates) with `argv`.
+  // EVALSHA on the state key alone (it holds the rates too) with `argv`.
   Answer eval(const std::vector<std::string>& argv) {
-    std::vector<std::string> args = {"EVALSHA", sha_, "3", "q", "b", "r"};
+    std::vector<std::string> args = {"EVALSHA", sha_, "1", "q"};
     args.insert(args.end(), argv.begin(), argv.end());
     ReplyPtr reply = command(args);
     if (reply->type != REDIS_REPLY_ARRAY) {
@@ -104,9 +105,17 @@ class RateLeaseScript : public ::testing::TestWithParam<scripts::Script> {
   }
 
   // The state key as the Model keeps it: the bucket's empty time T
-  // (gcra.lua stores TAT = T + burst * interval); nullopt when absent.
+  // (gcra.lua stores TAT = T + burst * interval); nullopt when absent, or
+  // when the rates' array says full (0). Redis's cmsgpack reads the array.
   std::optional<int64_t> storedT(const Limit& limit) {
-    ReplyPtr reply = command({"GET", "q"});
+    ReplyPtr reply = command(
+        {"EVAL",
+         "local s = redis.call('GET', KEYS[1]) "
+         "if not s then return false end "
+         "if string.byte(s, 1) >= 0x80 then s = cmsgpack.unpack(s)[1] end "
+         "if tonumber(s) == 0 then return false end "
+         "return string.format('%d', tonumber(s))",
+         "1", "q"});
     if (reply->type != REDIS_REPLY_STRING) return std::nullopt;
     int64_t value = std::stoll(std::string(reply->str, reply->len));
     if (GetParam() == scripts::Script::kGcra) {
@@ -231,6 +240,12 @@ class Model {
   // The bucket's empty time as stored after the last call (nullopt: absent).
   std::optional<int64_t> stored() const { return stored_; }
 
+  // A stored empty time as it applies at now: one older than full reads as
+  // full (the scripts leave a stale one in place when they write nothing).
+  int64_t emptyAt(std::optional<int64_t> stored, int64_t now) const {
+    return std::max(stored.value_or(full(now)), full(now));
+  }
+
   // The holders' shares of the burst (rate_lease::burstShare) after now.
   int64_t sharesHeld(int64_t now) const {
     int64_t sum = 0;
@@ -337,7 +352,8 @@ TEST_P(RateLeaseScript, RandomLeasesAndRatesAnswerAsTheCppMirror) {
       }
       ASSERT_EQ(lua.granted, cpp.granted) << "step " << step << " op " << op;
       ASSERT_EQ(lua.remaining, cpp.remaining) << "step " << step << " op " << op;
-      ASSERT_EQ(storedT(limit), model.stored()) << "step " << step << " op " << op;
+      ASSERT_EQ(model.emptyAt(storedT(limit), now), model.emptyAt(model.stored(), now))
+          << "step " << step << " op " << op;
       ASSERT_LE(model.held(now), limit.limit);
       // The holders keep their shares of the burst; the bucket the rest.
       ASSERT_LE(lua.remaining + model.sharesHeld(now), limit.burst) << "step " << step;
@@ -399,6 +415,36 @@ TEST_P(RateLeaseScript, ARateOpTakesItsTokensBeforeItsShareLeavesTheBucket) {
   EXPECT_EQ(switched.remaining, 0);
 }
 
+// Verifies that the rates live in the bucket's own state key, so that every
+// call names one key (a Cluster slot in migration serves a call of several
+// only once all are on one node): while rates are held Redis has the state
+// key alone, which reads back as T's digits once the last rate ended and
+// is deleted once the bucket is full again.
+TEST_P(RateLeaseScript, TheRatesLiveInTheStateKeyAlone) {
+  const Limit limit{100, kSecondNs, 100};
+  ASSERT_EQ(lease(limit, 100, 100, kBaseUs).granted, 100);
+  EXPECT_EQ(rate(limit, "node-a", 60, 0, 1000, kBaseUs).rate, 60);
+  EXPECT_EQ(rate(limit, "node-b", 60, 0, 1000, kBaseUs + 100 * kMsUs).rate, 40);
+  ReplyPtr keys = command({"KEYS", "*"});
+  ASSERT_EQ(keys->elements, 1u);
+  EXPECT_EQ(std::string(keys->element[0]->str), "q");
+  EXPECT_GE(static_cast<unsigned char>(command({"GET", "q"})->str[0]), 0x80);  // T and the rates
+  // Both rates ended (at 1 s and 1.1 s): T alone. The rates took 60/s for
+  // 0.1 s, 100/s for 0.9 s and 40/s for 0.1 s: 10 units had refilled at
+  // 1.1 s, less the 4 that b's share of the burst took out of the bucket
+  // (the bucket cap) when b got its rate at 0.1 s.
+  EXPECT_EQ(peek(limit, 1, kBaseUs + 1200 * kMsUs).remaining, 16);
+  ReplyPtr state = command({"GET", "q"});
+  ASSERT_EQ(state->type, REDIS_REPLY_STRING);  // T's digits (gcra.lua: TAT's)
+  EXPECT_TRUE(std::isdigit(static_cast<unsigned char>(state->str[0])));
+  // Full again: no key at all.
+  EXPECT_EQ(lease(limit, 1, 1, kBaseUs + 3000 * kMsUs).granted, 1);
+  EXPECT_EQ(lease(limit, 1, 1, kBaseUs + 3000 * kMsUs).remaining, 98);
+  EXPECT_EQ(command({"DBSIZE"})->integer, 1);
+  EXPECT_EQ(eval(scripts::rateArgv(scripts::Op::kReturn, 2, 0, limit, kBaseUs + 3000 * kMsUs)).remaining, 100);
+  EXPECT_EQ(command({"DBSIZE"})->integer, 0);
+}
+
 // Verifies that a rate held by one node slows the bucket for the others to
 // the rest of the limit: over 10 s the token leases of another node get
 // what refills at limit - rate, and the two never pass limit * W + burst.
@@ -452,13 +498,11 @@ TEST_P(RateLeaseScript, ASmallDemandGetsItsRateWithinTwoRenewals) {
   EXPECT_EQ(rate(limit, "node-c", 100, 0, 1000, kBaseUs + 1300 * kMsUs).rate, 50);
 }
 
-// Verifies that a rate op without the rates key, or with a rate past the
-// limit, is an error reply.
+// Verifies that a rate op without a node id, with a rate past the limit or
+// a lease past 60 s is an error reply.
 TEST_P(RateLeaseScript, BadRateArgumentsAreAnErrorReply) {
   const Limit limit{100, kSecondNs, 10};
-  std::vector<std::string> args = {"EVALSHA", sha_, "1", "q"};
-  for (const std::string& a : rate_lease::rateArgv(10, 0, limit, 0, "n", 1000, kBaseUs)) args.push_back(a);
-  EXPECT_EQ(command(args)->type, REDIS_REPLY_ERROR);
+  EXPECT_THROW(rate(limit, "", 10, 0, 1000, kBaseUs), std::runtime_error);
   EXPECT_THROW(rate(limit, "n", 101, 0, 1000, kBaseUs), std::runtime_error);
   EXPECT_THROW(rate(limit, "n", 10, 0, 60'001, kBaseUs), std::runtime_error);
 }
