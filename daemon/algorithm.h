@@ -84,9 +84,9 @@ struct AlgorithmTraits {
   bool stamps_lease = false;
   // A hot key of a global rule of one limit may lease a rate instead of a
   // stream of tokens (rate_lease.h): `lease_script` takes the rate op and
-  // the key's rates hash, and a unit's refill is the limit's whatever
-  // spent it, so a slice refilled locally at a rate counts as the script
-  // does.
+  // keeps the rates held in the key's state, and a unit's refill is the
+  // limit's whatever spent it, so a slice refilled locally at a rate counts
+  // as the script does.
   bool leases_rate = false;
   // A reservation of it can be settled (reserve/settle, reservations.h):
   // units spent at some time can be given back later, and units charged
