@@ -70,6 +70,17 @@ void refillRate(Words words, int64_t now_ns) {
 
 // When a rate lease's slice has `cost` units again: the refill of what it
 // lacks, from kRateRefilledAt.
+// `units` and what the rate's refill would add to them by now_ns, up to its
+// cap (changing nothing, for the looks).
+int64_t withRateRefill(ConstWords words, int64_t now_ns, int64_t units) {
+  if (load(words, kRateUntil) == 0 || load(words, kRateNsPerUnit) <= 0 || units >= load(words, kRateCap)) {
+    return units;
+  }
+  const int64_t end = std::min(now_ns, load(words, kRateUntil));
+  const int64_t due = (end - load(words, kRateRefilledAt)) / load(words, kRateNsPerUnit);
+  return std::min(units + std::max<int64_t>(due, 0), load(words, kRateCap));
+}
+
 int64_t rateDueNs(ConstWords words, int64_t cost, int64_t units) {
   return load(words, kRateRefilledAt) + (cost - std::max<int64_t>(units, 0)) * load(words, kRateNsPerUnit);
 }
@@ -107,6 +118,24 @@ TakeResult takeOnRate(Words words, int64_t now_ns, int64_t cost) {
   return result;
 }
 
+TakeResult lookOnRate(ConstWords words, int64_t now_ns, int64_t cost) {
+  TakeResult result;
+  if (!holdsRate(words, now_ns) || cost > load(words, kRateCap)) {
+    result.outcome = Outcome::kFallback;
+    return result;
+  }
+  const int64_t units = withRateRefill(words, now_ns, load(words, kUnits));
+  if (units >= cost) {
+    result.outcome = Outcome::kTaken;
+    result.left = units - cost;
+    return result;
+  }
+  result.left = units;
+  result.outcome = Outcome::kDenied;
+  result.until_ns = std::max(rateDueNs(words, cost, units), now_ns + 1);
+  return result;
+}
+
 TakeResult look(ConstWords words, int64_t now_ns, int64_t cost) {
   TakeResult result;
   result.cold = (words[kFlags].load(std::memory_order_acquire) & kWarm) == 0;
@@ -120,14 +149,8 @@ TakeResult look(ConstWords words, int64_t now_ns, int64_t cost) {
     result.until_ns = now_ns < deny_until ? deny_until : 0;
     return result;
   }
-  int64_t units = spendable(words, now_ns);
   const bool rated = now_ns < load(words, kRateUntil) && cost <= load(words, kRateCap);
-  if (load(words, kRateUntil) != 0 && load(words, kRateNsPerUnit) > 0) {
-    // What the rate's refill would add by now (look() changes nothing).
-    const int64_t end = std::min(now_ns, load(words, kRateUntil));
-    const int64_t due = (end - load(words, kRateRefilledAt)) / load(words, kRateNsPerUnit);
-    if (units < load(words, kRateCap)) units = std::min(units + std::max<int64_t>(due, 0), load(words, kRateCap));
-  }
+  const int64_t units = withRateRefill(words, now_ns, spendable(words, now_ns));
   result.left = units;
   if (units >= cost) {
     result.outcome = Outcome::kTaken;
@@ -437,6 +460,14 @@ bool holdsRate(ConstWords words, int64_t now_ns) { return now_ns < load(words, k
 
 void noteRateFallback(Words words, int64_t units) {
   words[kRateFallback].fetch_add(static_cast<uint64_t>(units), std::memory_order_acq_rel);
+}
+
+void unnoteRateFallback(Words words, int64_t units) {
+  uint64_t counted = words[kRateFallback].load(std::memory_order_acquire);
+  while (!words[kRateFallback].compare_exchange_weak(
+      counted, counted - std::min(counted, static_cast<uint64_t>(std::max<int64_t>(units, 0))),
+      std::memory_order_acq_rel)) {
+  }
 }
 
 int64_t takeRateFallback(Words words) {
