@@ -125,6 +125,7 @@ Outcome GroupPath::acquireAlone(const Rule& configured, const Item& item, int64_
   taken.held = {};
   taken.limited = nullptr;
   taken.share = nullptr;
+  taken.on_rate = false;  // keep() counts the slice's units as a rate's fallback spend
   entry.verdict.failed = false;
   entry.verdict.waited_ms = -1;
   Outcome outcome = decideEntry(configured, item, now_ns, asker, &entry.verdict);

@@ -1194,6 +1194,27 @@ TEST_F(RateFallbackTest, TheSameMasterKeepsTheRateAndIsDebitedWhatItAdmitted) {
   EXPECT_GT(hot(kSecond / 2, Mode::kNormal, &in_mode), 5 + 10 + 1);
 }
 
+// Verifies that only what a rate admits while Redis is unreachable is
+// debited: after an outage, its units spent while Redis is up again (the
+// same lone entry deciding each question) are counted nowhere, so a later
+// outage that admits nothing debits nothing.
+TEST_F(RateFallbackTest, UnitsARateSpendsWhileRedisIsUpAreNeverDebited) {
+  bool in_mode = false;
+  hot(kSecond, Mode::kNormal, &in_mode);
+  ASSERT_GE(redis_.rateOps(), 1);
+  a_->down();
+  ASSERT_GT(hot(kSecond / 2, Mode::kFallback, &in_mode), 0);
+  now_ += kSecond / 4;
+  ASSERT_TRUE(a_->acquire("per-second", "k"));  // the last question: allowed on the rate
+  a_->up();
+  now_ += kSecond / 2;
+  ASSERT_TRUE(a_->acquire("per-second", "k"));  // the rate's slice refilled meanwhile
+  const int64_t debited = redis_.debited();
+  a_->down();
+  a_->up();
+  EXPECT_EQ(redis_.debited(), debited);
+}
+
 // Verifies that a peek and a reserve agree with an acquire during an outage
 // on a key holding a rate: they answer from the rate's slice (40 units
 // after a 0.5 s pause at 80/s), not from the equal share (its burst of 10);
