@@ -22,6 +22,7 @@ least DEMAND_FACTOR times the limit. The shapes (plan()):
   redis-sigstop  Redis is SIGSTOPped for REDIS_STOP_S, then SIGCONTed;
 and issue 21's, each with gated columns of its own (report21()):
   contended      as steady, with a burst of 3 % of limit x period;
+  contended-gcra the same on a gcra rule (rate leases hold its TAT);
   shifting-skew  90 % of the load on one node, 10 % spread over the others;
                  the hot node changes every SHIFT_EVERY_S;
   outage-skew    90/10 on node 0, and Redis SIGKILLed for OUTAGE_S (then
@@ -84,11 +85,12 @@ import harness  # noqa: E402  (the tests' redis-server fixture)
 
 REDIS_SERVER = harness.REDIS_SERVER
 
-# The one global rule: a token bucket. Its burst is small next to limit x
+# The one global rule: a token bucket (a gcra rule in contended-gcra). Its burst is small next to limit x
 # period because a saturated bucket admits limit x period in a window, not
 # limit x period + burst: the best ratio a window can show at steady demand is
 # LIMIT_PER_S / (LIMIT_PER_S + BURST) = 0.98, inside the target.
 RULE = "fleet"
+ALGORITHM = "token_bucket"
 KEY = "fleet-key"
 LIMIT_PER_S = 2000
 BURST = 40
@@ -147,7 +149,8 @@ SHIFT_RATE_STEP_S = 0.01
 OUTAGE_S = 5.0             # SIGKILL to restart
 OUTAGE_LOW, OUTAGE_HIGH = 0.90, 1.00  # admitted / (limit x outage)
 IDLE_MEASURE_S = 1.0       # the idle fleet's own Redis calls are counted this long
-NEW_SHAPES = ("contended", "shifting-skew", "outage-skew")
+CONTENDED_SHAPES = ("contended", "contended-gcra")
+NEW_SHAPES = CONTENDED_SHAPES + ("shifting-skew", "outage-skew")
 
 MODES = {
     # (fleet sizes, shapes, seconds of load without and with a fault)
@@ -158,7 +161,11 @@ MODES = {
 
 
 def burst_of(shape):
-    return CONTENDED_BURST if shape == "contended" else BURST
+    return CONTENDED_BURST if shape in CONTENDED_SHAPES else BURST
+
+
+def algorithm_of(shape):
+    return "gcra" if shape == "contended-gcra" else ALGORITHM
 
 # A health sample as the generator records it: the answer's time, then these
 # fields of the answer.
@@ -185,7 +192,7 @@ lease_interval = "{lease_interval}ms"
 
 [[rule]]
 name = "{rule}"
-algorithm = "token_bucket"
+algorithm = "{algorithm}"
 limit = {limit}
 period = "{period_ms}ms"
 burst = {burst}
@@ -238,7 +245,7 @@ class Redis(harness.Redis):
 class Daemon:
     """A sluiced with its own config, socket and log in `dir`."""
 
-    def __init__(self, sluiced, dir, index, redis_port, expected_nodes, burst):
+    def __init__(self, sluiced, dir, index, redis_port, expected_nodes, burst, algorithm):
         self.sluiced, self.index = sluiced, index
         self.socket = os.path.join(dir, "s%d.sock" % index)
         self.config = os.path.join(dir, "d%d.toml" % index)
@@ -249,7 +256,7 @@ class Daemon:
                 expected_nodes=expected_nodes, index=index, heartbeat=HEARTBEAT_INTERVAL_MS,
                 health_interval=HEALTH_INTERVAL_MS, health_timeout=HEALTH_TIMEOUT_MS,
                 lease_timeout=LEASE_TIMEOUT_MS, lease_interval=LEASE_INTERVAL_MS, rule=RULE,
-                limit=LIMIT_PER_S, period_ms=int(PERIOD_S * 1000), burst=burst))
+                algorithm=algorithm, limit=LIMIT_PER_S, period_ms=int(PERIOD_S * 1000), burst=burst))
         self.proc = None
         self.cpu_s = 0.0  # CPU seconds it used, once stopped
 
@@ -370,7 +377,7 @@ def plan(shape, nodes, seconds, fault_seconds):
     if shape == "redis-sigstop":
         events = [(FAULT_AT_S, "redis-stop"), (FAULT_AT_S + REDIS_STOP_S, "redis-cont")]
         return fault_seconds, even, nodes, events, ("redis-stop", "redis-cont")
-    if shape == "contended":
+    if shape in CONTENDED_SHAPES:
         return seconds, even, nodes, [], None
     if shape == "shifting-skew":
         phases = [skew_rates(nodes, k % nodes, total) for k in range(SHIFTS)]
@@ -565,7 +572,8 @@ class Run:
         self.daemons = []
         try:
             self.redis = Redis()
-            self.daemons = [Daemon(sluiced, self.dir, i, self.redis.port, initial, self.burst)
+            self.daemons = [Daemon(sluiced, self.dir, i, self.redis.port, initial, self.burst,
+                                   algorithm_of(shape))
                             for i in range(len(self.loads))]
             for d in self.daemons[:initial]:
                 d.start()
@@ -897,10 +905,10 @@ def gates21(row):
         return "PASS" if ok else "MISS"
     gates = {}
     shape = row["shape"]
-    if shape == "contended" and row["windows"]:
+    if shape in CONTENDED_SHAPES and row["windows"]:
         gates["accuracy"] = ("%.3f / %.3f" % (row["ratio_min"], row["ratio_max"]), verdict(
             row["ratio_min"] >= CONTENDED_LOW and row["ratio_max"] <= CONTENDED_HIGH))
-    if shape == "contended":
+    if shape in CONTENDED_SHAPES:
         gates["cost"] = ("%.4f" % row["net_calls_per_decision"],
                          verdict(row["net_calls_per_decision"] <= CONTENDED_CALLS))
     if shape == "shifting-skew":
@@ -937,8 +945,8 @@ def report21(rows):
     add("")
     add("- **contended**: as steady (every node 3 x limit / N), with burst %d (3 %% of limit x W)."
         " The cost target counts the EVALSHA calls of the run less what the idle fleet makes on "
-        "its own (heartbeats, the fleet marker), measured for %.0f s before the load." % (
-            CONTENDED_BURST, IDLE_MEASURE_S))
+        "its own (heartbeats, the fleet marker), measured for %.0f s before the load. "
+        "**contended-gcra**: the same on a gcra rule." % (CONTENDED_BURST, IDLE_MEASURE_S))
     add("- **shifting-skew**: %d %% of the load on one node, the rest spread over the others; "
         "the hot node changes every %.0f s (%d hot spots). After each shift, the time until the "
         "new hot node's admissions over %.0f ms first reach %.1f of its max-min share of the "

@@ -4,10 +4,10 @@ at 3x its limit, measured from outside with bench/fleet.py's machinery (its
 redis-server, daemon, open-loop generator and analysis): Redis script calls
 (EVALSHA, heartbeats included) per decision, and admissions per window of
 one period over limit x period + burst. Rows for burst 30 and burst 1,000 of
-a 1,000/s token bucket; heartbeats every second (the default), so that they
+a 1,000/s token bucket, and of a 1,000/s gcra rule; heartbeats every second (the default), so that they
 are 0.0003 calls per decision of the 3,000/s offered.
 
-Prints one markdown table row per burst (for bench/results/rate_leases.md);
+Prints one markdown table row per algorithm and burst (for bench/results/rate_leases.md);
 LABEL names the build in them. Run with /usr/bin/python3 (python3-msgpack).
 BENCH_SECONDS (10) sets the length of each run.
 """
@@ -28,18 +28,21 @@ def main():
     fleet.LIMIT_PER_S = 1000
     fleet.HEARTBEAT_INTERVAL_MS = 1000
     fleet.MODES["rate"] = ((1,), ("one-node",), seconds, seconds)
-    print("| build | burst | decisions | Redis calls per decision | "
+    print("| build | algorithm | burst | decisions | Redis calls per decision | "
           "admitted / (limit x 1 s + burst): min / mean / max |")
-    print("|---|---|---|---|---|")
-    for burst in (30, 1000):
-        fleet.BURST = burst
-        fleet.GENERATOR_PAUSE_LIMIT_S = burst / fleet.LIMIT_PER_S
-        run = fleet.Run(sluiced, 1, "one-node", "rate")
-        row, _ = fleet.analyse(run)
-        print("| %s | %d | %d | %.5f | %s |" % (
-            label, burst, row["decisions"], row["redis_calls_per_decision"],
-            " / ".join("%.3f" % row.get(k, float("nan")) for k in ("ratio_min", "ratio_mean", "ratio_max"))))
-        sys.stdout.flush()
+    print("|---|---|---|---|---|---|")
+    for algorithm in ("token_bucket", "gcra"):
+        fleet.ALGORITHM = algorithm
+        for burst in (30, 1000):
+            fleet.BURST = burst
+            fleet.GENERATOR_PAUSE_LIMIT_S = burst / fleet.LIMIT_PER_S
+            run = fleet.Run(sluiced, 1, "one-node", "rate")
+            row, _ = fleet.analyse(run)
+            print("| %s | %s | %d | %d | %.5f | %s |" % (
+                label, algorithm, burst, row["decisions"], row["redis_calls_per_decision"],
+                " / ".join("%.3f" % row.get(k, float("nan"))
+                           for k in ("ratio_min", "ratio_mean", "ratio_max"))))
+            sys.stdout.flush()
 
 
 if __name__ == "__main__":

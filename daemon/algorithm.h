@@ -82,6 +82,12 @@ struct AlgorithmTraits {
   // the units a node holds leased are overshoot it can cause (docs/design.md,
   // "The sliding log in Redis").
   bool stamps_lease = false;
+  // A hot key of a global rule of one limit may lease a rate instead of a
+  // stream of tokens (rate_lease.h): `lease_script` takes the rate op and
+  // keeps the rates held in the key's state, and a unit's refill is the
+  // limit's whatever spent it, so a slice refilled locally at a rate counts
+  // as the script does.
+  bool leases_rate = false;
   // A reservation of it can be settled (reserve/settle, reservations.h):
   // units spent at some time can be given back later, and units charged
   // past the limit (a debt the state pays back before admitting more).
@@ -98,10 +104,12 @@ struct AlgorithmTraits {
 inline constexpr std::array<AlgorithmTraits, kAlgorithmCount> kAlgorithmTraits = {{
     {.algorithm = Algorithm::kTokenBucket, .name = "token_bucket", .state = StateShape::kOneWord,
      .max_limit = 1'000'000'000, .burst = true, .waits = true, .refills = true, .windowed = false,
-     .holds = false, .leases_slice = true, .settles = true, .lease_script = "token_bucket.lua"},
+     .holds = false, .leases_slice = true, .leases_rate = true, .settles = true,
+     .lease_script = "token_bucket.lua"},
     {.algorithm = Algorithm::kGcra, .name = "gcra", .state = StateShape::kOneWord,
      .max_limit = 1'000'000'000, .burst = true, .waits = true, .refills = true, .windowed = false,
-     .holds = false, .leases_slice = true, .settles = true, .lease_script = "gcra.lua"},
+     .holds = false, .leases_slice = true, .leases_rate = true, .settles = true,
+     .lease_script = "gcra.lua"},
     // The window's count is 32 bits of the word.
     {.algorithm = Algorithm::kFixedWindow, .name = "fixed_window", .state = StateShape::kOneWord,
      .max_limit = 0xFFFFFFFFLL, .burst = false, .waits = false, .refills = false, .windowed = true,
@@ -139,6 +147,7 @@ constexpr bool rowsInEnumOrder() {
     // draws a bucket ahead; a held unit is in a slot of its own.
     if (row.leases_slice && row.lease_script.empty()) return false;
     if (row.stamps_lease && (!row.leases_slice || row.windowed)) return false;
+    if (row.leases_rate && (!row.leases_slice || !row.refills)) return false;
     if (row.waits && !row.refills) return false;
     if (row.holds && row.state != StateShape::kWordPerUnit) return false;
     // Settling rewrites one word (limiter.h settle()).

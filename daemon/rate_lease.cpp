@@ -22,23 +22,39 @@ int64_t intervalUs(const Limit& limit) {
 
 }  // namespace
 
+int64_t burstShare(const Limit& limit, int64_t rate) {
+  // burst * rate < 2^63: both are at most 10^9 (algorithm.h's max_limit).
+  return limit.burst * std::max<int64_t>(rate, 0) / std::max<int64_t>(limit.limit, 1);
+}
+
+int64_t bucketCapUnits(std::span<const Held> held, const Limit& limit) {
+  int64_t cap = limit.burst;
+  for (const Held& h : held) cap -= h.rate > 0 ? burstShare(limit, h.rate) : 0;
+  return std::max<int64_t>(cap, 0);
+}
+
 std::optional<int64_t> charge(std::optional<int64_t> stored_us, int64_t at_us, int64_t now_us,
-                              std::span<const Held> held, int64_t limit, int64_t cap_us) {
+                              std::span<const Held> held, const Limit& limit) {
+  const int64_t interval_us = intervalUs(limit);
   std::optional<int64_t> t = stored_us;
+  std::vector<Held> span_held;
   bool charged = false;
   at_us = std::min(at_us, now_us);
   while (at_us < now_us) {
     int64_t rate = 0;
     int64_t span_end = now_us;
+    span_held.clear();
     for (const Held& h : held) {
       if (h.until_us > at_us && h.rate > 0) {
         rate += h.rate;
         span_end = std::min(span_end, h.until_us);
+        span_held.push_back(h);
       }
     }
     if (rate == 0) break;
+    const int64_t cap_us = bucketCapUnits(span_held, limit) * interval_us;
     int64_t e = std::max(t.value_or(at_us - cap_us), at_us - cap_us);
-    e = std::max(e + ceilDiv((span_end - at_us) * rate, limit), span_end - cap_us);
+    e = std::max(e + ceilDiv((span_end - at_us) * rate, limit.limit), span_end - cap_us);
     t = e;
     charged = true;
     at_us = span_end;
@@ -123,12 +139,17 @@ int64_t reaskAfterMs(int64_t retry_ms, int64_t lease_interval_ms) {
 }
 
 bool eligible(const Rule& rule) {
-  if (rule.algorithm != Algorithm::kTokenBucket || rule.limits.size() != 1 || !leasable(rule)) {
+  // A paced rule's units leave the fleet one interval apart (rules.h,
+  // pace): a rate paces each node on its own share, and two nodes could
+  // each let one go within the same interval.
+  if (!algorithmTraits(rule.algorithm).leases_rate || rule.pace || rule.limits.size() != 1 ||
+      !leasable(rule)) {
     return false;
   }
   const Limit& limit = rule.limits.front();
+  constexpr int64_t kExact = int64_t{1} << 53;  // Lua's doubles
   return limit.window == calendar::Span::kNone && limit.limit >= 1 &&
-         limit.limit < (int64_t{1} << 53) / (kMaxLeaseMs * 1000);
+         limit.limit < kExact / (kMaxLeaseMs * 1000) && limit.burst < kExact / limit.limit;
 }
 
 bool wants(const Limit& limit, int64_t demand_per_interval, bool drained, int64_t lease_interval_ns) {
@@ -152,9 +173,7 @@ int64_t nsPerUnit(const Limit& limit, int64_t rate) {
 
 int64_t capUnits(const Limit& limit, int64_t rate, int64_t lease_interval_ns) {
   const int64_t interval_units = ceilDiv(lease_interval_ns, nsPerUnit(limit, rate));
-  // burst * rate < 2^63: both are at most 10^9 (algorithm.h's max_limit).
-  const int64_t burst_share = limit.burst * std::max<int64_t>(rate, 0) / std::max<int64_t>(limit.limit, 1);
-  return std::max<int64_t>({interval_units, burst_share, 1});
+  return std::max<int64_t>({interval_units, burstShare(limit, rate), 1});
 }
 
 }  // namespace sluice::rate_lease

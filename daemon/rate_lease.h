@@ -1,10 +1,12 @@
-// Rate lease: a node's lease of a rate on a hot key of a global token bucket
-// rule, "spend up to r units per period until t" (see docs/design.md,
-// "Rate leases on hot keys"). The global state stays in Redis, written only by
-// lua/token_bucket.lua with Redis TIME: beside the bucket's empty time T, in
-// the same key, the rates held (node -> rate, until, demand). The script charges
-// the held rates into T span by span between their ends, so the bucket
-// refills at the limit minus the held rates, and grants a node
+// Rate lease: a node's lease of a rate on a hot key of a global rule whose
+// algorithm leases rates (algorithm.h, leases_rate: token_bucket and gcra),
+// "spend up to r units per period until t" (see docs/design.md,
+// "Rate leases on hot keys"). The global state stays in Redis, written only
+// by the rule's script (lua/token_bucket.lua, lua/gcra.lua) with Redis
+// TIME: beside the bucket's empty time T (GCRA's TAT, which is T + burst *
+// interval), in the same key, the rates held (node -> rate, until, demand).
+// The script charges the held rates into T span by span between their ends,
+// so the bucket refills at the limit minus the held rates, and grants a node
 // min(its demand, its max-min fair share of the limit among the recorded
 // demands, the limit minus the rates the others hold): the rates held never
 // sum past the limit, and a crashed node's rate ends at its until.
@@ -54,13 +56,25 @@ struct Held {
   int64_t demand = 0;    // units per period the node asked for
 };
 
+// A rate's share of the burst: burst * rate / limit, floored. Its holder's
+// slice refills to at least this much (capUnits), and Redis's bucket holds
+// that much less while the rate is held (bucketCapUnits), so a pause saves
+// the burst once, not twice.
+int64_t burstShare(const Limit& limit, int64_t rate);
+
+// The units Redis's bucket fills to while the rates `held` (those above 0)
+// are held: the burst less their shares of it (burstShare), at least 0.
+int64_t bucketCapUnits(std::span<const Held> held, const Limit& limit);
+
 // The script's charge: T (stored_us; nullopt: a full bucket) as it stood at
 // at_us, charged with the rates `held` over [at_us, now_us], one span
 // between their ends at a time, each span dt at rates R moving T by
-// ceil(dt * R / limit) and keeping it >= span end - cap_us (cap_us = burst
-// * interval). nullopt when nothing was held (T unchanged).
+// ceil(dt * R / limit) and keeping it >= span start and end - cap_us, where
+// cap_us is the span's bucketCapUnits * interval (interval = ceil(period_us
+// / limit), the period in whole ms as the scripts get it). nullopt when
+// nothing was held (T unchanged). GCRA's TAT is T + burst * interval.
 std::optional<int64_t> charge(std::optional<int64_t> stored_us, int64_t at_us, int64_t now_us,
-                              std::span<const Held> held, int64_t limit, int64_t cap_us);
+                              std::span<const Held> held, const Limit& limit);
 
 // Max-min fairness: the share of a node asking `mine` among `demands` (its
 // own included) of `capacity`: demands are met smallest first while an
@@ -114,8 +128,10 @@ int64_t reaskAfterMs(int64_t retry_ms, int64_t lease_interval_ms);
 
 // --- The daemon's rule ---------------------------------------------------------
 
-// Whether keys of `rule` may hold rate leases: a token bucket of one limit
-// (no calendar window) whose limit keeps the script's maths exact.
+// Whether keys of `rule` may hold rate leases: a global rule of one limit
+// whose algorithm leases rates (algorithm.h, leases_rate), not paced, with
+// no calendar window, and a limit and burst that keep the script's maths
+// exact (limit * 6e7 and burst * limit below 2^53).
 bool eligible(const Rule& rule);
 
 // Whether a key of an eligible rule that holds no rate asks for one with
@@ -144,13 +160,14 @@ int64_t askedRate(const Limit& limit, int64_t demand_per_interval, int64_t lease
 int64_t nsPerUnit(const Limit& limit, int64_t rate);
 
 // The most units a rate's refill fills the slice to: one lease interval of
-// the rate, or the rate's share of the burst (burst * rate / limit, floored)
-// when that is more, at least one. So a key that holds the rule's whole
-// rate and pauses gets its burst back, as a bucket of the rule would (Redis's
-// bucket refills nothing while the whole rate is held). Tokens a lease
-// brings may sit above it; the refill adds nothing while the slice holds
-// this many. It is what a rate lease may admit beyond its rate in any span
-// (overshoot.h).
+// the rate, or the rate's share of the burst (burstShare) when that is more,
+// at least one. So a key that holds the rule's whole rate and pauses gets
+// its burst back, as a bucket of the rule would (Redis's bucket holds the
+// burst less the holders' shares, bucketCapUnits: none of it while the
+// whole rate is held). Tokens a lease brings may sit above it; the refill
+// adds nothing while the slice holds this many. It bounds what a rate lease
+// may admit beyond its rate in any span (overshoot.h), its burst share
+// included, which Redis's bucket no longer holds.
 int64_t capUnits(const Limit& limit, int64_t rate, int64_t lease_interval_ns);
 
 }  // namespace sluice::rate_lease

@@ -28,7 +28,7 @@
 //    contended one leases small batches, so no node sits on units another
 //    needs. A key whose leases are stamped (sliding_log) never boosts: the
 //    units its slice holds are its overshoot bound (overshoot.h).
-//  - A hot key of a token bucket rule may hold a rate lease instead
+//  - A hot key of a token bucket or gcra rule may hold a rate lease instead
 //    (rate_lease.h): "spend up to r units per period until t". Its slice
 //    then refills here at r, one unit per kRateNsPerUnit ns, up to
 //    kRateCap units (rate_lease::capUnits; tokens a lease brings may sit

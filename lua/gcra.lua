@@ -3,58 +3,67 @@
 -- Redis's clock: leasing one unit at a time admits exactly what gcra::acquire
 -- admits, with the same remaining, retry_after_ms and reset_after_ms.
 --
+-- GCRA is the token bucket seen from the other end: with T = TAT - burst *
+-- interval (T: token_bucket.lua's empty time), c units conform at now
+-- exactly when the bucket of empty time T holds c, and every op below
+-- answers as token_bucket.lua's does. So the script reads TAT, works on T
+-- with token_bucket.lua's lines, and writes TAT back (daemon/rate_lease.h
+-- is the C++ twin of both, cross-tested on a real Redis).
+--
 -- KEYS[1]  the state: a string holding TAT, the theoretical arrival time (µs,
 --          Redis clock). interval = ceil(period_us / limit). c units conform
 --          at now when max(TAT, now) + c*interval <= now + burst*interval.
 --          An absent key is a fresh key (TAT in the past).
+--          While rate leases are held on the key, the string is instead a
+--          MessagePack array (its first byte is never a digit), as
+--          token_bucket.lua's: {TAT (0: a fresh key), at_us, then per node:
+--          node, rate, until_us, demand}. Every op first charges the rates
+--          held since at_us into TAT, span by span between their ends: a
+--          span of dt µs at held rates R moves TAT by ceil(dt * R / limit)
+--          and keeps it at or after the span's end, so the cells conform at
+--          (limit - R) per period and the cells and the rate holders never
+--          pass the limit between them; a rate that ended is dropped, so a
+--          crashed holder's rate ends at its until_us.
+--          The bucket cap, as token_bucket.lua's: while rates are held, TAT
+--          stays at least the holders' shares of the burst ahead of now,
+--          floor(burst * rate / limit) each (their slices refill to that
+--          much: daemon/rate_lease.h, capUnits), so a pause does not save
+--          the burst twice; a new rate's share is taken when it is granted
+--          (after the rate op's units are).
 -- KEYS[2]  optional: the key's penalty block (penalty.lua), a string whose
 --          TTL is the block's time left. While it exists a lease grants
 --          nothing and replies as a peek. Given, the reply gets a sixth
---          integer: the block's time left, ms (0: not blocked).
--- ARGV[1]  op: "lease"  take up to n units when at least `need` conform;
---              "return" give n unused units back (TAT moves back, never
---                       before now);
---              "debit"  take n units unconditionally: units admitted while
---                       Redis was unreachable. TAT may pass the tolerance:
---                       that is debt, and the next lease waits for it;
---              "peek"   take nothing, report the state.
--- ARGV[2]  n: units (lease: at most; return, debit: exactly; peek: ignored).
--- ARGV[3]  need: lease: the fewest units worth granting, 1 <= need <= n;
---          peek: report retry_after_ms for this many units (0 is allowed);
---          debit: how long ago (ms) the units began to be admitted (the
---          start of the fallback span; 0: just now). They are charged as
---          spent over that span, so a fleet that its fallback shares held
---          to the limit leaves the state empty, not in debt for the span.
--- ARGV[4]  limit: units per period, >= 1.
--- ARGV[5]  period_ms: >= 1.
--- ARGV[6]  burst: units a fresh key may take at once, >= 0.
--- ARGV[7]  now_us: "0" reads Redis TIME, which is what the daemon always
---          passes; any other value is the time to use (µs). A test seam only.
--- ARGV[8]  lease: its deadline (µs, Redis clock; 0 or absent: none): run
---          later, the lease grants nothing and replies as a peek. Other
---          ops ignore it (fixed_window's and sliding_window's return take
---          the window there; every rate script takes the same ARGV).
+--          integer: the block's time left, ms (0: not blocked); a rate op's
+--          reply has it always (0 without KEYS[2]).
+-- ARGV     as token_bucket.lua's, op for op: "lease" takes up to n units
+--          when at least `need` conform; "return" gives n unused units
+--          back (TAT moves back, never before its floor); "debit" takes n
+--          units unconditionally (TAT may pass the tolerance: that is debt);
+--          "peek" takes nothing; "rate" holds a rate (ARGV[9] the node's
+--          id, ARGV[10] lease_ms) and takes up to `need` units beside it.
+--          burst (ARGV[6]) is the units a fresh key may take at once.
 --
 -- Needs Redis >= 5: the script writes after TIME, which takes effects
 -- replication (the default from 5.0, the only mode from 7.0); it asks for it
 -- with redis.replicate_commands() where that exists.
 --
--- Returns five integers {granted, remaining, retry_after_ms, reset_after_ms,
--- now_ms}, and blocked_ms sixth when KEYS[2] is given:
---   granted         units moved into the caller's slice (lease), else 0;
---   remaining       whole units that would still conform at once now;
---   retry_after_ms  0 when the lease granted (or a peek of `need` would);
---                   otherwise until `need` units conform, rounded up; -1 when
---                   need > burst, which can never be granted;
---   reset_after_ms  until TAT, when the key is back to a fresh burst;
---   now_ms          Redis's time (floor of now_us / 1000), for clock offsets.
+-- Returns what token_bucket.lua returns, op for op (five integers, blocked_ms
+-- sixth with KEYS[2] or a rate op, the rate granted and `unmet` seventh and
+-- eighth for a rate op): remaining is the whole units that would still
+-- conform at once now; retry_after_ms the wait until `need` units conform
+-- (-1 when need > burst); reset_after_ms the wait until TAT comes to its
+-- floor (now, or the held rates' shares of the burst ahead of it), when the
+-- key is back to a fresh burst.
 --
--- The key's TTL is reset_after_ms (the state matters until TAT; a TAT at or
--- before now deletes the key), so it is at most burst * interval +
--- outstanding debt, rounded up to ms.
+-- The key's TTL is reset_after_ms (a TAT at or before its floor deletes the
+-- key, or stores 0 while rates are held), so it is at most burst *
+-- interval + outstanding debt, rounded up to ms, plus, while rates are
+-- held, the time until the last of them ends, and at least until its last
+-- rate entry ends.
+-- A rate lease needs limit * 60,000,000 < 2^53 and burst * limit < 2^53.
 -- Lua numbers are doubles: every quantity is an integer below 2^53. Times
 -- near 2^50.6 µs (now) plus burst * interval <= 2^50 stay exact; debt
--- saturates at 2^50 µs past now.
+-- saturates at 2^50 µs past now (T's; TAT's is burst * interval later).
 
 local MAX_SPAN_US = 2 ^ 50
 
@@ -99,6 +108,20 @@ end
 if op == 'lease' and (need < 1 or need > n) then
   return fail('lease needs 1 <= need <= n')
 end
+local MAX_RATE_LEASE_US = 60000000
+local rate_op = op == 'rate'
+local node, lease_us
+if rate_op then
+  node = ARGV[9]
+  local lease_ms = int_arg(10, 1, MAX_RATE_LEASE_US / 1000)
+  if not node or node == '' or not lease_ms then
+    return fail('rate needs ARGV[9] node and ARGV[10] lease_ms in 1 .. 60000')
+  end
+  if n > limit then return fail('rate needs n <= limit') end
+  if limit * MAX_RATE_LEASE_US >= 2 ^ 53 then return fail('rate needs limit * 6e7 < 2^53') end
+  if burst * limit >= 2 ^ 53 then return fail('rate needs burst * limit < 2^53') end
+  lease_us = lease_ms * 1000
+end
 if now == 0 then
   -- Writes after TIME need effects replication (Redis < 5 does not default to it).
   if redis.replicate_commands then redis.replicate_commands() end
@@ -110,7 +133,7 @@ end
 -- daemon that sent it: Redis was frozen or slow with the call in its socket.
 -- Granting would take units nobody spends (and, after an outage, would run
 -- before that daemon's debit), so it only reports, as a peek does.
-if op == 'lease' then
+if op == 'lease' or rate_op then
   local deadline = int_arg(8, 0, 2 ^ 53)
   if deadline and deadline > 0 and now > deadline then op = 'peek' end
 end
@@ -120,75 +143,232 @@ end
 local blocked_ms = 0
 if KEYS[2] then
   blocked_ms = math.max(redis.call('PTTL', KEYS[2]), 0)
-  if op == 'lease' and blocked_ms > 0 then op = 'peek' end
+  if (op == 'lease' or op == 'rate') and blocked_ms > 0 then op = 'peek' end
 end
 
 local interval = idiv(period_ms * 1000 + limit - 1, limit)
 -- (A debit's `need` is a span of time, not units.)
-local need_units = op == 'debit' and 0 or need
+local need_units = (op == 'debit' or op == 'rate') and 0 or need
 if burst * interval > MAX_SPAN_US or n * interval > MAX_SPAN_US or need_units * interval > MAX_SPAN_US then
   return fail('burst * period / limit must stay below 2^50 us')
 end
-local tolerance_end = now + burst * interval
-
--- TAT as it applies now: a TAT in the past is a fresh key.
-local stored = redis.call('GET', KEYS[1])
-local tat = now
-if stored then tat = math.max(tonumber(stored), now) end
-
--- Whole units that fit between `t` and the tolerance edge.
-local function units_at(t)
-  if t >= tolerance_end then return 0 end
-  return idiv(tolerance_end - t, interval)
+-- The bucket's cap while the rates `held` ({node, rate, until_us, demand}
+-- each) are held, in µs of refill: burst less their shares of it.
+local function cap_us_of(held)
+  local cap = burst
+  for _, h in ipairs(held) do
+    if h[2] > 0 then cap = cap - idiv(burst * h[2], limit) end
+  end
+  return math.max(cap, 0) * interval
 end
 
-local function store(t)
-  if t <= now then
-    redis.call('DEL', KEYS[1])
-  else
-    redis.call('SET', KEYS[1], string.format('%d', t), 'PX', ceil_ms(t - now))
+-- The script works on T = TAT - burst * interval, the token bucket's empty
+-- time, which it reads from and writes back as TAT: from here on every line
+-- is token_bucket.lua's.
+local tat_offset = burst * interval
+
+-- The state: TAT alone, or TAT and the rates held (see KEYS[1]).
+local stored = redis.call('GET', KEYS[1])
+local all = {}      -- every rate entry read: {node, rate, until_us, demand}
+local at = now      -- the rates are charged up to here
+if stored and (string.byte(stored, 1) or 0) >= 0x80 then
+  local v = cmsgpack.unpack(stored)
+  if type(v) ~= 'table' or type(v[1]) ~= 'number' or type(v[2]) ~= 'number' then
+    return fail('KEYS[1] holds neither TAT nor TAT and rates')
   end
+  at = math.min(v[2], now)
+  for i = 3, #v - 3, 4 do all[#all + 1] = {tostring(v[i]), v[i + 1], v[i + 2], v[i + 3]} end
+  stored = v[1] ~= 0 and v[1] - tat_offset or nil
+elseif stored then
+  stored = tonumber(stored) - tat_offset
+end
+
+-- The rates held are charged into T up to now, one span between
+-- their ends at a time. Within a span at rates R < limit the bucket is
+-- max(T0 + dt * R / limit, t - cap) (cap: the span's, in µs): once full it stays full,
+-- as the uncharged refill outruns the charge; with R = limit both move
+-- together. So the span's end alone needs the cap, and its start (a bucket
+-- already full there would otherwise be charged from an older T).
+local rates = {}      -- the entries live after now: {node, rate, until_us, demand}
+local held_rate = 0   -- the sum of their rates
+if #all > 0 then
+  local charged = false
+  local t = stored
+  while at < now do
+    local r, span_end, span_held = 0, now, {}
+    for _, h in ipairs(all) do
+      if h[3] > at and h[2] > 0 then
+        r = r + h[2]
+        if h[3] < span_end then span_end = h[3] end
+        span_held[#span_held + 1] = h
+      end
+    end
+    if r == 0 then break end
+    local cap_us = cap_us_of(span_held)
+    t = math.max(t or (at - cap_us), at - cap_us)
+    t = math.max(t + idiv((span_end - at) * r + limit - 1, limit), span_end - cap_us)
+    charged = true
+    at = span_end
+  end
+  if charged then stored = t end
+  for _, h in ipairs(all) do
+    if h[3] > now then
+      rates[#rates + 1] = h
+      held_rate = held_rate + h[2]
+    end
+  end
+end
+
+-- The empty time as it applies now: anything older than `full` reads as full.
+local full = now - cap_us_of(rates)
+local empty = full
+if stored then empty = math.max(stored, full) end
+
+local function units_at(t)
+  if t >= now then return 0 end
+  return idiv(now - t, interval)
+end
+
+-- The end of the last rate held (now when none): the bucket's state lives
+-- at least until then, as it may not refill before.
+local function last_rate_end()
+  local last = now
+  for _, h in ipairs(rates) do
+    if h[2] > 0 and h[3] > last then last = h[3] end
+  end
+  return last
+end
+
+-- Writes T back as TAT (and the rates live after now, charged up to now):
+-- TAT alone as its digits, deleted once full; with rates as their array.
+local function store(t)
+  if #rates == 0 then
+    if t <= full then
+      redis.call('DEL', KEYS[1])
+    else
+      redis.call('SET', KEYS[1], string.format('%d', t + tat_offset), 'PX', ceil_ms(t - full))
+    end
+    return
+  end
+  local v = {t > full and t + tat_offset or 0, now}
+  local last = now
+  for i, h in ipairs(rates) do
+    for j = 1, 4 do v[2 + 4 * (i - 1) + j] = h[j] end
+    if h[3] > last then last = h[3] end
+  end
+  local ttl_ms = math.max(ceil_ms(math.max(t - full, 0)) + ceil_ms(last_rate_end() - now), ceil_ms(last - now), 1)
+  redis.call('SET', KEYS[1], cmsgpack.pack(v), 'PX', string.format('%d', ttl_ms))
+end
+
+-- Max-min fairness: the share of a node asking `mine` among `demands` (its
+-- own included) of `capacity`: demands are met smallest first while an equal
+-- split of what is left covers them; the rest get that split (floored).
+local function fair_share(demands, capacity, mine)
+  table.sort(demands)
+  local left, k = capacity, #demands
+  for _, d in ipairs(demands) do
+    local split = idiv(left, k)
+    if d > split then return math.min(mine, split) end
+    left = left - d
+    k = k - 1
+  end
+  return mine
 end
 
 local granted = 0
+local rate_granted = 0
 if op == 'lease' then
-  if need <= burst and units_at(tat) >= need then
-    granted = math.min(n, units_at(tat))
-    tat = tat + granted * interval
-    store(tat)
+  if need <= burst and units_at(empty) >= need then
+    granted = math.min(n, units_at(empty))
+    empty = empty + granted * interval
+    store(empty)
   end
 elseif op == 'return' then
   if stored then
-    tat = tonumber(stored) - n * interval
-    store(tat)
-    tat = math.max(tat, now)
+    empty = stored - n * interval
+    store(empty)
+    empty = math.max(empty, full)
   end
 elseif op == 'debit' then
   if need == 0 then
     -- Admitted just now, beside whatever the state saw: added to it.
-    tat = math.min(tat + n * interval, now + MAX_SPAN_US)
+    empty = math.min(empty + n * interval, now + MAX_SPAN_US)
   else
     -- Admitted over the last `need` ms, while the node could not reach
-    -- Redis: the cells spaced on from then. What the state saw over the same
-    -- span ran beside them under the same shares, so the later TAT stands,
-    -- not their sum (see token_bucket.lua).
-    local spent = now - need * 1000 + n * interval
-    tat = math.min(math.max(tat, spent), now + MAX_SPAN_US)
+    -- Redis: spent from the bucket as it was then, refilled meanwhile. What
+    -- the state saw over the same span (nodes that were back sooner) ran
+    -- beside it under the same shares, so the later of the two stands, not
+    -- their sum. (A node cut off alone while the others leased on is not
+    -- charged its share of the span: that share is the overshoot bound.)
+    local spent = full - need * 1000 + n * interval
+    empty = math.min(math.max(empty, spent), now + MAX_SPAN_US)
   end
-  store(tat)
-  tat = math.max(tat, now)
+  store(empty)
+  empty = math.max(empty, full)
+elseif op == 'rate' then
+  local kept, others, demands = {}, 0, {}
+  for _, h in ipairs(rates) do
+    if h[1] ~= node then
+      kept[#kept + 1] = h
+      others = others + h[2]
+      demands[#demands + 1] = h[4]
+    end
+  end
+  rates = kept
+  if n > 0 then
+    demands[#demands + 1] = n
+    rate_granted = math.max(math.min(fair_share(demands, limit, n), limit - others), 0)
+    rates[#rates + 1] = {node, rate_granted, now + lease_us, n}
+  end
+  held_rate = others + rate_granted
+  if need > 0 and burst >= 1 and units_at(empty) >= 1 then
+    granted = math.min(need, units_at(empty))
+    empty = empty + granted * interval
+  end
+  -- Then the new rates' shares of the burst leave the bucket: the tokens
+  -- just taken were the bucket's as the call found it.
+  full = now - cap_us_of(rates)
+  empty = math.max(empty, full)
 elseif op ~= 'peek' then
-  return fail('op must be lease, return, debit or peek')
+  return fail('op must be lease, return, debit, peek or rate')
 end
 
+-- A rate op (its tokens, its rate), or rates read (T charged, ended ones
+-- dropped) or held now: written back.
+if rate_op or #all > 0 or #rates > 0 then store(empty) end
+
 local retry_ms = 0
-if op == 'lease' or op == 'peek' then
-  if need > burst then
+-- A rate op that got neither a rate nor tokens says when one token is there.
+local wait_need = op == 'rate' and 1 or need
+if op == 'lease' or op == 'peek' or (op == 'rate' and rate_granted == 0 and granted == 0) then
+  if wait_need > burst then
     retry_ms = -1
-  elseif granted == 0 and units_at(tat) < need then
-    retry_ms = ceil_ms(tat + need * interval - tolerance_end)
+  elseif granted == 0 and units_at(empty) < wait_need then
+    local wait_us = empty + wait_need * interval - now
+    if held_rate >= limit then
+      local first_end = nil
+      for _, h in ipairs(rates) do
+        if h[2] > 0 and (first_end == nil or h[3] < first_end) then first_end = h[3] end
+      end
+      wait_us = (first_end or now) - now + wait_us
+    elseif held_rate > 0 then
+      wait_us = math.ceil(wait_us * limit / (limit - held_rate))
+    end
+    retry_ms = ceil_ms(wait_us)
   end
 end
-local reply = {granted, units_at(tat), retry_ms, ceil_ms(tat - now), math.floor(now / 1000)}
-if KEYS[2] then reply[6] = blocked_ms end
+local reply = {granted, units_at(empty), retry_ms, ceil_ms(empty - full), math.floor(now / 1000)}
+if KEYS[2] or rate_op then reply[6] = blocked_ms end
+if rate_op then
+  reply[7] = rate_granted
+  local all = {}
+  for _, h in ipairs(rates) do all[#all + 1] = h[4] end
+  local unmet = 0
+  for _, h in ipairs(rates) do
+    local copy = {}
+    for i, d in ipairs(all) do copy[i] = d end
+    if h[2] < fair_share(copy, limit, h[4]) then unmet = 1 end
+  end
+  reply[8] = unmet
+end
 return reply

@@ -25,6 +25,14 @@
 --          call names one key: Redis Cluster serves a call of several keys
 --          during a slot's migration only once all of them are on one node
 --          (else -TRYAGAIN), which a fresh key's absent ones never are.
+--          The bucket cap: while rates are held, the bucket fills to burst
+--          less the holders' shares of it, floor(burst * rate / limit)
+--          each (their slices refill to that much: daemon/rate_lease.h,
+--          capUnits), so a pause does not save the burst twice. "Full"
+--          is full to that cap: burst * interval above is then (burst -
+--          shares) * interval, span by span as the rates held change, and
+--          a new rate's share leaves the bucket at once (after the rate
+--          op's tokens are taken).
 -- KEYS[2]  optional: the key's penalty block (penalty.lua), a string whose
 --          TTL is the block's time left. While it exists a lease grants
 --          nothing and replies as a peek. Given, the reply gets a sixth
@@ -158,6 +166,7 @@ if rate_op then
   end
   if n > limit then return fail('rate needs n <= limit') end
   if limit * MAX_RATE_LEASE_US >= 2 ^ 53 then return fail('rate needs limit * 6e7 < 2^53') end
+  if burst * limit >= 2 ^ 53 then return fail('rate needs burst * limit < 2^53') end
   lease_us = lease_ms * 1000
 end
 if now == 0 then
@@ -190,7 +199,15 @@ local need_units = (op == 'debit' or op == 'rate') and 0 or need
 if burst * interval > MAX_SPAN_US or n * interval > MAX_SPAN_US or need_units * interval > MAX_SPAN_US then
   return fail('burst * period / limit must stay below 2^50 us')
 end
-local full = now - burst * interval
+-- The bucket's cap while the rates `held` ({node, rate, until_us, demand}
+-- each) are held, in µs of refill: burst less their shares of it.
+local function cap_us_of(held)
+  local cap = burst
+  for _, h in ipairs(held) do
+    if h[2] > 0 then cap = cap - idiv(burst * h[2], limit) end
+  end
+  return math.max(cap, 0) * interval
+end
 
 -- The state: T alone, or T and the rates held (see KEYS[1]).
 local stored = redis.call('GET', KEYS[1])
@@ -210,25 +227,26 @@ end
 
 -- The rates held are charged into T up to now, one span between
 -- their ends at a time. Within a span at rates R < limit the bucket is
--- max(T0 + dt * R / limit, t - burst * interval): once full it stays full,
+-- max(T0 + dt * R / limit, t - cap) (cap: the span's, in µs): once full it stays full,
 -- as the uncharged refill outruns the charge; with R = limit both move
 -- together. So the span's end alone needs the cap, and its start (a bucket
 -- already full there would otherwise be charged from an older T).
 local rates = {}      -- the entries live after now: {node, rate, until_us, demand}
 local held_rate = 0   -- the sum of their rates
 if #all > 0 then
-  local cap_us = burst * interval
   local charged = false
   local t = stored
   while at < now do
-    local r, span_end = 0, now
+    local r, span_end, span_held = 0, now, {}
     for _, h in ipairs(all) do
       if h[3] > at and h[2] > 0 then
         r = r + h[2]
         if h[3] < span_end then span_end = h[3] end
+        span_held[#span_held + 1] = h
       end
     end
     if r == 0 then break end
+    local cap_us = cap_us_of(span_held)
     t = math.max(t or (at - cap_us), at - cap_us)
     t = math.max(t + idiv((span_end - at) * r + limit - 1, limit), span_end - cap_us)
     charged = true
@@ -244,6 +262,7 @@ if #all > 0 then
 end
 
 -- The empty time as it applies now: anything older than `full` reads as full.
+local full = now - cap_us_of(rates)
 local empty = full
 if stored then empty = math.max(stored, full) end
 
@@ -323,7 +342,7 @@ elseif op == 'debit' then
     -- beside it under the same shares, so the later of the two stands, not
     -- their sum. (A node cut off alone while the others leased on is not
     -- charged its share of the span: that share is the overshoot bound.)
-    local spent = now - need * 1000 - burst * interval + n * interval
+    local spent = full - need * 1000 + n * interval
     empty = math.min(math.max(empty, spent), now + MAX_SPAN_US)
   end
   store(empty)
@@ -348,6 +367,10 @@ elseif op == 'rate' then
     granted = math.min(need, units_at(empty))
     empty = empty + granted * interval
   end
+  -- Then the new rates' shares of the burst leave the bucket: the tokens
+  -- just taken were the bucket's as the call found it.
+  full = now - cap_us_of(rates)
+  empty = math.max(empty, full)
 elseif op ~= 'peek' then
   return fail('op must be lease, return, debit, peek or rate')
 end

@@ -46,6 +46,16 @@ class PlanTest(unittest.TestCase):
         self.assertEqual(fleet.burst_of("contended"), 60)
         self.assertEqual(fleet.burst_of("steady"), fleet.BURST)
 
+    # Verifies that contended-gcra is the contended shape on a gcra rule: the
+    # same burst and load, and the other shapes' rule stays a token bucket.
+    def test_contended_gcra_runs_the_contended_shape_on_a_gcra_rule(self):
+        self.assertEqual(fleet.algorithm_of("contended-gcra"), "gcra")
+        self.assertEqual(fleet.algorithm_of("contended"), "token_bucket")
+        self.assertEqual(fleet.burst_of("contended-gcra"), fleet.burst_of("contended"))
+        self.assertEqual(fleet.plan("contended-gcra", 8, 10, 14)[:3],
+                         fleet.plan("contended", 8, 10, 14)[:3])
+        self.assertIn("contended-gcra", fleet.MODES["full"][1])
+
     # Verifies that the shifting skew moves the hot spot every SHIFT_EVERY_S.
     def test_shifting_skew_moves_the_hot_node(self):
         seconds, loads, initial, events, fault = fleet.plan("shifting-skew", 3, 10, 14)
@@ -135,6 +145,9 @@ class GatesTest(unittest.TestCase):
         self.assertEqual(bad["accuracy"][1], "MISS")
         self.assertEqual(bad["cost"][1], "MISS")
         self.assertNotIn("shift", ok)
+        gcra = fleet.gates21(row("contended-gcra", windows=90, ratio_min=0.98, ratio_max=1.005,
+                                 net_calls_per_decision=0.02))
+        self.assertEqual((gcra["accuracy"][1], gcra["cost"][1]), ("PASS", "MISS"))
 
     # Verifies that every shift must be reached in time, and that one never
     # reached misses.

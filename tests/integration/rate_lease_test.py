@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """Rate leases on a hot key (docs/design.md, "Rate leases on hot keys"): one
-real sluiced on one real redis-server, driven at 3x a global token bucket's
-limit with a small burst. The key switches to a rate lease: Redis holds the
-node's rate in the key's state, the daemon refills its slice at it and
+real sluiced on one real redis-server, driven at 3x a global rule's limit
+with a small burst, for a token bucket rule and again for a gcra one. The
+key switches to a rate lease: Redis holds the node's rate in the key's
+state, the daemon refills its slice at it and
 asks Redis only to renew, so a second of load costs a handful of script
 calls, while admissions stay within limit x T + burst plus the slice's cap.
 A node that crashes holding the rate holds it only until its lease ends;
@@ -41,7 +42,7 @@ lease_ttl = "1s"
 
 [[rule]]
 name = "hot"
-algorithm = "token_bucket"
+algorithm = "{algorithm}"
 limit = 200
 period = "1s"
 burst = 6
@@ -82,13 +83,16 @@ return out
 
 
 class RateLeaseTest(unittest.TestCase):
+    ALGORITHM = "token_bucket"
+
     def setUp(self):
         self.redis = Redis()
         self.addCleanup(self.redis.stop)
 
     def start(self, node):
         daemon = Daemon(node)
-        daemon.start(CONFIG.format(socket=daemon.socket, port=self.redis.port, node=node),
+        daemon.start(CONFIG.format(socket=daemon.socket, port=self.redis.port, node=node,
+                                   algorithm=self.ALGORITHM),
                      connect=True)
         self.addCleanup(daemon.stop)
         self.assertTrue(wait_for(lambda: daemon.health()["breaker"] == "closed", 10), daemon.logs())
@@ -141,6 +145,11 @@ class RateLeaseTest(unittest.TestCase):
         self.assertEqual(held["rate-b"].split(":")[0], str(LIMIT))
         _, allowed, _ = drive(second, 1.0, 3 * LIMIT)
         self.assertGreaterEqual(allowed, LIMIT * 0.9)
+
+
+class GcraRateLeaseTest(RateLeaseTest):
+    """The same, on a gcra rule: lua/gcra.lua holds rates as the bucket does."""
+    ALGORITHM = "gcra"
 
 
 def tearDownModule():

@@ -1,7 +1,9 @@
-// Rate leases (daemon/rate_lease.h): the maths of lua/token_bucket.lua's held
-// rates cross-tested against its C++ mirror on a real redis-server, the
-// max-min share, and the daemon's rule. Time comes from the script's now_us
-// test seam, never from sleeping.
+// Rate leases (daemon/rate_lease.h): the maths of the held rates of
+// lua/token_bucket.lua and lua/gcra.lua cross-tested against their C++ mirror
+// on a real redis-server (every script test runs on both: GCRA's TAT is the
+// bucket's empty time plus burst * interval), the max-min share, and the
+// daemon's rule. Time comes from the script's now_us test seam, never from
+// sleeping.
 #include "rate_lease.h"
 
 #include <cctype>
@@ -40,7 +42,7 @@ struct Answer {
   bool unmet = false;  // a rate op's: some recorded demand is below its share
 };
 
-class RateLeaseScript : public ::testing::Test {
+class RateLeaseScript : public ::testing::TestWithParam<scripts::Script> {
  protected:
   static void SetUpTestSuite() { server_ = new test::RedisServer(); }
   static void TearDownTestSuite() {
@@ -53,7 +55,7 @@ class RateLeaseScript : public ::testing::Test {
     ASSERT_TRUE(ctx_ != nullptr && ctx_->err == 0);
     command({"FLUSHALL"});
     ReplyPtr reply = command(
-        {"SCRIPT", "LOAD", std::string(kTimeless) + std::string(scripts::get(scripts::Script::kTokenBucket).source)});
+        {"SCRIPT", "LOAD", std::string(kTimeless) + std::string(scripts::get(GetParam()).source)});
     ASSERT_EQ(reply->type, REDIS_REPLY_STRING);
     sha_.assign(reply->str, reply->len);
   }
@@ -102,11 +104,37 @@ class RateLeaseScript : public ::testing::Test {
     return a;
   }
 
+  // The state key as the Model keeps it: the bucket's empty time T
+  // (gcra.lua stores TAT = T + burst * interval); nullopt when absent, or
+  // when the rates' array says full (0). Redis's cmsgpack reads the array.
+  std::optional<int64_t> storedT(const Limit& limit) {
+    ReplyPtr reply = command(
+        {"EVAL",
+         "local s = redis.call('GET', KEYS[1]) "
+         "if not s then return false end "
+         "if string.byte(s, 1) >= 0x80 then s = cmsgpack.unpack(s)[1] end "
+         "if tonumber(s) == 0 then return false end "
+         "return string.format('%d', tonumber(s))",
+         "1", "q"});
+    if (reply->type != REDIS_REPLY_STRING) return std::nullopt;
+    int64_t value = std::stoll(std::string(reply->str, reply->len));
+    if (GetParam() == scripts::Script::kGcra) {
+      value -= limit.burst * ((limit.period_ns / 1'000'000 * 1000 + limit.limit - 1) / limit.limit);
+    }
+    return value;
+  }
+
   Answer lease(const Limit& limit, int64_t n, int64_t need, int64_t now_us) {
     return eval(scripts::rateArgv(scripts::Op::kLease, n, need, limit, now_us));
   }
   Answer peek(const Limit& limit, int64_t need, int64_t now_us) {
     return eval(scripts::rateArgv(scripts::Op::kPeek, 0, need, limit, now_us));
+  }
+  Answer giveBack(const Limit& limit, int64_t n, int64_t now_us) {
+    return eval(scripts::returnArgv(n, limit, 0, now_us));
+  }
+  Answer debit(const Limit& limit, int64_t n, int64_t span_ms, int64_t now_us) {
+    return eval(scripts::rateArgv(scripts::Op::kDebit, n, span_ms, limit, now_us));
   }
   Answer rate(const Limit& limit, const std::string& node, int64_t asked, int64_t tokens, int64_t lease_ms,
               int64_t now_us) {
@@ -125,9 +153,7 @@ test::RedisServer* RateLeaseScript::server_ = nullptr;
 class Model {
  public:
   explicit Model(const Limit& limit)
-      : limit_(limit),
-        interval_((limit.period_ns / 1'000'000 * 1000 + limit.limit - 1) / limit.limit),
-        cap_us_(limit.burst * interval_) {}
+      : limit_(limit), interval_((limit.period_ns / 1'000'000 * 1000 + limit.limit - 1) / limit.limit) {}
 
   Answer lease(int64_t n, int64_t need, int64_t now) {
     int64_t empty = begin(now);
@@ -137,13 +163,47 @@ class Model {
       empty += a.granted * interval_;
     }
     end(empty, now);
-    a.remaining = units(std::max(empty, now - cap_us_), now);
+    a.remaining = units(std::max(empty, full(now)), now);
     if (need > limit_.burst) {
       a.retry_after_ms = -1;
     } else if (a.granted == 0 && a.remaining < need) {
       a.retry_after_ms = waitMs(empty + need * interval_ - now, now);
     }
     return a;
+  }
+
+  Answer peek(int64_t need, int64_t now) {
+    int64_t empty = begin(now);
+    end(empty, now);
+    Answer a;
+    a.remaining = units(empty, now);
+    if (need > limit_.burst) {
+      a.retry_after_ms = -1;
+    } else if (a.remaining < need) {
+      a.retry_after_ms = waitMs(empty + need * interval_ - now, now);
+    }
+    return a;
+  }
+
+  // A return of n units: the stored T moves back (nothing when absent).
+  Answer giveBack(int64_t n, int64_t now) {
+    int64_t empty = begin(now);
+    if (stored_) empty = std::max(*stored_ - n * interval_, full(now));
+    end(empty, now);
+    return Answer{0, units(empty, now), 0};
+  }
+
+  // A debit of n units spent over the last span_ms (0: just now), from a
+  // bucket full to its cap at the span's start.
+  Answer debit(int64_t n, int64_t span_ms, int64_t now) {
+    int64_t empty = begin(now);
+    if (span_ms == 0) {
+      empty += n * interval_;
+    } else {
+      empty = std::max(empty, full(now) - span_ms * kMsUs + n * interval_);
+    }
+    end(empty, now);
+    return Answer{0, units(empty, now), 0};
   }
 
   Answer rate(const std::string& node, int64_t asked, int64_t tokens, int64_t lease_ms, int64_t now) {
@@ -158,12 +218,13 @@ class Model {
       a.rate = rate_lease::grant(live_, node, asked, limit_.limit);
       kept.push_back({node, a.rate, now + lease_ms * kMsUs, asked});
     }
-    live_ = kept;
-    a.unmet = rate_lease::unmet(live_, limit_.limit);
+    a.unmet = rate_lease::unmet(kept, limit_.limit);
     if (tokens > 0 && limit_.burst >= 1 && units(empty, now) >= 1) {
       a.granted = std::min(tokens, units(empty, now));
       empty += a.granted * interval_;
     }
+    live_ = kept;
+    empty = std::max(empty, full(now));  // then the new rates' shares of the burst leave the bucket
     end(empty, now);
     a.remaining = units(empty, now);
     return a;
@@ -176,24 +237,44 @@ class Model {
     return sum;
   }
 
+  // The bucket's empty time as stored after the last call (nullopt: absent).
+  std::optional<int64_t> stored() const { return stored_; }
+
+  // A stored empty time as it applies at now: one older than full reads as
+  // full (the scripts leave a stale one in place when they write nothing).
+  int64_t emptyAt(std::optional<int64_t> stored, int64_t now) const {
+    return std::max(stored.value_or(full(now)), full(now));
+  }
+
+  // The holders' shares of the burst (rate_lease::burstShare) after now.
+  int64_t sharesHeld(int64_t now) const {
+    int64_t sum = 0;
+    for (const Held& h : live_) sum += h.until_us > now ? rate_lease::burstShare(limit_, h.rate) : 0;
+    return sum;
+  }
+
  private:
   int64_t units(int64_t empty, int64_t now) const { return empty >= now ? 0 : (now - empty) / interval_; }
 
+  // When the bucket, capped while rates are held (rate_lease::bucketCapUnits),
+  // is full at now.
+  int64_t full(int64_t now) const {
+    return now - rate_lease::bucketCapUnits(live_, limit_) * interval_;
+  }
+
   // Charges the rates held since the last call; the empty time as it applies now.
   int64_t begin(int64_t now) {
-    if (std::optional<int64_t> t = rate_lease::charge(stored_, at_, now, live_, limit_.limit, cap_us_)) {
-      stored_ = t;
-    }
+    if (std::optional<int64_t> t = rate_lease::charge(stored_, at_, now, live_, limit_)) stored_ = t;
     std::vector<Held> live;
     for (const Held& h : live_) {
       if (h.until_us > now) live.push_back(h);
     }
     live_ = live;
-    return std::max(stored_.value_or(now - cap_us_), now - cap_us_);
+    return std::max(stored_.value_or(full(now)), full(now));
   }
 
   void end(int64_t empty, int64_t now) {
-    stored_ = empty <= now - cap_us_ ? std::nullopt : std::optional<int64_t>(empty);
+    stored_ = empty <= full(now) ? std::nullopt : std::optional<int64_t>(empty);
     at_ = now;
   }
 
@@ -214,16 +295,17 @@ class Model {
 
   Limit limit_;
   int64_t interval_;
-  int64_t cap_us_;
   std::optional<int64_t> stored_;
   int64_t at_ = 0;
   std::vector<Held> live_;
 };
 
-// Verifies that token leases, peeks and the rate leases of three nodes,
-// at random sizes and times, answer in Lua exactly what the C++ mirror
-// computes, and that the rates held never sum past the limit.
-TEST_F(RateLeaseScript, RandomLeasesAndRatesAnswerAsTheCppMirror) {
+// Verifies that token leases, peeks, returns, debits and the rate leases of
+// three nodes, at random sizes and times, answer in Lua exactly what the C++
+// mirror computes and leave the state it computes (GCRA's TAT read as the
+// bucket's T), that the rates held never sum past the limit, and that the
+// bucket never holds more than the burst less the holders' shares of it.
+TEST_P(RateLeaseScript, RandomLeasesAndRatesAnswerAsTheCppMirror) {
   for (const Limit& limit : {Limit{100, kSecondNs, 10}, Limit{1000, kSecondNs, 30}, Limit{7, 3 * kSecondNs, 5}}) {
     command({"FLUSHALL"});
     Model model(limit);
@@ -231,9 +313,10 @@ TEST_F(RateLeaseScript, RandomLeasesAndRatesAnswerAsTheCppMirror) {
     const std::string nodes[] = {"node-a", "node-b", "node-c"};
     int64_t now = kBaseUs;
     int unmet_replies = 0;
+    int capped_steps = 0;  // the bucket full to its cap, below the burst
     for (int step = 0; step < 600; ++step) {
       now += static_cast<int64_t>(rng() % 300) * kMsUs + static_cast<int64_t>(rng() % 1000);
-      const int op = static_cast<int>(rng() % 3);
+      const int op = static_cast<int>(rng() % 6);
       Answer lua, cpp;
       if (op == 0) {
         int64_t n = 1 + static_cast<int64_t>(rng() % 20);
@@ -241,6 +324,20 @@ TEST_F(RateLeaseScript, RandomLeasesAndRatesAnswerAsTheCppMirror) {
         lua = lease(limit, n, need, now);
         cpp = model.lease(n, need, now);
         ASSERT_EQ(lua.retry_after_ms, cpp.retry_after_ms) << "step " << step;
+      } else if (op == 3) {
+        int64_t need = static_cast<int64_t>(rng() % static_cast<uint64_t>(limit.burst + 2));
+        lua = peek(limit, need, now);
+        cpp = model.peek(need, now);
+        ASSERT_EQ(lua.retry_after_ms, cpp.retry_after_ms) << "step " << step;
+      } else if (op == 4) {
+        int64_t n = 1 + static_cast<int64_t>(rng() % 10);
+        lua = giveBack(limit, n, now);
+        cpp = model.giveBack(n, now);
+      } else if (op == 5) {
+        int64_t n = 1 + static_cast<int64_t>(rng() % 10);
+        int64_t span_ms = rng() % 2 == 0 ? 0 : static_cast<int64_t>(rng() % 3000);
+        lua = debit(limit, n, span_ms, now);
+        cpp = model.debit(n, span_ms, now);
       } else {
         const std::string& node = nodes[rng() % 3];
         int64_t asked = static_cast<int64_t>(rng() % static_cast<uint64_t>(limit.limit * 3 / 2 + 1));
@@ -255,16 +352,22 @@ TEST_F(RateLeaseScript, RandomLeasesAndRatesAnswerAsTheCppMirror) {
       }
       ASSERT_EQ(lua.granted, cpp.granted) << "step " << step << " op " << op;
       ASSERT_EQ(lua.remaining, cpp.remaining) << "step " << step << " op " << op;
+      ASSERT_EQ(model.emptyAt(storedT(limit), now), model.emptyAt(model.stored(), now))
+          << "step " << step << " op " << op;
       ASSERT_LE(model.held(now), limit.limit);
+      // The holders keep their shares of the burst; the bucket the rest.
+      ASSERT_LE(lua.remaining + model.sharesHeld(now), limit.burst) << "step " << step;
+      if (model.sharesHeld(now) > 0 && lua.remaining + model.sharesHeld(now) == limit.burst) ++capped_steps;
     }
     EXPECT_GT(unmet_replies, 0);  // both answers were seen
+    EXPECT_GT(capped_steps, 0);   // and the cap at work
   }
 }
 
 // Verifies that a node that holds the whole rate and stops renewing gives
 // it back at its lease's end: the bucket does not refill while the rate is
 // held, and refills at the full rate from its end.
-TEST_F(RateLeaseScript, ARateThatIsNotRenewedReturnsToTheBucketAtItsEnd) {
+TEST_P(RateLeaseScript, ARateThatIsNotRenewedReturnsToTheBucketAtItsEnd) {
   const Limit limit{100, kSecondNs, 1000};
   ASSERT_EQ(lease(limit, 1000, 1000, kBaseUs).granted, 1000);  // the bucket empty
   Answer held = rate(limit, "node-a", 100, 0, 2000, kBaseUs);
@@ -278,12 +381,46 @@ TEST_F(RateLeaseScript, ARateThatIsNotRenewedReturnsToTheBucketAtItsEnd) {
   EXPECT_EQ(lease(limit, 1000, 1, kBaseUs + 3000 * kMsUs).granted, 100);
 }
 
+// Verifies the bucket's cap: while rates are held, Redis's bucket fills only
+// to the burst less the holders' shares of it (which their slices refill
+// to), so a pause does not save the burst twice; a rate's end gives its
+// share back to the bucket.
+TEST_P(RateLeaseScript, AHeldRateTakesItsShareOfTheBurstOutOfTheBucket) {
+  const Limit limit{100, kSecondNs, 20};
+  const int64_t interval_ns = 100'000'000;
+  ASSERT_EQ(rate(limit, "node-a", 50, 0, 5000, kBaseUs).rate, 50);
+  EXPECT_EQ(rate_lease::burstShare(limit, 50), 10);
+  EXPECT_EQ(rate_lease::capUnits(limit, 50, interval_ns), 10);
+  // Paused for 3 s: the bucket holds the other half of the burst.
+  EXPECT_EQ(peek(limit, 1, kBaseUs + 3 * kSecondUs).remaining, 10);
+  // A second holder of 30/s takes its 6 out too.
+  ASSERT_EQ(rate(limit, "node-b", 30, 0, 1000, kBaseUs + 3 * kSecondUs).rate, 30);
+  EXPECT_EQ(peek(limit, 1, kBaseUs + 3 * kSecondUs).remaining, 4);
+  EXPECT_EQ(lease(limit, 20, 1, kBaseUs + 3 * kSecondUs + kMsUs).granted, 4);
+  // b's rate ends at +4 s and its share refills at the rate a leaves (50/s:
+  // 6 units in 120 ms); a's ends at +5 s, and the bucket is whole again.
+  EXPECT_EQ(peek(limit, 1, kBaseUs + 4500 * kMsUs).remaining, 10);
+  EXPECT_EQ(peek(limit, 1, kBaseUs + 6 * kSecondUs).remaining, 20);
+}
+
+// Verifies that the tokens a rate op takes beside its rate come out of the
+// bucket as the call found it, before the new rate's share of the burst
+// leaves it: a key that switches to the whole rate keeps what it asked for
+// of a full bucket, and the rest is its share, which its slice refills.
+TEST_P(RateLeaseScript, ARateOpTakesItsTokensBeforeItsShareLeavesTheBucket) {
+  const Limit limit{100, kSecondNs, 20};
+  Answer switched = rate(limit, "node-a", 100, 12, 5000, kBaseUs);
+  EXPECT_EQ(switched.rate, 100);
+  EXPECT_EQ(switched.granted, 12);
+  EXPECT_EQ(switched.remaining, 0);
+}
+
 // Verifies that the rates live in the bucket's own state key, so that every
 // call names one key (a Cluster slot in migration serves a call of several
 // only once all are on one node): while rates are held Redis has the state
 // key alone, which reads back as T's digits once the last rate ended and
 // is deleted once the bucket is full again.
-TEST_F(RateLeaseScript, TheRatesLiveInTheStateKeyAlone) {
+TEST_P(RateLeaseScript, TheRatesLiveInTheStateKeyAlone) {
   const Limit limit{100, kSecondNs, 100};
   ASSERT_EQ(lease(limit, 100, 100, kBaseUs).granted, 100);
   EXPECT_EQ(rate(limit, "node-a", 60, 0, 1000, kBaseUs).rate, 60);
@@ -293,10 +430,12 @@ TEST_F(RateLeaseScript, TheRatesLiveInTheStateKeyAlone) {
   EXPECT_EQ(std::string(keys->element[0]->str), "q");
   EXPECT_GE(static_cast<unsigned char>(command({"GET", "q"})->str[0]), 0x80);  // T and the rates
   // Both rates ended (at 1 s and 1.1 s): T alone. The rates took 60/s for
-  // 0.1 s, 100/s for 0.9 s and 40/s for 0.1 s: 10 units had refilled at 1.1 s.
-  EXPECT_EQ(peek(limit, 1, kBaseUs + 1200 * kMsUs).remaining, 20);
+  // 0.1 s, 100/s for 0.9 s and 40/s for 0.1 s: 10 units had refilled at
+  // 1.1 s, less the 4 that b's share of the burst took out of the bucket
+  // (the bucket cap) when b got its rate at 0.1 s.
+  EXPECT_EQ(peek(limit, 1, kBaseUs + 1200 * kMsUs).remaining, 16);
   ReplyPtr state = command({"GET", "q"});
-  ASSERT_EQ(state->type, REDIS_REPLY_STRING);
+  ASSERT_EQ(state->type, REDIS_REPLY_STRING);  // T's digits (gcra.lua: TAT's)
   EXPECT_TRUE(std::isdigit(static_cast<unsigned char>(state->str[0])));
   // Full again: no key at all.
   EXPECT_EQ(lease(limit, 1, 1, kBaseUs + 3000 * kMsUs).granted, 1);
@@ -309,7 +448,7 @@ TEST_F(RateLeaseScript, TheRatesLiveInTheStateKeyAlone) {
 // Verifies that a rate held by one node slows the bucket for the others to
 // the rest of the limit: over 10 s the token leases of another node get
 // what refills at limit - rate, and the two never pass limit * W + burst.
-TEST_F(RateLeaseScript, TheBucketAndTheRateHoldersNeverPassTheLimitTogether) {
+TEST_P(RateLeaseScript, TheBucketAndTheRateHoldersNeverPassTheLimitTogether) {
   const Limit limit{100, kSecondNs, 20};
   int64_t now = kBaseUs;
   int64_t tokens = lease(limit, 20, 1, now).granted;  // the burst
@@ -335,7 +474,7 @@ TEST_F(RateLeaseScript, TheBucketAndTheRateHoldersNeverPassTheLimitTogether) {
 // gets what it asks for once the one holding everything renews, within two
 // renewals; the rates never sum past the limit; and `unmet` says so while a
 // recorded demand is below its share, and not once every share is held.
-TEST_F(RateLeaseScript, ASmallDemandGetsItsRateWithinTwoRenewals) {
+TEST_P(RateLeaseScript, ASmallDemandGetsItsRateWithinTwoRenewals) {
   const Limit limit{100, kSecondNs, 0};
   Answer alone = rate(limit, "node-a", 100, 0, 1000, kBaseUs);
   EXPECT_EQ(alone.rate, 100);
@@ -361,12 +500,19 @@ TEST_F(RateLeaseScript, ASmallDemandGetsItsRateWithinTwoRenewals) {
 
 // Verifies that a rate op without a node id, with a rate past the limit or
 // a lease past 60 s is an error reply.
-TEST_F(RateLeaseScript, BadRateArgumentsAreAnErrorReply) {
+TEST_P(RateLeaseScript, BadRateArgumentsAreAnErrorReply) {
   const Limit limit{100, kSecondNs, 10};
   EXPECT_THROW(rate(limit, "", 10, 0, 1000, kBaseUs), std::runtime_error);
   EXPECT_THROW(rate(limit, "n", 101, 0, 1000, kBaseUs), std::runtime_error);
   EXPECT_THROW(rate(limit, "n", 10, 0, 60'001, kBaseUs), std::runtime_error);
 }
+
+INSTANTIATE_TEST_SUITE_P(Scripts, RateLeaseScript,
+                         ::testing::Values(scripts::Script::kTokenBucket, scripts::Script::kGcra),
+                         [](const ::testing::TestParamInfo<scripts::Script>& info) {
+                           return info.param == scripts::Script::kGcra ? std::string("Gcra")
+                                                                       : std::string("TokenBucket");
+                         });
 
 // Verifies max-min fairness on its own: small demands are met, the rest
 // split what is left.
@@ -376,6 +522,33 @@ TEST(RateLeaseShare, MaxMinMeetsSmallDemandsAndSplitsTheRest) {
   EXPECT_EQ(rate_lease::fairShare({30, 30, 30}, 100, 30), 30);
   EXPECT_EQ(rate_lease::fairShare({300}, 100, 300), 100);
   EXPECT_EQ(rate_lease::fairShare({50, 60, 1000}, 100, 60), 33);
+}
+
+// Verifies that the capability table says which rules lease rates: a global
+// token bucket or gcra rule of one limit may; a window, a log, a local rule,
+// one of several limits or a paced one (its units leave the fleet one
+// interval apart, which shares paced on each node would not keep) may not.
+TEST(RateLeaseRule, TheBucketsLeaseRatesAndTheWindowsDoNot) {
+  Rule rule;
+  rule.scope = Scope::kGlobal;
+  rule.limits = {Limit{1000, kSecondNs, 30}};
+  for (Algorithm algorithm : {Algorithm::kTokenBucket, Algorithm::kGcra}) {
+    rule.algorithm = algorithm;
+    EXPECT_TRUE(rate_lease::eligible(rule)) << algorithmTraits(algorithm).name;
+  }
+  for (Algorithm algorithm : {Algorithm::kFixedWindow, Algorithm::kSlidingWindow, Algorithm::kSlidingLog}) {
+    rule.algorithm = algorithm;
+    EXPECT_FALSE(rate_lease::eligible(rule)) << algorithmTraits(algorithm).name;
+  }
+  rule.algorithm = Algorithm::kGcra;
+  rule.pace = true;
+  EXPECT_FALSE(rate_lease::eligible(rule));
+  rule.pace = false;
+  rule.scope = Scope::kLocal;
+  EXPECT_FALSE(rate_lease::eligible(rule));
+  rule.scope = Scope::kGlobal;
+  rule.limits.push_back(Limit{10'000, 60 * kSecondNs, 30});
+  EXPECT_FALSE(rate_lease::eligible(rule));
 }
 
 // Verifies the daemon's rule: a key whose last lease found Redis's bucket
