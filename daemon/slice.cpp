@@ -477,25 +477,49 @@ void noteAsked(Words words, const Limit& limit, int64_t asked, int64_t span_ns, 
 bool demandMoved(Words words, int64_t now_ns) {
   const int64_t span = load(words, kRateMovedSpan);
   uint64_t since = words[kRateMovedSince].load(std::memory_order_acquire);
-  if (span <= 0 || now_ns < static_cast<int64_t>(since) + span) return false;
+  const int64_t elapsed = now_ns - static_cast<int64_t>(since);
+  if (span <= 0 || elapsed <= 0) return false;
+  // The window: kMovedWindowUnits units at the rate asked, within [a
+  // kMovedWindowsPerInterval-th of the lease interval, the interval].
+  const int64_t less = load(words, kRateLessNsPerUnit);
+  const int64_t window =
+      std::clamp<int64_t>(kMovedWindowUnits * (less / 2), span / kMovedWindowsPerInterval, span);
   // kDemand restarts from 0 at each measurement nextBatch ends: a window
   // across that counts what came since.
   const int64_t total = load(words, kDemand);
   const int64_t from = load(words, kRateMovedDemand);
   const double demand = static_cast<double>(total >= from ? total - from : total);
-  const double elapsed = static_cast<double>(now_ns - static_cast<int64_t>(since));
   const int64_t more = load(words, kRateMoreNsPerUnit);
-  if ((more > 0 && demand * static_cast<double>(more) > elapsed) ||
-      demand * static_cast<double>(load(words, kRateLessNsPerUnit)) < elapsed) {
-    // The window's demand is the key's rate (kRate), and a new measurement
-    // starts: the renewal asks for what the key wants now, not an average
-    // with the spell before the move.
-    store(words, kRate, static_cast<int64_t>(demand * static_cast<double>(span) / elapsed + 0.5));
+  // Above twice what it asked over the whole window is seen as soon as the
+  // count gets there; below half only once the window is over.
+  const bool up = more > 0 && demand * static_cast<double>(more) >
+                                  static_cast<double>(std::max(elapsed, window));
+  // A fall is one below half of what it holds too: a holder granted less
+  // than it asked (contending nodes hold their share) reads a gap of its
+  // requests (a stall of its process) as a fall only when the gap took most
+  // of the window, and its renewal would not change its rate anyway.
+  const int64_t held_ns_per_unit = load(words, kRateNsPerUnit);
+  const bool down = elapsed >= window && demand * static_cast<double>(std::max(less, 2 * held_ns_per_unit)) <
+                                             static_cast<double>(elapsed);
+  if (up || down) {
+    // One taker reports the move, and disarms the check until the renewal's
+    // answer re-arms it (noteAsked). The window's demand becomes the key's
+    // rate (kRate, per lease interval) and a new measurement starts: the
+    // renewal asks for what the key wants now, not an average with the
+    // spell before the move.
+    if (!words[kRateMovedSince].compare_exchange_strong(since, static_cast<uint64_t>(now_ns),
+                                                        std::memory_order_acq_rel)) {
+      return false;
+    }
+    store(words, kRateMovedSpan, 0);
+    store(words, kRate,
+          static_cast<int64_t>(demand * static_cast<double>(span) / static_cast<double>(elapsed) + 0.5));
     words[kDemand].store(0, std::memory_order_relaxed);
     store(words, kDemandSince, now_ns);
     store(words, kRateMovedDemand, 0);
     return true;
   }
+  if (elapsed < window) return false;
   // As asked: the next window starts (one taker moves it).
   if (words[kRateMovedSince].compare_exchange_strong(since, static_cast<uint64_t>(now_ns),
                                                      std::memory_order_acq_rel)) {

@@ -86,7 +86,7 @@ enum Word : size_t {
   kRateRenewAt,    // ns: when a take asks for the rate's renewal
   kRateRefilledAt, // ns: the rate has refilled the slice up to this time
   kRateMovedSince, // ns: the start of the window demandMoved measures
-  kRateMovedSpan,  // ns: its length, one lease interval (0: no rate asked)
+  kRateMovedSpan,  // ns: one lease interval, kRate's unit (0: not measuring)
   kRateMovedDemand,    // kDemand at kRateMovedSince
   kRateMoreNsPerUnit,  // demand above one unit per this many ns: twice what it asked (0: none)
   kRateLessNsPerUnit,  // demand below one unit per this many ns: half what it asked
@@ -250,21 +250,35 @@ int64_t rateCapUnits(ConstWords words, int64_t now_ns);
 void applyRate(Words words, int64_t ns_per_unit, int64_t cap, int64_t until_ns, int64_t renew_at_ns,
                int64_t now_ns);
 
+// How long a window of a rate holder's demand lasts (demandMoved): the time
+// its rate asked takes to bring kMovedWindowUnits units, but at least a
+// kMovedWindowsPerInterval-th of the lease interval and at most the whole
+// interval. A short window sees a fall of demand soon (the old hot node of
+// a shifting skew gives its rate back within about a quarter interval); the
+// units keep one at a light demand from reading a gap between two requests
+// as a fall.
+constexpr int64_t kMovedWindowUnits = 16;
+constexpr int64_t kMovedWindowsPerInterval = 4;
+
 // The control thread: the rate op just answered at now_ns asked for
 // `asked` units per period of `limit`. The key's demand is measured over
-// windows of span_ns (one lease interval) from now_ns: a take at the end of
-// a window in which the demand was above twice that (unless it asked the
-// whole limit, which it cannot pass) or below half of it asks for the
-// rate's renewal before kRateRenewAt (demandMoved): the recorded demand is
-// stale, and the max-min shares follow the new one within two lease
-// intervals. asked 0: never.
+// windows from now_ns (kMovedWindowUnits), in units per span_ns (one lease
+// interval): a take once the demand passed twice what it asked over a
+// window (unless it asked the whole limit, which it cannot pass), or at
+// the end of a window in which it was below half of it and of the rate
+// the key holds, asks for the rate's renewal before kRateRenewAt
+// (demandMoved): the recorded demand is stale, and the max-min shares
+// follow the new one within two lease intervals. asked 0: never.
 void noteAsked(Words words, const Limit& limit, int64_t asked, int64_t span_ns, int64_t now_ns);
 
-// Whether, at now_ns, a window of the key's demand has ended in which it
-// moved from what its rate op asked for (noteAsked); a window that ended
-// without is replaced by the next one. When it moved, the window's demand
-// becomes the key's (kRate) and a new measurement starts, so the renewal
-// asks for what the key wants now (demandPerInterval). Lock-free.
+// Whether, at now_ns, the key's demand moved from what its rate op asked
+// for (noteAsked): above twice that over the window under way already, or
+// below half of it (and of the rate held) over a window that has ended; a
+// window that ended without is replaced by the next one. When it moved,
+// the window's demand becomes the key's (kRate) and a new measurement
+// starts, so the renewal asks for what the key wants now
+// (demandPerInterval), and the check waits for the renewal's answer
+// (noteAsked). True for one taker. Lock-free.
 bool demandMoved(Words words, int64_t now_ns);
 
 // Whether a blocked key is due to be asked of Redis again (kBlockRecheckNs)
