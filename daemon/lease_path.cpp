@@ -309,11 +309,24 @@ std::optional<Outcome> LeasePath::acquireOnRate(const RuleSet& rules, const Rule
   const Rule& deciding = decidingFor(rules, rule, item.key, entry);
   if (!rate_lease::eligible(deciding)) return std::nullopt;
   auto words = slice::of(entry->state());
-  slice::TakeResult taken = slice::takeOnRate(words, now_ns, item.cost);
+  const int64_t open_since_ns = broker_->openSinceNs();
+  slice::TakeResult taken = slice::takeOnRate(words, now_ns, item.cost, open_since_ns,
+                                              open_since_ns + rate_lease::kFallbackHoldNs);
   if (taken.outcome == slice::Outcome::kFallback) return std::nullopt;
   if (taken.outcome == slice::Outcome::kTaken) {
     verdict->taken.cost = item.cost;
     verdict->taken.slice = words;
+    if (taken.past_end) {
+      // Redis charged the rate until its end only: what is spent past it
+      // is debited on recovery, as the equal share's spend is.
+      const Rule* share = rules.fallbackShare(rule);
+      KeyTable::Entry* noted =
+          share != nullptr ? keys_.findOrInsert(share->id, item.key, entryWords(*share), now_ns) : nullptr;
+      if (noted != nullptr) {
+        verdict->taken.share = share;
+        verdict->taken.share_words = noted->state();
+      }
+    }
   }
   Decision decision = sliceDecision(deciding, taken, words, now_ns);
   policy_.countDenial(rule, item.key, entry->state(), decision, now_ns);

@@ -46,6 +46,16 @@ constexpr int64_t kMaxLeaseMs = 60'000;
 // moves).
 constexpr int64_t kMaxRenewNs = 2'500'000'000;
 
+// While Redis is unreachable, a key whose rate held when the breaker
+// opened spends it until the rate's end, and past that end until this
+// long after the opening (slice::takeOnRate): the demand-weighted share
+// stands in for the equal one through an outage as long as a failover
+// takes, whatever the time left of the rate when it began. What is spent
+// past the end is a fallback spend, debited on recovery as the equal
+// share's is, and the overshoot bound counts a period of the rate for it.
+// Past this, a demand that moved during the outage gets its equal share.
+constexpr int64_t kFallbackHoldNs = 10'000'000'000;
+
 // One entry of the rates hash.
 struct Held {
   std::string node;

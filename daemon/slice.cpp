@@ -45,11 +45,12 @@ int64_t spendable(ConstWords words, int64_t now_ns) {
 // kRateRefilledAt, up to kRateCap in the slice; the refill past the cap is
 // lost, as a full bucket's is. Whoever moves kRateRefilledAt adds the units,
 // so racing workers add each span's units once.
-void refillRate(Words words, int64_t now_ns) {
+// hold_until_ns: a later end, for takeOnRate's hold past the rate's end.
+void refillRate(Words words, int64_t now_ns, int64_t hold_until_ns = 0) {
   const int64_t until = load(words, kRateUntil);
   const int64_t per_unit = load(words, kRateNsPerUnit);
   if (until == 0 || per_unit <= 0) return;
-  const int64_t end = std::min(now_ns, until);
+  const int64_t end = std::min(now_ns, std::max(until, hold_until_ns));
   uint64_t at = words[kRateRefilledAt].load(std::memory_order_acquire);
   while (end - static_cast<int64_t>(at) >= per_unit) {
     const int64_t units = (end - static_cast<int64_t>(at)) / per_unit;
@@ -86,19 +87,27 @@ bool negativelyCached(ConstWords words, int64_t now_ns,
 
 }  // namespace
 
-TakeResult takeOnRate(Words words, int64_t now_ns, int64_t cost) {
+TakeResult takeOnRate(Words words, int64_t now_ns, int64_t cost, int64_t open_since_ns,
+                      int64_t hold_until_ns) {
   TakeResult result;
-  if (!holdsRate(words, now_ns) || cost > load(words, kRateCap)) {
+  const int64_t until = load(words, kRateUntil);
+  // Past its end, a rate that held when Redis went away stands in for the
+  // key's share until hold_until_ns.
+  const bool held = now_ns < until || (open_since_ns > 0 && until > open_since_ns && now_ns < hold_until_ns);
+  if (!held || load(words, kRateNsPerUnit) <= 0 || cost > load(words, kRateCap)) {
     result.outcome = Outcome::kFallback;
     return result;
   }
-  refillRate(words, now_ns);
+  refillRate(words, now_ns, now_ns < until ? 0 : hold_until_ns);
   uint64_t units = words[kUnits].load(std::memory_order_acquire);
   while (static_cast<int64_t>(units) >= cost) {
     if (words[kUnits].compare_exchange_weak(units, units - static_cast<uint64_t>(cost),
                                             std::memory_order_acq_rel)) {
       result.outcome = Outcome::kTaken;
       result.left = static_cast<int64_t>(units) - cost;
+      // (Units the rate refilled before its end and spent after it count
+      // too: a debit too many by the cap at the most, never one too few.)
+      result.past_end = now_ns >= until;
       return result;
     }
   }
@@ -441,6 +450,11 @@ int64_t demandPerInterval(ConstWords words) { return std::max(load(words, kRate)
 
 int64_t rateCapUnits(ConstWords words, int64_t now_ns) {
   return holdsRate(words, now_ns) ? load(words, kRateCap) : 0;
+}
+
+int64_t ratePerPeriod(ConstWords words, int64_t period_ns) {
+  const int64_t per_unit = load(words, kRateNsPerUnit);
+  return per_unit <= 0 ? 0 : (period_ns + per_unit - 1) / per_unit;
 }
 
 void applyRate(Words words, int64_t ns_per_unit, int64_t cap, int64_t until_ns, int64_t renew_at_ns,

@@ -157,6 +157,7 @@ struct TakeResult {
   bool must_request = false;
   bool cold = false;  // no lease has ever granted this key units
   int64_t dropped = 0;  // units dropped because their window had ended
+  bool past_end = false;  // takeOnRate: taken past the rate's end in Redis
 };
 
 // --- Workers ------------------------------------------------------------------
@@ -170,11 +171,17 @@ TakeResult take(Words words, int64_t now_ns, int64_t cost, bool again = false,
                 bool first_in_line = false);
 
 // Redis is unreachable: spends `cost` from what the key's rate lease
-// refills (and the units the slice holds) while the rate holds at now_ns;
-// kDenied with the time of its next units when they are short, kFallback
-// when no rate holds (the equal share decides). Claims no lease, counts no
-// demand. Lock-free. See LeasePath::acquireOnRate.
-TakeResult takeOnRate(Words words, int64_t now_ns, int64_t cost);
+// refills (and the units the slice holds) while the rate holds at now_ns,
+// and past its end until hold_until_ns when it still held at
+// open_since_ns, the breaker's opening (the demand-weighted share in
+// fallback, rate_lease::fallbackHoldUntilNs); kDenied with the time of its
+// next units when they are short, kFallback when no rate holds (the equal
+// share decides). A take past the rate's end says so (past_end): Redis
+// charged the rate only until then, so those units are a fallback spend
+// to debit. Claims no lease, counts no demand. Lock-free. See
+// LeasePath::acquireOnRate.
+TakeResult takeOnRate(Words words, int64_t now_ns, int64_t cost, int64_t open_since_ns = 0,
+                      int64_t hold_until_ns = 0);
 
 // Reports what take() would answer, spending and claiming nothing.
 TakeResult look(ConstWords words, int64_t now_ns, int64_t cost);
@@ -242,6 +249,11 @@ int64_t demandPerInterval(ConstWords words);
 // The units a rate lease's slice refills to (kRateCap) while it holds a
 // rate at now_ns, else 0. For the overshoot bound (overshoot.h).
 int64_t rateCapUnits(ConstWords words, int64_t now_ns);
+
+// The units the key's last rate refills in period_ns (rounded up), held or
+// ended; 0 when it was granted none. For the overshoot bound in fallback
+// (overshoot.h): takeOnRate may spend it past the rate's end.
+int64_t ratePerPeriod(ConstWords words, int64_t period_ns);
 
 // The control thread: Redis granted a rate refilling one unit per
 // ns_per_unit (0: no rate; the key leases tokens again) up to cap units

@@ -720,6 +720,44 @@ TEST_F(ShiftTest, AMoveIsReportedOnceUntilTheRenewalAnswers) {
   EXPECT_TRUE(slice::demandMoved(words(), at + 50 * kMs + kInterval));
 }
 
+// Verifies that while Redis is unreachable a rate that held when the
+// breaker opened refills on past its end until the hold ends, each unit
+// taken past the end marked for a debit, and that then (or for a rate that
+// had ended before the opening) the equal share decides.
+TEST_F(SliceTest, InFallbackARateHeldAtTheOpeningRefillsOnPastItsEndUntilTheHoldEnds) {
+  // 100 units/s until 1 s; the breaker opens at 500 ms, the hold ends at 3 s.
+  slice::applyRate(words(), 10 * kMs, 10, 1'000 * kMs, 800 * kMs, 0);
+  const int64_t open = 500 * kMs;
+  const int64_t hold = 3'000 * kMs;
+  slice::TakeResult before = slice::takeOnRate(words(), 900 * kMs, 10, open, hold);
+  ASSERT_EQ(before.outcome, slice::Outcome::kTaken);
+  EXPECT_FALSE(before.past_end);
+  // Refilled at the rate past the end: 10 units by 1,000 ms, 10 more by 2,000 ms.
+  EXPECT_EQ(slice::takeOnRate(words(), 1'000 * kMs, 10, open, hold).outcome, slice::Outcome::kTaken);
+  slice::TakeResult after = slice::takeOnRate(words(), 1'099 * kMs, 10, open, hold);
+  EXPECT_EQ(after.outcome, slice::Outcome::kDenied);
+  EXPECT_EQ(after.until_ns, 1'100 * kMs);
+  slice::TakeResult past = slice::takeOnRate(words(), 1'100 * kMs, 10, open, hold);
+  ASSERT_EQ(past.outcome, slice::Outcome::kTaken);
+  EXPECT_TRUE(past.past_end);
+  // The hold ends: the equal share decides.
+  EXPECT_EQ(slice::takeOnRate(words(), hold - 1, 1, open, hold).outcome, slice::Outcome::kTaken);
+  EXPECT_EQ(slice::takeOnRate(words(), hold, 1, open, hold).outcome, slice::Outcome::kFallback);
+  // Without a hold (half-open, or a rate that ended before the opening):
+  // the equal share from the rate's end.
+  EXPECT_EQ(slice::takeOnRate(words(), 1'100 * kMs, 1).outcome, slice::Outcome::kFallback);
+  EXPECT_EQ(slice::takeOnRate(words(), 1'100 * kMs, 1, 1'000 * kMs, 4'000 * kMs).outcome,
+            slice::Outcome::kFallback);
+}
+
+// Verifies the units a rate refills in a period, for the overshoot bound
+// in fallback: rounded up, and 0 without a rate.
+TEST_F(SliceTest, RatePerPeriodCountsTheLastRatesUnits) {
+  EXPECT_EQ(slice::ratePerPeriod(words(), 1'000 * kMs), 0);
+  slice::applyRate(words(), 3 * kMs, 10, 1'000 * kMs, 800 * kMs, 0);
+  EXPECT_EQ(slice::ratePerPeriod(words(), 1'000 * kMs), 334);
+}
+
 // Verifies that the demand a rate lease is asked by counts the units asked
 // in the measurement under way once they pass the last full one, so that a
 // key that turns hot asks for a rate within its first interval.
