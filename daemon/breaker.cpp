@@ -103,6 +103,9 @@ void CircuitBreaker::identified(uint64_t epoch, const std::optional<RedisIdentit
   bool state_lost = false;
   if (identity) {
     bool changed = known_ && identity->run_id != last_.run_id;
+    // Kept until a recovery runs: a refused or superseded one asks INFO
+    // again, which then reads the new run_id as the last one.
+    master_changed_ = master_changed_ || changed;
     bool failed_over = changed && !last_.master_replid.empty() &&
                        identity->master_replid2 == last_.master_replid;
     state_lost = changed && !failed_over;
@@ -130,7 +133,9 @@ void CircuitBreaker::identified(uint64_t epoch, const std::optional<RedisIdentit
   // until LeaseManager::checkFleet finds the marker this node's.
   if (!admit(fleet_version)) return;
   int64_t span_ms = std::max<int64_t>(now_ns - open_since_ns_, 0) / 1'000'000;
-  actions_.recover(epoch, state_lost, span_ms);
+  const bool master_changed = master_changed_;
+  master_changed_ = false;
+  actions_.recover(epoch, state_lost, master_changed, span_ms);
   answered(epoch, now_ns);  // the identity
 }
 

@@ -24,6 +24,11 @@
 //        yet replicated): debits, and learning mode;
 //      any other new run_id (Redis restarted empty): no debits (there is
 //        no state to charge them to), and learning mode.
+//    A new run_id also ends every rate lease the node holds (rate_lease.h):
+//    the new master may lack the rate's last renewal (replication is
+//    asynchronous), so a slice that refilled on would admit beside a
+//    bucket that does not count it; what the rate admitted while Redis was
+//    unreachable is debited with the shares' admissions.
 //    With INFO's answer the node claims the fleet marker
 //    (lua/fleet_version.lua, redis_keys.h): when the fleet leasing on this
 //    key_prefix writes another state version, or the marker cannot be
@@ -115,13 +120,17 @@ class BreakerActions {
   // go to CircuitBreaker::identified(epoch, ...). False when it could not
   // be sent: then no answer comes.
   virtual bool askIdentity(uint64_t epoch) = 0;
-  // Sends the half-open calls: the debits of what the fallback shares
-  // admitted, charged over fallback_span_ms (with state_lost the shares'
-  // counts are cleared and nothing is debited), the renewal of every
-  // holding, and the lease of every holding's debt. Tells the breaker of
-  // each call with expect(epoch, 1) before it is sent, and of its answer
-  // or failure with answered(epoch, now_ns).
-  virtual void recover(uint64_t epoch, bool state_lost, int64_t fallback_span_ms) = 0;
+  // Sends the half-open calls: the debits of what fallback admitted (the
+  // shares, and the rate leases spent while Redis was unreachable), charged
+  // over fallback_span_ms (with state_lost the counts are cleared and
+  // nothing is debited), the renewal of every holding, and the lease of
+  // every holding's debt. master_changed (a new run_id: a promoted replica
+  // or an empty restart) first ends every rate lease the node holds: the
+  // new master may not know its last renewal. Tells the breaker of each
+  // call with expect(epoch, 1) before it is sent, and of its answer or
+  // failure with answered(epoch, now_ns).
+  virtual void recover(uint64_t epoch, bool state_lost, bool master_changed,
+                       int64_t fallback_span_ms) = 0;
 };
 
 class CircuitBreaker {
@@ -186,6 +195,7 @@ class CircuitBreaker {
   int64_t open_since_ns_ = 0;  // when the breaker last opened (0: never: the start)
   bool known_ = false;         // some INFO has been read
   RedisIdentity last_;         // of the Redis we last talked to
+  bool master_changed_ = false;  // a new run_id seen since the last recovery
   bool refused_ = false;       // the marker names another version (or none)
   int64_t refused_by_ = -1;    // the marker's version last logged (0: none; -1: no refusal logged)
 };

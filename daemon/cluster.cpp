@@ -20,6 +20,8 @@ struct RedisCluster::Call {
   RedisCallback callback;
   int64_t timeout_ms = 0;
   int redirects = 0;
+  int try_agains = 0;
+  uint64_t first_sent_ms = 0;  // uv_now when the caller made it
   RedisAddress sent_to;  // for a redirection that names no host
 };
 
@@ -75,6 +77,8 @@ RedisCluster::RedisCluster(uv_loop_t* loop, RedisConfig config, RedisLinkOptions
   }
   uv_timer_init(loop_, &refresh_timer_);
   refresh_timer_.data = this;
+  uv_timer_init(loop_, &again_timer_);
+  again_timer_.data = this;
 }
 
 RedisCluster::~RedisCluster() {
@@ -323,6 +327,7 @@ bool RedisCluster::evalsha(ScriptId script, std::span<const std::string_view> ke
   call->args.assign(args.begin(), args.end());
   call->callback = std::move(callback);
   call->timeout_ms = timeout_ms;
+  call->first_sent_ms = uv_now(loop_);
   return send(call, master, false);
 }
 
@@ -343,6 +348,20 @@ bool RedisCluster::send(const std::shared_ptr<Call>& call, Master* master, bool 
 }
 
 void RedisCluster::onCallResult(const std::shared_ptr<Call>& call, const RedisResult& result) {
+  if (result.status == RedisStatus::kRedisError && result.error.starts_with("TRYAGAIN") && !closing_ &&
+      call->try_agains < kMaxTryAgains &&
+      uv_now(loop_) + kTryAgainDelayMs < call->first_sent_ms + static_cast<uint64_t>(call->timeout_ms)) {
+    // Its keys are split between a migrating slot's two nodes for now.
+    ++call->try_agains;
+    ++try_agains_;
+    again_.emplace_back(uv_now(loop_) + kTryAgainDelayMs, call);
+    if (again_.size() == 1) {
+      uv_timer_start(&again_timer_, [](uv_timer_t* timer) {
+        static_cast<RedisCluster*>(timer->data)->sendAgain();
+      }, kTryAgainDelayMs, 0);
+    }
+    return;
+  }
   std::optional<Redirect> redirect;
   if (result.status == RedisStatus::kRedisError) redirect = parseRedirect(result.error, call->sent_to);
   if (!redirect) {
@@ -368,10 +387,32 @@ void RedisCluster::onCallResult(const std::shared_ptr<Call>& call, const RedisRe
   call->callback(RedisResult{RedisStatus::kDisconnected, nullptr, why, 0});
 }
 
+void RedisCluster::sendAgain() {
+  const uint64_t now_ms = uv_now(loop_);
+  std::vector<std::shared_ptr<Call>> due;
+  size_t taken = 0;
+  while (taken < again_.size() && again_[taken].first <= now_ms) due.push_back(std::move(again_[taken++].second));
+  again_.erase(again_.begin(), again_.begin() + static_cast<std::ptrdiff_t>(taken));
+  if (!again_.empty()) {
+    uv_timer_start(&again_timer_, [](uv_timer_t* timer) {
+      static_cast<RedisCluster*>(timer->data)->sendAgain();
+    }, again_.front().first - now_ms, 0);
+  }
+  for (const std::shared_ptr<Call>& call : due) {
+    // To the slot's owner now: a source that no longer holds the keys
+    // answers ASK again, and the target has them all by then.
+    Master* master = slots_[clusterSlot(call->keys.front())];
+    if (master == nullptr || !master->up || !send(call, master, false)) {
+      call->callback(RedisResult{RedisStatus::kDisconnected, nullptr,
+                                 "TRYAGAIN, and then the slot's master was not connected", 0});
+    }
+  }
+}
+
 // --- closing ----------------------------------------------------------------------
 
 void RedisCluster::maybeClosed() {
-  if (!closing_ || !timer_closed_ || retired_.closing() > 0 || closed_) return;
+  if (!closing_ || !timer_closed_ || !again_timer_closed_ || retired_.closing() > 0 || closed_) return;
   closed_ = true;
   if (on_closed_) on_closed_();
 }
@@ -391,6 +432,17 @@ void RedisCluster::close(std::function<void()> on_closed) {
   uv_close(reinterpret_cast<uv_handle_t*>(&refresh_timer_), [](uv_handle_t* handle) {
     auto* self = static_cast<RedisCluster*>(handle->data);
     self->timer_closed_ = true;
+    self->maybeClosed();
+  });
+  // Calls waiting to be sent again end as a closed link's calls do.
+  std::vector<std::pair<uint64_t, std::shared_ptr<Call>>> again;
+  again.swap(again_);
+  for (auto& [due_ms, call] : again) {
+    call->callback(RedisResult{RedisStatus::kDisconnected, nullptr, "the cluster link closed", 0});
+  }
+  uv_close(reinterpret_cast<uv_handle_t*>(&again_timer_), [](uv_handle_t* handle) {
+    auto* self = static_cast<RedisCluster*>(handle->data);
+    self->again_timer_closed_ = true;
     self->maybeClosed();
   });
 }

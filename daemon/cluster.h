@@ -12,8 +12,13 @@
 //  - ASK <slot> <host:port>: the slot is being migrated and this key is on
 //    the target already. The call is sent once to the target, preceded by
 //    ASKING on the same connection; the map does not change.
-// At most kMaxRedirects redirections per call; TRYAGAIN (a multi-key call
-// during a migration) reaches the caller as an error reply.
+// At most kMaxRedirects redirections per call.
+//  - TRYAGAIN: a call of several keys (a penalty rule's state and block)
+//    while its slot migrates, its keys not all on one node yet. The call
+//    is sent again to the slot's owner after kTryAgainDelayMs, at most
+//    kMaxTryAgains times and only while that stays within its timeout (as
+//    redis-py and hiredis-cluster retry it), counted (tryAgains()); then
+//    the error reaches the caller.
 //
 // Up and down: the cluster is connected() while at least one master's link
 // is; onConnected runs when the first link comes up, onDisconnected when the
@@ -57,6 +62,10 @@ namespace sluice {
 constexpr int64_t kRefreshIntervalMs = 250;
 // Redirections (MOVED, ASK) one call follows before its error reaches the caller.
 constexpr int kMaxRedirects = 5;
+// A call answered -TRYAGAIN is sent again this long after, at most this
+// many times.
+constexpr int64_t kTryAgainDelayMs = 20;
+constexpr int kMaxTryAgains = 3;
 
 class RedisCluster : public RedisTarget {
  public:
@@ -86,6 +95,8 @@ class RedisCluster : public RedisTarget {
   // The masters, "host:port" each, by their first slot, comma-separated.
   std::string address() const override;
   const RedisLinkOptions& options() const override { return link_options_; }
+  // Calls sent again after a -TRYAGAIN, since the start.
+  uint64_t tryAgains() const { return try_agains_; }
   using RedisTarget::command;
   [[nodiscard]] bool command(std::span<const std::string_view> argv, RedisCallback callback,
                              int64_t timeout_ms) override;
@@ -116,6 +127,8 @@ class RedisCluster : public RedisTarget {
   // the link refused it, and then its callback is not called.
   bool send(const std::shared_ptr<Call>& call, Master* master, bool asking);
   void onCallResult(const std::shared_ptr<Call>& call, const RedisResult& result);
+  // Sends again the calls whose -TRYAGAIN delay is over.
+  void sendAgain();
   void maybeClosed();
   RedisConfig nodeConfig(const RedisAddress& address) const;
 
@@ -150,6 +163,12 @@ class RedisCluster : public RedisTarget {
 
   uv_timer_t refresh_timer_;
   bool timer_closed_ = false;
+  // Calls answered -TRYAGAIN, in order, each with when it is sent again
+  // (uv_now ms); the timer runs while there are any.
+  std::vector<std::pair<uint64_t, std::shared_ptr<Call>>> again_;
+  uv_timer_t again_timer_;
+  bool again_timer_closed_ = false;
+  uint64_t try_agains_ = 0;
   RetiredLinks retired_{[this] { maybeClosed(); }};
   bool closing_ = false;
   bool closed_ = false;

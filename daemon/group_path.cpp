@@ -191,6 +191,8 @@ void GroupPath::giveBackAll(int64_t now_ns) {
 void GroupPath::keep(std::string_view key, const Entry& entry) {
   const Taken& taken = entry.verdict.taken;
   if (!taken.slice.empty()) metrics_.lease_units_spent.add(static_cast<uint64_t>(taken.cost));
+  // Fallback admissions on a rate lease: debited when Redis answers again.
+  if (taken.on_rate) slice::noteRateFallback(taken.slice, taken.cost);
   if (taken.share != nullptr) {
     policy_.noteFallbackSpend(*rules_, *taken.share, key, taken.share_words, taken.cost);
   }

@@ -142,23 +142,10 @@ bool LeaseManager::serve(const LeaseRequest& request, const RuleSetPtr& rules, b
   return true;
 }
 
-std::vector<std::string> LeaseManager::scriptKeys(const Rule& rule, std::string_view key) const {
-  std::vector<std::string> keys = {stateKey(rule.name, key)};
-  // A rule whose keys may hold rates passes the rates with every call
-  // (lua/token_bucket.lua charges them first), and so the block key before
-  // them; otherwise a rule with a penalty asks for the key's block.
-  if (rule.penalty || rate_lease::eligible(rule)) keys.push_back(blockKey(rule.name, key));
-  if (rate_lease::eligible(rule)) {
-    keys.push_back(redisRatesKey(config_.key_prefix, rule.name, key, context_.state_version));
-  }
-  return keys;
-}
-
 void LeaseManager::callScript(const Rule& rule, std::string_view key, std::vector<std::string> argv,
                               int64_t timeout_ms, RedisCallback on_result) {
-  std::vector<std::string> keys = scriptKeys(rule, key);
-  if (!rate_lease::eligible(rule)) keys.resize(1);  // returns and debits need no block
-  pipe_.call(scriptFor(rule.algorithm), std::move(keys), std::move(argv), timeout_ms, std::move(on_result));
+  pipe_.call(scriptFor(rule.algorithm), {stateKey(rule.name, key)}, std::move(argv), timeout_ms,
+             std::move(on_result));
 }
 
 void LeaseManager::sendLease(const LeaseRequest& request, const Rule& rule, RuleSetPtr rules) {
@@ -174,7 +161,10 @@ void LeaseManager::sendLease(const LeaseRequest& request, const Rule& rule, Rule
       request.rate >= 0
           ? rate_lease::rateArgv(request.rate, request.n, limit, deadline_us, context_.node_id, rateLeaseMs())
           : scripts::leaseArgv(request.n, request.need, limit, deadline_us);
-  pipe_.call(scriptFor(rule.algorithm), scriptKeys(rule, request.key), std::move(argv),
+  // A rule with a penalty asks for the key's block too (the script's KEYS[2]).
+  std::vector<std::string> keys = {stateKey(rule.name, request.key)};
+  if (rule.penalty) keys.push_back(blockKey(rule.name, request.key));
+  pipe_.call(scriptFor(rule.algorithm), std::move(keys), std::move(argv),
              config_.lease_timeout_ms,
              [this, request, &rule, rules = std::move(rules), sent_ns = now()](const RedisResult& result) {
                onLeaseReply(request, rule, result, sent_ns);
@@ -435,6 +425,8 @@ void LeaseManager::newMaster(std::string_view master) {
                "it had not replicated, or a node added; learning mode, each node also holds to "
                "its share for one period, and until every node can have reconnected",
                master);
+  // It may lack the last renewal of a rate this node holds on its slots.
+  endRates();
   breaker_.newMaster(now());
 }
 
@@ -495,10 +487,11 @@ void LeaseManager::checkFleet() {
   });
 }
 
-void LeaseManager::recover(uint64_t epoch, bool state_lost, int64_t fallback_span_ms) {
+void LeaseManager::recover(uint64_t epoch, bool state_lost, bool master_changed,
+                           int64_t fallback_span_ms) {
   auto answered = [this, epoch] { breaker_.answered(epoch, now()); };
   auto expect = [this, epoch](size_t calls) { breaker_.expect(epoch, calls); };
-  if (state_lost) endRates();
+  if (master_changed) endRates();
   debitFallback(state_lost, fallback_span_ms, answered, expect);
   passHoldings(true, answered, expect);
   leaseDebts(answered, expect);
@@ -507,11 +500,24 @@ void LeaseManager::recover(uint64_t epoch, bool state_lost, int64_t fallback_spa
 void LeaseManager::endRates() {
   RuleSetPtr rules = context_.rules();
   const int64_t now_ns = now();
+  std::vector<std::pair<const Rule*, std::string>> held;
   context_.keys->visit([&](KeyTable::Entry& entry) {
     const Rule* rule = rules->findById(entry.ruleId());
     if (rule == nullptr || !rate_lease::eligible(*rule) || entry.state().size() != entryWords(*rule)) return;
+    if (slice::holdsRate(entry.state(), now_ns)) {
+      held.emplace_back(&variantOf(*rules, *rule, storedOverride(*rule, entry.state())), entry.key());
+    }
     slice::applyRate(entry.state(), 0, 0, 0, 0, now_ns);
   });
+  // A new master that did get the rate's last renewal would charge it until
+  // it ends, refilling the bucket at what it leaves of the limit while the
+  // node no longer spends it: each is given up there (a rate op of 0).
+  for (const auto& [rule, key] : held) {
+    callScript(*rule, key,
+               rate_lease::rateArgv(0, 0, rule->limits.front(), 0, context_.node_id, rateLeaseMs()),
+               config_.lease_timeout_ms, [](const RedisResult&) {});
+  }
+  if (!held.empty()) spdlog::info("lease: the master changed; {} rate leases given up", held.size());
 }
 
 void LeaseManager::debitFallback(bool state_lost, int64_t span_ms,
@@ -525,16 +531,34 @@ void LeaseManager::debitFallback(bool state_lost, int64_t span_ms,
     int64_t units;
   };
   std::vector<Debit> debits;
+  // A key whose rate ended during the outage admitted on its rate, then on
+  // its share: one debit of both, as a span's debits of one key do not add.
+  std::map<std::pair<const Rule*, std::string>, size_t> debit_of;
+  auto add = [&](const Rule& rule, std::string_view key, int64_t units) {
+    auto [at, fresh] = debit_of.try_emplace({&rule, std::string(key)}, debits.size());
+    if (fresh) {
+      debits.push_back({&rule, std::string(key), units});
+    } else {
+      debits[at->second].units += units;
+    }
+  };
   context_.keys->visit([&](KeyTable::Entry& entry) {
-    if ((entry.ruleId() & kFallbackIdBit) == 0) return;
+    if ((entry.ruleId() & kFallbackIdBit) == 0) {
+      // A slice that spent its rate lease while Redis was unreachable.
+      const Rule* rule = rules->findById(entry.ruleId());
+      if (rule == nullptr || !leasable(*rule) || leasesHolding(*rule) ||
+          entry.state().size() != entryWords(*rule)) {
+        return;
+      }
+      int64_t units = slice::takeRateFallback(entry.state());
+      if (units > 0) add(variantOf(*rules, *rule, storedOverride(*rule, entry.state())), entry.key(), units);
+      return;
+    }
     const Rule* share = rules->findById(entry.ruleId());
     const Rule* global = rules->findById(entry.ruleId() & ~kFallbackIdBit);
     if (share == nullptr || global == nullptr || !leasable(*global)) return;
     int64_t units = takeUndebited(*share, entry.state());
-    if (units > 0) {
-      debits.push_back({&variantOf(*rules, *global, storedOverride(*share, entry.state())),
-                        std::string(entry.key()), units});
-    }
+    if (units > 0) add(variantOf(*rules, *global, storedOverride(*share, entry.state())), entry.key(), units);
   });
   // A Redis that lost the state starts full: the others' leases and the
   // shares' spending since it came back already account for the time, and

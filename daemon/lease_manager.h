@@ -162,15 +162,21 @@ class LeaseManager : private BreakerActions {
   void sendDebitNow(const Rule& rule, uint32_t variant, std::string_view key, int64_t units);
   // BreakerActions (breaker.h).
   bool askIdentity(uint64_t epoch) override;
-  void recover(uint64_t epoch, bool state_lost, int64_t fallback_span_ms) override;
+  void recover(uint64_t epoch, bool state_lost, bool master_changed,
+               int64_t fallback_span_ms) override;
   // Sends fleet_version.lua's claim; `done` gets the marker's version
   // (nullopt: no answer). False when it could not be sent.
   bool claimFleet(std::function<void(std::optional<int64_t>)> done);
-  // Ends every rate lease this node holds (rate_lease.h): Redis came back
-  // without the rates hash, so it counts none of them, and a slice that
-  // refilled on would admit beside a bucket that refills at the full rate.
+  // Ends every rate lease this node holds (rate_lease.h): the master changed
+  // (a promoted replica, an empty restart, a cluster master taking over
+  // slots), and it may not have the rate's last renewal, so it may not
+  // count it, and a slice that refilled on would admit beside a bucket that
+  // refills at the full rate. Each is given up in Redis too (a master that
+  // has it would charge it on). A key asks for a rate again once its
+  // bucket runs dry.
   void endRates();
-  // Debits what the fallback shares admitted over span_ms (nothing when
+  // Debits what fallback admitted over span_ms, the shares' and the rate
+  // leases' (slice::takeRateFallback), one debit per key (nothing when
   // Redis lost the state); `expect` counts the debits before they are sent,
   // and each one's answer calls `answered`.
   void debitFallback(bool state_lost, int64_t span_ms, const std::function<void()>& answered,
@@ -190,9 +196,6 @@ class LeaseManager : private BreakerActions {
   // sent_ns: when the lease was sent (a rate lease's start, at the latest).
   void onLeaseReply(const LeaseRequest& request, const Rule& rule, const RedisResult& result,
                     int64_t sent_ns);
-  // The Redis keys a script call on (rule, key) names: its state, then the
-  // block key and the rates key where the rule's script takes them.
-  std::vector<std::string> scriptKeys(const Rule& rule, std::string_view key) const;
   // How long a rate lease holds (lease_ttl, at most rate_lease::kMaxLeaseMs).
   int64_t rateLeaseMs() const;
   // A lease that got no usable answer: counted, and the key follows its

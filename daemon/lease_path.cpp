@@ -316,17 +316,7 @@ std::optional<Outcome> LeasePath::acquireOnRate(const RuleSet& rules, const Rule
   if (taken.outcome == slice::Outcome::kTaken) {
     verdict->taken.cost = item.cost;
     verdict->taken.slice = words;
-    if (taken.past_end) {
-      // Redis charged the rate until its end only: what is spent past it
-      // is debited on recovery, as the equal share's spend is.
-      const Rule* share = rules.fallbackShare(rule);
-      KeyTable::Entry* noted =
-          share != nullptr ? keys_.findOrInsert(share->id, item.key, entryWords(*share), now_ns) : nullptr;
-      if (noted != nullptr) {
-        verdict->taken.share = share;
-        verdict->taken.share_words = noted->state();
-      }
-    }
+    verdict->taken.on_rate = true;
   }
   Decision decision = sliceDecision(deciding, taken, words, now_ns);
   policy_.countDenial(rule, item.key, entry->state(), decision, now_ns);

@@ -19,7 +19,12 @@
 //    (LeasePath::acquireOnRate): Redis charges the rate until then all the
 //    same, so that too escapes the count by the cap alone. Past its end it
 //    spends on (rate_lease::kFallbackHoldNs), as a fallback budget of one
-//    period of the rate (below);
+//    period of the rate (below). A master that
+//    took over meanwhile may lack the rate's last renewal: what the rate
+//    admitted is debited to it with the shares' admissions, and the rate
+//    ends at the change (LeaseManager::endRates), so no rate refills beside
+//    a bucket that does not count it; what the new master missed besides
+//    is learning's (below);
 //  - while the breaker is not closed, the fallback budget of the rule's
 //    on_redis_down: "local" admits up to what its share (limit / N,
 //    burst / N) admits in a span of one period, which Redis never counts

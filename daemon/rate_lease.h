@@ -1,8 +1,8 @@
 // Rate lease: a node's lease of a rate on a hot key of a global token bucket
 // rule, "spend up to r units per period until t" (see docs/design.md,
 // "Rate leases on hot keys"). The global state stays in Redis, written only by
-// lua/token_bucket.lua with Redis TIME: beside the bucket's empty time T, a
-// hash of the rates held (node -> rate, until, demand). The script charges
+// lua/token_bucket.lua with Redis TIME: beside the bucket's empty time T, in
+// the same key, the rates held (node -> rate, until, demand). The script charges
 // the held rates into T span by span between their ends, so the bucket
 // refills at the limit minus the held rates, and grants a node
 // min(its demand, its max-min fair share of the limit among the recorded
@@ -50,13 +50,14 @@ constexpr int64_t kMaxRenewNs = 2'500'000'000;
 // opened spends it until the rate's end, and past that end until this
 // long after the opening (slice::takeOnRate): the demand-weighted share
 // stands in for the equal one through an outage as long as a failover
-// takes, whatever the time left of the rate when it began. What is spent
-// past the end is a fallback spend, debited on recovery as the equal
-// share's is, and the overshoot bound counts a period of the rate for it.
+// takes, whatever the time left of the rate when it began. What a rate
+// admits while Redis is unreachable is debited on recovery
+// (slice::rateFallback), past its end as before it, and the overshoot
+// bound counts a period of the rate for what it spends past the end.
 // Past this, a demand that moved during the outage gets its equal share.
 constexpr int64_t kFallbackHoldNs = 10'000'000'000;
 
-// One entry of the rates hash.
+// One rate held on a key (an entry of its state's rates).
 struct Held {
   std::string node;
   int64_t rate = 0;      // units per period (0: asked, got nothing)

@@ -104,11 +104,6 @@ std::string redisBlockKey(std::string_view prefix, std::string_view rule_name,
   return pairKey(prefix, state_version, 'b', rule_name, key);
 }
 
-std::string redisRatesKey(std::string_view prefix, std::string_view rule_name,
-                          std::string_view key, int64_t state_version) {
-  return pairKey(prefix, state_version, 'r', rule_name, key);
-}
-
 std::string redisMembersKey(std::string_view prefix) { return std::string(prefix) + "members"; }
 
 std::string redisVersionKey(std::string_view prefix) { return std::string(prefix) + "version"; }

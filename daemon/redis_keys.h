@@ -38,7 +38,7 @@
 namespace sluice {
 
 // The state version this build writes. Raise it with any change to what a
-// state, block or rates key holds or to what a script that writes one replies
+// state or block key holds or to what a script that writes one replies
 // (docs/operations.md, "Upgrading the Redis state"). Version 1 is the key
 // names without a version, which no daemon writes any more.
 constexpr int64_t kRedisStateVersion = 3;
@@ -59,10 +59,6 @@ std::string redisHashTag(std::string_view rule_name, std::string_view key);
 std::string redisStateKey(std::string_view prefix, std::string_view rule_name,
                           std::string_view key, int64_t state_version = kRedisStateVersion);
 std::string redisBlockKey(std::string_view prefix, std::string_view rule_name,
-                          std::string_view key, int64_t state_version = kRedisStateVersion);
-// The rate leases held on (rule, key) at `state_version`
-// (lua/token_bucket.lua's KEYS[3]).
-std::string redisRatesKey(std::string_view prefix, std::string_view rule_name,
                           std::string_view key, int64_t state_version = kRedisStateVersion);
 
 // The members sorted set (lua/heartbeat.lua).

@@ -105,9 +105,6 @@ TakeResult takeOnRate(Words words, int64_t now_ns, int64_t cost, int64_t open_si
                                             std::memory_order_acq_rel)) {
       result.outcome = Outcome::kTaken;
       result.left = static_cast<int64_t>(units) - cost;
-      // (Units the rate refilled before its end and spent after it count
-      // too: a debit too many by the cap at the most, never one too few.)
-      result.past_end = now_ns >= until;
       return result;
     }
   }
@@ -444,6 +441,14 @@ int64_t redisLeft(ConstWords words, const Rule& rule, int64_t now_ns) {
 
 bool holdsRate(ConstWords words, int64_t now_ns) { return now_ns < load(words, kRateUntil); }
 
+void noteRateFallback(Words words, int64_t units) {
+  words[kRateFallback].fetch_add(static_cast<uint64_t>(units), std::memory_order_acq_rel);
+}
+
+int64_t takeRateFallback(Words words) {
+  return static_cast<int64_t>(words[kRateFallback].exchange(0, std::memory_order_acq_rel));
+}
+
 bool drained(ConstWords words) { return (words[kFlags].load(std::memory_order_acquire) & kDrained) != 0; }
 
 int64_t demandPerInterval(ConstWords words) { return std::max(load(words, kRate), load(words, kDemand)); }
@@ -553,7 +558,8 @@ bool inFlight(ConstWords words) {
 }
 
 bool idle(ConstWords words, int64_t now_ns) {
-  return !inFlight(words) && now_ns >= load(words, kDenyUntil);
+  // A rate's fallback admissions wait for their debit, as a share's do.
+  return !inFlight(words) && now_ns >= load(words, kDenyUntil) && load(words, kRateFallback) == 0;
 }
 
 bool lineMarked(ConstWords words) {

@@ -38,7 +38,9 @@
 //    kRateUntil the rate ends and the key leases tokens again. A key asks
 //    for a rate only once a lease found Redis's bucket drained (kDrained).
 //    While Redis is unreachable the rate is spent until it ends
-//    (takeOnRate).
+//    (takeOnRate), and what it admits then is counted (kRateFallback) to
+//    be debited with the fallback shares' admissions: a master that took
+//    over meanwhile may not know the rate.
 //  - Every lease's answer also says what Redis had left after it; the slice
 //    keeps that in the spare bits of kFlags (kRedisLeftShift), so that a
 //    decision can report the fleet's remaining, not only this node's units
@@ -90,6 +92,7 @@ enum Word : size_t {
   kRateMovedDemand,    // kDemand at kRateMovedSince
   kRateMoreNsPerUnit,  // demand above one unit per this many ns: twice what it asked (0: none)
   kRateLessNsPerUnit,  // demand below one unit per this many ns: half what it asked
+  kRateFallback,   // units the rate admitted while Redis was unreachable, not debited yet
   kWords
 };
 constexpr uint64_t kInFlight = 1;
@@ -157,7 +160,6 @@ struct TakeResult {
   bool must_request = false;
   bool cold = false;  // no lease has ever granted this key units
   int64_t dropped = 0;  // units dropped because their window had ended
-  bool past_end = false;  // takeOnRate: taken past the rate's end in Redis
 };
 
 // --- Workers ------------------------------------------------------------------
@@ -174,11 +176,10 @@ TakeResult take(Words words, int64_t now_ns, int64_t cost, bool again = false,
 // refills (and the units the slice holds) while the rate holds at now_ns,
 // and past its end until hold_until_ns when it still held at
 // open_since_ns, the breaker's opening (the demand-weighted share in
-// fallback, rate_lease::fallbackHoldUntilNs); kDenied with the time of its
+// fallback, rate_lease::kFallbackHoldNs); kDenied with the time of its
 // next units when they are short, kFallback when no rate holds (the equal
-// share decides). A take past the rate's end says so (past_end): Redis
-// charged the rate only until then, so those units are a fallback spend
-// to debit. Claims no lease, counts no demand. Lock-free. See
+// share decides). The caller counts what it keeps (noteRateFallback).
+// Claims no lease, counts no demand. Lock-free. See
 // LeasePath::acquireOnRate.
 TakeResult takeOnRate(Words words, int64_t now_ns, int64_t cost, int64_t open_since_ns = 0,
                       int64_t hold_until_ns = 0);
@@ -236,6 +237,12 @@ Batch nextBatch(Words words, int64_t now_ns, int64_t cost, const Rule& rule, uin
 
 // Whether the key holds a rate lease at now_ns.
 bool holdsRate(ConstWords words, int64_t now_ns);
+
+// A worker: `units` taken by takeOnRate were kept (admitted), to be debited
+// once Redis answers again (kRateFallback). Lock-free.
+void noteRateFallback(Words words, int64_t units);
+// The control thread: what noteRateFallback counted, now 0.
+int64_t takeRateFallback(Words words);
 
 // Whether the key's last lease granted fewer units than it asked for
 // (kDrained).
@@ -374,8 +381,9 @@ void failUntil(Words words, int64_t until_ns);
 // Whether a lease of the key is on the way (the in-flight bit).
 bool inFlight(ConstWords words);
 
-// Whether the key is idle for the sweep at now_ns: no lease on the way and
-// no negative cache standing (its next lease would be refused for nothing).
+// Whether the key is idle for the sweep at now_ns: no lease on the way, no
+// negative cache standing (its next lease would be refused for nothing) and
+// no rate's fallback admissions waiting for their debit (kRateFallback).
 bool idle(ConstWords words, int64_t now_ns);
 
 // Whether the key's flags still carry a line mark (wait_lines.h).

@@ -35,6 +35,7 @@ struct Taken {
   std::span<std::atomic<uint64_t>> state;  // ...and the state it spent
   const Rule* share = nullptr;             // a fallback share to note
   std::span<std::atomic<uint64_t>> share_words;  // ...and its entry's words
+  bool on_rate = false;  // the slice's units came from its rate while Redis was unreachable
 };
 
 struct Verdict {

@@ -8,31 +8,35 @@
 --          at which the bucket was, or would have been, empty. The bucket
 --          holds min(burst, floor((now - T) / interval)) units, interval =
 --          ceil(period_us / limit). An absent key is a full bucket.
+--          While rate leases are held on the key, the string is instead a
+--          MessagePack array (its first byte is never a digit): {T (0: a
+--          full bucket), at_us, then per node: node, rate, until_us,
+--          demand}. at_us is the time up to which the rates held are charged
+--          to T; the node may spend up to `rate` units per period until
+--          until_us (its own slice refills at it), and asked for `demand`
+--          units per period (rate 0: it asked and got nothing yet). Every op
+--          first charges the rates held since at_us into T, span by span
+--          between their ends: a span of dt µs at held rates R moves T by
+--          ceil(dt * R / limit) and keeps it at or after the span's end
+--          minus burst * interval, so the bucket refills at (limit - R) per
+--          period and the bucket and the rate holders never hand out more
+--          than the limit between them. Rates that ended are dropped. One
+--          key holds both, so that no call reads T uncharged, and so that a
+--          call names one key: Redis Cluster serves a call of several keys
+--          during a slot's migration only once all of them are on one node
+--          (else -TRYAGAIN), which a fresh key's absent ones never are.
 -- KEYS[2]  optional: the key's penalty block (penalty.lua), a string whose
 --          TTL is the block's time left. While it exists a lease grants
 --          nothing and replies as a peek. Given, the reply gets a sixth
---          integer: the block's time left, ms (0: not blocked).
--- KEYS[3]  optional: the key's rate leases, a hash. Field "." is the time
---          (µs) up to which the rates held are charged to T; each other
---          field is a node, "rate:until_us:demand": the node may spend up to
---          `rate` units per period until until_us (its own slice refills at
---          it), and asked for `demand` units per period (rate 0: it asked
---          and got nothing yet). Every op first charges the rates held since
---          "." into T, span by span between their ends: a span of dt µs at
---          held rates R moves T by ceil(dt * R / limit) and keeps it at or
---          after the span's end minus burst * interval, so the bucket refills
---          at (limit - R) per period and the bucket and the rate holders never
---          hand out more than the limit between them. Rates that ended are
---          dropped. The daemon passes KEYS[3] with every call on a key of a
---          rule that may hold rates (and KEYS[2] then, maybe absent in Redis),
---          so that no call reads T uncharged.
+--          integer: the block's time left, ms (0: not blocked); a rate op's
+--          reply has it always (0 without KEYS[2]).
 -- ARGV[1]  op: "lease"  take up to n units when at least `need` are there;
 --              "return" give n unused units back (never beyond a full bucket);
 --              "debit"  take n units unconditionally: units admitted while
 --                       Redis was unreachable. T may pass now: that is debt,
 --                       and the next lease waits until it has refilled;
 --              "peek"   take nothing, report the state;
---              "rate"   hold a rate (KEYS[2] and KEYS[3] needed): this
+--              "rate"   hold a rate: this
 --                       node's rate lease is replaced by one of
 --                       min(n, its max-min fair share of the limit among
 --                       the demands recorded, the limit minus the others'
@@ -59,7 +63,7 @@
 --          the window there; every rate script takes the same ARGV).
 --          rate: as for lease (run late, it holds nothing new and replies
 --          as a peek, rate 0; the node's earlier rate lease stands).
--- ARGV[9]  rate: the node's id (the field in KEYS[3]).
+-- ARGV[9]  rate: the node's id (its entry in KEYS[1]'s rates).
 -- ARGV[10] rate: lease_ms, how long the rate holds, 1 .. 60,000.
 --
 -- Needs Redis >= 5: the script writes after TIME, which takes effects
@@ -67,9 +71,9 @@
 -- with redis.replicate_commands() where that exists.
 --
 -- Returns five integers {granted, remaining, retry_after_ms, reset_after_ms,
--- now_ms}, and blocked_ms sixth when KEYS[2] is given, and for a rate op the
--- rate granted seventh (units per period; 0 when it ran as a peek) and
--- `unmet` eighth:
+-- now_ms}, and blocked_ms sixth when KEYS[2] is given or the op is rate, and
+-- for a rate op the rate granted seventh (units per period; 0 when it ran as
+-- a peek) and `unmet` eighth:
 --   granted         units moved into the caller's slice (lease, rate), else 0;
 --   remaining       whole units left in the bucket after this call;
 --   retry_after_ms  0 when the lease granted (or a peek of `need` would);
@@ -84,7 +88,7 @@
 --   reset_after_ms  until the bucket is full again, rounded up;
 --   now_ms          Redis's time (floor of now_us / 1000), for clock offsets.
 --   unmet           1 when some node's recorded demand is unmet after the
---                   call: an entry of KEYS[3] holds less than its max-min
+--                   call: a rate entry holds less than its max-min
 --                   share of the limit among every recorded demand (a node
 --                   that asked and got 0 included), else 0. A holder that
 --                   hears 1 renews at its next lease interval, and so gives
@@ -94,7 +98,7 @@
 -- full; a full bucket deletes the key), so it is at most
 -- burst * interval + outstanding debt, rounded up to ms, plus, while rates
 -- are held, the time until the last of them ends (the bucket may not refill
--- before). KEYS[3]'s TTL is the time until its last entry ends.
+-- before), and at least until its last rate entry ends.
 -- A rate lease needs limit * 60,000,000 < 2^53 (dt * R stays exact).
 -- Lua numbers are doubles: every quantity is an integer below 2^53. Times
 -- near 2^50.6 µs (now) plus burst * interval <= 2^50 stay exact; debt
@@ -149,7 +153,6 @@ local node, lease_us
 if rate_op then
   node = ARGV[9]
   local lease_ms = int_arg(10, 1, MAX_RATE_LEASE_US / 1000)
-  if not (KEYS[2] and KEYS[3]) then return fail('rate needs KEYS[2] and KEYS[3]') end
   if not node or node == '' or not lease_ms then
     return fail('rate needs ARGV[9] node and ARGV[10] lease_ms in 1 .. 60000')
   end
@@ -189,10 +192,23 @@ if burst * interval > MAX_SPAN_US or n * interval > MAX_SPAN_US or need_units * 
 end
 local full = now - burst * interval
 
+-- The state: T alone, or T and the rates held (see KEYS[1]).
 local stored = redis.call('GET', KEYS[1])
-if stored then stored = tonumber(stored) end
+local all = {}      -- every rate entry read: {node, rate, until_us, demand}
+local at = now      -- the rates are charged up to here
+if stored and (string.byte(stored, 1) or 0) >= 0x80 then
+  local v = cmsgpack.unpack(stored)
+  if type(v) ~= 'table' or type(v[1]) ~= 'number' or type(v[2]) ~= 'number' then
+    return fail('KEYS[1] holds neither T nor T and rates')
+  end
+  at = math.min(v[2], now)
+  for i = 3, #v - 3, 4 do all[#all + 1] = {tostring(v[i]), v[i + 1], v[i + 2], v[i + 3]} end
+  stored = v[1] ~= 0 and v[1] or nil
+elseif stored then
+  stored = tonumber(stored)
+end
 
--- The rates held (KEYS[3]) are charged into T up to now, one span between
+-- The rates held are charged into T up to now, one span between
 -- their ends at a time. Within a span at rates R < limit the bucket is
 -- max(T0 + dt * R / limit, t - burst * interval): once full it stays full,
 -- as the uncharged refill outruns the charge; with R = limit both move
@@ -200,18 +216,7 @@ if stored then stored = tonumber(stored) end
 -- already full there would otherwise be charged from an older T).
 local rates = {}      -- the entries live after now: {node, rate, until_us, demand}
 local held_rate = 0   -- the sum of their rates
-if KEYS[3] then
-  local flat = redis.call('HGETALL', KEYS[3])
-  local at = now
-  local all = {}
-  for i = 1, #flat, 2 do
-    if flat[i] == '.' then
-      at = math.min(tonumber(flat[i + 1]) or now, now)
-    else
-      local r, u, d = string.match(flat[i + 1], '^(%d+):(%d+):(%d+)$')
-      if r then all[#all + 1] = {flat[i], tonumber(r), tonumber(u), tonumber(d)} end
-    end
-  end
+if #all > 0 then
   local cap_us = burst * interval
   local charged = false
   local t = stored
@@ -257,12 +262,25 @@ local function last_rate_end()
   return last
 end
 
+-- Writes T (and the rates live after now, charged up to now): T alone as
+-- its digits, deleted once full; with rates as their array (KEYS[1]).
 local function store(t)
-  if t <= full then
-    redis.call('DEL', KEYS[1])
-  else
-    redis.call('SET', KEYS[1], string.format('%d', t), 'PX', ceil_ms(t - full) + ceil_ms(last_rate_end() - now))
+  if #rates == 0 then
+    if t <= full then
+      redis.call('DEL', KEYS[1])
+    else
+      redis.call('SET', KEYS[1], string.format('%d', t), 'PX', ceil_ms(t - full))
+    end
+    return
   end
+  local v = {t > full and t or 0, now}
+  local last = now
+  for i, h in ipairs(rates) do
+    for j = 1, 4 do v[2 + 4 * (i - 1) + j] = h[j] end
+    if h[3] > last then last = h[3] end
+  end
+  local ttl_ms = math.max(ceil_ms(math.max(t - full, 0)) + ceil_ms(last_rate_end() - now), ceil_ms(last - now), 1)
+  redis.call('SET', KEYS[1], cmsgpack.pack(v), 'PX', string.format('%d', ttl_ms))
 end
 
 -- Max-min fairness: the share of a node asking `mine` among `demands` (its
@@ -334,24 +352,9 @@ elseif op ~= 'peek' then
   return fail('op must be lease, return, debit, peek or rate')
 end
 
--- T was charged (or a rate changed): both keys are written back.
-if KEYS[3] then
-  store(empty)
-  if #rates == 0 then
-    redis.call('DEL', KEYS[3])
-  else
-    local fields = {'.', string.format('%d', now)}
-    local last = now
-    for _, h in ipairs(rates) do
-      fields[#fields + 1] = h[1]
-      fields[#fields + 1] = string.format('%d:%d:%d', h[2], h[3], h[4])
-      if h[3] > last then last = h[3] end
-    end
-    redis.call('DEL', KEYS[3])
-    redis.call('HSET', KEYS[3], unpack(fields))
-    redis.call('PEXPIRE', KEYS[3], ceil_ms(last - now))
-  end
-end
+-- A rate op (its tokens, its rate), or rates read (T charged, ended ones
+-- dropped) or held now: written back.
+if rate_op or #all > 0 or #rates > 0 then store(empty) end
 
 local retry_ms = 0
 -- A rate op that got neither a rate nor tokens says when one token is there.
@@ -374,7 +377,7 @@ if op == 'lease' or op == 'peek' or (op == 'rate' and rate_granted == 0 and gran
   end
 end
 local reply = {granted, units_at(empty), retry_ms, ceil_ms(empty - full), math.floor(now / 1000)}
-if KEYS[2] then reply[6] = blocked_ms end
+if KEYS[2] or rate_op then reply[6] = blocked_ms end
 if rate_op then
   reply[7] = rate_granted
   local all = {}

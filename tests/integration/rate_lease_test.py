@@ -2,7 +2,7 @@
 """Rate leases on a hot key (docs/design.md, "Rate leases on hot keys"): one
 real sluiced on one real redis-server, driven at 3x a global token bucket's
 limit with a small burst. The key switches to a rate lease: Redis holds the
-node's rate in the key's rates hash, the daemon refills its slice at it and
+node's rate in the key's state, the daemon refills its slice at it and
 asks Redis only to renew, so a second of load costs a handful of script
 calls, while admissions stay within limit x T + burst plus the slice's cap.
 A node that crashes holding the rate holds it only until its lease ends;
@@ -87,6 +87,20 @@ def drive_all(loads, seconds):
         time.sleep(0.002)
 
 
+# The rates of a token bucket's state key: a MessagePack array {T, at_us,
+# then node, rate, until_us, demand per node} while any is held.
+RATES_LUA = """
+local s = redis.call('GET', KEYS[1])
+if not s or string.byte(s, 1) < 128 then return {} end
+local v, out = cmsgpack.unpack(s), {}
+for i = 3, #v - 3, 4 do
+  out[#out + 1] = v[i]
+  out[#out + 1] = string.format('%d:%d:%d', v[i + 1], v[i + 2], v[i + 3])
+end
+return out
+"""
+
+
 class RateLeaseTest(unittest.TestCase):
     def setUp(self):
         self.redis = Redis()
@@ -101,11 +115,13 @@ class RateLeaseTest(unittest.TestCase):
         return daemon
 
     def rates(self):
-        flat = self.redis.command("HGETALL", redis_key("r", "hot", "k")) or []
+        """The rates held on ("hot", "k"), node -> "rate:until_us:demand", read
+        out of the key's state (lua/token_bucket.lua's KEYS[1])."""
+        flat = self.redis.command("EVAL", RATES_LUA, "1", redis_key("q", "hot", "k")) or []
         return {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
 
     # Verifies that a hot key holds a rate lease: after a second at 3x the
-    # limit, Redis's rates hash gives this node the whole limit, the next
+    # limit, the rates in Redis's state give this node the whole limit, the next
     # two seconds cost at most a few script calls per second (renewals and
     # heartbeats), and they admit no more than limit x 2 s + burst + the cap,
     # and at least 90 % of limit x 2 s.

@@ -62,14 +62,15 @@ class FakeActions : public BreakerActions {
     identity_epochs.push_back(epoch);
     return can_ask;
   }
-  void recover(uint64_t epoch, bool state_lost, int64_t fallback_span_ms) override {
-    recoveries.push_back({epoch, state_lost, fallback_span_ms});
+  void recover(uint64_t epoch, bool state_lost, bool master_changed, int64_t fallback_span_ms) override {
+    recoveries.push_back({epoch, state_lost, master_changed, fallback_span_ms});
     if (breaker != nullptr && calls > 0) breaker->expect(epoch, calls);
   }
 
   struct Recovery {
     uint64_t epoch;
     bool state_lost;
+    bool master_changed;
     int64_t span_ms;
   };
   CircuitBreaker* breaker = nullptr;
@@ -161,6 +162,7 @@ TEST_F(BreakerTest, TheSameRedisGetsDebitsOverTheFallbackSpanAndNoLearning) {
   recoverAs(identity("a"));
   ASSERT_EQ(actions_.recoveries.size(), 2u);
   EXPECT_FALSE(actions_.recoveries[1].state_lost);
+  EXPECT_FALSE(actions_.recoveries[1].master_changed);
   EXPECT_EQ(actions_.recoveries[1].span_ms, 5'000);
   EXPECT_FALSE(broker_.learning(rule("per-hour"), now_));
   EXPECT_EQ(broker_.stats(now_).learning_entries, 0u);
@@ -175,6 +177,7 @@ TEST_F(BreakerTest, ARestartedRedisGetsNoDebitsAndStartsLearning) {
   recoverAs(identity("b", "r2"));
   ASSERT_EQ(actions_.recoveries.size(), 2u);
   EXPECT_TRUE(actions_.recoveries[1].state_lost);
+  EXPECT_TRUE(actions_.recoveries[1].master_changed);
   EXPECT_TRUE(broker_.learning(rule("per-hour"), now_));
   EXPECT_TRUE(broker_.learningAny(now_));
   EXPECT_EQ(broker_.stats(now_).learning_entries, 1u);
@@ -187,6 +190,7 @@ TEST_F(BreakerTest, APromotedReplicaGetsDebitsAndStartsLearning) {
   breaker_.down(now_);
   recoverAs(identity("b", "r2", "r1"));
   EXPECT_FALSE(actions_.recoveries[1].state_lost);
+  EXPECT_TRUE(actions_.recoveries[1].master_changed);
   EXPECT_TRUE(broker_.learning(rule("per-second"), now_));
 }
 
@@ -320,7 +324,7 @@ TEST_F(BreakerTest, AnIdentityThatCannotBeAskedRecoversWithDebits) {
 TEST_F(BreakerTest, RecoveryCallsAnsweredAtOnceDoNotCloseTheBreakerEarly) {
   class Eager : public FakeActions {
    public:
-    void recover(uint64_t epoch, bool, int64_t) override {
+    void recover(uint64_t epoch, bool, bool, int64_t) override {
       breaker->expect(epoch, 1);
       breaker->answered(epoch, kStart);  // failed at once (not sent)
       closed_between = breaker->state() == Breaker::kClosed;
@@ -451,9 +455,10 @@ TEST(ParseInfo, ReadsRunIdAndReplicationIds) {
 
 // --- The lease manager's half, on a fake Redis ---------------------------------
 
-std::string info(const std::string& run_id, const std::string& replid) {
+std::string info(const std::string& run_id, const std::string& replid,
+                 const std::string& replid2 = "0000") {
   return "# Server\r\nrun_id:" + run_id + "\r\n# Replication\r\nmaster_replid:" + replid +
-         "\r\nmaster_replid2:0000\r\n";
+         "\r\nmaster_replid2:" + replid2 + "\r\n";
 }
 
 class ManagerBreakerTest : public ::testing::Test {
@@ -625,7 +630,19 @@ class FakeRedisState {
     buckets_.clear();
     pools_.clear();
   }
+  // A replica took over: a new run_id that continues the last master's
+  // history, with its buckets but without the rate leases (their last
+  // renewals had not reached it).
+  void failover(std::string run_id) {
+    replid2_ = "replid-" + run_id_;
+    run_id_ = std::move(run_id);
+    for (auto& [key, bucket] : buckets_) bucket.rates.clear();
+  }
   const std::string& runId() const { return run_id_; }
+  // INFO's master_replid2: the history a promoted replica continued.
+  const std::string& replid2() const { return replid2_; }
+  // Units debited so far.
+  int64_t debited() const { return debited_; }
   // Rate leases run so far.
   int leases() const { return leases_; }
   // Units the bucket of `state_key` holds now.
@@ -683,6 +700,7 @@ class FakeRedisState {
       bucket.tokens = std::min(bucket.burst, bucket.tokens + static_cast<double>(n));
     } else if (a[0] == "debit") {
       bucket.tokens -= static_cast<double>(n);
+      debited_ += n;
     }
     const long long left = std::max<long long>(static_cast<long long>(bucket.tokens), 0);
     if (rate_op) {
@@ -756,7 +774,9 @@ class FakeRedisState {
   const int64_t& now_ns_;
   int leases_ = 0;
   int rate_ops_ = 0;
+  int64_t debited_ = 0;
   std::string run_id_ = "run-1";
+  std::string replid2_ = "0000";
   std::map<std::string, Bucket> buckets_;
   std::map<std::string, std::map<std::string, long long>> pools_;
 };
@@ -810,7 +830,7 @@ class Node {
     manager_->onWakeup();
     while (!link_.calls.empty()) {
       if (!link_.calls.front().script) {
-        link_.answerString(info(redis_.runId(), "replid-" + redis_.runId()));
+        link_.answerString(info(redis_.runId(), "replid-" + redis_.runId(), redis_.replid2()));
       } else {
         std::vector<long long> reply = redis_.run(link_.calls.front());
         link_.answerIntegers(reply);
@@ -1090,6 +1110,52 @@ TEST_F(RateFallbackTest, AKeyHoldingARateSpendsItThroughAnOutageThenTheEqualShar
   EXPECT_TRUE(in_mode);
   EXPECT_GE(allowed, 2 * 10);
   EXPECT_LE(allowed, 2 * 10 + 10 + 1);
+}
+
+// Verifies that a failover can never let a rate pass the limit unknown to
+// the new master: the promoted replica lacks the rate's last renewal, so
+// what the key admitted on its rate through the outage is debited to it,
+// and the rate ends at the change (learning then holds the node to its
+// equal share, 10/s), where a slice refilling on at 80/s would admit beside
+// a bucket that refills at the whole limit.
+TEST_F(RateFallbackTest, AFailoverDebitsWhatTheRateAdmittedAndEndsIt) {
+  bool in_mode = false;
+  hot(kSecond, Mode::kNormal, &in_mode);
+  ASSERT_GE(redis_.rateOps(), 1);
+  a_->down();
+  const int64_t debited = redis_.debited();
+  const int spent = hot(2 * kSecond, Mode::kFallback, &in_mode);
+  ASSERT_TRUE(in_mode);
+  ASSERT_GE(spent, 2 * 80 - 2);
+  redis_.failover("run-2");
+  a_->up();
+  ASSERT_TRUE(a_->broker().leasing());
+  const Rule& rule = *rules_->find("per-second");
+  ASSERT_TRUE(a_->broker().learning(rule, now_));
+  EXPECT_EQ(redis_.debited() - debited, spent);
+  // Learning: the share's 10/s and its burst of 10 at the most.
+  const int learning = hot(kSecond, Mode::kNormal, &in_mode);
+  EXPECT_LE(learning, 10 + 10 + 1);
+}
+
+// Verifies that the same master after an outage keeps the rate (it holds
+// and charges it), and is debited what the rate admitted all the same, as
+// the shares' admissions are: charged over the outage, it adds nothing to
+// a bucket that counted the rate.
+TEST_F(RateFallbackTest, TheSameMasterKeepsTheRateAndIsDebitedWhatItAdmitted) {
+  bool in_mode = false;
+  hot(kSecond, Mode::kNormal, &in_mode);
+  ASSERT_GE(redis_.rateOps(), 1);
+  a_->down();
+  const int64_t debited = redis_.debited();
+  const int spent = hot(kSecond, Mode::kFallback, &in_mode);
+  ASSERT_TRUE(in_mode);
+  a_->up();
+  ASSERT_TRUE(a_->broker().leasing());
+  EXPECT_EQ(redis_.debited() - debited, spent);
+  EXPECT_FALSE(a_->broker().learning(*rules_->find("per-second"), now_));
+  // Its rate refills on: past what the equal share (10/s, burst 10) admits.
+  EXPECT_GT(hot(kSecond / 2, Mode::kNormal, &in_mode), 5 + 10 + 1);
 }
 
 // Verifies that without a rate an outage answers from the equal share at

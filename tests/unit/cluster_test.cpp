@@ -144,6 +144,31 @@ class RedisClusterTest : public ::testing::Test {
         2'000);
   }
 
+  // Sends the script on `first` and `second` (one slot: a call of two keys,
+  // as a penalty rule's state and block); false when the cluster refused it.
+  bool sendPair(const std::string& first, const std::string& second, Seen& seen) {
+    std::array<std::string_view, 2> keys = {first, second};
+    return cluster_->evalsha(
+        incr_, keys, {},
+        [&seen](const RedisResult& result) {
+          seen.calls++;
+          seen.status = result.status;
+          if (result.status == RedisStatus::kOk) {
+            seen.integer = result.reply->integer();
+          } else {
+            seen.text = std::string(result.error);
+          }
+        },
+        2'000);
+  }
+
+  // MIGRATEs `key` from master `from` to master `to`.
+  void migrate(size_t from, size_t to, const std::string& key) {
+    ASSERT_EQ(node(from).cli({"MIGRATE", node(to).host(), std::to_string(node(to).port()), key, "0",
+                              "5000"}),
+              "OK");
+  }
+
   // Sends the script for `key` (the call must be accepted) and waits for its answer.
   Seen incr(const std::string& key) {
     Seen seen;
@@ -297,6 +322,61 @@ TEST_F(RedisClusterTest, FollowsAskToTheImportingNodeWithoutChangingTheMap) {
   EXPECT_EQ(redirects(1, "MOVED"), 0);
   EXPECT_EQ(infoCount(1, "commandstats", "cmdstat_asking:", "calls="), 3);
   EXPECT_EQ(node(1).cli({"CLUSTER", "COUNTKEYSINSLOT", std::to_string(slot)}), "2");
+}
+
+// Verifies TRYAGAIN: while a slot migrates key by key, a call of two keys
+// whose keys are split between the two masters (one moved, one not yet) is
+// sent again after kTryAgainDelayMs, counted, and is answered once both
+// keys are on the importing master (through ASK and ASKING), never failed.
+TEST_F(RedisClusterTest, SendsACallAgainAfterTryAgainUntilItsKeysAreOnOneNode) {
+  startCluster({addressOf(0), addressOf(1), addressOf(2)});
+  waitAllMastersUp();
+  const uint16_t slot = clusterSlot(keyOn(0, "split-"));
+  const std::string tag = "{" + keyInSlot(slot, "tag-") + "}";
+  const std::string first = tag + "state", second = tag + "block";
+  ASSERT_EQ(node(0).cli({"SET", first, "1"}), "OK");
+  ASSERT_EQ(node(0).cli({"SET", second, "1"}), "OK");
+  ASSERT_EQ(node(1).cli({"CLUSTER", "SETSLOT", std::to_string(slot), "IMPORTING", nodeId(0)}), "OK");
+  ASSERT_EQ(node(0).cli({"CLUSTER", "SETSLOT", std::to_string(slot), "MIGRATING", nodeId(1)}), "OK");
+  migrate(0, 1, first);
+
+  Seen seen;
+  ASSERT_TRUE(sendPair(first, second, seen));
+  // The first TRYAGAIN came back: the second key moves before the retry.
+  ASSERT_TRUE(runUntil([&] { return cluster_->tryAgains() > 0 || seen.calls > 0; }));
+  EXPECT_EQ(seen.calls, 0) << seen.text;
+  migrate(0, 1, second);
+  ASSERT_TRUE(runUntil([&] { return seen.calls > 0; }));
+  EXPECT_EQ(seen.status, RedisStatus::kOk) << seen.text;
+  EXPECT_EQ(seen.integer, 2);
+  EXPECT_EQ(cluster_->tryAgains(), 1u);
+  EXPECT_EQ(redirects(0, "TRYAGAIN"), 1);
+  EXPECT_EQ(redirects(0, "ASK"), 1);
+}
+
+// Verifies the bound: a call whose keys stay split gets TRYAGAIN back
+// after kMaxTryAgains sends again, each kTryAgainDelayMs apart.
+TEST_F(RedisClusterTest, GivesUpAfterTryAgainAFewTimes) {
+  startCluster({addressOf(0), addressOf(1), addressOf(2)});
+  waitAllMastersUp();
+  const uint16_t slot = clusterSlot(keyOn(0, "stuck-"));
+  const std::string tag = "{" + keyInSlot(slot, "tag-") + "}";
+  const std::string first = tag + "state", second = tag + "block";
+  ASSERT_EQ(node(0).cli({"SET", first, "1"}), "OK");
+  ASSERT_EQ(node(0).cli({"SET", second, "1"}), "OK");
+  ASSERT_EQ(node(1).cli({"CLUSTER", "SETSLOT", std::to_string(slot), "IMPORTING", nodeId(0)}), "OK");
+  ASSERT_EQ(node(0).cli({"CLUSTER", "SETSLOT", std::to_string(slot), "MIGRATING", nodeId(1)}), "OK");
+  migrate(0, 1, first);
+
+  Seen seen;
+  const uint64_t sent_ms = uv_now(&loop_);
+  ASSERT_TRUE(sendPair(first, second, seen));
+  ASSERT_TRUE(runUntil([&] { return seen.calls > 0; }));
+  EXPECT_EQ(seen.status, RedisStatus::kRedisError);
+  EXPECT_EQ(seen.text.rfind("TRYAGAIN", 0), 0u) << seen.text;
+  EXPECT_EQ(cluster_->tryAgains(), static_cast<uint64_t>(kMaxTryAgains));
+  EXPECT_EQ(redirects(0, "TRYAGAIN"), kMaxTryAgains + 1);
+  EXPECT_GE(uv_now(&loop_) - sent_ms, static_cast<uint64_t>(kMaxTryAgains * kTryAgainDelayMs));
 }
 
 }  // namespace

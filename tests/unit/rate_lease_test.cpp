@@ -4,6 +4,7 @@
 // test seam, never from sleeping.
 #include "rate_lease.h"
 
+#include <cctype>
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
 
@@ -81,9 +82,9 @@ class RateLeaseScript : public ::testing::Test {
     return ReplyPtr(reply, freeReplyObject);
   }
 
-  // EVALSHA on the three keys (state, block, rates) with `argv`.
+  // EVALSHA on the state key alone (it holds the rates too) with `argv`.
   Answer eval(const std::vector<std::string>& argv) {
-    std::vector<std::string> args = {"EVALSHA", sha_, "3", "q", "b", "r"};
+    std::vector<std::string> args = {"EVALSHA", sha_, "1", "q"};
     args.insert(args.end(), argv.begin(), argv.end());
     ReplyPtr reply = command(args);
     if (reply->type != REDIS_REPLY_ARRAY) {
@@ -277,6 +278,34 @@ TEST_F(RateLeaseScript, ARateThatIsNotRenewedReturnsToTheBucketAtItsEnd) {
   EXPECT_EQ(lease(limit, 1000, 1, kBaseUs + 3000 * kMsUs).granted, 100);
 }
 
+// Verifies that the rates live in the bucket's own state key, so that every
+// call names one key (a Cluster slot in migration serves a call of several
+// only once all are on one node): while rates are held Redis has the state
+// key alone, which reads back as T's digits once the last rate ended and
+// is deleted once the bucket is full again.
+TEST_F(RateLeaseScript, TheRatesLiveInTheStateKeyAlone) {
+  const Limit limit{100, kSecondNs, 100};
+  ASSERT_EQ(lease(limit, 100, 100, kBaseUs).granted, 100);
+  EXPECT_EQ(rate(limit, "node-a", 60, 0, 1000, kBaseUs).rate, 60);
+  EXPECT_EQ(rate(limit, "node-b", 60, 0, 1000, kBaseUs + 100 * kMsUs).rate, 40);
+  ReplyPtr keys = command({"KEYS", "*"});
+  ASSERT_EQ(keys->elements, 1u);
+  EXPECT_EQ(std::string(keys->element[0]->str), "q");
+  EXPECT_GE(static_cast<unsigned char>(command({"GET", "q"})->str[0]), 0x80);  // T and the rates
+  // Both rates ended (at 1 s and 1.1 s): T alone. The rates took 60/s for
+  // 0.1 s, 100/s for 0.9 s and 40/s for 0.1 s: 10 units had refilled at 1.1 s.
+  EXPECT_EQ(peek(limit, 1, kBaseUs + 1200 * kMsUs).remaining, 20);
+  ReplyPtr state = command({"GET", "q"});
+  ASSERT_EQ(state->type, REDIS_REPLY_STRING);
+  EXPECT_TRUE(std::isdigit(static_cast<unsigned char>(state->str[0])));
+  // Full again: no key at all.
+  EXPECT_EQ(lease(limit, 1, 1, kBaseUs + 3000 * kMsUs).granted, 1);
+  EXPECT_EQ(lease(limit, 1, 1, kBaseUs + 3000 * kMsUs).remaining, 98);
+  EXPECT_EQ(command({"DBSIZE"})->integer, 1);
+  EXPECT_EQ(eval(scripts::rateArgv(scripts::Op::kReturn, 2, 0, limit, kBaseUs + 3000 * kMsUs)).remaining, 100);
+  EXPECT_EQ(command({"DBSIZE"})->integer, 0);
+}
+
 // Verifies that a rate held by one node slows the bucket for the others to
 // the rest of the limit: over 10 s the token leases of another node get
 // what refills at limit - rate, and the two never pass limit * W + burst.
@@ -330,13 +359,11 @@ TEST_F(RateLeaseScript, ASmallDemandGetsItsRateWithinTwoRenewals) {
   EXPECT_EQ(rate(limit, "node-c", 100, 0, 1000, kBaseUs + 1300 * kMsUs).rate, 50);
 }
 
-// Verifies that a rate op without the rates key, or with a rate past the
-// limit, is an error reply.
+// Verifies that a rate op without a node id, with a rate past the limit or
+// a lease past 60 s is an error reply.
 TEST_F(RateLeaseScript, BadRateArgumentsAreAnErrorReply) {
   const Limit limit{100, kSecondNs, 10};
-  std::vector<std::string> args = {"EVALSHA", sha_, "1", "q"};
-  for (const std::string& a : rate_lease::rateArgv(10, 0, limit, 0, "n", 1000, kBaseUs)) args.push_back(a);
-  EXPECT_EQ(command(args)->type, REDIS_REPLY_ERROR);
+  EXPECT_THROW(rate(limit, "", 10, 0, 1000, kBaseUs), std::runtime_error);
   EXPECT_THROW(rate(limit, "n", 101, 0, 1000, kBaseUs), std::runtime_error);
   EXPECT_THROW(rate(limit, "n", 10, 0, 60'001, kBaseUs), std::runtime_error);
 }
