@@ -453,6 +453,10 @@ bool drained(ConstWords words) { return (words[kFlags].load(std::memory_order_ac
 
 int64_t demandPerInterval(ConstWords words) { return std::max(load(words, kRate), load(words, kDemand)); }
 
+int64_t rateNsPerUnit(ConstWords words, int64_t now_ns) {
+  return holdsRate(words, now_ns) ? load(words, kRateNsPerUnit) : 0;
+}
+
 int64_t rateCapUnits(ConstWords words, int64_t now_ns) {
   return holdsRate(words, now_ns) ? load(words, kRateCap) : 0;
 }

@@ -253,6 +253,10 @@ bool drained(ConstWords words);
 // (kDemand, less than an interval) when that is more already.
 int64_t demandPerInterval(ConstWords words);
 
+// The refill of the rate the key holds at now_ns: one unit per this many
+// ns (kRateNsPerUnit); 0 when it holds none.
+int64_t rateNsPerUnit(ConstWords words, int64_t now_ns);
+
 // The units a rate lease's slice refills to (kRateCap) while it holds a
 // rate at now_ns, else 0. For the overshoot bound (overshoot.h).
 int64_t rateCapUnits(ConstWords words, int64_t now_ns);
