@@ -503,10 +503,11 @@ bool demandMoved(Words words, int64_t now_ns) {
   const int64_t elapsed = now_ns - static_cast<int64_t>(since);
   if (span <= 0 || elapsed <= 0) return false;
   // The window: kMovedWindowUnits units at the rate asked, within [a
-  // kMovedWindowsPerInterval-th of the lease interval, the interval].
+  // kMovedWindowsPerInterval-th of the lease interval, kMovedMaxIntervals
+  // of them].
   const int64_t less = load(words, kRateLessNsPerUnit);
-  const int64_t window =
-      std::clamp<int64_t>(kMovedWindowUnits * (less / 2), span / kMovedWindowsPerInterval, span);
+  const int64_t window = std::clamp<int64_t>(kMovedWindowUnits * (less / 2), span / kMovedWindowsPerInterval,
+                                             kMovedMaxIntervals * span);
   // kDemand restarts from 0 at each measurement nextBatch ends: a window
   // across that counts what came since.
   const int64_t total = load(words, kDemand);

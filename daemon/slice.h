@@ -275,13 +275,17 @@ void applyRate(Words words, int64_t ns_per_unit, int64_t cap, int64_t until_ns, 
 
 // How long a window of a rate holder's demand lasts (demandMoved): the time
 // its rate asked takes to bring kMovedWindowUnits units, but at least a
-// kMovedWindowsPerInterval-th of the lease interval and at most the whole
-// interval. A short window sees a fall of demand soon (the old hot node of
-// a shifting skew gives its rate back within about a quarter interval); the
-// units keep one at a light demand from reading a gap between two requests
-// as a fall.
+// kMovedWindowsPerInterval-th of the lease interval and at most
+// kMovedMaxIntervals intervals. A short window sees a fall of demand soon
+// (the old hot node of a shifting skew gives its rate back within about a
+// quarter interval); the units keep one at a light demand from reading a
+// gap between two requests as a fall (at 85/s, one interval of 100 ms
+// brings 8 units, and a stall of 50 ms halves them): such a false fall
+// records a demand below the key's, and a holder that renews meanwhile
+// takes the difference until its next renewal.
 constexpr int64_t kMovedWindowUnits = 16;
 constexpr int64_t kMovedWindowsPerInterval = 4;
+constexpr int64_t kMovedMaxIntervals = 4;
 
 // The control thread: the rate op just answered at now_ns asked for
 // `asked` units per period of `limit`. The key's demand is measured over

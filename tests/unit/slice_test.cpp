@@ -607,8 +607,8 @@ TEST_F(SliceTest, ARenewedRateRefillsOnAndAnEndedOneLeasesTokensAgain) {
 
 // Verifies that a rate holder whose demand moves from what it asked (100
 // units/s of 1,000/s here) asks for its renewal before its renewal time
-// (500 ms): as soon as twice what it asked over a window (100 ms here: 16
-// units at 100/s is more) has come, at the end of a window with less than
+// (500 ms): as soon as twice what it asked over a window (160 ms here: 16
+// units at 100/s) has come, at the end of a window with less than
 // half of it, but not at the demand it asked for, nor past the whole limit
 // it asked; and that a drop after a long spell as asked is seen in the
 // first whole window after it.
@@ -625,8 +625,8 @@ TEST_F(SliceTest, ARateHolderWhoseDemandMovedRenewsBeforeItsRenewalTime) {
     }
     return -1;
   };
-  EXPECT_EQ(firstRequestMs(100, 2, 2), 41);    // 500/s: the 21st unit passes 20 in 100 ms
-  EXPECT_EQ(firstRequestMs(100, 40, 40), 121);  // 25/s: moved down, at the window's end
+  EXPECT_EQ(firstRequestMs(100, 2, 2), 65);    // 500/s: the 33rd unit passes 32 in 160 ms
+  EXPECT_EQ(firstRequestMs(100, 40, 40), 161);  // 25/s: moved down, at the window's end
   EXPECT_EQ(firstRequestMs(100, 10, 10), 501);  // 100/s as asked: at the renewal time
   EXPECT_EQ(firstRequestMs(100, 6, 6), 505);    // 167/s is not above twice
   EXPECT_EQ(firstRequestMs(limit.limit, 2, 2), 501);  // asked the whole limit already
