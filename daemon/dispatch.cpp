@@ -235,9 +235,12 @@ Outcome Dispatcher::reserve(const Question& question, int64_t now_ns, const Aske
     const bool spent_nothing = decision.shadow_denied || mode == Mode::kOpen;
     const int64_t spent = spent_nothing ? 0 : item.cost;
     const int64_t ttl_ms = item.ttl_ms > 0 ? item.ttl_ms : kDefaultReservationTtlMs;
-    // Spent from the slice unless the lease path fell back to the policy.
-    const bool on_slice = leases && mode != Mode::kFallback && mode != Mode::kOpen &&
-                          mode != Mode::kClosed;
+    // Spent from the slice unless the lease path fell back to the policy,
+    // or from the key's rate lease while Redis is unreachable: settled
+    // there too.
+    const bool on_slice = (leases && mode != Mode::kFallback && mode != Mode::kOpen &&
+                           mode != Mode::kClosed) ||
+                          group_.spentOnRate();
     answer->reservation = reservations_.open(configured->id, item.key, spent, ttl_ms * 1'000'000,
                                              now_ns, on_slice);
     metrics_.reservations_opened.add();
@@ -379,6 +382,11 @@ Outcome Dispatcher::look(const Question& question, int64_t now_ns, Answer* answe
     decision = group_.peek(*rules_, *configured, item, now_ns, &mode);
   } else if (leasing(*configured)) {
     decision = lease_.look(*rules_, *configured, item.key, now_ns, item.cost, &mode);
+  } else if (std::optional<Decision> rated;
+             broker_ != nullptr && leasable(*configured) &&
+             (rated = lease_.lookOnRate(*rules_, *configured, item.key, now_ns, item.cost, &mode))) {
+    // Redis is unreachable and the key holds a rate: as an acquire decides.
+    decision = *rated;
   } else if (auto [rule, routed_mode] = route(*configured); rule == nullptr) {
     decision = policyDecision(*configured, routed_mode);
     mode = routed_mode;

@@ -115,10 +115,17 @@ Outcome GroupPath::acquireGroups(std::span<const Item> items, int64_t now_ns, co
 Outcome GroupPath::acquireAlone(const Rule& configured, const Item& item, int64_t now_ns,
                                 const Asker& asker, Answer* answer) {
   // The lone entry is kept between questions: only what a path may leave
-  // unset is reset (a path always decides or fails what it answers).
+  // unset is reset (a path always decides or fails what it answers). Of
+  // what it took, that is the kinds keep() and giveBack() look at: a path
+  // sets the rest of a kind with it.
   Entry& entry = alone_;
   entry.rule = &configured;
-  entry.verdict.taken = Taken{};
+  Taken& taken = entry.verdict.taken;
+  taken.slice = {};
+  taken.held = {};
+  taken.limited = nullptr;
+  taken.share = nullptr;
+  taken.on_rate = false;  // keep() counts the slice's units as a rate's fallback spend
   entry.verdict.failed = false;
   entry.verdict.waited_ms = -1;
   Outcome outcome = decideEntry(configured, item, now_ns, asker, &entry.verdict);
@@ -224,6 +231,10 @@ Decision GroupPath::peek(const RuleSet& rules, const Rule& configured, const Ite
     Decision decision;
     if (leasing(part)) {
       decision = lease_.look(*rules_, part, item.key, now_ns, item.cost, &part_mode);
+    } else if (std::optional<Decision> rated;
+               broker_ != nullptr && leasable(part) &&
+               (rated = lease_.lookOnRate(*rules_, part, item.key, now_ns, item.cost, &part_mode))) {
+      decision = *rated;  // Redis is unreachable and the part's key holds a rate
     } else if (auto [share, policy_mode] = route(part); share == nullptr) {
       part_mode = policy_mode;
       decision = policyDecision(part, policy_mode);

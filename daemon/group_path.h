@@ -87,6 +87,10 @@ class GroupPath {
     }
     return acquireParts(configured, item, now_ns, asker, answer);
   }
+  // Whether the last acquireOne() of a rule of one limit spent from its
+  // key's rate lease while Redis was unreachable (LeasePath::acquireOnRate):
+  // a reservation it opened settles on the slice.
+  bool spentOnRate() const { return alone_.verdict.taken.on_rate; }
   // The rule the i-th item of the last acquire() named.
   const Rule& configured(size_t i) const { return *groups_[i].configured; }
   // What an acquire of item.cost on a rule of parts would answer, spending

@@ -25,19 +25,27 @@ Decision sliceDecision(const Rule& rule, const slice::TakeResult& taken, slice::
   decision.limit = limit.limit;
   decision.allowed = taken.outcome == slice::Outcome::kTaken;
   if (decision.allowed) {
+    // What Redis has left counts only while the slice's own units fall
+    // short of the capacity.
+    const int64_t held = std::min(taken.left, capacity);
     decision.remaining =
-        std::min(capacity, std::min(taken.left, capacity) + slice::redisLeft(words, rule, now_ns));
+        held == capacity ? capacity
+                         : std::min(capacity, held + slice::redisLeft(words, rule, now_ns));
   }
   if (taken.outcome == slice::Outcome::kDenied || taken.outcome == slice::Outcome::kQueued) {
     // In line behind waiters (until_ns 0): as soon as they are served.
     decision.retry_after_ms = std::max<int64_t>(ceilMs(taken.until_ns - now_ns), 1);
   }
-  // Until the global state is full again, as far as this node can tell.
+  // Until the global state is full again, as far as this node can tell:
+  // at once when nothing is missing.
   int64_t missing = std::max<int64_t>(capacity - decision.remaining, 0);
-  double period_ms = static_cast<double>(limit.period_ns) / 1e6;
-  decision.reset_after_ms = std::max(
-      decision.retry_after_ms,
-      static_cast<int64_t>(static_cast<double>(missing) * period_ms / static_cast<double>(limit.limit) + 0.999));
+  decision.reset_after_ms = decision.retry_after_ms;
+  if (missing > 0) {
+    double period_ms = static_cast<double>(limit.period_ns) / 1e6;
+    decision.reset_after_ms = std::max(
+        decision.retry_after_ms,
+        static_cast<int64_t>(static_cast<double>(missing) * period_ms / static_cast<double>(limit.limit) + 0.999));
+  }
   return decision;
 }
 
@@ -259,6 +267,10 @@ Verdict LeasePath::settle(const RuleSet& rules, const Rule& rule, std::string_vi
   auto words = slice::of(entry->state());
   entry->touch(now_ns);
   slice::refundSpent(words, refund, spent_ns, now_ns, deciding.limits.front().period_ns);
+  // Redis is unreachable: the units back in the slice were not admitted
+  // (a reservation on a rate lease counted its estimate as the rate's
+  // fallback spend), and are counted again if the rate spends them.
+  if (!broker_->leasing()) slice::unnoteRateFallback(words, refund);
   if (debt > 0) *charged = slice::charge(words, debt, debtBound(deciding, deciding.limits.front()));
   slice::TakeResult looked;
   looked.outcome = slice::Outcome::kTaken;
@@ -323,6 +335,24 @@ std::optional<Outcome> LeasePath::acquireOnRate(const RuleSet& rules, const Rule
   applyShadow(rule, &decision);
   verdict->decide(decision, rule.shadow ? Mode::kShadow : Mode::kFallback);
   return Outcome::kAnswered;
+}
+
+std::optional<Decision> LeasePath::lookOnRate(const RuleSet& rules, const Rule& rule, std::string_view key,
+                                              int64_t now_ns, int64_t cost, Mode* mode) {
+  if (rule.on_redis_down != RedisDownPolicy::kLocal) return std::nullopt;
+  KeyTable::Entry* entry = currentEntry(keys_, rule, key);
+  if (entry == nullptr) return std::nullopt;
+  const Rule& deciding = decidingFor(rules, rule, key, entry);
+  if (!rate_lease::eligible(deciding)) return std::nullopt;
+  auto words = slice::of(entry->state());
+  const int64_t open_since_ns = broker_->openSinceNs();
+  slice::TakeResult looked = slice::lookOnRate(words, now_ns, cost, open_since_ns,
+                                               open_since_ns + rate_lease::kFallbackHoldNs);
+  if (looked.outcome == slice::Outcome::kFallback) return std::nullopt;
+  Decision decision = sliceDecision(deciding, looked, words, now_ns);
+  applyShadow(rule, &decision);
+  *mode = rule.shadow ? Mode::kShadow : Mode::kFallback;
+  return decision;
 }
 
 bool LeasePath::stand(Wait& wait, const Rule& rule, const Rule& deciding, std::string_view key,

@@ -77,6 +77,11 @@ class LeasePath {
   // rate (or the cost is past its cap): the rule's equal share decides.
   std::optional<Outcome> acquireOnRate(const RuleSet& rules, const Rule& rule, const rpc::Item& item,
                                        int64_t now_ns, Verdict* verdict);
+  // What acquireOnRate would answer for `cost`, spending nothing (a peek
+  // while Redis is unreachable; `mode` gets fallback, or shadow). nullopt:
+  // the equal share answers.
+  std::optional<Decision> lookOnRate(const RuleSet& rules, const Rule& rule, std::string_view key,
+                                     int64_t now_ns, int64_t cost, Mode* mode);
   // Asks for a key's lease as an acquire would, deciding and taking
   // nothing: for a part whose question already waits for another part's
   // lease, so that both leases come within one round trip. `again`: the

@@ -307,85 +307,49 @@ bool Reader::skipResumable(SkipState* state, uint32_t max_depth, uint32_t max_it
   }
 }
 
-// Writer: each header is staged in a small stack buffer and appended once.
+// Writer: each value is staged in a small stack buffer (the put* encodings,
+// msgpack.h) and appended once.
 
 void Writer::writeNil() { out_->push_back(static_cast<char>(0xc0)); }
 
 void Writer::writeBool(bool value) { out_->push_back(static_cast<char>(value ? 0xc3 : 0xc2)); }
 
-namespace {
-
-// Appends `tag` and the low `width` bytes of `value`, big-endian.
-void appendTagged(std::string* out, uint8_t tag, uint64_t value, int width) {
-  char buffer[9];
-  buffer[0] = static_cast<char>(tag);
-  for (int i = 0; i < width; ++i) {
-    buffer[1 + i] = static_cast<char>(value >> (8 * (width - 1 - i)));
-  }
-  out->append(buffer, 1 + width);
-}
-
-// A str, bin, array or map header: the fixed form when `fix_limit` > 0 and
-// length < fix_limit, else the 8 (when tag8 != 0), 16 or 32-bit form.
-void appendLength(std::string* out, uint64_t length, uint8_t fix_tag, uint64_t fix_limit, uint8_t tag8,
-                  uint8_t tag16, uint8_t tag32) {
-  if (length < fix_limit) {
-    out->push_back(static_cast<char>(fix_tag | length));
-  } else if (tag8 != 0 && length <= 0xff) {
-    appendTagged(out, tag8, length, 1);
-  } else if (length <= 0xffff) {
-    appendTagged(out, tag16, length, 2);
-  } else {
-    appendTagged(out, tag32, length, 4);
-  }
-}
-
-}  // namespace
-
 void Writer::writeUint(uint64_t value) {
-  if (value <= 0x7f) {
-    out_->push_back(static_cast<char>(value));
-  } else if (value <= 0xff) {
-    appendTagged(out_, 0xcc, value, 1);
-  } else if (value <= 0xffff) {
-    appendTagged(out_, 0xcd, value, 2);
-  } else if (value <= 0xffffffff) {
-    appendTagged(out_, 0xce, value, 4);
-  } else {
-    appendTagged(out_, 0xcf, value, 8);
-  }
+  char buffer[kMaxScalarBytes];
+  out_->append(buffer, static_cast<size_t>(putUint(buffer, value) - buffer));
 }
 
 void Writer::writeInt(int64_t value) {
-  if (value >= 0) {
-    writeUint(static_cast<uint64_t>(value));
-  } else if (value >= -32) {
-    out_->push_back(static_cast<char>(value));  // negative fixint: 0xe0..0xff
-  } else if (value >= INT8_MIN) {
-    appendTagged(out_, 0xd0, static_cast<uint64_t>(value), 1);
-  } else if (value >= INT16_MIN) {
-    appendTagged(out_, 0xd1, static_cast<uint64_t>(value), 2);
-  } else if (value >= INT32_MIN) {
-    appendTagged(out_, 0xd2, static_cast<uint64_t>(value), 4);
-  } else {
-    appendTagged(out_, 0xd3, static_cast<uint64_t>(value), 8);
-  }
+  char buffer[kMaxScalarBytes];
+  out_->append(buffer, static_cast<size_t>(putInt(buffer, value) - buffer));
 }
 
-void Writer::writeDouble(double value) { appendTagged(out_, 0xcb, std::bit_cast<uint64_t>(value), 8); }
+void Writer::writeDouble(double value) {
+  char buffer[kMaxScalarBytes];
+  out_->append(buffer, static_cast<size_t>(
+                           putTagged(buffer, 0xcb, std::bit_cast<uint64_t>(value), 8) - buffer));
+}
 
 void Writer::writeStr(std::string_view value) {
-  appendLength(out_, value.size(), 0xa0, 32, 0xd9, 0xda, 0xdb);
+  char buffer[kMaxScalarBytes];
+  out_->append(buffer, static_cast<size_t>(putStrHeader(buffer, value.size()) - buffer));
   out_->append(value);
 }
 
 void Writer::writeBin(std::string_view value) {
-  appendLength(out_, value.size(), 0, 0, 0xc4, 0xc5, 0xc6);
+  char buffer[kMaxScalarBytes];
+  out_->append(buffer, static_cast<size_t>(putBinHeader(buffer, value.size()) - buffer));
   out_->append(value);
 }
 
-void Writer::writeArrayHeader(uint32_t count) { appendLength(out_, count, 0x90, 16, 0, 0xdc, 0xdd); }
+void Writer::writeArrayHeader(uint32_t count) {
+  char buffer[kMaxScalarBytes];
+  out_->append(buffer, static_cast<size_t>(putArrayHeader(buffer, count) - buffer));
+}
 
-void Writer::writeMapHeader(uint32_t count) { appendLength(out_, count, 0x80, 16, 0, 0xde, 0xdf); }
+void Writer::writeMapHeader(uint32_t count) {
+  char buffer[kMaxScalarBytes];
+  out_->append(buffer, static_cast<size_t>(putMapHeader(buffer, count) - buffer));
+}
 
 }  // namespace sluice::msgpack

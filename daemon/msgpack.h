@@ -16,7 +16,9 @@
 // Writer appends encoded values to a std::string the caller owns, always in
 // the smallest encoding, as the MessagePack spec asks (byte for byte what
 // msgpack-c's packer writes; doubles are always float64). Strings, bins,
-// arrays and maps must be shorter than 2^32.
+// arrays and maps must be shorter than 2^32. The put* functions below are
+// its encodings, into a buffer the caller sized (a message of bounded size
+// staged on the stack and appended once); Writer appends what they write.
 //
 // Neither class is thread-safe; each connection has its own.
 #pragma once
@@ -115,6 +117,86 @@ class Reader {
   size_t offset_ = 0;
   Status status_ = Status::kOk;
 };
+
+// The most bytes one put*() of an integer or a header writes.
+inline constexpr size_t kMaxScalarBytes = 9;
+
+// Writes `tag` and the low `width` bytes of `value`, big-endian, at `at`;
+// returns the end.
+inline char* putTagged(char* at, uint8_t tag, uint64_t value, int width) {
+  at[0] = static_cast<char>(tag);
+  for (int i = 0; i < width; ++i) {
+    at[1 + i] = static_cast<char>(value >> (8 * (width - 1 - i)));
+  }
+  return at + 1 + width;
+}
+
+// A str, bin, array or map header: the fixed form when `fix_limit` > 0 and
+// length < fix_limit, else the 8 (when tag8 != 0), 16 or 32-bit form.
+inline char* putLength(char* at, uint64_t length, uint8_t fix_tag, uint64_t fix_limit,
+                       uint8_t tag8, uint8_t tag16, uint8_t tag32) {
+  if (length < fix_limit) {
+    *at = static_cast<char>(fix_tag | length);
+    return at + 1;
+  }
+  if (tag8 != 0 && length <= 0xff) return putTagged(at, tag8, length, 1);
+  if (length <= 0xffff) return putTagged(at, tag16, length, 2);
+  return putTagged(at, tag32, length, 4);
+}
+
+inline char* putUint(char* at, uint64_t value) {
+  if (value <= 0x7f) {
+    *at = static_cast<char>(value);
+    return at + 1;
+  }
+  if (value <= 0xff) return putTagged(at, 0xcc, value, 1);
+  if (value <= 0xffff) return putTagged(at, 0xcd, value, 2);
+  if (value <= 0xffffffff) return putTagged(at, 0xce, value, 4);
+  return putTagged(at, 0xcf, value, 8);
+}
+
+inline char* putInt(char* at, int64_t value) {
+  if (value >= 0) return putUint(at, static_cast<uint64_t>(value));
+  if (value >= -32) {
+    *at = static_cast<char>(value);  // negative fixint: 0xe0..0xff
+    return at + 1;
+  }
+  if (value >= INT8_MIN) return putTagged(at, 0xd0, static_cast<uint64_t>(value), 1);
+  if (value >= INT16_MIN) return putTagged(at, 0xd1, static_cast<uint64_t>(value), 2);
+  if (value >= INT32_MIN) return putTagged(at, 0xd2, static_cast<uint64_t>(value), 4);
+  return putTagged(at, 0xd3, static_cast<uint64_t>(value), 8);
+}
+
+inline char* putBool(char* at, bool value) {
+  *at = static_cast<char>(value ? 0xc3 : 0xc2);
+  return at + 1;
+}
+
+inline char* putNil(char* at) {
+  *at = static_cast<char>(0xc0);
+  return at + 1;
+}
+
+inline char* putStrHeader(char* at, uint64_t length) {
+  return putLength(at, length, 0xa0, 32, 0xd9, 0xda, 0xdb);
+}
+inline char* putBinHeader(char* at, uint64_t length) {
+  return putLength(at, length, 0, 0, 0xc4, 0xc5, 0xc6);
+}
+inline char* putArrayHeader(char* at, uint32_t count) {
+  return putLength(at, count, 0x90, 16, 0, 0xdc, 0xdd);
+}
+inline char* putMapHeader(char* at, uint32_t count) {
+  return putLength(at, count, 0x80, 16, 0, 0xde, 0xdf);
+}
+
+// A str of `value` (its header and its bytes): room for
+// kMaxScalarBytes + value.size() bytes at `at`.
+inline char* putStr(char* at, std::string_view value) {
+  at = putStrHeader(at, value.size());
+  for (char c : value) *at++ = c;
+  return at;
+}
 
 class Writer {
  public:

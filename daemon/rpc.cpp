@@ -458,21 +458,38 @@ ParseResult parseRequest(std::span<const uint8_t> buffer, const Limits& limits, 
   return result;
 }
 
-// Encoders. Map keys are written as pre-encoded fixstr literals: the bytes
-// are what Writer::writeStr would produce, without the per-call branching.
+// Encoders. A decision's answer is staged on the stack with the put*
+// encodings (msgpack.h) and appended to `out` once; map keys are
+// pre-encoded fixstr literals, the bytes msgpack::Writer::writeStr would
+// produce.
 namespace {
+
+using msgpack::kMaxScalarBytes;
 
 void appendLiteral(std::string* out, std::string_view encoded) { out->append(encoded); }
 
-// [1, msgid, then the caller writes error and result.
+// Copies the pre-encoded `literal` (a string literal's bytes, without its
+// terminating NUL) to `at`; returns the end.
+template <size_t N>
+char* putLiteral(char* at, const char (&literal)[N]) {
+  for (size_t i = 0; i + 1 < N; ++i) at[i] = literal[i];
+  return at + N - 1;
+}
+
+// The most bytes a response's start takes: [1, msgid, then nil.
+constexpr size_t kMaxResponseStartBytes = 2 + kMaxScalarBytes + 1;
+
+// [1, msgid, at `at`; the caller writes error and result.
+char* putResponseStart(char* at, MsgId msgid) {
+  at[0] = static_cast<char>(0x94);
+  at[1] = static_cast<char>(0x01);
+  return msgid.negative ? msgpack::putInt(at + 2, static_cast<int64_t>(msgid.bits))
+                        : msgpack::putUint(at + 2, msgid.bits);
+}
+
 void writeResponseStart(std::string* out, MsgId msgid) {
-  out->push_back(static_cast<char>(0x94));
-  out->push_back(static_cast<char>(0x01));
-  if (msgid.negative) {
-    msgpack::Writer(out).writeInt(static_cast<int64_t>(msgid.bits));
-  } else {
-    msgpack::Writer(out).writeUint(msgid.bits);
-  }
+  char buffer[kMaxResponseStartBytes];
+  out->append(buffer, static_cast<size_t>(putResponseStart(buffer, msgid) - buffer));
 }
 
 // {"code": ..., "message": ...}
@@ -495,42 +512,63 @@ struct Settled {
   int64_t unpaid = 0;
 };
 
-void writeDecisionMap(msgpack::Writer& writer, std::string* out, const Decision& decision, Mode mode,
-                      int64_t waited_ms = -1, const Settled& settled = {}) {
-  writer.writeMapHeader(6 + (decision.cost_exceeds_limit ? 1 : 0) + (waited_ms >= 0 ? 1 : 0) +
-                        (settled.reserved ? 1 : 0) + (settled.settled ? 4 : 0));
-  appendLiteral(out, "\xa7" "allowed");
-  writer.writeBool(decision.allowed);
-  appendLiteral(out, "\xa9" "remaining");
-  writer.writeInt(decision.remaining);
-  appendLiteral(out, "\xa5" "limit");
-  writer.writeInt(decision.limit);
-  appendLiteral(out, "\xae" "reset_after_ms");
-  writer.writeInt(decision.reset_after_ms);
-  appendLiteral(out, "\xae" "retry_after_ms");
-  writer.writeInt(decision.retry_after_ms);
-  appendLiteral(out, "\xa4" "mode");
-  writer.writeStr(modeName(mode));
+// The most bytes a decision map takes: its header, and each key (at most
+// 15 bytes as a fixstr) with its value (an integer, a bool, or a str of
+// at most 18 bytes: a mode's name, or the reason).
+constexpr size_t kMaxDecisionKeys = 12;
+constexpr size_t kMaxDecisionMapBytes =
+    kMaxScalarBytes + kMaxDecisionKeys * (15 + kMaxScalarBytes + 18);
+
+// The decision map at `at` (room for kMaxDecisionMapBytes); returns the end.
+char* putDecisionMap(char* at, const Decision& decision, Mode mode, int64_t waited_ms,
+                     const Settled* settled) {
+  const bool reserved = settled != nullptr && settled->reserved;
+  const bool settles = settled != nullptr && settled->settled;
+  at = msgpack::putMapHeader(at, 6 + (decision.cost_exceeds_limit ? 1 : 0) +
+                                     (waited_ms >= 0 ? 1 : 0) + (reserved ? 1 : 0) +
+                                     (settles ? 4 : 0));
+  at = putLiteral(at, "\xa7" "allowed");
+  at = msgpack::putBool(at, decision.allowed);
+  at = putLiteral(at, "\xa9" "remaining");
+  at = msgpack::putInt(at, decision.remaining);
+  at = putLiteral(at, "\xa5" "limit");
+  at = msgpack::putInt(at, decision.limit);
+  at = putLiteral(at, "\xae" "reset_after_ms");
+  at = msgpack::putInt(at, decision.reset_after_ms);
+  at = putLiteral(at, "\xae" "retry_after_ms");
+  at = msgpack::putInt(at, decision.retry_after_ms);
+  at = putLiteral(at, "\xa4" "mode");
+  at = msgpack::putStr(at, modeName(mode));
   if (decision.cost_exceeds_limit) {
-    appendLiteral(out, "\xa6" "reason");
-    writer.writeStr("cost exceeds limit");
+    at = putLiteral(at, "\xa6" "reason");
+    at = msgpack::putStr(at, "cost exceeds limit");
   }
   if (waited_ms >= 0) {
-    appendLiteral(out, "\xa9" "waited_ms");
-    writer.writeInt(waited_ms);
+    at = putLiteral(at, "\xa9" "waited_ms");
+    at = msgpack::putInt(at, waited_ms);
   }
-  if (settled.reserved || settled.settled) {
-    appendLiteral(out, "\xa2" "id");
-    writer.writeUint(settled.id);
+  if (reserved || settles) {
+    at = putLiteral(at, "\xa2" "id");
+    at = msgpack::putUint(at, settled->id);
   }
-  if (settled.settled) {
-    appendLiteral(out, "\xa8" "refunded");
-    writer.writeInt(settled.refunded);
-    appendLiteral(out, "\xa4" "debt");
-    writer.writeInt(settled.debt);
-    appendLiteral(out, "\xa6" "unpaid");
-    writer.writeInt(settled.unpaid);
+  if (settles) {
+    at = putLiteral(at, "\xa8" "refunded");
+    at = msgpack::putInt(at, settled->refunded);
+    at = putLiteral(at, "\xa4" "debt");
+    at = msgpack::putInt(at, settled->debt);
+    at = putLiteral(at, "\xa6" "unpaid");
+    at = msgpack::putInt(at, settled->unpaid);
   }
+  return at;
+}
+
+// A whole answer of one decision: [1, msgid, nil, {decision}], appended once.
+void writeDecisionResponse(std::string* out, MsgId msgid, const Decision& decision, Mode mode,
+                           int64_t waited_ms, const Settled* settled) {
+  char buffer[kMaxResponseStartBytes + kMaxDecisionMapBytes];
+  char* at = msgpack::putNil(putResponseStart(buffer, msgid));
+  at = putDecisionMap(at, decision, mode, waited_ms, settled);
+  out->append(buffer, static_cast<size_t>(at - buffer));
 }
 
 }  // namespace
@@ -553,9 +591,7 @@ void writeErrorNotification(std::string* out, ErrorCode code, std::string_view m
 
 void writeDecision(std::string* out, MsgId msgid, const Decision& decision, Mode mode,
                    int64_t waited_ms) {
-  msgpack::Writer writer(out);
-  writeResultHeader(out, msgid);
-  writeDecisionMap(writer, out, decision, mode, waited_ms);
+  writeDecisionResponse(out, msgid, decision, mode, waited_ms, nullptr);
 }
 
 void writeDecisions(std::string* out, MsgId msgid, bool all_allowed, std::span<const Decision> decisions,
@@ -568,38 +604,48 @@ void writeDecisions(std::string* out, MsgId msgid, bool all_allowed, std::span<c
   writer.writeBool(all_allowed);
   appendLiteral(out, "\xa7" "results");
   writer.writeArrayHeader(static_cast<uint32_t>(decisions.size()));
-  for (size_t i = 0; i < decisions.size(); ++i) writeDecisionMap(writer, out, decisions[i], modes[i]);
+  for (size_t i = 0; i < decisions.size(); ++i) {
+    char buffer[kMaxDecisionMapBytes];
+    char* at = putDecisionMap(buffer, decisions[i], modes[i], -1, nullptr);
+    out->append(buffer, static_cast<size_t>(at - buffer));
+  }
 }
 
 void writeAnswer(std::string* out, MsgId msgid, const Answer& answer) {
   if (answer.failed) {
     writeError(out, msgid, answer.error, answer.message);
-  } else if (answer.method == Method::kAcquireAll) {
-    writeDecisions(out, msgid, answer.allowed, answer.decisions, answer.modes);
-  } else {
-    // The dispatcher answers every other question with one decision.
-    assert(answer.decisions.size() == 1);
-    if (answer.decisions.empty()) {
-      writeError(out, msgid, ErrorCode::kInternal, "internal error: an answer without a decision");
-      return;
-    }
-    Settled settled;
-    settled.reserved = answer.method == Method::kReserve && answer.reservation != 0;
-    settled.settled = settles(answer.method);
-    settled.id = answer.reservation;
-    settled.refunded = answer.refunded;
-    settled.debt = answer.debt;
-    settled.unpaid = answer.unpaid;
-    msgpack::Writer writer(out);
-    writeResultHeader(out, msgid);
-    writeDecisionMap(writer, out, answer.decisions.front(), answer.modes.front(), answer.waited_ms,
-                     settled);
+    return;
   }
+  if (answer.method == Method::kAcquireAll) {
+    writeDecisions(out, msgid, answer.allowed, answer.decisions, answer.modes);
+    return;
+  }
+  // The dispatcher answers every other question with one decision.
+  assert(answer.decisions.size() == 1);
+  if (answer.decisions.empty()) {
+    writeError(out, msgid, ErrorCode::kInternal, "internal error: an answer without a decision");
+    return;
+  }
+  if (answer.method != Method::kReserve && !settles(answer.method)) {
+    writeDecisionResponse(out, msgid, answer.decisions.front(), answer.modes.front(),
+                          answer.waited_ms, nullptr);
+    return;
+  }
+  Settled settled;
+  settled.reserved = answer.method == Method::kReserve && answer.reservation != 0;
+  settled.settled = settles(answer.method);
+  settled.id = answer.reservation;
+  settled.refunded = answer.refunded;
+  settled.debt = answer.debt;
+  settled.unpaid = answer.unpaid;
+  writeDecisionResponse(out, msgid, answer.decisions.front(), answer.modes.front(),
+                        answer.waited_ms, &settled);
 }
 
 void writeResultHeader(std::string* out, MsgId msgid) {
-  writeResponseStart(out, msgid);
-  out->push_back(static_cast<char>(0xc0));
+  char buffer[kMaxResponseStartBytes];
+  char* at = msgpack::putNil(putResponseStart(buffer, msgid));
+  out->append(buffer, static_cast<size_t>(at - buffer));
 }
 
 }  // namespace sluice::rpc

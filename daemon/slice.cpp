@@ -71,6 +71,17 @@ void refillRate(Words words, int64_t now_ns, int64_t hold_until_ns = 0) {
 
 // When a rate lease's slice has `cost` units again: the refill of what it
 // lacks, from kRateRefilledAt.
+// `units` and what the rate's refill would add to them by now_ns, up to its
+// cap (changing nothing, for the looks).
+int64_t withRateRefill(ConstWords words, int64_t now_ns, int64_t units, int64_t hold_until_ns = 0) {
+  if (load(words, kRateUntil) == 0 || load(words, kRateNsPerUnit) <= 0 || units >= load(words, kRateCap)) {
+    return units;
+  }
+  const int64_t end = std::min(now_ns, std::max(load(words, kRateUntil), hold_until_ns));
+  const int64_t due = (end - load(words, kRateRefilledAt)) / load(words, kRateNsPerUnit);
+  return std::min(units + std::max<int64_t>(due, 0), load(words, kRateCap));
+}
+
 int64_t rateDueNs(ConstWords words, int64_t cost, int64_t units) {
   return load(words, kRateRefilledAt) + (cost - std::max<int64_t>(units, 0)) * load(words, kRateNsPerUnit);
 }
@@ -87,18 +98,25 @@ bool negativelyCached(ConstWords words, int64_t now_ns,
 
 }  // namespace
 
+// The end of what takeOnRate and lookOnRate spend at now_ns: the rate's
+// end while it holds, or past it hold_until_ns for a rate that held at
+// open_since_ns (the demand-weighted share in fallback); 0: neither.
+int64_t fallbackRateEnd(ConstWords words, int64_t now_ns, int64_t open_since_ns, int64_t hold_until_ns) {
+  const int64_t until = load(words, kRateUntil);
+  if (now_ns < until) return until;
+  if (open_since_ns > 0 && until > open_since_ns && now_ns < hold_until_ns) return hold_until_ns;
+  return 0;
+}
+
 TakeResult takeOnRate(Words words, int64_t now_ns, int64_t cost, int64_t open_since_ns,
                       int64_t hold_until_ns) {
   TakeResult result;
-  const int64_t until = load(words, kRateUntil);
-  // Past its end, a rate that held when Redis went away stands in for the
-  // key's share until hold_until_ns.
-  const bool held = now_ns < until || (open_since_ns > 0 && until > open_since_ns && now_ns < hold_until_ns);
-  if (!held || load(words, kRateNsPerUnit) <= 0 || cost > load(words, kRateCap)) {
+  const int64_t end = fallbackRateEnd(words, now_ns, open_since_ns, hold_until_ns);
+  if (end == 0 || load(words, kRateNsPerUnit) <= 0 || cost > load(words, kRateCap)) {
     result.outcome = Outcome::kFallback;
     return result;
   }
-  refillRate(words, now_ns, now_ns < until ? 0 : hold_until_ns);
+  refillRate(words, now_ns, end);
   uint64_t units = words[kUnits].load(std::memory_order_acquire);
   while (static_cast<int64_t>(units) >= cost) {
     if (words[kUnits].compare_exchange_weak(units, units - static_cast<uint64_t>(cost),
@@ -110,6 +128,26 @@ TakeResult takeOnRate(Words words, int64_t now_ns, int64_t cost, int64_t open_si
   }
   result.outcome = Outcome::kDenied;
   result.until_ns = std::max(rateDueNs(words, cost, static_cast<int64_t>(units)), now_ns + 1);
+  return result;
+}
+
+TakeResult lookOnRate(ConstWords words, int64_t now_ns, int64_t cost, int64_t open_since_ns,
+                      int64_t hold_until_ns) {
+  TakeResult result;
+  const int64_t end = fallbackRateEnd(words, now_ns, open_since_ns, hold_until_ns);
+  if (end == 0 || load(words, kRateNsPerUnit) <= 0 || cost > load(words, kRateCap)) {
+    result.outcome = Outcome::kFallback;
+    return result;
+  }
+  const int64_t units = withRateRefill(words, now_ns, load(words, kUnits), end);
+  if (units >= cost) {
+    result.outcome = Outcome::kTaken;
+    result.left = units - cost;
+    return result;
+  }
+  result.left = units;
+  result.outcome = Outcome::kDenied;
+  result.until_ns = std::max(rateDueNs(words, cost, units), now_ns + 1);
   return result;
 }
 
@@ -126,14 +164,8 @@ TakeResult look(ConstWords words, int64_t now_ns, int64_t cost) {
     result.until_ns = now_ns < deny_until ? deny_until : 0;
     return result;
   }
-  int64_t units = spendable(words, now_ns);
   const bool rated = now_ns < load(words, kRateUntil) && cost <= load(words, kRateCap);
-  if (load(words, kRateUntil) != 0 && load(words, kRateNsPerUnit) > 0) {
-    // What the rate's refill would add by now (look() changes nothing).
-    const int64_t end = std::min(now_ns, load(words, kRateUntil));
-    const int64_t due = (end - load(words, kRateRefilledAt)) / load(words, kRateNsPerUnit);
-    if (units < load(words, kRateCap)) units = std::min(units + std::max<int64_t>(due, 0), load(words, kRateCap));
-  }
+  const int64_t units = withRateRefill(words, now_ns, spendable(words, now_ns));
   result.left = units;
   if (units >= cost) {
     result.outcome = Outcome::kTaken;
@@ -443,6 +475,14 @@ bool holdsRate(ConstWords words, int64_t now_ns) { return now_ns < load(words, k
 
 void noteRateFallback(Words words, int64_t units) {
   words[kRateFallback].fetch_add(static_cast<uint64_t>(units), std::memory_order_acq_rel);
+}
+
+void unnoteRateFallback(Words words, int64_t units) {
+  uint64_t counted = words[kRateFallback].load(std::memory_order_acquire);
+  while (!words[kRateFallback].compare_exchange_weak(
+      counted, counted - std::min(counted, static_cast<uint64_t>(std::max<int64_t>(units, 0))),
+      std::memory_order_acq_rel)) {
+  }
 }
 
 int64_t takeRateFallback(Words words) {

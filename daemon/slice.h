@@ -187,6 +187,10 @@ TakeResult takeOnRate(Words words, int64_t now_ns, int64_t cost, int64_t open_si
 // Reports what take() would answer, spending and claiming nothing.
 TakeResult look(ConstWords words, int64_t now_ns, int64_t cost);
 
+// Reports what takeOnRate() would answer, spending nothing.
+TakeResult lookOnRate(ConstWords words, int64_t now_ns, int64_t cost, int64_t open_since_ns = 0,
+                      int64_t hold_until_ns = 0);
+
 // Gives up the in-flight bit take() claimed, for a lease that will not be
 // sent after all. The control thread calls it too, once it has applied a
 // lease's answer.
@@ -241,6 +245,9 @@ bool holdsRate(ConstWords words, int64_t now_ns);
 // A worker: `units` taken by takeOnRate were kept (admitted), to be debited
 // once Redis answers again (kRateFallback). Lock-free.
 void noteRateFallback(Words words, int64_t units);
+// A worker: `units` came back to the slice (a reservation's refund) while
+// Redis was unreachable; the count drops by as much (not below 0).
+void unnoteRateFallback(Words words, int64_t units);
 // The control thread: what noteRateFallback counted, now 0.
 int64_t takeRateFallback(Words words);
 

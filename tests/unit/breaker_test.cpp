@@ -194,6 +194,30 @@ TEST_F(BreakerTest, APromotedReplicaGetsDebitsAndStartsLearning) {
   EXPECT_TRUE(broker_.learning(rule("per-second"), now_));
 }
 
+// Verifies that a master change seen by an identity the fleet marker
+// refused still reaches the recovery that follows: the next identity reads
+// the new run_id as the last one seen, yet the node must end its rate
+// leases (the new master may lack their last renewals).
+TEST_F(BreakerTest, AMasterChangeSeenWhileRefusedReachesTheRecovery) {
+  recoverAs(identity("a", "r1"));
+  breaker_.down(now_);
+  breaker_.up(now_);
+  breaker_.identified(breaker_.epoch(), identity("b", "r2", "r1"), now_, kRedisStateVersion + 1);
+  ASSERT_TRUE(breaker_.refused());
+  ASSERT_EQ(actions_.recoveries.size(), 1u);
+  now_ += kSecond;
+  breaker_.identified(breaker_.epoch(), identity("b", "r2", "r1"), now_);
+  ASSERT_EQ(actions_.recoveries.size(), 2u);
+  EXPECT_TRUE(actions_.recoveries[1].master_changed);
+  EXPECT_FALSE(actions_.recoveries[1].state_lost);
+  // Reported once: the next outage on the same master is no change.
+  breaker_.answered(breaker_.epoch(), now_);
+  breaker_.down(now_);
+  recoverAs(identity("b", "r2", "r1"));
+  ASSERT_EQ(actions_.recoveries.size(), 3u);
+  EXPECT_FALSE(actions_.recoveries[2].master_changed);
+}
+
 // Verifies that learning ends per rule: a rule of a second learns until
 // every node can have reconnected (2.4 s here), one of an hour for its
 // hour, a concurrency rule for lease_ttl.
@@ -825,6 +849,18 @@ class Node {
     return answer;
   }
 
+  // One question of `method` on `item`, answered (and every call it makes
+  // of Redis) before it returns.
+  Answer question(Method method, Item item) {
+    Answer answer;
+    {
+      KeyTable::ReadGuard guard(keys_, reader_);
+      dispatcher_->ask({method, {&item, 1}}, now_ns_, Asker{}, &answer);
+    }
+    pump();
+    return answer;
+  }
+
   // Serves the broker's requests and answers every call, until none is left.
   void pump() {
     manager_->onWakeup();
@@ -1167,6 +1203,62 @@ TEST_F(RateFallbackTest, TheSameMasterKeepsTheRateAndIsDebitedWhatItAdmitted) {
   EXPECT_FALSE(a_->broker().learning(*rules_->find("per-second"), now_));
   // Its rate refills on: past what the equal share (10/s, burst 10) admits.
   EXPECT_GT(hot(kSecond / 2, Mode::kNormal, &in_mode), 5 + 10 + 1);
+}
+
+// Verifies that only what a rate admits while Redis is unreachable is
+// debited: after an outage, its units spent while Redis is up again (the
+// same lone entry deciding each question) are counted nowhere, so a later
+// outage that admits nothing debits nothing.
+TEST_F(RateFallbackTest, UnitsARateSpendsWhileRedisIsUpAreNeverDebited) {
+  bool in_mode = false;
+  hot(kSecond, Mode::kNormal, &in_mode);
+  ASSERT_GE(redis_.rateOps(), 1);
+  a_->down();
+  ASSERT_GT(hot(kSecond / 2, Mode::kFallback, &in_mode), 0);
+  now_ += kSecond / 4;
+  ASSERT_TRUE(a_->acquire("per-second", "k"));  // the last question: allowed on the rate
+  a_->up();
+  now_ += kSecond / 2;
+  ASSERT_TRUE(a_->acquire("per-second", "k"));  // the rate's slice refilled meanwhile
+  const int64_t debited = redis_.debited();
+  a_->down();
+  a_->up();
+  EXPECT_EQ(redis_.debited(), debited);
+}
+
+// Verifies that a peek and a reserve agree with an acquire during an outage
+// on a key holding a rate: they answer from the rate's slice (40 units
+// after a 0.5 s pause at 80/s), not from the equal share (its burst of 10);
+// a settle below the estimate gives the rest back to that slice, and the
+// debit counts what the rate admitted net of it.
+TEST_F(RateFallbackTest, PeekAndReserveDuringAnOutageUseTheRateAsAcquireDoes) {
+  bool in_mode = false;
+  hot(kSecond, Mode::kNormal, &in_mode);
+  ASSERT_GE(redis_.rateOps(), 1);
+  a_->down();
+  const int64_t debited = redis_.debited();
+  now_ += kSecond / 2;
+  Answer peeked = a_->question(Method::kPeek, Item{.rule = "per-second", .key = "k", .cost = 20});
+  ASSERT_FALSE(peeked.failed) << peeked.message;
+  EXPECT_TRUE(peeked.allowed);
+  EXPECT_EQ(peeked.modes.front(), Mode::kFallback);
+  Answer short_of = a_->question(Method::kPeek, Item{.rule = "per-second", .key = "k", .cost = 60});
+  EXPECT_FALSE(short_of.allowed);
+  EXPECT_GT(short_of.decisions.front().retry_after_ms, 0);
+
+  Answer reserved = a_->question(Method::kReserve, Item{.rule = "per-second", .key = "k", .cost = 30});
+  ASSERT_FALSE(reserved.failed) << reserved.message;
+  ASSERT_TRUE(reserved.allowed);
+  EXPECT_EQ(reserved.modes.front(), Mode::kFallback);
+  Answer settled = a_->question(Method::kSettle, Item{.rule = "per-second", .key = "k", .cost = 10,
+                                                      .reservation = reserved.reservation});
+  ASSERT_FALSE(settled.failed) << settled.message;
+  EXPECT_EQ(settled.refunded, 20);
+  // The refund is the rate's again: 30 units at once.
+  EXPECT_TRUE(a_->acquire("per-second", "k", 30));
+  EXPECT_FALSE(a_->acquire("per-second", "k"));
+  a_->up();
+  EXPECT_EQ(redis_.debited() - debited, 10 + 30);
 }
 
 // Verifies that without a rate an outage answers from the equal share at

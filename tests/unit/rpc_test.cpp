@@ -31,6 +31,7 @@ class Frame {
   Frame& u(uint64_t value) { return packer_.pack_uint64(value), *this; }
   Frame& d(double value) { return packer_.pack_double(value), *this; }
   Frame& nil() { return packer_.pack_nil(), *this; }
+  Frame& t(bool value) { return (value ? packer_.pack_true() : packer_.pack_false()), *this; }
   Frame& s(std::string_view text) {
     packer_.pack_str(static_cast<uint32_t>(text.size()));
     packer_.pack_str_body(text.data(), static_cast<uint32_t>(text.size()));
@@ -767,6 +768,92 @@ TEST(WriteDecisionsTest, DecodesToAllowedAndResultsInOrder) {
   ASSERT_EQ(results.type, ::msgpack::type::ARRAY);
   ASSERT_EQ(results.via.array.size, 2u);
   for (size_t i = 0; i < 2; ++i) expectDecisionMap(results.via.array.ptr[i], decisions[i], modes[i]);
+}
+
+// msgpack-c's bytes of the decision map writeAnswer encodes: the keys in
+// the contract's order, every integer in its smallest form.
+Frame& packDecisionMap(Frame& frame, const Decision& decision, Mode mode, int64_t waited_ms,
+                       const Answer* settled) {
+  const bool reserved = settled != nullptr && settled->method == Method::kReserve;
+  const bool settles = settled != nullptr && !reserved;
+  frame.map(6 + (decision.cost_exceeds_limit ? 1 : 0) + (waited_ms >= 0 ? 1 : 0) +
+            (reserved ? 1 : 0) + (settles ? 4 : 0));
+  frame.s("allowed").t(decision.allowed).s("remaining").i(decision.remaining);
+  frame.s("limit").i(decision.limit).s("reset_after_ms").i(decision.reset_after_ms);
+  frame.s("retry_after_ms").i(decision.retry_after_ms).s("mode").s(modeName(mode));
+  if (decision.cost_exceeds_limit) frame.s("reason").s("cost exceeds limit");
+  if (waited_ms >= 0) frame.s("waited_ms").i(waited_ms);
+  if (reserved || settles) frame.s("id").u(settled->reservation);
+  if (settles) {
+    frame.s("refunded").i(settled->refunded).s("debt").i(settled->debt);
+    frame.s("unpaid").i(settled->unpaid);
+  }
+  return frame;
+}
+
+Bytes bytesOf(const std::string& out) { return Bytes(out.begin(), out.end()); }
+
+// Verifies that writeAnswer's bytes are msgpack-c's, byte for byte, for an
+// answer of one decision with every integer at an encoding boundary (each
+// width, both signs), every mode, a wait, a reason, a reservation and a
+// settle, under msgids of every width and a negative one: the smallest
+// encoding of each value, as the wire contract has it.
+TEST(WriteAnswerTest, OneDecisionIsMsgpackCsBytesAtEveryBoundary) {
+  const int64_t values[] = {0,      1,          127,        128,        255,       256,
+                            65535,  65536,      UINT32_MAX, int64_t{UINT32_MAX} + 1, INT64_MAX,
+                            -1,     -32,        -33,        -128,       -129,      -32768,
+                            -32769, INT32_MIN,  int64_t{INT32_MIN} - 1, INT64_MIN};
+  const MsgId msgids[] = {0, 127, 128, 65536, UINT64_MAX, MsgId::ofSigned(-1),
+                          MsgId::ofSigned(INT64_MIN)};
+  for (int64_t value : values) {
+    for (Mode mode : {Mode::kNormal, Mode::kFallback, Mode::kOpen, Mode::kClosed, Mode::kShadow,
+                      Mode::kLocal, Mode::kBlocked}) {
+      Decision decision{value >= 0, value, value, value, value, false, value < 0};
+      for (Method method : {Method::kAcquire, Method::kPeek, Method::kReserve, Method::kSettle}) {
+        Answer answer;
+        answer.method = method;
+        answer.decide(decision, mode, value >= 0 && method == Method::kAcquire ? value : -1);
+        answer.reservation = static_cast<uint64_t>(value);
+        answer.refunded = value;
+        answer.debt = -value / 2;
+        answer.unpaid = value / 3;
+        for (MsgId msgid : msgids) {
+          std::string out = "before";
+          writeAnswer(&out, msgid, answer);
+          Frame expected;
+          expected.raw({'b', 'e', 'f', 'o', 'r', 'e'}).array(4).i(1);
+          if (msgid.negative) {
+            expected.i(static_cast<int64_t>(msgid.bits));
+          } else {
+            expected.u(msgid.bits);
+          }
+          expected.nil();
+          const bool reserves = method == Method::kReserve && answer.reservation != 0;
+          packDecisionMap(expected, decision, mode, answer.waited_ms,
+                          reserves || settles(method) ? &answer : nullptr);
+          ASSERT_EQ(bytesOf(out), expected.bytes())
+              << "value " << value << " mode " << modeName(mode) << " method "
+              << static_cast<int>(method) << " msgid " << msgid.bits;
+        }
+      }
+    }
+  }
+}
+
+// Verifies that writeDecisions' bytes are msgpack-c's, byte for byte.
+TEST(WriteAnswerTest, AcquireAllIsMsgpackCsBytes) {
+  Answer answer;
+  answer.method = Method::kAcquireAll;
+  answer.decide({true, 300, 70000, 5, 0, false, false}, Mode::kNormal);
+  answer.decide({false, -40, 1, 0, 90000, false, true}, Mode::kShadow);
+  answer.allowed = false;
+  std::string out;
+  writeAnswer(&out, 70000, answer);
+  Frame expected;
+  expected.array(4).i(1).u(70000).nil().map(2).s("allowed").t(false).s("results").array(2);
+  packDecisionMap(expected, answer.decisions[0], Mode::kNormal, -1, nullptr);
+  packDecisionMap(expected, answer.decisions[1], Mode::kShadow, -1, nullptr);
+  EXPECT_EQ(bytesOf(out), expected.bytes());
 }
 
 // Verifies that writeResultHeader plus a Writer-encoded value is one frame,

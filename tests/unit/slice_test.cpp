@@ -733,6 +733,10 @@ TEST_F(SliceTest, InFallbackARateHeldAtTheOpeningRefillsOnPastItsEndUntilTheHold
   ASSERT_EQ(before.outcome, slice::Outcome::kTaken);
   // Refilled at the rate past the end: 10 units by 1,000 ms, 10 more by 2,000 ms.
   EXPECT_EQ(slice::takeOnRate(words(), 1'000 * kMs, 10, open, hold).outcome, slice::Outcome::kTaken);
+  // A look agrees past the end too (peek and reserve in fallback).
+  EXPECT_EQ(slice::lookOnRate(words(), 1'099 * kMs, 10, open, hold).outcome, slice::Outcome::kDenied);
+  EXPECT_EQ(slice::lookOnRate(words(), 1'100 * kMs, 10, open, hold).outcome, slice::Outcome::kTaken);
+  EXPECT_EQ(slice::lookOnRate(words(), 1'100 * kMs, 10).outcome, slice::Outcome::kFallback);
   slice::TakeResult after = slice::takeOnRate(words(), 1'099 * kMs, 10, open, hold);
   EXPECT_EQ(after.outcome, slice::Outcome::kDenied);
   EXPECT_EQ(after.until_ns, 1'100 * kMs);
@@ -741,6 +745,7 @@ TEST_F(SliceTest, InFallbackARateHeldAtTheOpeningRefillsOnPastItsEndUntilTheHold
   // The hold ends: the equal share decides.
   EXPECT_EQ(slice::takeOnRate(words(), hold - 1, 1, open, hold).outcome, slice::Outcome::kTaken);
   EXPECT_EQ(slice::takeOnRate(words(), hold, 1, open, hold).outcome, slice::Outcome::kFallback);
+  EXPECT_EQ(slice::lookOnRate(words(), hold, 1, open, hold).outcome, slice::Outcome::kFallback);
   // Without a hold (half-open, or a rate that ended before the opening):
   // the equal share from the rate's end.
   EXPECT_EQ(slice::takeOnRate(words(), 1'100 * kMs, 1).outcome, slice::Outcome::kFallback);
