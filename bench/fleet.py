@@ -21,7 +21,7 @@ least DEMAND_FACTOR times the limit. The shapes (plan()):
   redis-sigkill  Redis is SIGKILLed, then restarted empty on the same port;
   redis-sigstop  Redis is SIGSTOPped for REDIS_STOP_S, then SIGCONTed;
 and issue 21's, each with gated columns of its own (report21()):
-  contended      as steady, with a burst of 3 % of limit x period;
+  contended      as steady, with a burst of 1 % of limit x period;
   contended-gcra the same on a gcra rule (rate leases hold its TAT);
   shifting-skew  90 % of the load on one node, 10 % spread over the others;
                  the hot node changes every SHIFT_EVERY_S;
@@ -136,7 +136,11 @@ JOIN_AT, LEAVE_AT = 0.35, 0.65  # of the run: a node joins, and node 0 leaves
 LEAVE_GRACE_S = 0.1       # load on a leaving node ends this long before SIGTERM
 
 # Issue 21's shapes and targets (per 1 s window, outside fault windows).
-CONTENDED_BURST = int(0.03 * LIMIT_PER_S * PERIOD_S)  # burst <= 3 % of limit x W
+# Issue 21 asks for burst <= 3 % of limit x W. A saturated bucket admits limit
+# x W in a window at steady demand, so the best ratio a window can show is
+# limit / (limit + burst): 0.971 at 3 %, below the gate's 0.98 however exact
+# the fleet; 0.990 at 1 %, which leaves the gate a 1 % margin for losses.
+CONTENDED_BURST = int(0.01 * LIMIT_PER_S * PERIOD_S)
 CONTENDED_LOW, CONTENDED_HIGH = 0.98, 1.005
 CONTENDED_CALLS = 0.01     # Redis calls per decision, net of the idle fleet's
 SHIFT_HOT_SHARE = 0.9
@@ -943,10 +947,14 @@ def report21(rows):
     add = lines.append
     add("### Issue 21's shapes and gates")
     add("")
-    add("- **contended**: as steady (every node 3 x limit / N), with burst %d (3 %% of limit x W)."
-        " The cost target counts the EVALSHA calls of the run less what the idle fleet makes on "
-        "its own (heartbeats, the fleet marker), measured for %.0f s before the load. "
-        "**contended-gcra**: the same on a gcra rule." % (CONTENDED_BURST, IDLE_MEASURE_S))
+    add("- **contended**: as steady (every node 3 x limit / N), with burst %d (%.0f %% of limit x "
+        "W; the issue allows up to 3 %%). The best a saturated bucket shows is limit / (limit + "
+        "burst) = %.3f: at 3 %% it would be 0.971, below the gate however exact the fleet. The cost"
+        " target counts the EVALSHA calls of the run less what the idle fleet makes on its own "
+        "(heartbeats, the fleet marker), measured for %.0f s before the load. "
+        "**contended-gcra**: the same on a gcra rule." % (
+            CONTENDED_BURST, 100.0 * CONTENDED_BURST / (LIMIT_PER_S * PERIOD_S),
+            LIMIT_PER_S / (LIMIT_PER_S + CONTENDED_BURST / PERIOD_S), IDLE_MEASURE_S))
     add("- **shifting-skew**: %d %% of the load on one node, the rest spread over the others; "
         "the hot node changes every %.0f s (%d hot spots). After each shift, the time until the "
         "new hot node's admissions over %.0f ms first reach %.1f of its max-min share of the "

@@ -286,14 +286,16 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, const Rule& rule,
     if (request.rate >= 0) {
       // Held in Redis from when it ran, after sent_ns, for rateLeaseMs():
       // here it ends no later. Renewed at the next lease interval while
-      // some node's demand is unmet, else after rate_lease::kMaxRenewNs
-      // (rate_lease::renewAtNs): a renewal is how a holder learns of new
-      // demand (its share shrinks).
+      // some node's demand is unmet or when the rate rose (rate_lease::
+      // rose), else after rate_lease::kMaxRenewNs (rate_lease::renewAtNs):
+      // a renewal is how a holder learns of new demand (its share shrinks).
       const int64_t lease_ns = rateLeaseMs() * 1'000'000;
       const int64_t interval_ns = context_.broker->leaseIntervalNs();
-      slice::applyRate(words, rate > 0 ? rate_lease::nsPerUnit(limit, rate) : 0,
-                       rate_lease::capUnits(limit, rate, interval_ns), sent_ns + lease_ns,
-                       rate_lease::renewAtNs(sent_ns, lease_ns, unmet, interval_ns), now_ns);
+      const int64_t ns_per_unit = rate > 0 ? rate_lease::nsPerUnit(limit, rate) : 0;
+      const bool rose = rate_lease::rose(slice::rateNsPerUnit(words, now_ns), ns_per_unit);
+      slice::applyRate(words, ns_per_unit, rate_lease::capUnits(limit, rate, interval_ns),
+                       sent_ns + lease_ns,
+                       rate_lease::renewAtNs(sent_ns, lease_ns, unmet || rose, interval_ns), now_ns);
       slice::noteAsked(words, limit, rate > 0 ? request.rate : 0, interval_ns, now_ns);
       if (rate > 0 && reply->granted == 0) return;  // the rate refills the slice
       if (rate == 0 && reply->granted == 0) {

@@ -321,7 +321,9 @@ std::optional<Outcome> LeasePath::acquireOnRate(const RuleSet& rules, const Rule
   const Rule& deciding = decidingFor(rules, rule, item.key, entry);
   if (!rate_lease::eligible(deciding)) return std::nullopt;
   auto words = slice::of(entry->state());
-  slice::TakeResult taken = slice::takeOnRate(words, now_ns, item.cost);
+  const int64_t open_since_ns = broker_->openSinceNs();
+  slice::TakeResult taken = slice::takeOnRate(words, now_ns, item.cost, open_since_ns,
+                                              open_since_ns + rate_lease::kFallbackHoldNs);
   if (taken.outcome == slice::Outcome::kFallback) return std::nullopt;
   if (taken.outcome == slice::Outcome::kTaken) {
     verdict->taken.cost = item.cost;
@@ -343,7 +345,9 @@ std::optional<Decision> LeasePath::lookOnRate(const RuleSet& rules, const Rule& 
   const Rule& deciding = decidingFor(rules, rule, key, entry);
   if (!rate_lease::eligible(deciding)) return std::nullopt;
   auto words = slice::of(entry->state());
-  slice::TakeResult looked = slice::lookOnRate(words, now_ns, cost);
+  const int64_t open_since_ns = broker_->openSinceNs();
+  slice::TakeResult looked = slice::lookOnRate(words, now_ns, cost, open_since_ns,
+                                               open_since_ns + rate_lease::kFallbackHoldNs);
   if (looked.outcome == slice::Outcome::kFallback) return std::nullopt;
   Decision decision = sliceDecision(deciding, looked, words, now_ns);
   applyShadow(rule, &decision);

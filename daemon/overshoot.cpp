@@ -30,7 +30,9 @@ std::optional<int64_t> overshootBound(const Rule& rule, const Rule& share, const
   int64_t bound = traits.stamps_lease ? std::max<int64_t>(input.held_units, 0) : 0;
   bound += std::max<int64_t>(input.rate_cap_units, 0);
   if (!input.leasing) {
-    if (rule.on_redis_down == RedisDownPolicy::kLocal) bound += share_units;
+    if (rule.on_redis_down == RedisDownPolicy::kLocal) {
+      bound += std::max(share_units, input.rate_period_units);
+    }
   } else if (input.learning) {
     bound += share_units;
   }

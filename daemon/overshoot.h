@@ -17,7 +17,9 @@
 //    slice may save up to this much and spend it at once. While Redis is
 //    unreachable the key keeps spending its rate until it ends
 //    (LeasePath::acquireOnRate): Redis charges the rate until then all the
-//    same, so that too escapes the count by the cap alone. A master that
+//    same, so that too escapes the count by the cap alone. Past its end it
+//    spends on (rate_lease::kFallbackHoldNs), as a fallback budget of one
+//    period of the rate (below). A master that
 //    took over meanwhile may lack the rate's last renewal: what the rate
 //    admitted is debited to it with the shares' admissions, and the rate
 //    ends at the change (LeaseManager::endRates), so no rate refills beside
@@ -28,7 +30,9 @@
 //    burst / N) admits in a span of one period, which Redis never counts
 //    when the other nodes lease on (a node cut off alone): a bucket's
 //    burst and a period's refill, a window's limit twice (a span straddles
-//    two windows), a log's limit; "closed" nothing; "open" without bound;
+//    two windows), a log's limit; "closed" nothing; "open" without bound.
+//    A key that spends its rate past the rate's end admits one period of
+//    the rate instead, when that is more;
 //  - while the rule learns (breaker.h: Redis came back without the fleet's
 //    state), that share again: what the node admitted in the period
 //    before the state was lost, which a fresh state grants anew;
@@ -62,6 +66,9 @@ struct OvershootInput {
   int64_t open_reservations = 0;
   int64_t owed_units = 0;
   int64_t rate_cap_units = 0;  // the most one key's rate lease refills to (slice::rateCapUnits)
+  // While the breaker is not closed: the most one key's last rate refills
+  // in a period (slice::ratePerPeriod).
+  int64_t rate_period_units = 0;
 };
 
 // The bound of global `rule` in units; `share` is RuleSet::fallbackShare(rule),

@@ -134,6 +134,10 @@ int64_t renewAtNs(int64_t sent_ns, int64_t lease_ns, bool unmet, int64_t lease_i
   return sent_ns + std::min(after_ns, lease_ns / 2);
 }
 
+bool rose(int64_t held_ns_per_unit, int64_t granted_ns_per_unit) {
+  return granted_ns_per_unit > 0 && (held_ns_per_unit <= 0 || granted_ns_per_unit < held_ns_per_unit);
+}
+
 int64_t reaskAfterMs(int64_t retry_ms, int64_t lease_interval_ms) {
   return std::min(std::max<int64_t>(retry_ms, 1), std::max<int64_t>(lease_interval_ms, 1));
 }

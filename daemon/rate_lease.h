@@ -48,6 +48,17 @@ constexpr int64_t kMaxLeaseMs = 60'000;
 // moves).
 constexpr int64_t kMaxRenewNs = 2'500'000'000;
 
+// While Redis is unreachable, a key whose rate held when the breaker
+// opened spends it until the rate's end, and past that end until this
+// long after the opening (slice::takeOnRate): the demand-weighted share
+// stands in for the equal one through an outage as long as a failover
+// takes, whatever the time left of the rate when it began. What a rate
+// admits while Redis is unreachable is debited on recovery
+// (slice::rateFallback), past its end as before it, and the overshoot
+// bound counts a period of the rate for what it spends past the end.
+// Past this, a demand that moved during the outage gets its equal share.
+constexpr int64_t kFallbackHoldNs = 10'000'000'000;
+
 // One rate held on a key (an entry of its state's rates).
 struct Held {
   std::string node;
@@ -119,6 +130,16 @@ std::optional<Reply> parseReply(std::span<const int64_t> values, int64_t limit);
 // and a node granted less asks again within two lease intervals), else
 // kMaxRenewNs after it; never later than halfway through the lease.
 int64_t renewAtNs(int64_t sent_ns, int64_t lease_ns, bool unmet, int64_t lease_interval_ns);
+
+// Whether a key's rate rose with a grant: it held none (held_ns_per_unit
+// 0) or its slice refills faster now (granted_ns_per_unit below it; 0:
+// granted none). A holder whose rate rose renews one lease interval after
+// it sent the op, as one that heard `unmet` does: it got more while the
+// others' demands may still be rising (a fleet's start, where each node's
+// first ask measures only a few ms of its demand, and the first to ask
+// with its whole demand gets what the others have not asked for yet), so
+// it hears of them before it has held more than its share for long.
+bool rose(int64_t held_ns_per_unit, int64_t granted_ns_per_unit);
 
 // How long a key granted no rate and no tokens waits before it asks again:
 // Redis's wait (retry_ms, at least 1 ms), but at most one lease interval:

@@ -243,10 +243,13 @@ std::vector<RuleOvershoot> Server::overshootBounds() const {
   // owes (only once a settle charged a debt), by configured rule id: a walk
   // of the key table, only when one of them may be other than 0.
   // Likewise the most units one key's rate lease refills its slice to
-  // (rate_lease.h), for the rules whose keys may hold rates.
+  // (rate_lease.h), and while the breaker is not closed the most its last
+  // rate refills in a period, for the rules whose keys may hold rates.
   std::unordered_map<uint32_t, int64_t> held;
   std::unordered_map<uint32_t, int64_t> owed;
   std::unordered_map<uint32_t, int64_t> rated;
+  std::unordered_map<uint32_t, int64_t> rate_periods;
+  const bool leasing = broker_->leasing();
   bool any_stamped = false;
   bool any_settling = false;
   for (const Rule& rule : rules->rules()) {
@@ -266,6 +269,10 @@ std::vector<RuleOvershoot> Server::overshootBounds() const {
       } else if (rate_lease::eligible(*rule)) {
         int64_t& most = rated[id];
         most = std::max(most, slice::rateCapUnits(entry.state(), now_ns));
+        if (!leasing) {
+          int64_t& period = rate_periods[id];
+          period = std::max(period, slice::ratePerPeriod(entry.state(), rule->limits.front().period_ns));
+        }
       }
       if (debts && settling(*rule)) {
         int64_t& most = owed[id];
@@ -283,12 +290,13 @@ std::vector<RuleOvershoot> Server::overshootBounds() const {
     bool learning = broker_->learning(rule, now_ns);
     for (const Rule& part : rules->parts(rule)) learning = learning || broker_->learning(part, now_ns);
     auto opened = open.find(rule.name);
-    OvershootInput input{.leasing = broker_->leasing(),
+    OvershootInput input{.leasing = leasing,
                          .learning = learning,
                          .held_units = most(held, rule.id),
                          .open_reservations = opened != open.end() ? opened->second : 0,
                          .owed_units = most(owed, rule.id),
-                         .rate_cap_units = most(rated, rule.id)};
+                         .rate_cap_units = most(rated, rule.id),
+                         .rate_period_units = most(rate_periods, rule.id)};
     bounds.push_back({rule.name, overshootBound(rule, *share, input)});
   }
   return bounds;

@@ -45,11 +45,12 @@ int64_t spendable(ConstWords words, int64_t now_ns) {
 // kRateRefilledAt, up to kRateCap in the slice; the refill past the cap is
 // lost, as a full bucket's is. Whoever moves kRateRefilledAt adds the units,
 // so racing workers add each span's units once.
-void refillRate(Words words, int64_t now_ns) {
+// hold_until_ns: a later end, for takeOnRate's hold past the rate's end.
+void refillRate(Words words, int64_t now_ns, int64_t hold_until_ns = 0) {
   const int64_t until = load(words, kRateUntil);
   const int64_t per_unit = load(words, kRateNsPerUnit);
   if (until == 0 || per_unit <= 0) return;
-  const int64_t end = std::min(now_ns, until);
+  const int64_t end = std::min(now_ns, std::max(until, hold_until_ns));
   uint64_t at = words[kRateRefilledAt].load(std::memory_order_acquire);
   while (end - static_cast<int64_t>(at) >= per_unit) {
     const int64_t units = (end - static_cast<int64_t>(at)) / per_unit;
@@ -72,11 +73,11 @@ void refillRate(Words words, int64_t now_ns) {
 // lacks, from kRateRefilledAt.
 // `units` and what the rate's refill would add to them by now_ns, up to its
 // cap (changing nothing, for the looks).
-int64_t withRateRefill(ConstWords words, int64_t now_ns, int64_t units) {
+int64_t withRateRefill(ConstWords words, int64_t now_ns, int64_t units, int64_t hold_until_ns = 0) {
   if (load(words, kRateUntil) == 0 || load(words, kRateNsPerUnit) <= 0 || units >= load(words, kRateCap)) {
     return units;
   }
-  const int64_t end = std::min(now_ns, load(words, kRateUntil));
+  const int64_t end = std::min(now_ns, std::max(load(words, kRateUntil), hold_until_ns));
   const int64_t due = (end - load(words, kRateRefilledAt)) / load(words, kRateNsPerUnit);
   return std::min(units + std::max<int64_t>(due, 0), load(words, kRateCap));
 }
@@ -97,13 +98,25 @@ bool negativelyCached(ConstWords words, int64_t now_ns,
 
 }  // namespace
 
-TakeResult takeOnRate(Words words, int64_t now_ns, int64_t cost) {
+// The end of what takeOnRate and lookOnRate spend at now_ns: the rate's
+// end while it holds, or past it hold_until_ns for a rate that held at
+// open_since_ns (the demand-weighted share in fallback); 0: neither.
+int64_t fallbackRateEnd(ConstWords words, int64_t now_ns, int64_t open_since_ns, int64_t hold_until_ns) {
+  const int64_t until = load(words, kRateUntil);
+  if (now_ns < until) return until;
+  if (open_since_ns > 0 && until > open_since_ns && now_ns < hold_until_ns) return hold_until_ns;
+  return 0;
+}
+
+TakeResult takeOnRate(Words words, int64_t now_ns, int64_t cost, int64_t open_since_ns,
+                      int64_t hold_until_ns) {
   TakeResult result;
-  if (!holdsRate(words, now_ns) || cost > load(words, kRateCap)) {
+  const int64_t end = fallbackRateEnd(words, now_ns, open_since_ns, hold_until_ns);
+  if (end == 0 || load(words, kRateNsPerUnit) <= 0 || cost > load(words, kRateCap)) {
     result.outcome = Outcome::kFallback;
     return result;
   }
-  refillRate(words, now_ns);
+  refillRate(words, now_ns, end);
   uint64_t units = words[kUnits].load(std::memory_order_acquire);
   while (static_cast<int64_t>(units) >= cost) {
     if (words[kUnits].compare_exchange_weak(units, units - static_cast<uint64_t>(cost),
@@ -118,13 +131,15 @@ TakeResult takeOnRate(Words words, int64_t now_ns, int64_t cost) {
   return result;
 }
 
-TakeResult lookOnRate(ConstWords words, int64_t now_ns, int64_t cost) {
+TakeResult lookOnRate(ConstWords words, int64_t now_ns, int64_t cost, int64_t open_since_ns,
+                      int64_t hold_until_ns) {
   TakeResult result;
-  if (!holdsRate(words, now_ns) || cost > load(words, kRateCap)) {
+  const int64_t end = fallbackRateEnd(words, now_ns, open_since_ns, hold_until_ns);
+  if (end == 0 || load(words, kRateNsPerUnit) <= 0 || cost > load(words, kRateCap)) {
     result.outcome = Outcome::kFallback;
     return result;
   }
-  const int64_t units = withRateRefill(words, now_ns, load(words, kUnits));
+  const int64_t units = withRateRefill(words, now_ns, load(words, kUnits), end);
   if (units >= cost) {
     result.outcome = Outcome::kTaken;
     result.left = units - cost;
@@ -478,8 +493,17 @@ bool drained(ConstWords words) { return (words[kFlags].load(std::memory_order_ac
 
 int64_t demandPerInterval(ConstWords words) { return std::max(load(words, kRate), load(words, kDemand)); }
 
+int64_t rateNsPerUnit(ConstWords words, int64_t now_ns) {
+  return holdsRate(words, now_ns) ? load(words, kRateNsPerUnit) : 0;
+}
+
 int64_t rateCapUnits(ConstWords words, int64_t now_ns) {
   return holdsRate(words, now_ns) ? load(words, kRateCap) : 0;
+}
+
+int64_t ratePerPeriod(ConstWords words, int64_t period_ns) {
+  const int64_t per_unit = load(words, kRateNsPerUnit);
+  return per_unit <= 0 ? 0 : (period_ns + per_unit - 1) / per_unit;
 }
 
 void applyRate(Words words, int64_t ns_per_unit, int64_t cap, int64_t until_ns, int64_t renew_at_ns,
@@ -516,25 +540,50 @@ void noteAsked(Words words, const Limit& limit, int64_t asked, int64_t span_ns, 
 bool demandMoved(Words words, int64_t now_ns) {
   const int64_t span = load(words, kRateMovedSpan);
   uint64_t since = words[kRateMovedSince].load(std::memory_order_acquire);
-  if (span <= 0 || now_ns < static_cast<int64_t>(since) + span) return false;
+  const int64_t elapsed = now_ns - static_cast<int64_t>(since);
+  if (span <= 0 || elapsed <= 0) return false;
+  // The window: kMovedWindowUnits units at the rate asked, within [a
+  // kMovedWindowsPerInterval-th of the lease interval, kMovedMaxIntervals
+  // of them].
+  const int64_t less = load(words, kRateLessNsPerUnit);
+  const int64_t window = std::clamp<int64_t>(kMovedWindowUnits * (less / 2), span / kMovedWindowsPerInterval,
+                                             kMovedMaxIntervals * span);
   // kDemand restarts from 0 at each measurement nextBatch ends: a window
   // across that counts what came since.
   const int64_t total = load(words, kDemand);
   const int64_t from = load(words, kRateMovedDemand);
   const double demand = static_cast<double>(total >= from ? total - from : total);
-  const double elapsed = static_cast<double>(now_ns - static_cast<int64_t>(since));
   const int64_t more = load(words, kRateMoreNsPerUnit);
-  if ((more > 0 && demand * static_cast<double>(more) > elapsed) ||
-      demand * static_cast<double>(load(words, kRateLessNsPerUnit)) < elapsed) {
-    // The window's demand is the key's rate (kRate), and a new measurement
-    // starts: the renewal asks for what the key wants now, not an average
-    // with the spell before the move.
-    store(words, kRate, static_cast<int64_t>(demand * static_cast<double>(span) / elapsed + 0.5));
+  // Above twice what it asked over the whole window is seen as soon as the
+  // count gets there; below half only once the window is over.
+  const bool up = more > 0 && demand * static_cast<double>(more) >
+                                  static_cast<double>(std::max(elapsed, window));
+  // A fall is one below half of what it holds too: a holder granted less
+  // than it asked (contending nodes hold their share) reads a gap of its
+  // requests (a stall of its process) as a fall only when the gap took most
+  // of the window, and its renewal would not change its rate anyway.
+  const int64_t held_ns_per_unit = load(words, kRateNsPerUnit);
+  const bool down = elapsed >= window && demand * static_cast<double>(std::max(less, 2 * held_ns_per_unit)) <
+                                             static_cast<double>(elapsed);
+  if (up || down) {
+    // One taker reports the move, and disarms the check until the renewal's
+    // answer re-arms it (noteAsked). The window's demand becomes the key's
+    // rate (kRate, per lease interval) and a new measurement starts: the
+    // renewal asks for what the key wants now, not an average with the
+    // spell before the move.
+    if (!words[kRateMovedSince].compare_exchange_strong(since, static_cast<uint64_t>(now_ns),
+                                                        std::memory_order_acq_rel)) {
+      return false;
+    }
+    store(words, kRateMovedSpan, 0);
+    store(words, kRate,
+          static_cast<int64_t>(demand * static_cast<double>(span) / static_cast<double>(elapsed) + 0.5));
     words[kDemand].store(0, std::memory_order_relaxed);
     store(words, kDemandSince, now_ns);
     store(words, kRateMovedDemand, 0);
     return true;
   }
+  if (elapsed < window) return false;
   // As asked: the next window starts (one taker moves it).
   if (words[kRateMovedSince].compare_exchange_strong(since, static_cast<uint64_t>(now_ns),
                                                      std::memory_order_acq_rel)) {

@@ -88,7 +88,7 @@ enum Word : size_t {
   kRateRenewAt,    // ns: when a take asks for the rate's renewal
   kRateRefilledAt, // ns: the rate has refilled the slice up to this time
   kRateMovedSince, // ns: the start of the window demandMoved measures
-  kRateMovedSpan,  // ns: its length, one lease interval (0: no rate asked)
+  kRateMovedSpan,  // ns: one lease interval, kRate's unit (0: not measuring)
   kRateMovedDemand,    // kDemand at kRateMovedSince
   kRateMoreNsPerUnit,  // demand above one unit per this many ns: twice what it asked (0: none)
   kRateLessNsPerUnit,  // demand below one unit per this many ns: half what it asked
@@ -173,17 +173,23 @@ TakeResult take(Words words, int64_t now_ns, int64_t cost, bool again = false,
                 bool first_in_line = false);
 
 // Redis is unreachable: spends `cost` from what the key's rate lease
-// refills (and the units the slice holds) while the rate holds at now_ns;
-// kDenied with the time of its next units when they are short, kFallback
-// when no rate holds (the equal share decides). Claims no lease, counts no
-// demand. Lock-free. See LeasePath::acquireOnRate.
-TakeResult takeOnRate(Words words, int64_t now_ns, int64_t cost);
+// refills (and the units the slice holds) while the rate holds at now_ns,
+// and past its end until hold_until_ns when it still held at
+// open_since_ns, the breaker's opening (the demand-weighted share in
+// fallback, rate_lease::kFallbackHoldNs); kDenied with the time of its
+// next units when they are short, kFallback when no rate holds (the equal
+// share decides). The caller counts what it keeps (noteRateFallback).
+// Claims no lease, counts no demand. Lock-free. See
+// LeasePath::acquireOnRate.
+TakeResult takeOnRate(Words words, int64_t now_ns, int64_t cost, int64_t open_since_ns = 0,
+                      int64_t hold_until_ns = 0);
 
 // Reports what take() would answer, spending and claiming nothing.
 TakeResult look(ConstWords words, int64_t now_ns, int64_t cost);
 
 // Reports what takeOnRate() would answer, spending nothing.
-TakeResult lookOnRate(ConstWords words, int64_t now_ns, int64_t cost);
+TakeResult lookOnRate(ConstWords words, int64_t now_ns, int64_t cost, int64_t open_since_ns = 0,
+                      int64_t hold_until_ns = 0);
 
 // Gives up the in-flight bit take() claimed, for a lease that will not be
 // sent after all. The control thread calls it too, once it has applied a
@@ -254,9 +260,18 @@ bool drained(ConstWords words);
 // (kDemand, less than an interval) when that is more already.
 int64_t demandPerInterval(ConstWords words);
 
+// The refill of the rate the key holds at now_ns: one unit per this many
+// ns (kRateNsPerUnit); 0 when it holds none.
+int64_t rateNsPerUnit(ConstWords words, int64_t now_ns);
+
 // The units a rate lease's slice refills to (kRateCap) while it holds a
 // rate at now_ns, else 0. For the overshoot bound (overshoot.h).
 int64_t rateCapUnits(ConstWords words, int64_t now_ns);
+
+// The units the key's last rate refills in period_ns (rounded up), held or
+// ended; 0 when it was granted none. For the overshoot bound in fallback
+// (overshoot.h): takeOnRate may spend it past the rate's end.
+int64_t ratePerPeriod(ConstWords words, int64_t period_ns);
 
 // The control thread: Redis granted a rate refilling one unit per
 // ns_per_unit (0: no rate; the key leases tokens again) up to cap units
@@ -265,21 +280,39 @@ int64_t rateCapUnits(ConstWords words, int64_t now_ns);
 void applyRate(Words words, int64_t ns_per_unit, int64_t cap, int64_t until_ns, int64_t renew_at_ns,
                int64_t now_ns);
 
+// How long a window of a rate holder's demand lasts (demandMoved): the time
+// its rate asked takes to bring kMovedWindowUnits units, but at least a
+// kMovedWindowsPerInterval-th of the lease interval and at most
+// kMovedMaxIntervals intervals. A short window sees a fall of demand soon
+// (the old hot node of a shifting skew gives its rate back within about a
+// quarter interval); the units keep one at a light demand from reading a
+// gap between two requests as a fall (at 85/s, one interval of 100 ms
+// brings 8 units, and a stall of 50 ms halves them): such a false fall
+// records a demand below the key's, and a holder that renews meanwhile
+// takes the difference until its next renewal.
+constexpr int64_t kMovedWindowUnits = 16;
+constexpr int64_t kMovedWindowsPerInterval = 4;
+constexpr int64_t kMovedMaxIntervals = 4;
+
 // The control thread: the rate op just answered at now_ns asked for
 // `asked` units per period of `limit`. The key's demand is measured over
-// windows of span_ns (one lease interval) from now_ns: a take at the end of
-// a window in which the demand was above twice that (unless it asked the
-// whole limit, which it cannot pass) or below half of it asks for the
-// rate's renewal before kRateRenewAt (demandMoved): the recorded demand is
-// stale, and the max-min shares follow the new one within two lease
-// intervals. asked 0: never.
+// windows from now_ns (kMovedWindowUnits), in units per span_ns (one lease
+// interval): a take once the demand passed twice what it asked over a
+// window (unless it asked the whole limit, which it cannot pass), or at
+// the end of a window in which it was below half of it and of the rate
+// the key holds, asks for the rate's renewal before kRateRenewAt
+// (demandMoved): the recorded demand is stale, and the max-min shares
+// follow the new one within two lease intervals. asked 0: never.
 void noteAsked(Words words, const Limit& limit, int64_t asked, int64_t span_ns, int64_t now_ns);
 
-// Whether, at now_ns, a window of the key's demand has ended in which it
-// moved from what its rate op asked for (noteAsked); a window that ended
-// without is replaced by the next one. When it moved, the window's demand
-// becomes the key's (kRate) and a new measurement starts, so the renewal
-// asks for what the key wants now (demandPerInterval). Lock-free.
+// Whether, at now_ns, the key's demand moved from what its rate op asked
+// for (noteAsked): above twice that over the window under way already, or
+// below half of it (and of the rate held) over a window that has ended; a
+// window that ended without is replaced by the next one. When it moved,
+// the window's demand becomes the key's (kRate) and a new measurement
+// starts, so the renewal asks for what the key wants now
+// (demandPerInterval), and the check waits for the renewal's answer
+// (noteAsked). True for one taker. Lock-free.
 bool demandMoved(Words words, int64_t now_ns);
 
 // Whether a blocked key is due to be asked of Redis again (kBlockRecheckNs)

@@ -7,7 +7,9 @@ state, the daemon refills its slice at it and
 asks Redis only to renew, so a second of load costs a handful of script
 calls, while admissions stay within limit x T + burst plus the slice's cap.
 A node that crashes holding the rate holds it only until its lease ends;
-then another node gets the whole rate.
+then another node gets the whole rate. While Redis is down, a node goes on
+spending the rate it held, past the rate's end, so an outage longer than
+the lease keeps the shares that followed demand.
 
 Needs SLUICED (the daemon binary) in the environment; run with /usr/bin/python3
 (python3-msgpack). The load is paced with sleeps (it is the offered load, not
@@ -65,6 +67,24 @@ def drive(daemon, seconds, rate):
             asked += 1
             allowed += decision["allowed"]
             modes.add(decision["mode"])
+        time.sleep(0.002)
+
+
+def drive_all(loads, seconds):
+    """Acquires on each (daemon, rate per second) of `loads` at its rate for
+    `seconds`, paced; returns (asked, allowed, modes seen) for each."""
+    seen = [[0, 0, set()] for _ in loads]
+    start = time.monotonic()
+    while True:
+        elapsed = time.monotonic() - start
+        if elapsed >= seconds:
+            return [tuple(s) for s in seen]
+        for (daemon, rate), s in zip(loads, seen):
+            while s[0] < elapsed * rate:
+                decision = daemon.acquire("hot", "k")
+                s[0] += 1
+                s[1] += decision["allowed"]
+                s[2].add(decision["mode"])
         time.sleep(0.002)
 
 
@@ -145,6 +165,33 @@ class RateLeaseTest(unittest.TestCase):
         self.assertEqual(held["rate-b"].split(":")[0], str(LIMIT))
         _, allowed, _ = drive(second, 1.0, 3 * LIMIT)
         self.assertGreaterEqual(allowed, LIMIT * 0.9)
+
+    # Verifies that an outage longer than the rate lease keeps the
+    # demand-weighted shares: a hot node beside a light one holds most of
+    # the limit, and through 2.5 s without Redis (the lease is 1 s) it keeps
+    # admitting at its rate, past the rate's end, where its equal share
+    # (limit / 2) would admit about 100/s after the first second; the two
+    # together stay within limit x T + burst + their caps.
+    def test_an_outage_longer_than_the_lease_keeps_the_demand_weighted_shares(self):
+        hot, light = self.start("rate-a"), self.start("rate-b")
+        self.assertTrue(wait_for(lambda: hot.health()["nodes"] == 2, 5), hot.logs())
+        drive_all([(hot, 3 * LIMIT), (light, 20)], 2.0)
+        held = self.rates()
+        self.assertIn("rate-a", held, hot.logs())
+        self.assertIn("rate-b", held, light.logs())  # so the two rates sum to the limit at most
+        hot_rate = int(held["rate-a"].split(":")[0])
+        self.assertGreaterEqual(hot_rate, 150, held)
+        self.assertGreater(int(held["rate-b"].split(":")[0]), 0, held)
+        self.redis.kill()
+        outage_s = 2.5
+        (_, hot_allowed, hot_modes), (_, light_allowed, _) = drive_all(
+            [(hot, 3 * LIMIT), (light, 20)], outage_s)
+        self.assertIn("fallback", hot_modes)
+        # The equal share past the rate's end: at most hot_rate x 1 s + (limit
+        # / 2) x 1.5 s + burst / 2 = 330 for a rate of 180/s.
+        self.assertGreaterEqual(hot_allowed, 0.85 * hot_rate * outage_s,
+                                "%d admitted at a rate of %d/s" % (hot_allowed, hot_rate))
+        self.assertLessEqual(hot_allowed + light_allowed, LIMIT * outage_s + BURST + 2 * CAP)
 
 
 class GcraRateLeaseTest(RateLeaseTest):

@@ -1126,8 +1126,9 @@ class RateFallbackTest : public RateLeaseNodeTest {
 
 // Verifies the demand-weighted fallback share: through an outage a key that
 // held the rule's whole rate keeps admitting at that rate (mode fallback)
-// until the rate ends, lease_ttl after its last renewal, and only then at
-// its equal share, limit / 8.
+// until the rate ends, lease_ttl after its last renewal, and past that end
+// until rate_lease::kFallbackHoldNs after the outage began, and only then
+// at its equal share, limit / 8.
 TEST_F(RateFallbackTest, AKeyHoldingARateSpendsItThroughAnOutageThenTheEqualShare) {
   bool in_mode = false;
   hot(kSecond, Mode::kNormal, &in_mode);
@@ -1140,8 +1141,18 @@ TEST_F(RateFallbackTest, AKeyHoldingARateSpendsItThroughAnOutageThenTheEqualShar
   EXPECT_TRUE(in_mode);
   EXPECT_GE(allowed, 2 * 80 - 2);
   EXPECT_LE(allowed, 2 * 80 + 8);  // spent down at 3x, the slice saved no more than an interval's
-  // Past any rate's end: the equal share, 10/s (its burst of 10 first).
-  now_ += 5 * kSecond;
+  // Past the rate's end (within 4 s of the outage: its one op was sent in
+  // the second before), within the hold: the rate still, and the burst of
+  // 80 its slice saved up while the key was idle (a rate of the whole
+  // limit refills its slice to the whole burst).
+  now_ += 3 * kSecond;
+  allowed = hot(2 * kSecond, Mode::kFallback, &in_mode);
+  EXPECT_TRUE(in_mode);
+  EXPECT_GE(allowed, 2 * 80 + 80 - 2);
+  EXPECT_LE(allowed, 2 * 80 + 80 + 1);
+  // Past the hold, 10 s after the outage began: the equal share, 10/s (its
+  // burst of 10 first).
+  now_ += rate_lease::kFallbackHoldNs - 7 * kSecond;
   allowed = hot(2 * kSecond, Mode::kFallback, &in_mode);
   EXPECT_TRUE(in_mode);
   EXPECT_GE(allowed, 2 * 10);

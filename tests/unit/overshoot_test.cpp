@@ -180,5 +180,20 @@ TEST(OvershootBound, ARateLeaseOwesWhatItsSliceMaySaveUp) {
                                          .rate_cap_units = 100}), 100);
 }
 
+// Verifies that in fallback a key that may spend its rate past the rate's
+// end (rate_lease::kFallbackHoldNs) counts a period of that rate as its
+// fallback budget when that is more than the equal share's, and the share's
+// when it is less.
+TEST(OvershootBound, InFallbackARateSpentPastItsEndCountsAPeriodOfIt) {
+  const Rule rule = globalRule(Algorithm::kTokenBucket, {1000, kSecondNs, 30});
+  const Rule share = shareOf(rule, 3);  // 333/s, burst 10: 343 a period
+  EXPECT_EQ(overshootBound(rule, share, {.leasing = false, .learning = false, .held_units = 0,
+                                         .rate_cap_units = 90, .rate_period_units = 900}),
+            90 + 900);
+  EXPECT_EQ(overshootBound(rule, share, {.leasing = false, .learning = false, .held_units = 0,
+                                         .rate_cap_units = 10, .rate_period_units = 100}),
+            10 + 343);
+}
+
 }  // namespace
 }  // namespace sluice

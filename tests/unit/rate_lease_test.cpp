@@ -620,6 +620,42 @@ TEST(RateLeaseRule, AHolderThatHearsOfUnmetDemandRenewsAtTheNextLeaseInterval) {
   EXPECT_EQ(rate_lease::renewAtNs(sent_ns, 600'000'000, false, interval_ns), sent_ns + 300'000'000);
 }
 
+// Verifies which grants count as a rise of the key's rate (one unit per so
+// many ns): a first rate, or a faster refill; not the same rate, a slower
+// one, nor none.
+TEST(RateLeaseRule, ARateRisesWhenItIsNewOrRefillsFaster) {
+  EXPECT_TRUE(rate_lease::rose(0, 1'000'000));
+  EXPECT_TRUE(rate_lease::rose(2'000'000, 1'000'000));
+  EXPECT_FALSE(rate_lease::rose(1'000'000, 1'000'000));
+  EXPECT_FALSE(rate_lease::rose(1'000'000, 2'000'000));
+  EXPECT_FALSE(rate_lease::rose(1'000'000, 0));
+}
+
+// Verifies the start of a contended fleet on a simulated clock (2,000/s,
+// three nodes, lease interval 100 ms): each node's first ask measured a
+// few ms of its demand, so the first to ask with its whole demand gets
+// what the others have not asked for (1,780), and hears no unmet demand.
+// Its rate rose, so it renews one lease interval later, by when the others
+// have asked with theirs: it drops to its max-min share, not 2.5 s later.
+TEST(RateLeaseRule, TheFirstToAskItsWholeDemandHoldsMoreThanItsShareOneIntervalAtMost) {
+  const int64_t limit = 2'000;
+  const int64_t interval_ns = 100'000'000;
+  std::vector<Held> live = {{"b", 120, 1, 120}, {"c", 100, 1, 100}};
+  const int64_t big = rate_lease::grant(live, "a", 1'790, limit);
+  EXPECT_EQ(big, 1'780);
+  live.push_back({"a", big, 1, 1'790});
+  EXPECT_FALSE(rate_lease::unmet(live, limit));
+  const Limit rule{limit, kSecondNs, 20};
+  const bool rose = rate_lease::rose(rate_lease::nsPerUnit(rule, 80), rate_lease::nsPerUnit(rule, big));
+  EXPECT_TRUE(rose);
+  const int64_t sent_ns = 16'000'000;
+  EXPECT_EQ(rate_lease::renewAtNs(sent_ns, 5 * kSecondNs, false || rose, interval_ns), sent_ns + interval_ns);
+  // The others ask with their whole demands meanwhile (and get little).
+  live = {{"a", big, 1, 1'790}, {"b", 120, 1, 2'000}, {"c", 100, 1, 2'000}};
+  EXPECT_TRUE(rate_lease::unmet(live, limit));
+  EXPECT_EQ(rate_lease::grant(live, "a", 2'000, limit), 666);
+}
+
 // Verifies that a node granted nothing asks again within one lease interval
 // however long Redis says the holders keep everything, and sooner when
 // Redis's wait is shorter.
