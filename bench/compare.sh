@@ -38,6 +38,7 @@ conns=${BENCH_CONNECTIONS:-2}
 window=${BENCH_WINDOW:-64}
 workers=${BENCH_WORKERS:-$(nproc)}
 load="$new_build/bench/load"
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 
 tmp=$(mktemp -d /tmp/slc.XXXXXX)  # short: a socket path has at most 107 bytes
 pids=()
@@ -104,4 +105,4 @@ for row in $rows; do
 done
 echo
 echo "$rounds interleaved rounds of ${seconds} s, $conns connections x $window in flight for pipelined rows," \
-  "both daemons with $workers workers; $(nproc) CPUs, load average before: $(cut -d' ' -f1-3 /proc/loadavg)."
+  "both daemons with $workers workers; $(nproc) CPUs, load average before: $load_before, after: $(cut -d' ' -f1-3 /proc/loadavg)."
