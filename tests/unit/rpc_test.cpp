@@ -815,7 +815,7 @@ TEST(WriteAnswerTest, OneDecisionIsMsgpackCsBytesAtEveryBoundary) {
         answer.decide(decision, mode, value >= 0 && method == Method::kAcquire ? value : -1);
         answer.reservation = static_cast<uint64_t>(value);
         answer.refunded = value;
-        answer.debt = -value / 2;
+        answer.debt = -(value / 2);
         answer.unpaid = value / 3;
         for (MsgId msgid : msgids) {
           std::string out = "before";
