@@ -1,4 +1,6 @@
-// Server: socket, workers, signals and key sweeping; see server.h.
+// Server: the socket, the workers, signals, reloads and key sweeping;
+// accepting is in server_accept.cpp, its reports in server_report.cpp,
+// the other fronts in server_fronts.cpp; see server.h.
 #include "server.h"
 
 #include <errno.h>
@@ -13,9 +15,7 @@
 
 #include <algorithm>
 #include <cstring>
-#include <ctime>
 #include <thread>
-#include <unordered_map>
 
 #include <spdlog/spdlog.h>
 
@@ -24,7 +24,6 @@
 #include "holding.h"
 #include "limiter.h"
 #include "penalty.h"
-#include "rate_lease.h"
 #include "slice.h"
 #include "systemd.h"
 #include "uv_handles.h"
@@ -34,11 +33,6 @@ namespace sluice {
 namespace {
 
 constexpr int kListenBacklog = 1024;
-// How long accepting pauses when the process is out of file descriptors.
-constexpr uint64_t kAcceptPauseMs = 100;
-// A peer that [access] refuses is logged at most this often, so a client
-// reconnecting in a loop cannot flood the log.
-constexpr int64_t kForbiddenLogIntervalMs = 10'000;
 // How often the status line is refreshed when no watchdog asks for more.
 constexpr uint64_t kStatusIntervalMs = 1000;
 
@@ -164,152 +158,6 @@ Server::~Server() {
   if (listen_fd_ >= 0) {
     ::close(listen_fd_);
   }
-}
-
-int64_t Server::uptimeMs() const { return (clock_ns_() / 1'000'000) - started_ms_; }
-
-size_t Server::connections() const {
-  size_t open = 0;
-  for (const auto& worker : workers_) {
-    open += worker->connections();
-  }
-  return open;
-}
-
-size_t Server::handles() const {
-  size_t open = handle_count_.load(std::memory_order_relaxed);
-  for (const auto& worker : workers_) {
-    open += worker->handles();
-  }
-  return control_ ? open + control_->handles() : open;
-}
-
-RedisHealth Server::redisHealth() const {
-  RedisHealth health;
-  if (!control_) return health;
-  ControlSnapshot snapshot = control_->snapshot();
-  health.configured = true;
-  health.up = snapshot.redis_up;
-  health.nodes = snapshot.nodes;
-  health.mode = control_->mode();
-  health.address = std::move(snapshot.address);
-  int64_t now_ns = clock_ns_();
-  health.breaker = broker_->breaker();
-  health.state_version = control_->stateVersion();
-  health.fleet_state_version = broker_->fleetVersion();
-  health.state_refused = broker_->refused();
-  health.learning = broker_->learningAny(now_ns);
-  if (RuleSetPtr rules = rules_.load(std::memory_order_acquire)) {
-    health.learning_rules = learningRules(*rules, *broker_, now_ns);
-  }
-  LeaseStats leases = broker_->stats(now_ns);
-  MetricsSnapshot metrics = metrics_.snapshot();
-  // A concurrency holding's units come back into its pool (released or
-  // reclaimed) and may be spent again; those Redis stopped holding for us
-  // are gone.
-  health.leased_units = std::max<int64_t>(
-      static_cast<int64_t>(leases.granted_units) - static_cast<int64_t>(leases.returned_units) -
-          static_cast<int64_t>(metrics.lease_units_spent) -
-          static_cast<int64_t>(metrics.lease_units_dropped) +
-          static_cast<int64_t>(metrics.lease_units_released + leases.released_units) -
-          static_cast<int64_t>(leases.lost_units),
-      0);
-  if (snapshot.clock_offset_us) {
-    // The estimate is against the monotonic clock; an operator compares
-    // clocks by wall time, and on one host this is about 0.
-    int64_t wall_us = *snapshot.clock_offset_us - realtimeMinusMonotonicUs();
-    health.clock_offset_ms = (wall_us >= 0 ? wall_us + 500 : wall_us - 500) / 1000;
-  }
-  return health;
-}
-
-std::vector<RuleOvershoot> Server::overshootBounds() const {
-  std::vector<RuleOvershoot> bounds;
-  RuleSetPtr rules = rules_.load(std::memory_order_acquire);
-  if (!control_ || !rules) return bounds;
-  int64_t now_ns = clock_ns_();
-  auto stamped = [](const Rule& rule) {
-    return leasable(rule) && algorithmTraits(rule.algorithm).stamps_lease;
-  };
-  auto settling = [](const Rule& rule) {
-    return leasable(rule) && algorithmTraits(rule.algorithm).settles;
-  };
-  // Reservations open by rule name, from the workers' counters.
-  std::unordered_map<std::string, int64_t> open;
-  for (const RuleSnapshot& rule : metrics_.ruleSnapshots()) {
-    if (rule.reservations_open > 0) open[rule.name] = static_cast<int64_t>(rule.reservations_open);
-  }
-  // The most units one key holds leased (only stamped leases' count) and
-  // owes (only once a settle charged a debt), by configured rule id: a walk
-  // of the key table, only when one of them may be other than 0.
-  // Likewise the most units one key's rate lease refills its slice to
-  // (rate_lease.h), and while the breaker is not closed the most its last
-  // rate refills in a period, for the rules whose keys may hold rates.
-  std::unordered_map<uint32_t, int64_t> held;
-  std::unordered_map<uint32_t, int64_t> owed;
-  std::unordered_map<uint32_t, int64_t> rated;
-  std::unordered_map<uint32_t, int64_t> rate_periods;
-  const bool leasing = broker_->leasing();
-  bool any_stamped = false;
-  bool any_settling = false;
-  for (const Rule& rule : rules->rules()) {
-    any_stamped = any_stamped || stamped(rule) || rate_lease::eligible(rule) ||
-                  std::any_of(rules->parts(rule).begin(), rules->parts(rule).end(), stamped);
-    any_settling = any_settling || settling(rule);
-  }
-  const bool debts = any_settling && metrics_.snapshot().reservation_debt_units > 0;
-  if (any_stamped || debts) {
-    keys_->visit([&](KeyTable::Entry& entry) {
-      const Rule* rule = rules->findById(entry.ruleId());
-      if (rule == nullptr || entry.state().size() != entryWords(*rule)) return;
-      const uint32_t id = entry.ruleId() & kRuleIdMask;
-      if (stamped(*rule)) {
-        int64_t& most = held[id];
-        most = std::max(most, slice::heldUnits(entry.state(), now_ns));
-      } else if (rate_lease::eligible(*rule)) {
-        int64_t& most = rated[id];
-        most = std::max(most, slice::rateCapUnits(entry.state(), now_ns));
-        if (!leasing) {
-          int64_t& period = rate_periods[id];
-          period = std::max(period, slice::ratePerPeriod(entry.state(), rule->limits.front().period_ns));
-        }
-      }
-      if (debts && settling(*rule)) {
-        int64_t& most = owed[id];
-        most = std::max(most, slice::owed(entry.state(), now_ns));
-      }
-    });
-  }
-  auto most = [](const std::unordered_map<uint32_t, int64_t>& by_id, uint32_t id) {
-    auto found = by_id.find(id);
-    return found != by_id.end() ? found->second : 0;
-  };
-  for (const Rule& rule : rules->rules()) {
-    const Rule* share = rules->fallbackShare(rule);
-    if (share == nullptr) continue;
-    bool learning = broker_->learning(rule, now_ns);
-    for (const Rule& part : rules->parts(rule)) learning = learning || broker_->learning(part, now_ns);
-    auto opened = open.find(rule.name);
-    OvershootInput input{.leasing = leasing,
-                         .learning = learning,
-                         .held_units = most(held, rule.id),
-                         .open_reservations = opened != open.end() ? opened->second : 0,
-                         .owed_units = most(owed, rule.id),
-                         .rate_cap_units = most(rated, rule.id),
-                         .rate_period_units = most(rate_periods, rule.id)};
-    bounds.push_back({rule.name, overshootBound(rule, *share, input)});
-  }
-  return bounds;
-}
-
-LeaseStats Server::leaseStats() const {
-  return broker_ ? broker_->stats(clock_ns_()) : LeaseStats{};
-}
-
-HistogramSnapshot Server::leaseLatency() const {
-  HistogramSnapshot latency;
-  if (broker_) latency.add(broker_->counters().latency);
-  return latency;
 }
 
 bool Server::listen(std::string* error) {
@@ -516,137 +364,6 @@ int Server::run() {
   }
   spdlog::info("stopped");
   return envoy_failed ? 1 : 0;
-}
-
-void Server::startAccepting() {
-  uv_poll_start(&listener_, UV_READABLE, [](uv_poll_t* handle, int status, int) {
-    auto* self = static_cast<Server*>(handle->data);
-    if (status == 0) self->onAcceptable(self->listen_fd_, Protocol::kMsgpackRpc);
-  });
-  if (resp_fd_ >= 0) {
-    uv_poll_start(&resp_listener_, UV_READABLE, [](uv_poll_t* handle, int status, int) {
-      auto* self = static_cast<Server*>(handle->data);
-      if (status == 0) self->onAcceptable(self->resp_fd_, Protocol::kResp);
-    });
-  }
-  if (http_fd_ >= 0) {
-    uv_poll_start(&http_listener_, UV_READABLE, [](uv_poll_t* handle, int status, int) {
-      auto* self = static_cast<Server*>(handle->data);
-      if (status == 0) self->onAcceptable(self->http_fd_, Protocol::kHttp);
-    });
-  }
-}
-
-void Server::onAcceptable(int listen_fd, Protocol protocol) {
-  for (;;) {
-    int fd = accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) {
-      if (errno == EINTR || errno == ECONNABORTED) {
-        continue;
-      }
-      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-        // Out of descriptors or memory: the listener stays readable, so
-        // polling on would spin. Pause accepting; clients wait in the backlog.
-        spdlog::warn("accept: {}; pausing accepts for {} ms", errnoText(errno),
-                     kAcceptPauseMs);
-        uv_poll_stop(&listener_);
-        if (resp_fd_ >= 0) uv_poll_stop(&resp_listener_);
-        if (http_fd_ >= 0) uv_poll_stop(&http_listener_);
-        uv_timer_start(
-            &accept_pause_,
-            [](uv_timer_t* t) {
-              auto* self = static_cast<Server*>(t->data);
-              if (!self->stopping_) {
-                self->startAccepting();
-              }
-            },
-            kAcceptPauseMs, 0);
-      } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
-        spdlog::warn("accept: {}", errnoText(errno));
-      }
-      return;
-    }
-    Worker* least = workers_.front().get();
-    size_t open = 0;
-    for (auto& worker : workers_) {
-      open += worker->connections();
-      if (worker->connections() < least->connections()) {
-        least = worker.get();
-      }
-    }
-    // Refused at once, so descriptors never run out; the client is told why.
-    if (open >= config_.limits.max_connections) {
-      refuse(fd, RefuseReason::kMaxConnections,
-             fmt::format("the daemon holds its [limits] max_connections = {} connections; "
-                         "retry later, or raise the limit",
-                         config_.limits.max_connections),
-             protocol);
-      continue;
-    }
-    // A TCP peer has no credentials: [access] cannot apply (docs/resp.md,
-    // docs/http.md). A peer it does not allow on a Unix [http] listener is
-    // answered 403 to every request by its codec.
-    const bool tcp = (protocol == Protocol::kResp && resp_unix_path_.empty()) ||
-                     (protocol == Protocol::kHttp && http_unix_path_.empty());
-    Peer peer;
-    peer.allowed = true;
-    if (!tcp) {
-      peer = access_.admit(fd);
-      if (!user_connections_.take(&peer)) {
-        refuse(fd, RefuseReason::kMaxPerUser,
-               fmt::format("uid {} holds its [access] max_connections_per_user = {} "
-                           "connections; share a connection (requests pipeline on one), or "
-                           "raise the limit",
-                           peer.uid, config_.access.max_connections_per_user),
-               protocol);
-        continue;
-      }
-    }
-    if (!peer.allowed) {
-      metrics_.connectionsForbidden().add();
-      logForbidden(peer);
-      if (protocol == Protocol::kResp) {
-        // A Redis client has no place for a per-request FORBIDDEN: say it
-        // once and close.
-        UserConnections::release(peer);
-        std::string reply;
-        resp::writeError(&reply, "FORBIDDEN this user may not use sluiced ([access])");
-        (void)::send(fd, reply.data(), reply.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
-        ::close(fd);
-        continue;
-      }
-    }
-    least->adopt(fd, peer, protocol);
-  }
-}
-
-void Server::refuse(int fd, RefuseReason reason, std::string_view why, Protocol protocol) {
-  // A fresh socket's send buffer is empty: the one small frame fits, and a
-  // client that went away already costs nothing but the failed send.
-  std::string notification;
-  if (protocol == Protocol::kResp) {
-    resp::writeError(&notification, "ERR max number of clients reached: " + std::string(why));
-  } else if (protocol == Protocol::kHttp) {
-    http::writeResponse(&notification, http::problem(503, why), "close",
-                        http::imfDate(static_cast<int64_t>(std::time(nullptr))), true);
-  } else {
-    rpc::writeErrorNotification(&notification, rpc::ErrorCode::kOverloaded, why);
-  }
-  (void)::send(fd, notification.data(), notification.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
-  ::close(fd);
-  metrics_.connectionsRefused(reason).add();
-}
-
-void Server::logForbidden(const Peer& peer) {
-  auto now_ms = static_cast<int64_t>(uv_now(&loop_));
-  if (forbidden_logged_ms_ >= 0 && now_ms - forbidden_logged_ms_ < kForbiddenLogIntervalMs) {
-    return;
-  }
-  forbidden_logged_ms_ = now_ms;
-  spdlog::warn("uid {} (pid {}) connected but [access] does not allow it: its requests are "
-               "answered FORBIDDEN (logged at most every {} s; sluice_connections_forbidden_total "
-               "counts them all)",
-               peer.uid, peer.pid, kForbiddenLogIntervalMs / 1000);
 }
 
 void Server::onSignal(int signum) {
@@ -900,41 +617,6 @@ void Server::onStatusTimer() {
     systemd::notifyStatus(status);
     last_status_ = std::move(status);
   }
-}
-
-MetricsView Server::metricsView() const {
-  MetricsView view;
-  view.totals = metrics_.snapshot();
-  view.rules = ruleMetrics();
-  view.connections = connections();
-  view.handles = handles();
-  view.keys = keys_->stats();
-  view.uptime_ms = static_cast<uint64_t>(uptimeMs());
-  if (control_) {
-    view.redis = redisHealth();
-    view.leases = leaseStats();
-    view.lease_latency = leaseLatency();
-    view.overshoot = overshootBounds();
-  }
-  return view;
-}
-
-std::string Server::statusLine() const {
-  if (!control_) {
-    return "normal: serving " + serving_path_ + ", local rules only";
-  }
-  RedisHealth health = redisHealth();
-  switch (health.breaker) {
-    case Breaker::kOpen:
-      return "fallback: Redis unreachable, global rules follow on_redis_down";
-    case Breaker::kHalfOpen:
-      return "recovering: Redis is back, debiting what fallback admitted";
-    case Breaker::kClosed: break;
-  }
-  if (health.learning) {
-    return "learning: Redis lost its state, leasing cautiously";
-  }
-  return "normal: leasing from Redis, " + std::to_string(health.nodes) + " live nodes";
 }
 
 }  // namespace sluice
