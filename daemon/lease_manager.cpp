@@ -312,6 +312,16 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, const Rule& rule,
       // again after slice::kEmptyRecheckNs), so an over-limit key costs
       // Redis little. "Never" waits a period.
       int64_t wait_ms = reply->never ? periodMs(limit) : std::max<int64_t>(reply->retry_after_ms, 1);
+      const int64_t interval_ns = context_.broker->leaseIntervalNs();
+      if (!reply->never && request.rate < 0 && rate_lease::eligible(rule) &&
+          rate_lease::wants(limit, slice::demandPerInterval(words, now_ns, interval_ns), slice::drained(words),
+                            interval_ns)) {
+        // Its next lease asks for a rate (the bucket ran dry: the others'
+        // rates may hold the whole limit, and Redis's wait is then their
+        // ends): asked within one lease interval, it records the key's
+        // demand, and the holders give up their share of it by the next.
+        wait_ms = rate_lease::reaskAfterMs(wait_ms, config_.lease_interval_ms);
+      }
       slice::applyEmpty(words, now_ns, wait_ms * 1'000'000);
       return;
     }

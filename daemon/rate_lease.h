@@ -135,10 +135,9 @@ int64_t renewAtNs(int64_t sent_ns, int64_t lease_ns, bool unmet, int64_t lease_i
 // 0) or its slice refills faster now (granted_ns_per_unit below it; 0:
 // granted none). A holder whose rate rose renews one lease interval after
 // it sent the op, as one that heard `unmet` does: it got more while the
-// others' demands may still be rising (a fleet's start, where each node's
-// first ask measures only a few ms of its demand, and the first to ask
-// with its whole demand gets what the others have not asked for yet), so
-// it hears of them before it has held more than its share for long.
+// others' demands may not be recorded yet (a fleet's start, where the
+// first nodes to ask get what the others have not asked for yet), so it
+// hears of them before it has held more than its share for long.
 bool rose(int64_t held_ns_per_unit, int64_t granted_ns_per_unit);
 
 // How long a key granted no rate and no tokens waits before it asks again:

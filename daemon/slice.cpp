@@ -2,6 +2,7 @@
 #include "slice.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "algorithm.h"
 #include "entry.h"
@@ -492,6 +493,19 @@ int64_t takeRateFallback(Words words) {
 bool drained(ConstWords words) { return (words[kFlags].load(std::memory_order_acquire) & kDrained) != 0; }
 
 int64_t demandPerInterval(ConstWords words) { return std::max(load(words, kRate), load(words, kDemand)); }
+
+int64_t demandPerInterval(ConstWords words, int64_t now_ns, int64_t lease_interval_ns) {
+  const int64_t since = load(words, kDemandSince);
+  const int64_t counted = load(words, kDemand);
+  int64_t under_way = counted;
+  if (since > 0 && lease_interval_ns > 0) {
+    const int64_t span_ns = std::clamp<int64_t>(now_ns - since, std::min(kDemandMinSpanNs, lease_interval_ns),
+                                                lease_interval_ns);
+    under_way = static_cast<int64_t>(
+        std::ceil(static_cast<double>(counted) * static_cast<double>(lease_interval_ns) / static_cast<double>(span_ns)));
+  }
+  return std::max({load(words, kRate), counted, under_way});
+}
 
 int64_t rateNsPerUnit(ConstWords words, int64_t now_ns) {
   return holdsRate(words, now_ns) ? load(words, kRateNsPerUnit) : 0;

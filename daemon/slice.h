@@ -260,6 +260,21 @@ bool drained(ConstWords words);
 // (kDemand, less than an interval) when that is more already.
 int64_t demandPerInterval(ConstWords words);
 
+// A measurement under way spans at least this many ns before its count
+// is scaled to a whole lease interval (demandPerInterval below): over a
+// shorter span one request more or less would swing the estimate.
+constexpr int64_t kDemandMinSpanNs = 10'000'000;
+
+// The key's demand per lease interval as a rate lease asks for it at
+// now_ns: the last full measurement (kRate), or the measurement under way
+// scaled from its span (at least kDemandMinSpanNs) to a whole interval
+// when that is more. A fleet's start is where this matters: the first rate
+// ask comes a few ms into the key's first measurement, and its count alone
+// (7 units in 8 ms at 750/s) would ask for a tenth of the key's demand,
+// leaving the rest of the limit to refill a bucket nobody leases from until
+// the key's demand is seen to move (slice::demandMoved), some 45 ms later.
+int64_t demandPerInterval(ConstWords words, int64_t now_ns, int64_t lease_interval_ns);
+
 // The refill of the rate the key holds at now_ns: one unit per this many
 // ns (kRateNsPerUnit); 0 when it holds none.
 int64_t rateNsPerUnit(ConstWords words, int64_t now_ns);

@@ -775,5 +775,29 @@ TEST_F(SliceTest, DemandPerIntervalCountsTheMeasurementUnderWay) {
   EXPECT_EQ(slice::demandPerInterval(words()), 40);
 }
 
+// Verifies on a simulated clock that a rate ask scales the demand
+// measurement under way to a whole lease interval (100 ms): a key at 750/s
+// whose first lease started the measurement asks, 8 ms later, for 70 per
+// interval (7 units over the least span of 10 ms), not for the 7 counted;
+// 20 ms in, for 80 (16 units); a measurement past a whole interval is not
+// scaled down, and a full one (kRate) that is more stands.
+TEST_F(SliceTest, ARateAskScalesTheMeasurementUnderWayToAWholeInterval) {
+  Rule rule = bucketRule(2'000, 1'000 * kMs, 20);
+  const int64_t t0 = 1'000 * kMs;
+  slice::nextBatch(words(), t0, 1, rule, 8, kInterval);  // the first lease: the measurement starts
+  auto takeUntil = [&](int64_t from_ns, int64_t until_ns) {
+    for (int64_t t = from_ns; t <= until_ns; t += 4 * kMs / 3) slice::take(words(), t0 + t, 1);
+  };
+  takeUntil(0, 8 * kMs);  // 0, 1.33, ..., 8 ms: 7 units
+  EXPECT_EQ(slice::demandPerInterval(words()), 7);
+  EXPECT_EQ(slice::demandPerInterval(words(), t0 + 8 * kMs, kInterval), 70);
+  takeUntil(8 * kMs + 4 * kMs / 3, 20 * kMs);  // 16 units by 20 ms
+  EXPECT_EQ(slice::demandPerInterval(words(), t0 + 20 * kMs, kInterval), 80);
+  // Past a whole interval the count is what it is (nextBatch has not ended it).
+  EXPECT_EQ(slice::demandPerInterval(words(), t0 + 300 * kMs, kInterval), 16);
+  words_[slice::kRate].store(120);
+  EXPECT_EQ(slice::demandPerInterval(words(), t0 + 20 * kMs, kInterval), 120);
+}
+
 }  // namespace
 }  // namespace sluice
