@@ -606,6 +606,19 @@ bool demandMoved(Words words, int64_t now_ns) {
   return false;
 }
 
+bool noteRateShort(Words words, bool short_unmet, int64_t now_ns, int64_t span_ns, int64_t intervals) {
+  if (!short_unmet) {
+    store(words, kRateShortSince, 0);
+    return false;
+  }
+  int64_t since = load(words, kRateShortSince);
+  if (since == 0) {
+    since = now_ns;
+    store(words, kRateShortSince, since);
+  }
+  return now_ns - since < intervals * span_ns;
+}
+
 int64_t leaseNowMs(ConstWords words) { return load(words, kLeaseNowMs); }
 
 int64_t deniedUntilNs(ConstWords words) { return load(words, kDenyUntil); }

@@ -93,6 +93,7 @@ enum Word : size_t {
   kRateMoreNsPerUnit,  // demand above one unit per this many ns: twice what it asked (0: none)
   kRateLessNsPerUnit,  // demand below one unit per this many ns: half what it asked
   kRateFallback,   // units the rate admitted while Redis was unreachable, not debited yet
+  kRateShortSince, // ns: since when its rate ops got less than asked while demand was unmet (0: not)
   kWords
 };
 constexpr uint64_t kInFlight = 1;
@@ -329,6 +330,15 @@ void noteAsked(Words words, const Limit& limit, int64_t asked, int64_t span_ns, 
 // (demandPerInterval), and the check waits for the renewal's answer
 // (noteAsked). True for one taker. Lock-free.
 bool demandMoved(Words words, int64_t now_ns);
+
+// The control thread: a rate op answered at now_ns, `short_unmet` when it
+// granted less than the key asked for while the reply said some recorded
+// demand is unmet (the others hold more than their shares: shares are
+// moving). Returns whether the key still asks again quickly (rate_lease::
+// kQuickRenewIntervals): while it has been so for less than that many
+// lease intervals (span_ns each) since it first was. A reply that is not
+// so ends the spell.
+bool noteRateShort(Words words, bool short_unmet, int64_t now_ns, int64_t span_ns, int64_t intervals);
 
 // Whether a blocked key is due to be asked of Redis again (kBlockRecheckNs)
 // at now_ns. When it is, the units a lease granted before the block are

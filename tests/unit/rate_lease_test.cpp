@@ -715,5 +715,20 @@ TEST(RateLeaseRule, EightNodesFirstAsksHoldTheWholeLimitFromTheStart) {
   EXPECT_TRUE(rate_lease::unmet(scaled_live, limit.limit));
 }
 
+// Verifies the quick schedule on a simulated clock (lease interval 100 ms,
+// lease 5 s): a key short of its ask while demand is unmet renews, or asks
+// again after being granted nothing, a quarter interval after its call,
+// and never later than the schedule it would have had otherwise.
+TEST(RateLeaseRule, AShortKeyAsksAgainAQuarterIntervalLater) {
+  const int64_t sent_ns = 7 * kSecondNs;
+  const int64_t interval_ns = 100'000'000;
+  EXPECT_EQ(rate_lease::renewAtNs(sent_ns, 5 * kSecondNs, true, interval_ns, true), sent_ns + 25'000'000);
+  EXPECT_EQ(rate_lease::renewAtNs(sent_ns, 5 * kSecondNs, true, interval_ns, false), sent_ns + interval_ns);
+  EXPECT_EQ(rate_lease::renewAtNs(sent_ns, 40'000'000, true, interval_ns, true), sent_ns + 20'000'000);
+  EXPECT_EQ(rate_lease::reaskAfterMs(4'500, 100, true), 25);
+  EXPECT_EQ(rate_lease::reaskAfterMs(10, 100, true), 10);
+  EXPECT_EQ(rate_lease::reaskAfterMs(4'500, 100, false), 100);
+}
+
 }  // namespace
 }  // namespace sluice

@@ -799,5 +799,23 @@ TEST_F(SliceTest, ARateAskScalesTheMeasurementUnderWayToAWholeInterval) {
   EXPECT_EQ(slice::demandPerInterval(words(), t0 + 20 * kMs, kInterval), 120);
 }
 
+// Verifies on a simulated clock (lease interval 100 ms) that a key whose
+// rate ops come back short of their ask while demand is unmet asks again
+// quickly for two lease intervals from the first such reply and no longer
+// (a holder that keeps more than its share, a crashed node's rate, costs
+// one ask an interval after that), and that a reply that is not short, or
+// says every demand is met, ends the spell so the next one starts anew.
+TEST_F(SliceTest, AShortRateAsksAgainQuicklyForTwoLeaseIntervals) {
+  const int64_t t0 = 1'000 * kMs;
+  EXPECT_TRUE(slice::noteRateShort(words(), true, t0, kInterval, 2));
+  EXPECT_TRUE(slice::noteRateShort(words(), true, t0 + 25 * kMs, kInterval, 2));
+  EXPECT_TRUE(slice::noteRateShort(words(), true, t0 + 199 * kMs, kInterval, 2));
+  EXPECT_FALSE(slice::noteRateShort(words(), true, t0 + 200 * kMs, kInterval, 2));
+  EXPECT_FALSE(slice::noteRateShort(words(), true, t0 + 900 * kMs, kInterval, 2));
+  EXPECT_FALSE(slice::noteRateShort(words(), false, t0 + 1'000 * kMs, kInterval, 2));
+  EXPECT_TRUE(slice::noteRateShort(words(), true, t0 + 1'100 * kMs, kInterval, 2));
+  EXPECT_TRUE(slice::noteRateShort(words(), true, t0 + 1'250 * kMs, kInterval, 2));
+}
+
 }  // namespace
 }  // namespace sluice
