@@ -174,16 +174,33 @@ TakeResult take(Words words, int64_t now_ns, int64_t cost, bool again = false,
                 bool first_in_line = false);
 
 // Redis is unreachable: spends `cost` from what the key's rate lease
-// refills (and the units the slice holds) while the rate holds at now_ns,
-// and past its end until hold_until_ns when it still held at
-// open_since_ns, the breaker's opening (the demand-weighted share in
-// fallback, rate_lease::kFallbackHoldNs); kDenied with the time of its
-// next units when they are short, kFallback when no rate holds (the equal
-// share decides). The caller counts what it keeps (noteRateFallback).
-// Claims no lease, counts no demand. Lock-free. See
-// LeasePath::acquireOnRate.
+// refills while the rate holds at now_ns, and past its end until
+// hold_until_ns when it still held at open_since_ns, the breaker's opening
+// (the demand-weighted share in fallback, rate_lease::kFallbackHoldNs);
+// kDenied with the time of its next units when they are short, kFallback
+// when no rate holds (the equal share decides). With open_since_ns, the
+// refill is the fallback's (kFallbackRateParts), from the opening, and the
+// first take since the opening drops what the slice held. The caller
+// counts what it keeps (noteRateFallback). Claims no lease, counts no
+// demand. Lock-free. See LeasePath::acquireOnRate.
 TakeResult takeOnRate(Words words, int64_t now_ns, int64_t cost, int64_t open_since_ns = 0,
                       int64_t hold_until_ns = 0);
+
+// While Redis is unreachable a rate refills at this many parts less one of
+// kFallbackRateParts of the rate (fallbackNsPerUnit), from the breaker's
+// opening, with what the slice held then dropped (takeOnRate): the rates
+// held never sum past the limit, so what the fleet's rates admit from the
+// opening over any span T is at most (1 - 1/kFallbackRateParts) x limit x T,
+// and the part left over covers what the nodes spent of their slices
+// between Redis's end and their breakers' opening (docs/design.md,
+// "Fallback"): a fleet that spent the limit to the unit would otherwise sit
+// on the limit's edge, and a unit of timing either way would put it over.
+constexpr int64_t kFallbackRateParts = 64;
+
+// The fallback's refill of a rate that refills one unit per ns_per_unit:
+// one unit per ns_per_unit * kFallbackRateParts / (kFallbackRateParts - 1),
+// rounded up (never faster).
+int64_t fallbackNsPerUnit(int64_t ns_per_unit);
 
 // Reports what take() would answer, spending and claiming nothing.
 TakeResult look(ConstWords words, int64_t now_ns, int64_t cost);
