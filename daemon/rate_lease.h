@@ -130,7 +130,7 @@ std::optional<Reply> parseReply(std::span<const int64_t> values, int64_t limit);
 // (slice::noteRateShort): the holders above their shares give up the rest
 // at their renewals, which fall anywhere within the next interval, and
 // the rate they free would otherwise wait, unspent, until the short nodes'
-// next asks (a fleet's start lost 5 % of its first second so). After
+// next asks (a fleet's start lost up to 5 % of its first second so). After
 // that span, a holder that keeps more than its share (a crashed node's
 // rate, held until its end) costs one ask per interval, as before.
 constexpr int64_t kQuickRenewsPerInterval = 4;
