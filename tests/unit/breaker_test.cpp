@@ -717,8 +717,20 @@ class FakeRedisState {
         granted = std::min<long long>(n, static_cast<long long>(bucket.tokens));
         bucket.tokens -= static_cast<double>(granted);
       } else {
-        retry_ms = static_cast<long long>(
-            std::ceil((static_cast<double>(need) - bucket.tokens) * period_ms / limit));
+        // As the scripts answer (rate_lease::heldWaitUs): the refill at the
+        // limit less the rates held, or, with the whole limit held, after
+        // the first of them ends.
+        const auto wait_us = static_cast<int64_t>(
+            std::ceil((static_cast<double>(need) - bucket.tokens) * period_ms * 1000 / limit));
+        int64_t held_rate = 0;
+        int64_t first_end_us = now_ns_ / 1000;
+        for (const auto& [node, h] : bucket.rates) {
+          if (h.rate <= 0) continue;
+          first_end_us = held_rate == 0 ? h.until_ns / 1000 : std::min(first_end_us, h.until_ns / 1000);
+          held_rate += h.rate;
+        }
+        retry_ms = (rate_lease::heldWaitUs(wait_us, held_rate, static_cast<int64_t>(limit), first_end_us,
+                                           now_ns_ / 1000) + 999) / 1000;
       }
     } else if (a[0] == "return") {
       bucket.tokens = std::min(bucket.burst, bucket.tokens + static_cast<double>(n));
@@ -1094,6 +1106,39 @@ TEST_F(RateLeaseNodeTest, AKeyHoldingARateGetsItsBurstBackAfterAPause) {
   ASSERT_GE(redis_.rateOps(), 1);
   now_ += kSecond;
   EXPECT_EQ(atOnce("per-second", 15), 10);
+}
+
+// Verifies that a key whose token lease finds the bucket kept empty by
+// another node's rate (the whole limit, held 5 s: Redis's wait runs to its
+// end) asks again within one lease interval, as a rate, so that its demand
+// is recorded and the holder hears of it: not at Redis's wait, nor at the
+// negative cache's 1 s recheck.
+TEST_F(RateLeaseNodeTest, ATokenLeaseThatAnotherNodesRateLeftEmptyAsksForARateWithinAnInterval) {
+  EXPECT_EQ(atOnce("per-second", 10), 10);
+  for (int i = 0; i < 30; ++i) {
+    now_ += 100 * kMs / 3;
+    a_->acquire("per-second", "k");
+  }
+  ASSERT_GE(redis_.rateOps(), 1);
+  Node b("node-b", redis_, rules_, now_);
+  b.up();
+  ASSERT_TRUE(b.broker().leasing());
+  redis_.tokens(stateKey("per-second"), 10) = 0;  // what refilled before the rate: spent
+  const int ops = redis_.rateOps();
+  const int leases = redis_.leases();
+  // Cold: answered from the share at once, while its first lease, of
+  // tokens, finds nothing.
+  b.acquire("per-second", "k");
+  ASSERT_EQ(redis_.leases(), leases + 1);
+  ASSERT_EQ(redis_.rateOps(), ops);
+  int64_t asked_after_ns = -1;
+  for (int64_t t = 0; t <= 200 * kMs && asked_after_ns < 0; t += 5 * kMs) {
+    now_ += 5 * kMs;
+    b.acquire("per-second", "k");
+    if (redis_.rateOps() > ops) asked_after_ns = t + 5 * kMs;
+  }
+  ASSERT_GT(asked_after_ns, 0) << "no rate asked within 200 ms";
+  EXPECT_LE(asked_after_ns, 100 * kMs + 5 * kMs);
 }
 
 // One node of eight on 80/s with a burst of 80 (its equal share: 10/s), the
