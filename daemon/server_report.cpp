@@ -44,6 +44,7 @@ RedisHealth Server::redisHealth() const {
   health.nodes = snapshot.nodes;
   health.mode = control_->mode();
   health.address = std::move(snapshot.address);
+  health.try_agains = snapshot.try_agains;
   int64_t now_ns = clock_ns_();
   health.breaker = broker_->breaker();
   health.state_version = control_->stateVersion();
