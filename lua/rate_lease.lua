@@ -135,15 +135,14 @@ local function rate_lease(script)
   -- as the uncharged refill outruns the charge; with R = limit both move
   -- together. So the span's end alone needs the cap, and its start (a bucket
   -- already full there would otherwise be charged from an older T).
-  local rates = {}      -- the entries live after now: {node, rate, until_us, demand}
-  local held_rate = 0   -- the sum of their rates
-  if #all > 0 then
+  -- T (nil: full at `from`) charged with the rates of `entries` over [from,
+  -- to]; and whether any was held then.
+  local function charge(t, from, to, entries)
     local charged = false
-    local t = stored
-    while at < now do
-      local r, span_end, span_held = 0, now, {}
-      for _, h in ipairs(all) do
-        if h[3] > at and h[2] > 0 then
+    while from < to do
+      local r, span_end, span_held = 0, to, {}
+      for _, h in ipairs(entries) do
+        if h[3] > from and h[2] > 0 then
           r = r + h[2]
           if h[3] < span_end then span_end = h[3] end
           span_held[#span_held + 1] = h
@@ -151,17 +150,19 @@ local function rate_lease(script)
       end
       if r == 0 then break end
       local cap_us = cap_us_of(span_held)
-      t = math.max(t or (at - cap_us), at - cap_us)
-      t = math.max(t + idiv((span_end - at) * r + limit - 1, limit), span_end - cap_us)
+      t = math.max(t or (from - cap_us), from - cap_us)
+      t = math.max(t + idiv((span_end - from) * r + limit - 1, limit), span_end - cap_us)
       charged = true
-      at = span_end
+      from = span_end
     end
+    return t, charged
+  end
+  local rates = {}  -- the entries live after now: {node, rate, until_us, demand}
+  if #all > 0 then
+    local t, charged = charge(stored, at, now, all)
     if charged then stored = t end
     for _, h in ipairs(all) do
-      if h[3] > now then
-        rates[#rates + 1] = h
-        held_rate = held_rate + h[2]
-      end
+      if h[3] > now then rates[#rates + 1] = h end
     end
   end
 
@@ -267,7 +268,6 @@ local function rate_lease(script)
       rate_granted = math.max(math.min(fair_share(demands, limit, n), limit - others), 0)
       rates[#rates + 1] = {node, rate_granted, now + lease_us, n}
     end
-    held_rate = others + rate_granted
     if need > 0 and burst >= 1 and units_at(empty) >= 1 then
       granted = math.min(need, units_at(empty))
       empty = empty + granted * interval
@@ -291,17 +291,39 @@ local function rate_lease(script)
     if wait_need > burst then
       retry_ms = -1
     elseif granted == 0 and units_at(empty) < wait_need then
-      local wait_us = empty + wait_need * interval - now
-      if held_rate >= limit then
-        local first_end = nil
+      -- The wait starts now, or, while the bucket's cap is below wait_need
+      -- (the holders keep their shares of the burst), at the first end of a
+      -- held rate after which it is not, with T charged until then.
+      local from, t, live = now, empty, rates
+      if cap_us_of(rates) < wait_need * interval then
+        local ends = {}
         for _, h in ipairs(rates) do
-          if h[2] > 0 and (first_end == nil or h[3] < first_end) then first_end = h[3] end
+          if h[2] > 0 then ends[#ends + 1] = h[3] end
         end
-        wait_us = (first_end or now) - now + wait_us
-      elseif held_rate > 0 then
-        wait_us = math.ceil(wait_us * limit / (limit - held_rate))
+        table.sort(ends)
+        for _, e in ipairs(ends) do
+          local after = {}
+          for _, h in ipairs(rates) do
+            if h[3] > e then after[#after + 1] = h end
+          end
+          if cap_us_of(after) >= wait_need * interval then
+            from, t, live = e, charge(empty, now, e, rates), after
+            break
+          end
+        end
       end
-      retry_ms = ceil_ms(wait_us)
+      local wait_us = t + wait_need * interval - from
+      local live_rate, first_end = 0, nil
+      for _, h in ipairs(live) do
+        live_rate = live_rate + h[2]
+        if h[2] > 0 and (first_end == nil or h[3] < first_end) then first_end = h[3] end
+      end
+      if live_rate >= limit then
+        wait_us = (first_end or from) - from + wait_us
+      elseif live_rate > 0 then
+        wait_us = math.ceil(wait_us * limit / (limit - live_rate))
+      end
+      retry_ms = ceil_ms(from - now + wait_us)
     end
   end
   local reply = {granted, units_at(empty), retry_ms, ceil_ms(empty - full), math.floor(now / 1000)}

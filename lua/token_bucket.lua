@@ -94,7 +94,11 @@
 --                   While rates are held (R in all) the bucket refills at
 --                   (limit - R): the wait at the full rate w becomes
 --                   w * limit / (limit - R) in doubles, or, with R = limit,
---                   the time until the first held rate ends plus w;
+--                   the time until the first held rate ends plus w. While
+--                   the bucket's cap is below `need`, the wait starts at
+--                   the first end of a rate after which it is not, with
+--                   the rates charged until then (and w, R from there):
+--                   no hint comes before the units can be there;
 --   reset_after_ms  until the bucket is full again, rounded up;
 --   now_ms          Redis's time (floor of now_us / 1000), for clock offsets.
 --   unmet           1 when some node's recorded demand is unmet after the
