@@ -209,6 +209,14 @@ int64_t nsPerUnit(const Limit& limit, int64_t rate) {
   return ceilDiv(span_ns, std::max<int64_t>(rate, 1));
 }
 
+int64_t rateOfNsPerUnit(const Limit& limit, int64_t ns_per_unit) {
+  if (ns_per_unit <= 0) return 0;
+  // nsPerUnit(r) = ceil(span / r) = p holds for every r in [span / p,
+  // span / (p - 1)): the least is ceil(span / p).
+  const int64_t span_ns = limit.limit * intervalUs(limit) * 1000;
+  return std::min(ceilDiv(span_ns, ns_per_unit), limit.limit);
+}
+
 int64_t capUnits(const Limit& limit, int64_t rate, int64_t lease_interval_ns) {
   const int64_t interval_units = ceilDiv(lease_interval_ns, nsPerUnit(limit, rate));
   return std::max<int64_t>({interval_units, burstShare(limit, rate), 1});

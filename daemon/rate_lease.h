@@ -190,6 +190,10 @@ int64_t askedRate(const Limit& limit, int64_t demand_per_interval, int64_t lease
 // interval µs, rounded up: never faster than Redis counts it.
 int64_t nsPerUnit(const Limit& limit, int64_t rate);
 
+// The least rate whose refill is one unit per ns_per_unit (nsPerUnit's
+// inverse: never above the rate that gave it); 0 when ns_per_unit <= 0.
+int64_t rateOfNsPerUnit(const Limit& limit, int64_t ns_per_unit);
+
 // The most units a rate's refill fills the slice to: one lease interval of
 // the rate, or the rate's share of the burst (burstShare) when that is more,
 // at least one. So a key that holds the rule's whole rate and pauses gets
