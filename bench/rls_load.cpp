@@ -162,7 +162,7 @@ struct Slot {
   Clock::time_point started;  // its due time when paced, its send closed loop
 };
 
-// One HTTP/2 connection and its calls. Not thread-safe: one Loop drives it.
+// One HTTP/2 connection and its calls. Not thread-safe: one drive() runs it.
 class Connection {
  public:
   Connection(const std::string& target, int descriptors, int keys, int64_t deadline_ms)
