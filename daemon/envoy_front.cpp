@@ -580,18 +580,6 @@ class GrpcEnvoyFront final : public EnvoyFront {
     // probing, and each probe costs a ping and its ack.
     builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
     builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxCallsPerConnection);
-    // gRPC's deadline filter arms a timer per call to cancel it at its
-    // deadline; the client cancels it then itself (Envoy and rls_load
-    // send RST_STREAM), and the front finishes a call read after its
-    // deadline undecided (Service::shouldRateLimit), so the timer is
-    // redundant. When calls outlive their deadlines (an overload) those
-    // timers fire on gRPC's timer threads, which then take the CPU and
-    // gRPC's locks from the polling thread. ServerContext::deadline() is
-    // read from grpc-timeout without the filter.
-    builder.AddChannelArgument(GRPC_ARG_ENABLE_DEADLINE_CHECKS, 0);
-    // Channelz keeps per-call counters and timestamps for a debugging
-    // service sluice does not serve.
-    builder.AddChannelArgument(GRPC_ARG_ENABLE_CHANNELZ, 0);
     std::unique_ptr<grpc::ServerCompletionQueue> queue = builder.AddCompletionQueue();
     server_ = builder.BuildAndStart();
     if (server_ == nullptr || (socket_path_.empty() && port == 0)) {

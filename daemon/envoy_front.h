@@ -29,10 +29,7 @@
 // decision, so it spends nothing, and counted
 // (sluice_envoy_deadline_exceeded_total): a front that fell behind drains
 // its backlog at a fraction of a decision's cost instead of spending units
-// for calls nobody waits for. A call that passes its deadline later is
-// ended by the client (Envoy resets the stream then); gRPC's own timer per
-// call, which would end it too, is off (envoy_front.cpp says why). A
-// connection holds at most
+// for calls nobody waits for. A connection holds at most
 // kMaxCallsPerConnection calls at once (HTTP/2's
 // SETTINGS_MAX_CONCURRENT_STREAMS); the client queues the rest, where its
 // own deadline ends them, so the calls gRPC holds for the front stay few
