@@ -25,7 +25,8 @@
 //                          CONNECTIONS WINDOW [SECONDS]
 //       The baseline of the global-path benchmark (bench/global.sh): the same
 //       two shapes, each decision one EVALSHA of the rate script SCRIPT
-//       (lua/token_bucket.lua) straight to Redis, over hiredis.
+//       (lua/token_bucket.lua: the text sluiced embeds for that file name)
+//       straight to Redis, over hiredis.
 //
 // KEYS is "hot" (one key) or a count N of distinct keys, visited in a fixed
 // pseudo-random order that covers all N before repeating. Every key is
@@ -59,6 +60,7 @@
 
 #include <hiredis/hiredis.h>
 
+#include "scripts.h"
 #include "sluice.h"
 
 namespace {
@@ -556,13 +558,14 @@ EvalshaTarget evalshaTarget(const std::string& address, const std::string& scrip
   t.limit = rule.substr(0, a);
   t.period_ms = rule.substr(a + 1, b - a - 1);
   t.burst = rule.substr(b + 1);
-  FILE* f = std::fopen(script_file.c_str(), "r");
-  if (f == nullptr) fail("cannot read " + script_file);
+  // The text sluiced loads for that file (a rate script's begins with its
+  // prelude, lua/rate_lease.lua), so the baseline runs the daemon's script.
+  const std::string file_name = script_file.substr(script_file.rfind('/') + 1);
   std::string text;
-  char chunk[4096];
-  size_t n;
-  while ((n = std::fread(chunk, 1, sizeof chunk, f)) > 0) text.append(chunk, n);
-  std::fclose(f);
+  for (const sluice::scripts::ScriptSource& source : sluice::scripts::all()) {
+    if (source.name == file_name) text = source.source;
+  }
+  if (text.empty()) fail(script_file + " is not one of sluiced's scripts (lua/*.lua)");
   redisContext* c = redisOrDie(t);
   auto* reply = static_cast<redisReply*>(redisCommand(c, "SCRIPT LOAD %b", text.data(), text.size()));
   if (reply == nullptr || reply->type != REDIS_REPLY_STRING) {

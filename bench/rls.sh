@@ -29,14 +29,14 @@
 # a time (bench/load sync: the round trip) and pipelined (2 connections × 64
 # in flight: the throughput), so the gRPC figures read as ratios to them.
 # rls_load (its header says how) speaks gRPC over nghttp2's HTTP/2, as
-# Envoy's client does, one connection and thread per BENCH_THREADS, at a
-# few µs of CPU a call (gRPC's C++ client cost 15 to 45, CPU taken from
-# sluiced on the same cores). Closed loop, each answer sends the next call;
-# paced, every call leaves at its own time (a timerfd per connection, the
-# connections' schedules interleaved: evenly spaced), as Envoy sends each
-# call when its request arrives, not in bursts; latency runs from send to
-# answer, and send_lag_p99_us says how late the busy machine let the sends
-# leave.
+# Envoy's client does, one connection per BENCH_THREADS, at a few µs of CPU
+# a call (gRPC's C++ client cost 15 to 45, CPU taken from sluiced on the
+# same cores). Closed loop, a thread per connection, each answer sends the
+# next call; paced, one thread for all connections, every call leaves at
+# its own due time (evenly spaced), as Envoy sends each call when its
+# request arrives, not in bursts; latency runs from the due time to the
+# answer (a send the busy machine delayed counts its delay), and
+# send_lag_p99_us says how late the sends left.
 # Every call has a deadline, BENCH_DEADLINE_MS (20, Envoy's default
 # timeout): rls_load sends it as grpc-timeout and gives up on the call
 # then, as Envoy does; such calls are counted as "deadline exceeded", not
@@ -45,7 +45,9 @@
 # Knobs: BENCH_SECONDS (3), BENCH_ROUNDS (3), BENCH_THREADS (2), BENCH_DEPTH (32),
 # BENCH_DEADLINE_MS (20), BENCH_RLS_THREADS and BENCH_RLS_SPIN_US (sluiced's
 # [envoy] threads and poll_spin_us; its defaults when unset), BENCH_SPIN_US
-# (rls_load's SPIN_US, paced: poll for a call due within it; 0).
+# (rls_load's SPIN_US, paced: poll for a call due within it; 0),
+# BENCH_BATCH_US (rls_load's BATCH_US, paced: the calls due within each tick
+# of it leave together at its end; 0: each at its own time).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -58,6 +60,7 @@ threads=${BENCH_THREADS:-2}
 depth=${BENCH_DEPTH:-32}
 deadline_ms=${BENCH_DEADLINE_MS:-20}
 spin_us=${BENCH_SPIN_US:-0}
+batch_us=${BENCH_BATCH_US:-0}
 rls_load="$build/bench/rls_load"
 [ -x "$rls_load" ] || { echo "bench: $rls_load is missing (built with SLUICE_GRPC=ON)" >&2; exit 2; }
 
@@ -131,7 +134,7 @@ round() {  # DESCRIPTORS SECONDS THREADS DEPTH RATE
   before=$(redis_calls)
   ticks=$(cpu_ticks)
   hops=$(switches)
-  out=$("$rls_load" "$target" "$@" 1 "$deadline_ms" "$spin_us")
+  out=$("$rls_load" "$target" "$@" 1 "$deadline_ms" "$spin_us" "$batch_us")
   hops=$(($(switches) - hops))
   ticks=$(($(cpu_ticks) - ticks))
   after=$(redis_calls)
@@ -186,7 +189,7 @@ measure "after overload ($half/s, paced)" 1 "$half" 1
 after_p99=$last_p99
 kill -STOP "$redis_pid"
 sleep 1  # the health check notices (health_interval + health_timeout)
-down=$("$rls_load" "$target" 1 "$seconds" 1 8 1000 1 "$deadline_ms" "$spin_us" 2>&1 || true)
+down=$("$rls_load" "$target" 1 "$seconds" 1 8 1000 1 "$deadline_ms" "$spin_us" "$batch_us" 2>&1 || true)
 kill -CONT "$redis_pid"
 rows+=("| redis-down (SIGSTOP, 1000/s, paced) | $(field calls_per_s "$down") | $(field p50_us "$down") | $(field p99_us "$down") | - | - | - | - | $(field deadline_exceeded "$down") | $(field errors "$down") |")
 echo "redis-down: $down" >&2
@@ -201,10 +204,10 @@ result="$here/results/$(bench_result_name rls)"
   echo
   echo "\`bench/rls.sh $(basename "$build")\` (\`make bench\`, a Release build) on $(nproc) CPUs,"
   echo "$(date -u +%Y-%m-%d), sluice $(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo '?'):"
-  echo "rls_load (on the same CPUs as sluiced) with $threads threads × $depth calls in flight, or"
-  echo "paced (calls evenly spaced), over a Unix socket; each row the median of $rounds rounds of ${seconds}s"
+  echo "rls_load (on the same CPUs as sluiced) with $threads connections × $depth calls in flight (a thread each), or"
+  echo "paced (calls evenly spaced, one thread, latency from each call's due time), over a Unix socket; each row the median of $rounds rounds of ${seconds}s"
   echo "(by calls/s, or by p99 when paced); sluiced (default"
-  echo "workers, [envoy] threads ${BENCH_RLS_THREADS:-default}, poll_spin_us ${BENCH_RLS_SPIN_US:-default}; rls_load SPIN_US $spin_us) with one global limit per descriptor key on a local redis-server, one hot key"
+  echo "workers, [envoy] threads ${BENCH_RLS_THREADS:-default}, poll_spin_us ${BENCH_RLS_SPIN_US:-default}; rls_load SPIN_US $spin_us, BATCH_US $batch_us) with one global limit per descriptor key on a local redis-server, one hot key"
   echo "each. Load average (1, 5, 15 min) before the run: $load_before; after: $load_after."
   echo "Paced at half rate, 99 % of the sends left within $half_lag µs of their due time."
   echo "Every call had a ${deadline_ms} ms deadline (grpc-timeout; rls_load gives up then, as Envoy does)."

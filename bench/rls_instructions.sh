@@ -71,9 +71,12 @@ EOT
     "$build/daemon/sluiced" --config "$dir/bench.toml" 2>"$dir/valgrind.log" &
   daemon_pid=$!
   for _ in $(seq 600); do [ -S "$dir/rls.sock" ] && break; sleep 0.1; done
-  "$rls_load" "unix:$dir/rls.sock" "$descriptors" 2 1 4 >/dev/null  # warm: the first leases
+  # Each call has a deadline, as Envoy's do, but a minute away
+  # (DEADLINE_MS 60000): under callgrind sluiced answers slower than
+  # Envoy's 20 ms, and every call would be given up on.
+  "$rls_load" "unix:$dir/rls.sock" "$descriptors" 2 1 4 0 1 60000 >/dev/null  # warm: the first leases
   callgrind_control -i on "$daemon_pid" >/dev/null 2>&1
-  out=$("$rls_load" "unix:$dir/rls.sock" "$descriptors" "$seconds" 2 32)
+  out=$("$rls_load" "unix:$dir/rls.sock" "$descriptors" "$seconds" 2 32 0 1 60000)
   callgrind_control -d "$daemon_pid" >/dev/null 2>&1  # cg.out.1: the counts since instrumentation began
   kill "$daemon_pid"
   wait "$daemon_pid" 2>/dev/null || true

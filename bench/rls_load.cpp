@@ -1,10 +1,10 @@
 // rls_load: a load generator for Envoy's rate limit service, as Envoy calls
-// it: ShouldRateLimit with one domain and N descriptors, over one HTTP/2
-// connection per thread, either closed loop (`depth` calls in flight per
-// thread, each answer sending the next) or paced to a total `rate` (calls/s)
-// for the latency at a given load.
+// it: ShouldRateLimit with one domain and N descriptors, over THREADS HTTP/2
+// connections, either closed loop (`depth` calls in flight per connection,
+// each answer sending the next) or paced to a total `rate` (calls/s) for
+// the latency at a given load.
 //
-//   rls_load TARGET DESCRIPTORS SECONDS [THREADS] [DEPTH] [RATE] [KEYS] [DEADLINE_MS] [SPIN_US]
+//   rls_load TARGET DESCRIPTORS SECONDS [THREADS] [DEPTH] [RATE] [KEYS] [DEADLINE_MS] [SPIN_US] [BATCH_US]
 //
 // TARGET is unix:PATH or HOST:PORT (IPv4). Prints one line: calls/s,
 // p50/p99/max latency in µs, OK, OVER_LIMIT, deadline_exceeded and errors, and
@@ -34,20 +34,27 @@
 // are built once per key; an answer is its DATA (the RateLimitResponse,
 // parsed) and its trailers' grpc-status.
 //
-// The thread model: one thread per connection, in epoll on its socket and,
-// paced, a timerfd. Closed loop, each answer sends that slot's next call.
-// Paced, every call has its own due time, start + i / rate (the
-// connections' schedules interleaved, so the calls of all of them are
-// evenly spaced), and the timerfd (absolute, monotonic, 1 ns timer slack)
-// wakes the thread to send it: as Envoy sends each call when its request
-// arrives. With SPIN_US (0, the default: never), a call due within that
-// many µs is waited for instead by polling the socket without blocking
-// (epoll_wait with no timeout) until it is due, sparing the thread a sleep
-// and a wake-up per call when calls are close together, at the price of
-// the CPU the polling burns (on 2 CPUs, CPU sluiced then lacks). A call's latency runs from its send to its answer's end of
-// stream; send_lag_p99_us is the p99 of how late the sends left after
-// their due time (a busy machine delays the thread), so a reader can tell
-// whether the pacing held.
+// The thread model: closed loop, one thread per connection; paced, one
+// thread for all of them. Each thread runs drive(): a loop in epoll over
+// its connections' sockets that, each turn, sends the calls due, writes
+// each connection's bytes in one write (a call's HEADERS and DATA, and
+// every call sent in the turn, reach the server together and wake it
+// once), and sleeps in epoll_pwait2 until a socket is readable, the next
+// call is due or the oldest call's deadline passes (nanosecond timeouts:
+// no timer to set and read per call). Paced, call n of the run is due at
+// start + n / rate (evenly spaced), on connection n % THREADS, as Envoy
+// sends each call when its request arrives; its latency and its deadline
+// run from that due time, not from when the busy machine let it leave, so
+// a driver that falls behind shows in p99 (no coordinated omission), and
+// send_lag_p99_us says how late the sends left. With BATCH_US (0, the
+// default: each call at its own time) the calls due within each BATCH_US
+// tick leave together at its end, as a busy Envoy's event loop flushes the
+// calls of one turn together: fewer wake-ups on both sides for up to
+// BATCH_US more latency, counted. With SPIN_US (0, the default: never), a
+// call due within that many µs is waited for instead by polling the
+// sockets without blocking until it is due, sparing the thread a sleep and
+// a wake-up per call when calls are close together, at the price of the
+// CPU the polling burns (on 2 CPUs, CPU sluiced then lacks).
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -58,7 +65,6 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/timerfd.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -153,15 +159,14 @@ struct Slot {
   bool grpc_ok = false;  // trailers said grpc-status 0
   bool late = false;  // given up at its deadline, or answered DEADLINE_EXCEEDED / CANCELLED
   int32_t stream = 0;  // its HTTP/2 stream
-  Clock::time_point sent;
+  Clock::time_point started;  // its due time when paced, its send closed loop
 };
 
-// One HTTP/2 connection and its calls, on one thread.
+// One HTTP/2 connection and its calls. Not thread-safe: one drive() runs it.
 class Connection {
  public:
-  Connection(const std::string& target, int descriptors, int keys, int64_t deadline_ms, int64_t spin_us)
-      : deadline_(std::chrono::milliseconds(deadline_ms)), spin_(std::chrono::microseconds(spin_us)),
-        grpc_timeout_(std::to_string(deadline_ms) + "m") {
+  Connection(const std::string& target, int descriptors, int keys, int64_t deadline_ms)
+      : deadline_(std::chrono::milliseconds(deadline_ms)), grpc_timeout_(std::to_string(deadline_ms) + "m") {
     RateLimitRequest request;
     request.set_domain("bench");
     for (int d = 0; d < descriptors; ++d) {
@@ -180,6 +185,7 @@ class Connection {
       std::fprintf(stderr, "rls_load: cannot connect to %s: %s\n", target.c_str(), std::strerror(errno));
       std::exit(2);
     }
+    ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) | O_NONBLOCK);
     nghttp2_session_callbacks* callbacks = nullptr;
     nghttp2_session_callbacks_new(&callbacks);
     nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks, onData);
@@ -196,113 +202,24 @@ class Connection {
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
 
-  // Closed loop (rate 0): `depth` calls in flight until `end`. Paced: call
-  // n due at first + n * interval, until `end`.
-  void run(size_t depth, double rate, Clock::time_point first, Clock::duration interval,
-           Clock::time_point end, Totals* totals) {
+  // Before the first call: answers are counted in `totals`; closed loop
+  // (`closed_loop`), each answer before `end` sends the next call.
+  void prepare(Totals* totals, bool closed_loop, Clock::time_point end) {
     totals_ = totals;
+    closed_loop_ = closed_loop;
     end_ = end;
-    closed_loop_ = rate <= 0;
-    const int epoll = ::epoll_create1(EPOLL_CLOEXEC);
-    const int timer = closed_loop_ ? -1 : ::timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
-    ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) | O_NONBLOCK);
-    epoll_event event{.events = EPOLLIN, .data = {.fd = fd_}};
-    ::epoll_ctl(epoll, EPOLL_CTL_ADD, fd_, &event);
-    uint64_t due_index = 0;
-    auto due = [&] { return first + interval * static_cast<int64_t>(due_index); };
-    auto arm = [&] {
-      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(due().time_since_epoch()).count();
-      itimerspec at{};
-      at.it_value = {.tv_sec = static_cast<time_t>(ns / 1'000'000'000), .tv_nsec = static_cast<long>(ns % 1'000'000'000)};
-      ::timerfd_settime(timer, TFD_TIMER_ABSTIME, &at, nullptr);
-    };
-    if (closed_loop_) {
-      for (size_t i = 0; i < depth; ++i) send();
-    } else {
-      ::prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
-      epoll_event tick{.events = EPOLLIN, .data = {.fd = timer}};
-      ::epoll_ctl(epoll, EPOLL_CTL_ADD, timer, &tick);
-    }
-    bool armed = false;  // the timer is set for due()
-    bool want_write = false;
-    char buffer[65536];
-    while (!broken_) {
-      // Out: what nghttp2 has to send, as far as the socket takes it.
-      flush();
-      if (want_write != !pending_.empty()) {
-        want_write = !pending_.empty();
-        event.events = EPOLLIN | (want_write ? EPOLLOUT : 0U);
-        ::epoll_ctl(epoll, EPOLL_CTL_MOD, fd_, &event);
-      }
-      const Clock::time_point now = Clock::now();
-      const bool sending = !closed_loop_ && due() < end_;
-      if (!sending && in_flight_ == 0 && (!closed_loop_ || now >= end_)) break;
-      if (now >= end_ + kDrainLimit) break;
-      int wait_ms = 100;
-      if (expireCalls(now)) {
-        wait_ms = 0;  // RST_STREAMs to send
-      } else if (deadline_.count() > 0 && (!sent_order_.empty() || !waiting_.empty())) {
-        Clock::time_point oldest = Clock::time_point::max();
-        if (!sent_order_.empty()) oldest = slots_[sent_order_.front().first].sent;
-        if (!waiting_.empty()) oldest = std::min(oldest, slots_[waiting_.front()].sent);
-        const auto next = oldest + deadline_ - now;
-        wait_ms = static_cast<int>(std::clamp<int64_t>(
-            std::chrono::ceil<std::chrono::milliseconds>(next).count(), 0, wait_ms));
-      }
-      if (sending) {
-        if (due() - now <= spin_) {
-          wait_ms = 0;  // near: poll until it is due
-        } else if (!armed) {
-          arm();
-          armed = true;
-        }
-      }
-      epoll_event events[4];
-      const int n = ::epoll_wait(epoll, events, 4, wait_ms);
-      for (int e = 0; e < n; ++e) {
-        if (events[e].data.fd == timer) {
-          uint64_t expirations = 0;
-          [[maybe_unused]] const ssize_t got = ::read(timer, &expirations, sizeof(expirations));
-          armed = false;
-          continue;
-        }
-        if (events[e].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
-          for (;;) {
-            const ssize_t got = ::read(fd_, buffer, sizeof(buffer));
-            if (got > 0) {
-              if (nghttp2_session_mem_recv(session_, reinterpret_cast<uint8_t*>(buffer), static_cast<size_t>(got)) < 0) {
-                broken_ = true;
-              }
-              if (static_cast<size_t>(got) < sizeof(buffer)) break;
-              continue;
-            }
-            if (got == 0 || (errno != EAGAIN && errno != EINTR)) broken_ = true;
-            break;
-          }
-        }
-      }
-      if (!closed_loop_) {
-        const Clock::time_point woke = Clock::now();
-        while (due() <= woke && due() < end_) {
-          send();
-          totals_->send_lags_us.push_back(
-              std::chrono::duration_cast<std::chrono::microseconds>(slots_[last_].sent - due()).count());
-          ++due_index;
-          armed = false;  // set for a time gone by; set again for the next
-        }
-      }
-    }
-    totals_->errors += in_flight_;  // unanswered: the connection broke, or the drain gave up
-    if (timer >= 0) ::close(timer);
-    ::close(epoll);
   }
+  int fd() const { return fd_; }
+  bool broken() const { return broken_; }
+  size_t inFlight() const { return in_flight_; }
+  // Whether bytes wait for the socket to take them (EPOLLOUT).
+  bool wantsWrite() const { return !out_.empty(); }
 
- private:
-  // Starts the next call on a free slot: submitted to nghttp2 when the
-  // server's limit on open streams leaves room, else queued (waiting_)
-  // until a stream ends, as Envoy's connection pool queues calls past it.
-  // The call's latency runs from here either way.
-  void send() {
+  // Starts a call whose latency runs from `started`: submitted to nghttp2
+  // when the server's limit on open streams leaves room, else queued
+  // (waiting_) until a stream ends, as Envoy's connection pool queues
+  // calls past it. Its bytes leave with the next flush().
+  void send(Clock::time_point started) {
     size_t i = 0;
     if (free_.empty()) {
       i = slots_.size();
@@ -318,10 +235,9 @@ class Connection {
     slot.grpc_ok = false;
     slot.late = false;
     slot.stream = 0;
-    slot.sent = Clock::now();
+    slot.started = started;
     ++sent_;
     ++in_flight_;
-    last_ = i;
     if (waiting_.empty() && open_ < maxStreams()) {
       submit(i);
     } else {
@@ -329,6 +245,89 @@ class Connection {
     }
   }
 
+  // Reads what the socket has and hands it to nghttp2 (answers are
+  // counted in its callbacks).
+  void read() {
+    char buffer[65536];
+    for (;;) {
+      const ssize_t got = ::read(fd_, buffer, sizeof(buffer));
+      if (got > 0) {
+        if (nghttp2_session_mem_recv(session_, reinterpret_cast<uint8_t*>(buffer), static_cast<size_t>(got)) < 0) {
+          broken_ = true;
+        }
+        if (static_cast<size_t>(got) < sizeof(buffer)) return;
+        continue;
+      }
+      if (got == 0 || (errno != EAGAIN && errno != EINTR)) broken_ = true;
+      return;
+    }
+  }
+
+  // Writes everything nghttp2 has for the socket in one write, as far as
+  // the socket takes it (the rest waits for EPOLLOUT): a call's HEADERS
+  // and DATA, and every call sent since the last flush, reach the server
+  // together, waking it once.
+  void flush() {
+    if (out_.empty()) {
+      for (;;) {
+        const uint8_t* data = nullptr;
+        const ssize_t n = nghttp2_session_mem_send(session_, &data);
+        if (n < 0) {
+          broken_ = true;
+          return;
+        }
+        if (n == 0) break;
+        out_.append(reinterpret_cast<const char*>(data), static_cast<size_t>(n));
+      }
+    }
+    while (!out_.empty()) {
+      const ssize_t wrote = ::write(fd_, out_.data(), out_.size());
+      if (wrote < 0) {
+        if (errno != EAGAIN && errno != EINTR) broken_ = true;
+        return;
+      }
+      out_.erase(0, static_cast<size_t>(wrote));
+    }
+  }
+
+  // Gives up on the calls whose deadline passed by `now`, as Envoy does:
+  // a queued one ends unsent, a sent one with RST_STREAM (CANCEL), which
+  // goes out with the next flush(). Calls leave each queue in the order
+  // they started, so the oldest is first.
+  void expireCalls(Clock::time_point now) {
+    if (deadline_.count() == 0) return;
+    while (!waiting_.empty() && slots_[waiting_.front()].started + deadline_ <= now) {
+      const size_t i = waiting_.front();
+      waiting_.pop_front();
+      giveUp(i, now);
+    }
+    dropAnswered();
+    while (!sent_order_.empty()) {
+      const auto [i, stream] = sent_order_.front();
+      Slot& slot = slots_[i];
+      if (slot.started + deadline_ > now) break;
+      sent_order_.pop_front();
+      slot.late = true;
+      slot.stream = 0;
+      if (nghttp2_submit_rst_stream(session_, NGHTTP2_FLAG_NONE, stream, NGHTTP2_CANCEL) != 0) {
+        broken_ = true;
+      }
+      dropAnswered();
+    }
+  }
+
+  // When the oldest call in flight reaches its deadline (time_point::max()
+  // for none).
+  Clock::time_point nextExpiry() {
+    if (deadline_.count() == 0) return Clock::time_point::max();
+    dropAnswered();
+    Clock::time_point oldest = Clock::time_point::max();
+    if (!sent_order_.empty()) oldest = slots_[sent_order_.front().first].started;
+    if (!waiting_.empty()) oldest = std::min(oldest, slots_[waiting_.front()].started);
+    return oldest == Clock::time_point::max() ? oldest : oldest + deadline_;
+  }
+
+ private:
   // The server's SETTINGS_MAX_CONCURRENT_STREAMS (nghttp2's 100 until it
   // comes).
   size_t maxStreams() const {
@@ -363,7 +362,7 @@ class Connection {
     while (!waiting_.empty() && open_ < maxStreams()) {
       const size_t i = waiting_.front();
       waiting_.pop_front();
-      if (deadline_.count() > 0 && slots_[i].sent + deadline_ <= now) {
+      if (deadline_.count() > 0 && slots_[i].started + deadline_ <= now) {
         giveUp(i, now);
       } else {
         submit(i);
@@ -374,69 +373,24 @@ class Connection {
   // Slot i's call, never sent, ends at its deadline.
   void giveUp(size_t i, Clock::time_point now) {
     totals_->latencies_us.push_back(
-        std::chrono::duration_cast<std::chrono::microseconds>(now - slots_[i].sent).count());
+        std::chrono::duration_cast<std::chrono::microseconds>(now - slots_[i].started).count());
     ++totals_->deadline_exceeded;
     --in_flight_;
     free_.push_back(i);
-    if (closed_loop_ && now < end_) send();
+    if (closed_loop_ && now < end_) send(now);
   }
 
-  // Gives up on the calls whose deadline passed by `now`, as Envoy does:
-  // a queued one ends unsent, a sent one with RST_STREAM (CANCEL). Calls
-  // leave each queue in the order they started, so the oldest is first.
-  // true when it reset any (they go out with the next flush).
-  bool expireCalls(Clock::time_point now) {
-    if (deadline_.count() == 0) return false;
-    while (!waiting_.empty() && slots_[waiting_.front()].sent + deadline_ <= now) {
-      const size_t i = waiting_.front();
-      waiting_.pop_front();
-      giveUp(i, now);
-    }
-    bool reset = false;
-    while (!sent_order_.empty()) {
-      const auto [i, stream] = sent_order_.front();
-      Slot& slot = slots_[i];
-      if (slot.stream != stream) {  // answered already; the slot moved on
-        sent_order_.pop_front();
-        continue;
-      }
-      if (slot.sent + deadline_ > now) break;
+  // Pops the answered calls off the front of sent_order_ (a slot whose
+  // stream differs was answered and moved on).
+  void dropAnswered() {
+    while (!sent_order_.empty() && slots_[sent_order_.front().first].stream != sent_order_.front().second) {
       sent_order_.pop_front();
-      slot.late = true;
-      slot.stream = 0;
-      if (nghttp2_submit_rst_stream(session_, NGHTTP2_FLAG_NONE, stream, NGHTTP2_CANCEL) != 0) {
-        broken_ = true;
-      }
-      reset = true;
     }
-    return reset;
   }
 
   static nghttp2_nv header(const char* name, const char* value) {
     return {reinterpret_cast<uint8_t*>(const_cast<char*>(name)), reinterpret_cast<uint8_t*>(const_cast<char*>(value)),
             std::strlen(name), std::strlen(value), NGHTTP2_NV_FLAG_NO_COPY_NAME | NGHTTP2_NV_FLAG_NO_COPY_VALUE};
-  }
-
-  // Writes what nghttp2 has for the socket; keeps what it does not take.
-  void flush() {
-    for (;;) {
-      if (pending_.empty()) {
-        const uint8_t* data = nullptr;
-        const ssize_t n = nghttp2_session_mem_send(session_, &data);
-        if (n < 0) {
-          broken_ = true;
-          return;
-        }
-        if (n == 0) return;
-        pending_.assign(reinterpret_cast<const char*>(data), static_cast<size_t>(n));
-      }
-      const ssize_t wrote = ::write(fd_, pending_.data(), pending_.size());
-      if (wrote < 0) {
-        if (errno != EAGAIN && errno != EINTR) broken_ = true;
-        return;
-      }
-      pending_.erase(0, static_cast<size_t>(wrote));
-    }
   }
 
   Slot& slotOf(int32_t stream) {
@@ -476,7 +430,7 @@ class Connection {
     const size_t i = reinterpret_cast<size_t>(nghttp2_session_get_stream_user_data(self->session_, stream));
     Slot& slot = self->slots_[i];
     self->totals_->latencies_us.push_back(
-        std::chrono::duration_cast<std::chrono::microseconds>(answered - slot.sent).count());
+        std::chrono::duration_cast<std::chrono::microseconds>(answered - slot.started).count());
     slot.stream = 0;
     if (slot.late) {
       ++self->totals_->deadline_exceeded;
@@ -491,18 +445,17 @@ class Connection {
     --self->in_flight_;
     --self->open_;
     self->free_.push_back(i);
-    if (self->closed_loop_ && answered < self->end_) self->send();
+    if (self->closed_loop_ && answered < self->end_) self->send(answered);
     self->submitWaiting(answered);
     return 0;
   }
 
   const Clock::duration deadline_;  // zero: none
-  const Clock::duration spin_;  // paced: a call due within this is waited for polling
   const std::string grpc_timeout_;  // deadline_ as grpc-timeout's value
   std::vector<std::string> bodies_;  // one per key
   int fd_ = -1;
   nghttp2_session* session_ = nullptr;
-  std::string pending_;  // bytes nghttp2 gave that the socket has not taken yet
+  std::string out_;  // bytes nghttp2 gave that the socket has not taken yet
   std::vector<Slot> slots_;
   std::vector<size_t> free_;  // indexes of slots_ not in flight
   // The calls with a deadline in the order sent: (slot, stream); a slot
@@ -517,8 +470,90 @@ class Connection {
   bool broken_ = false;  // the connection failed: the run ends
   uint64_t sent_ = 0;
   size_t in_flight_ = 0;
-  size_t last_ = 0;  // the slot send() used last
 };
+
+// Drives `connections` on the calling thread until the run ends: closed
+// loop (rate 0), `depth` calls in flight on each until `end`; paced, call
+// n due at first + n * interval until `end`, on connection n % count.
+// Each turn: send the calls due (paced), give up on the calls past their
+// deadline, write each connection's bytes in one write, then sleep in
+// epoll_pwait2 until a socket is readable, the next call is due or the
+// oldest call's deadline (nanosecond timeouts, so no timerfd to set and
+// read per call), and read every readable socket.
+void drive(const std::vector<Connection*>& connections, size_t depth, double rate, Clock::time_point first,
+           Clock::duration interval, Clock::time_point end, Totals* totals, int64_t spin_us, int64_t batch_us) {
+  const bool closed_loop = rate <= 0;
+  const Clock::duration spin = std::chrono::microseconds(spin_us);
+  const Clock::duration batch = std::chrono::microseconds(batch_us);
+  const int epoll = ::epoll_create1(EPOLL_CLOEXEC);
+  std::vector<bool> want_write(connections.size(), false);
+  for (size_t c = 0; c < connections.size(); ++c) {
+    connections[c]->prepare(totals, closed_loop, end);
+    epoll_event event{.events = EPOLLIN, .data = {.u64 = c}};
+    ::epoll_ctl(epoll, EPOLL_CTL_ADD, connections[c]->fd(), &event);
+  }
+  if (closed_loop) {
+    const Clock::time_point now = Clock::now();
+    for (Connection* connection : connections) {
+      for (size_t i = 0; i < depth; ++i) connection->send(now);
+    }
+  } else {
+    ::prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);  // wake at the due time, not up to 50 µs after
+  }
+  uint64_t due_index = 0;
+  auto due = [&] { return first + interval * static_cast<int64_t>(due_index); };
+  // When the next call leaves: at its due time, or with BATCH_US at the
+  // end of the batch_us-long tick it falls in, with the others due in it.
+  auto leave = [&] {
+    if (batch.count() == 0) return due();
+    const auto ticks = (due() - first + batch - Clock::duration(1)) / batch;
+    return first + batch * ticks;
+  };
+  for (;;) {
+    const Clock::time_point now = Clock::now();
+    while (!closed_loop && due() < end && leave() <= now) {
+      connections[due_index % connections.size()]->send(due());
+      totals->send_lags_us.push_back(std::chrono::duration_cast<std::chrono::microseconds>(now - due()).count());
+      ++due_index;
+    }
+    const bool paced_more = !closed_loop && due() < end;
+    bool broken = false;
+    size_t in_flight = 0;
+    Clock::time_point wake = now + std::chrono::milliseconds(100);
+    for (size_t c = 0; c < connections.size(); ++c) {
+      Connection* connection = connections[c];
+      connection->expireCalls(now);
+      connection->flush();
+      if (want_write[c] != connection->wantsWrite()) {
+        want_write[c] = connection->wantsWrite();
+        epoll_event event{.events = EPOLLIN | (want_write[c] ? EPOLLOUT : 0U), .data = {.u64 = c}};
+        ::epoll_ctl(epoll, EPOLL_CTL_MOD, connection->fd(), &event);
+      }
+      broken = broken || connection->broken();
+      in_flight += connection->inFlight();
+      wake = std::min(wake, connection->nextExpiry());
+    }
+    if (broken) break;
+    if (!paced_more && in_flight == 0 && (!closed_loop || now >= end)) break;
+    if (now >= end + kDrainLimit) break;
+    if (paced_more) {
+      // With SPIN_US, a call leaving within it is waited for by polling.
+      wake = std::min(wake, leave() - now <= spin ? now : leave());
+    }
+    const auto wait_ns = std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::nanoseconds>(wake - now).count());
+    const timespec timeout{.tv_sec = static_cast<time_t>(wait_ns / 1'000'000'000),
+                           .tv_nsec = static_cast<long>(wait_ns % 1'000'000'000)};
+    epoll_event events[16];
+    const int n = ::epoll_pwait2(epoll, events, std::size(events), &timeout, nullptr);
+    for (int e = 0; e < n; ++e) {
+      if (events[e].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) connections[events[e].data.u64]->read();
+    }
+  }
+  for (Connection* connection : connections) {
+    totals->errors += connection->inFlight();  // unanswered: a connection broke, or the drain gave up
+  }
+  ::close(epoll);
+}
 
 int64_t quantile(const std::vector<int64_t>& sorted, double q) {
   if (sorted.empty()) return 0;
@@ -529,7 +564,7 @@ int64_t quantile(const std::vector<int64_t>& sorted, double q) {
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: rls_load TARGET DESCRIPTORS SECONDS [THREADS] [DEPTH] [RATE] [KEYS] [DEADLINE_MS] [SPIN_US]\n");
+    std::fprintf(stderr, "usage: rls_load TARGET DESCRIPTORS SECONDS [THREADS] [DEPTH] [RATE] [KEYS] [DEADLINE_MS] [SPIN_US] [BATCH_US]\n");
     return 2;
   }
   const std::string target = argv[1];
@@ -541,25 +576,31 @@ int main(int argc, char** argv) {
   const int keys = std::clamp(argc > 7 ? std::atoi(argv[7]) : 1, 1, 1'000'000);
   const int64_t deadline_ms = std::clamp<int64_t>(argc > 8 ? std::atoll(argv[8]) : 20, 0, 99'999'999);
   const int64_t spin_us = std::clamp<int64_t>(argc > 9 ? std::atoll(argv[9]) : kSpinUs, 0, 1'000'000);
+  const int64_t batch_us = std::clamp<int64_t>(argc > 10 ? std::atoll(argv[10]) : 0, 0, 1'000'000);
   std::vector<std::unique_ptr<Connection>> connections;
-  for (int t = 0; t < threads; ++t) connections.push_back(std::make_unique<Connection>(target, descriptors, keys, deadline_ms, spin_us));
-  std::vector<Totals> totals(static_cast<size_t>(threads));
+  for (int t = 0; t < threads; ++t) connections.push_back(std::make_unique<Connection>(target, descriptors, keys, deadline_ms));
+  // Closed loop, a thread per connection; paced, one thread for them all.
+  const size_t loops = rate > 0 ? 1 : static_cast<size_t>(threads);
+  std::vector<Totals> totals(loops);
   for (Totals& part : totals) {
-    part.latencies_us.reserve(static_cast<size_t>(std::min(seconds * (rate > 0 ? rate : 1e5), 1e8) / threads));
+    part.latencies_us.reserve(static_cast<size_t>(std::min(seconds * (rate > 0 ? rate : 1e5), 1e8) / static_cast<double>(loops)));
     if (rate > 0) part.send_lags_us.reserve(part.latencies_us.capacity());
   }
   const auto started = Clock::now();
   const auto end = started + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
-  // Connection t's calls are t, t + threads, t + 2 * threads, ... of one
-  // schedule of `rate` calls/s.
   const auto spacing = rate > 0 ? std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(1.0 / rate))
                                 : Clock::duration::zero();
   std::vector<std::thread> workers;
-  for (int t = 0; t < threads; ++t) {
-    workers.emplace_back([&, t] {
-      connections[static_cast<size_t>(t)]->run(static_cast<size_t>(depth), rate, started + spacing * t,
-                                               spacing * threads, end, &totals[static_cast<size_t>(t)]);
-    });
+  if (rate > 0) {
+    std::vector<Connection*> all;
+    for (auto& connection : connections) all.push_back(connection.get());
+    drive(all, static_cast<size_t>(depth), rate, started, spacing, end, &totals[0], spin_us, batch_us);
+  } else {
+    for (size_t t = 0; t < loops; ++t) {
+      workers.emplace_back([&, t] {
+        drive({connections[t].get()}, static_cast<size_t>(depth), rate, started, spacing, end, &totals[t], spin_us, 0);
+      });
+    }
   }
   for (std::thread& worker : workers) worker.join();
   const double elapsed = std::chrono::duration<double>(Clock::now() - started).count();

@@ -164,6 +164,7 @@ void writeLimits(msgpack::Writer& w, const std::vector<Limit>& limits) {
 void Admin::writeStats(rpc::MsgId msgid, std::string* out) {
   MetricsSnapshot s = status_.metrics();
   LeaseStats leases = status_.leaseStats();
+  const uint64_t try_agains = status_.redisHealth().try_agains;
   rpc::writeResultHeader(out, msgid);
   msgpack::Writer w(out);
   w.writeMapHeader(16);
@@ -208,6 +209,7 @@ void Admin::writeStats(rpc::MsgId msgid, std::string* out) {
       {"fallback_entries", leases.fallback_entries},
       {"fallback_ms", leases.fallback_ms},
       {"learning_entries", leases.learning_entries},
+      {"tryagains", try_agains},
   };
   w.writeMapHeader(static_cast<uint32_t>(std::size(lease_fields)) + 1);
   for (auto [name, value] : lease_fields) {

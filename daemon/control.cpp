@@ -162,6 +162,7 @@ ControlSnapshot Control::snapshot() const {
   }
   int64_t offset_us = clock_offset_us_.load(std::memory_order_acquire);
   if (offset_us != kNoOffset) snapshot.clock_offset_us = offset_us;
+  snapshot.try_agains = try_agains_.load(std::memory_order_relaxed);
   return snapshot;
 }
 
@@ -248,6 +249,7 @@ void Control::setUp(bool up, std::string_view reason) {
 
 void Control::ping() {
   handle_count_.store(openHandles(&loop_), std::memory_order_relaxed);
+  if (cluster_) try_agains_.store(cluster_->tryAgains(), std::memory_order_relaxed);
   if (stopping_ || !redis_->connected()) return;
   if (leases_) leases_->retryDebits();
   if (ping_in_flight_) return;

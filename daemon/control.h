@@ -107,6 +107,9 @@ struct ControlSnapshot {
   // "" before the first. In Sentinel mode, the master last found; in Cluster
   // mode, the masters of the slot map ("host:port,host:port,...").
   std::string address;
+  // Calls sent again after Redis Cluster answered -TRYAGAIN (cluster.h),
+  // since the start, as of the last health tick; 0 in the other modes.
+  uint64_t try_agains = 0;
 };
 
 class Control {
@@ -217,6 +220,7 @@ class Control {
   std::atomic<size_t> handle_count_{0};
   std::atomic<uint32_t> nodes_;
   std::atomic<int64_t> clock_offset_us_{kNoOffset};
+  std::atomic<uint64_t> try_agains_{0};  // cluster_->tryAgains() at the last health tick
   mutable std::mutex address_mutex_;
   std::string address_;  // guarded by address_mutex_; see ControlSnapshot::address
 };

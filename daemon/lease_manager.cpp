@@ -190,7 +190,7 @@ void LeaseManager::sendPenalty(const Rule& rule, std::string_view key, scripts::
              });
 }
 
-void LeaseManager::leaseFailed(const LeaseRequest& request, const RedisResult& result) {
+void LeaseManager::leaseFailed(const LeaseRequest& request, const RedisResult& result, const Rule* rate_rule) {
   int64_t now_ns = now();
   context_.broker->counters().failed.fetch_add(1, std::memory_order_relaxed);
   // A timeout or a lost connection opens the breaker (the link reports
@@ -212,6 +212,17 @@ void LeaseManager::leaseFailed(const LeaseRequest& request, const RedisResult& r
   }
   finish(request.rule_id, request.key, [&](Words words) {
     if (answered || master_lost) slice::failUntil(words, now_ns + kLeaseErrorBackoffNs);
+    if (rate_rule != nullptr && request.rate >= 0) {
+      // Redis may have run the op (the reply is what was lost, as when it
+      // dies): a renewal that shrank the rate holds the node to the smaller
+      // one, through the outage hold too, so the key never spends faster
+      // than Redis may charge it.
+      const Limit& limit = rate_rule->limits.front();
+      const int64_t ns_per_unit = request.rate > 0 ? rate_lease::nsPerUnit(limit, request.rate) : 0;
+      slice::holdAtMostRate(words, ns_per_unit,
+                            rate_lease::capUnits(limit, request.rate, context_.broker->leaseIntervalNs()),
+                            now_ns);
+    }
   });
 }
 
@@ -253,7 +264,7 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, const Rule& rule,
     if (reply && reply->granted > request.n) reply.reset();  // more than asked: not our script
   }
   if (!reply) {
-    leaseFailed(request, result);
+    leaseFailed(request, result, request.rate >= 0 ? &rule : nullptr);
     return;
   }
   countLease(*reply, result);

@@ -200,7 +200,9 @@ class LeaseManager : private BreakerActions {
   int64_t rateLeaseMs() const;
   // A lease that got no usable answer: counted, and the key follows its
   // policy for a while when Redis answered (or its master alone is lost).
-  void leaseFailed(const LeaseRequest& request, const RedisResult& result);
+  // `rate_rule`: the rule of a rate op (request.rate >= 0), whose key then
+  // holds at most the rate it asked for (slice::holdAtMostRate).
+  void leaseFailed(const LeaseRequest& request, const RedisResult& result, const Rule* rate_rule = nullptr);
   // Counts an answered lease (latency, granted or empty).
   void countLease(const scripts::LeaseReply& reply, const RedisResult& result);
 

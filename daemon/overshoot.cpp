@@ -5,6 +5,7 @@
 
 #include "algorithm.h"
 #include "entry.h"
+#include "rate_lease.h"
 
 namespace sluice {
 
@@ -28,7 +29,7 @@ std::optional<int64_t> overshootBound(const Rule& rule, const Rule& share, const
   int64_t share_units = 0;
   for (const Limit& limit : share.limits) share_units = std::max(share_units, sharePerPeriod(traits, limit));
   int64_t bound = traits.stamps_lease ? std::max<int64_t>(input.held_units, 0) : 0;
-  bound += std::max<int64_t>(input.rate_cap_units, 0);
+  bound += std::max<int64_t>(input.rate_escape_units, 0);
   if (!input.leasing) {
     if (rule.on_redis_down == RedisDownPolicy::kLocal) {
       bound += std::max(share_units, input.rate_period_units);
@@ -41,6 +42,12 @@ std::optional<int64_t> overshootBound(const Rule& rule, const Rule& share, const
     for (const Limit& limit : rule.limits) debt_units = std::max(debt_units, debtBound(rule, limit));
   }
   return bound + debt_units;
+}
+
+int64_t rateEscapeUnits(const Limit& limit, int64_t cap_units, int64_t ns_per_unit) {
+  if (cap_units <= 0 || ns_per_unit <= 0) return 0;
+  const int64_t share = rate_lease::burstShare(limit, rate_lease::rateOfNsPerUnit(limit, ns_per_unit));
+  return std::max<int64_t>(cap_units - share, 0);
 }
 
 }  // namespace sluice

@@ -11,13 +11,18 @@
 //    when leased, so spent later it may count in no window). A bucket's
 //    leased units were charged when leased, and a window's may be spent
 //    only in the window that counted them: none escape;
-//  - the units a rate lease (rate_lease.h) refills its slice to on one key
-//    (slice::rateCapUnits): the rate itself is counted in Redis, which
-//    refills the bucket only at what the rates leave of the limit, but the
-//    slice may save up to this much and spend it at once. While Redis is
-//    unreachable the key keeps spending its rate until it ends
-//    (LeasePath::acquireOnRate): Redis charges the rate until then all the
-//    same, so that too escapes the count by the cap alone. Past its end it
+//  - what a rate lease (rate_lease.h) lets escape on one key
+//    (rateEscapeUnits): the rate itself is counted in Redis, which refills
+//    the bucket only at what the rates leave of the limit, but the slice
+//    may save up to its cap (slice::rateCapUnits) and spend it at once. Of
+//    that, the rate's share of the burst does not escape: Redis's bucket
+//    keeps it out of itself while the rate is held (the bucket's cap), so
+//    the bucket and the slices save the burst once between them, which
+//    the limit allows; the rest of the cap (one lease interval of the rate
+//    beyond its burst share) does. While Redis is unreachable the key keeps
+//    spending its rate until it ends (LeasePath::acquireOnRate): Redis
+//    charges the rate and keeps its share out until then all the same, so
+//    that too escapes the count by as much alone. Past its end it
 //    spends on (rate_lease::kFallbackHoldNs), as a fallback budget of one
 //    period of the rate (below). A master that
 //    took over meanwhile may lack the rate's last renewal: what the rate
@@ -65,7 +70,7 @@ struct OvershootInput {
   // of the rule owes on it (slice::owed).
   int64_t open_reservations = 0;
   int64_t owed_units = 0;
-  int64_t rate_cap_units = 0;  // the most one key's rate lease refills to (slice::rateCapUnits)
+  int64_t rate_escape_units = 0;  // the most one key's rate lease lets escape (rateEscapeUnits)
   // While the breaker is not closed: the most one key's last rate refills
   // in a period (slice::ratePerPeriod).
   int64_t rate_period_units = 0;
@@ -75,6 +80,14 @@ struct OvershootInput {
 // the node's share of each limit. nullopt: no bound (on_redis_down "open"
 // while the breaker is not closed). 0 for a local rule.
 std::optional<int64_t> overshootBound(const Rule& rule, const Rule& share, const OvershootInput& input);
+
+// What one key's rate lease lets escape Redis's count of `limit`: the units
+// its slice refills to (cap_units, slice::rateCapUnits) less the rate's
+// share of the burst (rate_lease::burstShare), at least 0. The rate is read
+// back from the slice's refill, one unit per ns_per_unit
+// (rate_lease::rateOfNsPerUnit, never above the rate held), so the share is
+// never overstated. 0 without a rate (cap_units or ns_per_unit <= 0).
+int64_t rateEscapeUnits(const Limit& limit, int64_t cap_units, int64_t ns_per_unit);
 
 // One configured global rule's bound, as `stats` and /metrics show it.
 struct RuleOvershoot {

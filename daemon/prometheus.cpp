@@ -321,6 +321,10 @@ std::string renderPrometheus(const MetricsView& view) {
     }
     w.single("sluice_lease_requests_total", "counter", "Leases sent to Redis.",
              static_cast<double>(l.requested));
+    w.single("sluice_redis_tryagains_total", "counter",
+             "Redis Cluster calls sent again after a -TRYAGAIN answer (a slot migrating with the "
+             "call's keys on two nodes); 0 outside Cluster mode.",
+             static_cast<double>(h.try_agains));
     w.family("sluice_leases_total", "counter", "Lease answers, by outcome.");
     w.samples("sluice_leases_total", kLeaseAnswers, l);
     w.family("sluice_lease_units_total", "counter",

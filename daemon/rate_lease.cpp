@@ -106,6 +106,40 @@ int64_t heldWaitUs(int64_t wait_us, int64_t held_rate, int64_t limit, int64_t fi
                                         static_cast<double>(limit - held_rate)));
 }
 
+int64_t retryWaitUs(int64_t empty_us, int64_t need, std::span<const Held> live, const Limit& limit,
+                    int64_t now_us) {
+  const int64_t interval_us = intervalUs(limit);
+  int64_t from_us = now_us;
+  int64_t t_us = empty_us;
+  std::vector<Held> after(live.begin(), live.end());
+  if (bucketCapUnits(live, limit) < need) {
+    std::vector<int64_t> ends;
+    for (const Held& h : live) {
+      if (h.rate > 0) ends.push_back(h.until_us);
+    }
+    std::sort(ends.begin(), ends.end());
+    for (int64_t end_us : ends) {
+      after.clear();
+      for (const Held& h : live) {
+        if (h.until_us > end_us) after.push_back(h);
+      }
+      if (bucketCapUnits(after, limit) >= need) {
+        t_us = charge(empty_us, now_us, end_us, live, limit).value_or(empty_us);
+        from_us = end_us;
+        break;
+      }
+    }
+  }
+  int64_t rate = 0;
+  std::optional<int64_t> first_end_us;
+  for (const Held& h : after) {
+    rate += h.rate;
+    if (h.rate > 0 && (!first_end_us || h.until_us < *first_end_us)) first_end_us = h.until_us;
+  }
+  const int64_t wait_us = t_us + need * interval_us - from_us;
+  return from_us - now_us + heldWaitUs(wait_us, rate, limit.limit, first_end_us.value_or(from_us), from_us);
+}
+
 std::vector<std::string> rateArgv(int64_t rate, int64_t tokens, const Limit& limit, int64_t deadline_us,
                                   std::string_view node, int64_t lease_ms, int64_t now_us) {
   return {"rate",
@@ -176,6 +210,14 @@ int64_t nsPerUnit(const Limit& limit, int64_t rate) {
   // limit * interval µs, in ns, over the rate.
   const int64_t span_ns = limit.limit * intervalUs(limit) * 1000;
   return ceilDiv(span_ns, std::max<int64_t>(rate, 1));
+}
+
+int64_t rateOfNsPerUnit(const Limit& limit, int64_t ns_per_unit) {
+  if (ns_per_unit <= 0) return 0;
+  // nsPerUnit(r) = ceil(span / r) = p holds for every r in [span / p,
+  // span / (p - 1)): the least is ceil(span / p).
+  const int64_t span_ns = limit.limit * intervalUs(limit) * 1000;
+  return std::min(ceilDiv(span_ns, ns_per_unit), limit.limit);
 }
 
 int64_t capUnits(const Limit& limit, int64_t rate, int64_t lease_interval_ns) {

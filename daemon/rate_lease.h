@@ -108,6 +108,16 @@ bool unmet(std::span<const Held> live, int64_t limit);
 int64_t heldWaitUs(int64_t wait_us, int64_t held_rate, int64_t limit, int64_t first_end_us,
                    int64_t now_us);
 
+// The script's retry hint, µs from now_us, for `need` units (1 <= need <=
+// burst) of a bucket whose empty time is empty_us at now_us while the rates
+// `live` (those after now_us) are held. The bucket fills only to its cap
+// (bucketCapUnits): while that is below need, the wait starts at the first
+// end of a held rate after which it is not, with empty_us charged until
+// then (charge); from there, heldWaitUs with the rates still held. So a
+// denied lease never retries before its units can be in the bucket.
+int64_t retryWaitUs(int64_t empty_us, int64_t need, std::span<const Held> live, const Limit& limit,
+                    int64_t now_us);
+
 // ARGV of the rate op: {"rate", rate, tokens, limit, period_ms, burst,
 // now_us, deadline_us, node, lease_ms}. rate 0 gives the node's rate up.
 std::vector<std::string> rateArgv(int64_t rate, int64_t tokens, const Limit& limit, int64_t deadline_us,
@@ -193,6 +203,10 @@ int64_t askedRate(const Limit& limit, int64_t demand_per_interval, int64_t lease
 // (ceil(period_us / limit)), so the slice refills at rate units per limit *
 // interval µs, rounded up: never faster than Redis counts it.
 int64_t nsPerUnit(const Limit& limit, int64_t rate);
+
+// The least rate whose refill is one unit per ns_per_unit (nsPerUnit's
+// inverse: never above the rate that gave it); 0 when ns_per_unit <= 0.
+int64_t rateOfNsPerUnit(const Limit& limit, int64_t ns_per_unit);
 
 // The most units a rate's refill fills the slice to: one lease interval of
 // the rate, or the rate's share of the burst (burstShare) when that is more,

@@ -44,6 +44,7 @@ RedisHealth Server::redisHealth() const {
   health.nodes = snapshot.nodes;
   health.mode = control_->mode();
   health.address = std::move(snapshot.address);
+  health.try_agains = snapshot.try_agains;
   int64_t now_ns = clock_ns_();
   health.breaker = broker_->breaker();
   health.state_version = control_->stateVersion();
@@ -93,9 +94,10 @@ std::vector<RuleOvershoot> Server::overshootBounds() const {
   // The most units one key holds leased (only stamped leases' count) and
   // owes (only once a settle charged a debt), by configured rule id: a walk
   // of the key table, only when one of them may be other than 0.
-  // Likewise the most units one key's rate lease refills its slice to
-  // (rate_lease.h), and while the breaker is not closed the most its last
-  // rate refills in a period, for the rules whose keys may hold rates.
+  // Likewise the most units one key's rate lease lets escape Redis's count
+  // (rateEscapeUnits: its slice's cap less its share of the burst), and
+  // while the breaker is not closed the most its last rate refills in a
+  // period, for the rules whose keys may hold rates.
   std::unordered_map<uint32_t, int64_t> held;
   std::unordered_map<uint32_t, int64_t> owed;
   std::unordered_map<uint32_t, int64_t> rated;
@@ -119,7 +121,8 @@ std::vector<RuleOvershoot> Server::overshootBounds() const {
         most = std::max(most, slice::heldUnits(entry.state(), now_ns));
       } else if (rate_lease::eligible(*rule)) {
         int64_t& most = rated[id];
-        most = std::max(most, slice::rateCapUnits(entry.state(), now_ns));
+        most = std::max(most, rateEscapeUnits(rule->limits.front(), slice::rateCapUnits(entry.state(), now_ns),
+                                              slice::rateNsPerUnit(entry.state(), now_ns)));
         if (!leasing) {
           int64_t& period = rate_periods[id];
           period = std::max(period, slice::ratePerPeriod(entry.state(), rule->limits.front().period_ns));
@@ -146,7 +149,7 @@ std::vector<RuleOvershoot> Server::overshootBounds() const {
                          .held_units = most(held, rule.id),
                          .open_reservations = opened != open.end() ? opened->second : 0,
                          .owed_units = most(owed, rule.id),
-                         .rate_cap_units = most(rated, rule.id),
+                         .rate_escape_units = most(rated, rule.id),
                          .rate_period_units = most(rate_periods, rule.id)};
     bounds.push_back({rule.name, overshootBound(rule, *share, input)});
   }

@@ -582,6 +582,19 @@ void applyRate(Words words, int64_t ns_per_unit, int64_t cap, int64_t until_ns, 
   store(words, kDenyUntil, 0);
 }
 
+void holdAtMostRate(Words words, int64_t ns_per_unit, int64_t cap, int64_t now_ns) {
+  const int64_t held = load(words, kRateNsPerUnit);
+  if (held <= 0 || (ns_per_unit > 0 && ns_per_unit <= held)) return;
+  if (ns_per_unit <= 0) {
+    store(words, kRateUntil, 0);
+    store(words, kRateNsPerUnit, 0);
+    return;
+  }
+  refillRate(words, now_ns);
+  store(words, kRateNsPerUnit, ns_per_unit);
+  store(words, kRateCap, std::min(cap, load(words, kRateCap)));
+}
+
 void noteAsked(Words words, const Limit& limit, int64_t asked, int64_t span_ns, int64_t now_ns) {
   if (asked <= 0 || span_ns <= 0) {
     store(words, kRateMovedSpan, 0);

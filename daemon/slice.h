@@ -313,6 +313,14 @@ int64_t ratePerPeriod(ConstWords words, int64_t period_ns);
 void applyRate(Words words, int64_t ns_per_unit, int64_t cap, int64_t until_ns, int64_t renew_at_ns,
                int64_t now_ns);
 
+// The control thread: a rate op asking for a rate refilling one unit per
+// ns_per_unit (up to cap units) got no reply, which Redis may have run all
+// the same. The key's rate, held or ended, slows to it when it is slower
+// (what the refill brought by now_ns stays), keeping its end and renewal
+// time; ns_per_unit 0 (the op gave the rate up) ends it. A faster one
+// changes nothing: Redis may not have granted it.
+void holdAtMostRate(Words words, int64_t ns_per_unit, int64_t cap, int64_t now_ns);
+
 // How long a window of a rate holder's demand lasts (demandMoved): the time
 // its rate asked takes to bring kMovedWindowUnits units, but at least a
 // kMovedWindowsPerInterval-th of the lease interval and at most

@@ -42,6 +42,10 @@ struct RedisHealth {
   // Redis's TIME minus this host's wall clock, from the heartbeats; nullopt
   // before the first heartbeat answers (and without Redis).
   std::optional<int64_t> clock_offset_ms;
+  // Calls sent again after Redis Cluster answered -TRYAGAIN (a slot
+  // migrating with the call's keys split), since the start; 0 outside
+  // Cluster mode.
+  uint64_t try_agains = 0;
 };
 
 // What health, stats and reload need from the daemon as a whole. Implemented

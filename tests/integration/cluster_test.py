@@ -28,13 +28,15 @@ REDIS_SERVER and REDIS_CLI the Redis tools.
 """
 
 import os
+import re
 import sys
 import time
 import unittest
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import (Cluster, Daemon, cluster_slot, redis_key, tear_down_module,  # noqa: E402
-                     wait_for)
+from harness import (Cluster, Daemon, cluster_slot, free_port, redis_key,  # noqa: E402
+                     tear_down_module, wait_for)
 
 # "budget": an exact count (a refill every 3 minutes is far beyond a test).
 BUDGET = 20
@@ -57,6 +59,7 @@ CONFIG = """
 socket = "{socket}"
 workers = 1
 log_level = "info"
+metrics = "127.0.0.1:{metrics_port}"
 
 [redis]
 {seeds}
@@ -101,12 +104,25 @@ ADVERSARIAL_KEYS = [b"{", b"}", b"{}", b"}{", b"a{b}c", b"{user1000}", b"\x00{x}
 def start_daemon(test, index, seeds, lease_timeout_ms, health_timeout_ms):
     """A sluiced on the cluster named by `seeds`, stopped when `test` ends."""
     daemon = Daemon("cluster-%d" % index, log_tail=40)
+    daemon.metrics_port = free_port()
     test.addCleanup(daemon.stop)
     daemon.start(CONFIG.format(socket=daemon.socket, seeds=seeds, index=index,
+                               metrics_port=daemon.metrics_port,
                                lease_timeout=lease_timeout_ms, health_timeout=health_timeout_ms,
                                budget=BUDGET, steady=STEADY_PER_S, steady_burst=STEADY_BURST),
                  connect=True)
     return daemon
+
+
+def try_agains(daemon):
+    """The daemon's count of calls sent again after -TRYAGAIN, from stats and
+    from /metrics (which must agree)."""
+    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % daemon.metrics_port,
+                                timeout=5) as response:
+        body = response.read().decode()
+    match = re.search(r"^sluice_redis_tryagains_total (\S+)$", body, re.MULTILINE)
+    scraped = float(match.group(1)) if match else None
+    return daemon.client.result("stats")["leases"]["tryagains"], scraped
 
 
 def error_count(node, error):
@@ -224,7 +240,10 @@ class ClusterReshardTest(ClusterCase):
     # (the target counts ASKING) and decided normally; after the slot's keys
     # are MIGRATEd and the slot is assigned to the target, the daemons follow
     # MOVED (the old owner counts it) and find the key's spent budget there:
-    # the fleet admits exactly the limit in all.
+    # the fleet admits exactly the limit in all. A penalty rule's call (its
+    # state, still on the source, and its absent block key) meanwhile gets
+    # -TRYAGAIN, and the daemon counts the calls it sends again in stats and
+    # on /metrics.
     def test_migrating_slot_answers_ask_then_moved_and_the_budget_moves(self):
         first, second = self.daemons
         source, target = self.cluster.masters()[:2]
@@ -232,7 +251,10 @@ class ClusterReshardTest(ClusterCase):
         old_key = self.key_in_slot("budget", slot, "old-")
         admitted = sum(first.acquire("budget", old_key)["allowed"] for _ in range(5))
         self.assertEqual(admitted, 5)
-        self.assertEqual(source.command("CLUSTER", "COUNTKEYSINSLOT", str(slot)), 1)
+        split_key = self.key_in_slot("abuse", slot, "split-")
+        self.assertTrue(first.acquire("abuse", split_key)["allowed"])
+        self.assertEqual(source.command("CLUSTER", "COUNTKEYSINSLOT", str(slot)), 2)
+        self.assertEqual(try_agains(second), (0, 0))
 
         source_id, target_id = self.cluster.node_id(source), self.cluster.node_id(target)
         self.assertEqual(target.command("CLUSTER", "SETSLOT", str(slot), "IMPORTING", source_id), "OK")
@@ -245,10 +267,18 @@ class ClusterReshardTest(ClusterCase):
         self.assertGreater(command_calls(target, "asking"), asking_before)
         self.assertEqual(target.command("CLUSTER", "COUNTKEYSINSLOT", str(slot)), 1)
 
+        # The second daemon holds nothing of split_key: it leases, and the
+        # source has the state but not the block key.
+        second.acquire("abuse", split_key)
+        self.assertTrue(wait_for(lambda: try_agains(second)[0] > 0, 2), try_agains(second))
+        self.assertTrue(wait_for(lambda: (lambda t: t[0] == t[1])(try_agains(second)), 2),
+                        try_agains(second))
+
         # Move the slot's keys, then the slot itself, as redis-cli --cluster reshard does.
         state = redis_key("q", "budget", old_key)
+        split_state = redis_key("q", "abuse", split_key)
         self.assertEqual(source.command("MIGRATE", "127.0.0.1", str(target.port), "", "0", "5000",
-                                        "KEYS", state), "OK")
+                                        "KEYS", state, split_state), "OK")
         for node in self.cluster.masters():
             node.command("CLUSTER", "SETSLOT", str(slot), "NODE", target_id)
         self.assertTrue(wait_for(lambda: self.cluster.master_of(slot, ask=source) is target, 5))
@@ -258,7 +288,7 @@ class ClusterReshardTest(ClusterCase):
         self.assertEqual({d["mode"] for d in rest}, {"normal"}, rest)
         self.assertEqual(admitted + sum(d["allowed"] for d in rest), BUDGET)
         self.assertGreater(error_count(source, "MOVED"), moved_before)
-        self.assertEqual(target.command("CLUSTER", "COUNTKEYSINSLOT", str(slot)), 2)
+        self.assertEqual(target.command("CLUSTER", "COUNTKEYSINSLOT", str(slot)), 3)
 
 
 class ClusterFailoverTest(ClusterCase):

@@ -41,7 +41,8 @@ TEST(AlgorithmTable, EveryNameReadsBackAsItsOwnAlgorithm) {
 }
 
 // Verifies that each algorithm with a lease script has that file in lua/,
-// embedded byte for byte as the script the lease manager loads for it, and
+// embedded byte for byte (after its prelude's) as the script the lease
+// manager loads for it, and
 // that an algorithm without one has no script.
 TEST(AlgorithmTable, EachLeaseScriptIsAFileInLuaEmbeddedAsTheAlgorithmsScript) {
   for (const AlgorithmTraits& row : kAlgorithmTraits) {
@@ -56,7 +57,10 @@ TEST(AlgorithmTable, EachLeaseScriptIsAFileInLuaEmbeddedAsTheAlgorithmsScript) {
     const std::string file =
         test::readFile(std::string(SLUICE_SOURCE_DIR) + "/lua/" + std::string(row.lease_script));
     EXPECT_FALSE(file.empty()) << "lua/" << row.lease_script << " is missing";
-    EXPECT_EQ(source.source, file) << row.lease_script;
+    const std::string prelude = source.prelude.empty() ? ""
+                                : test::readFile(std::string(SLUICE_SOURCE_DIR) + "/lua/" +
+                                                 std::string(source.prelude));
+    EXPECT_EQ(source.source, prelude + file) << row.lease_script;
   }
 }
 

@@ -18,6 +18,8 @@
 #include "clock.h"
 #include "entry.h"
 #include "holding.h"
+#include "rate_lease.h"
+#include "slice.h"
 #include "redis_server.h"
 #include "test_support.h"
 #include "uv_loop.h"
@@ -432,6 +434,75 @@ TEST_F(LeaseManagerTest, ABurstOfReturnsIsBuiltAsThePipelineAllowsAndLeavesNoMem
 // sent. Here the one link plays that master: the manager hears of its first
 // connection (the breaker closes) and of nothing after, so a killed server
 // looks like a lost master, not like Redis down.
+// A token bucket whose keys lease rates (rate_lease::eligible), with a
+// lease_timeout short enough that a SIGSTOPped Redis loses a reply soon.
+class RateManagerTest : public ManagerFixture {
+ protected:
+  void SetUp() override {
+    ManagerFixture::SetUp();
+    Rule hot;
+    hot.name = "hot";
+    hot.scope = Scope::kGlobal;
+    hot.algorithm = Algorithm::kTokenBucket;
+    hot.limits = {Limit{.limit = 1'000, .period_ns = 1'000 * kMs, .burst = 10}};
+    std::vector<Rule> rules;
+    rules.push_back(std::move(hot));
+    config_.lease_timeout_ms = 100;
+    node_id_ = "node-a";
+    ASSERT_NO_FATAL_FAILURE(start(std::move(rules)));
+    rule_ = rules_->find("hot");
+    ASSERT_TRUE(rate_lease::eligible(*rule_));
+  }
+  void TearDown() override {
+    if (stopped_) server_.resume();
+    ManagerFixture::TearDown();
+  }
+
+  std::span<std::atomic<uint64_t>> words(const std::string& key) {
+    KeyTable::ReadGuard guard(keys_, reader_);
+    KeyTable::Entry* entry = keys_.findOrInsert(rule_->id, key, entryWords(*rule_), monotonicNowNs());
+    return entry->state();  // the test's entries are never swept while in use
+  }
+  // What a worker does when its take claims the key's rate op: asks for
+  // `rate` units per second and no tokens, and waits for the answer (or
+  // its loss).
+  void askRate(const std::string& key, int64_t rate) {
+    words(key)[slice::kFlags].fetch_or(slice::kInFlight);
+    LeaseRequest request;
+    request.rule_id = rule_->id;
+    request.key = key;
+    request.n = 0;
+    request.need = 0;
+    request.rate = rate;
+    broker_.submit(std::move(request));
+    manager_->onWakeup();
+    ASSERT_TRUE(runUntil([&] { return (words(key)[slice::kFlags].load() & slice::kInFlight) == 0; }));
+  }
+  int64_t nsPerUnit(const std::string& key) {
+    return slice::rateNsPerUnit(slice::of(words(key)), monotonicNowNs());
+  }
+
+  const Rule* rule_ = nullptr;
+  bool stopped_ = false;
+};
+
+// Verifies that a renewal asking for a smaller rate whose reply is lost as
+// Redis stops holds the key to the smaller rate (Redis may have granted
+// it), and that a lost one asking for more leaves it where it was.
+TEST_F(RateManagerTest, ALostRenewalThatShrankTheRateHoldsTheSmallerRate) {
+  const Limit& limit = rule_->limits.front();
+  askRate("k", 800);
+  ASSERT_EQ(nsPerUnit("k"), rate_lease::nsPerUnit(limit, 800));
+  server_.stop();
+  stopped_ = true;
+  askRate("k", 200);
+  EXPECT_EQ(nsPerUnit("k"), rate_lease::nsPerUnit(limit, 200));
+  EXPECT_EQ(slice::rateCapUnits(slice::of(words("k")), monotonicNowNs()),
+            rate_lease::capUnits(limit, 200, broker_.leaseIntervalNs()));
+  askRate("k", 900);
+  EXPECT_EQ(nsPerUnit("k"), rate_lease::nsPerUnit(limit, 200));
+}
+
 class UnsentDebitsTest : public LeaseManagerTest {
  protected:
   // Told of the first connect only: the breaker stays closed while the link

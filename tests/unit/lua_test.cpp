@@ -182,17 +182,32 @@ test::RedisServer* LuaTest::server_ = nullptr;
 // ---------------------------------------------------------------------------
 // Embedding and argument lists.
 
-// Verifies that every embedded script is byte for byte its file in lua/, so
-// the .lua files really are the single source of truth.
+// Verifies that every embedded script is byte for byte its file in lua/,
+// after its prelude's file when it has one, so the .lua files really are the
+// single source of truth.
 TEST(Scripts, EmbedsEachLuaFileExactly) {
   ASSERT_EQ(scripts::all().size(), 9u);
-  for (const auto& script : scripts::all()) {
-    std::ifstream in(std::string(SLUICE_SOURCE_DIR) + "/lua/" + std::string(script.name), std::ios::binary);
-    ASSERT_TRUE(in) << script.name;
+  auto read = [](std::string_view name) {
+    std::ifstream in(std::string(SLUICE_SOURCE_DIR) + "/lua/" + std::string(name), std::ios::binary);
+    EXPECT_TRUE(in) << name;
     std::ostringstream text;
     text << in.rdbuf();
-    EXPECT_EQ(text.str(), script.source) << script.name;
+    return text.str();
+  };
+  for (const auto& script : scripts::all()) {
+    const std::string prelude = script.prelude.empty() ? "" : read(script.prelude);
+    EXPECT_EQ(prelude + read(script.name), script.source) << script.name;
     EXPECT_EQ(&scripts::get(script.script), &script);
+  }
+}
+
+// Verifies that the two rate scripts share lua/rate_lease.lua, and that no
+// other script carries it.
+TEST(Scripts, PrependsTheRateLeaseFragmentToBothRateScriptsOnly) {
+  for (const auto& script : scripts::all()) {
+    const bool rate = script.script == scripts::Script::kTokenBucket || script.script == scripts::Script::kGcra;
+    EXPECT_EQ(script.prelude, rate ? "rate_lease.lua" : "") << script.name;
+    EXPECT_EQ(script.source.find("local function rate_lease(") != std::string_view::npos, rate) << script.name;
   }
 }
 

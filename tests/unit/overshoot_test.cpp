@@ -9,9 +9,11 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "prometheus.h"
+#include "rate_lease.h"
 #include "slice.h"
 
 namespace sluice {
@@ -171,13 +173,58 @@ TEST(OvershootBound, MetricsShowItPerRule) {
   EXPECT_NE(text.find("sluice_overshoot_bound_units{rule=\"open\"} +Inf\n"), std::string::npos) << text;
 }
 
-// Verifies that what a rate lease's slice may save up counts in a bucket's
-// bound while Redis is up: the rate itself is counted in Redis.
+// Verifies that what a rate lease lets escape counts in a bucket's bound
+// while Redis is up: the rate itself is counted in Redis.
 TEST(OvershootBound, ARateLeaseOwesWhatItsSliceMaySaveUp) {
   const Rule rule = globalRule(Algorithm::kTokenBucket, {1000, kSecondNs, 30});
   const Rule share = shareOf(rule, 3);
   EXPECT_EQ(overshootBound(rule, share, {.leasing = true, .learning = false, .held_units = 0,
-                                         .rate_cap_units = 100}), 100);
+                                         .rate_escape_units = 70}), 70);
+}
+
+// Verifies the escape's arithmetic on design.md's worked example (1,000/s,
+// burst 30, lease_interval 100 ms): the whole rate's slice refills to 100
+// units, of which its share of the burst, 30, stays out of Redis's bucket
+// while it is held, so 70 escape; at 500/s the slice's 50 less a share of
+// 15, 35.
+TEST(OvershootBound, ARateLetsEscapeItsSlicesCapLessItsShareOfTheBurst) {
+  const Limit limit{1000, kSecondNs, 30};
+  constexpr int64_t kIntervalNs = 100'000'000;
+  for (auto [rate, cap, escape] : {std::tuple<int64_t, int64_t, int64_t>{1000, 100, 70}, {500, 50, 35}}) {
+    ASSERT_EQ(rate_lease::capUnits(limit, rate, kIntervalNs), cap);
+    EXPECT_EQ(rateEscapeUnits(limit, cap, rate_lease::nsPerUnit(limit, rate)), escape) << rate;
+  }
+}
+
+// Verifies that a rate whose share of the burst is its whole cap lets
+// nothing escape (100/s with a burst of 1,000: the slice refills to the
+// burst, which Redis's bucket no longer holds), and that a key without a
+// rate lets nothing escape.
+TEST(OvershootBound, ARateWhoseCapIsItsBurstShareLetsNothingEscape) {
+  const Limit limit{100, kSecondNs, 1000};
+  const int64_t cap = rate_lease::capUnits(limit, 100, 100'000'000);
+  ASSERT_EQ(cap, 1000);
+  EXPECT_EQ(rateEscapeUnits(limit, cap, rate_lease::nsPerUnit(limit, 100)), 0);
+  EXPECT_EQ(rateEscapeUnits(limit, 0, 0), 0);
+  EXPECT_EQ(rateEscapeUnits(limit, 0, rate_lease::nsPerUnit(limit, 100)), 0);
+}
+
+// Verifies, for every rate of a few limits, that the rate read back from a
+// slice's refill is never above the rate held (so its burst share, and the
+// escape, are never understated) and is the rate held itself, and that the
+// escape is the cap less that share, between 0 and the cap.
+TEST(OvershootBound, TheRateReadBackFromARefillIsTheRateHeld) {
+  for (const Limit& limit : {Limit{1000, kSecondNs, 30}, Limit{2000, kSecondNs, 40}, Limit{7, 3 * kSecondNs, 5},
+                             Limit{333, kSecondNs, 1000}}) {
+    for (int64_t rate = 1; rate <= limit.limit; ++rate) {
+      const int64_t per_unit = rate_lease::nsPerUnit(limit, rate);
+      ASSERT_EQ(rate_lease::rateOfNsPerUnit(limit, per_unit), rate) << limit.limit << " " << rate;
+      const int64_t cap = rate_lease::capUnits(limit, rate, 100'000'000);
+      const int64_t escape = rateEscapeUnits(limit, cap, per_unit);
+      ASSERT_EQ(escape, std::max<int64_t>(cap - rate_lease::burstShare(limit, rate), 0));
+      ASSERT_LE(escape, cap);
+    }
+  }
 }
 
 // Verifies that in fallback a key that may spend its rate past the rate's
@@ -188,10 +235,10 @@ TEST(OvershootBound, InFallbackARateSpentPastItsEndCountsAPeriodOfIt) {
   const Rule rule = globalRule(Algorithm::kTokenBucket, {1000, kSecondNs, 30});
   const Rule share = shareOf(rule, 3);  // 333/s, burst 10: 343 a period
   EXPECT_EQ(overshootBound(rule, share, {.leasing = false, .learning = false, .held_units = 0,
-                                         .rate_cap_units = 90, .rate_period_units = 900}),
+                                         .rate_escape_units = 90, .rate_period_units = 900}),
             90 + 900);
   EXPECT_EQ(overshootBound(rule, share, {.leasing = false, .learning = false, .held_units = 0,
-                                         .rate_cap_units = 10, .rate_period_units = 100}),
+                                         .rate_escape_units = 10, .rate_period_units = 100}),
             10 + 343);
 }
 

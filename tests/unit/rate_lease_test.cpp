@@ -169,7 +169,7 @@ class Model {
     if (need > limit_.burst) {
       a.retry_after_ms = -1;
     } else if (a.granted == 0 && a.remaining < need) {
-      a.retry_after_ms = waitMs(empty + need * interval_ - now, now);
+      a.retry_after_ms = waitMs(empty, need, now);
     }
     return a;
   }
@@ -182,7 +182,7 @@ class Model {
     if (need > limit_.burst) {
       a.retry_after_ms = -1;
     } else if (a.remaining < need) {
-      a.retry_after_ms = waitMs(empty + need * interval_ - now, now);
+      a.retry_after_ms = waitMs(empty, need, now);
     }
     return a;
   }
@@ -280,18 +280,8 @@ class Model {
     at_ = now;
   }
 
-  int64_t waitMs(int64_t wait_us, int64_t now) const {
-    int64_t held_rate = 0;
-    int64_t first_end = now;
-    bool any = false;
-    for (const Held& h : live_) {
-      held_rate += h.rate;
-      if (h.rate > 0 && (!any || h.until_us < first_end)) {
-        first_end = h.until_us;
-        any = true;
-      }
-    }
-    int64_t us = rate_lease::heldWaitUs(wait_us, held_rate, limit_.limit, first_end, now);
+  int64_t waitMs(int64_t empty, int64_t need, int64_t now) const {
+    int64_t us = rate_lease::retryWaitUs(empty, need, live_, limit_, now);
     return us <= 0 ? 0 : (us + 999) / 1000;
   }
 
@@ -403,6 +393,33 @@ TEST_P(RateLeaseScript, AHeldRateTakesItsShareOfTheBurstOutOfTheBucket) {
   // 6 units in 120 ms); a's ends at +5 s, and the bucket is whole again.
   EXPECT_EQ(peek(limit, 1, kBaseUs + 4500 * kMsUs).remaining, 10);
   EXPECT_EQ(peek(limit, 1, kBaseUs + 6 * kSecondUs).remaining, 20);
+}
+
+// Verifies the retry hint under the bucket's cap: while two holders keep 9
+// of a burst of 10, a lease that needs 5 is told to come back once the
+// first rate has ended (the cap is 6 from then) and the 4 missing units
+// have refilled at the 60/s the other holder leaves, not after 4 units at
+// the 10/s both leave (400 ms), when the cap still holds 1; the hint is
+// exact to the ms (the units are not there 1 ms before it, and are at it),
+// and C++ gives the same.
+TEST_P(RateLeaseScript, ADeniedLeaseIsNotToldToRetryBeforeTheCapLetsItsUnitsExist) {
+  const Limit limit{100, kSecondNs, 10};
+  ASSERT_EQ(rate(limit, "node-a", 50, 0, 500, kBaseUs).rate, 50);
+  ASSERT_EQ(rate(limit, "node-b", 40, 0, 5000, kBaseUs).rate, 40);
+  EXPECT_EQ(peek(limit, 1, kBaseUs).remaining, 1);  // 10 less shares of 5 and 4
+  const Answer denied = lease(limit, 5, 5, kBaseUs + kMsUs);
+  EXPECT_EQ(denied.granted, 0);
+  // The bucket (1 unit) is at its cap until a's end 499 ms after the lease,
+  // then refills 4 units at 60/s: 66.67 ms more, 566 ms rounded up.
+  EXPECT_EQ(denied.retry_after_ms, 566);
+  const std::vector<Held> live = {{"node-a", 50, kBaseUs + 500 * kMsUs, 50},
+                                  {"node-b", 40, kBaseUs + 5 * kSecondUs, 40}};
+  const int64_t empty_us = kBaseUs + kMsUs - 1 * 10'000;  // 1 unit of 10 ms in the bucket
+  EXPECT_EQ((rate_lease::retryWaitUs(empty_us, 5, live, limit, kBaseUs + kMsUs) + 999) / 1000, 566);
+  // Blind to the cap, the hint would be 4 units at the 10/s left: 400 ms.
+  EXPECT_EQ(rate_lease::heldWaitUs(40'000, 90, 100, kBaseUs + 500 * kMsUs, kBaseUs + kMsUs), 400'000);
+  EXPECT_LT(peek(limit, 5, kBaseUs + kMsUs + 565 * kMsUs).remaining, 5);
+  EXPECT_GE(peek(limit, 5, kBaseUs + kMsUs + 566 * kMsUs).remaining, 5);
 }
 
 // Verifies that the tokens a rate op takes beside its rate come out of the

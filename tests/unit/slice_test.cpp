@@ -606,6 +606,27 @@ TEST_F(SliceTest, ARenewedRateRefillsOnAndAnEndedOneLeasesTokensAgain) {
   EXPECT_FALSE(slice::holdsRate(words(), 3'100 * kMs));
 }
 
+// Verifies that a rate op whose reply was lost slows the key's rate to the
+// rate it asked for when that is slower, keeping what the old rate refilled
+// until then and the rate's end; that a faster ask changes nothing (Redis
+// may not have granted it); and that asking for none ends the rate.
+TEST_F(SliceTest, ALostRenewalHoldsTheSmallerOfTheHeldAndTheAskedRate) {
+  slice::applyRate(words(), kMs, 100, 5'000 * kMs, 2'500 * kMs, 0);
+  EXPECT_EQ(slice::take(words(), 50 * kMs, 50).left, 0);
+  slice::holdAtMostRate(words(), 4 * kMs, 25, 60 * kMs);  // 50..60 ms refilled at 1 ms a unit
+  EXPECT_EQ(slice::rateNsPerUnit(words(), 60 * kMs), 4 * kMs);
+  EXPECT_EQ(slice::rateCapUnits(words(), 60 * kMs), 25);
+  EXPECT_EQ(slice::look(words(), 60 * kMs, 1).left, 9);
+  EXPECT_EQ(slice::look(words(), 100 * kMs, 1).left, 19);  // 10 more, 4 ms each
+  slice::holdAtMostRate(words(), kMs, 100, 100 * kMs);
+  EXPECT_EQ(slice::rateNsPerUnit(words(), 100 * kMs), 4 * kMs);
+  EXPECT_EQ(slice::rateCapUnits(words(), 100 * kMs), 25);
+  EXPECT_TRUE(slice::holdsRate(words(), 4'999 * kMs));
+  EXPECT_FALSE(slice::holdsRate(words(), 5'000 * kMs));
+  slice::holdAtMostRate(words(), 0, 0, 200 * kMs);
+  EXPECT_FALSE(slice::holdsRate(words(), 200 * kMs));
+}
+
 // Verifies that a rate holder whose demand moves from what it asked (100
 // units/s of 1,000/s here) asks for its renewal before its renewal time
 // (500 ms): as soon as twice what it asked over a window (160 ms here: 16
