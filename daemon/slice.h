@@ -37,8 +37,10 @@
 //    cost past kRateCap, which the refill never reaches, leases tokens). At
 //    kRateUntil the rate ends and the key leases tokens again. A key asks
 //    for a rate only once a lease found Redis's bucket drained (kDrained).
-//    While Redis is unreachable the rate is spent until it ends
-//    (takeOnRate), and what it admits then is counted (kRateFallback) to
+//    While Redis is unreachable the rate is spent until it ends (and past
+//    it within rate_lease::kFallbackHoldNs of the breaker's opening), at
+//    63/64 of itself from the opening (takeOnRate, kFallbackRateParts),
+//    and what it admits then is counted (kRateFallback) to
 //    be debited with the fallback shares' admissions: a master that took
 //    over meanwhile may not know the rate.
 //  - Every lease's answer also says what Redis had left after it; the slice
