@@ -304,16 +304,20 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, const Rule& rule,
       const int64_t interval_ns = context_.broker->leaseIntervalNs();
       const int64_t ns_per_unit = rate > 0 ? rate_lease::nsPerUnit(limit, rate) : 0;
       const bool rose = rate_lease::rose(slice::rateNsPerUnit(words, now_ns), ns_per_unit);
+      // Short of its ask while others hold more than their shares: it asks
+      // again soon for a while (rate_lease::kQuickRenewIntervals).
+      const bool quick = slice::noteRateShort(words, unmet && rate < request.rate, now_ns, interval_ns,
+                                              rate_lease::kQuickRenewIntervals);
       slice::applyRate(words, ns_per_unit, rate_lease::capUnits(limit, rate, interval_ns),
                        sent_ns + lease_ns,
-                       rate_lease::renewAtNs(sent_ns, lease_ns, unmet || rose, interval_ns), now_ns);
+                       rate_lease::renewAtNs(sent_ns, lease_ns, unmet || rose, interval_ns, quick), now_ns);
       slice::noteAsked(words, limit, rate > 0 ? request.rate : 0, interval_ns, now_ns);
       if (rate > 0 && reply->granted == 0) return;  // the rate refills the slice
       if (rate == 0 && reply->granted == 0) {
         // Its demand is recorded, and the holders hear it is unmet and give
         // up their share of it at their next lease interval: ask again
         // within one, not at Redis's wait (the holders' ends).
-        const int64_t wait_ms = rate_lease::reaskAfterMs(reply->retry_after_ms, config_.lease_interval_ms);
+        const int64_t wait_ms = rate_lease::reaskAfterMs(reply->retry_after_ms, config_.lease_interval_ms, quick);
         slice::applyEmpty(words, now_ns, wait_ms * 1'000'000);
         return;
       }
@@ -323,6 +327,16 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, const Rule& rule,
       // again after slice::kEmptyRecheckNs), so an over-limit key costs
       // Redis little. "Never" waits a period.
       int64_t wait_ms = reply->never ? periodMs(limit) : std::max<int64_t>(reply->retry_after_ms, 1);
+      const int64_t interval_ns = context_.broker->leaseIntervalNs();
+      if (!reply->never && request.rate < 0 && rate_lease::eligible(rule) &&
+          rate_lease::wants(limit, slice::demandPerInterval(words, now_ns, interval_ns), slice::drained(words),
+                            interval_ns)) {
+        // Its next lease asks for a rate (the bucket ran dry: the others'
+        // rates may hold the whole limit, and Redis's wait is then their
+        // ends): asked within one lease interval, it records the key's
+        // demand, and the holders give up their share of it by the next.
+        wait_ms = rate_lease::reaskAfterMs(wait_ms, config_.lease_interval_ms);
+      }
       slice::applyEmpty(words, now_ns, wait_ms * 1'000'000);
       return;
     }

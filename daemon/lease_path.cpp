@@ -411,7 +411,7 @@ void LeasePath::requestLease(const RuleSet& rules, const Rule& rule, const Rule&
   // the share bounds the node.
   if (share_left == INT64_MAX && rate_lease::eligible(deciding)) {
     const Limit& limit = deciding.limits.front();
-    const int64_t demand = slice::demandPerInterval(words);
+    const int64_t demand = slice::demandPerInterval(words, now_ns, broker_->leaseIntervalNs());
     if (slice::holdsRate(words, now_ns) ||
         rate_lease::wants(limit, demand, slice::drained(words), broker_->leaseIntervalNs())) {
       request.rate = rate_lease::askedRate(limit, std::max(demand, cost), broker_->leaseIntervalNs());

@@ -163,8 +163,10 @@ std::optional<Reply> parseReply(std::span<const int64_t> values, int64_t limit) 
   return Reply{*lease, values[6], values[7] == 1};
 }
 
-int64_t renewAtNs(int64_t sent_ns, int64_t lease_ns, bool unmet, int64_t lease_interval_ns) {
-  const int64_t after_ns = unmet ? std::max<int64_t>(lease_interval_ns, 1) : kMaxRenewNs;
+int64_t renewAtNs(int64_t sent_ns, int64_t lease_ns, bool unmet, int64_t lease_interval_ns, bool quick) {
+  const int64_t after_ns = quick   ? std::max<int64_t>(lease_interval_ns / kQuickRenewsPerInterval, 1)
+                           : unmet ? std::max<int64_t>(lease_interval_ns, 1)
+                                   : kMaxRenewNs;
   return sent_ns + std::min(after_ns, lease_ns / 2);
 }
 
@@ -172,8 +174,9 @@ bool rose(int64_t held_ns_per_unit, int64_t granted_ns_per_unit) {
   return granted_ns_per_unit > 0 && (held_ns_per_unit <= 0 || granted_ns_per_unit < held_ns_per_unit);
 }
 
-int64_t reaskAfterMs(int64_t retry_ms, int64_t lease_interval_ms) {
-  return std::min(std::max<int64_t>(retry_ms, 1), std::max<int64_t>(lease_interval_ms, 1));
+int64_t reaskAfterMs(int64_t retry_ms, int64_t lease_interval_ms, bool quick) {
+  const int64_t most_ms = quick ? lease_interval_ms / kQuickRenewsPerInterval : lease_interval_ms;
+  return std::min(std::max<int64_t>(retry_ms, 1), std::max<int64_t>(most_ms, 1));
 }
 
 bool eligible(const Rule& rule) {

@@ -134,28 +134,42 @@ struct Reply {
 // unmet 0 or 1.
 std::optional<Reply> parseReply(std::span<const int64_t> values, int64_t limit);
 
+// A key whose rate op got less than it asked while some demand is unmet
+// asks again after a kQuickRenewsPerInterval-th of the lease interval, not
+// a whole one, for its first kQuickRenewIntervals intervals of being so
+// (slice::noteRateShort): the holders above their shares give up the rest
+// at their renewals, which fall anywhere within the next interval, and
+// the rate they free would otherwise wait, unspent, until the short nodes'
+// next asks (a fleet's start lost up to 5 % of its first second so). After
+// that span, a holder that keeps more than its share (a crashed node's
+// rate, held until its end) costs one ask per interval, as before.
+constexpr int64_t kQuickRenewsPerInterval = 4;
+constexpr int64_t kQuickRenewIntervals = 2;
+
 // When a key whose rate op was sent at sent_ns, granting a lease of
-// lease_ns, asks for its renewal: one lease interval after sent_ns when
-// the reply said some demand is unmet (so holders shrink to their shares
-// and a node granted less asks again within two lease intervals), else
-// kMaxRenewNs after it; never later than halfway through the lease.
-int64_t renewAtNs(int64_t sent_ns, int64_t lease_ns, bool unmet, int64_t lease_interval_ns);
+// lease_ns, asks for its renewal: a kQuickRenewsPerInterval-th of a lease
+// interval after sent_ns when `quick` (above), one lease interval after
+// it when the reply said some demand is unmet (so holders shrink to their
+// shares and a node granted less asks again within two lease intervals),
+// else kMaxRenewNs after it; never later than halfway through the lease.
+int64_t renewAtNs(int64_t sent_ns, int64_t lease_ns, bool unmet, int64_t lease_interval_ns,
+                  bool quick = false);
 
 // Whether a key's rate rose with a grant: it held none (held_ns_per_unit
 // 0) or its slice refills faster now (granted_ns_per_unit below it; 0:
 // granted none). A holder whose rate rose renews one lease interval after
 // it sent the op, as one that heard `unmet` does: it got more while the
-// others' demands may still be rising (a fleet's start, where each node's
-// first ask measures only a few ms of its demand, and the first to ask
-// with its whole demand gets what the others have not asked for yet), so
-// it hears of them before it has held more than its share for long.
+// others' demands may not be recorded yet (a fleet's start, where the
+// first nodes to ask get what the others have not asked for yet), so it
+// hears of them before it has held more than its share for long.
 bool rose(int64_t held_ns_per_unit, int64_t granted_ns_per_unit);
 
 // How long a key granted no rate and no tokens waits before it asks again:
-// Redis's wait (retry_ms, at least 1 ms), but at most one lease interval:
-// its demand is recorded, and the holders that hear so give up their
-// share of it by then.
-int64_t reaskAfterMs(int64_t retry_ms, int64_t lease_interval_ms);
+// Redis's wait (retry_ms, at least 1 ms), but at most one lease interval
+// (a kQuickRenewsPerInterval-th of it when `quick`, as renewAtNs): its
+// demand is recorded, and the holders that hear so give up their share of
+// it by then.
+int64_t reaskAfterMs(int64_t retry_ms, int64_t lease_interval_ms, bool quick = false);
 
 // --- The daemon's rule ---------------------------------------------------------
 

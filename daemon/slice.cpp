@@ -2,6 +2,7 @@
 #include "slice.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "algorithm.h"
 #include "entry.h"
@@ -46,9 +47,10 @@ int64_t spendable(ConstWords words, int64_t now_ns) {
 // lost, as a full bucket's is. Whoever moves kRateRefilledAt adds the units,
 // so racing workers add each span's units once.
 // hold_until_ns: a later end, for takeOnRate's hold past the rate's end.
-void refillRate(Words words, int64_t now_ns, int64_t hold_until_ns = 0) {
+// fallback: at the fallback's slower refill (fallbackNsPerUnit).
+void refillRate(Words words, int64_t now_ns, int64_t hold_until_ns = 0, bool fallback = false) {
   const int64_t until = load(words, kRateUntil);
-  const int64_t per_unit = load(words, kRateNsPerUnit);
+  const int64_t per_unit = fallback ? fallbackNsPerUnit(load(words, kRateNsPerUnit)) : load(words, kRateNsPerUnit);
   if (until == 0 || per_unit <= 0) return;
   const int64_t end = std::min(now_ns, std::max(until, hold_until_ns));
   uint64_t at = words[kRateRefilledAt].load(std::memory_order_acquire);
@@ -69,21 +71,50 @@ void refillRate(Words words, int64_t now_ns, int64_t hold_until_ns = 0) {
   }
 }
 
-// When a rate lease's slice has `cost` units again: the refill of what it
-// lacks, from kRateRefilledAt.
 // `units` and what the rate's refill would add to them by now_ns, up to its
-// cap (changing nothing, for the looks).
-int64_t withRateRefill(ConstWords words, int64_t now_ns, int64_t units, int64_t hold_until_ns = 0) {
-  if (load(words, kRateUntil) == 0 || load(words, kRateNsPerUnit) <= 0 || units >= load(words, kRateCap)) {
+// cap (changing nothing, for the looks). refilled_at_ns: where the refill
+// stands (0: kRateRefilledAt); fallback: at the fallback's refill.
+int64_t withRateRefill(ConstWords words, int64_t now_ns, int64_t units, int64_t hold_until_ns = 0,
+                       int64_t refilled_at_ns = 0, bool fallback = false) {
+  const int64_t per_unit = fallback ? fallbackNsPerUnit(load(words, kRateNsPerUnit)) : load(words, kRateNsPerUnit);
+  if (load(words, kRateUntil) == 0 || per_unit <= 0 || units >= load(words, kRateCap)) {
     return units;
   }
   const int64_t end = std::min(now_ns, std::max(load(words, kRateUntil), hold_until_ns));
-  const int64_t due = (end - load(words, kRateRefilledAt)) / load(words, kRateNsPerUnit);
+  const int64_t from = refilled_at_ns > 0 ? refilled_at_ns : load(words, kRateRefilledAt);
+  const int64_t due = (end - from) / per_unit;
   return std::min(units + std::max<int64_t>(due, 0), load(words, kRateCap));
 }
 
-int64_t rateDueNs(ConstWords words, int64_t cost, int64_t units) {
-  return load(words, kRateRefilledAt) + (cost - std::max<int64_t>(units, 0)) * load(words, kRateNsPerUnit);
+// When a rate lease's slice has `cost` units again: the refill of what it
+// lacks, from kRateRefilledAt (or refilled_at_ns), at the fallback's
+// refill when `fallback`.
+int64_t rateDueNs(ConstWords words, int64_t cost, int64_t units, int64_t refilled_at_ns = 0,
+                  bool fallback = false) {
+  const int64_t per_unit = fallback ? fallbackNsPerUnit(load(words, kRateNsPerUnit)) : load(words, kRateNsPerUnit);
+  const int64_t from = refilled_at_ns > 0 ? refilled_at_ns : load(words, kRateRefilledAt);
+  return from + (cost - std::max<int64_t>(units, 0)) * per_unit;
+}
+
+// The breaker opened at open_since_ns (> 0) and the key spends its rate in
+// fallback: the first of its takes since the opening drops the units the
+// slice held and restarts the refill there (one taker moves
+// kRateRefilledAt, and it alone drops them), so that what the rate admits
+// from the opening is its fallback refill alone (fallbackNsPerUnit).
+void startFallback(Words words, int64_t open_since_ns) {
+  if (open_since_ns <= 0) return;
+  uint64_t at = words[kRateRefilledAt].load(std::memory_order_acquire);
+  while (static_cast<int64_t>(at) < open_since_ns) {
+    if (words[kRateRefilledAt].compare_exchange_weak(at, static_cast<uint64_t>(open_since_ns),
+                                                     std::memory_order_acq_rel)) {
+      uint64_t held = words[kUnits].load(std::memory_order_acquire);
+      // A debt stays (a settle's: slice::charge).
+      while (static_cast<int64_t>(held) > 0 &&
+             !words[kUnits].compare_exchange_weak(held, 0, std::memory_order_acq_rel)) {
+      }
+      return;
+    }
+  }
 }
 
 // Reports a denial when Redis said "nothing until t" and t has not come.
@@ -116,7 +147,9 @@ TakeResult takeOnRate(Words words, int64_t now_ns, int64_t cost, int64_t open_si
     result.outcome = Outcome::kFallback;
     return result;
   }
-  refillRate(words, now_ns, end);
+  const bool fallback = open_since_ns > 0;
+  if (fallback) startFallback(words, open_since_ns);
+  refillRate(words, now_ns, end, fallback);
   uint64_t units = words[kUnits].load(std::memory_order_acquire);
   while (static_cast<int64_t>(units) >= cost) {
     if (words[kUnits].compare_exchange_weak(units, units - static_cast<uint64_t>(cost),
@@ -127,7 +160,7 @@ TakeResult takeOnRate(Words words, int64_t now_ns, int64_t cost, int64_t open_si
     }
   }
   result.outcome = Outcome::kDenied;
-  result.until_ns = std::max(rateDueNs(words, cost, static_cast<int64_t>(units)), now_ns + 1);
+  result.until_ns = std::max(rateDueNs(words, cost, static_cast<int64_t>(units), 0, fallback), now_ns + 1);
   return result;
 }
 
@@ -139,7 +172,13 @@ TakeResult lookOnRate(ConstWords words, int64_t now_ns, int64_t cost, int64_t op
     result.outcome = Outcome::kFallback;
     return result;
   }
-  const int64_t units = withRateRefill(words, now_ns, load(words, kUnits), end);
+  // As takeOnRate would find the slice: from the opening, a key that has
+  // not spent since holds nothing but the fallback's refill since then.
+  const bool fallback = open_since_ns > 0;
+  const bool fresh = fallback && load(words, kRateRefilledAt) < open_since_ns;
+  const int64_t from = fresh ? open_since_ns : 0;
+  const int64_t held = fresh ? std::min<int64_t>(load(words, kUnits), 0) : load(words, kUnits);
+  const int64_t units = withRateRefill(words, now_ns, held, end, from, fallback);
   if (units >= cost) {
     result.outcome = Outcome::kTaken;
     result.left = units - cost;
@@ -147,7 +186,7 @@ TakeResult lookOnRate(ConstWords words, int64_t now_ns, int64_t cost, int64_t op
   }
   result.left = units;
   result.outcome = Outcome::kDenied;
-  result.until_ns = std::max(rateDueNs(words, cost, units), now_ns + 1);
+  result.until_ns = std::max(rateDueNs(words, cost, units, from, fallback), now_ns + 1);
   return result;
 }
 
@@ -493,12 +532,31 @@ bool drained(ConstWords words) { return (words[kFlags].load(std::memory_order_ac
 
 int64_t demandPerInterval(ConstWords words) { return std::max(load(words, kRate), load(words, kDemand)); }
 
+int64_t demandPerInterval(ConstWords words, int64_t now_ns, int64_t lease_interval_ns) {
+  const int64_t since = load(words, kDemandSince);
+  const int64_t counted = load(words, kDemand);
+  int64_t under_way = counted;
+  if (since > 0 && lease_interval_ns > 0) {
+    const int64_t span_ns = std::clamp<int64_t>(now_ns - since, std::min(kDemandMinSpanNs, lease_interval_ns),
+                                                lease_interval_ns);
+    under_way = static_cast<int64_t>(
+        std::ceil(static_cast<double>(counted) * static_cast<double>(lease_interval_ns) / static_cast<double>(span_ns)));
+  }
+  return std::max({load(words, kRate), counted, under_way});
+}
+
 int64_t rateNsPerUnit(ConstWords words, int64_t now_ns) {
   return holdsRate(words, now_ns) ? load(words, kRateNsPerUnit) : 0;
 }
 
 int64_t rateCapUnits(ConstWords words, int64_t now_ns) {
   return holdsRate(words, now_ns) ? load(words, kRateCap) : 0;
+}
+
+int64_t fallbackNsPerUnit(int64_t ns_per_unit) {
+  if (ns_per_unit <= 0) return ns_per_unit;
+  // ns_per_unit * kFallbackRateParts / (kFallbackRateParts - 1), rounded up.
+  return ns_per_unit + (ns_per_unit + kFallbackRateParts - 2) / (kFallbackRateParts - 1);
 }
 
 int64_t ratePerPeriod(ConstWords words, int64_t period_ns) {
@@ -603,6 +661,19 @@ bool demandMoved(Words words, int64_t now_ns) {
     store(words, kRateMovedDemand, total);
   }
   return false;
+}
+
+bool noteRateShort(Words words, bool short_unmet, int64_t now_ns, int64_t span_ns, int64_t intervals) {
+  if (!short_unmet) {
+    store(words, kRateShortSince, 0);
+    return false;
+  }
+  int64_t since = load(words, kRateShortSince);
+  if (since == 0) {
+    since = now_ns;
+    store(words, kRateShortSince, since);
+  }
+  return now_ns - since < intervals * span_ns;
 }
 
 int64_t leaseNowMs(ConstWords words) { return load(words, kLeaseNowMs); }

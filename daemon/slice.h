@@ -37,8 +37,10 @@
 //    cost past kRateCap, which the refill never reaches, leases tokens). At
 //    kRateUntil the rate ends and the key leases tokens again. A key asks
 //    for a rate only once a lease found Redis's bucket drained (kDrained).
-//    While Redis is unreachable the rate is spent until it ends
-//    (takeOnRate), and what it admits then is counted (kRateFallback) to
+//    While Redis is unreachable the rate is spent until it ends (and past
+//    it within rate_lease::kFallbackHoldNs of the breaker's opening), at
+//    63/64 of itself from the opening (takeOnRate, kFallbackRateParts),
+//    and what it admits then is counted (kRateFallback) to
 //    be debited with the fallback shares' admissions: a master that took
 //    over meanwhile may not know the rate.
 //  - Every lease's answer also says what Redis had left after it; the slice
@@ -93,6 +95,7 @@ enum Word : size_t {
   kRateMoreNsPerUnit,  // demand above one unit per this many ns: twice what it asked (0: none)
   kRateLessNsPerUnit,  // demand below one unit per this many ns: half what it asked
   kRateFallback,   // units the rate admitted while Redis was unreachable, not debited yet
+  kRateShortSince, // ns: since when its rate ops got less than asked while demand was unmet (0: not)
   kWords
 };
 constexpr uint64_t kInFlight = 1;
@@ -173,16 +176,33 @@ TakeResult take(Words words, int64_t now_ns, int64_t cost, bool again = false,
                 bool first_in_line = false);
 
 // Redis is unreachable: spends `cost` from what the key's rate lease
-// refills (and the units the slice holds) while the rate holds at now_ns,
-// and past its end until hold_until_ns when it still held at
-// open_since_ns, the breaker's opening (the demand-weighted share in
-// fallback, rate_lease::kFallbackHoldNs); kDenied with the time of its
-// next units when they are short, kFallback when no rate holds (the equal
-// share decides). The caller counts what it keeps (noteRateFallback).
-// Claims no lease, counts no demand. Lock-free. See
-// LeasePath::acquireOnRate.
+// refills while the rate holds at now_ns, and past its end until
+// hold_until_ns when it still held at open_since_ns, the breaker's opening
+// (the demand-weighted share in fallback, rate_lease::kFallbackHoldNs);
+// kDenied with the time of its next units when they are short, kFallback
+// when no rate holds (the equal share decides). With open_since_ns, the
+// refill is the fallback's (kFallbackRateParts), from the opening, and the
+// first take since the opening drops what the slice held. The caller
+// counts what it keeps (noteRateFallback). Claims no lease, counts no
+// demand. Lock-free. See LeasePath::acquireOnRate.
 TakeResult takeOnRate(Words words, int64_t now_ns, int64_t cost, int64_t open_since_ns = 0,
                       int64_t hold_until_ns = 0);
+
+// While Redis is unreachable a rate refills at this many parts less one of
+// kFallbackRateParts of the rate (fallbackNsPerUnit), from the breaker's
+// opening, with what the slice held then dropped (takeOnRate): the rates
+// held never sum past the limit, so what the fleet's rates admit from the
+// opening over any span T is at most (1 - 1/kFallbackRateParts) x limit x T,
+// and the part left over covers what the nodes spent of their slices
+// between Redis's end and their breakers' opening (docs/design.md,
+// "Fallback"): a fleet that spent the limit to the unit would otherwise sit
+// on the limit's edge, and a unit of timing either way would put it over.
+constexpr int64_t kFallbackRateParts = 64;
+
+// The fallback's refill of a rate that refills one unit per ns_per_unit:
+// one unit per ns_per_unit * kFallbackRateParts / (kFallbackRateParts - 1),
+// rounded up (never faster).
+int64_t fallbackNsPerUnit(int64_t ns_per_unit);
 
 // Reports what take() would answer, spending and claiming nothing.
 TakeResult look(ConstWords words, int64_t now_ns, int64_t cost);
@@ -260,6 +280,21 @@ bool drained(ConstWords words);
 // (kDemand, less than an interval) when that is more already.
 int64_t demandPerInterval(ConstWords words);
 
+// A measurement under way spans at least this many ns before its count
+// is scaled to a whole lease interval (demandPerInterval below): over a
+// shorter span one request more or less would swing the estimate.
+constexpr int64_t kDemandMinSpanNs = 10'000'000;
+
+// The key's demand per lease interval as a rate lease asks for it at
+// now_ns: the last full measurement (kRate), or the measurement under way
+// scaled from its span (at least kDemandMinSpanNs) to a whole interval
+// when that is more. A fleet's start is where this matters: the first rate
+// ask comes a few ms into the key's first measurement, and its count alone
+// (7 units in 8 ms at 750/s) would ask for a tenth of the key's demand,
+// leaving the rest of the limit to refill a bucket nobody leases from until
+// the key's demand is seen to move (slice::demandMoved), some 45 ms later.
+int64_t demandPerInterval(ConstWords words, int64_t now_ns, int64_t lease_interval_ns);
+
 // The refill of the rate the key holds at now_ns: one unit per this many
 // ns (kRateNsPerUnit); 0 when it holds none.
 int64_t rateNsPerUnit(ConstWords words, int64_t now_ns);
@@ -322,6 +357,15 @@ void noteAsked(Words words, const Limit& limit, int64_t asked, int64_t span_ns, 
 // (demandPerInterval), and the check waits for the renewal's answer
 // (noteAsked). True for one taker. Lock-free.
 bool demandMoved(Words words, int64_t now_ns);
+
+// The control thread: a rate op answered at now_ns, `short_unmet` when it
+// granted less than the key asked for while the reply said some recorded
+// demand is unmet (the others hold more than their shares: shares are
+// moving). Returns whether the key still asks again quickly (rate_lease::
+// kQuickRenewIntervals): while it has been so for less than that many
+// lease intervals (span_ns each) since it first was. A reply that is not
+// so ends the spell.
+bool noteRateShort(Words words, bool short_unmet, int64_t now_ns, int64_t span_ns, int64_t intervals);
 
 // Whether a blocked key is due to be asked of Redis again (kBlockRecheckNs)
 // at now_ns. When it is, the units a lease granted before the block are

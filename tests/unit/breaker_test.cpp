@@ -717,8 +717,20 @@ class FakeRedisState {
         granted = std::min<long long>(n, static_cast<long long>(bucket.tokens));
         bucket.tokens -= static_cast<double>(granted);
       } else {
-        retry_ms = static_cast<long long>(
-            std::ceil((static_cast<double>(need) - bucket.tokens) * period_ms / limit));
+        // As the scripts answer (rate_lease::heldWaitUs): the refill at the
+        // limit less the rates held, or, with the whole limit held, after
+        // the first of them ends.
+        const auto wait_us = static_cast<int64_t>(
+            std::ceil((static_cast<double>(need) - bucket.tokens) * period_ms * 1000 / limit));
+        int64_t held_rate = 0;
+        int64_t first_end_us = now_ns_ / 1000;
+        for (const auto& [node, h] : bucket.rates) {
+          if (h.rate <= 0) continue;
+          first_end_us = held_rate == 0 ? h.until_ns / 1000 : std::min(first_end_us, h.until_ns / 1000);
+          held_rate += h.rate;
+        }
+        retry_ms = (rate_lease::heldWaitUs(wait_us, held_rate, static_cast<int64_t>(limit), first_end_us,
+                                           now_ns_ / 1000) + 999) / 1000;
       }
     } else if (a[0] == "return") {
       bucket.tokens = std::min(bucket.burst, bucket.tokens + static_cast<double>(n));
@@ -1096,8 +1108,44 @@ TEST_F(RateLeaseNodeTest, AKeyHoldingARateGetsItsBurstBackAfterAPause) {
   EXPECT_EQ(atOnce("per-second", 15), 10);
 }
 
+// Verifies that a key whose token lease finds the bucket kept empty by
+// another node's rate (the whole limit, held 5 s: Redis's wait runs to its
+// end) asks again within one lease interval, as a rate, so that its demand
+// is recorded and the holder hears of it: not at Redis's wait, nor at the
+// negative cache's 1 s recheck.
+TEST_F(RateLeaseNodeTest, ATokenLeaseThatAnotherNodesRateLeftEmptyAsksForARateWithinAnInterval) {
+  EXPECT_EQ(atOnce("per-second", 10), 10);
+  for (int i = 0; i < 30; ++i) {
+    now_ += 100 * kMs / 3;
+    a_->acquire("per-second", "k");
+  }
+  ASSERT_GE(redis_.rateOps(), 1);
+  Node b("node-b", redis_, rules_, now_);
+  b.up();
+  ASSERT_TRUE(b.broker().leasing());
+  redis_.tokens(stateKey("per-second"), 10) = 0;  // what refilled before the rate: spent
+  const int ops = redis_.rateOps();
+  const int leases = redis_.leases();
+  // Cold: answered from the share at once, while its first lease, of
+  // tokens, finds nothing.
+  b.acquire("per-second", "k");
+  ASSERT_EQ(redis_.leases(), leases + 1);
+  ASSERT_EQ(redis_.rateOps(), ops);
+  int64_t asked_after_ns = -1;
+  for (int64_t t = 0; t <= 200 * kMs && asked_after_ns < 0; t += 5 * kMs) {
+    now_ += 5 * kMs;
+    b.acquire("per-second", "k");
+    if (redis_.rateOps() > ops) asked_after_ns = t + 5 * kMs;
+  }
+  ASSERT_GT(asked_after_ns, 0) << "no rate asked within 200 ms";
+  EXPECT_LE(asked_after_ns, 100 * kMs + 5 * kMs);
+}
+
 // One node of eight on 80/s with a burst of 80 (its equal share: 10/s), the
 // others idle: hot, it holds the whole rate.
+// What the whole rate of 80/s refills in 2 s of fallback: 63/64 of 160.
+constexpr int kFallback80In2s = 2 * 80 * (slice::kFallbackRateParts - 1) / slice::kFallbackRateParts;
+
 class RateFallbackTest : public RateLeaseNodeTest {
  protected:
   void SetUp() override {
@@ -1125,10 +1173,11 @@ class RateFallbackTest : public RateLeaseNodeTest {
 };
 
 // Verifies the demand-weighted fallback share: through an outage a key that
-// held the rule's whole rate keeps admitting at that rate (mode fallback)
-// until the rate ends, lease_ttl after its last renewal, and past that end
-// until rate_lease::kFallbackHoldNs after the outage began, and only then
-// at its equal share, limit / 8.
+// held the rule's whole rate keeps admitting at 63/64 of that rate
+// (slice::kFallbackRateParts; mode fallback) until the rate ends, lease_ttl
+// after its last renewal, and past that end until rate_lease::
+// kFallbackHoldNs after the outage began, and only then at its equal
+// share, limit / 8.
 TEST_F(RateFallbackTest, AKeyHoldingARateSpendsItThroughAnOutageThenTheEqualShare) {
   bool in_mode = false;
   hot(kSecond, Mode::kNormal, &in_mode);
@@ -1139,8 +1188,8 @@ TEST_F(RateFallbackTest, AKeyHoldingARateSpendsItThroughAnOutageThenTheEqualShar
   // lasts 5 s from its last renewal, due 2.5 s after it was sent.
   int allowed = hot(2 * kSecond, Mode::kFallback, &in_mode);
   EXPECT_TRUE(in_mode);
-  EXPECT_GE(allowed, 2 * 80 - 2);
-  EXPECT_LE(allowed, 2 * 80 + 8);  // spent down at 3x, the slice saved no more than an interval's
+  EXPECT_GE(allowed, kFallback80In2s - 2);
+  EXPECT_LE(allowed, kFallback80In2s);  // from the opening, its refill alone
   // Past the rate's end (within 4 s of the outage: its one op was sent in
   // the second before), within the hold: the rate still, and the burst of
   // 80 its slice saved up while the key was idle (a rate of the whole
@@ -1148,8 +1197,8 @@ TEST_F(RateFallbackTest, AKeyHoldingARateSpendsItThroughAnOutageThenTheEqualShar
   now_ += 3 * kSecond;
   allowed = hot(2 * kSecond, Mode::kFallback, &in_mode);
   EXPECT_TRUE(in_mode);
-  EXPECT_GE(allowed, 2 * 80 + 80 - 2);
-  EXPECT_LE(allowed, 2 * 80 + 80 + 1);
+  EXPECT_GE(allowed, kFallback80In2s + 80 - 2);
+  EXPECT_LE(allowed, kFallback80In2s + 80 + 1);
   // Past the hold, 10 s after the outage began: the equal share, 10/s (its
   // burst of 10 first).
   now_ += rate_lease::kFallbackHoldNs - 7 * kSecond;
@@ -1173,7 +1222,7 @@ TEST_F(RateFallbackTest, AFailoverDebitsWhatTheRateAdmittedAndEndsIt) {
   const int64_t debited = redis_.debited();
   const int spent = hot(2 * kSecond, Mode::kFallback, &in_mode);
   ASSERT_TRUE(in_mode);
-  ASSERT_GE(spent, 2 * 80 - 2);
+  ASSERT_GE(spent, kFallback80In2s - 2);
   redis_.failover("run-2");
   a_->up();
   ASSERT_TRUE(a_->broker().leasing());
@@ -1227,10 +1276,11 @@ TEST_F(RateFallbackTest, UnitsARateSpendsWhileRedisIsUpAreNeverDebited) {
 }
 
 // Verifies that a peek and a reserve agree with an acquire during an outage
-// on a key holding a rate: they answer from the rate's slice (40 units
-// after a 0.5 s pause at 80/s), not from the equal share (its burst of 10);
-// a settle below the estimate gives the rest back to that slice, and the
-// debit counts what the rate admitted net of it.
+// on a key holding a rate: they answer from the rate's slice (39 units
+// after a 0.5 s pause at 63/64 of 80/s from the opening), not from the
+// equal share (its burst of 10); a settle below the estimate gives the rest
+// back to that slice, and the debit counts what the rate admitted net of
+// it.
 TEST_F(RateFallbackTest, PeekAndReserveDuringAnOutageUseTheRateAsAcquireDoes) {
   bool in_mode = false;
   hot(kSecond, Mode::kNormal, &in_mode);
@@ -1254,11 +1304,11 @@ TEST_F(RateFallbackTest, PeekAndReserveDuringAnOutageUseTheRateAsAcquireDoes) {
                                                       .reservation = reserved.reservation});
   ASSERT_FALSE(settled.failed) << settled.message;
   EXPECT_EQ(settled.refunded, 20);
-  // The refund is the rate's again: 30 units at once.
-  EXPECT_TRUE(a_->acquire("per-second", "k", 30));
+  // The refund is the rate's again: 29 units at once.
+  EXPECT_TRUE(a_->acquire("per-second", "k", 29));
   EXPECT_FALSE(a_->acquire("per-second", "k"));
   a_->up();
-  EXPECT_EQ(redis_.debited() - debited, 10 + 30);
+  EXPECT_EQ(redis_.debited() - debited, 10 + 29);
 }
 
 // Verifies that without a rate an outage answers from the equal share at

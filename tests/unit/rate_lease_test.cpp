@@ -6,6 +6,7 @@
 // sleeping.
 #include "rate_lease.h"
 
+#include <atomic>
 #include <cctype>
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
@@ -20,6 +21,7 @@
 
 #include "redis_server.h"
 #include "scripts.h"
+#include "slice.h"
 
 namespace sluice {
 namespace {
@@ -680,6 +682,69 @@ TEST(RateLeaseRule, ANodeGrantedNothingAsksAgainWithinOneLeaseInterval) {
   EXPECT_EQ(rate_lease::reaskAfterMs(4'500, 100), 100);
   EXPECT_EQ(rate_lease::reaskAfterMs(30, 100), 30);
   EXPECT_EQ(rate_lease::reaskAfterMs(0, 100), 1);
+}
+
+// Verifies the start of a contended fleet on a simulated clock against the
+// script's maths (rate_lease::grant): eight nodes on one key of 2,000/s,
+// each at 750/s from 0 and asking for its first rate 8 + i ms in (its
+// bucket ran dry). Asks scaled from the measurement under way (600-900/s)
+// (slice::demandPerInterval at now) hold the whole limit between them from
+// the first asks on, so Redis's bucket, which no holder leases from, is
+// left nothing to refill and lose; the counts alone (7 to 14 units a lease
+// interval: 70-140/s) would hold a third of it until the nodes' demand is
+// seen to move.
+TEST(RateLeaseRule, EightNodesFirstAsksHoldTheWholeLimitFromTheStart) {
+  const Rule rule = [] {
+    Rule r;
+    r.scope = Scope::kGlobal;
+    r.algorithm = Algorithm::kTokenBucket;
+    r.limits = {Limit{2'000, kSecondNs, 20}};
+    return r;
+  }();
+  const Limit& limit = rule.limits.front();
+  const int64_t interval_ns = 100'000'000;
+  std::vector<Held> scaled_live, counted_live;
+  int64_t scaled_sum = 0, counted_sum = 0;
+  for (int i = 0; i < 8; ++i) {
+    std::vector<std::atomic<uint64_t>> words(slice::kWords);
+    slice::Words w{words.data(), words.size()};
+    const int64_t t0 = kSecondNs;  // (a monotonic clock's 0 is no time: the measurement's "none yet")
+    slice::nextBatch(w, t0, 1, rule, 8, interval_ns);
+    const int64_t ask_ns = t0 + (8 + i) * 1'000'000;
+    for (int64_t t = t0; t <= ask_ns; t += 4'000'000 / 3) slice::take(w, t, 1);
+    const std::string node = "node" + std::to_string(i);
+    const int64_t scaled = rate_lease::askedRate(limit, slice::demandPerInterval(w, ask_ns, interval_ns), interval_ns);
+    const int64_t counted = rate_lease::askedRate(limit, slice::demandPerInterval(w), interval_ns);
+    EXPECT_GE(scaled, 600) << node;
+    EXPECT_LE(scaled, 900) << node;  // 750/s, give or take the unit at 0
+    EXPECT_LE(counted, 150) << node;
+    const int64_t got = rate_lease::grant(scaled_live, node, scaled, limit.limit);
+    scaled_live.push_back({node, got, 1, scaled});
+    scaled_sum += got;
+    const int64_t got_counted = rate_lease::grant(counted_live, node, counted, limit.limit);
+    counted_live.push_back({node, got_counted, 1, counted});
+    counted_sum += got_counted;
+  }
+  EXPECT_EQ(scaled_sum, limit.limit);
+  EXPECT_LT(counted_sum, limit.limit / 2);
+  // The nodes that got less than their share hear so, and the holders
+  // give up the rest at their next renewal.
+  EXPECT_TRUE(rate_lease::unmet(scaled_live, limit.limit));
+}
+
+// Verifies the quick schedule on a simulated clock (lease interval 100 ms,
+// lease 5 s): a key short of its ask while demand is unmet renews, or asks
+// again after being granted nothing, a quarter interval after its call,
+// and never later than the schedule it would have had otherwise.
+TEST(RateLeaseRule, AShortKeyAsksAgainAQuarterIntervalLater) {
+  const int64_t sent_ns = 7 * kSecondNs;
+  const int64_t interval_ns = 100'000'000;
+  EXPECT_EQ(rate_lease::renewAtNs(sent_ns, 5 * kSecondNs, true, interval_ns, true), sent_ns + 25'000'000);
+  EXPECT_EQ(rate_lease::renewAtNs(sent_ns, 5 * kSecondNs, true, interval_ns, false), sent_ns + interval_ns);
+  EXPECT_EQ(rate_lease::renewAtNs(sent_ns, 40'000'000, true, interval_ns, true), sent_ns + 20'000'000);
+  EXPECT_EQ(rate_lease::reaskAfterMs(4'500, 100, true), 25);
+  EXPECT_EQ(rate_lease::reaskAfterMs(10, 100, true), 10);
+  EXPECT_EQ(rate_lease::reaskAfterMs(4'500, 100, false), 100);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "entry.h"
+#include "rate_lease.h"
 
 namespace sluice {
 namespace {
@@ -760,7 +761,10 @@ TEST_F(SliceTest, InFallbackARateHeldAtTheOpeningRefillsOnPastItsEndUntilTheHold
   EXPECT_EQ(slice::lookOnRate(words(), 1'100 * kMs, 10).outcome, slice::Outcome::kFallback);
   slice::TakeResult after = slice::takeOnRate(words(), 1'099 * kMs, 10, open, hold);
   EXPECT_EQ(after.outcome, slice::Outcome::kDenied);
-  EXPECT_EQ(after.until_ns, 1'100 * kMs);
+  // At the fallback's refill (63/64 of the rate): the tenth unit is due
+  // between 1,099 and 1,100 ms.
+  EXPECT_GT(after.until_ns, 1'099 * kMs);
+  EXPECT_LE(after.until_ns, 1'100 * kMs);
   slice::TakeResult past = slice::takeOnRate(words(), 1'100 * kMs, 10, open, hold);
   ASSERT_EQ(past.outcome, slice::Outcome::kTaken);
   // The hold ends: the equal share decides.
@@ -794,6 +798,83 @@ TEST_F(SliceTest, DemandPerIntervalCountsTheMeasurementUnderWay) {
   slice::nextBatch(words(), 1 * kMs + kInterval, 1, rule, 1, kInterval);  // ends it: 40
   slice::take(words(), 1 * kMs + kInterval, 1);
   EXPECT_EQ(slice::demandPerInterval(words()), 40);
+}
+
+// Verifies on a simulated clock that a rate ask scales the demand
+// measurement under way to a whole lease interval (100 ms): a key at 750/s
+// whose first lease started the measurement asks, 8 ms later, for 70 per
+// interval (7 units over the least span of 10 ms), not for the 7 counted;
+// 20 ms in, for 80 (16 units); a measurement past a whole interval is not
+// scaled down, and a full one (kRate) that is more stands.
+TEST_F(SliceTest, ARateAskScalesTheMeasurementUnderWayToAWholeInterval) {
+  Rule rule = bucketRule(2'000, 1'000 * kMs, 20);
+  const int64_t t0 = 1'000 * kMs;
+  slice::nextBatch(words(), t0, 1, rule, 8, kInterval);  // the first lease: the measurement starts
+  auto takeUntil = [&](int64_t from_ns, int64_t until_ns) {
+    for (int64_t t = from_ns; t <= until_ns; t += 4 * kMs / 3) slice::take(words(), t0 + t, 1);
+  };
+  takeUntil(0, 8 * kMs);  // 0, 1.33, ..., 8 ms: 7 units
+  EXPECT_EQ(slice::demandPerInterval(words()), 7);
+  EXPECT_EQ(slice::demandPerInterval(words(), t0 + 8 * kMs, kInterval), 70);
+  takeUntil(8 * kMs + 4 * kMs / 3, 20 * kMs);  // 16 units by 20 ms
+  EXPECT_EQ(slice::demandPerInterval(words(), t0 + 20 * kMs, kInterval), 80);
+  // Past a whole interval the count is what it is (nextBatch has not ended it).
+  EXPECT_EQ(slice::demandPerInterval(words(), t0 + 300 * kMs, kInterval), 16);
+  words_[slice::kRate].store(120);
+  EXPECT_EQ(slice::demandPerInterval(words(), t0 + 20 * kMs, kInterval), 120);
+}
+
+// Verifies on a simulated clock (lease interval 100 ms) that a key whose
+// rate ops come back short of their ask while demand is unmet asks again
+// quickly for two lease intervals from the first such reply and no longer
+// (a holder that keeps more than its share, a crashed node's rate, costs
+// one ask an interval after that), and that a reply that is not short, or
+// says every demand is met, ends the spell so the next one starts anew.
+TEST_F(SliceTest, AShortRateAsksAgainQuicklyForTwoLeaseIntervals) {
+  const int64_t t0 = 1'000 * kMs;
+  EXPECT_TRUE(slice::noteRateShort(words(), true, t0, kInterval, 2));
+  EXPECT_TRUE(slice::noteRateShort(words(), true, t0 + 25 * kMs, kInterval, 2));
+  EXPECT_TRUE(slice::noteRateShort(words(), true, t0 + 199 * kMs, kInterval, 2));
+  EXPECT_FALSE(slice::noteRateShort(words(), true, t0 + 200 * kMs, kInterval, 2));
+  EXPECT_FALSE(slice::noteRateShort(words(), true, t0 + 900 * kMs, kInterval, 2));
+  EXPECT_FALSE(slice::noteRateShort(words(), false, t0 + 1'000 * kMs, kInterval, 2));
+  EXPECT_TRUE(slice::noteRateShort(words(), true, t0 + 1'100 * kMs, kInterval, 2));
+  EXPECT_TRUE(slice::noteRateShort(words(), true, t0 + 1'250 * kMs, kInterval, 2));
+}
+
+// Verifies the sum the fallback keeps, on a simulated clock: the rates of
+// the outage-under-skew shape at N = 3 (1,400, 300 and 300 of 2,000/s,
+// the whole limit), each slice holding its cap when the breaker opens,
+// and every node taking a unit every 0.1 ms through a 5 s outage. Over
+// every span from the opening, the fleet admits at most 63/64 of limit x
+// span (the units held at the opening are dropped, the rates refill at
+// 63/64 from there), so what the nodes spent of their slices between
+// Redis's end and the opening has room; and at least 0.9 of it.
+TEST_F(SliceTest, InFallbackTheRatesAdmitLessThanTheLimitOverEverySpanFromTheOpening) {
+  const Limit limit{2'000, 1'000 * kMs, 40};
+  const int64_t open = 10'000 * kMs;
+  std::vector<std::vector<std::atomic<uint64_t>>> nodes;
+  for (int64_t rate : {1'400, 300, 300}) {
+    nodes.emplace_back(slice::kWords);
+    slice::Words w{nodes.back().data(), slice::kWords};
+    // Granted at 9 s until 14 s (the hold carries it past), its slice full.
+    slice::applyRate(w, rate_lease::nsPerUnit(limit, rate), rate_lease::capUnits(limit, rate, kInterval),
+                     14'000 * kMs, 11'500 * kMs, 9'000 * kMs);
+    w[slice::kUnits].store(static_cast<uint64_t>(rate_lease::capUnits(limit, rate, kInterval)));
+    w[slice::kRateRefilledAt].store(static_cast<uint64_t>(open - kMs / 2));
+  }
+  int64_t admitted = 0;
+  for (int64_t t = open; t <= open + 5'000 * kMs; t += kMs / 10) {
+    for (auto& node : nodes) {
+      slice::Words w{node.data(), slice::kWords};
+      if (slice::takeOnRate(w, t, 1, open, open + rate_lease::kFallbackHoldNs).outcome == slice::Outcome::kTaken) {
+        ++admitted;
+      }
+    }
+    const double span_s = static_cast<double>(t - open) / 1e9;
+    ASSERT_LE(static_cast<double>(admitted), 63.0 / 64.0 * 2'000 * span_s) << (t - open) / kMs << " ms";
+  }
+  EXPECT_GE(admitted, 9'000);
 }
 
 }  // namespace
