@@ -6,8 +6,11 @@
 # never to deny), then drives ShouldRateLimit with BUILD_DIR/bench/rls_load:
 #   one-descriptor     one hot descriptor per call, as fast as it answers;
 #   four-descriptors   four descriptors per call (four decisions), the same;
-#   half-rate          one descriptor paced at half the one-descriptor rate:
-#                      the latency at a load the machine carries;
+#   half-target        one descriptor paced at 25,000/s, half the issue's
+#                      50,000/s target: the latency at a load it names;
+#   half-rate          one descriptor paced at half the one-descriptor rate
+#                      this run measured: the same, stricter when the
+#                      measured rate is above the target;
 #   overload           one round paced at twice the one-descriptor rate:
 #                      most calls reach their deadline (below);
 #   after overload     one round at half rate again, straight after: the
@@ -181,6 +184,9 @@ one_calls=$last_calls
 half=$((one_rate / 2))
 measure four-descriptors 4
 four_rate=${last_rate%.*}
+target_half=25000
+measure "half-target ($target_half/s, paced)" 1 "$target_half"
+target_half_p99=$last_p99
 measure "half-rate ($half/s, paced)" 1 "$half"
 half_p99=$last_p99
 half_lag=$last_lag
@@ -228,7 +234,8 @@ result="$here/results/$(bench_result_name rls)"
   echo "| target (issue 20) | measured | |"
   echo "|---|---|---|"
   echo "| ≥ 50,000 RPCs/s, one descriptor | $one_rate | $(verdict "$one_rate >= 50000") |"
-  echo "| p99 ≤ 1 ms at half that rate | $half_p99 µs | $(verdict "$half_p99 <= 1000") |"
+  echo "| p99 ≤ 1 ms at half that rate ($target_half/s) | $target_half_p99 µs | $(verdict "$target_half_p99 <= 1000") |"
+  echo "| the same at half the rate measured ($half/s) | $half_p99 µs | $(verdict "$half_p99 <= 1000") |"
   echo "| the same, straight after an overload | $after_p99 µs | $(verdict "$after_p99 <= 1000") |"
   echo "| ≤ 0.01 Redis calls per RPC, hot descriptor | $one_calls | $(verdict "$one_calls <= 0.01") |"
   echo "| p99 ≤ 1 ms while Redis is down | $down_p99 µs | $(verdict "$down_p99 <= 1000") |"
