@@ -614,6 +614,7 @@ void LeaseManager::returnAll(int64_t timeout_ms, std::function<void()> done) {
     bool holding;  // a concurrency holding's, every unit of it: the node is leaving
   };
   std::vector<Return> returns;
+  std::vector<std::pair<const Rule*, std::string>> rates;  // held rates, given up
   int64_t now_ns = now();
   context_.keys->visit([&](KeyTable::Entry& entry) {
     const Rule* rule = rules->findById(entry.ruleId());
@@ -624,17 +625,23 @@ void LeaseManager::returnAll(int64_t timeout_ms, std::function<void()> done) {
     }
     if (rule == nullptr || !leasable(*rule) || entry.state().size() != entryWords(*rule)) return;
     Words words = entry.state();
+    const Rule& variant = variantOf(*rules, *rule, storedOverride(*rule, words));
     slice::Taken back = slice::takeBack(words, now_ns);
     if (back.units > 0) {
-      returns.push_back({&variantOf(*rules, *rule, storedOverride(*rule, words)),
-                         std::string(entry.key()), back.units, back.lease_now_ms, false});
+      returns.push_back({&variant, std::string(entry.key()), back.units, back.lease_now_ms, false});
+    }
+    if (rate_lease::eligible(*rule) && slice::holdsRate(words, now_ns)) {
+      // Redis would charge it until its end, refilling the bucket only at
+      // what it leaves of the limit, while the other nodes could spend it.
+      rates.emplace_back(&variant, entry.key());
+      slice::applyRate(words, 0, 0, 0, 0, now_ns);
     }
   });
-  if (!breaker_.redisUp() || returns.empty()) {
+  if (!breaker_.redisUp() || (returns.empty() && rates.empty())) {
     done();
     return;
   }
-  auto pending = std::make_shared<size_t>(returns.size());
+  auto pending = std::make_shared<size_t>(returns.size() + rates.size());
   auto one_done = [pending, done] {
     if (--*pending == 0) done();
   };
@@ -647,7 +654,13 @@ void LeaseManager::returnAll(int64_t timeout_ms, std::function<void()> done) {
       sendReturn(*r.rule, r.key, r.units, r.lease_now_ms, timeout_ms, one_done);
     }
   }
-  spdlog::info("lease: returning {} unused units of {} keys", units, returns.size());
+  for (const auto& [rule, key] : rates) {
+    callScript(*rule, key,
+               rate_lease::rateArgv(0, 0, rule->limits.front(), 0, context_.node_id, rateLeaseMs()),
+               timeout_ms, [one_done](const RedisResult&) { one_done(); });
+  }
+  spdlog::info("lease: returning {} unused units of {} keys, giving up {} rate leases", units,
+               returns.size(), rates.size());
 }
 
 }  // namespace sluice

@@ -118,7 +118,8 @@ class LeaseManager : private BreakerActions {
   void onUp();
   // Redis became unreachable.
   void onDown();
-  // Graceful stop: returns every slice's unused units, then calls `done`
+  // Graceful stop: returns every slice's unused units and gives up every
+  // rate lease the node holds (a rate op of 0), then calls `done`
   // (at once when Redis is down; otherwise when every return is answered or
   // timed out after `timeout_ms`).
   void returnAll(int64_t timeout_ms, std::function<void()> done);

@@ -503,6 +503,26 @@ TEST_F(RateManagerTest, ALostRenewalThatShrankTheRateHoldsTheSmallerRate) {
   EXPECT_EQ(nsPerUnit("k"), rate_lease::nsPerUnit(limit, 200));
 }
 
+// Verifies that a graceful stop gives up the rate the node holds: Redis
+// holds no rate on the key afterwards (its state is the bucket's T alone,
+// a MessagePack array only while a rate is held), so the other nodes may
+// take it at once instead of when it would have ended.
+TEST_F(RateManagerTest, AGracefulStopGivesUpTheRatesTheNodeHolds) {
+  askRate("k", 800);
+  ASSERT_GT(nsPerUnit("k"), 0);
+  const std::string state_key = manager_->stateKey("hot", "k");
+  auto holdsNoRate = [&] {
+    std::string state = server_.cli({"GET", state_key});
+    return !state.empty() && state.find_first_not_of("-0123456789") == std::string::npos;
+  };
+  ASSERT_FALSE(holdsNoRate());
+  bool done = false;
+  manager_->returnAll(1'000, [&] { done = true; });
+  ASSERT_TRUE(runUntil([&] { return done; }));
+  EXPECT_EQ(nsPerUnit("k"), 0);
+  EXPECT_TRUE(holdsNoRate()) << server_.cli({"GET", state_key});
+}
+
 class UnsentDebitsTest : public LeaseManagerTest {
  protected:
   // Told of the first connect only: the breaker stays closed while the link
