@@ -420,7 +420,9 @@ void LeasePath::requestLease(const RuleSet& rules, const Rule& rule, const Rule&
   if (learning) {
     share_left = lookShare(rules, rule, key, now_ns, 0).remaining - spent;  // cost 0: what it holds now
     if (learned_rate > 0) {
-      share_left = std::max<int64_t>(share_left, 0);  // the rate asked, with what tokens the share allows
+      // The rate alone, no tokens beside it: a holder does not spend the
+      // share, which would then give it tokens at every renewal.
+      share_left = 0;
     } else if (share_left < (spent > 0 ? 1 : cost)) {
       slice::unclaim(words);
       return;
