@@ -48,10 +48,14 @@
 //
 // Learning mode (Redis lost the fleet's state, or in a cluster a master
 // took over slots it did not hold): each node also holds itself to its
-// fallback share of every global rule, for one memory of that rule (a
-// window, a bucket's refill from empty; lease_ttl for a concurrency rule,
-// by which every node has renewed what it holds), and at least until every
-// node can have reconnected (the longest reconnect backoff). Learning is
+// fallback share of every global rule (the demand-weighted one, a rate
+// the key held when the breaker opened and asks the fresh state for again,
+// until the fallback's hold ends: LeasePath::learnedRate; else the equal
+// one), for one memory of that
+// rule (a window, a bucket's refill from empty; lease_ttl for a
+// concurrency rule, by which every node has renewed what it holds), and at
+// least until every node can have reconnected (the longest reconnect
+// backoff). Learning is
 // per rule: learningSpanNs() below, asked through LeaseBroker::learning.
 // While a rule learns, a node's worker leases no more than the share still
 // allows (what it may not spend stays in Redis for the others); Redis's

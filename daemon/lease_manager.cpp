@@ -534,7 +534,7 @@ void LeaseManager::endRates() {
     if (slice::holdsRate(entry.state(), now_ns)) {
       held.emplace_back(&variantOf(*rules, *rule, storedOverride(*rule, entry.state())), entry.key());
     }
-    slice::applyRate(entry.state(), 0, 0, 0, 0, now_ns);
+    slice::endRate(entry.state(), now_ns);
   });
   // A new master that did get the rate's last renewal would charge it until
   // it ends, refilling the bucket at what it leaves of the limit while the

@@ -112,7 +112,7 @@ Outcome LeasePath::spend(const RuleSet& rules, const Rule& rule, const rpc::Item
   int64_t due_ns = 0;  // a denial: when Redis said it has units again (exactly)
   if (item.cost > leaseCapacity(deciding.limits.front())) {
     decision = exceedsCapacity(deciding);
-  } else if (Decision share; broker_->learning(deciding, now_ns) &&
+  } else if (Decision share; learnsOnShare(deciding, words, now_ns) &&
              (!(share = lookShare(rules, rule, item.key, now_ns, item.cost)).allowed ||
               share.shadow_denied)) {
     // Learning, and the share has nothing for it: the slice is left alone,
@@ -149,7 +149,7 @@ Outcome LeasePath::spend(const RuleSet& rules, const Rule& rule, const rpc::Item
     switch (taken.outcome) {
       case slice::Outcome::kTaken: {
         decision = sliceDecision(deciding, taken, words, now_ns);
-        if (broker_->learning(deciding, now_ns)) {
+        if (learnsOnShare(deciding, words, now_ns)) {
           // Redis came back without the fleet's state: hold to the share too.
           std::optional<Decision> share =
               policy_.acquireShare(rules, *rules.fallbackShare(rule), item.key, now_ns,
@@ -355,6 +355,24 @@ std::optional<Decision> LeasePath::lookOnRate(const RuleSet& rules, const Rule& 
   return decision;
 }
 
+bool LeasePath::learnsOnShare(const Rule& deciding, slice::ConstWords words, int64_t now_ns) const {
+  return broker_->learning(deciding, now_ns) && !slice::holdsRate(words, now_ns);
+}
+
+int64_t LeasePath::learnedRate(const Rule& deciding, slice::ConstWords words, int64_t now_ns) const {
+  const int64_t opened_ns = broker_->lastOpenedNs();
+  if (opened_ns == 0 || !rate_lease::eligible(deciding)) return 0;
+  const int64_t hold_until_ns = opened_ns + rate_lease::kFallbackHoldNs;
+  // Held now (asked again since), or held at the opening and within the
+  // hold: lookOnRate's kFallback says neither.
+  if (!slice::holdsRate(words, now_ns) &&
+      slice::lookOnRate(words, now_ns, 0, opened_ns, hold_until_ns).outcome == slice::Outcome::kFallback) {
+    return 0;
+  }
+  if (now_ns >= hold_until_ns) return 0;
+  return slice::ratePerPeriod(words, deciding.limits.front().period_ns);
+}
+
 bool LeasePath::stand(Wait& wait, const Rule& rule, const Rule& deciding, std::string_view key,
                       std::span<std::atomic<uint64_t>> words, int64_t cost, int64_t* ahead) {
   *ahead = 0;
@@ -393,10 +411,19 @@ void LeasePath::requestLease(const RuleSet& rules, const Rule& rule, const Rule&
                              int64_t now_ns, int64_t cost, int64_t spent) {
   // Learning: no more than the share allows once this request has spent,
   // so that what this node may not spend stays in Redis for the others.
+  // A key that held a rate when Redis went away asks the fresh state for
+  // that rate again (learnedRate): the rates held never summed past the
+  // limit, and Redis then counts what the key spends on it.
   int64_t share_left = INT64_MAX;
-  if (broker_->learning(deciding, now_ns)) {
+  const bool learning = broker_->learning(deciding, now_ns);
+  const int64_t learned_rate = learning ? learnedRate(deciding, words, now_ns) : 0;
+  if (learning) {
     share_left = lookShare(rules, rule, key, now_ns, 0).remaining - spent;  // cost 0: what it holds now
-    if (share_left < (spent > 0 ? 1 : cost)) {
+    if (learned_rate > 0) {
+      // The rate alone, no tokens beside it: a holder does not spend the
+      // share, which would then give it tokens at every renewal.
+      share_left = 0;
+    } else if (share_left < (spent > 0 ? 1 : cost)) {
       slice::unclaim(words);
       return;
     }
@@ -407,13 +434,18 @@ void LeasePath::requestLease(const RuleSet& rules, const Rule& rule, const Rule&
   batch.need = std::min(batch.need, batch.n);
   LeaseRequest request;
   // A key that holds a rate renews it; one whose last lease found Redis's
-  // bucket drained asks for one (rate_lease::wants). Not while learning:
-  // the share bounds the node.
-  if (share_left == INT64_MAX && rate_lease::eligible(deciding)) {
+  // bucket drained asks for one (rate_lease::wants). While learning only
+  // the rate learned, at most: the share bounds the others.
+  if ((!learning || learned_rate > 0) && rate_lease::eligible(deciding)) {
     const Limit& limit = deciding.limits.front();
     const int64_t demand = slice::demandPerInterval(words, now_ns, broker_->leaseIntervalNs());
-    if (slice::holdsRate(words, now_ns) ||
-        rate_lease::wants(limit, demand, slice::drained(words), broker_->leaseIntervalNs())) {
+    if (learned_rate > 0) {
+      // The rate itself: the demand measured spans the outage, in which
+      // the rate's spends were not counted as demand. The renewals follow
+      // the demand again (slice::demandMoved).
+      request.rate = learned_rate;
+    } else if (slice::holdsRate(words, now_ns) ||
+               rate_lease::wants(limit, demand, slice::drained(words), broker_->leaseIntervalNs())) {
       request.rate = rate_lease::askedRate(limit, std::max(demand, cost), broker_->leaseIntervalNs());
     }
   }

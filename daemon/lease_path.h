@@ -13,7 +13,10 @@
 // denied until a time within its wait stands in the key's line (WaitLines)
 // and waits until then (kDue) or behind those who came first (kLine); only a
 // question of one entry may (Asker::may_wait_for_units). While learning, an
-// acquire must also pass the node's share. A key blocked by its
+// acquire must also pass the node's equal share, unless the key holds a
+// rate: one that held a rate when Redis went away asks the fresh state for
+// it again, no more, until the fallback's hold ends (learnedRate). A key
+// blocked by its
 // rule's penalty is denied until its block is due to be asked of Redis again.
 // While Redis is unreachable a key holding a rate lease spends it until it
 // ends (acquireOnRate); the group path asks before the equal share decides.
@@ -126,6 +129,17 @@ class LeasePath {
   void afterTake(const RuleSet& rules, const Rule& rule, const Rule& deciding,
                  std::string_view key, std::span<std::atomic<uint64_t>> entry_words,
                  int64_t now_ns, int64_t cost, const slice::TakeResult& taken);
+  // Whether an acquire on the key must also pass the node's equal share:
+  // `deciding` learns at now_ns and the key holds no rate (a rate Redis
+  // granted since it came back is counted there, and bounded by
+  // learnedRate).
+  bool learnsOnShare(const Rule& deciding, slice::ConstWords words, int64_t now_ns) const;
+  // While `deciding` learns: the rate (units per period) the key may ask
+  // the fresh state for, the one it held when the breaker last opened (or
+  // holds now, granted since), until rate_lease::kFallbackHoldNs after the
+  // opening; 0: none, the equal share bounds it. Its demand-weighted share
+  // instead of the equal one: the rates held never summed past the limit.
+  int64_t learnedRate(const Rule& deciding, slice::ConstWords words, int64_t now_ns) const;
   // acquire()'s decision on the key's entry; `wait` gets the request's
   // ticket when it joins the key's line.
   Outcome spend(const RuleSet& rules, const Rule& rule, const rpc::Item& item, int64_t now_ns,

@@ -35,7 +35,7 @@ std::optional<int64_t> overshootBound(const Rule& rule, const Rule& share, const
       bound += std::max(share_units, input.rate_period_units);
     }
   } else if (input.learning) {
-    bound += share_units;
+    bound += std::max(share_units, input.rate_period_units);
   }
   int64_t debt_units = std::max<int64_t>(input.owed_units, 0);
   if (input.open_reservations > 0 && traits.settles) {

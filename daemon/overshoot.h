@@ -40,7 +40,10 @@
 //    the rate instead, when that is more;
 //  - while the rule learns (breaker.h: Redis came back without the fleet's
 //    state), that share again: what the node admitted in the period
-//    before the state was lost, which a fresh state grants anew;
+//    before the state was lost, which a fresh state grants anew; a key
+//    that asks the fresh state for the rate it held when Redis went away
+//    (LeasePath::learnedRate) admitted a period of the rate, when that is
+//    more;
 //  - reservations (reservations.h): a settle above the estimate charges
 //    its excess even past the limit, up to the key's debt bound
 //    (debtBound), and Redis counts a slice's debt only when a lease pays
@@ -71,8 +74,8 @@ struct OvershootInput {
   int64_t open_reservations = 0;
   int64_t owed_units = 0;
   int64_t rate_escape_units = 0;  // the most one key's rate lease lets escape (rateEscapeUnits)
-  // While the breaker is not closed: the most one key's last rate refills
-  // in a period (slice::ratePerPeriod).
+  // While the breaker is not closed, or the rule learns: the most one
+  // key's last rate refills in a period (slice::ratePerPeriod).
   int64_t rate_period_units = 0;
 };
 

@@ -96,13 +96,14 @@ std::vector<RuleOvershoot> Server::overshootBounds() const {
   // of the key table, only when one of them may be other than 0.
   // Likewise the most units one key's rate lease lets escape Redis's count
   // (rateEscapeUnits: its slice's cap less its share of the burst), and
-  // while the breaker is not closed the most its last rate refills in a
-  // period, for the rules whose keys may hold rates.
+  // while the breaker is not closed or a rule learns the most its last
+  // rate refills in a period, for the rules whose keys may hold rates.
   std::unordered_map<uint32_t, int64_t> held;
   std::unordered_map<uint32_t, int64_t> owed;
   std::unordered_map<uint32_t, int64_t> rated;
   std::unordered_map<uint32_t, int64_t> rate_periods;
   const bool leasing = broker_->leasing();
+  const bool learning_any = broker_->learningAny(now_ns);
   bool any_stamped = false;
   bool any_settling = false;
   for (const Rule& rule : rules->rules()) {
@@ -123,7 +124,7 @@ std::vector<RuleOvershoot> Server::overshootBounds() const {
         int64_t& most = rated[id];
         most = std::max(most, rateEscapeUnits(rule->limits.front(), slice::rateCapUnits(entry.state(), now_ns),
                                               slice::rateNsPerUnit(entry.state(), now_ns)));
-        if (!leasing) {
+        if (!leasing || learning_any) {
           int64_t& period = rate_periods[id];
           period = std::max(period, slice::ratePerPeriod(entry.state(), rule->limits.front().period_ns));
         }

@@ -582,6 +582,15 @@ void applyRate(Words words, int64_t ns_per_unit, int64_t cap, int64_t until_ns, 
   store(words, kDenyUntil, 0);
 }
 
+void endRate(Words words, int64_t now_ns) {
+  if (load(words, kRateUntil) > now_ns) store(words, kRateUntil, now_ns);
+  uint64_t at = words[kRateRefilledAt].load(std::memory_order_acquire);
+  while (static_cast<int64_t>(at) < now_ns &&
+         !words[kRateRefilledAt].compare_exchange_weak(at, static_cast<uint64_t>(now_ns),
+                                                       std::memory_order_acq_rel)) {
+  }
+}
+
 void holdAtMostRate(Words words, int64_t ns_per_unit, int64_t cap, int64_t now_ns) {
   const int64_t held = load(words, kRateNsPerUnit);
   if (held <= 0 || (ns_per_unit > 0 && ns_per_unit <= held)) return;

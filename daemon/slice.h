@@ -315,6 +315,13 @@ int64_t ratePerPeriod(ConstWords words, int64_t period_ns);
 void applyRate(Words words, int64_t ns_per_unit, int64_t cap, int64_t until_ns, int64_t renew_at_ns,
                int64_t now_ns);
 
+// The control thread: the key's rate ends at now_ns (a new master may not
+// know it: LeaseManager::endRates), if it held on; its refill is kept, so
+// that learning may ask the new state for it again within the fallback's
+// hold (LeasePath::learnedRate), and the refill up to now_ns is dropped:
+// the token path adds nothing of an ended rate's past.
+void endRate(Words words, int64_t now_ns);
+
 // The control thread: a rate op asking for a rate refilling one unit per
 // ns_per_unit (up to cap units) got no reply, which Redis may have run all
 // the same. The key's rate, held or ended, slows to it when it is slower

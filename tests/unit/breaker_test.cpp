@@ -1211,9 +1211,10 @@ TEST_F(RateFallbackTest, AKeyHoldingARateSpendsItThroughAnOutageThenTheEqualShar
 // Verifies that a failover can never let a rate pass the limit unknown to
 // the new master: the promoted replica lacks the rate's last renewal, so
 // what the key admitted on its rate through the outage is debited to it,
-// and the rate ends at the change (learning then holds the node to its
-// equal share, 10/s), where a slice refilling on at 80/s would admit beside
-// a bucket that refills at the whole limit.
+// and the rate ends at the change, where a slice refilling on at 80/s
+// would admit beside a bucket that refills at the whole limit. Learning
+// then asks the new master for the rate again, which it counts: the key
+// admits no more than the limit.
 TEST_F(RateFallbackTest, AFailoverDebitsWhatTheRateAdmittedAndEndsIt) {
   bool in_mode = false;
   hot(kSecond, Mode::kNormal, &in_mode);
@@ -1229,9 +1230,10 @@ TEST_F(RateFallbackTest, AFailoverDebitsWhatTheRateAdmittedAndEndsIt) {
   const Rule& rule = *rules_->find("per-second");
   ASSERT_TRUE(a_->broker().learning(rule, now_));
   EXPECT_EQ(redis_.debited() - debited, spent);
-  // Learning: the share's 10/s and its burst of 10 at the most.
+  const int ops = redis_.rateOps();  // the give-up at the change included
   const int learning = hot(kSecond, Mode::kNormal, &in_mode);
-  EXPECT_LE(learning, 10 + 10 + 1);
+  EXPECT_GT(redis_.rateOps(), ops);  // the rate, asked of the new master
+  EXPECT_LE(learning, 80 + 1);
 }
 
 // Verifies that the same master after an outage keeps the rate (it holds

@@ -12,6 +12,7 @@
 #include "lease.h"
 #include "metrics.h"
 #include "policy.h"
+#include "rate_lease.h"
 #include "waiting.h"
 
 namespace sluice {
@@ -33,8 +34,10 @@ Rule globalBucket(uint32_t id, std::string name, int64_t limit) {
 }
 
 std::vector<Rule> testRules() {
-  std::vector<Rule> rules = {globalBucket(1, "g", 10), globalBucket(2, "g_wait", 2)};
-  rules.back().max_wait_ns = 1 * kS;
+  std::vector<Rule> rules = {globalBucket(1, "g", 10), globalBucket(2, "g_wait", 2),
+                             globalBucket(3, "hot", 1000)};
+  rules[1].max_wait_ns = 1 * kS;
+  rules[2].limits.front().burst = 30;
   return rules;
 }
 
@@ -227,6 +230,91 @@ TEST_F(LeasePathTest, APeekOnAKeyWithNoSliceReportsAFreshKey) {
   EXPECT_EQ(peeked.remaining, 10);
   EXPECT_EQ(mode, Mode::kNormal);
   EXPECT_EQ(keys_.find(rule("g").id, "k"), nullptr);
+}
+
+// Redis restarts empty while the key "hot" (1,000/s, burst 30, N = 2: an
+// equal share of 500/s) holds a rate of 900/s and wants 1,000/s: the
+// breaker opens at kStart + 1 s and Redis is back at kStart + 6 s, and the
+// rule then learns until kStart + 21 s (a long reconnect backoff).
+class LearningTest : public LeasePathTest {
+ protected:
+  static constexpr int64_t kOpened = kStart + 1 * kS;
+  static constexpr int64_t kBack = kStart + 6 * kS;
+  slice::Words words() { return slice::of(keys_.find(rule("hot").id, "k")->state()); }
+  void restartEmpty(bool held_rate) {
+    ASSERT_EQ(acquire("hot", 1, true), Outcome::kWaitsForLease);
+    sent();
+    words()[slice::kFlags].fetch_and(~slice::kInFlight);
+    words()[slice::kRate].store(100);  // units per lease interval: 1,000/s
+    if (held_rate) {
+      slice::applyRate(words(), rate_lease::nsPerUnit(limit(), 900), rate_lease::capUnits(limit(), 900, 100 * kMs),
+                       now_ns_ + 5 * kS, now_ns_ + 2 * kS, now_ns_);
+    }
+    broker_.setBreaker(Breaker::kOpen, kOpened);
+    broker_.setBreaker(Breaker::kHalfOpen, kBack);
+    slice::endRate(words(), kBack);  // LeaseManager::endRates
+    broker_.startLearning(kBack, 5 * kS, 15 * kS, 15 * kS);
+    broker_.setBreaker(Breaker::kClosed, kBack);
+    now_ns_ = kBack;
+    words()[slice::kDemand].store(0);  // a measurement starts
+    words()[slice::kDemandSince].store(static_cast<uint64_t>(kBack));
+  }
+  const Limit& limit() const { return rule("hot").limits.front(); }
+  // The lease an acquire that may wait asks for (it must ask one).
+  LeaseRequest askedLease() {
+    EXPECT_EQ(acquire("hot", 1, true), Outcome::kWaitsForLease);
+    std::vector<LeaseRequest> requests = sent();
+    EXPECT_EQ(requests.size(), 1u);
+    return requests.empty() ? LeaseRequest{} : requests[0];
+  }
+  // Acquires of 1 every ms for `ms` ms: how many were allowed.
+  int64_t admitEveryMs(int64_t ms) {
+    int64_t allowed = 0;
+    for (int64_t i = 0; i < ms; i++, now_ns_ += kMs) {
+      EXPECT_EQ(acquire("hot", 1), Outcome::kAnswered);
+      EXPECT_EQ(verdict_.mode, Mode::kNormal);
+      allowed += verdict_.decision.allowed ? 1 : 0;
+    }
+    return allowed;
+  }
+};
+
+// Verifies that a key which held a rate when Redis went away asks the
+// fresh state for that rate again (not the 1,000/s it wants), and once
+// granted spends it past the equal share of 500/s: Redis counts it.
+TEST_F(LearningTest, AKeyThatHeldARateAsksTheFreshStateForItAgain) {
+  restartEmpty(true);
+  ASSERT_TRUE(broker_.learning(rule("hot"), now_ns_));
+  LeaseRequest asked = askedLease();
+  EXPECT_EQ(asked.rate, 900);
+  EXPECT_EQ(asked.n, 0);  // no tokens beside it
+  slice::applyRate(words(), rate_lease::nsPerUnit(limit(), 900), rate_lease::capUnits(limit(), 900, 100 * kMs),
+                   now_ns_ + 5 * kS, now_ns_ + 2 * kS, now_ns_);
+  slice::unclaim(words());
+  const int64_t allowed = admitEveryMs(1000);
+  EXPECT_GE(allowed, 890);
+  EXPECT_LE(allowed, 900 + 90);  // and the slice's cap at most
+}
+
+// Verifies that the rate is asked for only while the fallback's hold
+// lasts (rate_lease::kFallbackHoldNs from the opening); after it, a token
+// lease within the equal share, while the rule still learns.
+TEST_F(LearningTest, TheLearnedRateIsAskedForOnlyUntilTheFallbacksHoldEnds) {
+  restartEmpty(true);
+  now_ns_ = kOpened + rate_lease::kFallbackHoldNs;
+  ASSERT_TRUE(broker_.learning(rule("hot"), now_ns_));
+  LeaseRequest asked = askedLease();
+  EXPECT_EQ(asked.rate, -1);  // a token lease
+  EXPECT_LE(asked.n, 515);   // the equal share: 500/s and a burst of 15
+}
+
+// Verifies that a key which held no rate learns on the equal share: a
+// token lease, no more than the share has left.
+TEST_F(LearningTest, AKeyWithoutARateLearnsOnTheEqualShare) {
+  restartEmpty(false);
+  LeaseRequest asked = askedLease();
+  EXPECT_EQ(asked.rate, -1);
+  EXPECT_LE(asked.n, 515);
 }
 
 }  // namespace

@@ -99,6 +99,20 @@ TEST(OvershootBound, LearningAddsTheShareWhileLeasing) {
   EXPECT_EQ(overshootBound(rule, share, {.leasing = false, .learning = true, .held_units = 0}), 2 * 30);
 }
 
+// Verifies that a key learning on the rate it held when Redis went away
+// adds a period of that rate while leasing, when that is more than the
+// equal share, and that the share stays the floor.
+TEST(OvershootBound, LearningOnARateAddsAPeriodOfItWhenThatIsMore) {
+  const Rule rule = globalRule(Algorithm::kTokenBucket, {1000, kSecondNs, 30});
+  const Rule share = shareOf(rule, 8);  // 125/s and a burst of 3: 128 a period
+  EXPECT_EQ(overshootBound(rule, share, {.leasing = true, .learning = true, .held_units = 0,
+                                         .rate_period_units = 900}), 900);
+  EXPECT_EQ(overshootBound(rule, share, {.leasing = true, .learning = true, .held_units = 0,
+                                         .rate_period_units = 20}), 128);
+  EXPECT_EQ(overshootBound(rule, share, {.leasing = true, .learning = false, .held_units = 0,
+                                         .rate_period_units = 900}), 0);
+}
+
 // Verifies that a rule of several limits reports the largest share among
 // its limits, and that the bound follows N: more nodes, smaller shares.
 TEST(OvershootBound, SeveralLimitsReportTheLargestShareAndFollowN) {

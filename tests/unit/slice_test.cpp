@@ -778,6 +778,33 @@ TEST_F(SliceTest, InFallbackARateHeldAtTheOpeningRefillsOnPastItsEndUntilTheHold
             slice::Outcome::kFallback);
 }
 
+// Verifies that a rate ended by a change of master stops refilling the
+// token path, but keeps its refill for the fallback's hold: a rate that
+// held at the opening is spent on (at 63/64) until the hold ends.
+TEST_F(SliceTest, ARateEndedByANewMasterIsKeptForTheHoldAlone) {
+  // 100 units/s until 5 s; the breaker opens at 500 ms, Redis is back at 1 s.
+  slice::applyRate(words(), 10 * kMs, 10, 5'000 * kMs, 2'500 * kMs, 0);
+  const int64_t open = 500 * kMs;
+  const int64_t hold = open + rate_lease::kFallbackHoldNs;
+  // 9 units refilled since the opening (one per 10.16 ms): 4 are left.
+  ASSERT_EQ(slice::takeOnRate(words(), 600 * kMs, 5, open, hold).left, 4);
+  slice::endRate(words(), 1'000 * kMs);
+  EXPECT_FALSE(slice::holdsRate(words(), 1'000 * kMs));
+  EXPECT_EQ(slice::rateNsPerUnit(words(), 1'000 * kMs), 0);
+  // The token path finds the 4 units, and nothing the ended rate refilled
+  // from 600 to 1,000 ms.
+  EXPECT_EQ(slice::take(words(), 1'010 * kMs, 5).outcome, slice::Outcome::kEmpty);
+  slice::unclaim(words());
+  // The hold refills from the end on: 4 more by 1,050 ms, 6 by 1,070 ms.
+  EXPECT_EQ(slice::takeOnRate(words(), 1'050 * kMs, 10, open, hold).outcome, slice::Outcome::kDenied);
+  EXPECT_EQ(slice::takeOnRate(words(), 1'070 * kMs, 10, open, hold).outcome, slice::Outcome::kTaken);
+  EXPECT_EQ(slice::takeOnRate(words(), hold, 1, open, hold).outcome, slice::Outcome::kFallback);
+  // A rate that had ended before the opening has no hold.
+  EXPECT_EQ(slice::takeOnRate(words(), 1'200 * kMs, 1, 1'100 * kMs, 1'100 * kMs + rate_lease::kFallbackHoldNs)
+                .outcome,
+            slice::Outcome::kFallback);
+}
+
 // Verifies the units a rate refills in a period, for the overshoot bound
 // in fallback: rounded up, and 0 without a rate.
 TEST_F(SliceTest, RatePerPeriodCountsTheLastRatesUnits) {
