@@ -308,9 +308,14 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, const Rule& rule,
       // again soon for a while (rate_lease::kQuickRenewIntervals).
       const bool quick = slice::noteRateShort(words, unmet && rate < request.rate, now_ns, interval_ns,
                                               rate_lease::kQuickRenewIntervals);
+      // Short of its ask (every node of a contended fleet): it renews once
+      // its demand brought rate_lease::kShortRenewUnits, to take up rate
+      // that another node freed meanwhile.
+      const int64_t short_ns = rate_lease::shortRenewNs(limit, request.rate, rate, interval_ns);
       slice::applyRate(words, ns_per_unit, rate_lease::capUnits(limit, rate, interval_ns),
                        sent_ns + lease_ns,
-                       rate_lease::renewAtNs(sent_ns, lease_ns, unmet || rose, interval_ns, quick), now_ns);
+                       rate_lease::renewAtNs(sent_ns, lease_ns, unmet || rose, interval_ns, quick, short_ns),
+                       now_ns);
       slice::noteAsked(words, limit, rate > 0 ? request.rate : 0, interval_ns, now_ns);
       if (rate > 0 && reply->granted == 0) return;  // the rate refills the slice
       if (rate == 0 && reply->granted == 0) {
