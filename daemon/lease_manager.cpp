@@ -452,6 +452,20 @@ void LeaseManager::onDown() {
 
 void LeaseManager::onUp() { breaker_.up(now()); }
 
+void LeaseManager::rateFreed(std::string_view state_key) {
+  std::optional<StateKeyPair> pair = parseRedisStateKey(state_key, config_.key_prefix, context_.state_version);
+  if (!pair) return;  // another prefix's or version's key
+  RuleSetPtr rules = context_.rules();
+  const Rule* rule = rules->find(pair->rule_name);
+  if (rule == nullptr || !rate_lease::eligible(*rule)) return;
+  const int64_t now_ns = now();
+  KeyTable::ReadGuard guard(*context_.keys, reader_);
+  KeyTable::Entry* entry = context_.keys->find(rule->id, pair->key);
+  if (entry != nullptr && entry->state().size() == entryWords(*rule)) {
+    slice::renewRateNow(entry->state(), now_ns);
+  }
+}
+
 void LeaseManager::newMaster(std::string_view master) {
   spdlog::warn("lease: cluster master {} took over slots: a replica promoted without the writes "
                "it had not replicated, or a node added; learning mode, each node also holds to "

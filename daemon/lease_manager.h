@@ -124,6 +124,12 @@ class LeaseManager : private BreakerActions {
   // timed out after `timeout_ms`).
   void returnAll(int64_t timeout_ms, std::function<void()> done);
 
+  // Redis's `freed` channel (redis_keys.h, redisFreedChannel) named
+  // `state_key`: another node freed rate on it while some holder was short
+  // of its ask. This node's rate on that key, if it holds one, is renewed
+  // at the key's next take (slice::renewRateNow), not at its schedule.
+  void rateFreed(std::string_view state_key);
+
   // Cluster: `master` took over slots it did not hold before (a failover):
   // learning mode, as for a promoted replica (startLearning).
   void newMaster(std::string_view master);

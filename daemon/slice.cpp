@@ -582,6 +582,12 @@ void applyRate(Words words, int64_t ns_per_unit, int64_t cap, int64_t until_ns, 
   store(words, kDenyUntil, 0);
 }
 
+bool renewRateNow(Words words, int64_t now_ns) {
+  if (!holdsRate(words, now_ns) || load(words, kRateRenewAt) <= now_ns) return false;
+  store(words, kRateRenewAt, now_ns);
+  return true;
+}
+
 void holdAtMostRate(Words words, int64_t ns_per_unit, int64_t cap, int64_t now_ns) {
   const int64_t held = load(words, kRateNsPerUnit);
   if (held <= 0 || (ns_per_unit > 0 && ns_per_unit <= held)) return;

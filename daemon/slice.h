@@ -315,6 +315,12 @@ int64_t ratePerPeriod(ConstWords words, int64_t period_ns);
 void applyRate(Words words, int64_t ns_per_unit, int64_t cap, int64_t until_ns, int64_t renew_at_ns,
                int64_t now_ns);
 
+// The control thread: another node freed rate on the key while some holder
+// was short of its ask (Redis's `freed` channel, redis_keys.h): a rate
+// held at now_ns is renewed at the key's next take (kRateRenewAt moves to
+// now_ns when it was later). Returns whether it moved.
+bool renewRateNow(Words words, int64_t now_ns);
+
 // The control thread: a rate op asking for a rate refilling one unit per
 // ns_per_unit (up to cap units) got no reply, which Redis may have run all
 // the same. The key's rate, held or ended, slows to it when it is slower

@@ -582,6 +582,22 @@ TEST_F(SliceTest, AnEmptyRateSliceDeniesUntilItsRefillAndAsksRedisOnlyToRenew) {
   EXPECT_FALSE(slice::take(words(), 510 * kMs, 1).must_request);  // claimed once
 }
 
+// Verifies that word of freed rate (the `freed` channel) makes the key's
+// next take claim the renewal at once, 2.5 s before its schedule, once;
+// and that a key that holds no rate, or is due already, is left alone.
+TEST_F(SliceTest, FreedRateMakesTheNextTakeRenewTheRateAtOnce) {
+  EXPECT_FALSE(slice::renewRateNow(words(), 0));  // no rate held
+  slice::applyRate(words(), kMs, 100, 5'000 * kMs, 2'600 * kMs, 0);
+  EXPECT_FALSE(slice::take(words(), 100 * kMs, 1).must_request);
+  EXPECT_TRUE(slice::renewRateNow(words(), 100 * kMs));
+  EXPECT_FALSE(slice::renewRateNow(words(), 101 * kMs));  // due already
+  slice::TakeResult renew = slice::take(words(), 102 * kMs, 1);
+  EXPECT_EQ(renew.outcome, slice::Outcome::kTaken);
+  EXPECT_TRUE(renew.must_request);
+  EXPECT_FALSE(slice::take(words(), 103 * kMs, 1).must_request);  // claimed once
+  EXPECT_FALSE(slice::renewRateNow(words(), 6'000 * kMs));        // the rate ended
+}
+
 // Verifies that a renewal keeps the refill where it was (no units twice,
 // none lost), and that at its end the rate stops and the key leases tokens
 // again.
