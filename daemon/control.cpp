@@ -67,6 +67,8 @@ void Control::start() {
   heartbeat_timer_.data = this;
   uv_timer_init(&loop_, &renew_timer_);
   renew_timer_.data = this;
+  uv_timer_init(&loop_, &sweep_timer_);
+  sweep_timer_.data = this;
 
   if (config_.cluster()) {
     // A CLUSTER SLOTS answer is bounded like any command of ours; keyless
@@ -214,6 +216,11 @@ void Control::run() {
         &renew_timer_,
         [](uv_timer_t* timer) { static_cast<Control*>(timer->data)->leases_->renewHoldings(); },
         renew_ms, renew_ms);
+    auto sweep_ms = static_cast<uint64_t>(std::max<int64_t>(config_.lease_interval_ms / 4, 1));
+    uv_timer_start(
+        &sweep_timer_,
+        [](uv_timer_t* timer) { static_cast<Control*>(timer->data)->leases_->sweepIdleRates(); },
+        sweep_ms, sweep_ms);
   }
   handle_count_.store(openHandles(&loop_), std::memory_order_relaxed);
   uv_run(&loop_, UV_RUN_DEFAULT);
@@ -364,7 +371,7 @@ void Control::onHeartbeat(const RedisResult& result, int64_t sent_us) {
 void Control::beginStop() {
   if (stopping_) return;
   stopping_ = true;
-  for (uv_timer_t* timer : {&health_timer_, &heartbeat_timer_, &renew_timer_}) {
+  for (uv_timer_t* timer : {&health_timer_, &heartbeat_timer_, &renew_timer_, &sweep_timer_}) {
     uv_close(reinterpret_cast<uv_handle_t*>(timer), nullptr);
   }
   if (leases_) lease_context_.broker->setWakeup(nullptr);

@@ -192,6 +192,7 @@ class Control {
   uv_timer_t health_timer_;
   uv_timer_t heartbeat_timer_;
   uv_timer_t renew_timer_;  // concurrency holdings (LeaseManager::renewHoldings)
+  uv_timer_t sweep_timer_;  // rate holders whose demand fell (LeaseManager::sweepIdleRates)
   std::unique_ptr<RedisLink> link_;        // standalone and Sentinel mode
   std::unique_ptr<RedisCluster> cluster_;  // Cluster mode
   RedisTarget* redis_ = nullptr;           // link_ or cluster_

@@ -150,13 +150,14 @@ constexpr int64_t kQuickRenewIntervals = 2;
 // once its demand has brought this many units since its rate op was sent,
 // but not sooner than one lease interval (shortRenewNs): a renewal is how
 // it learns of rate another node freed (a node that stopped and gave its
-// rate up, a holder whose demand fell), which Redis's reply to the others
-// cannot tell it. Its demand is at least its ask, so this costs at most one
-// Redis call per this many of its decisions (0.005 per decision), whatever
-// the fleet's size: at 2,000/s and N = 3 (each asking 2,000/s) a short
-// holder renews every 100 ms, at N = 8 (750/s) every 267 ms. A holder of
-// the whole limit, or of all it asked, is not short and renews as before.
-constexpr int64_t kShortRenewUnits = 200;
+// rate up, a holder whose demand fell) when the `freed` channel's word of
+// it (redis_keys.h, LeaseManager::rateFreed) was lost. Its demand is at
+// least its ask, so this costs at most one Redis call per this many of its
+// decisions (0.001 per decision), whatever the fleet's size: at 2,000/s
+// and N = 3 (each asking 2,000/s) a short holder renews every 500 ms, at
+// N = 8 (750/s) every 1.33 s. A holder of the whole limit, or of all it
+// asked, is not short and renews as before.
+constexpr int64_t kShortRenewUnits = 1'000;
 
 // How long after its rate op a holder granted `granted` (> 0) of the
 // `asked` units per period renews because it is short (kShortRenewUnits):

@@ -582,6 +582,11 @@ void applyRate(Words words, int64_t ns_per_unit, int64_t cap, int64_t until_ns, 
   store(words, kDenyUntil, 0);
 }
 
+bool claimMovedRenewal(Words words, int64_t now_ns) {
+  return holdsRate(words, now_ns) && (words[kFlags].load(std::memory_order_acquire) & kInFlight) == 0 &&
+         demandMoved(words, now_ns) && claim(words);
+}
+
 bool renewRateNow(Words words, int64_t now_ns) {
   if (!holdsRate(words, now_ns) || load(words, kRateRenewAt) <= now_ns) return false;
   store(words, kRateRenewAt, now_ns);

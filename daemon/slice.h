@@ -364,6 +364,12 @@ void noteAsked(Words words, const Limit& limit, int64_t asked, int64_t span_ns, 
 // (noteAsked). True for one taker. Lock-free.
 bool demandMoved(Words words, int64_t now_ns);
 
+// The control thread's sweep of rate holders (LeaseManager::sweepIdleRates):
+// whether the key, holding a rate at now_ns, saw its demand move
+// (demandMoved: a key that gets no requests at all makes no take to see
+// its fall) and this caller claimed its renewal, which it must then send.
+bool claimMovedRenewal(Words words, int64_t now_ns);
+
 // The control thread: a rate op answered at now_ns, `short_unmet` when it
 // granted less than the key asked for while the reply said some recorded
 // demand is unmet (the others hold more than their shares: shares are

@@ -344,14 +344,15 @@ local function rate_lease(script)
     -- Rate freed while a holder is short of its ask: the others learn of
     -- it only by asking, so every daemon hears the state key's name on
     -- <key_prefix>v<V>:freed and its short holder renews at once
-    -- (daemon/redis_keys.h, redisFreedChannel).
+    -- (daemon/redis_keys.h, redisFreedChannel). pcall: a user whose ACL
+    -- forbids the channel loses the speed-up, not the op.
     if rate_granted < held_before then
       local short = false
       for _, h in ipairs(rates) do
         if h[1] ~= node and h[2] < h[4] and h[2] < limit then short = true end
       end
       local at = string.find(KEYS[1], 'q:{', 1, true)
-      if short and at then redis.call('PUBLISH', string.sub(KEYS[1], 1, at - 1) .. 'freed', KEYS[1]) end
+      if short and at then redis.pcall('PUBLISH', string.sub(KEYS[1], 1, at - 1) .. 'freed', KEYS[1]) end
     end
   end
   return reply

@@ -758,6 +758,25 @@ TEST_F(ShiftTest, AMoveIsReportedOnceUntilTheRenewalAnswers) {
   EXPECT_TRUE(slice::demandMoved(words(), at + 50 * kMs + kInterval));
 }
 
+// Verifies the control thread's sweep of a rate holder that gets no
+// requests at all: no take sees its demand fall, so claimMovedRenewal
+// does, once the window has passed (not before), claims the renewal once,
+// and leaves a key that holds no rate alone.
+TEST_F(ShiftTest, TheSweepClaimsTheRenewalOfARateHolderThatGetsNoRequests) {
+  EXPECT_FALSE(slice::claimMovedRenewal(words(), 0));  // no rate held
+  slice::applyRate(words(), rate_lease::nsPerUnit(limit_, limit_.limit), 100, 5'000 * kMs, 2'500 * kMs, 0);
+  slice::noteAsked(words(), limit_, limit_.limit, kInterval, 0);
+  EXPECT_FALSE(slice::claimMovedRenewal(words(), kMs));
+  int64_t claimed_at = 0;
+  for (int64_t t = 2 * kMs; t <= 4 * kInterval && claimed_at == 0; t += kMs) {
+    if (slice::claimMovedRenewal(words(), t)) claimed_at = t;
+  }
+  ASSERT_GT(claimed_at, 0);
+  EXPECT_GE(claimed_at, kInterval / slice::kMovedWindowsPerInterval);
+  EXPECT_EQ(slice::demandPerInterval(words()), 0);  // what the renewal asks: none
+  EXPECT_FALSE(slice::claimMovedRenewal(words(), claimed_at + kMs));  // claimed once
+}
+
 // Verifies that while Redis is unreachable a rate that held when the
 // breaker opened refills on past its end until the hold ends, and that
 // then (or for a rate that had ended before the opening) the equal share
