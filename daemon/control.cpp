@@ -67,6 +67,8 @@ void Control::start() {
   heartbeat_timer_.data = this;
   uv_timer_init(&loop_, &renew_timer_);
   renew_timer_.data = this;
+  uv_timer_init(&loop_, &sweep_timer_);
+  sweep_timer_.data = this;
 
   if (config_.cluster()) {
     // A CLUSTER SLOTS answer is bounded like any command of ours; keyless
@@ -115,6 +117,7 @@ void Control::start() {
     sentinel_->onSwitch([this](const RedisAddress& master) {
       if (stopping_ || (link_->connected() && link_->address() == master.text())) return;
       link_->reconnect("sentinel: " + config_.sentinel_master + " moved to " + master.text());
+      if (freed_watch_) freed_watch_->reconnect("sentinel: the master moved");
     });
   }
   const scripts::ScriptSource& heartbeat = scripts::get(scripts::Script::kHeartbeat);
@@ -131,6 +134,7 @@ void Control::start() {
     };
     leases_ = std::make_unique<LeaseManager>(*redis_, config_, lease_context_);
     lease_context_.broker->setWakeup(&wakeup_);
+    startFreedWatch();
   }
   redis_->onConnected([this] { onConnected(); });
   redis_->onDisconnected([this](std::string_view reason) { setUp(false, reason); });
@@ -140,6 +144,33 @@ void Control::start() {
   // finds it.
   thread_ = std::thread([this] { run(); });
   uv_async_send(&wakeup_);
+}
+
+void Control::startFreedWatch() {
+  RedisLinkOptions options = link_options_;
+  options.require_master = false;  // a replica gets the master's messages too
+  options.log_name = "redis-freed";
+  options.probe_interval_ms = kWatchProbeIntervalMs;
+  options.probe_timeout_ms = config_.health_timeout_ms;
+  freed_watch_ = std::make_unique<RedisLink>(&loop_, config_, options);
+  if (config_.sentinel() || config_.cluster()) {
+    // Where the main link (or the cluster's first master) is connected.
+    freed_watch_->resolveWith([this](const RedisLink::AddressCallback& done) {
+      std::string at = redis_->connected() ? redis_->address() : "";
+      at = at.substr(0, at.find(','));
+      RedisAddress address;
+      std::string problem;
+      if (at.empty() || !parseRedisAddress(at, &address, &problem)) {
+        done(std::nullopt, "the main link is not connected");
+        return;
+      }
+      done(address, "");
+    });
+  }
+  freed_watch_->subscribe(redisFreedChannel(config_.key_prefix, state_version_),
+                          [this](std::string_view state_key) {
+                            if (leases_ && !stopping_) leases_->rateFreed(state_key);
+                          });
 }
 
 void Control::stop() {
@@ -170,6 +201,7 @@ void Control::run() {
   pthread_setname_np(pthread_self(), "sluice-control");
   if (sentinel_) sentinel_->start();
   redis_->start();
+  if (freed_watch_) freed_watch_->start();
   auto every = [](int64_t ms) { return static_cast<uint64_t>(ms); };
   uv_timer_start(
       &health_timer_, [](uv_timer_t* timer) { static_cast<Control*>(timer->data)->ping(); },
@@ -184,11 +216,17 @@ void Control::run() {
         &renew_timer_,
         [](uv_timer_t* timer) { static_cast<Control*>(timer->data)->leases_->renewHoldings(); },
         renew_ms, renew_ms);
+    auto sweep_ms = static_cast<uint64_t>(std::max<int64_t>(config_.lease_interval_ms / 4, 1));
+    uv_timer_start(
+        &sweep_timer_,
+        [](uv_timer_t* timer) { static_cast<Control*>(timer->data)->leases_->sweepIdleRates(); },
+        sweep_ms, sweep_ms);
   }
   handle_count_.store(openHandles(&loop_), std::memory_order_relaxed);
   uv_run(&loop_, UV_RUN_DEFAULT);
   // Every handle is closed by now (beginStop), so the loop closes.
   leases_.reset();
+  freed_watch_.reset();
   link_.reset();
   cluster_.reset();
   sentinel_.reset();
@@ -333,7 +371,7 @@ void Control::onHeartbeat(const RedisResult& result, int64_t sent_us) {
 void Control::beginStop() {
   if (stopping_) return;
   stopping_ = true;
-  for (uv_timer_t* timer : {&health_timer_, &heartbeat_timer_, &renew_timer_}) {
+  for (uv_timer_t* timer : {&health_timer_, &heartbeat_timer_, &renew_timer_, &sweep_timer_}) {
     uv_close(reinterpret_cast<uv_handle_t*>(timer), nullptr);
   }
   if (leases_) lease_context_.broker->setWakeup(nullptr);
@@ -372,6 +410,7 @@ void Control::closeLink() {
   if (link_closed_) return;
   link_closed_ = true;
   redis_->close([] {});
+  if (freed_watch_) freed_watch_->close([] {});
   if (sentinel_) sentinel_->close([] {});
 }
 

@@ -308,11 +308,18 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, const Rule& rule,
       // again soon for a while (rate_lease::kQuickRenewIntervals).
       const bool quick = slice::noteRateShort(words, unmet && rate < request.rate, now_ns, interval_ns,
                                               rate_lease::kQuickRenewIntervals);
+      // Short of its ask (every node of a contended fleet): it renews once
+      // its demand brought rate_lease::kShortRenewUnits, to take up rate
+      // that another node freed meanwhile.
+      const int64_t short_ns = rate_lease::shortRenewNs(limit, request.rate, rate, interval_ns);
       slice::applyRate(words, ns_per_unit, rate_lease::capUnits(limit, rate, interval_ns),
                        sent_ns + lease_ns,
-                       rate_lease::renewAtNs(sent_ns, lease_ns, unmet || rose, interval_ns, quick), now_ns);
+                       rate_lease::renewAtNs(sent_ns, lease_ns, unmet || rose, interval_ns, quick, short_ns),
+                       now_ns);
       slice::noteAsked(words, limit, rate > 0 ? request.rate : 0, interval_ns, now_ns);
+      if (rate > 0) rate_keys_.emplace(request.rule_id, request.key);
       if (rate > 0 && reply->granted == 0) return;  // the rate refills the slice
+      if (request.rate == 0) return;  // given up (sweepIdleRates): the next take leases anew
       if (rate == 0 && reply->granted == 0) {
         // Its demand is recorded, and the holders hear it is unmet and give
         // up their share of it at their next lease interval: ask again
@@ -446,6 +453,58 @@ void LeaseManager::onDown() {
 }
 
 void LeaseManager::onUp() { breaker_.up(now()); }
+
+void LeaseManager::sweepIdleRates() {
+  if (rate_keys_.empty() || !breaker_.redisUp()) return;
+  RuleSetPtr rules = context_.rules();
+  const int64_t now_ns = now();
+  const int64_t interval_ns = context_.broker->leaseIntervalNs();
+  std::vector<LeaseRequest> due;
+  {
+    KeyTable::ReadGuard guard(*context_.keys, reader_);
+    for (auto it = rate_keys_.begin(); it != rate_keys_.end();) {
+      const Rule* rule = rules->findById(it->first);
+      KeyTable::Entry* entry = rule != nullptr ? context_.keys->find(it->first, it->second) : nullptr;
+      if (entry == nullptr || !rate_lease::eligible(*rule) || entry->state().size() != entryWords(*rule) ||
+          !slice::holdsRate(entry->state(), now_ns)) {
+        it = rate_keys_.erase(it);
+        continue;
+      }
+      Words words = entry->state();
+      if (slice::claimMovedRenewal(words, now_ns)) {
+        LeaseRequest request;
+        request.rule_id = it->first;
+        request.key = it->second;
+        request.variant = storedOverride(*rule, words);
+        const Rule& variant = variantOf(*rules, *rule, request.variant);
+        // The window's demand (demandMoved made it the key's): none gives
+        // the rate up.
+        const int64_t demand = slice::demandPerInterval(words);
+        request.rate = demand > 0 ? rate_lease::askedRate(variant.limits.front(), demand, interval_ns) : 0;
+        due.push_back(std::move(request));
+      }
+      ++it;
+    }
+  }
+  for (const LeaseRequest& request : due) {
+    const Rule* rule = rules->findById(request.rule_id);
+    sendLease(request, variantOf(*rules, *rule, request.variant), rules);
+  }
+}
+
+void LeaseManager::rateFreed(std::string_view state_key) {
+  std::optional<StateKeyPair> pair = parseRedisStateKey(state_key, config_.key_prefix, context_.state_version);
+  if (!pair) return;  // another prefix's or version's key
+  RuleSetPtr rules = context_.rules();
+  const Rule* rule = rules->find(pair->rule_name);
+  if (rule == nullptr || !rate_lease::eligible(*rule)) return;
+  const int64_t now_ns = now();
+  KeyTable::ReadGuard guard(*context_.keys, reader_);
+  KeyTable::Entry* entry = context_.keys->find(rule->id, pair->key);
+  if (entry != nullptr && entry->state().size() == entryWords(*rule)) {
+    slice::renewRateNow(entry->state(), now_ns);
+  }
+}
 
 void LeaseManager::newMaster(std::string_view master) {
   spdlog::warn("lease: cluster master {} took over slots: a replica promoted without the writes "

@@ -43,7 +43,9 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "breaker.h"
@@ -123,6 +125,19 @@ class LeaseManager : private BreakerActions {
   // (at once when Redis is down; otherwise when every return is answered or
   // timed out after `timeout_ms`).
   void returnAll(int64_t timeout_ms, std::function<void()> done);
+
+  // Redis's `freed` channel (redis_keys.h, redisFreedChannel) named
+  // `state_key`: another node freed rate on it while some holder was short
+  // of its ask. This node's rate on that key, if it holds one, is renewed
+  // at the key's next take (slice::renewRateNow), not at its schedule.
+  void rateFreed(std::string_view state_key);
+
+  // One pass over the keys that hold rates (Control calls it every quarter
+  // lease interval): a key whose demand fell (slice::demandMoved) renews
+  // for what it measured, 0 when it got no request at all (its rate is
+  // given up): a key that gets no requests makes no take to see its fall,
+  // and would hold its rate until it ends. Nothing while Redis is down.
+  void sweepIdleRates();
 
   // Cluster: `master` took over slots it did not hold before (a failover):
   // learning mode, as for a promoted replica (startLearning).
@@ -269,6 +284,9 @@ class LeaseManager : private BreakerActions {
     auto operator<=>(const DebitKey&) const = default;
   };
   std::map<DebitKey, int64_t> unsent_debits_;
+  // The keys (rule id, key) granted a rate, for sweepIdleRates; a key
+  // leaves at the first pass that finds it holding none.
+  std::set<std::pair<uint32_t, std::string>> rate_keys_;
   // Concurrency keys holding units in Redis, or with calls on the way.
   struct HeldKey {
     uint32_t rule_id;

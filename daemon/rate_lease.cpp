@@ -163,10 +163,23 @@ std::optional<Reply> parseReply(std::span<const int64_t> values, int64_t limit) 
   return Reply{*lease, values[6], values[7] == 1};
 }
 
-int64_t renewAtNs(int64_t sent_ns, int64_t lease_ns, bool unmet, int64_t lease_interval_ns, bool quick) {
-  const int64_t after_ns = quick   ? std::max<int64_t>(lease_interval_ns / kQuickRenewsPerInterval, 1)
-                           : unmet ? std::max<int64_t>(lease_interval_ns, 1)
-                                   : kMaxRenewNs;
+int64_t shortRenewNs(const Limit& limit, int64_t asked, int64_t granted, int64_t lease_interval_ns) {
+  if (granted <= 0 || granted >= asked || granted >= limit.limit) return 0;
+  // kShortRenewUnits at `asked` per period, in doubles: period_ns * 200
+  // would pass 2^63 for a period of a year or more.
+  const double units_ns = static_cast<double>(limit.period_ns) * static_cast<double>(kShortRenewUnits) /
+                          static_cast<double>(asked);
+  const double most_ns = static_cast<double>(kMaxRenewNs);
+  return std::max<int64_t>(static_cast<int64_t>(std::ceil(std::min(units_ns, most_ns))),
+                           std::max<int64_t>(lease_interval_ns, 1));
+}
+
+int64_t renewAtNs(int64_t sent_ns, int64_t lease_ns, bool unmet, int64_t lease_interval_ns, bool quick,
+                  int64_t short_ns) {
+  int64_t after_ns = quick   ? std::max<int64_t>(lease_interval_ns / kQuickRenewsPerInterval, 1)
+                     : unmet ? std::max<int64_t>(lease_interval_ns, 1)
+                             : kMaxRenewNs;
+  if (short_ns > 0) after_ns = std::min(after_ns, short_ns);
   return sent_ns + std::min(after_ns, lease_ns / 2);
 }
 

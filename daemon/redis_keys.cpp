@@ -108,4 +108,31 @@ std::string redisMembersKey(std::string_view prefix) { return std::string(prefix
 
 std::string redisVersionKey(std::string_view prefix) { return std::string(prefix) + "version"; }
 
+std::string redisFreedChannel(std::string_view prefix, int64_t state_version) {
+  return std::string(prefix) + 'v' + std::to_string(state_version) + ":freed";
+}
+
+std::optional<StateKeyPair> parseRedisStateKey(std::string_view name, std::string_view prefix,
+                                               int64_t state_version) {
+  const std::string head = std::string(prefix) + 'v' + std::to_string(state_version) + ":q:{";
+  constexpr size_t kTagDigits = 16;
+  if (name.size() < head.size() + kTagDigits + 2 || name.substr(0, head.size()) != head ||
+      name.substr(head.size() + kTagDigits, 2) != "}:") {
+    return std::nullopt;
+  }
+  std::string_view pair = name.substr(head.size() + kTagDigits + 2);
+  size_t colon = pair.find(':');
+  if (colon == std::string_view::npos || colon == 0 || colon > 10) return std::nullopt;
+  size_t length = 0;
+  for (char c : pair.substr(0, colon)) {
+    if (c < '0' || c > '9') return std::nullopt;
+    length = length * 10 + static_cast<size_t>(c - '0');
+  }
+  pair.remove_prefix(colon + 1);
+  if (pair.size() < length + 1 || pair[length] != ':') return std::nullopt;
+  StateKeyPair parsed{std::string(pair.substr(0, length)), std::string(pair.substr(length + 1))};
+  if (redisStateKey(prefix, parsed.rule_name, parsed.key, state_version) != name) return std::nullopt;
+  return parsed;
+}
+
 }  // namespace sluice

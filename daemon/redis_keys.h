@@ -32,6 +32,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -63,6 +64,21 @@ std::string redisBlockKey(std::string_view prefix, std::string_view rule_name,
 
 // The members sorted set (lua/heartbeat.lua).
 std::string redisMembersKey(std::string_view prefix);
+
+// The channel the rate scripts PUBLISH a state key's name on when a rate
+// op frees rate while some holder is short of its ask (lua/rate_lease.lua):
+// <key_prefix>v<V>:freed, the state keys' names up to their kind. Every
+// daemon subscribes (Control) and renews its short rate on that key.
+std::string redisFreedChannel(std::string_view prefix, int64_t state_version = kRedisStateVersion);
+
+// The (rule name, key) a state key of `prefix` and `state_version` names
+// (redisStateKey's inverse); nullopt for any other name.
+struct StateKeyPair {
+  std::string rule_name;
+  std::string key;
+};
+std::optional<StateKeyPair> parseRedisStateKey(std::string_view name, std::string_view prefix,
+                                               int64_t state_version = kRedisStateVersion);
 
 // The fleet marker (lua/fleet_version.lua).
 std::string redisVersionKey(std::string_view prefix);

@@ -591,6 +591,17 @@ void endRate(Words words, int64_t now_ns) {
   }
 }
 
+bool claimMovedRenewal(Words words, int64_t now_ns) {
+  return holdsRate(words, now_ns) && (words[kFlags].load(std::memory_order_acquire) & kInFlight) == 0 &&
+         demandMoved(words, now_ns) && claim(words);
+}
+
+bool renewRateNow(Words words, int64_t now_ns) {
+  if (!holdsRate(words, now_ns) || load(words, kRateRenewAt) <= now_ns) return false;
+  store(words, kRateRenewAt, now_ns);
+  return true;
+}
+
 void holdAtMostRate(Words words, int64_t ns_per_unit, int64_t cap, int64_t now_ns) {
   const int64_t held = load(words, kRateNsPerUnit);
   if (held <= 0 || (ns_per_unit > 0 && ns_per_unit <= held)) return;

@@ -322,6 +322,12 @@ void applyRate(Words words, int64_t ns_per_unit, int64_t cap, int64_t until_ns, 
 // the token path adds nothing of an ended rate's past.
 void endRate(Words words, int64_t now_ns);
 
+// The control thread: another node freed rate on the key while some holder
+// was short of its ask (Redis's `freed` channel, redis_keys.h): a rate
+// held at now_ns is renewed at the key's next take (kRateRenewAt moves to
+// now_ns when it was later). Returns whether it moved.
+bool renewRateNow(Words words, int64_t now_ns);
+
 // The control thread: a rate op asking for a rate refilling one unit per
 // ns_per_unit (up to cap units) got no reply, which Redis may have run all
 // the same. The key's rate, held or ended, slows to it when it is slower
@@ -364,6 +370,12 @@ void noteAsked(Words words, const Limit& limit, int64_t asked, int64_t span_ns, 
 // (demandPerInterval), and the check waits for the renewal's answer
 // (noteAsked). True for one taker. Lock-free.
 bool demandMoved(Words words, int64_t now_ns);
+
+// The control thread's sweep of rate holders (LeaseManager::sweepIdleRates):
+// whether the key, holding a rate at now_ns, saw its demand move
+// (demandMoved: a key that gets no requests at all makes no take to see
+// its fall) and this caller claimed its renewal, which it must then send.
+bool claimMovedRenewal(Words words, int64_t now_ns);
 
 // The control thread: a rate op answered at now_ns, `short_unmet` when it
 // granted less than the key asked for while the reply said some recorded

@@ -225,6 +225,7 @@ local function rate_lease(script)
 
   local granted = 0
   local rate_granted = 0
+  local held_before = 0  -- a rate op: the rate the node held before it
   if op == 'lease' then
     if need <= burst and units_at(empty) >= need then
       granted = math.min(n, units_at(empty))
@@ -256,6 +257,7 @@ local function rate_lease(script)
   elseif op == 'rate' then
     local kept, others, demands = {}, 0, {}
     for _, h in ipairs(rates) do
+      if h[1] == node then held_before = h[2] end
       if h[1] ~= node then
         kept[#kept + 1] = h
         others = others + h[2]
@@ -339,6 +341,19 @@ local function rate_lease(script)
       if h[2] < fair_share(copy, limit, h[4]) then unmet = 1 end
     end
     reply[8] = unmet
+    -- Rate freed while a holder is short of its ask: the others learn of
+    -- it only by asking, so every daemon hears the state key's name on
+    -- <key_prefix>v<V>:freed and its short holder renews at once
+    -- (daemon/redis_keys.h, redisFreedChannel). pcall: a user whose ACL
+    -- forbids the channel loses the speed-up, not the op.
+    if rate_granted < held_before then
+      local short = false
+      for _, h in ipairs(rates) do
+        if h[1] ~= node and h[2] < h[4] and h[2] < limit then short = true end
+      end
+      local at = string.find(KEYS[1], 'q:{', 1, true)
+      if short and at then redis.pcall('PUBLISH', string.sub(KEYS[1], 1, at - 1) .. 'freed', KEYS[1]) end
+    end
   end
   return reply
 end

@@ -194,6 +194,52 @@ class RateLeaseTest(unittest.TestCase):
         self.assertLessEqual(hot_allowed + light_allowed, LIMIT * outage_s + BURST + 2 * CAP)
 
 
+    # Verifies that rate a node gives up reaches a short holder at once:
+    # a (600/s) and b (120/s) share the limit (100 each, both short of
+    # their asks). When a stops (SIGTERM: it gives its rate up), the script
+    # publishes the key's name on the `freed` channel, and b holds its
+    # whole ask (120) within 250 ms of the message; b's own schedule would
+    # renew only once its ask has brought 200 units (1.7 s).
+    def test_a_rate_given_up_reaches_a_short_holder_through_the_freed_channel(self):
+        import redis  # python3-redis
+        state_key = redis_key("q", "hot", "k")
+        channel = state_key[:state_key.index(b"q:{")] + b"freed"
+        watch = redis.Redis(host="127.0.0.1", port=self.redis.port).pubsub()
+        watch.subscribe(channel)
+        self.addCleanup(watch.close)
+        watch.get_message(timeout=1.0)  # the subscription's confirmation
+        giver, holder = self.start("rate-a"), self.start("rate-b")
+        self.assertTrue(wait_for(lambda: giver.health()["nodes"] == 2, 5), giver.logs())
+        drive_all([(giver, 3 * LIMIT), (holder, 120)], 2.0)
+        held = self.rates()
+        self.assertEqual(held.get("rate-a", "").split(":")[0], "100", held)
+        self.assertEqual(held.get("rate-b", "").split(":")[0], "100", held)
+        while watch.get_message(timeout=0.01) is not None:  # what the start published
+            pass
+        giver.proc.terminate()
+        message = None
+        heard_at = None
+        start = time.monotonic()
+        asked = 0
+        while time.monotonic() - start < 3.0:
+            elapsed = time.monotonic() - start
+            while asked < elapsed * 120:
+                holder.acquire("hot", "k")
+                asked += 1
+            if message is None:
+                message = watch.get_message(timeout=0.002)
+                if message is not None:
+                    heard_at = time.monotonic()
+            if heard_at is not None and self.rates().get("rate-b", "").startswith("120:"):
+                break
+            time.sleep(0.002)
+        self.assertIsNotNone(message, holder.logs())
+        self.assertEqual(message["data"], state_key)
+        self.assertEqual(self.rates().get("rate-b", "").split(":")[0], "120", holder.logs())
+        self.assertLessEqual(time.monotonic() - heard_at, 0.25)
+        self.assertNotIn("rate-a", self.rates())
+
+
 class GcraRateLeaseTest(RateLeaseTest):
     """The same, on a gcra rule: lua/gcra.lua holds rates as the bucket does."""
     ALGORITHM = "gcra"

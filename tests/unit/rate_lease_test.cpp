@@ -747,5 +747,80 @@ TEST(RateLeaseRule, AShortKeyAsksAgainAQuarterIntervalLater) {
   EXPECT_EQ(rate_lease::reaskAfterMs(4'500, 100, false), 100);
 }
 
+// Verifies the short holders' schedule (2,000/s, lease interval 100 ms,
+// lease 5 s): a holder granted less than it asked renews once its ask has
+// brought kShortRenewUnits units (500 ms at 2,000/s, 1.33 s at 750/s), never
+// sooner than a lease interval nor later than kMaxRenewNs; one that holds
+// all it asked, the whole limit, or nothing is not short.
+TEST(RateLeaseRule, AHolderShortOfItsAskRenewsOnceItsDemandBroughtAThousandUnits) {
+  const Limit limit{2'000, kSecondNs, 40};
+  const int64_t interval_ns = 100'000'000;
+  EXPECT_EQ(rate_lease::shortRenewNs(limit, 2'000, 666, interval_ns), 500'000'000);
+  EXPECT_EQ(rate_lease::shortRenewNs(limit, 750, 250, interval_ns), 1'333'333'334);
+  EXPECT_EQ(rate_lease::shortRenewNs({200'000, kSecondNs, 40}, 100'000, 1'000, interval_ns), interval_ns);
+  EXPECT_EQ(rate_lease::shortRenewNs(limit, 300, 30, interval_ns), rate_lease::kMaxRenewNs);
+  EXPECT_EQ(rate_lease::shortRenewNs(limit, 666, 666, interval_ns), 0);
+  EXPECT_EQ(rate_lease::shortRenewNs(limit, 2'000, 2'000, interval_ns), 0);
+  EXPECT_EQ(rate_lease::shortRenewNs(limit, 2'000, 0, interval_ns), 0);
+  const int64_t sent_ns = 7 * kSecondNs;
+  EXPECT_EQ(rate_lease::renewAtNs(sent_ns, 5 * kSecondNs, false, interval_ns, false, 1'333'333'334),
+            sent_ns + 1'333'333'334);
+  EXPECT_EQ(rate_lease::renewAtNs(sent_ns, 5 * kSecondNs, true, interval_ns, true, 1'333'333'334),
+            sent_ns + 25'000'000);
+  EXPECT_EQ(rate_lease::renewAtNs(sent_ns, 5 * kSecondNs, false, interval_ns, false, 0),
+            sent_ns + rate_lease::kMaxRenewNs);
+  EXPECT_EQ(rate_lease::renewAtNs(sent_ns, 2 * kSecondNs, false, interval_ns, false, 1'333'333'334),
+            sent_ns + kSecondNs);
+}
+
+// Verifies a leave on a simulated clock (2,000/s, three nodes each asking
+// 2,000/s, each holding its max-min share, lease interval 100 ms): node a
+// gives its rate up at 10 s, and the word of it on the `freed` channel is
+// lost. Nobody's demand was unmet, so nobody heard anything; b and c,
+// short of their asks, renew on their schedules (sent at 9.93 s and
+// 9.98 s, every 500 ms: 1,000 units of 2,000/s), and each takes its share
+// of the freed rate at its first renewal after the leave: within 500 ms
+// of it, not kMaxRenewNs later. The rates held never pass the limit.
+TEST(RateLeaseRule, RateFreedByALeavingNodeReachesTheShortHoldersOnTheirScheduleWhenTheWordIsLost) {
+  const Limit limit{2'000, kSecondNs, 40};
+  const int64_t interval_ns = 100'000'000;
+  const int64_t lease_ns = 5 * kSecondNs;
+  const int64_t asked = 2'000;
+  std::vector<Held> live = {{"a", 666, 1, asked}, {"b", 666, 1, asked}, {"c", 666, 1, asked}};
+  EXPECT_FALSE(rate_lease::unmet(live, limit.limit));
+  struct Holder {
+    std::string node;
+    int64_t renew_at_ns;
+    int64_t rate = 666;
+    int64_t rose_at_ns = 0;
+  };
+  const int64_t every_ns = rate_lease::shortRenewNs(limit, asked, 666, interval_ns);
+  ASSERT_EQ(every_ns, 500'000'000);
+  std::vector<Holder> holders = {{"b", 9'930'000'000 + every_ns}, {"c", 9'980'000'000 + every_ns}};
+  const int64_t leave_ns = 10 * kSecondNs;
+  std::erase_if(live, [](const Held& h) { return h.node == "a"; });  // the rate op of 0
+  for (int64_t now_ns = leave_ns; now_ns < leave_ns + lease_ns; now_ns += 1'000'000) {
+    for (Holder& h : holders) {
+      if (now_ns < h.renew_at_ns) continue;
+      std::erase_if(live, [&](const Held& e) { return e.node == h.node; });
+      const int64_t got = rate_lease::grant(live, h.node, asked, limit.limit);
+      live.push_back({h.node, got, 1, asked});
+      int64_t sum = 0;
+      for (const Held& e : live) sum += e.rate;
+      EXPECT_LE(sum, limit.limit);
+      if (got > h.rate && h.rose_at_ns == 0) h.rose_at_ns = now_ns;
+      h.rate = got;
+      const bool unmet = rate_lease::unmet(live, limit.limit);
+      h.renew_at_ns = rate_lease::renewAtNs(now_ns, lease_ns, unmet, interval_ns, false,
+                                            rate_lease::shortRenewNs(limit, asked, got, interval_ns));
+    }
+  }
+  for (const Holder& h : holders) {
+    EXPECT_EQ(h.rate, 1'000) << h.node;
+    EXPECT_GT(h.rose_at_ns, leave_ns) << h.node;
+    EXPECT_LE(h.rose_at_ns - leave_ns, every_ns) << h.node;
+  }
+}
+
 }  // namespace
 }  // namespace sluice

@@ -4,8 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace sluice {
@@ -120,6 +122,27 @@ TEST(RedisKeysTest, EachStateVersionNamesItsOwnKeysInTheSameSlot) {
 TEST(RedisKeysTest, TheFleetMarkerIsOnePlainNameOfThePrefix) {
   EXPECT_EQ(redisVersionKey("sluice:"), "sluice:version");
   EXPECT_EQ(redisVersionKey("blue:"), "blue:version");
+}
+
+// Verifies that the `freed` channel's messages (a state key's name) give
+// back the (rule, key) they name, whatever bytes the key holds, and that
+// another prefix's or version's key, or a mangled one, gives nothing.
+TEST(RedisKeysTest, AFreedMessageNamesItsRuleAndKey) {
+  EXPECT_EQ(redisFreedChannel("sluice:"), "sluice:v3:freed");
+  const std::string odd_key("a:}{\0b", 7);
+  for (const auto& [rule, key] : {std::pair<std::string, std::string>{"api", "k"}, {"r:1", odd_key}, {"x", ""}}) {
+    std::optional<StateKeyPair> pair = parseRedisStateKey(redisStateKey("sluice:", rule, key), "sluice:");
+    ASSERT_TRUE(pair) << rule;
+    EXPECT_EQ(pair->rule_name, rule);
+    EXPECT_EQ(pair->key, key);
+  }
+  EXPECT_FALSE(parseRedisStateKey(redisStateKey("blue:", "api", "k"), "sluice:"));
+  EXPECT_FALSE(parseRedisStateKey(redisStateKey("sluice:", "api", "k", 2), "sluice:"));
+  EXPECT_FALSE(parseRedisStateKey(redisBlockKey("sluice:", "api", "k"), "sluice:"));
+  std::string mangled = redisStateKey("sluice:", "api", "k");
+  mangled[mangled.size() - 1] = 'j';  // the tag no longer matches
+  EXPECT_FALSE(parseRedisStateKey(mangled, "sluice:"));
+  EXPECT_FALSE(parseRedisStateKey("sluice:v3:q:{", "sluice:"));
 }
 
 TEST(RedisKeysTest, MembersKeyIsOnePlainName) {

@@ -582,6 +582,22 @@ TEST_F(SliceTest, AnEmptyRateSliceDeniesUntilItsRefillAndAsksRedisOnlyToRenew) {
   EXPECT_FALSE(slice::take(words(), 510 * kMs, 1).must_request);  // claimed once
 }
 
+// Verifies that word of freed rate (the `freed` channel) makes the key's
+// next take claim the renewal at once, 2.5 s before its schedule, once;
+// and that a key that holds no rate, or is due already, is left alone.
+TEST_F(SliceTest, FreedRateMakesTheNextTakeRenewTheRateAtOnce) {
+  EXPECT_FALSE(slice::renewRateNow(words(), 0));  // no rate held
+  slice::applyRate(words(), kMs, 100, 5'000 * kMs, 2'600 * kMs, 0);
+  EXPECT_FALSE(slice::take(words(), 100 * kMs, 1).must_request);
+  EXPECT_TRUE(slice::renewRateNow(words(), 100 * kMs));
+  EXPECT_FALSE(slice::renewRateNow(words(), 101 * kMs));  // due already
+  slice::TakeResult renew = slice::take(words(), 102 * kMs, 1);
+  EXPECT_EQ(renew.outcome, slice::Outcome::kTaken);
+  EXPECT_TRUE(renew.must_request);
+  EXPECT_FALSE(slice::take(words(), 103 * kMs, 1).must_request);  // claimed once
+  EXPECT_FALSE(slice::renewRateNow(words(), 6'000 * kMs));        // the rate ended
+}
+
 // Verifies that a renewal keeps the refill where it was (no units twice,
 // none lost), and that at its end the rate stops and the key leases tokens
 // again.
@@ -740,6 +756,25 @@ TEST_F(ShiftTest, AMoveIsReportedOnceUntilTheRenewalAnswers) {
   slice::noteAsked(words(), limit_, limit_.limit, kInterval, at + 50 * kMs);
   // Asked the whole limit: 300/s is below half of it.
   EXPECT_TRUE(slice::demandMoved(words(), at + 50 * kMs + kInterval));
+}
+
+// Verifies the control thread's sweep of a rate holder that gets no
+// requests at all: no take sees its demand fall, so claimMovedRenewal
+// does, once the window has passed (not before), claims the renewal once,
+// and leaves a key that holds no rate alone.
+TEST_F(ShiftTest, TheSweepClaimsTheRenewalOfARateHolderThatGetsNoRequests) {
+  EXPECT_FALSE(slice::claimMovedRenewal(words(), 0));  // no rate held
+  slice::applyRate(words(), rate_lease::nsPerUnit(limit_, limit_.limit), 100, 5'000 * kMs, 2'500 * kMs, 0);
+  slice::noteAsked(words(), limit_, limit_.limit, kInterval, 0);
+  EXPECT_FALSE(slice::claimMovedRenewal(words(), kMs));
+  int64_t claimed_at = 0;
+  for (int64_t t = 2 * kMs; t <= 4 * kInterval && claimed_at == 0; t += kMs) {
+    if (slice::claimMovedRenewal(words(), t)) claimed_at = t;
+  }
+  ASSERT_GT(claimed_at, 0);
+  EXPECT_GE(claimed_at, kInterval / slice::kMovedWindowsPerInterval);
+  EXPECT_EQ(slice::demandPerInterval(words()), 0);  // what the renewal asks: none
+  EXPECT_FALSE(slice::claimMovedRenewal(words(), claimed_at + kMs));  // claimed once
 }
 
 // Verifies that while Redis is unreachable a rate that held when the
