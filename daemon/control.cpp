@@ -117,7 +117,7 @@ void Control::start() {
     sentinel_->onSwitch([this](const RedisAddress& master) {
       if (stopping_ || (link_->connected() && link_->address() == master.text())) return;
       link_->reconnect("sentinel: " + config_.sentinel_master + " moved to " + master.text());
-      if (freed_watch_) freed_watch_->reconnect("sentinel: the master moved");
+      if (renew_watch_) renew_watch_->reconnect("sentinel: the master moved");
     });
   }
   const scripts::ScriptSource& heartbeat = scripts::get(scripts::Script::kHeartbeat);
@@ -134,7 +134,7 @@ void Control::start() {
     };
     leases_ = std::make_unique<LeaseManager>(*redis_, config_, lease_context_);
     lease_context_.broker->setWakeup(&wakeup_);
-    startFreedWatch();
+    startRenewWatch();
   }
   redis_->onConnected([this] { onConnected(); });
   redis_->onDisconnected([this](std::string_view reason) { setUp(false, reason); });
@@ -146,16 +146,16 @@ void Control::start() {
   uv_async_send(&wakeup_);
 }
 
-void Control::startFreedWatch() {
+void Control::startRenewWatch() {
   RedisLinkOptions options = link_options_;
   options.require_master = false;  // a replica gets the master's messages too
-  options.log_name = "redis-freed";
+  options.log_name = "redis-renew";
   options.probe_interval_ms = kWatchProbeIntervalMs;
   options.probe_timeout_ms = config_.health_timeout_ms;
-  freed_watch_ = std::make_unique<RedisLink>(&loop_, config_, options);
+  renew_watch_ = std::make_unique<RedisLink>(&loop_, config_, options);
   if (config_.sentinel() || config_.cluster()) {
     // Where the main link (or the cluster's first master) is connected.
-    freed_watch_->resolveWith([this](const RedisLink::AddressCallback& done) {
+    renew_watch_->resolveWith([this](const RedisLink::AddressCallback& done) {
       std::string at = redis_->connected() ? redis_->address() : "";
       at = at.substr(0, at.find(','));
       RedisAddress address;
@@ -167,9 +167,9 @@ void Control::startFreedWatch() {
       done(address, "");
     });
   }
-  freed_watch_->subscribe(redisFreedChannel(config_.key_prefix, state_version_),
+  renew_watch_->subscribe(redisRenewChannel(config_.key_prefix, state_version_),
                           [this](std::string_view state_key) {
-                            if (leases_ && !stopping_) leases_->rateFreed(state_key);
+                            if (leases_ && !stopping_) leases_->renewHeard(state_key);
                           });
 }
 
@@ -201,7 +201,7 @@ void Control::run() {
   pthread_setname_np(pthread_self(), "sluice-control");
   if (sentinel_) sentinel_->start();
   redis_->start();
-  if (freed_watch_) freed_watch_->start();
+  if (renew_watch_) renew_watch_->start();
   auto every = [](int64_t ms) { return static_cast<uint64_t>(ms); };
   uv_timer_start(
       &health_timer_, [](uv_timer_t* timer) { static_cast<Control*>(timer->data)->ping(); },
@@ -226,7 +226,7 @@ void Control::run() {
   uv_run(&loop_, UV_RUN_DEFAULT);
   // Every handle is closed by now (beginStop), so the loop closes.
   leases_.reset();
-  freed_watch_.reset();
+  renew_watch_.reset();
   link_.reset();
   cluster_.reset();
   sentinel_.reset();
@@ -410,7 +410,7 @@ void Control::closeLink() {
   if (link_closed_) return;
   link_closed_ = true;
   redis_->close([] {});
-  if (freed_watch_) freed_watch_->close([] {});
+  if (renew_watch_) renew_watch_->close([] {});
   if (sentinel_) sentinel_->close([] {});
 }
 

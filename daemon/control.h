@@ -168,7 +168,7 @@ class Control {
   void onConnected();
   // The address health reports (ControlSnapshot::address).
   void publishAddress(std::string address);
-  void startFreedWatch();
+  void startRenewWatch();
   void setUp(bool up, std::string_view reason);
   void ping();
   void beat();
@@ -197,10 +197,10 @@ class Control {
   std::unique_ptr<RedisCluster> cluster_;  // Cluster mode
   RedisTarget* redis_ = nullptr;           // link_ or cluster_
   std::unique_ptr<Sentinel> sentinel_;     // Sentinel mode only
-  // Subscribed to Redis's `freed` channel (redis_keys.h) with leases on:
+  // Subscribed to Redis's `renew` channel (redis_keys.h) with leases on:
   // the config's address, else where the main link is connected (Sentinel:
   // the master; Cluster: any master, PUBLISH reaches every node).
-  std::unique_ptr<RedisLink> freed_watch_;
+  std::unique_ptr<RedisLink> renew_watch_;
   LeaseContext lease_context_;            // set before start()
   std::unique_ptr<LeaseManager> leases_;  // with a lease context only
   RedisLink::ScriptId heartbeat_script_ = 0;

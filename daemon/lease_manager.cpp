@@ -492,7 +492,7 @@ void LeaseManager::sweepIdleRates() {
   }
 }
 
-void LeaseManager::rateFreed(std::string_view state_key) {
+void LeaseManager::renewHeard(std::string_view state_key) {
   std::optional<StateKeyPair> pair = parseRedisStateKey(state_key, config_.key_prefix, context_.state_version);
   if (!pair) return;  // another prefix's or version's key
   RuleSetPtr rules = context_.rules();

@@ -126,11 +126,13 @@ class LeaseManager : private BreakerActions {
   // timed out after `timeout_ms`).
   void returnAll(int64_t timeout_ms, std::function<void()> done);
 
-  // Redis's `freed` channel (redis_keys.h, redisFreedChannel) named
-  // `state_key`: another node freed rate on it while some holder was short
-  // of its ask. This node's rate on that key, if it holds one, is renewed
-  // at the key's next take (slice::renewRateNow), not at its schedule.
-  void rateFreed(std::string_view state_key);
+  // Redis's `renew` channel (redis_keys.h, redisRenewChannel) named
+  // `state_key`: another node's rate op found the key's rates to be
+  // divided again (rate freed while some holder was short of its ask, or
+  // the node got well below its share beside holders above theirs). This
+  // node's rate on that key, if it holds one, is renewed at the key's next
+  // take (slice::renewRateNow), not at its schedule.
+  void renewHeard(std::string_view state_key);
 
   // One pass over the keys that hold rates (Control calls it every quarter
   // lease interval): a key whose demand fell (slice::demandMoved) renews

@@ -150,8 +150,8 @@ constexpr int64_t kQuickRenewIntervals = 2;
 // once its demand has brought this many units since its rate op was sent,
 // but not sooner than one lease interval (shortRenewNs): a renewal is how
 // it learns of rate another node freed (a node that stopped and gave its
-// rate up, a holder whose demand fell) when the `freed` channel's word of
-// it (redis_keys.h, LeaseManager::rateFreed) was lost. Its demand is at
+// rate up, a holder whose demand fell) when the `renew` channel's word of
+// it (redis_keys.h, LeaseManager::renewHeard) was lost. Its demand is at
 // least its ask, so this costs at most one Redis call per this many of its
 // decisions (0.001 per decision), whatever the fleet's size: at 2,000/s
 // and N = 3 (each asking 2,000/s) a short holder renews every 500 ms, at

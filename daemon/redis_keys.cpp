@@ -108,8 +108,8 @@ std::string redisMembersKey(std::string_view prefix) { return std::string(prefix
 
 std::string redisVersionKey(std::string_view prefix) { return std::string(prefix) + "version"; }
 
-std::string redisFreedChannel(std::string_view prefix, int64_t state_version) {
-  return std::string(prefix) + 'v' + std::to_string(state_version) + ":freed";
+std::string redisRenewChannel(std::string_view prefix, int64_t state_version) {
+  return std::string(prefix) + 'v' + std::to_string(state_version) + ":renew";
 }
 
 std::optional<StateKeyPair> parseRedisStateKey(std::string_view name, std::string_view prefix,

@@ -65,11 +65,13 @@ std::string redisBlockKey(std::string_view prefix, std::string_view rule_name,
 // The members sorted set (lua/heartbeat.lua).
 std::string redisMembersKey(std::string_view prefix);
 
-// The channel the rate scripts PUBLISH a state key's name on when a rate
-// op frees rate while some holder is short of its ask (lua/rate_lease.lua):
-// <key_prefix>v<V>:freed, the state keys' names up to their kind. Every
-// daemon subscribes (Control) and renews its short rate on that key.
-std::string redisFreedChannel(std::string_view prefix, int64_t state_version = kRedisStateVersion);
+// The channel the rate scripts PUBLISH a state key's name on when the
+// key's rates are to be divided again (lua/rate_lease.lua: a rate op freed
+// rate while some holder is short of its ask, or got less than 3/4 of its
+// share because the others hold more than theirs): <key_prefix>v<V>:renew,
+// the state keys' names up to their kind. Every daemon subscribes
+// (Control) and renews its rate on that key.
+std::string redisRenewChannel(std::string_view prefix, int64_t state_version = kRedisStateVersion);
 
 // The (rule name, key) a state key of `prefix` and `state_version` names
 // (redisStateKey's inverse); nullopt for any other name.

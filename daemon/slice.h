@@ -322,8 +322,8 @@ void applyRate(Words words, int64_t ns_per_unit, int64_t cap, int64_t until_ns, 
 // the token path adds nothing of an ended rate's past.
 void endRate(Words words, int64_t now_ns);
 
-// The control thread: another node freed rate on the key while some holder
-// was short of its ask (Redis's `freed` channel, redis_keys.h): a rate
+// The control thread: the key's rates are to be divided again (Redis's
+// `renew` channel, redis_keys.h, LeaseManager::renewHeard): a rate
 // held at now_ns is renewed at the key's next take (kRateRenewAt moves to
 // now_ns when it was later). Returns whether it moved.
 bool renewRateNow(Words words, int64_t now_ns);

@@ -226,6 +226,7 @@ local function rate_lease(script)
   local granted = 0
   local rate_granted = 0
   local held_before = 0  -- a rate op: the rate the node held before it
+  local fair = 0         -- a rate op: the node's max-min share of the limit
   if op == 'lease' then
     if need <= burst and units_at(empty) >= need then
       granted = math.min(n, units_at(empty))
@@ -267,7 +268,8 @@ local function rate_lease(script)
     rates = kept
     if n > 0 then
       demands[#demands + 1] = n
-      rate_granted = math.max(math.min(fair_share(demands, limit, n), limit - others), 0)
+      fair = fair_share(demands, limit, n)
+      rate_granted = math.max(math.min(fair, limit - others), 0)
       rates[#rates + 1] = {node, rate_granted, now + lease_us, n}
     end
     if need > 0 and burst >= 1 and units_at(empty) >= 1 then
@@ -341,19 +343,26 @@ local function rate_lease(script)
       if h[2] < fair_share(copy, limit, h[4]) then unmet = 1 end
     end
     reply[8] = unmet
-    -- Rate freed while a holder is short of its ask: the others learn of
-    -- it only by asking, so every daemon hears the state key's name on
-    -- <key_prefix>v<V>:freed and its short holder renews at once
-    -- (daemon/redis_keys.h, redisFreedChannel). pcall: a user whose ACL
-    -- forbids the channel loses the speed-up, not the op.
+    -- The other holders learn of a change in the division only by asking,
+    -- so every daemon hears the state key's name on <key_prefix>v<V>:renew
+    -- and its holder of a rate on the key renews at once
+    -- (daemon/redis_keys.h, redisRenewChannel) when either
+    --  - rate was freed while another holder is short of its ask, or
+    --  - the node got less than 3/4 of its share because the others hold
+    --    more than theirs (a node that starts beside a holder of the whole
+    --    limit, which would keep it until its own renewal, seconds away).
+    --    Below 3/4, not below the share: demands move between renewals, so
+    --    holders stand a little above their shares all the time.
+    -- pcall: a user whose ACL forbids the channel loses the speed-up, not
+    -- the op.
+    local renew = 4 * rate_granted < 3 * fair
     if rate_granted < held_before then
-      local short = false
       for _, h in ipairs(rates) do
-        if h[1] ~= node and h[2] < h[4] and h[2] < limit then short = true end
+        if h[1] ~= node and h[2] < h[4] and h[2] < limit then renew = true end
       end
-      local at = string.find(KEYS[1], 'q:{', 1, true)
-      if short and at then redis.pcall('PUBLISH', string.sub(KEYS[1], 1, at - 1) .. 'freed', KEYS[1]) end
     end
+    local at = string.find(KEYS[1], 'q:{', 1, true)
+    if renew and at then redis.pcall('PUBLISH', string.sub(KEYS[1], 1, at - 1) .. 'renew', KEYS[1]) end
   end
   return reply
 end

@@ -40,7 +40,7 @@ url = "redis://127.0.0.1:{port}"
 node_id = "{node}"
 expected_nodes = 1
 heartbeat_interval = "1s"
-lease_ttl = "1s"
+lease_ttl = "{lease_ttl}"
 
 [[rule]]
 name = "hot"
@@ -109,10 +109,10 @@ class RateLeaseTest(unittest.TestCase):
         self.redis = Redis()
         self.addCleanup(self.redis.stop)
 
-    def start(self, node):
+    def start(self, node, lease_ttl="1s"):
         daemon = Daemon(node)
         daemon.start(CONFIG.format(socket=daemon.socket, port=self.redis.port, node=node,
-                                   algorithm=self.ALGORITHM),
+                                   algorithm=self.ALGORITHM, lease_ttl=lease_ttl),
                      connect=True)
         self.addCleanup(daemon.stop)
         self.assertTrue(wait_for(lambda: daemon.health()["breaker"] == "closed", 10), daemon.logs())
@@ -197,13 +197,13 @@ class RateLeaseTest(unittest.TestCase):
     # Verifies that rate a node gives up reaches a short holder at once:
     # a (600/s) and b (120/s) share the limit (100 each, both short of
     # their asks). When a stops (SIGTERM: it gives its rate up), the script
-    # publishes the key's name on the `freed` channel, and b holds its
+    # publishes the key's name on the `renew` channel, and b holds its
     # whole ask (120) within 250 ms of the message; b's own schedule would
     # renew only once its ask has brought 200 units (1.7 s).
-    def test_a_rate_given_up_reaches_a_short_holder_through_the_freed_channel(self):
+    def test_a_rate_given_up_reaches_a_short_holder_through_the_renew_channel(self):
         import redis  # python3-redis
         state_key = redis_key("q", "hot", "k")
-        channel = state_key[:state_key.index(b"q:{")] + b"freed"
+        channel = state_key[:state_key.index(b"q:{")] + b"renew"
         watch = redis.Redis(host="127.0.0.1", port=self.redis.port).pubsub()
         watch.subscribe(channel)
         self.addCleanup(watch.close)
@@ -238,6 +238,44 @@ class RateLeaseTest(unittest.TestCase):
         self.assertEqual(self.rates().get("rate-b", "").split(":")[0], "120", holder.logs())
         self.assertLessEqual(time.monotonic() - heard_at, 0.25)
         self.assertNotIn("rate-a", self.rates())
+
+    # Verifies that a node that starts beside a holder of the whole limit
+    # gets its share at once: a holds all 200/s alone (a rate of 5 s, so it
+    # would renew only 2.5 s later), then b asks at the same 600/s. b's rate
+    # op gets nothing while a holds the limit, so the script publishes the
+    # key's name on the `renew` channel, a renews at once and keeps its
+    # share (100), and b holds at least 3/4 of its share within 500 ms and
+    # admits its half of the limit from then on.
+    def test_a_newcomer_beside_a_holder_of_the_whole_limit_gets_its_share_at_once(self):
+        import redis  # python3-redis
+        state_key = redis_key("q", "hot", "k")
+        channel = state_key[:state_key.index(b"q:{")] + b"renew"
+        watch = redis.Redis(host="127.0.0.1", port=self.redis.port).pubsub()
+        watch.subscribe(channel)
+        self.addCleanup(watch.close)
+        watch.get_message(timeout=1.0)  # the subscription's confirmation
+        holder, newcomer = self.start("rate-a", "5s"), self.start("rate-b", "5s")
+        self.assertTrue(wait_for(lambda: holder.health()["nodes"] == 2, 5), holder.logs())
+        drive(holder, 1.0, 3 * LIMIT)
+        self.assertEqual(self.rates().get("rate-a", "").split(":")[0], str(LIMIT), holder.logs())
+        while watch.get_message(timeout=0.01) is not None:  # what the start published
+            pass
+        start = time.monotonic()
+        shared_at = None
+        while time.monotonic() - start < 3.0 and shared_at is None:
+            drive_all([(holder, 3 * LIMIT), (newcomer, 3 * LIMIT)], 0.02)
+            if int(self.rates().get("rate-b", "0:").split(":")[0]) >= 0.75 * LIMIT / 2:
+                shared_at = time.monotonic()
+        self.assertIsNotNone(shared_at, "%s\n%s" % (self.rates(), newcomer.logs()))
+        self.assertLessEqual(shared_at - start, 0.5, self.rates())
+        message = watch.get_message(timeout=1.0)
+        self.assertIsNotNone(message)
+        self.assertEqual(message["data"], state_key)
+        (_, holder_allowed, _), (_, newcomer_allowed, _) = drive_all(
+            [(holder, 3 * LIMIT), (newcomer, 3 * LIMIT)], 1.0)
+        self.assertGreaterEqual(newcomer_allowed, 0.35 * LIMIT,
+                                "%d and %d admitted" % (holder_allowed, newcomer_allowed))
+        self.assertLessEqual(holder_allowed + newcomer_allowed, LIMIT + BURST + 2 * CAP)
 
 
 class GcraRateLeaseTest(RateLeaseTest):

@@ -775,7 +775,7 @@ TEST(RateLeaseRule, AHolderShortOfItsAskRenewsOnceItsDemandBroughtAThousandUnits
 
 // Verifies a leave on a simulated clock (2,000/s, three nodes each asking
 // 2,000/s, each holding its max-min share, lease interval 100 ms): node a
-// gives its rate up at 10 s, and the word of it on the `freed` channel is
+// gives its rate up at 10 s, and the word of it on the `renew` channel is
 // lost. Nobody's demand was unmet, so nobody heard anything; b and c,
 // short of their asks, renew on their schedules (sent at 9.93 s and
 // 9.98 s, every 500 ms: 1,000 units of 2,000/s), and each takes its share

@@ -124,11 +124,11 @@ TEST(RedisKeysTest, TheFleetMarkerIsOnePlainNameOfThePrefix) {
   EXPECT_EQ(redisVersionKey("blue:"), "blue:version");
 }
 
-// Verifies that the `freed` channel's messages (a state key's name) give
+// Verifies that the `renew` channel's messages (a state key's name) give
 // back the (rule, key) they name, whatever bytes the key holds, and that
 // another prefix's or version's key, or a mangled one, gives nothing.
-TEST(RedisKeysTest, AFreedMessageNamesItsRuleAndKey) {
-  EXPECT_EQ(redisFreedChannel("sluice:"), "sluice:v3:freed");
+TEST(RedisKeysTest, ARenewMessageNamesItsRuleAndKey) {
+  EXPECT_EQ(redisRenewChannel("sluice:"), "sluice:v3:renew");
   const std::string odd_key("a:}{\0b", 7);
   for (const auto& [rule, key] : {std::pair<std::string, std::string>{"api", "k"}, {"r:1", odd_key}, {"x", ""}}) {
     std::optional<StateKeyPair> pair = parseRedisStateKey(redisStateKey("sluice:", rule, key), "sluice:");

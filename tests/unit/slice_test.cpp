@@ -582,7 +582,7 @@ TEST_F(SliceTest, AnEmptyRateSliceDeniesUntilItsRefillAndAsksRedisOnlyToRenew) {
   EXPECT_FALSE(slice::take(words(), 510 * kMs, 1).must_request);  // claimed once
 }
 
-// Verifies that word of freed rate (the `freed` channel) makes the key's
+// Verifies that word of freed rate (the `renew` channel) makes the key's
 // next take claim the renewal at once, 2.5 s before its schedule, once;
 // and that a key that holds no rate, or is due already, is left alone.
 TEST_F(SliceTest, FreedRateMakesTheNextTakeRenewTheRateAtOnce) {
