@@ -597,8 +597,14 @@ bool claimMovedRenewal(Words words, int64_t now_ns) {
 }
 
 bool renewRateNow(Words words, int64_t now_ns) {
-  if (!holdsRate(words, now_ns) || load(words, kRateRenewAt) <= now_ns) return false;
-  store(words, kRateRenewAt, now_ns);
+  if (holdsRate(words, now_ns)) {
+    if (load(words, kRateRenewAt) <= now_ns) return false;
+    store(words, kRateRenewAt, now_ns);
+    return true;
+  }
+  // Waiting to ask again (a rate op that got nothing, an empty bucket).
+  if (load(words, kDenyUntil) <= now_ns || load(words, kRecheckAt) <= now_ns) return false;
+  store(words, kRecheckAt, now_ns);
   return true;
 }
 

@@ -325,7 +325,11 @@ void endRate(Words words, int64_t now_ns);
 // The control thread: the key's rates are to be divided again (Redis's
 // `renew` channel, redis_keys.h, LeaseManager::renewHeard): a rate
 // held at now_ns is renewed at the key's next take (kRateRenewAt moves to
-// now_ns when it was later). Returns whether it moved.
+// now_ns when it was later), and a key that holds none and waits to ask
+// Redis again (a rate op granted it nothing, or its bucket was empty:
+// kDenyUntil) asks at its next take (kRecheckAt moves to now_ns), so the
+// rate another node gave up goes to a short node within a take, not
+// after its wait (a quarter lease interval). Returns whether it moved.
 bool renewRateNow(Words words, int64_t now_ns);
 
 // The control thread: a rate op asking for a rate refilling one unit per

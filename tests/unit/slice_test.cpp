@@ -598,6 +598,24 @@ TEST_F(SliceTest, FreedRateMakesTheNextTakeRenewTheRateAtOnce) {
   EXPECT_FALSE(slice::renewRateNow(words(), 6'000 * kMs));        // the rate ended
 }
 
+// Verifies that the same word makes a key that holds no rate and waits to
+// ask again (its rate op got nothing: deny for 25 ms) ask at its next
+// take, once, instead of at the wait's end; and that a key not waiting,
+// or past its wait, is left alone.
+TEST_F(SliceTest, AWordToRenewMakesAKeyWaitingToAskAskAtItsNextTake) {
+  slice::applyEmpty(words(), 0, 25 * kMs);
+  slice::TakeResult before = slice::take(words(), 5 * kMs, 1);
+  EXPECT_EQ(before.outcome, slice::Outcome::kDenied);
+  EXPECT_FALSE(before.must_request);
+  EXPECT_TRUE(slice::renewRateNow(words(), 6 * kMs));
+  EXPECT_FALSE(slice::renewRateNow(words(), 7 * kMs));  // due already
+  slice::TakeResult ask = slice::take(words(), 8 * kMs, 1);
+  EXPECT_EQ(ask.outcome, slice::Outcome::kDenied);
+  EXPECT_TRUE(ask.must_request);
+  EXPECT_FALSE(slice::take(words(), 9 * kMs, 1).must_request);  // claimed once
+  EXPECT_FALSE(slice::renewRateNow(words(), 30 * kMs));          // the wait is over
+}
+
 // Verifies that a renewal keeps the refill where it was (no units twice,
 // none lost), and that at its end the rate stops and the key leases tokens
 // again.
