@@ -131,7 +131,8 @@ class LeaseManager : private BreakerActions {
   // divided again (rate freed while some holder was short of its ask, or
   // the node got well below its share beside holders above theirs). This
   // node's rate on that key, if it holds one, is renewed at the key's next
-  // take (slice::renewRateNow), not at its schedule.
+  // take, not at its schedule, and a key waiting to ask Redis again asks
+  // then, not at its wait's end (slice::renewRateNow).
   void renewHeard(std::string_view state_key);
 
   // One pass over the keys that hold rates (Control calls it every quarter
