@@ -118,6 +118,19 @@ class RateLeaseTest(unittest.TestCase):
         self.assertTrue(wait_for(lambda: daemon.health()["breaker"] == "closed", 10), daemon.logs())
         return daemon
 
+    def watch_renew_channel(self):
+        """("hot", "k")'s state key and a subscription to the `renew`
+        channel its messages go to (python3-redis), closed when the test
+        ends."""
+        import redis  # python3-redis
+        state_key = redis_key("q", "hot", "k")
+        channel = state_key[:state_key.index(b"q:{")] + b"renew"
+        watch = redis.Redis(host="127.0.0.1", port=self.redis.port).pubsub()
+        watch.subscribe(channel)
+        self.addCleanup(watch.close)
+        watch.get_message(timeout=1.0)  # the subscription's confirmation
+        return state_key, watch
+
     def rates(self):
         """The rates held on ("hot", "k"), node -> "rate:until_us:demand", read
         out of the key's state (lua/token_bucket.lua's KEYS[1])."""
@@ -201,13 +214,7 @@ class RateLeaseTest(unittest.TestCase):
     # whole ask (120) within 250 ms of the message; b's own schedule would
     # renew only once its ask has brought 200 units (1.7 s).
     def test_a_rate_given_up_reaches_a_short_holder_through_the_renew_channel(self):
-        import redis  # python3-redis
-        state_key = redis_key("q", "hot", "k")
-        channel = state_key[:state_key.index(b"q:{")] + b"renew"
-        watch = redis.Redis(host="127.0.0.1", port=self.redis.port).pubsub()
-        watch.subscribe(channel)
-        self.addCleanup(watch.close)
-        watch.get_message(timeout=1.0)  # the subscription's confirmation
+        state_key, watch = self.watch_renew_channel()
         giver, holder = self.start("rate-a"), self.start("rate-b")
         self.assertTrue(wait_for(lambda: giver.health()["nodes"] == 2, 5), giver.logs())
         drive_all([(giver, 3 * LIMIT), (holder, 120)], 2.0)
@@ -247,13 +254,7 @@ class RateLeaseTest(unittest.TestCase):
     # share (100), and b holds at least 3/4 of its share within 500 ms and
     # admits its half of the limit from then on.
     def test_a_newcomer_beside_a_holder_of_the_whole_limit_gets_its_share_at_once(self):
-        import redis  # python3-redis
-        state_key = redis_key("q", "hot", "k")
-        channel = state_key[:state_key.index(b"q:{")] + b"renew"
-        watch = redis.Redis(host="127.0.0.1", port=self.redis.port).pubsub()
-        watch.subscribe(channel)
-        self.addCleanup(watch.close)
-        watch.get_message(timeout=1.0)  # the subscription's confirmation
+        state_key, watch = self.watch_renew_channel()
         holder, newcomer = self.start("rate-a", "5s"), self.start("rate-b", "5s")
         self.assertTrue(wait_for(lambda: holder.health()["nodes"] == 2, 5), holder.logs())
         drive(holder, 1.0, 3 * LIMIT)
