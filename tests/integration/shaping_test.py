@@ -58,6 +58,9 @@ INTERVAL_S = 0.1  # 10 per second, paced
 RELEASE_TOLERANCE_S = 0.05
 RELEASES_ON_TIME = 0.9
 MEAN_DEVIATION_MAX_S = 0.02
+# The same under ThreadSanitizer, whose daemon fires its timers late on a
+# slow host (a mean of 24 ms measured there).
+TSAN_MEAN_DEVIATION_MAX_S = 0.04
 # Another client's answers while the waiters are held: a loop that waiters
 # stalled would delay them all; a moment without CPU on a shared machine
 # delays one or two.
@@ -115,7 +118,10 @@ class ShapingTest(unittest.TestCase):
                                        other_times[-1] * 1000))
         on_time = sum(d <= RELEASE_TOLERANCE_S for d in deviations) / WAITERS
         self.assertGreaterEqual(on_time, RELEASES_ON_TIME, deviations)
-        self.assertLessEqual(statistics.mean(deviations), MEAN_DEVIATION_MAX_S)
+        with open("/proc/%d/maps" % self.daemon.proc.pid) as maps:
+            tsan = "libtsan" in maps.read()
+        self.assertLessEqual(statistics.mean(deviations),
+                             TSAN_MEAN_DEVIATION_MAX_S if tsan else MEAN_DEVIATION_MAX_S)
         self.assertLessEqual(waited_error, 2)
         self.assertLessEqual(other_p95, OTHER_CLIENT_P95_S)
         self.assertLessEqual(other_times[-1], OTHER_CLIENT_MAX_S)
