@@ -195,9 +195,7 @@ class MeasuredDaemon(Daemon):
         values.update(limits)
         self.start(CONFIG.format(**values) + extra, accept_timeout_s=60)
         self.pid = self.proc.pid
-        with open("/proc/%d/maps" % self.pid) as f:
-            maps = f.read()
-        self.instrumented = [name for name in INSTRUMENTED_SLOWDOWN if name in maps]
+        self.instrumented = [name for name in INSTRUMENTED_SLOWDOWN if self.maps_library(name)]
         self.slowdown = max([INSTRUMENTED_SLOWDOWN[n] for n in self.instrumented] or [1])
         # Warm every worker before the baseline is taken: its first requests
         # touch its buffers and arena, and its loop's first connection opens

@@ -295,6 +295,12 @@ class Daemon:
     def acquire(self, rule, key, cost=1):
         return self.client.result("acquire", rule, key, cost)
 
+    def maps_library(self, name):
+        """Whether the running daemon has a library whose path holds `name`
+        mapped (/proc/PID/maps): "libtsan" for a ThreadSanitizer build."""
+        with open("/proc/%d/maps" % self.proc.pid) as maps:
+            return name in maps.read()
+
     def logs(self):
         self.log.flush()
         self.log.seek(0)

@@ -118,8 +118,7 @@ class ShapingTest(unittest.TestCase):
                                        other_times[-1] * 1000))
         on_time = sum(d <= RELEASE_TOLERANCE_S for d in deviations) / WAITERS
         self.assertGreaterEqual(on_time, RELEASES_ON_TIME, deviations)
-        with open("/proc/%d/maps" % self.daemon.proc.pid) as maps:
-            tsan = "libtsan" in maps.read()
+        tsan = self.daemon.maps_library("libtsan")
         self.assertLessEqual(statistics.mean(deviations),
                              TSAN_MEAN_DEVIATION_MAX_S if tsan else MEAN_DEVIATION_MAX_S)
         self.assertLessEqual(waited_error, 2)
