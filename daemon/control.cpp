@@ -216,7 +216,7 @@ void Control::run() {
         &renew_timer_,
         [](uv_timer_t* timer) { static_cast<Control*>(timer->data)->leases_->renewHoldings(); },
         renew_ms, renew_ms);
-    auto sweep_ms = static_cast<uint64_t>(std::max<int64_t>(config_.lease_interval_ms / 4, 1));
+    auto sweep_ms = static_cast<uint64_t>(LeaseManager::sweepIntervalMs(config_.lease_interval_ms));
     uv_timer_start(
         &sweep_timer_,
         [](uv_timer_t* timer) { static_cast<Control*>(timer->data)->leases_->sweepIdleRates(); },

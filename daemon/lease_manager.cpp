@@ -454,6 +454,10 @@ void LeaseManager::onDown() {
 
 void LeaseManager::onUp() { breaker_.up(now()); }
 
+int64_t LeaseManager::sweepIntervalMs(int64_t lease_interval_ms) {
+  return std::max<int64_t>(lease_interval_ms / slice::kIdleWindowsPerInterval / 2, 1);
+}
+
 void LeaseManager::sweepIdleRates() {
   if (rate_keys_.empty() || !breaker_.redisUp()) return;
   RuleSetPtr rules = context_.rules();
@@ -471,7 +475,7 @@ void LeaseManager::sweepIdleRates() {
         continue;
       }
       Words words = entry->state();
-      if (slice::claimMovedRenewal(words, now_ns)) {
+      if (slice::claimMovedRenewal(words, now_ns, entry->lastUsedNs())) {
         LeaseRequest request;
         request.rule_id = it->first;
         request.key = it->second;

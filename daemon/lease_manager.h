@@ -135,12 +135,16 @@ class LeaseManager : private BreakerActions {
   // then, not at its wait's end (slice::renewRateNow).
   void renewHeard(std::string_view state_key);
 
-  // One pass over the keys that hold rates (Control calls it every quarter
-  // lease interval): a key whose demand fell (slice::demandMoved) renews
-  // for what it measured, 0 when it got no request at all (its rate is
-  // given up): a key that gets no requests makes no take to see its fall,
+  // One pass over the keys that hold rates (Control calls it every
+  // sweepIntervalMs): a key whose demand fell (slice::demandMoved) renews
+  // for what it measured, and one idle for slice::idleAfterNs gives its
+  // rate up: a key that gets no requests makes no take to see its fall,
   // and would hold its rate until it ends. Nothing while Redis is down.
   void sweepIdleRates();
+  // How often sweepIdleRates runs: half the shortest idle time
+  // (slice::kIdleWindowsPerInterval), 5 ms at lease_interval 100 ms. A
+  // pass costs a table lookup per key holding a rate.
+  static int64_t sweepIntervalMs(int64_t lease_interval_ms);
 
   // Cluster: `master` took over slots it did not hold before (a failover):
   // learning mode, as for a promoted replica (startLearning).

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "algorithm.h"
 #include "entry.h"
@@ -591,11 +592,6 @@ void endRate(Words words, int64_t now_ns) {
   }
 }
 
-bool claimMovedRenewal(Words words, int64_t now_ns) {
-  return holdsRate(words, now_ns) && (words[kFlags].load(std::memory_order_acquire) & kInFlight) == 0 &&
-         demandMoved(words, now_ns) && claim(words);
-}
-
 bool renewRateNow(Words words, int64_t now_ns) {
   if (holdsRate(words, now_ns)) {
     if (load(words, kRateRenewAt) <= now_ns) return false;
@@ -634,17 +630,61 @@ void noteAsked(Words words, const Limit& limit, int64_t asked, int64_t span_ns, 
   store(words, kRateMovedSpan, span_ns);
 }
 
+namespace {
+
+// The window of demandMoved: kMovedWindowUnits units at the rate asked
+// (kRateLessNsPerUnit is twice its ns per unit), within [a
+// kMovedWindowsPerInterval-th of the lease interval (span), kMovedMaxIntervals
+// of them].
+int64_t movedWindowNs(ConstWords words, int64_t span) {
+  return std::clamp<int64_t>(kMovedWindowUnits * (load(words, kRateLessNsPerUnit) / 2),
+                             span / kMovedWindowsPerInterval, kMovedMaxIntervals * span);
+}
+
+// Reports a move of the key's demand to `demand` units over `elapsed` ns
+// (demandMoved, reportIdle) for the one caller whose compare-and-swap of
+// kRateMovedSince from `since` succeeds, and disarms the check until the
+// renewal's answer re-arms it (noteAsked). The demand becomes the key's rate
+// (kRate, per lease interval `span`) and a new measurement starts: the
+// renewal asks for what the key wants now, not an average with the spell
+// before the move.
+bool reportMove(Words words, uint64_t since, int64_t now_ns, double demand, int64_t elapsed, int64_t span) {
+  if (!words[kRateMovedSince].compare_exchange_strong(since, static_cast<uint64_t>(now_ns),
+                                                      std::memory_order_acq_rel)) {
+    return false;
+  }
+  store(words, kRateMovedSpan, 0);
+  store(words, kRate, static_cast<int64_t>(demand * static_cast<double>(span) / static_cast<double>(elapsed) + 0.5));
+  words[kDemand].store(0, std::memory_order_relaxed);
+  store(words, kDemandSince, now_ns);
+  store(words, kRateMovedDemand, 0);
+  return true;
+}
+
+// A rate holder idle since its last use (claimMovedRenewal): its demand is
+// none. Reported once, as demandMoved reports a move.
+bool reportIdle(Words words, int64_t now_ns) {
+  const int64_t span = load(words, kRateMovedSpan);
+  if (span <= 0) return false;
+  return reportMove(words, words[kRateMovedSince].load(std::memory_order_acquire), now_ns, 0, 1, span);
+}
+
+}  // namespace
+
+int64_t idleAfterNs(ConstWords words) {
+  const int64_t span = load(words, kRateMovedSpan);
+  if (span <= 0) return std::numeric_limits<int64_t>::max();
+  return std::clamp<int64_t>(kMovedWindowUnits * (load(words, kRateLessNsPerUnit) / 2), span / kIdleWindowsPerInterval,
+                             movedWindowNs(words, span));
+}
+
 bool demandMoved(Words words, int64_t now_ns) {
   const int64_t span = load(words, kRateMovedSpan);
   uint64_t since = words[kRateMovedSince].load(std::memory_order_acquire);
   const int64_t elapsed = now_ns - static_cast<int64_t>(since);
   if (span <= 0 || elapsed <= 0) return false;
-  // The window: kMovedWindowUnits units at the rate asked, within [a
-  // kMovedWindowsPerInterval-th of the lease interval, kMovedMaxIntervals
-  // of them].
   const int64_t less = load(words, kRateLessNsPerUnit);
-  const int64_t window = std::clamp<int64_t>(kMovedWindowUnits * (less / 2), span / kMovedWindowsPerInterval,
-                                             kMovedMaxIntervals * span);
+  const int64_t window = movedWindowNs(words, span);
   // kDemand restarts from 0 at each measurement nextBatch ends: a window
   // across that counts what came since.
   const int64_t total = load(words, kDemand);
@@ -662,24 +702,7 @@ bool demandMoved(Words words, int64_t now_ns) {
   const int64_t held_ns_per_unit = load(words, kRateNsPerUnit);
   const bool down = elapsed >= window && demand * static_cast<double>(std::max(less, 2 * held_ns_per_unit)) <
                                              static_cast<double>(elapsed);
-  if (up || down) {
-    // One taker reports the move, and disarms the check until the renewal's
-    // answer re-arms it (noteAsked). The window's demand becomes the key's
-    // rate (kRate, per lease interval) and a new measurement starts: the
-    // renewal asks for what the key wants now, not an average with the
-    // spell before the move.
-    if (!words[kRateMovedSince].compare_exchange_strong(since, static_cast<uint64_t>(now_ns),
-                                                        std::memory_order_acq_rel)) {
-      return false;
-    }
-    store(words, kRateMovedSpan, 0);
-    store(words, kRate,
-          static_cast<int64_t>(demand * static_cast<double>(span) / static_cast<double>(elapsed) + 0.5));
-    words[kDemand].store(0, std::memory_order_relaxed);
-    store(words, kDemandSince, now_ns);
-    store(words, kRateMovedDemand, 0);
-    return true;
-  }
+  if (up || down) return reportMove(words, since, now_ns, demand, elapsed, span);
   if (elapsed < window) return false;
   // As asked: the next window starts (one taker moves it).
   if (words[kRateMovedSince].compare_exchange_strong(since, static_cast<uint64_t>(now_ns),
@@ -687,6 +710,14 @@ bool demandMoved(Words words, int64_t now_ns) {
     store(words, kRateMovedDemand, total);
   }
   return false;
+}
+
+bool claimMovedRenewal(Words words, int64_t now_ns, int64_t last_use_ns) {
+  if (!holdsRate(words, now_ns) || (words[kFlags].load(std::memory_order_acquire) & kInFlight) != 0) {
+    return false;
+  }
+  const bool moved = now_ns - last_use_ns >= idleAfterNs(words) ? reportIdle(words, now_ns) : demandMoved(words, now_ns);
+  return moved && claim(words);
 }
 
 bool noteRateShort(Words words, bool short_unmet, int64_t now_ns, int64_t span_ns, int64_t intervals) {

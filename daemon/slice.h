@@ -354,6 +354,19 @@ constexpr int64_t kMovedWindowUnits = 16;
 constexpr int64_t kMovedWindowsPerInterval = 4;
 constexpr int64_t kMovedMaxIntervals = 4;
 
+// How long a rate holder goes without a request before the sweep reads its
+// demand as gone (claimMovedRenewal), at now less its last use: the time
+// kMovedWindowUnits units take at the rate it asked, but at least a
+// kIdleWindowsPerInterval-th of the lease interval and at most the window of
+// demandMoved. A node whose load stops gives its rate back within about
+// that plus a sweep, not at the end of a window that began before the stop
+// (up to two windows): the rate stands unspent meanwhile. A stall of its
+// callers that long gives the rate up too; the node's next take asks for
+// it again, and the holders give it back within a round trip or two
+// (the renew word).
+constexpr int64_t kIdleWindowsPerInterval = 10;
+int64_t idleAfterNs(ConstWords words);
+
 // The control thread: the rate op just answered at now_ns asked for
 // `asked` units per period of `limit`. The key's demand is measured over
 // windows from now_ns (kMovedWindowUnits), in units per span_ns (one lease
@@ -376,10 +389,12 @@ void noteAsked(Words words, const Limit& limit, int64_t asked, int64_t span_ns, 
 bool demandMoved(Words words, int64_t now_ns);
 
 // The control thread's sweep of rate holders (LeaseManager::sweepIdleRates):
-// whether the key, holding a rate at now_ns, saw its demand move
-// (demandMoved: a key that gets no requests at all makes no take to see
-// its fall) and this caller claimed its renewal, which it must then send.
-bool claimMovedRenewal(Words words, int64_t now_ns);
+// whether the key, holding a rate at now_ns and last used at last_use_ns,
+// saw its demand move (demandMoved: a key that gets no requests at all
+// makes no take to see its fall) or has been idle for idleAfterNs (its
+// demand becomes none), and this caller claimed its renewal, which it must
+// then send.
+bool claimMovedRenewal(Words words, int64_t now_ns, int64_t last_use_ns);
 
 // The control thread: a rate op answered at now_ns, `short_unmet` when it
 // granted less than the key asked for while the reply said some recorded

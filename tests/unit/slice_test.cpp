@@ -778,21 +778,54 @@ TEST_F(ShiftTest, AMoveIsReportedOnceUntilTheRenewalAnswers) {
 
 // Verifies the control thread's sweep of a rate holder that gets no
 // requests at all: no take sees its demand fall, so claimMovedRenewal
-// does, once the window has passed (not before), claims the renewal once,
-// and leaves a key that holds no rate alone.
+// does, once it has been idle for idleAfterNs (not before), claims the
+// renewal once, and leaves a key that holds no rate alone.
 TEST_F(ShiftTest, TheSweepClaimsTheRenewalOfARateHolderThatGetsNoRequests) {
-  EXPECT_FALSE(slice::claimMovedRenewal(words(), 0));  // no rate held
+  EXPECT_FALSE(slice::claimMovedRenewal(words(), 0, 0));  // no rate held
   slice::applyRate(words(), rate_lease::nsPerUnit(limit_, limit_.limit), 100, 5'000 * kMs, 2'500 * kMs, 0);
   slice::noteAsked(words(), limit_, limit_.limit, kInterval, 0);
-  EXPECT_FALSE(slice::claimMovedRenewal(words(), kMs));
+  const int64_t idle_ns = slice::idleAfterNs(words());
+  EXPECT_FALSE(slice::claimMovedRenewal(words(), kMs, 0));
   int64_t claimed_at = 0;
   for (int64_t t = 2 * kMs; t <= 4 * kInterval && claimed_at == 0; t += kMs) {
-    if (slice::claimMovedRenewal(words(), t)) claimed_at = t;
+    if (slice::claimMovedRenewal(words(), t, 0)) claimed_at = t;
   }
   ASSERT_GT(claimed_at, 0);
-  EXPECT_GE(claimed_at, kInterval / slice::kMovedWindowsPerInterval);
+  EXPECT_EQ(claimed_at, idle_ns);
   EXPECT_EQ(slice::demandPerInterval(words()), 0);  // what the renewal asks: none
-  EXPECT_FALSE(slice::claimMovedRenewal(words(), claimed_at + kMs));  // claimed once
+  EXPECT_FALSE(slice::claimMovedRenewal(words(), claimed_at + kMs, 0));  // claimed once
+}
+
+// Verifies that a contending holder whose requests stop (its load left
+// the node) gives its rate up within its idle time of the last request
+// plus one sweep, not at the end of a window that began before the stop:
+// at 2,000/s asked, 16 units take 8 ms, so the idle time is the floor, a
+// tenth of the lease interval. A gap shorter than that, in requests that
+// go on, is no stop.
+TEST_F(ShiftTest, AHolderWhoseRequestsStopGivesItsRateUpWithinItsIdleTime) {
+  slice::applyRate(words(), 1'500'000, 10'000, 5'000 * kMs, 2'500 * kMs, 0);  // 666/s
+  slice::noteAsked(words(), limit_, limit_.limit, kInterval, 0);
+  const int64_t idle_ns = slice::idleAfterNs(words());
+  EXPECT_EQ(idle_ns, kInterval / slice::kIdleWindowsPerInterval);
+  const int64_t sweep_ns = idle_ns / 2;  // LeaseManager::sweepIntervalMs
+  int64_t last_use = 0;
+  int64_t claimed_at = -1;
+  // Requests every 0.5 ms but for a gap just short of the idle time, then
+  // none from 120 ms; the sweep runs every sweep_ns.
+  for (int64_t t = kMs / 2, swept = 0; t < 400 * kMs && claimed_at < 0; t += kMs / 2) {
+    const bool gap = t >= 40 * kMs && t < 40 * kMs + idle_ns - kMs;
+    if (!gap && t < 120 * kMs) {
+      last_use = t;
+      ASSERT_FALSE(slice::take(words(), t, 1).must_request) << t / kMs << " ms";
+    }
+    if (t - swept >= sweep_ns) {
+      swept = t;
+      if (slice::claimMovedRenewal(words(), t, last_use)) claimed_at = t;
+    }
+  }
+  EXPECT_GE(claimed_at, last_use + idle_ns);
+  EXPECT_LE(claimed_at, last_use + idle_ns + sweep_ns);
+  EXPECT_EQ(slice::demandPerInterval(words()), 0);  // the renewal gives the rate up
 }
 
 // Verifies that while Redis is unreachable a rate that held when the
