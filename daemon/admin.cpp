@@ -199,6 +199,7 @@ void Admin::writeStats(rpc::MsgId msgid, std::string* out) {
       {"released_units", s.lease_units_released + leases.released_units},
       {"lost_units", leases.lost_units},
       {"renewed", leases.renewed},
+      {"renew_words", leases.renew_words},
       {"negative_cache_hits", s.lease_negative_hits},
       {"deferred", s.lease_deferred},
       {"deferred_expired", s.lease_deferred_expired},

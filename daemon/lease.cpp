@@ -74,6 +74,7 @@ LeaseStats LeaseBroker::stats(int64_t now_ns) const {
   s.released_units = get(counters_.released_units);
   s.lost_units = get(counters_.lost_units);
   s.renewed = get(counters_.renewed);
+  s.renew_words = get(counters_.renew_words);
   uint64_t open_ns = open_ns_total_.load(std::memory_order_relaxed);
   int64_t since = open_since_ns_.load(std::memory_order_acquire);
   if (since != 0 && now_ns > since) open_ns += static_cast<uint64_t>(now_ns - since);

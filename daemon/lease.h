@@ -84,6 +84,9 @@ struct LeaseStats {
   uint64_t released_units = 0;
   uint64_t lost_units = 0;
   uint64_t renewed = 0;
+  // Words heard on the renew channel (LeaseManager::renewHeard): another
+  // node's rate op found a key's rates to be divided again.
+  uint64_t renew_words = 0;
 };
 
 class LeaseBroker {
@@ -154,7 +157,8 @@ class LeaseBroker {
   struct Counters {
     std::atomic<uint64_t> requested{0}, granted{0}, empty{0}, failed{0}, granted_units{0},
         returned_units{0}, debited_units{0}, latency_us_sum{0}, latency_us_max{0},
-        fallback_entries{0}, learning_entries{0}, released_units{0}, lost_units{0}, renewed{0};
+        fallback_entries{0}, learning_entries{0}, released_units{0}, lost_units{0}, renewed{0},
+        renew_words{0};
     Histogram latency;  // answered leases; the control thread is its one writer
   };
   Counters& counters() { return counters_; }

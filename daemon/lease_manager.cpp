@@ -497,6 +497,7 @@ void LeaseManager::sweepIdleRates() {
 }
 
 void LeaseManager::renewHeard(std::string_view state_key) {
+  context_.broker->counters().renew_words.fetch_add(1, std::memory_order_relaxed);
   std::optional<StateKeyPair> pair = parseRedisStateKey(state_key, config_.key_prefix, context_.state_version);
   if (!pair) return;  // another prefix's or version's key
   RuleSetPtr rules = context_.rules();

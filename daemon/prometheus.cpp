@@ -333,6 +333,10 @@ std::string renderPrometheus(const MetricsView& view) {
     w.single("sluice_lease_renewals_total", "counter",
              "Renewals of this node's concurrency holdings in Redis.",
              static_cast<double>(l.renewed));
+    w.single("sluice_lease_renew_words_total", "counter",
+             "Words heard on the renew channel: another node found a key's rates to be divided "
+             "again.",
+             static_cast<double>(l.renew_words));
     w.single("sluice_leased_units", "gauge", "Leased units this node holds and has not spent.",
              static_cast<double>(h.leased_units));
     w.family("sluice_overshoot_bound_units", "gauge",

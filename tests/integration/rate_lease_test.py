@@ -245,6 +245,7 @@ class RateLeaseTest(unittest.TestCase):
         self.assertEqual(self.rates().get("rate-b", "").split(":")[0], "120", holder.logs())
         self.assertLessEqual(time.monotonic() - heard_at, 0.25)
         self.assertNotIn("rate-a", self.rates())
+        self.assertGreaterEqual(holder.client.result("stats")["leases"]["renew_words"], 1)
 
     # Verifies that a node that starts beside a holder of the whole limit
     # gets its share at once: a holds all 200/s alone (a rate of 5 s, so it
