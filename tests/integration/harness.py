@@ -64,6 +64,12 @@ def redis_key(kind, rule, key, prefix="sluice:", version=STATE_VERSION):
                                      pair)
 
 
+def renew_channel(prefix="sluice:", version=STATE_VERSION):
+    """The channel the rate scripts publish a state key's name on when its
+    rates are to be divided again (daemon/redis_keys.h's redisRenewChannel)."""
+    return b"%sv%d:renew" % (prefix.encode(), version)
+
+
 def _crc16(data):
     crc = 0
     for byte in data:

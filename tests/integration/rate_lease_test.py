@@ -22,7 +22,8 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import Daemon, Redis, redis_key, tear_down_module, wait_for  # noqa: E402
+from harness import (Daemon, Redis, redis_key, renew_channel, tear_down_module,  # noqa: E402
+                     wait_for)
 
 LIMIT = 200
 BURST = 6
@@ -124,9 +125,8 @@ class RateLeaseTest(unittest.TestCase):
         ends."""
         import redis  # python3-redis
         state_key = redis_key("q", "hot", "k")
-        channel = state_key[:state_key.index(b"q:{")] + b"renew"
         watch = redis.Redis(host="127.0.0.1", port=self.redis.port).pubsub()
-        watch.subscribe(channel)
+        watch.subscribe(renew_channel())
         self.addCleanup(watch.close)
         watch.get_message(timeout=1.0)  # the subscription's confirmation
         return state_key, watch

@@ -40,7 +40,8 @@ import unittest
 from fleet_test import (BURST, LIMIT_PER_S, RECOVER_BOUND_MS, SUMMARY, FleetCase, first_health,
                         format_table, longest_stall_ms, ms, settled_after, share_burst, slowest,
                         summary)
-from harness import Client, Redis, Sentinel, tear_down_module, wait_for
+from harness import (Client, Redis, Sentinel, redis_key, renew_channel, tear_down_module,
+                     wait_for)
 
 MASTER = "mymaster"
 # Sentinel's own timings (the sentinels' config): a dead master is
@@ -243,6 +244,14 @@ class SentinelFailoverTest(SentinelCase):
             checks.append(("the fleet admitted %d from the kill until every breaker closed "
                            "(%.2f s), within the limit and the fallback budgets %.0f"
                            % (fleet, outage_end - t_kill, fleet_bound), fleet <= fleet_bound))
+        # The rate leases' renew channel followed the master too: a word
+        # published on the new master reaches both daemons.
+        heard = [d.client.result("stats")["leases"]["renew_words"] for d in daemons]
+        self.replica.command("PUBLISH", renew_channel(), redis_key("q", "shared", "k"))
+        for daemon, before in zip(daemons, heard):
+            checks.append(("%s: hears the renew channel on the new master" % daemon.name,
+                           wait_for(lambda: daemon.client.result("stats")["leases"]["renew_words"]
+                                    > before, 2)))
         summary("sentinel_failover", nodes=len(daemons), admitted=fb_admitted, bound=fb_bound,
                 ratio=fb_admitted / fb_bound if fb_bound else None,
                 stall_ms=max(longest_stall_ms(n) for n in run.records), down_ms=ms(down),
