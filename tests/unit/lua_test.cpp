@@ -182,9 +182,9 @@ test::RedisServer* LuaTest::server_ = nullptr;
 // ---------------------------------------------------------------------------
 // Embedding and argument lists.
 
-// Verifies that every embedded script is byte for byte its file in lua/,
-// after its prelude's file when it has one, so the .lua files really are the
-// single source of truth.
+// Verifies that every embedded script is byte for byte its preludes' files
+// in lua/ and then its own, so the .lua files really are the single source
+// of truth.
 TEST(Scripts, EmbedsEachLuaFileExactly) {
   ASSERT_EQ(scripts::all().size(), 9u);
   auto read = [](std::string_view name) {
@@ -195,8 +195,9 @@ TEST(Scripts, EmbedsEachLuaFileExactly) {
     return text.str();
   };
   for (const auto& script : scripts::all()) {
-    const std::string prelude = script.prelude.empty() ? "" : read(script.prelude);
-    EXPECT_EQ(prelude + read(script.name), script.source) << script.name;
+    std::string text;
+    for (std::string_view prelude : script.preludes) text += read(prelude);
+    EXPECT_EQ(text + read(script.name), script.source) << script.name;
     EXPECT_EQ(&scripts::get(script.script), &script);
   }
 }
@@ -206,7 +207,10 @@ TEST(Scripts, EmbedsEachLuaFileExactly) {
 TEST(Scripts, PrependsTheRateLeaseFragmentToBothRateScriptsOnly) {
   for (const auto& script : scripts::all()) {
     const bool rate = script.script == scripts::Script::kTokenBucket || script.script == scripts::Script::kGcra;
-    EXPECT_EQ(script.prelude, rate ? "rate_lease.lua" : "") << script.name;
+    const std::vector<std::string_view> preludes(script.preludes.begin(), script.preludes.end());
+    std::vector<std::string_view> expected;
+    if (rate) expected.push_back("rate_lease.lua");
+    EXPECT_EQ(preludes, expected) << script.name;
     EXPECT_EQ(script.source.find("local function rate_lease(") != std::string_view::npos, rate) << script.name;
   }
 }
