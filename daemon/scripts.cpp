@@ -29,18 +29,20 @@ struct Joined {
 };
 
 // The preludes' file names, in the order they are joined.
-constexpr std::array<std::string_view, 1> kRateLease = {"rate_lease.lua"};
+constexpr std::array<std::string_view, 1> kCommon = {"common.lua"};
+constexpr std::array<std::string_view, 2> kCommonAndRateLease = {"common.lua", "rate_lease.lua"};
 
 constexpr std::array<ScriptSource, 9> kScripts = {{
-    {Script::kTokenBucket, "token_bucket.lua", kRateLease, Joined<kLua_rate_lease, kLua_token_bucket>::kText},
-    {Script::kGcra, "gcra.lua", kRateLease, Joined<kLua_rate_lease, kLua_gcra>::kText},
-    {Script::kFixedWindow, "fixed_window.lua", {}, kLua_fixed_window},
-    {Script::kSlidingWindow, "sliding_window.lua", {}, kLua_sliding_window},
-    {Script::kSlidingLog, "sliding_log.lua", {}, kLua_sliding_log},
-    {Script::kConcurrency, "concurrency.lua", {}, kLua_concurrency},
-    {Script::kHeartbeat, "heartbeat.lua", {}, kLua_heartbeat},
-    {Script::kPenalty, "penalty.lua", {}, kLua_penalty},
-    {Script::kFleetVersion, "fleet_version.lua", {}, kLua_fleet_version},
+    {Script::kTokenBucket, "token_bucket.lua", kCommonAndRateLease,
+     Joined<kLua_common, kLua_rate_lease, kLua_token_bucket>::kText},
+    {Script::kGcra, "gcra.lua", kCommonAndRateLease, Joined<kLua_common, kLua_rate_lease, kLua_gcra>::kText},
+    {Script::kFixedWindow, "fixed_window.lua", kCommon, Joined<kLua_common, kLua_fixed_window>::kText},
+    {Script::kSlidingWindow, "sliding_window.lua", kCommon, Joined<kLua_common, kLua_sliding_window>::kText},
+    {Script::kSlidingLog, "sliding_log.lua", kCommon, Joined<kLua_common, kLua_sliding_log>::kText},
+    {Script::kConcurrency, "concurrency.lua", kCommon, Joined<kLua_common, kLua_concurrency>::kText},
+    {Script::kHeartbeat, "heartbeat.lua", kCommon, Joined<kLua_common, kLua_heartbeat>::kText},
+    {Script::kPenalty, "penalty.lua", kCommon, Joined<kLua_common, kLua_penalty>::kText},
+    {Script::kFleetVersion, "fleet_version.lua", kCommon, Joined<kLua_common, kLua_fleet_version>::kText},
 }};
 
 constexpr int64_t kNsPerMs = 1'000'000;

@@ -41,15 +41,17 @@ enum class Script {
   kFleetVersion,   // lua/fleet_version.lua
 };
 
-// A script's text is the exact bytes of its preludes' files, if it has
-// any, and then of its own: token_bucket.lua and gcra.lua end by calling the
-// function that lua/rate_lease.lua, their shared maths, defines. Redis loads
-// each script alone, so the text sent to SCRIPT LOAD (and hashed for
-// EVALSHA) is the whole of them.
+// A script's text is the exact bytes of its preludes' files and then of its
+// own. Every script's first prelude is lua/common.lua, the helpers they all
+// share; token_bucket.lua's and gcra.lua's second is lua/rate_lease.lua,
+// their shared maths, whose function each ends by calling. Redis loads each
+// script alone, so the text sent to SCRIPT LOAD (and hashed for EVALSHA) is
+// the whole of them, and the line numbers in Redis's error messages count
+// from common.lua's first line.
 struct ScriptSource {
   Script script;
   std::string_view name;                       // the file name, e.g. "token_bucket.lua"
-  std::span<const std::string_view> preludes;  // their file names, in order ("rate_lease.lua")
+  std::span<const std::string_view> preludes;  // their file names, in order: "common.lua", ...
   std::string_view source;                     // preludes and file, exactly, for SCRIPT LOAD
 };
 
