@@ -558,8 +558,9 @@ EvalshaTarget evalshaTarget(const std::string& address, const std::string& scrip
   t.limit = rule.substr(0, a);
   t.period_ms = rule.substr(a + 1, b - a - 1);
   t.burst = rule.substr(b + 1);
-  // The text sluiced loads for that file (a rate script's begins with its
-  // prelude, lua/rate_lease.lua), so the baseline runs the daemon's script.
+  // The text sluiced loads for that file (its preludes, lua/common.lua and
+  // for a rate script lua/rate_lease.lua, then the file), so the baseline
+  // runs the daemon's script.
   const std::string file_name = script_file.substr(script_file.rfind('/') + 1);
   std::string text;
   for (const sluice::scripts::ScriptSource& source : sluice::scripts::all()) {

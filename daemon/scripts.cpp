@@ -15,30 +15,34 @@ namespace {
 // kLua_<name>: lua/<name>.lua's bytes, written by daemon/embed_lua.cmake.
 #include "lua_sources.inc"
 
-// The bytes of a prelude and then a script, joined at compile time.
-template <const std::string_view& kPrelude, const std::string_view& kScript>
+// The bytes of the preludes and then a script, joined at compile time.
+template <const std::string_view&... kParts>
 struct Joined {
-  static constexpr std::array<char, kPrelude.size() + kScript.size()> kBytes = [] {
-    std::array<char, kPrelude.size() + kScript.size()> bytes{};
-    std::copy(kPrelude.begin(), kPrelude.end(), bytes.begin());
-    std::copy(kScript.begin(), kScript.end(), bytes.begin() + static_cast<std::ptrdiff_t>(kPrelude.size()));
+  static constexpr size_t kSize = (kParts.size() + ...);
+  static constexpr std::array<char, kSize> kBytes = [] {
+    std::array<char, kSize> bytes{};
+    auto out = bytes.begin();
+    ((out = std::copy(kParts.begin(), kParts.end(), out)), ...);
     return bytes;
   }();
   static constexpr std::string_view kText{kBytes.data(), kBytes.size()};
 };
 
-constexpr std::string_view kRateLease = "rate_lease.lua";
+// The preludes' file names, in the order they are joined.
+constexpr std::array<std::string_view, 1> kCommon = {"common.lua"};
+constexpr std::array<std::string_view, 2> kCommonAndRateLease = {"common.lua", "rate_lease.lua"};
 
 constexpr std::array<ScriptSource, 9> kScripts = {{
-    {Script::kTokenBucket, "token_bucket.lua", kRateLease, Joined<kLua_rate_lease, kLua_token_bucket>::kText},
-    {Script::kGcra, "gcra.lua", kRateLease, Joined<kLua_rate_lease, kLua_gcra>::kText},
-    {Script::kFixedWindow, "fixed_window.lua", "", kLua_fixed_window},
-    {Script::kSlidingWindow, "sliding_window.lua", "", kLua_sliding_window},
-    {Script::kSlidingLog, "sliding_log.lua", "", kLua_sliding_log},
-    {Script::kConcurrency, "concurrency.lua", "", kLua_concurrency},
-    {Script::kHeartbeat, "heartbeat.lua", "", kLua_heartbeat},
-    {Script::kPenalty, "penalty.lua", "", kLua_penalty},
-    {Script::kFleetVersion, "fleet_version.lua", "", kLua_fleet_version},
+    {Script::kTokenBucket, "token_bucket.lua", kCommonAndRateLease,
+     Joined<kLua_common, kLua_rate_lease, kLua_token_bucket>::kText},
+    {Script::kGcra, "gcra.lua", kCommonAndRateLease, Joined<kLua_common, kLua_rate_lease, kLua_gcra>::kText},
+    {Script::kFixedWindow, "fixed_window.lua", kCommon, Joined<kLua_common, kLua_fixed_window>::kText},
+    {Script::kSlidingWindow, "sliding_window.lua", kCommon, Joined<kLua_common, kLua_sliding_window>::kText},
+    {Script::kSlidingLog, "sliding_log.lua", kCommon, Joined<kLua_common, kLua_sliding_log>::kText},
+    {Script::kConcurrency, "concurrency.lua", kCommon, Joined<kLua_common, kLua_concurrency>::kText},
+    {Script::kHeartbeat, "heartbeat.lua", kCommon, Joined<kLua_common, kLua_heartbeat>::kText},
+    {Script::kPenalty, "penalty.lua", kCommon, Joined<kLua_common, kLua_penalty>::kText},
+    {Script::kFleetVersion, "fleet_version.lua", kCommon, Joined<kLua_common, kLua_fleet_version>::kText},
 }};
 
 constexpr int64_t kNsPerMs = 1'000'000;

@@ -41,16 +41,18 @@ enum class Script {
   kFleetVersion,   // lua/fleet_version.lua
 };
 
-// A script's text is its file's exact bytes, after those of its prelude
-// when it has one: token_bucket.lua and gcra.lua end by calling the function
-// that lua/rate_lease.lua, their shared maths, defines. Redis loads each
+// A script's text is the exact bytes of its preludes' files and then of its
+// own. Every script's first prelude is lua/common.lua, the helpers they all
+// share; token_bucket.lua's and gcra.lua's second is lua/rate_lease.lua,
+// their shared maths, whose function each ends by calling. Redis loads each
 // script alone, so the text sent to SCRIPT LOAD (and hashed for EVALSHA) is
-// the whole of both.
+// the whole of them, and the line numbers in Redis's error messages count
+// from common.lua's first line.
 struct ScriptSource {
   Script script;
-  std::string_view name;     // the file name, e.g. "token_bucket.lua"
-  std::string_view prelude;  // the prelude's file name ("rate_lease.lua"), or ""
-  std::string_view source;   // prelude and file, exactly, for SCRIPT LOAD
+  std::string_view name;                       // the file name, e.g. "token_bucket.lua"
+  std::span<const std::string_view> preludes;  // their file names, in order: "common.lua", ...
+  std::string_view source;                     // preludes and file, exactly, for SCRIPT LOAD
 };
 
 // Every script, in the order of the enum.

@@ -45,34 +45,9 @@
 -- The key's TTL is reset_after_ms: at most lease_ttl_ms after the latest
 -- call of any node still holding units.
 
-local function fail(msg)
-  return redis.error_reply('ERR sluice concurrency.lua: ' .. msg)
-end
-
--- ARGV[i] as an integer within [lo, hi], or nil.
-local function int_arg(i, lo, hi)
-  local v = tonumber(ARGV[i])
-  if v == nil or v ~= math.floor(v) or v < lo or v > hi then return nil end
-  return v
-end
-
--- floor(a / b) exactly, for integers 0 <= a < 2^53 and b >= 1.
-local function idiv(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
-end
-
--- A wait in µs as whole ms, rounded up; 0 for waits that are over.
-local function ceil_ms(us)
-  if us <= 0 then return 0 end
-  return idiv(us + 999, 1000)
-end
-
+-- fail_for, int_arg, time_us and ceil_ms are lua/common.lua's, which
+-- daemon/scripts.cpp prepends to this file.
+local fail = fail_for('concurrency.lua')
 local op = ARGV[1]
 local n = int_arg(2, 0, 2 ^ 40)
 local need = int_arg(3, 0, 2 ^ 40)
@@ -89,12 +64,7 @@ end
 if op ~= 'lease' and op ~= 'return' and op ~= 'renew' and op ~= 'peek' then
   return fail('op must be lease, return, renew or peek')
 end
-if now == 0 then
-  -- Writes after TIME need effects replication (Redis < 5 does not default to it).
-  if redis.replicate_commands then redis.replicate_commands() end
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+if now == 0 then now = time_us() end
 local deadline = now + ttl_ms * 1000
 
 -- Live holdings of the other nodes, and this node's.

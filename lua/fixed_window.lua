@@ -83,78 +83,15 @@
 -- period per `limit` units of debt, and never above 2^50 µs (rounded up to
 -- ms) past the window's start.
 
-local MAX_SPAN_US = 2 ^ 50
-
-local function fail(msg)
-  return redis.error_reply('ERR sluice fixed_window.lua: ' .. msg)
-end
-
--- ARGV[i] as an integer within [lo, hi], or nil.
-local function int_arg(i, lo, hi)
-  local v = tonumber(ARGV[i])
-  if v == nil or v ~= math.floor(v) or v < lo or v > hi then return nil end
-  return v
-end
-
--- floor(a / b) exactly, for integers 0 <= a < 2^53 and b >= 1.
-local function idiv(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
-end
-
--- A wait in µs as whole ms, rounded up; 0 for waits that are over.
-local function ceil_ms(us)
-  if us <= 0 then return 0 end
-  return idiv(us + 999, 1000)
-end
-
-local op = ARGV[1]
-local n = int_arg(2, 0, 2 ^ 40)
-local need = int_arg(3, 0, 2 ^ 40)
-local limit = int_arg(4, 1, 2 ^ 40)
-local period_ms = int_arg(5, 1, MAX_SPAN_US / 1000)
-local now = int_arg(7, 0, 2 ^ 53)
-if not (n and need and limit and period_ms and now) then
-  return fail('ARGV must be op, n, need, limit, period_ms, burst, now_us (integers)')
-end
-if op == 'lease' and (need < 1 or need > n) then
-  return fail('lease needs 1 <= need <= n')
-end
-local lease_window = nil
-if op == 'return' then
-  lease_window = int_arg(8, 0, 2 ^ 53)
-  if not lease_window then
-    return fail('return needs ARGV[8], the window id the units were leased in')
-  end
-end
-if now == 0 then
-  -- Writes after TIME need effects replication (Redis < 5 does not default to it).
-  if redis.replicate_commands then redis.replicate_commands() end
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-
--- A lease that runs after its deadline (ARGV[8]) was given up on by the
--- daemon that sent it: Redis was frozen or slow with the call in its socket.
--- Granting would take units nobody spends (and, after an outage, would run
--- before that daemon's debit), so it only reports, as a peek does.
-if op == 'lease' then
-  local deadline = int_arg(8, 0, 2 ^ 53)
-  if deadline and deadline > 0 and now > deadline then op = 'peek' end
-end
-
--- A key its rule's penalty blocked (KEYS[2], penalty.lua) is leased nothing
--- while the block lasts: every node learns of the block from its next lease.
-local blocked_ms = 0
-if KEYS[2] then
-  blocked_ms = math.max(redis.call('PTTL', KEYS[2]), 0)
-  if op == 'lease' and blocked_ms > 0 then op = 'peek' end
-end
+-- fail_for, rate_call, int_arg, idiv, ceil_ms and MAX_SPAN_US are
+-- lua/common.lua's, which daemon/scripts.cpp prepends to this file.
+local fail = fail_for('fixed_window.lua')
+local call, err = rate_call(fail, {max_units = 2 ^ 40, max_limit = 2 ^ 40,
+  usage = 'ARGV must be op, n, need, limit, period_ms, burst, now_us (integers)',
+  mark = {max = 2 ^ 53, usage = 'return needs ARGV[8], the window id the units were leased in'}})
+if not call then return err end
+local op, n, need, limit, period_ms, now = call.op, call.n, call.need, call.limit, call.period_ms, call.now
+local lease_window, blocked_ms = call.mark, call.blocked_ms
 
 local period = period_ms * 1000
 

@@ -19,15 +19,13 @@
 --
 -- No TIME: the TTL is relative, so the script is deterministic.
 
-local function fail(msg)
-  return redis.error_reply('ERR sluice fleet_version.lua: ' .. msg)
-end
-
+-- fail_for and int_arg are lua/common.lua's, which daemon/scripts.cpp prepends
+-- to this file.
+local fail = fail_for('fleet_version.lua')
 local op = ARGV[1]
-local version = tonumber(ARGV[2])
-local ttl_ms = tonumber(ARGV[3])
-if version == nil or version ~= math.floor(version) or version < 1 or version > 2 ^ 31 or
-    ttl_ms == nil or ttl_ms ~= math.floor(ttl_ms) or ttl_ms < 1 or ttl_ms > 2 ^ 40 then
+local version = int_arg(2, 1, 2 ^ 31)
+local ttl_ms = int_arg(3, 1, 2 ^ 40)
+if not (version and ttl_ms) then
   return fail('ARGV must be op, version, ttl_ms')
 end
 if op ~= 'claim' and op ~= 'peek' then

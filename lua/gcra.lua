@@ -8,9 +8,9 @@
 -- exactly when the bucket of empty time T holds c, and every op below
 -- answers as token_bucket.lua's does. So the script reads TAT, works on T
 -- with token_bucket.lua's lines, lua/rate_lease.lua (which daemon/scripts.cpp
--- prepends to both; Redis loads and runs the two as one text), and writes
--- TAT back (daemon/rate_lease.h is the C++ twin of both, cross-tested on a
--- real Redis).
+-- prepends to both, after lua/common.lua; Redis loads and runs the three as
+-- one text), and writes TAT back (daemon/rate_lease.h is the C++ twin of
+-- both, cross-tested on a real Redis).
 --
 -- KEYS[1]  the state: a string holding TAT, the theoretical arrival time (µs,
 --          Redis clock). interval = ceil(period_us / limit). c units conform

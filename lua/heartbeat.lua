@@ -25,27 +25,20 @@
 -- The key's TTL is until the last member expires (at most ttl_ms after the
 -- latest beat); the key is gone when no member is left.
 
-local function fail(msg)
-  return redis.error_reply('ERR sluice heartbeat.lua: ' .. msg)
-end
-
+-- fail_for, int_arg, time_us and ceil_ms are lua/common.lua's, which
+-- daemon/scripts.cpp prepends to this file.
+local fail = fail_for('heartbeat.lua')
 local op = ARGV[1]
 local node = ARGV[2]
-local ttl_ms = tonumber(ARGV[3])
-local now = tonumber(ARGV[4])
-if node == nil or ttl_ms == nil or ttl_ms ~= math.floor(ttl_ms) or ttl_ms < 1 or ttl_ms > 2 ^ 40 or
-    now == nil or now ~= math.floor(now) or now < 0 or now > 2 ^ 53 then
+local ttl_ms = int_arg(3, 1, 2 ^ 40)
+local now = int_arg(4, 0, 2 ^ 53)
+if not (node and ttl_ms and now) then
   return fail('ARGV must be op, node_id, ttl_ms, now_us')
 end
 if op ~= 'beat' and op ~= 'leave' and op ~= 'peek' then
   return fail('op must be beat, leave or peek')
 end
-if now == 0 then
-  -- Writes after TIME need effects replication (Redis < 5 does not default to it).
-  if redis.replicate_commands then redis.replicate_commands() end
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+if now == 0 then now = time_us() end
 
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', now))
 if op == 'beat' then
@@ -58,6 +51,6 @@ local live = redis.call('ZCARD', KEYS[1])
 if live > 0 and op ~= 'peek' then
   local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
   local until_us = tonumber(last[2]) - now
-  redis.call('PEXPIRE', KEYS[1], math.floor((until_us + 999) / 1000))
+  redis.call('PEXPIRE', KEYS[1], ceil_ms(until_us))
 end
 return {live, math.floor(now / 1000)}

@@ -19,14 +19,13 @@
 -- Returns one integer {blocked_ms}: the block's time left after the call, ms
 -- (0: not blocked).
 
-local function fail(msg)
-  return redis.error_reply('ERR sluice penalty.lua: ' .. msg)
-end
-
+-- fail_for and int_arg are lua/common.lua's, which daemon/scripts.cpp prepends
+-- to this file.
+local fail = fail_for('penalty.lua')
 local op = ARGV[1]
 if op == 'block' then
-  local block_ms = tonumber(ARGV[2])
-  if block_ms == nil or block_ms ~= math.floor(block_ms) or block_ms < 1 or block_ms > 2 ^ 40 then
+  local block_ms = int_arg(2, 1, 2 ^ 40)
+  if not block_ms then
     return fail('block needs ARGV[2], block_ms, an integer from 1 to 2^40')
   end
   if redis.call('PTTL', KEYS[2]) < block_ms then

@@ -1,62 +1,28 @@
 -- rate_lease.lua: the maths that token_bucket.lua and gcra.lua share, one
 -- function that runs either script's ops on the token bucket's empty time T.
 -- Not a script by itself: Redis loads each script alone, so daemon/scripts.cpp
--- prepends this file to both at build time (the SHA, SCRIPT LOAD and the
--- NOSCRIPT reload are of the whole text), and each script's last line calls
--- rate_lease. KEYS, ARGV, the reply, units and TTLs are token_bucket.lua's
--- contract; gcra.lua states how TAT maps onto T. daemon/rate_lease.h is the
--- C++ twin, cross-tested against both scripts on a real Redis.
+-- prepends this file to both at build time, after lua/common.lua, whose
+-- helpers it uses (the SHA, SCRIPT LOAD and the NOSCRIPT reload are of the
+-- whole text), and each script's last line calls rate_lease. KEYS, ARGV, the
+-- reply, units and TTLs are token_bucket.lua's contract; gcra.lua states how
+-- TAT maps onto T. daemon/rate_lease.h is the C++ twin, cross-tested against
+-- both scripts on a real Redis.
 --
 -- rate_lease(script) takes script.name (the file, for error replies),
 -- script.state (the state's word in them: "T" or "TAT") and
 -- script.state_is_tat (true: KEYS[1] holds TAT = T + burst * interval).
 
-local MAX_SPAN_US = 2 ^ 50
-
 local function rate_lease(script)
-  local function fail(msg)
-    return redis.error_reply('ERR sluice ' .. script.name .. ': ' .. msg)
-  end
-
-  -- ARGV[i] as an integer within [lo, hi], or nil.
-  local function int_arg(i, lo, hi)
-    local v = tonumber(ARGV[i])
-    if v == nil or v ~= math.floor(v) or v < lo or v > hi then return nil end
-    return v
-  end
-
-  -- floor(a / b) exactly, for integers 0 <= a < 2^53 and b >= 1.
-  local function idiv(a, b)
-    local q = math.floor(a / b)
-    if q * b > a then
-      q = q - 1
-    elseif (q + 1) * b <= a then
-      q = q + 1
-    end
-    return q
-  end
-
-  -- A wait in µs as whole ms, rounded up; 0 for waits that are over.
-  local function ceil_ms(us)
-    if us <= 0 then return 0 end
-    return idiv(us + 999, 1000)
-  end
-
-  local op = ARGV[1]
-  local n = int_arg(2, 0, MAX_SPAN_US)
-  local need = int_arg(3, 0, MAX_SPAN_US)
-  local limit = int_arg(4, 1, MAX_SPAN_US)
-  local period_ms = int_arg(5, 1, MAX_SPAN_US / 1000)
-  local burst = int_arg(6, 0, MAX_SPAN_US)
-  local now = int_arg(7, 0, 2 ^ 53)
-  if not (n and need and limit and period_ms and burst and now) then
-    return fail('ARGV must be op, n, need, limit, period_ms, burst, now_us (integers)')
-  end
-  if op == 'lease' and (need < 1 or need > n) then
-    return fail('lease needs 1 <= need <= n')
-  end
+  local fail = fail_for(script.name)
+  local call, err = rate_call(fail, {max_units = MAX_SPAN_US, max_limit = MAX_SPAN_US, burst = true, rate = true,
+    usage = 'ARGV must be op, n, need, limit, period_ms, burst, now_us (integers)'})
+  if not call then return err end
+  local op, n, need, limit, period_ms, burst, now = call.op, call.n, call.need, call.limit, call.period_ms,
+    call.burst, call.now
+  local blocked_ms = call.blocked_ms
   local MAX_RATE_LEASE_US = 60000000
-  local rate_op = op == 'rate'
+  -- A rate op asked for (op says 'peek' for one run late or on a blocked key).
+  local rate_op = ARGV[1] == 'rate'
   local node, lease_us
   if rate_op then
     node = ARGV[9]
@@ -68,29 +34,6 @@ local function rate_lease(script)
     if limit * MAX_RATE_LEASE_US >= 2 ^ 53 then return fail('rate needs limit * 6e7 < 2^53') end
     if burst * limit >= 2 ^ 53 then return fail('rate needs burst * limit < 2^53') end
     lease_us = lease_ms * 1000
-  end
-  if now == 0 then
-    -- Writes after TIME need effects replication (Redis < 5 does not default to it).
-    if redis.replicate_commands then redis.replicate_commands() end
-    local t = redis.call('TIME')
-    now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  end
-
-  -- A lease that runs after its deadline (ARGV[8]) was given up on by the
-  -- daemon that sent it: Redis was frozen or slow with the call in its socket.
-  -- Granting would take units nobody spends (and, after an outage, would run
-  -- before that daemon's debit), so it only reports, as a peek does.
-  if op == 'lease' or rate_op then
-    local deadline = int_arg(8, 0, 2 ^ 53)
-    if deadline and deadline > 0 and now > deadline then op = 'peek' end
-  end
-
-  -- A key its rule's penalty blocked (KEYS[2], penalty.lua) is leased nothing
-  -- while the block lasts: every node learns of the block from its next lease.
-  local blocked_ms = 0
-  if KEYS[2] then
-    blocked_ms = math.max(redis.call('PTTL', KEYS[2]), 0)
-    if (op == 'lease' or op == 'rate') and blocked_ms > 0 then op = 'peek' end
   end
 
   local interval = idiv(period_ms * 1000 + limit - 1, limit)

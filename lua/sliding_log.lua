@@ -73,65 +73,17 @@
 -- The key's TTL is reset_after_ms (an empty log deletes the key), so it is
 -- at most one period past the newest entry.
 
-local MAX_SPAN_US = 2 ^ 50
-
-local function fail(msg)
-  return redis.error_reply('ERR sluice sliding_log.lua: ' .. msg)
-end
-
--- ARGV[i] as an integer within [lo, hi], or nil.
-local function int_arg(i, lo, hi)
-  local v = tonumber(ARGV[i])
-  if v == nil or v ~= math.floor(v) or v < lo or v > hi then return nil end
-  return v
-end
-
--- A wait in µs as whole ms, rounded up; 0 for waits that are over.
-local function ceil_ms(us)
-  if us <= 0 then return 0 end
-  return math.floor((us + 999) / 1000)
-end
-
-local op = ARGV[1]
-local n = int_arg(2, 0, MAX_SPAN_US)
-local need = int_arg(3, 0, MAX_SPAN_US)
-local limit = int_arg(4, 1, 2 ^ 20)
-local period_ms = int_arg(5, 1, MAX_SPAN_US / 1000)
-local now = int_arg(7, 0, 2 ^ 53)
-if not (n and need and limit and period_ms and now) then
-  return fail('ARGV must be op, n, need, limit, period_ms, burst, now_us (integers; limit <= 2^20)')
-end
-if op == 'lease' and (need < 1 or need > n) then
-  return fail('lease needs 1 <= need <= n')
-end
-local mark_ms = 0
-if op == 'return' then
-  mark_ms = int_arg(8, 0, 2 ^ 53 / 1000)
-  if not mark_ms then return fail('return needs ARGV[8]: the now_ms its lease replied') end
-end
-if now == 0 then
-  -- Writes after TIME need effects replication (Redis < 5 does not default to it).
-  if redis.replicate_commands then redis.replicate_commands() end
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+-- fail_for, rate_call, ceil_ms and MAX_SPAN_US are lua/common.lua's, which
+-- daemon/scripts.cpp prepends to this file.
+local fail = fail_for('sliding_log.lua')
+local call, err = rate_call(fail, {max_units = MAX_SPAN_US, max_limit = 2 ^ 20,
+  usage = 'ARGV must be op, n, need, limit, period_ms, burst, now_us (integers; limit <= 2^20)',
+  mark = {max = 2 ^ 53 / 1000, usage = 'return needs ARGV[8]: the now_ms its lease replied'}})
+if not call then return err end
+local op, n, need, limit, period_ms, now = call.op, call.n, call.need, call.limit, call.period_ms, call.now
+local mark_ms, blocked_ms = call.mark, call.blocked_ms
 local period = period_ms * 1000
 local key = KEYS[1]
-
--- A lease that runs after its deadline (ARGV[8]) was given up on by the
--- daemon that sent it: it only reports, as a peek does.
-if op == 'lease' then
-  local deadline = int_arg(8, 0, 2 ^ 53)
-  if deadline and deadline > 0 and now > deadline then op = 'peek' end
-end
-
--- A key its rule's penalty blocked (KEYS[2], penalty.lua) is leased nothing
--- while the block lasts.
-local blocked_ms = 0
-if KEYS[2] then
-  blocked_ms = math.max(redis.call('PTTL', KEYS[2]), 0)
-  if op == 'lease' and blocked_ms > 0 then op = 'peek' end
-end
 
 local function fmt(v) return string.format('%d', v) end
 

@@ -3,8 +3,8 @@
 -- integer microseconds of Redis's clock: leasing one unit at a time admits
 -- exactly what token_bucket::acquire admits, with the same remaining,
 -- retry_after_ms and reset_after_ms. The lines are lua/rate_lease.lua's,
--- which gcra.lua shares: daemon/scripts.cpp prepends that file to this one,
--- and Redis loads and runs the two as one text.
+-- which gcra.lua shares: daemon/scripts.cpp prepends lua/common.lua and then
+-- that file to this one, and Redis loads and runs the three as one text.
 --
 -- KEYS[1]  the state: a string holding T, the virtual time (µs, Redis clock)
 --          at which the bucket was, or would have been, empty. The bucket

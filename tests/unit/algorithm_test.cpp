@@ -4,6 +4,7 @@
 #include "algorithm.h"
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -41,7 +42,7 @@ TEST(AlgorithmTable, EveryNameReadsBackAsItsOwnAlgorithm) {
 }
 
 // Verifies that each algorithm with a lease script has that file in lua/,
-// embedded byte for byte (after its prelude's) as the script the lease
+// embedded byte for byte (after its preludes') as the script the lease
 // manager loads for it, and
 // that an algorithm without one has no script.
 TEST(AlgorithmTable, EachLeaseScriptIsAFileInLuaEmbeddedAsTheAlgorithmsScript) {
@@ -57,10 +58,11 @@ TEST(AlgorithmTable, EachLeaseScriptIsAFileInLuaEmbeddedAsTheAlgorithmsScript) {
     const std::string file =
         test::readFile(std::string(SLUICE_SOURCE_DIR) + "/lua/" + std::string(row.lease_script));
     EXPECT_FALSE(file.empty()) << "lua/" << row.lease_script << " is missing";
-    const std::string prelude = source.prelude.empty() ? ""
-                                : test::readFile(std::string(SLUICE_SOURCE_DIR) + "/lua/" +
-                                                 std::string(source.prelude));
-    EXPECT_EQ(source.source, prelude + file) << row.lease_script;
+    std::string preludes;
+    for (std::string_view prelude : source.preludes) {
+      preludes += test::readFile(std::string(SLUICE_SOURCE_DIR) + "/lua/" + std::string(prelude));
+    }
+    EXPECT_EQ(source.source, preludes + file) << row.lease_script;
   }
 }
 

@@ -182,9 +182,9 @@ test::RedisServer* LuaTest::server_ = nullptr;
 // ---------------------------------------------------------------------------
 // Embedding and argument lists.
 
-// Verifies that every embedded script is byte for byte its file in lua/,
-// after its prelude's file when it has one, so the .lua files really are the
-// single source of truth.
+// Verifies that every embedded script is byte for byte its preludes' files
+// in lua/ and then its own, so the .lua files really are the single source
+// of truth.
 TEST(Scripts, EmbedsEachLuaFileExactly) {
   ASSERT_EQ(scripts::all().size(), 9u);
   auto read = [](std::string_view name) {
@@ -195,18 +195,23 @@ TEST(Scripts, EmbedsEachLuaFileExactly) {
     return text.str();
   };
   for (const auto& script : scripts::all()) {
-    const std::string prelude = script.prelude.empty() ? "" : read(script.prelude);
-    EXPECT_EQ(prelude + read(script.name), script.source) << script.name;
+    std::string text;
+    for (std::string_view prelude : script.preludes) text += read(prelude);
+    EXPECT_EQ(text + read(script.name), script.source) << script.name;
     EXPECT_EQ(&scripts::get(script.script), &script);
   }
 }
 
-// Verifies that the two rate scripts share lua/rate_lease.lua, and that no
-// other script carries it.
-TEST(Scripts, PrependsTheRateLeaseFragmentToBothRateScriptsOnly) {
+// Verifies that every script begins with lua/common.lua, and that the two
+// rate scripts then share lua/rate_lease.lua, which no other script carries.
+TEST(Scripts, PrependsCommonToEveryScriptAndRateLeaseToBothRateScriptsOnly) {
   for (const auto& script : scripts::all()) {
     const bool rate = script.script == scripts::Script::kTokenBucket || script.script == scripts::Script::kGcra;
-    EXPECT_EQ(script.prelude, rate ? "rate_lease.lua" : "") << script.name;
+    const std::vector<std::string_view> preludes(script.preludes.begin(), script.preludes.end());
+    std::vector<std::string_view> expected = {"common.lua"};
+    if (rate) expected.push_back("rate_lease.lua");
+    EXPECT_EQ(preludes, expected) << script.name;
+    EXPECT_TRUE(script.source.starts_with("-- common.lua:")) << script.name;
     EXPECT_EQ(script.source.find("local function rate_lease(") != std::string_view::npos, rate) << script.name;
   }
 }
@@ -1110,6 +1115,19 @@ TEST_F(LuaTest, BadArgumentsAreAnErrorReply) {
   ASSERT_EQ(reply->type, REDIS_REPLY_ERROR);
   EXPECT_NE(std::string(reply->str).find("token_bucket.lua"), std::string::npos) << reply->str;
   EXPECT_EQ(redis_->integer({"EXISTS", "k"}), 0);
+}
+
+// Verifies that each script's error reply names its own file, though every
+// script's fail() comes from lua/common.lua: an op and nothing else is bad
+// ARGV to all of them.
+TEST_F(LuaTest, EachScriptsErrorReplyNamesItsOwnFile) {
+  for (const auto& script : scripts::all()) {
+    ReplyPtr reply = redis_->command({"EVALSHA", sha_[static_cast<size_t>(script.script)], "2", "k", "b", "bogus"});
+    ASSERT_EQ(reply->type, REDIS_REPLY_ERROR) << script.name;
+    const std::string error(reply->str, reply->len);
+    EXPECT_EQ(error.rfind("ERR sluice " + std::string(script.name) + ": ", 0), 0u) << error;
+  }
+  EXPECT_EQ(redis_->integer({"EXISTS", "k", "b"}), 0);
 }
 
 // ---------------------------------------------------------------------------
