@@ -20,6 +20,10 @@ least DEMAND_FACTOR times the limit. The shapes (plan()):
                  stops gracefully (SIGTERM) after its load ends;
   redis-sigkill  Redis is SIGKILLed, then restarted empty on the same port;
   redis-sigstop  Redis is SIGSTOPped for REDIS_STOP_S, then SIGCONTed;
+  sliding-log    as steady, on a sliding_log rule (the limit in any window of
+                 one period, no burst: lua/sliding_log.lua's log in Redis),
+                 1,000 per SLIDING_LOG_PERIOD_S, the same rate in the most
+                 units a sliding log holds; its windows are of that period;
 and issue 21's, each with gated columns of its own (report21()):
   contended      as steady, with a burst of 1 % of limit x period;
   contended-gcra the same on a gcra rule (rate leases hold its TAT);
@@ -160,16 +164,28 @@ MODES = {
     # (fleet sizes, shapes, seconds of load without and with a fault)
     "quick": ((3,), ("steady", "skewed", "redis-sigkill") + NEW_SHAPES, 5.0, 8.0),
     "full": ((3, 8), ("steady", "bursty", "one-node", "skewed", "join-leave", "redis-sigkill",
-                      "redis-sigstop") + NEW_SHAPES, 10.0, 14.0),
+                      "redis-sigstop", "sliding-log") + NEW_SHAPES, 10.0, 14.0),
 }
 
 
+# A sliding_log rule holds at most 1,000 units (daemon/algorithm.h): the
+# sliding-log shape's rule is LIMIT_PER_S over this period instead of one
+# second, and its windows are judged over the rule's own period.
+SLIDING_LOG_PERIOD_S = 0.5
+
+
+def period_of(shape):
+    return SLIDING_LOG_PERIOD_S if shape == "sliding-log" else PERIOD_S
+
+
 def burst_of(shape):
+    if shape == "sliding-log":
+        return 0  # a sliding log has none: the limit in any window of one period
     return CONTENDED_BURST if shape in CONTENDED_SHAPES else BURST
 
 
 def algorithm_of(shape):
-    return "gcra" if shape == "contended-gcra" else ALGORITHM
+    return {"contended-gcra": "gcra", "sliding-log": "sliding_log"}.get(shape, ALGORITHM)
 
 # A health sample as the generator records it: the answer's time, then these
 # fields of the answer.
@@ -199,8 +215,7 @@ name = "{rule}"
 algorithm = "{algorithm}"
 limit = {limit}
 period = "{period_ms}ms"
-burst = {burst}
-scope = "global"
+{burst}scope = "global"
 on_redis_down = "local"
 """
 
@@ -249,7 +264,8 @@ class Redis(harness.Redis):
 class Daemon:
     """A sluiced with its own config, socket and log in `dir`."""
 
-    def __init__(self, sluiced, dir, index, redis_port, expected_nodes, burst, algorithm):
+    def __init__(self, sluiced, dir, index, redis_port, expected_nodes, burst, algorithm,
+                 period_s):
         self.sluiced, self.index = sluiced, index
         self.socket = os.path.join(dir, "s%d.sock" % index)
         self.config = os.path.join(dir, "d%d.toml" % index)
@@ -260,7 +276,9 @@ class Daemon:
                 expected_nodes=expected_nodes, index=index, heartbeat=HEARTBEAT_INTERVAL_MS,
                 health_interval=HEALTH_INTERVAL_MS, health_timeout=HEALTH_TIMEOUT_MS,
                 lease_timeout=LEASE_TIMEOUT_MS, lease_interval=LEASE_INTERVAL_MS, rule=RULE,
-                algorithm=algorithm, limit=LIMIT_PER_S, period_ms=int(PERIOD_S * 1000), burst=burst))
+                algorithm=algorithm, limit=int(round(LIMIT_PER_S * period_s)),
+                period_ms=int(round(period_s * 1000)),
+                burst="burst = %d\n" % burst if burst else ""))
         self.proc = None
         self.cpu_s = 0.0  # CPU seconds it used, once stopped
 
@@ -356,7 +374,7 @@ def plan(shape, nodes, seconds, fault_seconds):
     (fault, recovery) actions or None)."""
     total = DEMAND_FACTOR * LIMIT_PER_S
     even = [node_load(total / nodes) for _ in range(nodes)]
-    if shape == "steady":
+    if shape in ("steady", "sliding-log"):
         return seconds, even, nodes, [], None
     if shape == "bursty":
         wave = [BURSTY_PERIOD_S, BURSTY_HIGH, BURSTY_LOW]
@@ -569,6 +587,7 @@ class Run:
 
     def __init__(self, sluiced, nodes, shape, mode):
         self.nodes, self.shape, self.burst = nodes, shape, burst_of(shape)
+        self.period_s = period_of(shape)
         self.seconds, self.loads, initial, self.plan_events, self.fault = plan(
             shape, nodes, *MODES[mode][2:])
         self.dir = tempfile.mkdtemp(prefix="slf.", dir="/tmp")  # short: socket paths <= 107 bytes
@@ -577,7 +596,7 @@ class Run:
         try:
             self.redis = Redis()
             self.daemons = [Daemon(sluiced, self.dir, i, self.redis.port, initial, self.burst,
-                                   algorithm_of(shape))
+                                   algorithm_of(shape), self.period_s)
                             for i in range(len(self.loads))]
             for d in self.daemons[:initial]:
                 d.start()
@@ -783,7 +802,7 @@ def analyse(run):
             overshoot_bound = math.inf
         else:
             overshoot_bound = sum(max(r, default=0) for r in reported)
-        periods = math.ceil((t_end - t_fault) / PERIOD_S)
+        periods = math.ceil((t_end - t_fault) / run.period_s)
         overshoot = in_fault - (LIMIT_PER_S * (t_end - t_fault) + burst + leased)
         fault = dict(at_s=t_fault, recovery_s=t_recovery, end_s=t_end, admitted=in_fault,
                      admitted_fallback=in_fallback, bound=share_bound + leased, leased=leased,
@@ -795,13 +814,13 @@ def analyse(run):
     fault_span = [(fault["at_s"], fault["end_s"])] if fault else []
 
     # Accuracy: sliding windows of one period over the load, outside faults.
-    per_window = LIMIT_PER_S * PERIOD_S + burst
+    per_window = LIMIT_PER_S * run.period_s + burst
     ratios, window_series, paused = [], [], 0
-    steps = int(round((run.seconds - PERIOD_S) / WINDOW_STEP_S)) + 1
+    steps = int(round((run.seconds - run.period_s) / WINDOW_STEP_S)) + 1
     lo = 0
     for k in range(steps):
         w0 = k * WINDOW_STEP_S
-        w1 = w0 + PERIOD_S
+        w1 = w0 + run.period_s
         while lo < len(admitted) and admitted[lo] < w0:
             lo += 1
         hi = lo
@@ -818,7 +837,7 @@ def analyse(run):
     row["windows"], row["paused_windows"] = len(ratios), paused
     if fault:
         fault["max_window"] = max(r for w0, r, _ in window_series
-                                  if w0 < fault["end_s"] and w0 + PERIOD_S > fault["at_s"])
+                                  if w0 < fault["end_s"] and w0 + run.period_s > fault["at_s"])
     if ratios:
         row.update(ratio_min=min(ratios), ratio_mean=sum(ratios) / len(ratios),
                    ratio_max=max(ratios))
@@ -842,7 +861,7 @@ def analyse(run):
     plot = dict(nodes=run.nodes, shape=run.shape, seconds=run.seconds, bin_s=BIN_S,
                 series=series, events=run.events, fault=fault, pauses=pauses,
                 windows=[[round(w0, 2), round(r, 4), judged] for w0, r, judged in window_series],
-                live_nodes=live_nodes)
+                live_nodes=live_nodes, burst=run.burst)
     return row, plot
 
 
@@ -1001,10 +1020,12 @@ def report(rows, mode, load_before, load_after, took_s):
             .stdout.split(" sha=")[0], WORKERS, took_s))
     add("One global token bucket, %d/s, burst %d, on one key; `on_redis_down = \"local\"`; "
         "lease_timeout %d ms, lease_interval %d ms, health_interval %d ms, health_timeout %d ms, "
-        "heartbeat_interval %d ms. One Python process drives every node, open loop, at %dx the "
+        "heartbeat_interval %d ms (sliding-log: a global sliding_log rule of the same rate, %d "
+        "per %d ms, no burst, judged over windows of that period). One Python process drives every node, open loop, at %dx the "
         "limit in total at the least (offered/s is what it sent)." % (
             LIMIT_PER_S, BURST, LEASE_TIMEOUT_MS, LEASE_INTERVAL_MS, HEALTH_INTERVAL_MS,
-            HEALTH_TIMEOUT_MS, HEARTBEAT_INTERVAL_MS, DEMAND_FACTOR))
+            HEALTH_TIMEOUT_MS, HEARTBEAT_INTERVAL_MS, LIMIT_PER_S * SLIDING_LOG_PERIOD_S,
+            SLIDING_LOG_PERIOD_S * 1000, DEMAND_FACTOR))
     add("")
     add("- **admitted / (limit x W + burst)**: allowed answers (by answer time) in every window W "
         "of one period (%.0f s), one starting every %.0f ms, over %d. **windows**: how many were "

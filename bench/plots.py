@@ -75,7 +75,8 @@ def plot_shape(runs, limit, burst, period_s, path):
         ax.set_xlabel("seconds since the load started")
         ax.set_ylabel("admitted / s")
         ax.set_title("%s, N = %d: offered %.0f/s on average, limit %d/s, burst %d"
-                     % (run["shape"], run["nodes"], offered, limit, burst), fontsize=10)
+                     % (run["shape"], run["nodes"], offered, limit, run.get("burst", burst)),
+                     fontsize=10)
         counts = [c for _, c in run["live_nodes"]]
         if min(counts) != max(counts):
             twin = ax.twinx()
