@@ -1021,8 +1021,9 @@ def report(rows, mode, load_before, load_after, took_s):
     add("One global token bucket, %d/s, burst %d, on one key; `on_redis_down = \"local\"`; "
         "lease_timeout %d ms, lease_interval %d ms, health_interval %d ms, health_timeout %d ms, "
         "heartbeat_interval %d ms (sliding-log: a global sliding_log rule of the same rate, %d "
-        "per %d ms, no burst, judged over windows of that period). One Python process drives every node, open loop, at %dx the "
-        "limit in total at the least (offered/s is what it sent)." % (
+        "per %d ms, no burst, judged over windows of that period). One Python process drives "
+        "every node, open loop, at %dx the limit in total at the least (offered/s is what it "
+        "sent)." % (
             LIMIT_PER_S, BURST, LEASE_TIMEOUT_MS, LEASE_INTERVAL_MS, HEALTH_INTERVAL_MS,
             HEALTH_TIMEOUT_MS, HEARTBEAT_INTERVAL_MS, LIMIT_PER_S * SLIDING_LOG_PERIOD_S,
             SLIDING_LOG_PERIOD_S * 1000, DEMAND_FACTOR))
