@@ -662,11 +662,12 @@ bool reportMove(Words words, uint64_t since, int64_t now_ns, double demand, int6
 }
 
 // A rate holder idle since its last use (claimMovedRenewal): its demand is
-// none. Reported once, as demandMoved reports a move.
+// none (0 units over an interval). Reported once, as demandMoved reports a
+// move.
 bool reportIdle(Words words, int64_t now_ns) {
   const int64_t span = load(words, kRateMovedSpan);
   if (span <= 0) return false;
-  return reportMove(words, words[kRateMovedSince].load(std::memory_order_acquire), now_ns, 0, 1, span);
+  return reportMove(words, words[kRateMovedSince].load(std::memory_order_acquire), now_ns, 0, span, span);
 }
 
 }  // namespace

@@ -355,7 +355,8 @@ constexpr int64_t kMovedWindowsPerInterval = 4;
 constexpr int64_t kMovedMaxIntervals = 4;
 
 // How long a rate holder goes without a request before the sweep reads its
-// demand as gone (claimMovedRenewal), at now less its last use: the time
+// demand as gone (claimMovedRenewal), at now less its last use (the key
+// entry's, kept to within KeyTable::Entry::kTouchResolutionNs): the time
 // kMovedWindowUnits units take at the rate it asked, but at least a
 // kIdleWindowsPerInterval-th of the lease interval and at most the window of
 // demandMoved. A node whose load stops gives its rate back within about
