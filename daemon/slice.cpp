@@ -390,7 +390,17 @@ Batch nextBatch(Words words, int64_t now_ns, int64_t cost,
   // A stamped lease's units count from the lease, not from their spending:
   // the longer a slice holds them, the more they may overshoot
   // (overshoot.h), so such a key leases one interval of demand at a time.
-  if (algorithmTraits(rule.algorithm).stamps_lease) boost = 0;
+  // And they leave the log one period after the lease, however late they
+  // are spent. Unless the log had room for kRoomyFactor such batches of
+  // every node, a part of an interval's demand at a time: what leaves a
+  // full log is then spent again about when it left.
+  if (algorithmTraits(rule.algorithm).stamps_lease) {
+    boost = 0;
+    const double fleet_batch = per_interval * std::max<uint32_t>(nodes, 1);
+    if (static_cast<double>(redisLeft(words, rule, now_ns)) < kRoomyFactor * fleet_batch) {
+      per_interval /= kTightStampedParts;
+    }
+  }
   words[kFlags].fetch_and(~kBoostMask, std::memory_order_acq_rel);
   words[kFlags].fetch_or(static_cast<uint64_t>(boost) << kBoostShift, std::memory_order_acq_rel);
   Batch batch;

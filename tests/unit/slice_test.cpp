@@ -201,10 +201,38 @@ TEST_F(SliceTest, AStampedLeaseNeverGrowsItsBatch) {
   int64_t now = 0;
   for (int i = 0; i < slice::kMaxBoost + 2; ++i) {
     slice::noteGrant(words(), 100, 100 * slice::kRoomyFactor);  // plenty left
-    words_[slice::kDemand].store(100);                         // 100 per interval
+    slice::noteRedisLeft(words(), rule, 1'000, now);
+    words_[slice::kDemand].store(100);  // 100 per interval
     now += kInterval;
     EXPECT_EQ(slice::nextBatch(words(), now, 1, rule, 2, kInterval).n, 100) << i;
   }
+}
+
+// Verifies that a sliding log leases a part of an interval's demand unless
+// Redis's log, at its last answer, had room for kRoomyFactor batches of
+// every node: a unit leaves the log one period after its lease, so one
+// spent long after it frees its place early.
+TEST_F(SliceTest, AStampedLeaseIsSmallUnlessTheLogHasRoomForEveryNode) {
+  Rule rule = bucketRule(1'000, 1'000 * kMs, 1'000);
+  rule.algorithm = Algorithm::kSlidingLog;
+  grant(1);
+  int64_t now = 0;
+  auto next = [&](int64_t left) {
+    if (left >= 0) slice::noteRedisLeft(words(), rule, left, now);
+    words_[slice::kDemand].store(100);  // 100 per interval
+    now += kInterval;
+    return slice::nextBatch(words(), now, 1, rule, 2, kInterval).n;
+  };
+  const int64_t roomy = slice::kRoomyFactor * 100 * 2;  // 2 nodes' batches
+  const int64_t tight = 100 / slice::kTightStampedParts;
+  EXPECT_EQ(next(-1), tight);  // no answer yet
+  EXPECT_EQ(next(roomy), 100);
+  EXPECT_EQ(next(roomy - 1), tight);
+  EXPECT_EQ(next(0), tight);
+  // A grant covers the cost, however small the part.
+  words_[slice::kDemand].store(100);
+  now += kInterval;
+  EXPECT_EQ(slice::nextBatch(words(), now, 25, rule, 2, kInterval).n, 25);
 }
 
 // Verifies that a warm key waits for a quarter batch exactly when its
@@ -219,6 +247,7 @@ TEST_F(SliceTest, AWarmKeyWaitsForAQuarterBatchExactlyWhereItsAlgorithmRefills) 
     ASSERT_TRUE(leasable(rule)) << row.name;
     slice::nextBatch(words(), 1 * kMs, 1, rule, 2, kInterval);
     grant(1);
+    slice::noteRedisLeft(words(), rule, 10'000, 1 * kMs);  // room for a sliding log's whole batch
     words_[slice::kDemand].store(200);
     slice::Batch warm = slice::nextBatch(words(), 201 * kMs, 1, rule, 2, kInterval);
     EXPECT_EQ(warm.n, 100) << row.name;
