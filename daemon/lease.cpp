@@ -27,7 +27,11 @@ void LeaseBroker::setBreaker(Breaker breaker, int64_t now_ns) {
   if (breaker == Breaker::kOpen) {
     counters_.fallback_entries.fetch_add(1, std::memory_order_relaxed);
     open_since_ns_.store(now_ns, std::memory_order_release);
-    last_opened_ns_.store(now_ns, std::memory_order_release);
+    // From half-open, a recovery failed: Redis has been away since the
+    // opening before it.
+    if (was != Breaker::kHalfOpen || last_opened_ns_.load(std::memory_order_acquire) == 0) {
+      last_opened_ns_.store(now_ns, std::memory_order_release);
+    }
   } else if (was == Breaker::kOpen) {
     int64_t since = open_since_ns_.exchange(0, std::memory_order_acq_rel);
     if (since != 0) {

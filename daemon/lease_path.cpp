@@ -321,7 +321,7 @@ std::optional<Outcome> LeasePath::acquireOnRate(const RuleSet& rules, const Rule
   const Rule& deciding = decidingFor(rules, rule, item.key, entry);
   if (!rate_lease::eligible(deciding)) return std::nullopt;
   auto words = slice::of(entry->state());
-  const int64_t open_since_ns = broker_->openSinceNs();
+  const int64_t open_since_ns = broker_->outageSinceNs();
   slice::TakeResult taken = slice::takeOnRate(words, now_ns, item.cost, open_since_ns,
                                               open_since_ns + rate_lease::kFallbackHoldNs);
   if (taken.outcome == slice::Outcome::kFallback) return std::nullopt;
@@ -345,7 +345,7 @@ std::optional<Decision> LeasePath::lookOnRate(const RuleSet& rules, const Rule& 
   const Rule& deciding = decidingFor(rules, rule, key, entry);
   if (!rate_lease::eligible(deciding)) return std::nullopt;
   auto words = slice::of(entry->state());
-  const int64_t open_since_ns = broker_->openSinceNs();
+  const int64_t open_since_ns = broker_->outageSinceNs();
   slice::TakeResult looked = slice::lookOnRate(words, now_ns, cost, open_since_ns,
                                                open_since_ns + rate_lease::kFallbackHoldNs);
   if (looked.outcome == slice::Outcome::kFallback) return std::nullopt;

@@ -135,7 +135,7 @@ class LeasePath {
   // learnedRate).
   bool learnsOnShare(const Rule& deciding, slice::ConstWords words, int64_t now_ns) const;
   // While `deciding` learns: the rate (units per period) the key may ask
-  // the fresh state for, the one it held when the breaker last opened (or
+  // the fresh state for, the one it held when the last outage began (or
   // holds now, granted since), until rate_lease::kFallbackHoldNs after the
   // opening; 0: none, the equal share bounds it. Its demand-weighted share
   // instead of the equal one: the rates held never summed past the limit.

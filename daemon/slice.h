@@ -184,7 +184,7 @@ TakeResult take(Words words, int64_t now_ns, int64_t cost, bool again = false,
 
 // Redis is unreachable: spends `cost` from what the key's rate lease
 // refills while the rate holds at now_ns, and past its end until
-// hold_until_ns when it still held at open_since_ns, the breaker's opening
+// hold_until_ns when it still held at open_since_ns, the outage's opening
 // (the demand-weighted share in fallback, rate_lease::kFallbackHoldNs);
 // kDenied with the time of its next units when they are short, kFallback
 // when no rate holds (the equal share decides). With open_since_ns, the

@@ -840,6 +840,13 @@ class Node {
     pump();
   }
   void down() { manager_->onDown(); }
+  // Redis answers, and is gone again before the breaker closes: a
+  // recovery that fails (half-open, then open).
+  void recoveryFails() {
+    manager_->onUp();
+    manager_->onDown();
+    pump();
+  }
 
   // One acquire of `cost` on (rule, key); true when allowed. Every call it
   // makes of Redis is answered before it returns.
@@ -1206,6 +1213,25 @@ TEST_F(RateFallbackTest, AKeyHoldingARateSpendsItThroughAnOutageThenTheEqualShar
   EXPECT_TRUE(in_mode);
   EXPECT_GE(allowed, 2 * 10);
   EXPECT_LE(allowed, 2 * 10 + 10 + 1);
+}
+
+// Verifies that a recovery that fails goes on with the outage it was in:
+// past the rate's end, and within the hold from the first opening, the key
+// still spends its rate (not the equal share of 10/s from the second one).
+TEST_F(RateFallbackTest, ARecoveryThatFailsGoesOnWithTheOutageItWasIn) {
+  bool in_mode = false;
+  hot(kSecond, Mode::kNormal, &in_mode);
+  ASSERT_GE(redis_.rateOps(), 1);
+  a_->down();
+  const int64_t opened = now_;
+  hot(2 * kSecond, Mode::kFallback, &in_mode);
+  now_ += 3 * kSecond;  // past the rate's end, as above
+  a_->recoveryFails();
+  ASSERT_FALSE(a_->broker().leasing());
+  EXPECT_EQ(a_->broker().lastOpenedNs(), opened);
+  const int allowed = hot(2 * kSecond, Mode::kFallback, &in_mode);
+  EXPECT_TRUE(in_mode);
+  EXPECT_GE(allowed, kFallback80In2s - 2);
 }
 
 // Verifies that a failover can never let a rate pass the limit unknown to

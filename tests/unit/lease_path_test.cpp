@@ -240,17 +240,25 @@ class LearningTest : public LeasePathTest {
  protected:
   static constexpr int64_t kOpened = kStart + 1 * kS;
   static constexpr int64_t kBack = kStart + 6 * kS;
+  static constexpr int64_t kRateEnd = kStart + 5 * kS;
+  static constexpr int64_t kReopened = kStart + 5'500 * kMs;
   slice::Words words() { return slice::of(keys_.find(rule("hot").id, "k")->state()); }
-  void restartEmpty(bool held_rate) {
+  // With `failed_recovery`, a first recovery fails (the breaker opens again
+  // from half-open at kReopened, past the rate's end).
+  void restartEmpty(bool held_rate, bool failed_recovery = false) {
     ASSERT_EQ(acquire("hot", 1, true), Outcome::kWaitsForLease);
     sent();
     words()[slice::kFlags].fetch_and(~slice::kInFlight);
     words()[slice::kRate].store(100);  // units per lease interval: 1,000/s
     if (held_rate) {
       slice::applyRate(words(), rate_lease::nsPerUnit(limit(), 900), rate_lease::capUnits(limit(), 900, 100 * kMs),
-                       now_ns_ + 5 * kS, now_ns_ + 2 * kS, now_ns_);
+                       kRateEnd, now_ns_ + 2 * kS, now_ns_);
     }
     broker_.setBreaker(Breaker::kOpen, kOpened);
+    if (failed_recovery) {
+      broker_.setBreaker(Breaker::kHalfOpen, kReopened - 100 * kMs);
+      broker_.setBreaker(Breaker::kOpen, kReopened);
+    }
     broker_.setBreaker(Breaker::kHalfOpen, kBack);
     slice::endRate(words(), kBack);  // LeaseManager::endRates
     broker_.startLearning(kBack, 5 * kS, 15 * kS, 15 * kS);
@@ -306,6 +314,16 @@ TEST_F(LearningTest, TheLearnedRateIsAskedForOnlyUntilTheFallbacksHoldEnds) {
   LeaseRequest asked = askedLease();
   EXPECT_EQ(asked.rate, -1);  // a token lease
   EXPECT_LE(asked.n, 515);   // the equal share: 500/s and a burst of 15
+}
+
+// Verifies that a recovery that failed (half-open, then open again after
+// the rate's end) goes on with the outage that began at the first opening:
+// the key asks for the rate it held when Redis went away, not its share.
+TEST_F(LearningTest, ARecoveryThatFailedKeepsTheRateHeldWhenRedisWentAway) {
+  restartEmpty(true, true);
+  ASSERT_TRUE(broker_.learning(rule("hot"), now_ns_));
+  EXPECT_EQ(broker_.lastOpenedNs(), kOpened);
+  EXPECT_EQ(askedLease().rate, 900);
 }
 
 // Verifies that a key which held no rate learns on the equal share: a
