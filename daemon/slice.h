@@ -27,8 +27,9 @@
 //    one per interval, which is what lets 10,000 busy keys lease at all; a
 //    contended one leases small batches, so no node sits on units another
 //    needs. A key whose leases are stamped (sliding_log) never boosts: the
-//    units its slice holds are its overshoot bound (overshoot.h). While the
-//    log is not roomy it leases a tenth of an interval's demand at a time
+//    units its slice holds are its overshoot bound (overshoot.h). Unless
+//    the log's last answer left room for kRoomyFactor batches of every
+//    node, it leases a tenth of an interval's demand at a time
 //    (kTightStampedParts): a unit leaves the log one period after its
 //    lease, so the sooner it is spent after it, the closer the fleet's
 //    admissions in any period come to the limit.
@@ -125,8 +126,9 @@ constexpr int kMaxBoost = 4;
 // answer, as noteRedisLeft encodes it.
 constexpr int kRedisLeftShift = 12;
 constexpr int64_t kRoomyFactor = 4;
-// A stamped lease's batch (sliding_log) while Redis's log is not roomy: a
-// this-many-th of an interval's demand.
+// A stamped lease's batch (sliding_log) while Redis's log has no room for
+// kRoomyFactor batches of every node: a this-many-th of an interval's
+// demand.
 constexpr int64_t kTightStampedParts = 10;
 
 // A global rule's penalty block (one this node counted, or one a lease reply
