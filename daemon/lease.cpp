@@ -26,18 +26,21 @@ void LeaseBroker::setBreaker(Breaker breaker, int64_t now_ns) {
   if (was == breaker) return;
   if (breaker == Breaker::kOpen) {
     counters_.fallback_entries.fetch_add(1, std::memory_order_relaxed);
-    open_since_ns_.store(now_ns, std::memory_order_release);
-    // From half-open, a recovery failed: Redis has been away since the
-    // opening before it.
-    if (was != Breaker::kHalfOpen || last_opened_ns_.load(std::memory_order_acquire) == 0) {
+    // Not closed since the last opening: a recovery failed, and Redis has
+    // been away since that opening. Stored first: a worker that sees the
+    // breaker open sees the outage it is in (LeasePath::outage).
+    if (closed_since_opened_) {
       last_opened_ns_.store(now_ns, std::memory_order_release);
+      closed_since_opened_ = false;
     }
+    open_since_ns_.store(now_ns, std::memory_order_release);
   } else if (was == Breaker::kOpen) {
     int64_t since = open_since_ns_.exchange(0, std::memory_order_acq_rel);
     if (since != 0) {
       open_ns_total_.fetch_add(static_cast<uint64_t>(now_ns - since), std::memory_order_relaxed);
     }
   }
+  if (breaker == Breaker::kClosed) closed_since_opened_ = true;
 }
 
 void LeaseBroker::startLearning(int64_t now_ns, int64_t holding_memory_ns, int64_t reconnect_ns,

@@ -125,14 +125,12 @@ class LeaseBroker {
   void setBreaker(Breaker breaker, int64_t now_ns);
   // While the breaker is open: since when (monotonic ns); 0 otherwise.
   int64_t openSinceNs() const { return open_since_ns_.load(std::memory_order_acquire); }
-  // When the last outage began (monotonic ns): the breaker's last opening
-  // from closed, kept once it closes; 0: never. A recovery that fails
-  // (half-open, then open again) goes on with the outage it was in.
-  // Learning holds a rate that held then (LeasePath::learnedRate).
+  // When the last outage began (monotonic ns), kept once it ends; 0:
+  // never. An opening begins one unless the breaker has not closed since
+  // the last: a recovery that failed (half-open, then open again) goes on
+  // with the outage it was in. The fallback and learning hold a rate that
+  // held then (LeasePath::outage, LeasePath::learnedRate).
   int64_t lastOpenedNs() const { return last_opened_ns_.load(std::memory_order_acquire); }
-  // While the breaker is open: lastOpenedNs(); 0 otherwise. The fallback
-  // spends a rate that held then (LeasePath::acquireOnRate).
-  int64_t outageSinceNs() const { return openSinceNs() != 0 ? lastOpenedNs() : 0; }
   // Learning mode starts at now_ns (CircuitBreaker): each rule learns for
   // learningSpanNs(rule, holding_memory_ns, reconnect_ns), the longest of
   // them longest_ns.
@@ -179,6 +177,7 @@ class LeaseBroker {
   std::atomic<int64_t> learning_until_ns_{0};  // the longest rule's end
   std::atomic<int64_t> open_since_ns_{0};      // while open: since when
   std::atomic<int64_t> last_opened_ns_{0};     // the last outage's opening, kept
+  bool closed_since_opened_ = true;             // setBreaker's, on the control thread
   std::atomic<uint64_t> open_ns_total_{0};     // closed periods of fallback
   std::atomic<int64_t> fleet_version_{0};      // setFleetVersion
   std::atomic<bool> refused_{false};

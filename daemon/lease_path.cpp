@@ -321,9 +321,7 @@ std::optional<Outcome> LeasePath::acquireOnRate(const RuleSet& rules, const Rule
   const Rule& deciding = decidingFor(rules, rule, item.key, entry);
   if (!rate_lease::eligible(deciding)) return std::nullopt;
   auto words = slice::of(entry->state());
-  const int64_t open_since_ns = broker_->outageSinceNs();
-  slice::TakeResult taken = slice::takeOnRate(words, now_ns, item.cost, open_since_ns,
-                                              open_since_ns + rate_lease::kFallbackHoldNs);
+  slice::TakeResult taken = slice::takeOnRate(words, now_ns, item.cost, outage());
   if (taken.outcome == slice::Outcome::kFallback) return std::nullopt;
   if (taken.outcome == slice::Outcome::kTaken) {
     verdict->taken.cost = item.cost;
@@ -345,14 +343,20 @@ std::optional<Decision> LeasePath::lookOnRate(const RuleSet& rules, const Rule& 
   const Rule& deciding = decidingFor(rules, rule, key, entry);
   if (!rate_lease::eligible(deciding)) return std::nullopt;
   auto words = slice::of(entry->state());
-  const int64_t open_since_ns = broker_->outageSinceNs();
-  slice::TakeResult looked = slice::lookOnRate(words, now_ns, cost, open_since_ns,
-                                               open_since_ns + rate_lease::kFallbackHoldNs);
+  slice::TakeResult looked = slice::lookOnRate(words, now_ns, cost, outage());
   if (looked.outcome == slice::Outcome::kFallback) return std::nullopt;
   Decision decision = sliceDecision(deciding, looked, words, now_ns);
   applyShadow(rule, &decision);
   *mode = rule.shadow ? Mode::kShadow : Mode::kFallback;
   return decision;
+}
+
+slice::Outage LeasePath::outage() const {
+  const int64_t opened_ns = broker_->openSinceNs();
+  if (opened_ns == 0) return {};
+  int64_t began_ns = broker_->lastOpenedNs();
+  if (began_ns == 0 || began_ns > opened_ns) began_ns = opened_ns;
+  return {.opened_ns = opened_ns, .began_ns = began_ns, .hold_until_ns = began_ns + rate_lease::kFallbackHoldNs};
 }
 
 bool LeasePath::learnsOnShare(const Rule& deciding, slice::ConstWords words, int64_t now_ns) const {
@@ -366,7 +370,8 @@ int64_t LeasePath::learnedRate(const Rule& deciding, slice::ConstWords words, in
   // Held now (asked again since), or held at the opening and within the
   // hold: lookOnRate's kFallback says neither.
   if (!slice::holdsRate(words, now_ns) &&
-      slice::lookOnRate(words, now_ns, 0, opened_ns, hold_until_ns).outcome == slice::Outcome::kFallback) {
+      slice::lookOnRate(words, now_ns, 0, {.opened_ns = opened_ns, .began_ns = opened_ns, .hold_until_ns = hold_until_ns})
+              .outcome == slice::Outcome::kFallback) {
     return 0;
   }
   if (now_ns >= hold_until_ns) return 0;

@@ -134,6 +134,9 @@ class LeasePath {
   // granted since it came back is counted there, and bounded by
   // learnedRate).
   bool learnsOnShare(const Rule& deciding, slice::ConstWords words, int64_t now_ns) const;
+  // While the breaker is open: its opening and the outage's, as the
+  // broker has them; empty otherwise.
+  slice::Outage outage() const;
   // While `deciding` learns: the rate (units per period) the key may ask
   // the fresh state for, the one it held when the last outage began (or
   // holds now, granted since), until rate_lease::kFallbackHoldNs after the

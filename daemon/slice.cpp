@@ -131,19 +131,20 @@ bool negativelyCached(ConstWords words, int64_t now_ns,
 }  // namespace
 
 // The end of what takeOnRate and lookOnRate spend at now_ns: the rate's
-// end while it holds, or past it hold_until_ns for a rate that held at
-// open_since_ns (the demand-weighted share in fallback); 0: neither.
-int64_t fallbackRateEnd(ConstWords words, int64_t now_ns, int64_t open_since_ns, int64_t hold_until_ns) {
+// end while it holds, or past it the outage's hold for a rate that held
+// when the outage began (the demand-weighted share in fallback); 0:
+// neither.
+int64_t fallbackRateEnd(ConstWords words, int64_t now_ns, const Outage& outage) {
   const int64_t until = load(words, kRateUntil);
   if (now_ns < until) return until;
-  if (open_since_ns > 0 && until > open_since_ns && now_ns < hold_until_ns) return hold_until_ns;
+  if (outage.began_ns > 0 && until > outage.began_ns && now_ns < outage.hold_until_ns) return outage.hold_until_ns;
   return 0;
 }
 
-TakeResult takeOnRate(Words words, int64_t now_ns, int64_t cost, int64_t open_since_ns,
-                      int64_t hold_until_ns) {
+TakeResult takeOnRate(Words words, int64_t now_ns, int64_t cost, const Outage& outage) {
   TakeResult result;
-  const int64_t end = fallbackRateEnd(words, now_ns, open_since_ns, hold_until_ns);
+  const int64_t open_since_ns = outage.opened_ns;
+  const int64_t end = fallbackRateEnd(words, now_ns, outage);
   if (end == 0 || load(words, kRateNsPerUnit) <= 0 || cost > load(words, kRateCap)) {
     result.outcome = Outcome::kFallback;
     return result;
@@ -165,10 +166,10 @@ TakeResult takeOnRate(Words words, int64_t now_ns, int64_t cost, int64_t open_si
   return result;
 }
 
-TakeResult lookOnRate(ConstWords words, int64_t now_ns, int64_t cost, int64_t open_since_ns,
-                      int64_t hold_until_ns) {
+TakeResult lookOnRate(ConstWords words, int64_t now_ns, int64_t cost, const Outage& outage) {
   TakeResult result;
-  const int64_t end = fallbackRateEnd(words, now_ns, open_since_ns, hold_until_ns);
+  const int64_t open_since_ns = outage.opened_ns;
+  const int64_t end = fallbackRateEnd(words, now_ns, outage);
   if (end == 0 || load(words, kRateNsPerUnit) <= 0 || cost > load(words, kRateCap)) {
     result.outcome = Outcome::kFallback;
     return result;

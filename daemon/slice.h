@@ -43,8 +43,9 @@
 //    kRateUntil the rate ends and the key leases tokens again. A key asks
 //    for a rate only once a lease found Redis's bucket drained (kDrained).
 //    While Redis is unreachable the rate is spent until it ends (and past
-//    it within rate_lease::kFallbackHoldNs of the breaker's opening), at
-//    63/64 of itself from the opening (takeOnRate, kFallbackRateParts),
+//    it within rate_lease::kFallbackHoldNs of the outage's beginning), at
+//    63/64 of itself from the breaker's opening (takeOnRate, Outage,
+//    kFallbackRateParts),
 //    and what it admits then is counted (kRateFallback) to
 //    be debited with the fallback shares' admissions: a master that took
 //    over meanwhile may not know the rate.
@@ -184,18 +185,32 @@ struct TakeResult {
 TakeResult take(Words words, int64_t now_ns, int64_t cost, bool again = false,
                 bool first_in_line = false);
 
+// Where Redis's outage stands for takeOnRate and lookOnRate (monotonic ns;
+// LeasePath::outage reads it off the breaker).
+struct Outage {
+  // The breaker's opening this key spends from; 0: it is not open. The
+  // first take since drops what the slice held, and the fallback's refill
+  // starts there.
+  int64_t opened_ns = 0;
+  // When the outage began: opened_ns, or the opening before it when a
+  // recovery failed in between (LeaseBroker::lastOpenedNs). A rate that
+  // held then is spent past its end until hold_until_ns (that plus
+  // rate_lease::kFallbackHoldNs).
+  int64_t began_ns = 0;
+  int64_t hold_until_ns = 0;
+};
+
 // Redis is unreachable: spends `cost` from what the key's rate lease
 // refills while the rate holds at now_ns, and past its end until
-// hold_until_ns when it still held at open_since_ns, the outage's opening
-// (the demand-weighted share in fallback, rate_lease::kFallbackHoldNs);
-// kDenied with the time of its next units when they are short, kFallback
-// when no rate holds (the equal share decides). With open_since_ns, the
-// refill is the fallback's (kFallbackRateParts), from the opening, and the
-// first take since the opening drops what the slice held. The caller
-// counts what it keeps (noteRateFallback). Claims no lease, counts no
-// demand. Lock-free. See LeasePath::acquireOnRate.
-TakeResult takeOnRate(Words words, int64_t now_ns, int64_t cost, int64_t open_since_ns = 0,
-                      int64_t hold_until_ns = 0);
+// outage.hold_until_ns when it still held when the outage began (the
+// demand-weighted share in fallback); kDenied with the time of its next
+// units when they are short, kFallback when no rate holds (the equal share
+// decides). With outage.opened_ns, the refill is the fallback's
+// (kFallbackRateParts), from that opening, and the first take since it
+// drops what the slice held. The caller counts what it keeps
+// (noteRateFallback). Claims no lease, counts no demand. Lock-free. See
+// LeasePath::acquireOnRate.
+TakeResult takeOnRate(Words words, int64_t now_ns, int64_t cost, const Outage& outage = {});
 
 // While Redis is unreachable a rate refills at this many parts less one of
 // kFallbackRateParts of the rate (fallbackNsPerUnit), from the breaker's
@@ -217,8 +232,7 @@ int64_t fallbackNsPerUnit(int64_t ns_per_unit);
 TakeResult look(ConstWords words, int64_t now_ns, int64_t cost);
 
 // Reports what takeOnRate() would answer, spending nothing.
-TakeResult lookOnRate(ConstWords words, int64_t now_ns, int64_t cost, int64_t open_since_ns = 0,
-                      int64_t hold_until_ns = 0);
+TakeResult lookOnRate(ConstWords words, int64_t now_ns, int64_t cost, const Outage& outage = {});
 
 // Gives up the in-flight bit take() claimed, for a lease that will not be
 // sent after all. The control thread calls it too, once it has applied a

@@ -1217,7 +1217,8 @@ TEST_F(RateFallbackTest, AKeyHoldingARateSpendsItThroughAnOutageThenTheEqualShar
 
 // Verifies that a recovery that fails goes on with the outage it was in:
 // past the rate's end, and within the hold from the first opening, the key
-// still spends its rate (not the equal share of 10/s from the second one).
+// still spends its rate (not the equal share of 10/s from the second one),
+// from the second opening, with what its slice saved up meanwhile dropped.
 TEST_F(RateFallbackTest, ARecoveryThatFailsGoesOnWithTheOutageItWasIn) {
   bool in_mode = false;
   hot(kSecond, Mode::kNormal, &in_mode);
@@ -1232,6 +1233,7 @@ TEST_F(RateFallbackTest, ARecoveryThatFailsGoesOnWithTheOutageItWasIn) {
   const int allowed = hot(2 * kSecond, Mode::kFallback, &in_mode);
   EXPECT_TRUE(in_mode);
   EXPECT_GE(allowed, kFallback80In2s - 2);
+  EXPECT_LE(allowed, kFallback80In2s);  // from the new opening, its refill alone
 }
 
 // Verifies that a failover can never let a rate pass the limit unknown to

@@ -116,5 +116,32 @@ TEST(LeaseBrokerTest, BreakerCountsFallbackTime) {
   EXPECT_EQ(broker.stats(1'000 * kMs).fallback_entries, 1u);
 }
 
+// Verifies when an outage begins: at an opening after the breaker closed
+// (or the first), and not at one from a recovery that failed before the
+// breaker closed, which goes on with the outage it was in.
+TEST(LeaseBrokerTest, AnOutageGoesOnThroughARecoveryThatFailed) {
+  LeaseBroker broker(kInterval);
+  // Redis unreachable at the start: the first opening begins one.
+  broker.setBreaker(Breaker::kHalfOpen, 10 * kMs);
+  broker.setBreaker(Breaker::kOpen, 20 * kMs);
+  EXPECT_EQ(broker.lastOpenedNs(), 20 * kMs);
+  broker.setBreaker(Breaker::kHalfOpen, 30 * kMs);
+  broker.setBreaker(Breaker::kClosed, 30 * kMs);
+  broker.setBreaker(Breaker::kOpen, 100 * kMs);
+  EXPECT_EQ(broker.lastOpenedNs(), 100 * kMs);
+  broker.setBreaker(Breaker::kHalfOpen, 400 * kMs);
+  broker.setBreaker(Breaker::kOpen, 500 * kMs);  // the recovery failed
+  EXPECT_EQ(broker.lastOpenedNs(), 100 * kMs);
+  EXPECT_EQ(broker.openSinceNs(), 500 * kMs);
+  broker.setBreaker(Breaker::kHalfOpen, 600 * kMs);
+  broker.setBreaker(Breaker::kClosed, 600 * kMs);
+  EXPECT_EQ(broker.lastOpenedNs(), 100 * kMs);  // kept once it ends
+  // Closed, then half-open (the fleet marker refused the node), then open:
+  // a new outage.
+  broker.setBreaker(Breaker::kHalfOpen, 700 * kMs);
+  broker.setBreaker(Breaker::kOpen, 800 * kMs);
+  EXPECT_EQ(broker.lastOpenedNs(), 800 * kMs);
+}
+
 }  // namespace
 }  // namespace sluice

@@ -108,6 +108,12 @@ TEST_F(SliceTest, WindowUnitsExpireWithTheirWindow) {
   EXPECT_EQ(words_[slice::kUnits].load(), 0u);
 }
 
+// An outage that began at the breaker's opening `open` (no recovery failed
+// since), its hold until `hold`.
+slice::Outage outageFrom(int64_t open, int64_t hold) {
+  return {.opened_ns = open, .began_ns = open, .hold_until_ns = hold};
+}
+
 Rule bucketRule(int64_t limit, int64_t period_ns, int64_t burst) {
   Rule rule;
   rule.scope = Scope::kGlobal;
@@ -866,31 +872,56 @@ TEST_F(SliceTest, InFallbackARateHeldAtTheOpeningRefillsOnPastItsEndUntilTheHold
   slice::applyRate(words(), 10 * kMs, 10, 1'000 * kMs, 800 * kMs, 0);
   const int64_t open = 500 * kMs;
   const int64_t hold = 3'000 * kMs;
-  slice::TakeResult before = slice::takeOnRate(words(), 900 * kMs, 10, open, hold);
+  const slice::Outage out{.opened_ns = open, .began_ns = open, .hold_until_ns = hold};
+  slice::TakeResult before = slice::takeOnRate(words(), 900 * kMs, 10, out);
   ASSERT_EQ(before.outcome, slice::Outcome::kTaken);
   // Refilled at the rate past the end: 10 units by 1,000 ms, 10 more by 2,000 ms.
-  EXPECT_EQ(slice::takeOnRate(words(), 1'000 * kMs, 10, open, hold).outcome, slice::Outcome::kTaken);
+  EXPECT_EQ(slice::takeOnRate(words(), 1'000 * kMs, 10, out).outcome, slice::Outcome::kTaken);
   // A look agrees past the end too (peek and reserve in fallback).
-  EXPECT_EQ(slice::lookOnRate(words(), 1'099 * kMs, 10, open, hold).outcome, slice::Outcome::kDenied);
-  EXPECT_EQ(slice::lookOnRate(words(), 1'100 * kMs, 10, open, hold).outcome, slice::Outcome::kTaken);
+  EXPECT_EQ(slice::lookOnRate(words(), 1'099 * kMs, 10, out).outcome, slice::Outcome::kDenied);
+  EXPECT_EQ(slice::lookOnRate(words(), 1'100 * kMs, 10, out).outcome, slice::Outcome::kTaken);
   EXPECT_EQ(slice::lookOnRate(words(), 1'100 * kMs, 10).outcome, slice::Outcome::kFallback);
-  slice::TakeResult after = slice::takeOnRate(words(), 1'099 * kMs, 10, open, hold);
+  slice::TakeResult after = slice::takeOnRate(words(), 1'099 * kMs, 10, out);
   EXPECT_EQ(after.outcome, slice::Outcome::kDenied);
   // At the fallback's refill (63/64 of the rate): the tenth unit is due
   // between 1,099 and 1,100 ms.
   EXPECT_GT(after.until_ns, 1'099 * kMs);
   EXPECT_LE(after.until_ns, 1'100 * kMs);
-  slice::TakeResult past = slice::takeOnRate(words(), 1'100 * kMs, 10, open, hold);
+  slice::TakeResult past = slice::takeOnRate(words(), 1'100 * kMs, 10, out);
   ASSERT_EQ(past.outcome, slice::Outcome::kTaken);
   // The hold ends: the equal share decides.
-  EXPECT_EQ(slice::takeOnRate(words(), hold - 1, 1, open, hold).outcome, slice::Outcome::kTaken);
-  EXPECT_EQ(slice::takeOnRate(words(), hold, 1, open, hold).outcome, slice::Outcome::kFallback);
-  EXPECT_EQ(slice::lookOnRate(words(), hold, 1, open, hold).outcome, slice::Outcome::kFallback);
+  EXPECT_EQ(slice::takeOnRate(words(), hold - 1, 1, out).outcome, slice::Outcome::kTaken);
+  EXPECT_EQ(slice::takeOnRate(words(), hold, 1, out).outcome, slice::Outcome::kFallback);
+  EXPECT_EQ(slice::lookOnRate(words(), hold, 1, out).outcome, slice::Outcome::kFallback);
   // Without a hold (half-open, or a rate that ended before the opening):
   // the equal share from the rate's end.
   EXPECT_EQ(slice::takeOnRate(words(), 1'100 * kMs, 1).outcome, slice::Outcome::kFallback);
-  EXPECT_EQ(slice::takeOnRate(words(), 1'100 * kMs, 1, 1'000 * kMs, 4'000 * kMs).outcome,
+  EXPECT_EQ(slice::takeOnRate(words(), 1'100 * kMs, 1,
+                              {.opened_ns = 1'000 * kMs, .began_ns = 1'000 * kMs, .hold_until_ns = 4'000 * kMs})
+                .outcome,
             slice::Outcome::kFallback);
+}
+
+// Verifies that after a recovery that failed, a rate that held when the
+// outage began is spent again from the new opening, past its end until
+// the outage's hold ends, and that the new opening drops what the slice
+// saved up meanwhile: from it, the fallback's refill alone.
+TEST_F(SliceTest, AfterAFailedRecoveryTheRateHeldWhenTheOutageBeganIsSpentFromTheNewOpening) {
+  // 100 units/s until 1 s; the outage began at 500 ms, and the breaker
+  // opened again at 2,000 ms (past the rate's end), the hold ends at 3 s.
+  slice::applyRate(words(), 10 * kMs, 10, 1'000 * kMs, 800 * kMs, 0);
+  const slice::Outage first{.opened_ns = 500 * kMs, .began_ns = 500 * kMs, .hold_until_ns = 3'000 * kMs};
+  ASSERT_EQ(slice::takeOnRate(words(), 900 * kMs, 10, first).outcome, slice::Outcome::kTaken);
+  const slice::Outage again{.opened_ns = 2'000 * kMs, .began_ns = 500 * kMs, .hold_until_ns = 3'000 * kMs};
+  // The 10 units refilled since 900 ms were dropped at the new opening.
+  EXPECT_EQ(slice::lookOnRate(words(), 2'000 * kMs, 1, again).outcome, slice::Outcome::kDenied);
+  EXPECT_EQ(slice::takeOnRate(words(), 2'000 * kMs, 1, again).outcome, slice::Outcome::kDenied);
+  // 100 ms at 63/64 of 100/s: 9 units.
+  EXPECT_EQ(slice::takeOnRate(words(), 2'100 * kMs, 9, again).outcome, slice::Outcome::kTaken);
+  EXPECT_EQ(slice::takeOnRate(words(), 2'100 * kMs, 1, again).outcome, slice::Outcome::kDenied);
+  // Counted from the new opening, the rate ended before it: the equal share.
+  const slice::Outage reopened{.opened_ns = 2'000 * kMs, .began_ns = 2'000 * kMs, .hold_until_ns = 12'000 * kMs};
+  EXPECT_EQ(slice::takeOnRate(words(), 2'200 * kMs, 1, reopened).outcome, slice::Outcome::kFallback);
 }
 
 // Verifies that a rate ended by a change of master stops refilling the
@@ -902,7 +933,7 @@ TEST_F(SliceTest, ARateEndedByANewMasterIsKeptForTheHoldAlone) {
   const int64_t open = 500 * kMs;
   const int64_t hold = open + rate_lease::kFallbackHoldNs;
   // 9 units refilled since the opening (one per 10.16 ms): 4 are left.
-  ASSERT_EQ(slice::takeOnRate(words(), 600 * kMs, 5, open, hold).left, 4);
+  ASSERT_EQ(slice::takeOnRate(words(), 600 * kMs, 5, outageFrom(open, hold)).left, 4);
   slice::endRate(words(), 1'000 * kMs);
   EXPECT_FALSE(slice::holdsRate(words(), 1'000 * kMs));
   EXPECT_EQ(slice::rateNsPerUnit(words(), 1'000 * kMs), 0);
@@ -911,11 +942,11 @@ TEST_F(SliceTest, ARateEndedByANewMasterIsKeptForTheHoldAlone) {
   EXPECT_EQ(slice::take(words(), 1'010 * kMs, 5).outcome, slice::Outcome::kEmpty);
   slice::unclaim(words());
   // The hold refills from the end on: 4 more by 1,050 ms, 6 by 1,070 ms.
-  EXPECT_EQ(slice::takeOnRate(words(), 1'050 * kMs, 10, open, hold).outcome, slice::Outcome::kDenied);
-  EXPECT_EQ(slice::takeOnRate(words(), 1'070 * kMs, 10, open, hold).outcome, slice::Outcome::kTaken);
-  EXPECT_EQ(slice::takeOnRate(words(), hold, 1, open, hold).outcome, slice::Outcome::kFallback);
+  EXPECT_EQ(slice::takeOnRate(words(), 1'050 * kMs, 10, outageFrom(open, hold)).outcome, slice::Outcome::kDenied);
+  EXPECT_EQ(slice::takeOnRate(words(), 1'070 * kMs, 10, outageFrom(open, hold)).outcome, slice::Outcome::kTaken);
+  EXPECT_EQ(slice::takeOnRate(words(), hold, 1, outageFrom(open, hold)).outcome, slice::Outcome::kFallback);
   // A rate that had ended before the opening has no hold.
-  EXPECT_EQ(slice::takeOnRate(words(), 1'200 * kMs, 1, 1'100 * kMs, 1'100 * kMs + rate_lease::kFallbackHoldNs)
+  EXPECT_EQ(slice::takeOnRate(words(), 1'200 * kMs, 1, outageFrom(1'100 * kMs, 1'100 * kMs + rate_lease::kFallbackHoldNs))
                 .outcome,
             slice::Outcome::kFallback);
 }
@@ -1009,7 +1040,7 @@ TEST_F(SliceTest, InFallbackTheRatesAdmitLessThanTheLimitOverEverySpanFromTheOpe
   for (int64_t t = open; t <= open + 5'000 * kMs; t += kMs / 10) {
     for (auto& node : nodes) {
       slice::Words w{node.data(), slice::kWords};
-      if (slice::takeOnRate(w, t, 1, open, open + rate_lease::kFallbackHoldNs).outcome == slice::Outcome::kTaken) {
+      if (slice::takeOnRate(w, t, 1, outageFrom(open, open + rate_lease::kFallbackHoldNs)).outcome == slice::Outcome::kTaken) {
         ++admitted;
       }
     }
