@@ -26,8 +26,9 @@ void LeaseBroker::setBreaker(Breaker breaker, int64_t now_ns) {
   if (was == breaker) return;
   if (breaker == Breaker::kOpen) {
     counters_.fallback_entries.fetch_add(1, std::memory_order_relaxed);
-    // Not closed since the last opening: a recovery failed, and Redis has
-    // been away since that opening. Stored first: a worker that sees the
+    // An outage begins here, unless the breaker has not closed since the
+    // last opening: then a recovery failed, and Redis has been away since
+    // that opening. Stored before the opening: a worker that sees the
     // breaker open sees the outage it is in (LeasePath::outage).
     if (closed_since_opened_) {
       last_opened_ns_.store(now_ns, std::memory_order_release);
