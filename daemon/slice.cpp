@@ -143,14 +143,13 @@ int64_t fallbackRateEnd(ConstWords words, int64_t now_ns, const Outage& outage) 
 
 TakeResult takeOnRate(Words words, int64_t now_ns, int64_t cost, const Outage& outage) {
   TakeResult result;
-  const int64_t open_since_ns = outage.opened_ns;
   const int64_t end = fallbackRateEnd(words, now_ns, outage);
   if (end == 0 || load(words, kRateNsPerUnit) <= 0 || cost > load(words, kRateCap)) {
     result.outcome = Outcome::kFallback;
     return result;
   }
-  const bool fallback = open_since_ns > 0;
-  if (fallback) startFallback(words, open_since_ns);
+  const bool fallback = outage.opened_ns > 0;
+  if (fallback) startFallback(words, outage.opened_ns);
   refillRate(words, now_ns, end, fallback);
   uint64_t units = words[kUnits].load(std::memory_order_acquire);
   while (static_cast<int64_t>(units) >= cost) {
@@ -168,7 +167,6 @@ TakeResult takeOnRate(Words words, int64_t now_ns, int64_t cost, const Outage& o
 
 TakeResult lookOnRate(ConstWords words, int64_t now_ns, int64_t cost, const Outage& outage) {
   TakeResult result;
-  const int64_t open_since_ns = outage.opened_ns;
   const int64_t end = fallbackRateEnd(words, now_ns, outage);
   if (end == 0 || load(words, kRateNsPerUnit) <= 0 || cost > load(words, kRateCap)) {
     result.outcome = Outcome::kFallback;
@@ -176,9 +174,9 @@ TakeResult lookOnRate(ConstWords words, int64_t now_ns, int64_t cost, const Outa
   }
   // As takeOnRate would find the slice: from the opening, a key that has
   // not spent since holds nothing but the fallback's refill since then.
-  const bool fallback = open_since_ns > 0;
-  const bool fresh = fallback && load(words, kRateRefilledAt) < open_since_ns;
-  const int64_t from = fresh ? open_since_ns : 0;
+  const bool fallback = outage.opened_ns > 0;
+  const bool fresh = fallback && load(words, kRateRefilledAt) < outage.opened_ns;
+  const int64_t from = fresh ? outage.opened_ns : 0;
   const int64_t held = fresh ? std::min<int64_t>(load(words, kUnits), 0) : load(words, kUnits);
   const int64_t units = withRateRefill(words, now_ns, held, end, from, fallback);
   if (units >= cost) {
