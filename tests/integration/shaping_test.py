@@ -106,16 +106,21 @@ class ShapingTest(unittest.TestCase):
         self.assertEqual(len(released), WAITERS, "not every waiter was answered")
         self.assertEqual([msgid for msgid, _, _ in released], list(range(WAITERS)))
         self.assertTrue(all(result["allowed"] for _, _, result in released))
-        deviations = [abs(at - i * INTERVAL_S) for i, (_, at, _) in enumerate(released)]
+        # Judged from the first release (answered at once): the daemon paces
+        # from the requests' arrival, which a busy host delays for all of
+        # them alike.
+        first_at = released[0][1]
+        deviations = [abs(at - first_at - i * INTERVAL_S) for i, (_, at, _) in enumerate(released)]
         waited_error = max(abs(result["waited_ms"] - i * INTERVAL_S * 1000)
                            for i, (_, _, result) in enumerate(released))
         other_times.sort()
         other_p95 = other_times[int(len(other_times) * 0.95)]
-        print("\nmeasured: %d paced releases at 10/s: deviation from ideal mean %.1f ms, "
-              "worst %.1f ms; waited_ms off by at most %d ms; other client's answers p95 %.1f "
-              "ms, slowest %.1f ms" % (WAITERS, statistics.mean(deviations) * 1000,
-                                       max(deviations) * 1000, waited_error, other_p95 * 1000,
-                                       other_times[-1] * 1000))
+        print("\nmeasured: %d paced releases at 10/s: the first after %.1f ms, the others' "
+              "deviation from one interval apart mean %.1f ms, worst %.1f ms; waited_ms off by "
+              "at most %d ms; other client's answers p95 %.1f ms, slowest %.1f ms"
+              % (WAITERS, first_at * 1000, statistics.mean(deviations) * 1000,
+                 max(deviations) * 1000, waited_error, other_p95 * 1000, other_times[-1] * 1000))
+        self.assertLessEqual(first_at, OTHER_CLIENT_MAX_S)
         on_time = sum(d <= RELEASE_TOLERANCE_S for d in deviations) / WAITERS
         self.assertGreaterEqual(on_time, RELEASES_ON_TIME, deviations)
         tsan = self.daemon.maps_library("libtsan")
