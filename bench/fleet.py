@@ -1006,16 +1006,18 @@ def report21(rows):
     return lines
 
 
-def report(rows, mode, load_before, load_after, took_s):
+def report(rows, mode, load_before, load_after, took_s, settled_s):
     lines = []
     add = lines.append
     add("## sluice fleet benchmark (%s mode)" % mode)
     add("")
-    add("%s, %s, %d CPUs, load average before: %s, after: %s; %s; sluiced with %d worker per "
+    settled = (" (after %.0f s waiting for it to fall below %.1f)" % (settled_s, SETTLE_LOAD)
+               if settled_s >= 1 else "")
+    add("%s, %s, %d CPUs, load average before: %s%s, after: %s; %s; sluiced with %d worker per "
         "node, every process on this machine; %.0f s." % (
             time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             " ".join(os.uname()[i] for i in (0, 2, 4)),
-            os.cpu_count(), load_before, load_after,
+            os.cpu_count(), load_before, settled, load_after,
             subprocess.run([REDIS_SERVER, "--version"], capture_output=True, text=True)
             .stdout.split(" sha=")[0], WORKERS, took_s))
     add("One global token bucket, %d/s, burst %d, on one key; `on_redis_down = \"local\"`; "
@@ -1134,6 +1136,22 @@ def load_average():
         return " ".join(f.read().split()[:3])
 
 
+# A full run first waits, at most SETTLE_MAX_S, for the 1-minute load average
+# to fall below SETTLE_LOAD: make bench runs it right after its heavier parts,
+# whose load would otherwise lie on its first shapes.
+SETTLE_LOAD = 1.0
+SETTLE_MAX_S = 90.0
+
+
+def settle():
+    """Waits for the load to settle (SETTLE_LOAD); returns the seconds waited."""
+    began = time.monotonic()
+    while (time.monotonic() - began < SETTLE_MAX_S
+           and float(load_average().split()[0]) >= SETTLE_LOAD):
+        time.sleep(min(5.0, SETTLE_MAX_S - (time.monotonic() - began)))
+    return time.monotonic() - began
+
+
 def main():
     if len(sys.argv) == 3 and sys.argv[1] == "--load":
         generate(sys.argv[2])
@@ -1146,6 +1164,7 @@ def main():
         sys.exit("bench/fleet.py: needs %s and %s" % (sluiced, REDIS_SERVER))
     # SIGTERM ends the run through the same clean-up as an error.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    settled_s = settle() if mode == "full" else 0.0
     load_before = load_average()
     began = time.monotonic()
     fleets, shapes = MODES[mode][:2]
@@ -1171,7 +1190,7 @@ def main():
     stem = "fleet" if mode == "full" else "fleet-quick"
     if os.environ.get("BENCH_SHAPES"):
         stem += "-shapes"  # a part of the mode's runs: the whole mode's files stay
-    text = report(rows, mode, load_before, load_average(), time.monotonic() - began)
+    text = report(rows, mode, load_before, load_average(), time.monotonic() - began, settled_s)
     os.makedirs(RESULTS, exist_ok=True)
     with open(os.path.join(RESULTS, stem + ".md"), "w") as f:
         f.write(text)
