@@ -1113,6 +1113,15 @@ def report(rows, mode, load_before, load_after, took_s, settled_s):
     for row in rows:
         if row["errors"]:
             add("- N=%d %s: %d error answers" % (row["nodes"], row["shape"], row["errors"]))
+    exact = [r for r in rows if "exact" in r]
+    if exact:
+        add("- sliding-log against the exact log at the same load, right after it "
+            "(bench/exact_log.py: one EVALSHA of lua/sliding_log.lua per decision, straight from "
+            "a generator to Redis, no daemons), admitted / limit in windows of one period, "
+            "min / mean / max: " + "; ".join(
+                "N=%d %.3f / %.3f / %.3f (sluiced's %.3f / %.3f / %.3f)" % (
+                    r["nodes"], r["exact"]["min"], r["exact"]["mean"], r["exact"]["max"],
+                    r["ratio_min"], r["ratio_mean"], r["ratio_max"]) for r in exact))
     add("")
     if any(r["shape"] in NEW_SHAPES for r in rows):
         lines.extend(report21(rows))
@@ -1129,6 +1138,29 @@ def report(rows, mode, load_before, load_after, took_s, settled_s):
             "/usr/bin/python3 bench/fleet.py build-release && /usr/bin/python3 bench/plots.py`."
             % (mode, mode))
     return "\n".join(lines) + "\n"
+
+
+def exact_reference(nodes, seconds):
+    """The sliding-log shape's load on the exact log (bench/exact_log.py: one
+    EVALSHA per decision, straight from a generator to a Redis of its own,
+    no daemons) over `nodes` connections: its windows of one period, as
+    analyse() judges the shape's."""
+    redis = Redis()
+    try:
+        out = subprocess.run(
+            [sys.executable, os.path.join(HERE, "exact_log.py"), str(nodes), str(redis.port),
+             str(int(LIMIT_PER_S * SLIDING_LOG_PERIOD_S)), str(int(SLIDING_LOG_PERIOD_S * 1000)),
+             str(DEMAND_FACTOR), str(seconds)],
+            capture_output=True, text=True, check=True).stdout
+    finally:
+        redis.stop()
+    admitted = json.loads(out)["admitted"]
+    per_window = LIMIT_PER_S * SLIDING_LOG_PERIOD_S
+    steps = int(round((seconds - SLIDING_LOG_PERIOD_S) / WINDOW_STEP_S)) + 1
+    ratios = [(bisect.bisect_left(admitted, k * WINDOW_STEP_S + SLIDING_LOG_PERIOD_S)
+               - bisect.bisect_left(admitted, k * WINDOW_STEP_S)) / per_window
+              for k in range(steps)]
+    return dict(min=min(ratios), mean=sum(ratios) / len(ratios), max=max(ratios))
 
 
 def load_average():
@@ -1180,6 +1212,8 @@ def main():
         for shape in shapes:
             run = Run(sluiced, nodes, shape, mode)
             row, plot = analyse(run)
+            if shape == "sliding-log":
+                row["exact"] = exact_reference(nodes, run.seconds)
             rows.append(row)
             plots.append(plot)
             sys.stderr.write("fleet: N=%d %s: %s\n" % (nodes, shape, json.dumps(
