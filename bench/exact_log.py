@@ -61,8 +61,13 @@ def main():
     setup = socket.create_connection(("127.0.0.1", port))
     setup.sendall(command("SCRIPT", "LOAD", source))
     reply = b""
-    while not reply.endswith(b"\r\n") or reply.count(b"\r\n") < 2:
-        reply += setup.recv(4096)
+    while not (reply.endswith(b"\r\n") and (reply.startswith(b"-") or reply.count(b"\r\n") == 2)):
+        data = setup.recv(4096)
+        if not data:
+            raise RuntimeError("Redis closed the connection during SCRIPT LOAD")
+        reply += data
+    if reply.startswith(b"-"):
+        raise RuntimeError("SCRIPT LOAD: " + reply.decode().strip())
     sha = reply.split(b"\r\n")[1]
     setup.close()
     request = command("EVALSHA", sha, 1, KEY, "lease", 1, 1, limit, period_ms, limit, 0)
