@@ -332,7 +332,11 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, const Rule& rule,
     if (reply->granted == 0) {
       // Nothing until retry_after_ms: deny locally until then (but asked
       // again after slice::kEmptyRecheckNs), so an over-limit key costs
-      // Redis little. "Never" waits a period.
+      // Redis little. "Never" waits a period. The wait runs from when the
+      // script ran, which is after sent_ns: counted from the reply's
+      // arrival, every denial would add the reply's way back to the time
+      // units come free, and a saturated key would lease them late each
+      // time (a sliding log's periods would start later and later).
       int64_t wait_ms = reply->never ? periodMs(limit) : std::max<int64_t>(reply->retry_after_ms, 1);
       const int64_t interval_ns = context_.broker->leaseIntervalNs();
       if (!reply->never && request.rate < 0 && rate_lease::eligible(rule) &&
@@ -344,7 +348,7 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, const Rule& rule,
         // demand, and the holders give up their share of it by the next.
         wait_ms = rate_lease::reaskAfterMs(wait_ms, config_.lease_interval_ms);
       }
-      slice::applyEmpty(words, now_ns, wait_ms * 1'000'000);
+      slice::applyEmpty(words, sent_ns, wait_ms * 1'000'000);
       return;
     }
     int64_t expires_ns = 0;

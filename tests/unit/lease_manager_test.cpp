@@ -52,6 +52,7 @@ class ManagerFixture : public ::testing::Test {
     context.broker = &broker_;
     context.rules = [this] { return rules_; };
     context.node_id = node_id_;
+    context.now_ns = now_ns_;
     manager_ = std::make_unique<LeaseManager>(*link_, config_, context);
     link_->onConnected([this, follow_link] {
       if (follow_link || !told_up_) manager_->onUp();
@@ -81,6 +82,8 @@ class ManagerFixture : public ::testing::Test {
   uv_loop_t loop_;
   RedisConfig config_;
   std::string node_id_;
+  // The manager's clock (LeaseContext::now_ns), as start() finds it.
+  std::function<int64_t()> now_ns_ = monotonicNowNs;
   RuleSetPtr rules_;
   KeyTable keys_{[] {
     KeyTableOptions options;
@@ -197,6 +200,66 @@ TEST_F(PartsManagerTest, EachPartLeasesItsOwnKey) {
     EXPECT_GT(std::stoll(server_.cli({"PTTL", manager_->stateKey(part.name, "k")})), 0) << part.id;
   }
   EXPECT_EQ(server_.cli({"EXISTS", manager_->stateKey("pair", "k")}), "0");
+}
+
+// A global sliding log of 3 a second, on the real clock that the test can
+// move ahead of the real one (ahead_ns_) while a lease is out.
+class SlidingLogManagerTest : public ManagerFixture {
+ protected:
+  void SetUp() override {
+    ManagerFixture::SetUp();
+    Rule log;
+    log.name = "log";
+    log.scope = Scope::kGlobal;
+    log.algorithm = Algorithm::kSlidingLog;
+    log.limits = {Limit{.limit = 3, .period_ns = 1'000 * kMs, .burst = 3}};
+    now_ns_ = [this] { return monotonicNowNs() + ahead_ns_; };
+    ASSERT_NO_FATAL_FAILURE(start({log}));
+    rule_ = rules_->find("log");
+  }
+
+  std::span<std::atomic<uint64_t>> words() {
+    KeyTable::ReadGuard guard(keys_, reader_);
+    return keys_.findOrInsert(rule_->id, "k", entryWords(*rule_), monotonicNowNs())->state();
+  }
+  // What a worker does when its acquire claims the key's lease; the reply
+  // is applied by the time it returns.
+  void lease(int64_t n, const std::function<void()>& after_send = [] {}) {
+    words()[slice::kFlags].fetch_or(slice::kInFlight);
+    LeaseRequest request;
+    request.rule_id = rule_->id;
+    request.key = "k";
+    request.n = n;
+    request.need = 1;
+    broker_.submit(std::move(request));
+    manager_->onWakeup();  // sends it
+    after_send();
+    ASSERT_TRUE(runUntil([&] { return (words()[slice::kFlags].load() & slice::kInFlight) == 0; }));
+  }
+
+  const Rule* rule_ = nullptr;
+  int64_t ahead_ns_ = 0;
+};
+
+// Verifies a denial's wait runs from the lease's send, not from its reply:
+// Redis's retry_after counts from when the script ran, which is after the
+// send. Counted from the reply, every denial would add the reply's way back,
+// and a saturated log's next lease would come that much late each period.
+// The reply is made to arrive 200 ms after the send, by the manager's clock.
+TEST_F(SlidingLogManagerTest, ADenialWaitsFromTheSendNotTheReply) {
+  const int64_t first_sent_ns = monotonicNowNs();
+  lease(3);  // fills the log: its entries leave one period after the lease ran
+  const int64_t first_answered_ns = monotonicNowNs();
+  ASSERT_EQ(words()[slice::kUnits].load(), 3u);
+  lease(1, [&] { ahead_ns_ = 200 * kMs; });
+  const int64_t second_answered_ns = monotonicNowNs();
+  const auto deny_ns = static_cast<int64_t>(words()[slice::kDenyUntil].load());
+  // Redis's wait (rounded up to a ms) ends one period after the first
+  // lease ran, which was before first_answered_ns; the second ran after
+  // its send. Counted from the reply, the wait would end 200 ms later.
+  // (1 ms more for Redis's clock against this host's monotonic one.)
+  EXPECT_LE(deny_ns, first_answered_ns + 1'000 * kMs + 2 * kMs);
+  EXPECT_GE(deny_ns, first_sent_ns + 1'000 * kMs - (second_answered_ns - first_answered_ns) - 1 * kMs);
 }
 
 // Holdings of a global concurrency rule (holding.h) against a real Redis:
