@@ -9,7 +9,8 @@
 #                   failover tests, labels `fleet`, `sentinel` and `cluster`,
 #                   nor the client libraries' tests, label `client`, nor the
 #                   package test, label `package`)
-#   make test-tsan  the same under ThreadSanitizer
+#   make test-tsan  the same under ThreadSanitizer, built without Envoy's gRPC
+#                   front (SLUICE_GRPC=OFF: Debian's gRPC is not built for it)
 #   make test-valgrind  the integration tests against sluiced under valgrind
 #                   memcheck (tests/memcheck.sh; on demand, not in CI): exit 0
 #                   when no daemon run had a memory error or lost a block
@@ -112,7 +113,7 @@ test-asan: deps
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS) -LE 'fleet|sentinel|cluster|client|package'
 
 test-tsan: deps
-	$(call configure,build-tsan,RelWithDebInfo,-DSLUICE_TSAN=ON -DSLUICE_BUILD_BENCH=OFF)
+	$(call configure,build-tsan,RelWithDebInfo,-DSLUICE_TSAN=ON -DSLUICE_BUILD_BENCH=OFF -DSLUICE_GRPC=OFF)
 	cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j $(JOBS) -LE 'fleet|sentinel|cluster|client|package|grpc'
 
 test-valgrind: build
