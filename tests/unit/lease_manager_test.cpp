@@ -202,8 +202,8 @@ TEST_F(PartsManagerTest, EachPartLeasesItsOwnKey) {
   EXPECT_EQ(server_.cli({"EXISTS", manager_->stateKey("pair", "k")}), "0");
 }
 
-// A global sliding log of 3 a second, on the real clock that the test can
-// move ahead of the real one (ahead_ns_) while a lease is out.
+// A global sliding log of 3 a second. The manager's clock is the host's
+// plus ahead_ns_, which a test moves forward while a lease is out.
 class SlidingLogManagerTest : public ManagerFixture {
  protected:
   void SetUp() override {
