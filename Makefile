@@ -11,6 +11,7 @@
 #                   package test, label `package`)
 #   make test-tsan  the same under ThreadSanitizer, built without Envoy's gRPC
 #                   front (SLUICE_GRPC=OFF: Debian's gRPC is not built for it)
+#                   and with only the unit tests that run threads (THREADS)
 #   make test-valgrind  the integration tests against sluiced under valgrind
 #                   memcheck (tests/memcheck.sh; on demand, not in CI): exit 0
 #                   when no daemon run had a memory error or lost a block
