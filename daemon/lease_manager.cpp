@@ -336,8 +336,9 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, const Rule& rule,
       // script ran, which is after sent_ns: counted from the reply's
       // arrival, every denial would add the reply's way back to the time
       // units come free, and a saturated key would lease them late each
-      // time (a sliding log's periods would start later and later).
-      int64_t wait_ms = reply->never ? periodMs(limit) : std::max<int64_t>(reply->retry_after_ms, 1);
+      // time (a sliding log's periods would start later and later; it
+      // waits a ms less than Redis's rounded wait, slice::emptyWaitMs).
+      int64_t wait_ms = reply->never ? periodMs(limit) : slice::emptyWaitMs(rule, reply->retry_after_ms);
       const int64_t interval_ns = context_.broker->leaseIntervalNs();
       if (!reply->never && request.rate < 0 && rate_lease::eligible(rule) &&
           rate_lease::wants(limit, slice::demandPerInterval(words, now_ns, interval_ns), slice::drained(words),

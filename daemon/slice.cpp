@@ -459,6 +459,11 @@ void applyEmpty(Words words, int64_t now_ns, int64_t wait_ns) {
   store(words, kRecheckAt, now_ns + std::min(wait_ns, kEmptyRecheckNs));
 }
 
+int64_t emptyWaitMs(const Rule& rule, int64_t retry_after_ms) {
+  if (algorithmTraits(rule.algorithm).stamps_lease) return std::max<int64_t>(retry_after_ms - 1, 0);
+  return std::max<int64_t>(retry_after_ms, 1);
+}
+
 namespace {
 
 constexpr uint64_t kRedisLeftMask = ~uint64_t{0} << kRedisLeftShift;

@@ -495,6 +495,16 @@ void applyGrant(Words words, int64_t granted, int64_t lease_now_ms, int64_t expi
 // return come back into Redis sooner, and only a lease sees them).
 void applyEmpty(Words words, int64_t now_ns, int64_t wait_ns);
 
+// How long a key of `rule` denies locally after a lease that granted
+// nothing, counted from the lease's send: Redis's retry_after_ms, when
+// `need` units come free, which the scripts round up to a ms; at least 1.
+// A stamped key (a sliding log) waits a ms less, 0 at the least: it asks
+// again no later than the units leave the log. What leaves a full log and
+// is leased late is spent late again one period on, and each ms late costs
+// a window that spans it, at 3 x the limit, 0.6 % of the limit. An early
+// ask is denied again with a wait of 0, and the next request asks anew.
+int64_t emptyWaitMs(const Rule& rule, int64_t retry_after_ms);
+
 // Redis's clock at the slice's last grant (ms; its window).
 int64_t leaseNowMs(ConstWords words);
 

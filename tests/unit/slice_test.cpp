@@ -352,6 +352,22 @@ TEST_F(SliceTest, AFarNegativeCacheClaimsOneLeaseAfterTheRecheckSpan) {
   EXPECT_TRUE(slice::take(words(), at_ns + 2 * slice::kEmptyRecheckNs, 1).must_request);
 }
 
+// Verifies the wait after a lease that granted nothing: Redis's
+// retry_after_ms (rounded up to a ms by the scripts), 1 at the least, but a
+// ms less, 0 at the least, for a sliding log, whose units leased late are
+// spent late again one period on: it may ask early, never late.
+TEST_F(SliceTest, AStampedKeyWaitsAMsLessThanRedisRoundedWait) {
+  Rule bucket = bucketRule(100, 1'000 * kMs, 100);
+  EXPECT_EQ(slice::emptyWaitMs(bucket, 0), 1);
+  EXPECT_EQ(slice::emptyWaitMs(bucket, 1), 1);
+  EXPECT_EQ(slice::emptyWaitMs(bucket, 7), 7);
+  Rule log = bucket;
+  log.algorithm = Algorithm::kSlidingLog;
+  EXPECT_EQ(slice::emptyWaitMs(log, 0), 0);
+  EXPECT_EQ(slice::emptyWaitMs(log, 1), 0);  // the next request asks again
+  EXPECT_EQ(slice::emptyWaitMs(log, 7), 6);
+}
+
 // Verifies that a block empties the slice and is asked of Redis again after
 // kBlockRecheckNs (or when it ends, if sooner), not before.
 TEST_F(SliceTest, ABlockEmptiesTheSliceUntilItsRecheck) {
