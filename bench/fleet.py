@@ -861,7 +861,7 @@ def analyse(run):
     plot = dict(nodes=run.nodes, shape=run.shape, seconds=run.seconds, bin_s=BIN_S,
                 series=series, events=run.events, fault=fault, pauses=pauses,
                 windows=[[round(w0, 2), round(r, 4), judged] for w0, r, judged in window_series],
-                live_nodes=live_nodes, burst=run.burst)
+                live_nodes=live_nodes, burst=run.burst, period_s=run.period_s)
     return row, plot
 
 

@@ -53,11 +53,14 @@ def plot_shape(runs, limit, burst, period_s, path):
                        alpha=0.55,
                        label="admitted/s, mode %s (%.0f ms bins)" % (mode, bin_s * 1000))
                 bottom = [b + r for b, r in zip(bottom, rate)]
+        # A shape may have a burst and a period of its own (sliding-log,
+        # contended); older files have only the file's.
+        run_burst, run_period = run.get("burst", burst), run.get("period_s", period_s)
         windows = run["windows"]  # [start, admitted / (limit x W + burst), judged]
-        ax.plot([w[0] + period_s / 2 for w in windows],
-                [w[1] * (limit * period_s + burst) / period_s for w in windows],
+        ax.plot([w[0] + run_period / 2 for w in windows],
+                [w[1] * (limit * run_period + run_burst) / run_period for w in windows],
                 color="black", linewidth=1.2,
-                label="admitted per %.0f s window (at its middle)" % period_s)
+                label="admitted per %g s window (at its middle)" % run_period)
         ax.axhline(limit, color="red", linestyle="--", linewidth=1, label="limit %d/s" % limit)
         fault = run["fault"]
         if fault:
@@ -75,7 +78,7 @@ def plot_shape(runs, limit, burst, period_s, path):
         ax.set_xlabel("seconds since the load started")
         ax.set_ylabel("admitted / s")
         ax.set_title("%s, N = %d: offered %.0f/s on average, limit %d/s, burst %d"
-                     % (run["shape"], run["nodes"], offered, limit, run.get("burst", burst)),
+                     % (run["shape"], run["nodes"], offered, limit, run_burst),
                      fontsize=10)
         counts = [c for _, c in run["live_nodes"]]
         if min(counts) != max(counts):
