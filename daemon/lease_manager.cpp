@@ -298,8 +298,9 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, const Rule& rule,
       // Held in Redis from when it ran, after sent_ns, for rateLeaseMs():
       // here it ends no later. Renewed at the next lease interval while
       // some node's demand is unmet or when the rate rose (rate_lease::
-      // rose), else after rate_lease::kMaxRenewNs (rate_lease::renewAtNs):
-      // a renewal is how a holder learns of new demand (its share shrinks).
+      // rose), else after rate_lease::kMaxRenewNs (rate_lease::renewAtNs)
+      // or sooner while its asks settle (rate_lease::settleNs): a renewal
+      // is how a holder learns of new demand (its share shrinks).
       const int64_t lease_ns = rateLeaseMs() * 1'000'000;
       const int64_t interval_ns = context_.broker->leaseIntervalNs();
       const int64_t ns_per_unit = rate > 0 ? rate_lease::nsPerUnit(limit, rate) : 0;
@@ -312,9 +313,13 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, const Rule& rule,
       // its demand brought rate_lease::kShortRenewUnits, to take up rate
       // that another node freed meanwhile.
       const int64_t short_ns = rate_lease::shortRenewNs(limit, request.rate, rate, interval_ns);
+      const int64_t previous_sent_ns = slice::rateSentNs(words, now_ns, lease_ns);
+      const int64_t settle_ns =
+          rate_lease::settleNs(previous_sent_ns > 0 ? sent_ns - previous_sent_ns : 0, interval_ns);
       slice::applyRate(words, ns_per_unit, rate_lease::capUnits(limit, rate, interval_ns),
                        sent_ns + lease_ns,
-                       rate_lease::renewAtNs(sent_ns, lease_ns, unmet || rose, interval_ns, quick, short_ns),
+                       rate_lease::renewAtNs(sent_ns, lease_ns, unmet || rose, interval_ns, quick,
+                                             short_ns > 0 ? std::min(short_ns, settle_ns) : settle_ns),
                        now_ns);
       slice::noteAsked(words, limit, rate > 0 ? request.rate : 0, interval_ns, now_ns);
       if (rate > 0) rate_keys_.emplace(request.rule_id, request.key);
@@ -341,8 +346,8 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, const Rule& rule,
       int64_t wait_ms = reply->never ? periodMs(limit) : slice::emptyWaitMs(rule, reply->retry_after_ms);
       const int64_t interval_ns = context_.broker->leaseIntervalNs();
       if (!reply->never && request.rate < 0 && rate_lease::eligible(rule) &&
-          rate_lease::wants(limit, slice::demandPerInterval(words, now_ns, interval_ns), slice::drained(words),
-                            interval_ns)) {
+          rate_lease::wants(limit, std::max(slice::demandPerInterval(words, now_ns, interval_ns), request.n),
+                            slice::drained(words), interval_ns)) {
         // Its next lease asks for a rate (the bucket ran dry: the others'
         // rates may hold the whole limit, and Redis's wait is then their
         // ends): asked within one lease interval, it records the key's

@@ -450,7 +450,7 @@ void LeasePath::requestLease(const RuleSet& rules, const Rule& rule, const Rule&
       // the demand again (slice::demandMoved).
       request.rate = learned_rate;
     } else if (slice::holdsRate(words, now_ns) ||
-               rate_lease::wants(limit, demand, slice::drained(words), broker_->leaseIntervalNs())) {
+               rate_lease::wants(limit, std::max(demand, cost), slice::drained(words), broker_->leaseIntervalNs())) {
       request.rate = rate_lease::askedRate(limit, std::max(demand, cost), broker_->leaseIntervalNs());
     }
   }

@@ -174,12 +174,17 @@ int64_t shortRenewNs(const Limit& limit, int64_t asked, int64_t granted, int64_t
                            std::max<int64_t>(lease_interval_ns, 1));
 }
 
+int64_t settleNs(int64_t previous_gap_ns, int64_t lease_interval_ns) {
+  if (previous_gap_ns <= 0 || previous_gap_ns >= kMaxRenewNs / kSettleFactor) return kMaxRenewNs;
+  return std::max<int64_t>(kSettleFactor * previous_gap_ns, std::max<int64_t>(lease_interval_ns, 1));
+}
+
 int64_t renewAtNs(int64_t sent_ns, int64_t lease_ns, bool unmet, int64_t lease_interval_ns, bool quick,
-                  int64_t short_ns) {
+                  int64_t sooner_ns) {
   int64_t after_ns = quick   ? std::max<int64_t>(lease_interval_ns / kQuickRenewsPerInterval, 1)
                      : unmet ? std::max<int64_t>(lease_interval_ns, 1)
                              : kMaxRenewNs;
-  if (short_ns > 0) after_ns = std::min(after_ns, short_ns);
+  if (sooner_ns > 0) after_ns = std::min(after_ns, sooner_ns);
   return sent_ns + std::min(after_ns, lease_ns / 2);
 }
 

@@ -167,15 +167,36 @@ constexpr int64_t kShortRenewUnits = 1'000;
 // schedule, reaskAfterMs).
 int64_t shortRenewNs(const Limit& limit, int64_t asked, int64_t granted, int64_t lease_interval_ns);
 
+// A holder whose reply neither raised its rate nor said some demand is
+// unmet renews no later than this many times the time between its previous
+// rate op and this one, and no sooner than one lease interval after this
+// one (settleNs). Each op ends the key's demand measurement once it spans
+// a lease interval (slice::nextBatch), so an ask rests on about the
+// requests since the op before: one asked from a few ms or one interval of
+// them (a key's first asks) is asked again from a measurement this many
+// times as long, and only an ask that rested on kMaxRenewNs /
+// kSettleFactor or more is held for kMaxRenewNs. Without it the seven
+// cold nodes of an N = 8 skewed start (bench/fleet.py, 171/s each) held
+// the 180-200/s of their first asks for 2.5 s, and the fleet admitted
+// 0.85-0.95 of the limit until their renewals. A holder that renews every
+// kMaxRenewNs pays nothing more.
+constexpr int64_t kSettleFactor = 4;
+
+// How long after its rate op a holder renews because its ask may not have
+// settled (kSettleFactor): kSettleFactor times previous_gap_ns, the time
+// from its previous rate op's send to this one's, within [lease_interval_ns,
+// kMaxRenewNs]; kMaxRenewNs when previous_gap_ns <= 0 (none known).
+int64_t settleNs(int64_t previous_gap_ns, int64_t lease_interval_ns);
+
 // When a key whose rate op was sent at sent_ns, granting a lease of
 // lease_ns, asks for its renewal: a kQuickRenewsPerInterval-th of a lease
 // interval after sent_ns when `quick` (above), one lease interval after
 // it when the reply said some demand is unmet (so holders shrink to their
 // shares and a node granted less asks again within two lease intervals),
-// short_ns after it when that is sooner (shortRenewNs; 0: not short), else
-// kMaxRenewNs after it; never later than halfway through the lease.
+// sooner_ns after it when that is sooner (shortRenewNs, settleNs; 0: none),
+// else kMaxRenewNs after it; never later than halfway through the lease.
 int64_t renewAtNs(int64_t sent_ns, int64_t lease_ns, bool unmet, int64_t lease_interval_ns,
-                  bool quick = false, int64_t short_ns = 0);
+                  bool quick = false, int64_t sooner_ns = 0);
 
 // Whether a key's rate rose with a grant: it held none (held_ns_per_unit
 // 0) or its slice refills faster now (granted_ns_per_unit below it; 0:

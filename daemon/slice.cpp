@@ -373,7 +373,11 @@ Batch nextBatch(Words words, int64_t now_ns, int64_t cost,
   int64_t since = load(words, kDemandSince);
   double per_interval = static_cast<double>(std::max(load(words, kRate), demand));
   if (since == 0) {
+    // The first measurement starts at this request, and counts from the
+    // next: n requests from it span n - 1 gaps, and counted in, it would
+    // read a key at 171/s as 180/s over one interval (a rate asks for that).
     words[kDemandSince].store(static_cast<uint64_t>(now_ns), std::memory_order_relaxed);
+    words[kDemand].store(0, std::memory_order_relaxed);
   } else if (now_ns - since >= lease_interval_ns) {
     demand = static_cast<int64_t>(words[kDemand].exchange(0, std::memory_order_relaxed));
     per_interval = static_cast<double>(demand) * static_cast<double>(lease_interval_ns) /
@@ -562,6 +566,10 @@ int64_t demandPerInterval(ConstWords words, int64_t now_ns, int64_t lease_interv
 
 int64_t rateNsPerUnit(ConstWords words, int64_t now_ns) {
   return holdsRate(words, now_ns) ? load(words, kRateNsPerUnit) : 0;
+}
+
+int64_t rateSentNs(ConstWords words, int64_t now_ns, int64_t lease_ns) {
+  return holdsRate(words, now_ns) ? std::max<int64_t>(load(words, kRateUntil) - lease_ns, 0) : 0;
 }
 
 int64_t rateCapUnits(ConstWords words, int64_t now_ns) {

@@ -322,6 +322,11 @@ int64_t demandPerInterval(ConstWords words, int64_t now_ns, int64_t lease_interv
 // ns (kRateNsPerUnit); 0 when it holds none.
 int64_t rateNsPerUnit(ConstWords words, int64_t now_ns);
 
+// When the rate op behind the rate the key holds at now_ns was sent: the
+// rate's end less lease_ns, the lease's length (applyRate holds it until
+// then); 0 when it holds none.
+int64_t rateSentNs(ConstWords words, int64_t now_ns, int64_t lease_ns);
+
 // The units a rate lease's slice refills to (kRateCap) while it holds a
 // rate at now_ns, else 0. For the overshoot bound (overshoot.h).
 int64_t rateCapUnits(ConstWords words, int64_t now_ns);

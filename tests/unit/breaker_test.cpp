@@ -702,6 +702,7 @@ class FakeRedisState {
     if (rate_op) {
       ++rate_ops_;
       const long long asked = std::stoll(a[1]);
+      rate_asks_.push_back({a[8], now_ns_, asked});
       bucket.rates.erase(a[8]);
       std::vector<rate_lease::Held> live;
       for (const auto& [node, held] : bucket.rates) live.push_back({node, held.rate, held.until_ns, held.demand});
@@ -749,6 +750,13 @@ class FakeRedisState {
   }
   // Rate ops run so far.
   int rateOps() const { return rate_ops_; }
+  // Each rate op run so far: the node, when, and the rate it asked for.
+  struct RateAsk {
+    std::string node;
+    int64_t at_ns = 0;
+    int64_t rate = 0;
+  };
+  const std::vector<RateAsk>& rateAsks() const { return rate_asks_; }
 
  private:
   struct Held {
@@ -810,6 +818,7 @@ class FakeRedisState {
   const int64_t& now_ns_;
   int leases_ = 0;
   int rate_ops_ = 0;
+  std::vector<RateAsk> rate_asks_;
   int64_t debited_ = 0;
   std::string run_id_ = "run-1";
   std::string replid2_ = "0000";
@@ -1376,6 +1385,49 @@ TEST_F(RateFallbackTest, ALightNodeBesideAHotOneGetsItsDemandAsARate) {
   // Over the last 5 s B asked 40 times (8/s) and got nearly all of them.
   EXPECT_GE(light, 36);
   EXPECT_LE(hot_allowed + light, 10 * 80 + 80 + 2 * 8);
+}
+
+// Verifies on a simulated clock that a light node's rate settles on its
+// demand within a second, not at its first renewal 2.5 s later: node B at
+// 171.4/s (one request every 35/6 ms) beside node A at 3x a 2,000/s limit
+// with a burst of 40. B's first asks rest on a few ms and then one
+// interval of its requests; it renews at four times the time since its
+// previous op (rate_lease::settleNs) and asks 170/s from 500 ms on. What it
+// holds above its demand A cannot use: an ask of 180 would waste 8.6/s.
+TEST_F(RateLeaseNodeTest, ALightNodesRateSettlesOnItsDemandWithinASecond) {
+  std::vector<Rule> rules;
+  rules.push_back(globalRule(1, "per-second", 2'000, kSecond));
+  rules.front().limits.front().burst = 40;
+  rules_ = std::make_shared<const RuleSet>(std::move(rules), 2);
+  a_ = std::make_unique<Node>("node-a", redis_, rules_, now_);
+  a_->up();
+  Node b("node-b", redis_, rules_, now_);
+  b.up();
+  const int64_t start_ns = now_;
+  const int64_t hot_gap_ns = kSecond / 6'000;
+  const int64_t light_gap_ns = 35 * kMs / 6;
+  int64_t next_light_ns = start_ns;
+  while (now_ - start_ns < 2 * kSecond) {
+    now_ += hot_gap_ns;
+    a_->acquire("per-second", "k");
+    if (now_ >= next_light_ns) {
+      b.acquire("per-second", "k");
+      next_light_ns += light_gap_ns;
+    }
+  }
+  std::vector<int64_t> b_asks;
+  int64_t last_ask_ns = 0;
+  for (const FakeRedisState::RateAsk& ask : redis_.rateAsks()) {
+    if (ask.node != "node-b") continue;
+    b_asks.push_back(ask.rate);
+    last_ask_ns = ask.at_ns;
+    if (ask.at_ns - start_ns >= 500 * kMs) {
+      EXPECT_EQ(ask.rate, 170) << "at " << (ask.at_ns - start_ns) / kMs << " ms";
+    }
+  }
+  ASSERT_GE(b_asks.size(), 3u);
+  // It asked again after 500 ms (settling), and holds 170/s to the end.
+  EXPECT_GE(last_ask_ns - start_ns, 500 * kMs);
 }
 
 }  // namespace

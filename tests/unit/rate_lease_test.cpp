@@ -639,6 +639,38 @@ TEST(RateLeaseRule, AHolderThatHearsOfUnmetDemandRenewsAtTheNextLeaseInterval) {
   EXPECT_EQ(rate_lease::renewAtNs(sent_ns, 600'000'000, false, interval_ns), sent_ns + 300'000'000);
 }
 
+// Verifies the settling renewals on a simulated clock (lease interval
+// 100 ms): a key's ask rests on its demand since its previous rate op, so
+// a holder asked from a short measurement renews four times as long after
+// its op (at least one interval), and only one whose previous op was a
+// quarter of kMaxRenewNs or more before holds its rate kMaxRenewNs. From a
+// first ask 7 ms after its previous op it renews at 100 ms, 400 ms and
+// 1.6 s, then every 2.5 s: three renewals more, whatever it asks.
+TEST(RateLeaseRule, AnAskFromAShortMeasurementIsAskedAgainFromOneFourTimesAsLong) {
+  const int64_t interval_ns = 100'000'000;
+  EXPECT_EQ(rate_lease::settleNs(7'000'000, interval_ns), interval_ns);
+  EXPECT_EQ(rate_lease::settleNs(105'000'000, interval_ns), 420'000'000);
+  EXPECT_EQ(rate_lease::settleNs(rate_lease::kMaxRenewNs / 4 - 1, interval_ns), rate_lease::kMaxRenewNs - 4);
+  EXPECT_EQ(rate_lease::settleNs(rate_lease::kMaxRenewNs / 4, interval_ns), rate_lease::kMaxRenewNs);
+  EXPECT_EQ(rate_lease::settleNs(0, interval_ns), rate_lease::kMaxRenewNs);  // no previous op
+  int64_t sent_ns = 10 * kSecondNs;
+  int64_t gap_ns = 7'000'000;
+  std::vector<int64_t> gaps;
+  while (gaps.size() < 5) {
+    const int64_t renew_ns = rate_lease::renewAtNs(sent_ns, 60 * kSecondNs, false, interval_ns, false,
+                                                   rate_lease::settleNs(gap_ns, interval_ns));
+    gap_ns = renew_ns - sent_ns;
+    gaps.push_back(gap_ns);
+    sent_ns = renew_ns;
+  }
+  EXPECT_EQ(gaps, (std::vector<int64_t>{interval_ns, 400'000'000, 1'600'000'000, rate_lease::kMaxRenewNs,
+                                        rate_lease::kMaxRenewNs}));
+  // A sooner reason to renew (shortRenewNs) stands; unmet demand too.
+  EXPECT_EQ(rate_lease::renewAtNs(sent_ns, 60 * kSecondNs, true, interval_ns, false,
+                                  rate_lease::settleNs(105'000'000, interval_ns)),
+            sent_ns + interval_ns);
+}
+
 // Verifies which grants count as a rise of the key's rate (one unit per so
 // many ns): a first rate, or a faster refill; not the same rate, a slower
 // one, nor none.

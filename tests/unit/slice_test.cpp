@@ -159,8 +159,8 @@ TEST_F(SliceTest, FrequentLeasesMeasureDemandOverAWholeInterval) {
   for (int64_t t = 6; t < 101; t += 5) {
     lease(t, 5);  // within the first interval: at least what it has seen
   }
-  EXPECT_EQ(lease(101, 5).n, 101);   // 101 units over 100 ms (from 1 to 101)
-  EXPECT_EQ(lease(106, 5).n, 101);   // the rate holds between measurements
+  EXPECT_EQ(lease(101, 5).n, 100);   // 100 units over 100 ms (from 1 to 101)
+  EXPECT_EQ(lease(106, 5).n, 100);   // the rate holds between measurements
   EXPECT_EQ(lease(1'106, 50).n, 6);  // 55 units over the next 1,005 ms
 }
 
@@ -981,12 +981,32 @@ TEST_F(SliceTest, RatePerPeriodCountsTheLastRatesUnits) {
 TEST_F(SliceTest, DemandPerIntervalCountsTheMeasurementUnderWay) {
   const Rule rule = bucketRule(1'000, 1'000 * kMs, 30);
   grant(100);
+  slice::nextBatch(words(), 1 * kMs, 1, rule, 1, kInterval);  // starts a measurement
   for (int i = 0; i < 40; ++i) slice::take(words(), 1 * kMs, 1);
   EXPECT_EQ(slice::demandPerInterval(words()), 40);
-  slice::nextBatch(words(), 1 * kMs, 1, rule, 1, kInterval);  // starts a measurement
   slice::nextBatch(words(), 1 * kMs + kInterval, 1, rule, 1, kInterval);  // ends it: 40
   slice::take(words(), 1 * kMs + kInterval, 1);
   EXPECT_EQ(slice::demandPerInterval(words()), 40);
+}
+
+// Verifies on a simulated clock that a key's first demand measurement
+// counts from the request after the one that starts it: a key at 171.4/s
+// (one request every 5.833 ms) measured over 105 ms reads 17 per 100-ms
+// interval, as later measurements do, not 18 (the 19 requests span 18
+// gaps, 105 ms, from the first): a rate lease asks 170/s, not 180.
+TEST_F(SliceTest, TheFirstDemandMeasurementCountsFromTheRequestAfterItsStart) {
+  Rule rule = bucketRule(2'000, 1'000 * kMs, 40);
+  const int64_t t0 = 1'000 * kMs;
+  const int64_t gap_ns = 35 * kMs / 6;  // 171.4/s
+  slice::take(words(), t0, 1);
+  slice::nextBatch(words(), t0, 1, rule, 8, kInterval);  // the first lease: the measurement starts
+  for (int i = 1; i <= 18; ++i) slice::take(words(), t0 + i * gap_ns, 1);
+  slice::nextBatch(words(), t0 + 18 * gap_ns, 1, rule, 8, kInterval);  // 105 ms: it ends
+  EXPECT_EQ(slice::demandPerInterval(words()), 17);
+  EXPECT_EQ(rate_lease::askedRate(rule.limits.front(), slice::demandPerInterval(words()), kInterval), 170);
+  for (int i = 19; i <= 36; ++i) slice::take(words(), t0 + i * gap_ns, 1);
+  slice::nextBatch(words(), t0 + 36 * gap_ns, 1, rule, 8, kInterval);  // the next 105 ms
+  EXPECT_EQ(slice::demandPerInterval(words()), 17);
 }
 
 // Verifies on a simulated clock that a rate ask scales the demand
