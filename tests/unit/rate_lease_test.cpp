@@ -644,8 +644,8 @@ TEST(RateLeaseRule, AHolderThatHearsOfUnmetDemandRenewsAtTheNextLeaseInterval) {
 // a holder asked from a short measurement renews four times as long after
 // its op (at least one interval), and only one whose previous op was a
 // quarter of kMaxRenewNs or more before holds its rate kMaxRenewNs. From a
-// first ask 7 ms after its previous op it renews at 100 ms, 400 ms and
-// 1.6 s, then every 2.5 s: three renewals more, whatever it asks.
+// first ask 7 ms after its previous op its renewals come 100 ms, 400 ms
+// and 1.6 s apart, then every 2.5 s: three renewals more, whatever it asks.
 TEST(RateLeaseRule, AnAskFromAShortMeasurementIsAskedAgainFromOneFourTimesAsLong) {
   const int64_t interval_ns = 100'000'000;
   EXPECT_EQ(rate_lease::settleNs(7'000'000, interval_ns), interval_ns);
@@ -665,7 +665,7 @@ TEST(RateLeaseRule, AnAskFromAShortMeasurementIsAskedAgainFromOneFourTimesAsLong
   }
   EXPECT_EQ(gaps, (std::vector<int64_t>{interval_ns, 400'000'000, 1'600'000'000, rate_lease::kMaxRenewNs,
                                         rate_lease::kMaxRenewNs}));
-  // A sooner reason to renew (shortRenewNs) stands; unmet demand too.
+  // A sooner reason to renew stands: unmet demand, one interval.
   EXPECT_EQ(rate_lease::renewAtNs(sent_ns, 60 * kSecondNs, true, interval_ns, false,
                                   rate_lease::settleNs(105'000'000, interval_ns)),
             sent_ns + interval_ns);
