@@ -346,7 +346,9 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, const Rule& rule,
       int64_t wait_ms = reply->never ? periodMs(limit) : slice::emptyWaitMs(rule, reply->retry_after_ms);
       const int64_t interval_ns = context_.broker->leaseIntervalNs();
       if (!reply->never && request.rate < 0 && rate_lease::eligible(rule) &&
-          rate_lease::wants(limit, std::max(slice::demandPerInterval(words, now_ns, interval_ns), request.n),
+          rate_lease::wants(limit,
+                            std::max(slice::demandPerInterval(words, now_ns, interval_ns),
+                                     static_cast<double>(request.n)),
                             slice::drained(words), interval_ns)) {
         // Its next lease asks for a rate (the bucket ran dry: the others'
         // rates may hold the whole limit, and Redis's wait is then their
@@ -493,7 +495,7 @@ void LeaseManager::sweepIdleRates() {
         const Rule& variant = variantOf(*rules, *rule, request.variant);
         // The window's demand (demandMoved made it the key's): none gives
         // the rate up.
-        const int64_t demand = slice::demandPerInterval(words);
+        const double demand = slice::demandPerInterval(words, now_ns, interval_ns);
         request.rate = demand > 0 ? rate_lease::askedRate(variant.limits.front(), demand, interval_ns) : 0;
         due.push_back(std::move(request));
       }

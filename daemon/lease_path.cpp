@@ -443,15 +443,16 @@ void LeasePath::requestLease(const RuleSet& rules, const Rule& rule, const Rule&
   // the rate learned, at most: the share bounds the others.
   if ((!learning || learned_rate > 0) && rate_lease::eligible(deciding)) {
     const Limit& limit = deciding.limits.front();
-    const int64_t demand = slice::demandPerInterval(words, now_ns, broker_->leaseIntervalNs());
+    const double demand = std::max(slice::demandPerInterval(words, now_ns, broker_->leaseIntervalNs()),
+                                   static_cast<double>(cost));
     if (learned_rate > 0) {
       // The rate itself: the demand measured spans the outage, in which
       // the rate's spends were not counted as demand. The renewals follow
       // the demand again (slice::demandMoved).
       request.rate = learned_rate;
     } else if (slice::holdsRate(words, now_ns) ||
-               rate_lease::wants(limit, std::max(demand, cost), slice::drained(words), broker_->leaseIntervalNs())) {
-      request.rate = rate_lease::askedRate(limit, std::max(demand, cost), broker_->leaseIntervalNs());
+               rate_lease::wants(limit, demand, slice::drained(words), broker_->leaseIntervalNs())) {
+      request.rate = rate_lease::askedRate(limit, demand, broker_->leaseIntervalNs());
     }
   }
   request.rule_id = rule.id;

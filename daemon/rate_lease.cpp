@@ -88,12 +88,17 @@ int64_t grant(std::span<const Held> live, std::string_view node, int64_t asked, 
   return std::max<int64_t>(std::min(fairShare(std::move(demands), limit, asked), limit - others), 0);
 }
 
+bool pastNoise(int64_t rate, int64_t by, int64_t limit) {
+  return by > 0 && (kNoiseParts * by > rate || kNoiseOfLimit * by >= limit);
+}
+
 bool unmet(std::span<const Held> live, int64_t limit) {
   std::vector<int64_t> demands;
   demands.reserve(live.size());
   for (const Held& h : live) demands.push_back(h.demand);
   for (const Held& h : live) {
-    if (h.rate < fairShare(demands, limit, h.demand)) return true;
+    const int64_t share = fairShare(demands, limit, h.demand);
+    if (pastNoise(share, share - h.rate, limit)) return true;
   }
   return false;
 }
@@ -189,7 +194,8 @@ int64_t renewAtNs(int64_t sent_ns, int64_t lease_ns, bool unmet, int64_t lease_i
 }
 
 bool rose(int64_t held_ns_per_unit, int64_t granted_ns_per_unit) {
-  return granted_ns_per_unit > 0 && (held_ns_per_unit <= 0 || granted_ns_per_unit < held_ns_per_unit);
+  return granted_ns_per_unit > 0 &&
+         (held_ns_per_unit <= 0 || granted_ns_per_unit < held_ns_per_unit - held_ns_per_unit / kNoiseParts);
 }
 
 int64_t reaskAfterMs(int64_t retry_ms, int64_t lease_interval_ms, bool quick) {
@@ -211,15 +217,15 @@ bool eligible(const Rule& rule) {
          limit.limit < kExact / (kMaxLeaseMs * 1000) && limit.burst < kExact / limit.limit;
 }
 
-bool wants(const Limit& limit, int64_t demand_per_interval, bool drained, int64_t lease_interval_ns) {
+bool wants(const Limit& limit, double demand_per_interval, bool drained, int64_t lease_interval_ns) {
   if (!drained || demand_per_interval <= 0) return false;
   const double refill = static_cast<double>(limit.limit) * static_cast<double>(lease_interval_ns) /
                         static_cast<double>(limit.period_ns);
   return refill >= 1.0;
 }
 
-int64_t askedRate(const Limit& limit, int64_t demand_per_interval, int64_t lease_interval_ns) {
-  const double per_period = static_cast<double>(demand_per_interval) * static_cast<double>(limit.period_ns) /
+int64_t askedRate(const Limit& limit, double demand_per_interval, int64_t lease_interval_ns) {
+  const double per_period = demand_per_interval * static_cast<double>(limit.period_ns) /
                             static_cast<double>(std::max<int64_t>(lease_interval_ns, 1));
   return std::clamp<int64_t>(static_cast<int64_t>(std::ceil(per_period)), 1, limit.limit);
 }

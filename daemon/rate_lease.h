@@ -96,9 +96,27 @@ int64_t fairShare(std::vector<int64_t> demands, int64_t capacity, int64_t mine);
 // entries `live` (its own old entry, if any, is replaced).
 int64_t grant(std::span<const Held> live, std::string_view node, int64_t asked, int64_t limit);
 
+// A rate asks for its demand as measured, to a unit per period, and the
+// measurements wander (a node at 85.7/s asks 86/s, then 87/s, then 85/s).
+// A rate or share that moves by at most a kNoiseParts-th of itself and by
+// less than a kNoiseOfLimit-th of the limit moves within that noise, and
+// makes no holder renew early: not as a share unmet (unmet), nor as a rate
+// freed (the script's `renew` word, lua/rate_lease.lua, which has the same
+// test), nor as a rise (rose, kNoiseParts only). Renewing for it, every
+// holder of the N = 8 shifting skew in bench/fleet.py renewed every lease
+// interval: three times the Redis calls.
+constexpr int64_t kNoiseParts = 8;
+constexpr int64_t kNoiseOfLimit = 32;
+
+// Whether `rate` (or a share) of `limit` moving by `by` (>= 0) moves past
+// its noise: by more than rate / kNoiseParts, or by limit / kNoiseOfLimit
+// or more.
+bool pastNoise(int64_t rate, int64_t by, int64_t limit);
+
 // Whether some entry of `live` (after the op) holds less than its max-min
-// share (fairShare) of `limit` among every entry's demand: the script's
-// `unmet`. An entry that asked and got 0 while its share is above 0 is unmet.
+// share (fairShare) of `limit` among every entry's demand, by more than
+// the share's noise (pastNoise): the script's `unmet`. An entry that asked
+// and got 0 while its share is above 0 is unmet.
 bool unmet(std::span<const Held> live, int64_t limit);
 
 // The wait (µs) for units that a full-rate refill would bring in wait_us,
@@ -199,12 +217,14 @@ int64_t renewAtNs(int64_t sent_ns, int64_t lease_ns, bool unmet, int64_t lease_i
                   bool quick = false, int64_t sooner_ns = 0);
 
 // Whether a key's rate rose with a grant: it held none (held_ns_per_unit
-// 0) or its slice refills faster now (granted_ns_per_unit below it; 0:
-// granted none). A holder whose rate rose renews one lease interval after
-// it sent the op, as one that heard `unmet` does: it got more while the
-// others' demands may not be recorded yet (a fleet's start, where the
-// first nodes to ask get what the others have not asked for yet), so it
-// hears of them before it has held more than its share for long.
+// 0) or its slice refills faster now by more than a kNoiseParts-th of its
+// ns per unit (granted_ns_per_unit; 0: granted none). A holder whose rate
+// rose renews one lease interval after it sent the op, as one that heard
+// `unmet` does: it got more while the others' demands may not be
+// recorded yet (a fleet's start, where the first nodes to ask get what
+// the others have not asked for yet), so it hears of them before it has
+// held more than its share for long. A smaller rise is noise
+// (kNoiseParts).
 bool rose(int64_t held_ns_per_unit, int64_t granted_ns_per_unit);
 
 // How long a key granted no rate and no tokens waits before it asks again:
@@ -235,11 +255,11 @@ bool eligible(const Rule& rule);
 //    (8 an hour) gains nothing from a rate, whose slice refills one lease
 //    interval of it at most, and keeps token leases, which carry its burst.
 // demand_per_interval (slice::demandPerInterval) must be above 0.
-bool wants(const Limit& limit, int64_t demand_per_interval, bool drained, int64_t lease_interval_ns);
+bool wants(const Limit& limit, double demand_per_interval, bool drained, int64_t lease_interval_ns);
 
 // The rate a key asks for: its demand per interval scaled to the period,
 // rounded up, within [1, limit].
-int64_t askedRate(const Limit& limit, int64_t demand_per_interval, int64_t lease_interval_ns);
+int64_t askedRate(const Limit& limit, double demand_per_interval, int64_t lease_interval_ns);
 
 // The local refill of a rate: one unit per this many ns. The script charges
 // the bucket `rate` / limit of its refill, one unit per interval µs

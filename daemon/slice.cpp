@@ -371,7 +371,7 @@ Batch nextBatch(Words words, int64_t now_ns, int64_t cost,
   // falls with it.
   int64_t demand = load(words, kDemand);
   int64_t since = load(words, kDemandSince);
-  double per_interval = static_cast<double>(std::max(load(words, kRate), demand));
+  double per_interval = std::max(static_cast<double>(load(words, kRate)) / kRateParts, static_cast<double>(demand));
   if (since == 0) {
     // The first measurement starts at this request, and counts from the
     // next: n requests from it span n - 1 gaps, and counted in, it would
@@ -382,7 +382,7 @@ Batch nextBatch(Words words, int64_t now_ns, int64_t cost,
     demand = static_cast<int64_t>(words[kDemand].exchange(0, std::memory_order_relaxed));
     per_interval = static_cast<double>(demand) * static_cast<double>(lease_interval_ns) /
                    static_cast<double>(now_ns - since);
-    words[kRate].store(static_cast<uint64_t>(per_interval + 0.5), std::memory_order_relaxed);
+    words[kRate].store(static_cast<uint64_t>(per_interval * kRateParts + 0.5), std::memory_order_relaxed);
     words[kDemandSince].store(static_cast<uint64_t>(now_ns), std::memory_order_relaxed);
   }
   int64_t share = std::max<int64_t>(capacity / std::max<uint32_t>(nodes, 1), 1);
@@ -549,9 +549,11 @@ int64_t takeRateFallback(Words words) {
 
 bool drained(ConstWords words) { return (words[kFlags].load(std::memory_order_acquire) & kDrained) != 0; }
 
-int64_t demandPerInterval(ConstWords words) { return std::max(load(words, kRate), load(words, kDemand)); }
+int64_t demandPerInterval(ConstWords words) {
+  return std::max((load(words, kRate) + kRateParts / 2) / kRateParts, load(words, kDemand));
+}
 
-int64_t demandPerInterval(ConstWords words, int64_t now_ns, int64_t lease_interval_ns) {
+double demandPerInterval(ConstWords words, int64_t now_ns, int64_t lease_interval_ns) {
   const int64_t since = load(words, kDemandSince);
   const int64_t counted = load(words, kDemand);
   int64_t under_way = counted;
@@ -561,7 +563,8 @@ int64_t demandPerInterval(ConstWords words, int64_t now_ns, int64_t lease_interv
     under_way = static_cast<int64_t>(
         std::ceil(static_cast<double>(counted) * static_cast<double>(lease_interval_ns) / static_cast<double>(span_ns)));
   }
-  return std::max({load(words, kRate), counted, under_way});
+  return std::max({static_cast<double>(load(words, kRate)) / kRateParts, static_cast<double>(counted),
+                   static_cast<double>(under_way)});
 }
 
 int64_t rateNsPerUnit(ConstWords words, int64_t now_ns) {
@@ -676,7 +679,8 @@ bool reportMove(Words words, uint64_t since, int64_t now_ns, double demand, int6
     return false;
   }
   store(words, kRateMovedSpan, 0);
-  store(words, kRate, static_cast<int64_t>(demand * static_cast<double>(span) / static_cast<double>(elapsed) + 0.5));
+  store(words, kRate,
+        static_cast<int64_t>(demand * static_cast<double>(span) / static_cast<double>(elapsed) * kRateParts + 0.5));
   words[kDemand].store(0, std::memory_order_relaxed);
   store(words, kDemandSince, now_ns);
   store(words, kRateMovedDemand, 0);

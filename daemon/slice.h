@@ -88,7 +88,7 @@ enum Word : size_t {
   kFallbackUntil,  // ns: a lease failed; the key follows on_redis_down until then
   kLeaseNowMs,     // Redis's clock (ms) at the last granting lease: its window
   kBatch,          // units asked for by the last lease request
-  kRate,           // demand per lease interval, as last measured over one or more
+  kRate,           // demand per lease interval (in kRateParts), as last measured over one or more
   kRecheckAt,      // ns: while kDenyUntil stands, when to ask Redis again anyway
   kRateNsPerUnit,  // a rate lease's refill: one unit per this many ns (0: none)
   kRateCap,        // units the rate's refill fills the slice to, at most
@@ -118,6 +118,11 @@ constexpr uint64_t kLine = 16;
 // start a rate lease only then (rate_lease::wants), so that its burst is
 // spent from Redis first.
 constexpr uint64_t kDrained = 32;
+// kRate's parts of a unit. A rate lease asks for the demand per period
+// (rate_lease::askedRate): in whole units per lease interval of 100 ms, a
+// node at 85.7/s would ask 90/s, and seven such nodes beside a hot one
+// would leave 30/s of the limit unspent.
+constexpr int64_t kRateParts = 1'000;
 // Bits 8..11 of kFlags: log2 of how many lease intervals of demand the last
 // batch covered.
 constexpr int kBoostShift = 8;
@@ -298,9 +303,10 @@ int64_t takeRateFallback(Words words);
 // (kDrained).
 bool drained(ConstWords words);
 
-// The key's demand per lease interval: the last full measurement (kRate;
-// nextBatch measures it), or the units asked in the one under way
-// (kDemand, less than an interval) when that is more already.
+// The key's demand per lease interval, in whole units (rounded): the last
+// full measurement (kRate; nextBatch measures it), or the units asked in
+// the one under way (kDemand, less than an interval) when that is more
+// already.
 int64_t demandPerInterval(ConstWords words);
 
 // A measurement under way spans at least this many ns before its count
@@ -309,14 +315,15 @@ int64_t demandPerInterval(ConstWords words);
 constexpr int64_t kDemandMinSpanNs = 10'000'000;
 
 // The key's demand per lease interval as a rate lease asks for it at
-// now_ns: the last full measurement (kRate), or the measurement under way
+// now_ns, in units and their fractions: the last full measurement (kRate,
+// to kRateParts of a unit), or the measurement under way
 // scaled from its span (at least kDemandMinSpanNs) to a whole interval
 // when that is more. A fleet's start is where this matters: the first rate
 // ask comes a few ms into the key's first measurement, and its count alone
 // (7 units in 8 ms at 750/s) would ask for a tenth of the key's demand,
 // leaving the rest of the limit to refill a bucket nobody leases from until
 // the key's demand is seen to move (slice::demandMoved), some 45 ms later.
-int64_t demandPerInterval(ConstWords words, int64_t now_ns, int64_t lease_interval_ns);
+double demandPerInterval(ConstWords words, int64_t now_ns, int64_t lease_interval_ns);
 
 // The refill of the rate the key holds at now_ns: one unit per this many
 // ns (kRateNsPerUnit); 0 when it holds none.

@@ -151,6 +151,14 @@ local function rate_lease(script)
     redis.call('SET', KEYS[1], cmsgpack.pack(v), 'PX', string.format('%d', ttl_ms))
   end
 
+  -- Whether a rate (or share) `rate` moving by `by` moves past the noise of
+  -- the demand measurements behind the asks: by more than an eighth of
+  -- itself, or by a 32nd of the limit or more (daemon/rate_lease.h,
+  -- pastNoise). Within it, no holder is told to renew early.
+  local function past_noise(rate, by)
+    return by > 0 and (8 * by > rate or 32 * by >= limit)
+  end
+
   -- Max-min fairness: the share of a node asking `mine` among `demands` (its
   -- own included) of `capacity`: demands are met smallest first while an equal
   -- split of what is left covers them; the rest get that split (floored).
@@ -283,14 +291,16 @@ local function rate_lease(script)
     for _, h in ipairs(rates) do
       local copy = {}
       for i, d in ipairs(all) do copy[i] = d end
-      if h[2] < fair_share(copy, limit, h[4]) then unmet = 1 end
+      local share = fair_share(copy, limit, h[4])
+      if past_noise(share, share - h[2]) then unmet = 1 end
     end
     reply[8] = unmet
     -- The other holders learn of a change in the division only by asking,
     -- so every daemon hears the state key's name on <key_prefix>v<V>:renew
     -- and its holder of a rate on the key renews at once
     -- (daemon/redis_keys.h, redisRenewChannel) when either
-    --  - rate was freed while another holder is short of its ask, or
+    --  - rate was freed (past its noise) while another holder is short of
+    --    its ask, or
     --  - the node got less than 3/4 of its share because the others hold
     --    more than theirs (a node that starts beside a holder of the whole
     --    limit, which would keep it until its own renewal, seconds away).
@@ -299,7 +309,7 @@ local function rate_lease(script)
     -- pcall: a user whose ACL forbids the channel loses the speed-up, not
     -- the op.
     local renew = 4 * rate_granted < 3 * fair
-    if rate_granted < held_before then
+    if past_noise(held_before, held_before - rate_granted) then
       for _, h in ipairs(rates) do
         if h[1] ~= node and h[2] < h[4] and h[2] < limit then renew = true end
       end

@@ -104,9 +104,11 @@
 --   unmet           1 when some node's recorded demand is unmet after the
 --                   call: a rate entry holds less than its max-min
 --                   share of the limit among every recorded demand (a node
---                   that asked and got 0 included), else 0. A holder that
---                   hears 1 renews at its next lease interval, and so gives
---                   up what it holds beyond its share soon.
+--                   that asked and got 0 included) by more than the
+--                   share's noise (rate_lease.lua's past_noise), else 0.
+--                   A holder that hears 1 renews at its next lease
+--                   interval, and so gives up what it holds beyond its
+--                   share soon.
 --
 -- The key's TTL is reset_after_ms (the state matters until the bucket is
 -- full; a full bucket deletes the key), so it is at most

@@ -211,8 +211,9 @@ class RateLeaseTest(unittest.TestCase):
     # a (600/s) and b (120/s) share the limit (100 each, both short of
     # their asks). When a stops (SIGTERM: it gives its rate up), the script
     # publishes the key's name on the `renew` channel, and b holds its
-    # whole ask (120) within 250 ms of the message; b's own schedule would
-    # renew only once its ask has brought 200 units (1.7 s).
+    # whole ask (120/s, asked as measured: 110 or more) within 250 ms of the
+    # message; b's own schedule would renew only once its ask has brought
+    # 200 units (1.7 s).
     def test_a_rate_given_up_reaches_a_short_holder_through_the_renew_channel(self):
         state_key, watch = self.watch_renew_channel()
         giver, holder = self.start("rate-a"), self.start("rate-b")
@@ -237,12 +238,12 @@ class RateLeaseTest(unittest.TestCase):
                 message = watch.get_message(timeout=0.002)
                 if message is not None:
                     heard_at = time.monotonic()
-            if heard_at is not None and self.rates().get("rate-b", "").startswith("120:"):
+            if heard_at is not None and int(self.rates().get("rate-b", "0:").split(":")[0]) >= 110:
                 break
             time.sleep(0.002)
         self.assertIsNotNone(message, holder.logs())
         self.assertEqual(message["data"], state_key)
-        self.assertEqual(self.rates().get("rate-b", "").split(":")[0], "120", holder.logs())
+        self.assertGreaterEqual(int(self.rates().get("rate-b", "0:").split(":")[0]), 110, holder.logs())
         self.assertLessEqual(time.monotonic() - heard_at, 0.25)
         self.assertNotIn("rate-a", self.rates())
         self.assertGreaterEqual(holder.client.result("stats")["leases"]["renew_words"], 1)

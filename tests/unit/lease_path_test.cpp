@@ -249,7 +249,7 @@ class LearningTest : public LeasePathTest {
     ASSERT_EQ(acquire("hot", 1, true), Outcome::kWaitsForLease);
     sent();
     words()[slice::kFlags].fetch_and(~slice::kInFlight);
-    words()[slice::kRate].store(100);  // units per lease interval: 1,000/s
+    words()[slice::kRate].store(100 * slice::kRateParts);  // units per lease interval: 1,000/s
     if (held_rate) {
       slice::applyRate(words(), rate_lease::nsPerUnit(limit(), 900), rate_lease::capUnits(limit(), 900, 100 * kMs),
                        kRateEnd, now_ns_ + 2 * kS, now_ns_);

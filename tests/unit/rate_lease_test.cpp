@@ -88,7 +88,7 @@ class RateLeaseScript : public ::testing::TestWithParam<scripts::Script> {
 
   // EVALSHA on the state key alone (it holds the rates too) with `argv`.
   Answer eval(const std::vector<std::string>& argv) {
-    std::vector<std::string> args = {"EVALSHA", sha_, "1", "q"};
+    std::vector<std::string> args = {"EVALSHA", sha_, "1", key_};
     args.insert(args.end(), argv.begin(), argv.end());
     ReplyPtr reply = command(args);
     if (reply->type != REDIS_REPLY_ARRAY) {
@@ -143,9 +143,29 @@ class RateLeaseScript : public ::testing::TestWithParam<scripts::Script> {
     return eval(rate_lease::rateArgv(asked, tokens, limit, 0, node, lease_ms, now_us));
   }
 
+  // The next message on `channel` of `subscriber` (subscribed to it)
+  // once the test's own "mark" is PUBLISHed after whatever the script
+  // sent: the script's message when it sent one, else "mark".
+  std::string nextMessage(redisContext* subscriber, const std::string& channel) {
+    command({"PUBLISH", channel, "mark"});
+    void* raw = nullptr;
+    if (redisGetReply(subscriber, &raw) != REDIS_OK) throw std::runtime_error("subscription lost");
+    ReplyPtr message(static_cast<redisReply*>(raw), freeReplyObject);
+    if (message->type != REDIS_REPLY_ARRAY || message->elements != 3) throw std::runtime_error("not a message");
+    std::string text(message->element[2]->str, message->element[2]->len);
+    if (text != "mark") {
+      // The mark follows: read it, so the next call starts clean.
+      void* mark = nullptr;
+      if (redisGetReply(subscriber, &mark) != REDIS_OK) throw std::runtime_error("subscription lost");
+      freeReplyObject(mark);
+    }
+    return text;
+  }
+
   static test::RedisServer* server_;
   redisContext* ctx_ = nullptr;
   std::string sha_;
+  std::string key_ = "q";  // the state key (KEYS[1])
 };
 
 test::RedisServer* RateLeaseScript::server_ = nullptr;
@@ -517,6 +537,41 @@ TEST_P(RateLeaseScript, ASmallDemandGetsItsRateWithinTwoRenewals) {
   EXPECT_EQ(rate(limit, "node-c", 100, 0, 1000, kBaseUs + 1300 * kMsUs).rate, 50);
 }
 
+// Verifies that a rate or share moving within the noise of the demand
+// measurements (rate_lease::pastNoise) tells no holder to renew, and one
+// moving past it does, on a key the daemon would name (a `renew` word needs
+// "q:{" in it): hot asks for the whole 2,000/s limit beside c at 100/s; c's ask
+// falling to 97/s leaves hot 3/s short of its share (not unmet) and sends
+// no word, though hot is short of its ask; falling to 30/s leaves hot 70/s
+// short, past a 32nd of the limit (unmet), and frees more than an eighth
+// of c's rate (the word).
+TEST_P(RateLeaseScript, ARateMovingWithinItsNoiseTellsNoHolderToRenew) {
+  key_ = "t:q:{k}";
+  const Limit limit{2'000, kSecondNs, 0};
+  EXPECT_EQ(rate(limit, "hot", 2'000, 0, 1000, kBaseUs).rate, 2'000);
+  EXPECT_EQ(rate(limit, "c", 100, 0, 1000, kBaseUs + 10 * kMsUs).rate, 0);
+  EXPECT_EQ(rate(limit, "hot", 2'000, 0, 1000, kBaseUs + 20 * kMsUs).rate, 1'900);
+  Answer settled = rate(limit, "c", 100, 0, 1000, kBaseUs + 30 * kMsUs);
+  EXPECT_EQ(settled.rate, 100);
+  EXPECT_FALSE(settled.unmet);
+
+  redisContext* subscriber = redisConnect(server_->host().c_str(), server_->port());
+  ASSERT_TRUE(subscriber != nullptr && subscriber->err == 0);
+  std::unique_ptr<redisContext, decltype(&redisFree)> owned(subscriber, redisFree);
+  const timeval five_s{5, 0};
+  redisSetTimeout(subscriber, five_s);
+  freeReplyObject(redisCommand(subscriber, "SUBSCRIBE t:renew"));
+
+  Answer noise = rate(limit, "c", 97, 0, 1000, kBaseUs + 40 * kMsUs);
+  EXPECT_EQ(noise.rate, 97);
+  EXPECT_FALSE(noise.unmet);
+  EXPECT_EQ(nextMessage(subscriber, "t:renew"), "mark");
+  Answer fall = rate(limit, "c", 30, 0, 1000, kBaseUs + 50 * kMsUs);
+  EXPECT_EQ(fall.rate, 30);
+  EXPECT_TRUE(fall.unmet);
+  EXPECT_EQ(nextMessage(subscriber, "t:renew"), key_);
+}
+
 // Verifies that a rate op without a node id, with a rate past the limit or
 // a lease past 60 s is an error reply.
 TEST_P(RateLeaseScript, BadRateArgumentsAreAnErrorReply) {
@@ -624,6 +679,27 @@ TEST(RateLeaseShare, UnmetSaysWhetherSomeRecordedDemandIsBelowItsShare) {
   const std::vector<Held> small = {{"a", 80, 1, 300}, {"b", 20, 1, 20}};
   EXPECT_FALSE(rate_lease::unmet(small, 100));
   EXPECT_FALSE(rate_lease::unmet({}, 100));
+  // Short of a share within its noise: an eighth of it, under a 32nd of
+  // the limit (rate_lease::pastNoise).
+  const std::vector<Held> noise = {{"hot", 1'900, 1, 2'000}, {"c", 97, 1, 97}};  // share 1,903
+  EXPECT_FALSE(rate_lease::unmet(noise, 2'000));
+  const std::vector<Held> past = {{"hot", 1'900, 1, 2'000}, {"c", 37, 1, 37}};  // share 1,963
+  EXPECT_TRUE(rate_lease::unmet(past, 2'000));
+}
+
+// Verifies the noise of a rate: a move by more than an eighth of the rate,
+// or by a 32nd of the limit or more, is past it; a smaller one, or none,
+// is not.
+TEST(RateLeaseShare, ARateMovesPastItsNoiseByAnEighthOfItselfOrAThirtySecondOfTheLimit) {
+  EXPECT_FALSE(rate_lease::pastNoise(86, 1, 2'000));   // 86/s, then 85/s
+  EXPECT_FALSE(rate_lease::pastNoise(80, 10, 2'000));  // an eighth
+  EXPECT_TRUE(rate_lease::pastNoise(80, 11, 2'000));
+  EXPECT_FALSE(rate_lease::pastNoise(1'900, 62, 2'000));
+  EXPECT_TRUE(rate_lease::pastNoise(1'900, 63, 2'000));  // 63 x 32 >= 2,000
+  EXPECT_TRUE(rate_lease::pastNoise(86, 86, 2'000));     // given up
+  EXPECT_TRUE(rate_lease::pastNoise(0, 1, 2'000));
+  EXPECT_FALSE(rate_lease::pastNoise(0, 0, 2'000));
+  EXPECT_FALSE(rate_lease::pastNoise(86, -5, 2'000));  // a rise of what it holds
 }
 
 // Verifies the renewal schedule on a simulated clock (lease interval 100 ms,
@@ -672,11 +748,14 @@ TEST(RateLeaseRule, AnAskFromAShortMeasurementIsAskedAgainFromOneFourTimesAsLong
 }
 
 // Verifies which grants count as a rise of the key's rate (one unit per so
-// many ns): a first rate, or a faster refill; not the same rate, a slower
-// one, nor none.
+// many ns): a first rate, or a refill faster by more than an eighth of its
+// ns per unit; not a little faster, the same rate, a slower one, nor none.
 TEST(RateLeaseRule, ARateRisesWhenItIsNewOrRefillsFaster) {
   EXPECT_TRUE(rate_lease::rose(0, 1'000'000));
   EXPECT_TRUE(rate_lease::rose(2'000'000, 1'000'000));
+  EXPECT_TRUE(rate_lease::rose(1'000'000, 874'999));
+  EXPECT_FALSE(rate_lease::rose(1'000'000, 875'000));
+  EXPECT_FALSE(rate_lease::rose(1'000'000, 988'000));  // 86/s, then 87/s
   EXPECT_FALSE(rate_lease::rose(1'000'000, 1'000'000));
   EXPECT_FALSE(rate_lease::rose(1'000'000, 2'000'000));
   EXPECT_FALSE(rate_lease::rose(1'000'000, 0));

@@ -991,9 +991,9 @@ TEST_F(SliceTest, DemandPerIntervalCountsTheMeasurementUnderWay) {
 
 // Verifies on a simulated clock that a key's first demand measurement
 // counts from the request after the one that starts it: a key at 171.4/s
-// (one request every 5.833 ms) measured over 105 ms reads 17 per 100-ms
-// interval, as later measurements do, not 18 (the 19 requests span 18
-// gaps, 105 ms, from the first): a rate lease asks 170/s, not 180.
+// (one request every 5.833 ms) measured over 105 ms reads 17.14 per
+// 100-ms interval, as later measurements do, not 18.1 (the 19 requests
+// span 18 gaps, 105 ms, from the first): a rate lease asks 172/s, not 181.
 TEST_F(SliceTest, TheFirstDemandMeasurementCountsFromTheRequestAfterItsStart) {
   Rule rule = bucketRule(2'000, 1'000 * kMs, 40);
   const int64_t t0 = 1'000 * kMs;
@@ -1003,10 +1003,31 @@ TEST_F(SliceTest, TheFirstDemandMeasurementCountsFromTheRequestAfterItsStart) {
   for (int i = 1; i <= 18; ++i) slice::take(words(), t0 + i * gap_ns, 1);
   slice::nextBatch(words(), t0 + 18 * gap_ns, 1, rule, 8, kInterval);  // 105 ms: it ends
   EXPECT_EQ(slice::demandPerInterval(words()), 17);
-  EXPECT_EQ(rate_lease::askedRate(rule.limits.front(), slice::demandPerInterval(words()), kInterval), 170);
+  const int64_t ask_ns = t0 + 18 * gap_ns;
+  EXPECT_EQ(rate_lease::askedRate(rule.limits.front(), slice::demandPerInterval(words(), ask_ns, kInterval), kInterval),
+            172);
   for (int i = 19; i <= 36; ++i) slice::take(words(), t0 + i * gap_ns, 1);
   slice::nextBatch(words(), t0 + 36 * gap_ns, 1, rule, 8, kInterval);  // the next 105 ms
   EXPECT_EQ(slice::demandPerInterval(words()), 17);
+}
+
+// Verifies on a simulated clock that a rate asks for the key's demand to
+// a fraction of a unit per lease interval: a key at 85.7/s (60 requests
+// in 700 ms) measures 8.571 per 100-ms interval and asks 86/s; in whole
+// units per interval it would ask 90/s (9), and seven such keys beside a
+// hot one would hold 30/s of the limit they never spend.
+TEST_F(SliceTest, ARateAsksForTheDemandToAFractionOfAUnitPerInterval) {
+  Rule rule = bucketRule(2'000, 1'000 * kMs, 40);
+  const int64_t t0 = 1'000 * kMs;
+  slice::take(words(), t0, 1);
+  slice::nextBatch(words(), t0, 1, rule, 8, kInterval);
+  for (int i = 1; i <= 60; ++i) slice::take(words(), t0 + i * 35 * kMs / 3, 1);
+  const int64_t end_ns = t0 + 700 * kMs;
+  slice::nextBatch(words(), end_ns, 1, rule, 8, kInterval);
+  EXPECT_EQ(slice::demandPerInterval(words()), 9);  // whole units, rounded
+  EXPECT_NEAR(slice::demandPerInterval(words(), end_ns, kInterval), 8.571, 0.0005);
+  EXPECT_EQ(rate_lease::askedRate(rule.limits.front(), slice::demandPerInterval(words(), end_ns, kInterval), kInterval),
+            86);
 }
 
 // Verifies on a simulated clock that a rate ask scales the demand
@@ -1029,7 +1050,7 @@ TEST_F(SliceTest, ARateAskScalesTheMeasurementUnderWayToAWholeInterval) {
   EXPECT_EQ(slice::demandPerInterval(words(), t0 + 20 * kMs, kInterval), 80);
   // Past a whole interval the count is what it is (nextBatch has not ended it).
   EXPECT_EQ(slice::demandPerInterval(words(), t0 + 300 * kMs, kInterval), 16);
-  words_[slice::kRate].store(120);
+  words_[slice::kRate].store(120 * slice::kRateParts);
   EXPECT_EQ(slice::demandPerInterval(words(), t0 + 20 * kMs, kInterval), 120);
 }
 
