@@ -185,12 +185,16 @@ class ShapingTest(unittest.TestCase):
     # at its time behind the two abandoned (due 100 and 200 ms after the
     # first). Judged by the clock from before the first was sent, not by
     # waited_ms: a moment without CPU between the hang-up and the next
-    # request shortens its wait, not its due time.
+    # request shortens its wait, not its due time. The three go in one
+    # write, so the daemon reads them together and has decided all three
+    # when the first's answer comes; sent apart, the first could be read
+    # alone, and the next waiter, on another connection (and worker), be
+    # decided before the other two were read.
     def test_waiter_that_hangs_up_is_forgotten(self):
         leaver = Client(self.socket)
         started = time.monotonic()
-        for i in range(3):
-            leaver.send([0, i, "acquire", ["paced", "gone", 1]])
+        leaver.sock.sendall(b"".join(msgpack.packb([0, i, "acquire", ["paced", "gone", 1]])
+                                     for i in range(3)))
         leaver.recv()  # the first is due at once
         leaver.close()
         later = self.client.result("acquire", "paced", "gone", 1, 2000)
