@@ -108,9 +108,9 @@ int64_t grant(std::span<const Held> live, std::string_view node, int64_t asked, 
 constexpr int64_t kNoiseParts = 8;
 constexpr int64_t kNoiseOfLimit = 32;
 
-// Whether `rate` (or a share) of `limit` moving by `by` (>= 0) moves past
-// its noise: by more than rate / kNoiseParts, or by limit / kNoiseOfLimit
-// or more.
+// Whether `rate` (or a share) of `limit` falling (or falling short) by
+// `by` units moves past its noise: by more than rate / kNoiseParts, or by
+// limit / kNoiseOfLimit or more; never when `by` <= 0.
 bool pastNoise(int64_t rate, int64_t by, int64_t limit);
 
 // Whether some entry of `live` (after the op) holds less than its max-min

@@ -88,7 +88,7 @@ enum Word : size_t {
   kFallbackUntil,  // ns: a lease failed; the key follows on_redis_down until then
   kLeaseNowMs,     // Redis's clock (ms) at the last granting lease: its window
   kBatch,          // units asked for by the last lease request
-  kRate,           // demand per lease interval (in kRateParts), as last measured over one or more
+  kRate,           // demand per lease interval in kRateParts-ths of a unit, last measured over one or more
   kRecheckAt,      // ns: while kDenyUntil stands, when to ask Redis again anyway
   kRateNsPerUnit,  // a rate lease's refill: one unit per this many ns (0: none)
   kRateCap,        // units the rate's refill fills the slice to, at most

@@ -539,12 +539,12 @@ TEST_P(RateLeaseScript, ASmallDemandGetsItsRateWithinTwoRenewals) {
 
 // Verifies that a rate or share moving within the noise of the demand
 // measurements (rate_lease::pastNoise) tells no holder to renew, and one
-// moving past it does, on a key the daemon would name (a `renew` word needs
-// "q:{" in it): hot asks for the whole 2,000/s limit beside c at 100/s; c's ask
-// falling to 97/s leaves hot 3/s short of its share (not unmet) and sends
-// no word, though hot is short of its ask; falling to 30/s leaves hot 70/s
-// short, past a 32nd of the limit (unmet), and frees more than an eighth
-// of c's rate (the word).
+// moving past it does, on a key the daemon would name (a `renew` word
+// needs "q:{" in it): hot asks for the whole 2,000/s limit beside c at
+// 100/s; c's ask falling to 97/s leaves hot 3/s short of its share (not
+// unmet) and sends no word, though hot is short of its ask; falling to
+// 30/s leaves hot 70/s short, past a 32nd of the limit (unmet), and frees
+// more than an eighth of c's rate (the word).
 TEST_P(RateLeaseScript, ARateMovingWithinItsNoiseTellsNoHolderToRenew) {
   key_ = "t:q:{k}";
   const Limit limit{2'000, kSecondNs, 0};
@@ -699,7 +699,7 @@ TEST(RateLeaseShare, ARateMovesPastItsNoiseByAnEighthOfItselfOrAThirtySecondOfTh
   EXPECT_TRUE(rate_lease::pastNoise(86, 86, 2'000));     // given up
   EXPECT_TRUE(rate_lease::pastNoise(0, 1, 2'000));
   EXPECT_FALSE(rate_lease::pastNoise(0, 0, 2'000));
-  EXPECT_FALSE(rate_lease::pastNoise(86, -5, 2'000));  // a rise of what it holds
+  EXPECT_FALSE(rate_lease::pastNoise(86, -5, 2'000));  // a rise
 }
 
 // Verifies the renewal schedule on a simulated clock (lease interval 100 ms,
