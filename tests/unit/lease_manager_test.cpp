@@ -264,13 +264,17 @@ TEST_F(SlidingLogManagerTest, ADenialWaitsFromTheSendNotTheReply) {
 }
 
 // Holdings of a global concurrency rule (holding.h) against a real Redis:
-// leases, returns, renewals, reconciliation with what Redis holds.
+// leases, returns, renewals, reconciliation with what Redis holds. The
+// manager's clock is the host's plus ahead_ns_, which a test moves on in
+// place of waiting; what Redis's own clock would do meanwhile (a holding
+// ending) the test does to Redis's state.
 class HoldingManagerTest : public ManagerFixture {
  protected:
   static constexpr int64_t kTtlMs = 600;
 
   void SetUp() override {
     ManagerFixture::SetUp();
+    now_ns_ = [this] { return monotonicNowNs() + ahead_ns_; };
     Rule jobs;
     jobs.name = "jobs";
     jobs.scope = Scope::kGlobal;
@@ -282,12 +286,6 @@ class HoldingManagerTest : public ManagerFixture {
     node_id_ = "node-a";
     ASSERT_NO_FATAL_FAILURE(start(std::move(rules)));
     rule_ = rules_->find("jobs");
-  }
-
-  // Runs the loop for `ms` (Redis's TTLs pass in real time).
-  void runFor(int64_t ms) {
-    int64_t until_ns = monotonicNowNs() + ms * kMs;
-    runUntil([&] { return monotonicNowNs() >= until_ns; }, static_cast<int>(ms) + 1000);
   }
 
   std::span<std::atomic<uint64_t>> words(const std::string& key) {
@@ -318,8 +316,19 @@ class HoldingManagerTest : public ManagerFixture {
     std::string field = server_.cli({"HGET", manager_->stateKey("jobs", key), "node-a"});
     return field.empty() ? 0 : std::stoll(field.substr(0, field.find(':')));
   }
+  // When node-a's holding on `key` ends (µs, Redis's clock; 0: none).
+  int64_t redisDeadlineUs(const std::string& key) {
+    std::string field = server_.cli({"HGET", manager_->stateKey("jobs", key), "node-a"});
+    return field.empty() ? 0 : std::stoll(field.substr(field.find(':') + 1));
+  }
+  // Redis's clock (TIME), µs.
+  int64_t redisNowUs() {
+    std::string time = server_.cli({"TIME"});  // seconds, a newline, µs
+    return std::stoll(time.substr(0, time.find('\n'))) * 1'000'000 + std::stoll(time.substr(time.find('\n') + 1));
+  }
 
   const Rule* rule_ = nullptr;
+  int64_t ahead_ns_ = 0;
 };
 
 // Verifies a lease puts its units into the pool and the node's holding in
@@ -360,28 +369,27 @@ TEST_F(HoldingManagerTest, ALeaseGetsWhatIsFreeAndNoMore) {
   EXPECT_LE(deny_ns, 100 * kMs);
 }
 
-// Verifies the renewal pass keeps a holding alive past its TTL while its
-// units are held here and the key makes no call of its own.
-TEST_F(HoldingManagerTest, HoldingsAreRenewedBeforeTheirTtlRunsOut) {
+// Verifies a renewal pass moves a holding whose units are held here a TTL
+// on, though the key makes no call of its own: set in Redis to end 50 ms
+// from now, it ends a TTL after the pass. A pass renews only a holding not
+// called for within half a renewal interval (TTL / kRenewalsPerTtl): one
+// right after the lease leaves it alone.
+TEST_F(HoldingManagerTest, APassRenewsAHeldHoldingATtlOn) {
   lease("k", 3, 1);
   ASSERT_EQ(holding::acquire(words("k"), rule_->limits.front(), monotonicNowNs(), 3, false, 0)
                 .taken.outcome,
             slice::Outcome::kTaken);
-  uv_timer_t renew;
-  uv_timer_init(&loop_, &renew);
-  renew.data = manager_.get();
-  uv_timer_start(
-      &renew, [](uv_timer_t* t) { static_cast<LeaseManager*>(t->data)->renewHoldings(); },
-      kTtlMs / kRenewalsPerTtl, kTtlMs / kRenewalsPerTtl);
-  runFor(3 * kTtlMs);
+  const int64_t redis_now_us = redisNowUs();
+  server_.cli({"HSET", manager_->stateKey("jobs", "k"), "node-a", "3:" + std::to_string(redis_now_us + 50'000)});
+  manager_->renewHoldings();
+  EXPECT_EQ(broker_.counters().renewed.load(), 0u);
+  ahead_ns_ = kTtlMs * kMs / kRenewalsPerTtl;
+  manager_->renewHoldings();
+  EXPECT_EQ(broker_.counters().renewed.load(), 1u);
+  ASSERT_TRUE(runUntil([&] { return redisDeadlineUs("k") != redis_now_us + 50'000; }));
+  EXPECT_GE(redisDeadlineUs("k"), redis_now_us + kTtlMs * 1000);
   EXPECT_EQ(redisHeld("k"), 3);
-  EXPECT_GE(broker_.counters().renewed.load(), 3u);
   EXPECT_EQ(word("k", holding::kHeld), 3);
-  bool closed = false;
-  renew.data = &closed;
-  uv_close(reinterpret_cast<uv_handle_t*>(&renew),
-           [](uv_handle_t* h) { *static_cast<bool*>(h->data) = true; });
-  ASSERT_TRUE(runUntil([&] { return closed; }));
 }
 
 // Verifies a holding that expired in Redis (no renewal for a TTL) is found
@@ -393,8 +401,10 @@ TEST_F(HoldingManagerTest, AnExpiredHoldingTurnsUnitsInUseIntoADebt) {
   int64_t now_ns = monotonicNowNs();
   ASSERT_EQ(holding::acquire(words("k"), limit, now_ns, 2, false, 0).taken.outcome,
             slice::Outcome::kTaken);
-  runFor(kTtlMs + 100);
-  ASSERT_EQ(redisHeld("k"), 0);  // expired in Redis
+  // A TTL and more pass with no call: the holding, the key's only one,
+  // ends in Redis, and the key with it (its TTL is the last deadline).
+  server_.cli({"DEL", manager_->stateKey("jobs", "k")});
+  ahead_ns_ = (kTtlMs + 100) * kMs;
   manager_->renewHoldings();
   ASSERT_TRUE(runUntil([&] { return broker_.counters().lost_units.load() == 3; }));
   EXPECT_EQ(word("k", holding::kHeld), 0);
