@@ -549,10 +549,6 @@ int64_t takeRateFallback(Words words) {
 
 bool drained(ConstWords words) { return (words[kFlags].load(std::memory_order_acquire) & kDrained) != 0; }
 
-int64_t demandPerInterval(ConstWords words) {
-  return std::max((load(words, kRate) + kRateParts / 2) / kRateParts, load(words, kDemand));
-}
-
 double demandPerInterval(ConstWords words, int64_t now_ns, int64_t lease_interval_ns) {
   const int64_t since = load(words, kDemandSince);
   const int64_t counted = load(words, kDemand);

@@ -303,12 +303,6 @@ int64_t takeRateFallback(Words words);
 // (kDrained).
 bool drained(ConstWords words);
 
-// The key's demand per lease interval, in whole units (rounded): the last
-// full measurement (kRate; nextBatch measures it), or the units asked in
-// the one under way (kDemand, less than an interval) when that is more
-// already.
-int64_t demandPerInterval(ConstWords words);
-
 // A measurement under way spans at least this many ns before its count
 // is scaled to a whole lease interval (demandPerInterval below): over a
 // shorter span one request more or less would swing the estimate.
