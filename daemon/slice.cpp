@@ -559,8 +559,8 @@ double demandPerInterval(ConstWords words, int64_t now_ns, int64_t lease_interva
     under_way = static_cast<int64_t>(
         std::ceil(static_cast<double>(counted) * static_cast<double>(lease_interval_ns) / static_cast<double>(span_ns)));
   }
-  return std::max({static_cast<double>(load(words, kRate)) / kRateParts, static_cast<double>(counted),
-                   static_cast<double>(under_way)});
+  // The span is at most an interval: under_way is never below counted.
+  return std::max(static_cast<double>(load(words, kRate)) / kRateParts, static_cast<double>(under_way));
 }
 
 int64_t rateNsPerUnit(ConstWords words, int64_t now_ns) {
