@@ -93,6 +93,10 @@ struct RedisAddress {
 // IPv6 address); false with `problem` saying what is wrong.
 bool parseRedisAddress(std::string_view text, RedisAddress* address, std::string* problem);
 
+// [redis] reconnect_max's default, and so the reconnect backoff's cap of a
+// link whose owner sets none (RedisLinkOptions).
+inline constexpr int64_t kDefaultReconnectMaxMs = 1000;
+
 // [redis]: present only when the file has a [redis] section; without it the
 // daemon is local-only and global rules are refused.
 //
@@ -151,6 +155,10 @@ struct RedisConfig {
   int64_t health_interval_ms = 100;
   int64_t health_timeout_ms = 250;
   int64_t heartbeat_interval_ms = 1000;  // membership heartbeat; TTL 3 intervals
+  // A lost connection is tried again 50 ms later, then twice as long after
+  // each failed attempt, up to this (RedisLinkOptions::backoff_max_ms): a
+  // node is back at most this long (and its jitter) after Redis is.
+  int64_t reconnect_max_ms = kDefaultReconnectMaxMs;
 
   bool operator==(const RedisConfig&) const = default;
 };

@@ -92,7 +92,7 @@ constexpr int64_t kMaxSecretFileBytes = 4096;
 // Cluster mode: the most seed nodes.
 constexpr int64_t kMaxClusterNodes = 64;
 
-const std::array<Option, 45> kOptions = {{
+const std::array<Option, 46> kOptions = {{
     {.section = "daemon", .key = "socket", .type = OptionType::kSocketPath,
      .max = kMaxSocketPathBytes, .doc = "path of the Unix socket clients connect to",
      SLUICE_STR_FIELD(daemon.socket_path)},
@@ -233,6 +233,11 @@ const std::array<Option, 45> kOptions = {{
      .min = 100 * kMs, .max = kMinute,
      .doc = "how often this node renews its membership; it expires after 3 intervals",
      SLUICE_INT_FIELD(redis->heartbeat_interval_ms)},
+    {.section = "redis", .key = "reconnect_max", .type = OptionType::kDuration,
+     .min = 50 * kMs, .max = kMinute,
+     .doc = "longest wait between two attempts to reconnect to Redis (doubling from 50 ms, "
+            "+-20 % jitter): a node is back at most this long after Redis is",
+     SLUICE_INT_FIELD(redis->reconnect_max_ms)},
 
     {.section = "http", .key = "listen", .type = OptionType::kFrontAddress,
      .doc = "address of the HTTP check endpoint, \"HOST:PORT\" or \"unix:/path\"; \"\" serves none",

@@ -121,7 +121,8 @@ struct RedisResult {
 
 using RedisCallback = std::function<void(const RedisResult&)>;
 
-// Knobs that the config file does not (yet) carry.
+// A link's knobs. The config file sets backoff_max_ms ([redis]
+// reconnect_max, through Control); the others are the link owners' own.
 struct RedisLinkOptions {
   // From the start of a connection attempt to the end of its handshake
   // (AUTH, SELECT, SCRIPT LOADs, PING).
@@ -130,7 +131,7 @@ struct RedisLinkOptions {
   // min(initial * 2^n, max), then scaled by a random factor in
   // [1 - jitter, 1 + jitter]. Reset to the first step by a completed handshake.
   int64_t backoff_initial_ms = 50;
-  int64_t backoff_max_ms = 2000;
+  int64_t backoff_max_ms = kDefaultReconnectMaxMs;
   double backoff_jitter = 0.2;
   // The longest wait between two connection attempts: the cap, jittered up.
   double longestBackoffMs() const { return static_cast<double>(backoff_max_ms) * (1 + backoff_jitter); }

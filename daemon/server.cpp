@@ -143,7 +143,9 @@ Server::Server(Config config, MonotonicClock clock)
     broker_->onReplies([this] {
       for (auto& worker : workers_) worker->notifyLeases();
     });
-    control_ = std::make_unique<Control>(*config_.redis, RedisLinkOptions{}, clock_ns_);
+    RedisLinkOptions link_options;
+    link_options.backoff_max_ms = config_.redis->reconnect_max_ms;
+    control_ = std::make_unique<Control>(*config_.redis, link_options, clock_ns_);
     control_->onNodesChanged([this](uint32_t nodes) { onNodesChanged(nodes); });
     LeaseContext context;
     context.keys = keys_.get();

@@ -62,9 +62,9 @@ STALL_BOUND_MS = LEASE_TIMEOUT_MS + STALL_MARGIN_MS
 # Redis is noticed within health_interval + health_timeout (350 ms).
 SWITCH_MARGIN_MS = 250
 SWITCH_BOUND_MS = 500 + SWITCH_MARGIN_MS
-# Reconnects back off up to 2 s with +-20% jitter: Redis is back within
-# 2.4 s of being reachable again, plus the margin.
-RECOVER_BOUND_MS = 2400 + 600
+# Reconnects back off up to reconnect_max (1 s by default) with +-20% jitter:
+# Redis is back within 1.2 s of being reachable again, plus the margin.
+RECOVER_BOUND_MS = 1200 + 600
 # After Redis comes back with the fleet's state, the longest the fleet may go
 # without admitting anything: what fallback admitted is charged over the
 # fault, so it leaves no debt (before, a fault of T left about T of silence).
@@ -708,6 +708,45 @@ class FleetFaultTest(FleetCase):
         self.assertEqual({r.mode for r in run.all()}, {"fallback"})
         self.assertTrue(all(r.limit == LIMIT_PER_S // 2 for r in run.all()))
         self.assert_leasing(checks)
+
+
+class ReconnectTest(FleetCase):
+    """[redis] reconnect_max, seen from a Redis that drops every connection."""
+
+    def attempts(self, where, seconds):
+        """Starts a daemon on a listener that accepts and closes every
+        connection, for `seconds`; the times of the attempts it saw."""
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.addCleanup(listener.close)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(64)
+        port = listener.getsockname()[1]
+        self.start_daemons(1, port, where=where.format(port=port))
+        times, end = [], time.monotonic() + seconds
+        while time.monotonic() < end:
+            ready, _, _ = select.select([listener], [], [], end - time.monotonic())
+            if ready:
+                conn, _ = listener.accept()
+                times.append(time.monotonic())
+                conn.close()
+        return times
+
+    # Verifies that a daemon tries to reconnect at least every reconnect_max
+    # (and its 20 % jitter) once its backoff has grown to it, and no more
+    # often than the backoff's steps allow: with reconnect_max 100 ms, two
+    # links (the lease link and the renew watch) never leave 200 ms without an
+    # attempt, where the default (1 s) leaves most of a second.
+    def test_reconnect_max_caps_the_wait_between_attempts(self):
+        seconds = 3.0
+        times = self.attempts('url = "redis://127.0.0.1:{port}"\nreconnect_max = "100ms"', seconds)
+        settled = [t for t in times if t - times[0] > 1.0]  # the backoff has reached its cap
+        gaps = [b - a for a, b in zip(settled, settled[1:])]
+        sys.stderr.write("\n  %d attempts; after the first second %d, longest gap %.0f ms\n"
+                         % (len(times), len(settled), max(gaps) * 1000))
+        self.assertLessEqual(max(gaps), 0.2, gaps)
+        # Two links, each at most every 80 ms (100 ms less its jitter).
+        self.assertLessEqual(len(settled), 2 * (seconds - 1.0) / 0.08 + 2, settled)
+        self.assertGreaterEqual(len(settled), 2 * (seconds - 1.0) / 0.12 - 2, settled)
 
 
 def tearDownModule():

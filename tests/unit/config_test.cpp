@@ -305,6 +305,7 @@ node_id = "web-7"
 health_interval = "50ms"
 health_timeout = "300ms"
 heartbeat_interval = "2s"
+reconnect_max = "250ms"
 [[rule]]
 name = "g"
 limit = 5
@@ -325,6 +326,7 @@ on_redis_down = "closed"
   EXPECT_EQ(config.redis->health_interval_ms, 50);
   EXPECT_EQ(config.redis->health_timeout_ms, 300);
   EXPECT_EQ(config.redis->heartbeat_interval_ms, 2000);
+  EXPECT_EQ(config.redis->reconnect_max_ms, 250);
   const Rule* rule = config.rules->find("g");
   EXPECT_EQ(rule->scope, Scope::kGlobal);
   EXPECT_EQ(rule->on_redis_down, RedisDownPolicy::kClosed);
@@ -617,6 +619,8 @@ const Refusal kRefusals[] = {
      "[redis] node_id is 257 bytes long; write at most 256 bytes"},
     {"redis_health_timeout_too_short", "[redis]\nhealth_timeout = \"1ms\"\n", "2:18",
      "below the minimum \"10ms\""},
+    {"redis_reconnect_max_too_short", "[redis]\nreconnect_max = \"10ms\"\n", "2:17",
+     "below the minimum \"50ms\""},
     {"redis_key_prefix_with_brace", "[redis]\nkey_prefix = \"app{1}:\"\n", "2:14",
      "[redis] key_prefix \"app{1}:\" has a brace, which Redis Cluster reads as a hash tag; "
      "write a prefix without { and }"},

@@ -94,7 +94,8 @@ TEST(ControlTest, ReportsAKilledRedisDownWithin500MsAndUpAfterARestart) {
 
   server.restart();
   int64_t restarted_ms = nowMs();
-  // Reconnects back off up to 2 s (RedisLinkOptions), so allow for that.
+  // Reconnects back off up to 1.2 s (RedisLinkOptions: its cap and jitter),
+  // so allow for that.
   ASSERT_TRUE(waitFor(5000, [&] { return control.snapshot().redis_up; }));
   std::cout << "measured: up again " << nowMs() - restarted_ms << " ms after the restart\n";
   // The restarted Redis lost the members set; the beat on reconnect refills it.
