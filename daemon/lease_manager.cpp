@@ -322,7 +322,9 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, const Rule& rule,
                                              short_ns > 0 ? std::min(short_ns, settle_ns) : settle_ns),
                        now_ns);
       slice::noteAsked(words, limit, rate > 0 ? request.rate : 0, interval_ns, now_ns);
-      if (rate > 0) rate_keys_.emplace(request.rule_id, request.key);
+      // The answer may have moved the key's idle time and demand window
+      // sooner (noteAsked): the next pass looks.
+      if (rate > 0) rate_keys_[{request.rule_id, request.key}] = now_ns;
       if (rate > 0 && reply->granted == 0) return;  // the rate refills the slice
       if (request.rate == 0) return;  // given up (sweepIdleRates): the next take leases anew
       if (rate == 0 && reply->granted == 0) {
@@ -479,18 +481,24 @@ void LeaseManager::sweepIdleRates() {
   {
     KeyTable::ReadGuard guard(*context_.keys, reader_);
     for (auto it = rate_keys_.begin(); it != rate_keys_.end();) {
-      const Rule* rule = rules->findById(it->first);
-      KeyTable::Entry* entry = rule != nullptr ? context_.keys->find(it->first, it->second) : nullptr;
+      if (it->second > now_ns) {
+        ++it;
+        continue;
+      }
+      const auto& [rule_id, key] = it->first;
+      const Rule* rule = rules->findById(rule_id);
+      KeyTable::Entry* entry = rule != nullptr ? context_.keys->find(rule_id, key) : nullptr;
       if (entry == nullptr || !rate_lease::eligible(*rule) || entry->state().size() != entryWords(*rule) ||
           !slice::holdsRate(entry->state(), now_ns)) {
         it = rate_keys_.erase(it);
         continue;
       }
       Words words = entry->state();
-      if (slice::claimMovedRenewal(words, now_ns, entry->lastUsedNs())) {
+      const int64_t last_use_ns = entry->lastUsedNs();
+      if (slice::claimMovedRenewal(words, now_ns, last_use_ns)) {
         LeaseRequest request;
-        request.rule_id = it->first;
-        request.key = it->second;
+        request.rule_id = rule_id;
+        request.key = key;
         request.variant = storedOverride(*rule, words);
         const Rule& variant = variantOf(*rules, *rule, request.variant);
         // The window's demand (demandMoved made it the key's): none gives
@@ -499,6 +507,13 @@ void LeaseManager::sweepIdleRates() {
         request.rate = demand > 0 ? rate_lease::askedRate(variant.limits.front(), demand, interval_ns) : 0;
         due.push_back(std::move(request));
       }
+      // A key with a lease on the way is looked at again next pass, as
+      // claimMovedRenewal passes it by; the others at the first pass when
+      // they can be due, and within a lease interval whatever their words
+      // say.
+      it->second = slice::inFlight(words)
+                       ? now_ns
+                       : std::min(slice::moveCheckDueNs(words, last_use_ns), now_ns + interval_ns);
       ++it;
     }
   }

@@ -43,7 +43,6 @@
 #include <functional>
 #include <map>
 #include <optional>
-#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -140,10 +139,13 @@ class LeaseManager : private BreakerActions {
   // for what it measured, and one idle for slice::idleAfterNs gives its
   // rate up: a key that gets no requests makes no take to see its fall,
   // and would hold its rate until it ends. Nothing while Redis is down.
+  // A pass walks every such key but looks in the key table only for those
+  // due (slice::moveCheckDueNs, and at most one lease interval after their
+  // last look): a node holding rates on many slow keys does not look each
+  // of them up every pass.
   void sweepIdleRates();
   // How often sweepIdleRates runs: half the shortest idle time
-  // (slice::kIdleWindowsPerInterval), 5 ms at lease_interval 100 ms. A
-  // pass costs a table lookup per key holding a rate.
+  // (slice::kIdleWindowsPerInterval), 5 ms at lease_interval 100 ms.
   static int64_t sweepIntervalMs(int64_t lease_interval_ms);
 
   // Cluster: `master` took over slots it did not hold before (a failover):
@@ -291,9 +293,10 @@ class LeaseManager : private BreakerActions {
     auto operator<=>(const DebitKey&) const = default;
   };
   std::map<DebitKey, int64_t> unsent_debits_;
-  // The keys (rule id, key) granted a rate, for sweepIdleRates; a key
-  // leaves at the first pass that finds it holding none.
-  std::set<std::pair<uint32_t, std::string>> rate_keys_;
+  // The keys (rule id, key) granted a rate, for sweepIdleRates, each with
+  // when the sweep looks at it next (monotonic ns); a key leaves at the
+  // first look that finds it holding none.
+  std::map<std::pair<uint32_t, std::string>, int64_t> rate_keys_;
   // Concurrency keys holding units in Redis, or with calls on the way.
   struct HeldKey {
     uint32_t rule_id;

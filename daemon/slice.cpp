@@ -743,6 +743,13 @@ bool claimMovedRenewal(Words words, int64_t now_ns, int64_t last_use_ns) {
   return moved && claim(words);
 }
 
+int64_t moveCheckDueNs(ConstWords words, int64_t last_use_ns) {
+  const int64_t span = load(words, kRateMovedSpan);
+  if (span <= 0) return std::numeric_limits<int64_t>::max();
+  const auto since = static_cast<int64_t>(words[kRateMovedSince].load(std::memory_order_acquire));
+  return std::min(last_use_ns + idleAfterNs(words), since + movedWindowNs(words, span));
+}
+
 bool noteRateShort(Words words, bool short_unmet, int64_t now_ns, int64_t span_ns, int64_t intervals) {
   if (!short_unmet) {
     store(words, kRateShortSince, 0);

@@ -426,6 +426,14 @@ bool demandMoved(Words words, int64_t now_ns);
 // then send.
 bool claimMovedRenewal(Words words, int64_t now_ns, int64_t last_use_ns);
 
+// The earliest time claimMovedRenewal can find the key, last used at
+// last_use_ns, moved: its idle time from then (idleAfterNs), or the end
+// of demandMoved's window under way (a fall is read only there; a rise is
+// seen by the key's takes). Max while the check is disarmed (noteAsked
+// re-arms it). Takes only put it later (a use, the next window); a rate
+// op's answer (noteAsked) may bring it sooner.
+int64_t moveCheckDueNs(ConstWords words, int64_t last_use_ns);
+
 // The control thread: a rate op answered at now_ns, `short_unmet` when it
 // granted less than the key asked for while the reply said some recorded
 // demand is unmet (the others hold more than their shares: shares are

@@ -520,6 +520,7 @@ class RateManagerTest : public ManagerFixture {
     rules.push_back(std::move(hot));
     config_.lease_timeout_ms = 100;
     node_id_ = "node-a";
+    now_ns_ = [this] { return monotonicNowNs() + ahead_ns_; };
     ASSERT_NO_FATAL_FAILURE(start(std::move(rules)));
     rule_ = rules_->find("hot");
     ASSERT_TRUE(rate_lease::eligible(*rule_));
@@ -552,10 +553,58 @@ class RateManagerTest : public ManagerFixture {
   int64_t nsPerUnit(const std::string& key) {
     return slice::rateNsPerUnit(slice::of(words(key)), monotonicNowNs());
   }
+  // Runs sweep passes 5 ms apart on the manager's clock, with no request
+  // for `key` meanwhile, until one sends a rate op; how long after
+  // `used_ns` (the host's clock, the key's last use) that pass came, -1
+  // for none within a second. ahead_ns_ is back at 0 after.
+  int64_t idleUntilGivenUp(int64_t used_ns) {
+    const uint64_t sent = broker_.counters().requested.load();
+    int64_t after_ns = -1;
+    for (ahead_ns_ = 0; ahead_ns_ <= 1'000 * kMs; ahead_ns_ += 5 * kMs) {
+      manager_->sweepIdleRates();
+      if (broker_.counters().requested.load() > sent) {
+        after_ns = now_ns_() - used_ns;
+        break;
+      }
+    }
+    ahead_ns_ = 0;
+    return after_ns;
+  }
 
   const Rule* rule_ = nullptr;
   bool stopped_ = false;
+  int64_t ahead_ns_ = 0;  // the manager's clock is the host's plus this
 };
+
+// Verifies that the sweep gives a rate up once its key has gone unused for
+// its idle time (slice::idleAfterNs: 160 ms at 100/s, 16 units), within a
+// pass of it and not before, though a pass looks a key up only when it can
+// be due; and that an answer which shortens the idle time (a renewal from
+// 10/s, 400 ms, to 800/s, 20 ms) brings the look forward, where the slow
+// rate had put it up to a lease interval (100 ms) away.
+TEST_F(RateManagerTest, TheSweepGivesAnIdleRateUpAtItsIdleTime) {
+  askRate("k", 100);
+  int64_t used_ns = monotonicNowNs();
+  int64_t idle_ns = slice::idleAfterNs(slice::of(words("k")));
+  ASSERT_EQ(idle_ns, 160 * kMs);
+  int64_t after_ns = idleUntilGivenUp(used_ns);
+  std::cout << "measured: 100/s given up " << after_ns / kMs << " ms after its last use\n";
+  EXPECT_GE(after_ns, idle_ns);
+  EXPECT_LE(after_ns, idle_ns + 10 * kMs);
+  ASSERT_TRUE(runUntil([&] { return !slice::inFlight(slice::of(words("k"))); }));
+
+  askRate("j", 10);
+  ASSERT_EQ(slice::idleAfterNs(slice::of(words("j"))), 400 * kMs);
+  manager_->sweepIdleRates();  // looks at j, and next when it can be due
+  askRate("j", 800);
+  used_ns = monotonicNowNs();
+  idle_ns = slice::idleAfterNs(slice::of(words("j")));
+  ASSERT_EQ(idle_ns, 20 * kMs);
+  after_ns = idleUntilGivenUp(used_ns);
+  std::cout << "measured: 800/s given up " << after_ns / kMs << " ms after its last use\n";
+  EXPECT_GE(after_ns, idle_ns);
+  EXPECT_LE(after_ns, idle_ns + 10 * kMs);
+}
 
 // Verifies that a renewal asking for a smaller rate whose reply is lost as
 // Redis stops holds the key to the smaller rate (Redis may have granted

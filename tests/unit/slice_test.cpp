@@ -888,6 +888,60 @@ TEST_F(ShiftTest, AHolderWhoseRequestsStopGivesItsRateUpWithinItsIdleTime) {
   EXPECT_EQ(recordedDemand(), 0);  // the renewal gives the rate up
 }
 
+// Verifies that a sweep which looks at a holder only when moveCheckDueNs
+// says it can be due (and within a lease interval), as LeaseManager's does,
+// sees what one that looks every pass sees, at the same pass: the first
+// claim of the key's renewal (by a take or by the sweep) comes at the same
+// time from the same side, for a demand that falls to a tenth (a take
+// sees it), to one request every 8 ms (below the idle time of 10 ms), for
+// one that stops (the sweep sees it idle), and for one that goes on as
+// asked (no claim within 400 ms).
+TEST_F(ShiftTest, ASweepThatLooksWhenDueSeesWhatOneThatLooksEveryPassSees) {
+  struct Claim {
+    int64_t at_ns = -1;
+    bool by_sweep = false;
+    bool operator==(const Claim&) const = default;
+  };
+  // Requests every 0.5 ms until `fall_ns`, every `then_ns` until `stop_ns`,
+  // then none; the sweep every 5 ms.
+  auto firstClaim = [&](bool when_due, int64_t fall_ns, int64_t then_ns, int64_t stop_ns) {
+    words_ = std::vector<std::atomic<uint64_t>>(slice::kWords);
+    slice::applyRate(words(), 500'000, 10'000, 5'000 * kMs, 2'500 * kMs, 0);  // 2,000/s
+    slice::noteAsked(words(), limit_, limit_.limit, kInterval, 0);
+    int64_t last_use = 0;
+    int64_t next_request = kMs / 2;
+    int64_t look_at = 0;
+    for (int64_t t = 0; t < 400 * kMs; t += kMs / 2) {
+      if (t == next_request && t < stop_ns) {
+        last_use = t;
+        if (slice::take(words(), t, 1).must_request) return Claim{t, false};
+        next_request += t < fall_ns ? kMs / 2 : then_ns;
+      }
+      if (t % (5 * kMs) != 0 || (when_due && t < look_at)) continue;
+      if (slice::claimMovedRenewal(words(), t, last_use)) return Claim{t, true};
+      look_at = std::min(slice::moveCheckDueNs(words(), last_use), t + kInterval);
+    }
+    return Claim{};
+  };
+  struct Case {
+    int64_t fall_ns, then_ns, stop_ns;
+    bool claimed;
+  };
+  for (const Case& c : {Case{60 * kMs, 5 * kMs, 400 * kMs, true}, Case{60 * kMs, 8 * kMs, 400 * kMs, true},
+                        Case{400 * kMs, kMs, 120 * kMs, true}, Case{400 * kMs, kMs, 400 * kMs, false}}) {
+    const Claim every_pass = firstClaim(false, c.fall_ns, c.then_ns, c.stop_ns);
+    const Claim when_due = firstClaim(true, c.fall_ns, c.then_ns, c.stop_ns);
+    std::cout << "measured: fall at " << c.fall_ns / kMs << " ms to every " << c.then_ns / kMs
+              << " ms, stop at " << c.stop_ns / kMs << " ms: "
+              << (every_pass.at_ns < 0 ? "no claim"
+                                       : "claimed at " + std::to_string(every_pass.at_ns / kMs) + " ms by the " +
+                                             (every_pass.by_sweep ? "sweep" : "take"))
+              << "\n";
+    EXPECT_EQ(when_due, every_pass) << c.fall_ns / kMs << " " << c.then_ns / kMs << " " << c.stop_ns / kMs;
+    EXPECT_EQ(every_pass.at_ns >= 0, c.claimed) << c.fall_ns / kMs << " " << c.then_ns / kMs;
+  }
+}
+
 // Verifies that while Redis is unreachable a rate that held when the
 // breaker opened refills on past its end until the hold ends, and that
 // then (or for a rate that had ended before the opening) the equal share
