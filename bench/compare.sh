@@ -16,9 +16,10 @@
 #                         a global rule of 10/s (burst 10) over 5,000 keys,
 #                         pipelined, after 2 s of the same load unmeasured:
 #                         every key is far over its limit and holds a rate
-#                         lease; its "control CPU" row is the daemon's
-#                         control thread's CPU over the measurement (the
-#                         lease traffic, and the sweep of rate holders)
+#                         lease; with it, global-5k-over-control: the
+#                         daemon's control thread's CPU over the
+#                         measurement (the lease traffic, and the sweep of
+#                         rate holders)
 # and prints one markdown table: each row's median over the rounds for the
 # old and the new build, and new/old (above 1 is faster for rates, below 1
 # is faster for latencies and CPU). Both daemons run at once, each with
