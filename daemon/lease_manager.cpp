@@ -291,7 +291,8 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, const Rule& rule,
         penalty::setBlockedUntil(block, 0);
       }
     }
-    slice::noteGrant(words, reply->granted, reply->remaining);
+    slice::noteGrant(words, reply->granted, reply->remaining,
+                     algorithmTraits(rule.algorithm).refills ? leaseCapacity(limit) : 0);
     slice::noteShort(words, request.n, reply->granted);
     slice::noteRedisLeft(words, rule, reply->remaining, now_ns);
     if (request.rate >= 0) {

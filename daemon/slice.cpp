@@ -344,8 +344,9 @@ int64_t balance(ConstWords words, int64_t now_ns) {
   return units > 0 ? spendable(words, now_ns) : units;
 }
 
-void noteGrant(Words words, int64_t granted, int64_t remaining) {
-  if (granted > 0 && remaining >= kRoomyFactor * granted) {
+void noteGrant(Words words, int64_t granted, int64_t remaining, int64_t full) {
+  const bool found_full = full > 0 && remaining + granted + 1 >= full;
+  if (granted > 0 && (remaining >= kRoomyFactor * granted || found_full)) {
     words[kFlags].fetch_or(kRoomy, std::memory_order_acq_rel);
   } else {
     words[kFlags].fetch_and(~kRoomy, std::memory_order_acq_rel);

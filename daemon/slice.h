@@ -21,12 +21,14 @@
 //    never more than the node's share (the rule's capacity / N) and never
 //    less than the cost asked for.
 //  - While Redis has plenty left after each grant (kRoomyFactor times what
-//    it granted), the batch covers twice as many lease intervals each lease,
-//    up to 2^kMaxBoost; the first grant that leaves less resets it. An
-//    uncontended key then costs Redis one lease per 16 intervals instead of
-//    one per interval, which is what lets 10,000 busy keys lease at all; a
-//    contended one leases small batches, so no node sits on units another
-//    needs. A key whose leases are stamped (sliding_log) never boosts: the
+//    it granted), or a bucket's grants find it full (it refilled what the
+//    node took since its last lease: a lone key at or under its limit,
+//    whose burst holds fewer than kRoomyFactor batches), the batch covers
+//    twice as many lease intervals each lease, up to 2^kMaxBoost; the first
+//    grant that does neither resets it. An uncontended key then costs
+//    Redis one lease per 16 intervals instead of one per interval, which is
+//    what lets 10,000 busy keys lease at all; a contended one leases small
+//    batches, so no node sits on units another needs. A key whose leases are stamped (sliding_log) never boosts: the
 //    units its slice holds are its overshoot bound (overshoot.h). Unless
 //    the log's last answer left room for kRoomyFactor batches of every
 //    node, it leases a tenth of an interval's demand at a time
@@ -106,7 +108,9 @@ enum Word : size_t {
 };
 constexpr uint64_t kInFlight = 1;
 constexpr uint64_t kWarm = 2;   // a lease has granted units at least once
-constexpr uint64_t kRoomy = 4;  // the last grant left Redis kRoomyFactor times as much
+// The last grant left Redis kRoomyFactor times as much, or found a bucket
+// full (noteGrant).
+constexpr uint64_t kRoomy = 4;
 // Bits kRedisLeftShift and up hold a lease's answer (noteRedisLeft).
 constexpr uint64_t kRedisLeftKnown = 8;
 // Requests of this node wait in line for the key's units (wait_lines.h):
@@ -466,9 +470,16 @@ void clearLine(Words words);
 // --- The control thread: a lease's answer -------------------------------------
 
 // Records what a granting lease left in Redis: whether the next batch may
-// grow (kRoomy). Called with every answer, before the key's in-flight bit
-// is cleared.
-void noteGrant(Words words, int64_t granted, int64_t remaining);
+// grow (kRoomy). It may when the grant left kRoomyFactor times as much, or
+// when it found a state that refills full: `full` is the units such a state
+// holds when full (leaseCapacity), 0 for one that does not refill (a
+// window's first lease finds it full whatever its demand). A bucket full
+// to within the reply's rounding (remaining is whole units) refilled all
+// it gave since this node's last lease, so no node drew on it faster than
+// it refills: a lone key at or under its limit, whose burst is too small
+// for kRoomyFactor batches, still grows its batch. Called with every
+// answer, before the key's in-flight bit is cleared.
+void noteGrant(Words words, int64_t granted, int64_t remaining, int64_t full);
 // Records whether a lease that asked for `asked` units got them all
 // (kDrained). Called with every answer of a leasing key, before its
 // in-flight bit is cleared.

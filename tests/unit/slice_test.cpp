@@ -186,24 +186,66 @@ TEST_F(SliceTest, RoomyGrantsGrowTheBatchAndATightOneResetsIt) {
     now += kInterval;
     return slice::nextBatch(words(), now, 1, rule, 2, kInterval).n;
   };
+  const int64_t full = leaseCapacity(rule.limits.front());
   EXPECT_EQ(next(), 100);  // no grant seen yet
   std::vector<int64_t> sizes;
   for (int i = 0; i < slice::kMaxBoost + 2; ++i) {
-    slice::noteGrant(words(), 100, 100 * slice::kRoomyFactor);  // plenty left
+    slice::noteGrant(words(), 100, 100 * slice::kRoomyFactor, full);  // plenty left
     sizes.push_back(next());
   }
   EXPECT_EQ(sizes, (std::vector<int64_t>{200, 400, 800, 1600, 1600, 1600}));
-  slice::noteGrant(words(), 1600, 1600 * slice::kRoomyFactor - 1);  // tight
+  slice::noteGrant(words(), 1600, 1600 * slice::kRoomyFactor - 1, full);  // tight
   EXPECT_EQ(next(), 100);
-  slice::noteGrant(words(), 100, 1000);
+  slice::noteGrant(words(), 100, 1000, full);
   EXPECT_EQ(next(), 200);
-  slice::noteGrant(words(), 0, 1000);  // nothing granted: no growth
+  slice::noteGrant(words(), 0, 1000, full);  // nothing granted: no growth
   EXPECT_EQ(next(), 100);
   // The share still caps a grown batch.
   words_[slice::kDemand].store(40'000);
-  slice::noteGrant(words(), 100, 1'000'000);
+  slice::noteGrant(words(), 100, 1'000'000, full);
   now += kInterval;
   EXPECT_EQ(slice::nextBatch(words(), now, 1, rule, 2, kInterval).n, 50'000);
+}
+
+// Verifies that a bucket whose burst is too small for kRoomyFactor batches
+// still grows a lone key's batch while each grant finds it full (to within
+// the reply's rounding: it refilled what the key took since its last
+// lease), as a key at or under its limit finds it, up to the share; that a
+// grant finding it short of full by more than a unit resets the batch, as
+// a key over its limit, or beside another node, finds it; and that a rule
+// that does not refill (full = 0: a window's first lease finds it full
+// whatever the demand) never grows on it.
+TEST_F(SliceTest, AGrantThatFindsTheBucketFullGrowsTheBatch) {
+  Rule rule = bucketRule(10, 1'000 * kMs, 10);  // one unit per interval, burst 10
+  const int64_t full = leaseCapacity(rule.limits.front());
+  grant(1);
+  int64_t now = kInterval;
+  slice::nextBatch(words(), now, 1, rule, 1, kInterval);  // starts measuring demand
+  // A grant's answer, then the next batch on `nodes` nodes after a unit
+  // in two intervals (5/s).
+  auto next = [&](int64_t granted, int64_t remaining, int64_t full_units, uint32_t nodes = 1) {
+    slice::noteGrant(words(), granted, remaining, full_units);
+    words_[slice::kDemand].store(1);
+    now += 2 * kInterval;
+    return slice::nextBatch(words(), now, 1, rule, nodes, kInterval).n;
+  };
+  // Each grant found the bucket full, or 9.x of 10 (remaining is floored),
+  // and left less than kRoomyFactor times itself from the third on.
+  std::vector<int64_t> sizes;
+  sizes.push_back(next(1, 9, full));
+  sizes.push_back(next(1, 8, full));
+  sizes.push_back(next(2, 7, full));
+  sizes.push_back(next(4, 5, full));
+  sizes.push_back(next(8, 1, full));
+  sizes.push_back(next(8, 1, full));
+  EXPECT_EQ(sizes, (std::vector<int64_t>{1, 2, 4, 8, 8, 8}));
+  EXPECT_EQ(next(8, 0, full), 1);   // found 8.x of 10: others draw on it, or the key is over
+  EXPECT_EQ(next(1, 9, full), 1);   // full again: grows from one
+  EXPECT_EQ(next(1, 9, full), 2);
+  EXPECT_EQ(next(2, 7, 0), 1);      // the same answers of a rule that does not refill
+  // The share caps a grown batch: 5 of the burst on two nodes.
+  for (int i = 0; i < slice::kMaxBoost; ++i) next(1, 9, full);
+  EXPECT_EQ(next(8, 1, full, 2), 5);
 }
 
 // Verifies that a sliding log's batch never grows past one interval of
@@ -215,7 +257,7 @@ TEST_F(SliceTest, AStampedLeaseNeverGrowsItsBatch) {
   grant(1);
   int64_t now = 0;
   for (int i = 0; i < slice::kMaxBoost + 2; ++i) {
-    slice::noteGrant(words(), 100, 100 * slice::kRoomyFactor);  // plenty left
+    slice::noteGrant(words(), 100, 100 * slice::kRoomyFactor, 0);  // plenty left
     slice::noteRedisLeft(words(), rule, 1'000, now);
     words_[slice::kDemand].store(100);  // 100 per interval
     now += kInterval;
@@ -515,7 +557,7 @@ TEST_F(SliceTest, RedisLeftSharesTheFlagsWordWithTheOtherFlags) {
   EXPECT_EQ(slice::redisLeft(words(), window, 3 * kMs), 0xFFFFFFFFLL);
   slice::clearLine(words());
   slice::unclaim(words());
-  slice::noteGrant(words(), 1, 100);
+  slice::noteGrant(words(), 1, 100, 0);
   slice::nextBatch(words(), 4 * kMs, 1, window, 2, kInterval);
   EXPECT_EQ(slice::redisLeft(words(), window, 4 * kMs), 0xFFFFFFFFLL);
   EXPECT_NE(flags() & slice::kWarm, 0u);
