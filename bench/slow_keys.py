@@ -20,7 +20,7 @@ it shows the hot path unchanged.
 
 Knobs (environment): BENCH_KEYS (200), BENCH_NODES (1), BENCH_SECONDS (6),
 BENCH_WARMUP (2), BENCH_ROUNDS (2), BENCH_RATES ("2,5,10,30": per key and
-second).
+second), BENCH_ALGORITHM (token_bucket; a window's rule has no burst).
 Run with /usr/bin/python3 (python3-msgpack).
 """
 
@@ -55,11 +55,10 @@ node_id = "slow-{index}"
 
 [[rule]]
 name = "{rule}"
-algorithm = "token_bucket"
+algorithm = "{algorithm}"
 limit = {limit}
 period = "1s"
-burst = {burst}
-scope = "global"
+{burst}scope = "global"
 on_redis_down = "local"
 """
 
@@ -138,14 +137,16 @@ def drive(paths, keys, rate, warmup_s, seconds, count):
     return decisions, denied, span, counts
 
 
-def measure(build, nodes, keys, rate, warmup_s, seconds):
+def measure(build, algorithm, nodes, keys, rate, warmup_s, seconds):
     harness.SLUICED = os.path.join(build, "daemon", "sluiced")
     redis = harness.Redis()
     daemons = [harness.Daemon(dir_prefix="slk.") for _ in range(nodes)]
     try:
         for index, daemon in enumerate(daemons):
+            burst = "" if algorithm.endswith("window") else "burst = %d\n" % BURST
             daemon.start(CONFIG.format(socket=daemon.socket, port=redis.port, rule=RULE,
-                                       limit=LIMIT, burst=BURST, nodes=nodes, index=index))
+                                       algorithm=algorithm, limit=LIMIT, burst=burst,
+                                       nodes=nodes, index=index))
         before = evalsha_calls(redis)
         time.sleep(IDLE_S)
         heartbeats_per_s = (evalsha_calls(redis) - before) / IDLE_S
@@ -165,13 +166,16 @@ def main():
     builds = {"old": sys.argv[1], "new": sys.argv[2]}
     keys = int(os.environ.get("BENCH_KEYS", "200"))
     nodes = int(os.environ.get("BENCH_NODES", "1"))
+    algorithm = os.environ.get("BENCH_ALGORITHM", "token_bucket")
     seconds = float(os.environ.get("BENCH_SECONDS", "6"))
     warmup_s = float(os.environ.get("BENCH_WARMUP", "2"))
     rounds = int(os.environ.get("BENCH_ROUNDS", "2"))
     rates = [float(r) for r in os.environ.get("BENCH_RATES", "2,5,10,30").split(",")]
-    print("%d keys of a global token bucket of %d/s (burst %d), %d daemon(s), %g s counted "
+    print("%d keys of a global %s of %d/s%s, %d daemon(s), %g s counted "
           "after %g s, %d rounds per build; load average before: %s" % (
-              keys, LIMIT, BURST, nodes, seconds, warmup_s, rounds,
+              keys, algorithm, LIMIT,
+              "" if algorithm.endswith("window") else " (burst %d)" % BURST,
+              nodes, seconds, warmup_s, rounds,
               " ".join(open("/proc/loadavg").read().split()[:3])))
     print()
     print("| per key | old: calls per decision | new: calls per decision | new/old "
@@ -182,7 +186,8 @@ def main():
         order = ["old", "new"]
         for _ in range(rounds):
             for name in order:
-                figures[name].append(run_row(builds[name], nodes, keys, rate, warmup_s, seconds))
+                figures[name].append(
+                    run_row(builds[name], algorithm, nodes, keys, rate, warmup_s, seconds))
             order.reverse()
         calls = {n: statistics.median(c for c, _ in figures[n]) for n in figures}
         denied = {n: statistics.median(d for _, d in figures[n]) for n in figures}
@@ -192,10 +197,10 @@ def main():
         sys.stdout.flush()
 
 
-def run_row(build, nodes, keys, rate, warmup_s, seconds):
+def run_row(build, algorithm, nodes, keys, rate, warmup_s, seconds):
     """(Redis calls per decision net of heartbeats, denied share) of one run."""
     decisions, denied, calls, heartbeats_per_s, begin, end = measure(
-        build, nodes, keys, rate, warmup_s, seconds)
+        build, algorithm, nodes, keys, rate, warmup_s, seconds)
     net = calls - heartbeats_per_s * (end - begin)
     return max(net, 0.0) / max(decisions, 1), denied / max(decisions, 1)
 
