@@ -28,13 +28,13 @@
 //    grant that does neither resets it. An uncontended key then costs
 //    Redis one lease per 16 intervals instead of one per interval, which is
 //    what lets 10,000 busy keys lease at all; a contended one leases small
-//    batches, so no node sits on units another needs. A key whose leases are stamped (sliding_log) never boosts: the
-//    units its slice holds are its overshoot bound (overshoot.h). Unless
-//    the log's last answer left room for kRoomyFactor batches of every
-//    node, it leases a tenth of an interval's demand at a time
-//    (kTightStampedParts): a unit leaves the log one period after its
-//    lease, so the sooner it is spent after it, the closer the fleet's
-//    admissions in any period come to the limit.
+//    batches, so no node sits on units another needs. A key whose leases
+//    are stamped (sliding_log) never boosts: the units its slice holds are
+//    its overshoot bound (overshoot.h). Unless the log's last answer left
+//    room for kRoomyFactor batches of every node, it leases a tenth of an
+//    interval's demand at a time (kTightStampedParts): a unit leaves the
+//    log one period after its lease, so the sooner it is spent after it,
+//    the closer the fleet's admissions in any period come to the limit.
 //  - A hot key of a token bucket or gcra rule may hold a rate lease instead
 //    (rate_lease.h): "spend up to r units per period until t". Its slice
 //    then refills here at r, one unit per kRateNsPerUnit ns, up to
@@ -510,13 +510,14 @@ int64_t redisLeft(ConstWords words, const Rule& rule, int64_t now_ns);
 // Whether a lease of a key of `rule` sent at now_ns would find nothing, as
 // far as this node can tell: its last answer said Redis had no whole unit
 // left (noteRedisLeft), and none has come back since by redisLeft's
-// reckoning (a bucket's refill; a window's units, while its window lasts).
-// False before any answer, once a window is over, and for the algorithms
-// whose room comes back on a schedule this node does not reckon (the
-// sliding log's entries leave one by one). A slice running low then asks
-// for no refill ahead (LeasePath::afterTake): the lease would be denied, a
-// call spent for nothing, and the next request that finds the slice empty
-// asks anyway.
+// reckoning (a bucket's refill; a window's units, while its window lasts:
+// a sliding window's room that comes back as the previous window's weight
+// decays is not reckoned). False before any answer, once a window is over,
+// and for the sliding log, whose entries leave one by one on Redis's
+// clock. A slice running low then asks for no refill ahead
+// (LeasePath::afterTake): the lease would most likely be denied, a call
+// spent for nothing, and the next request that finds the slice empty asks
+// anyway.
 bool redisEmpty(ConstWords words, const Rule& rule, int64_t now_ns);
 
 // Redis granted `granted` units at its clock lease_now_ms. A windowed
