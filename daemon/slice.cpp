@@ -530,18 +530,6 @@ int64_t redisLeft(ConstWords words, const Rule& rule, int64_t now_ns) {
   return std::min(field, capacity);
 }
 
-bool redisEmpty(ConstWords words, const Rule& rule, int64_t now_ns) {
-  if ((words[kFlags].load(std::memory_order_acquire) & kRedisLeftKnown) == 0) return false;
-  const AlgorithmTraits& traits = algorithmTraits(rule.algorithm);
-  if (traits.windowed) {
-    const int64_t expires = load(words, kExpires);
-    if (expires == 0 || now_ns >= expires) return false;
-  } else if (!traits.refills) {
-    return false;
-  }
-  return redisLeft(words, rule, now_ns) == 0;
-}
-
 bool holdsRate(ConstWords words, int64_t now_ns) { return now_ns < load(words, kRateUntil); }
 
 void noteRateFallback(Words words, int64_t units) {

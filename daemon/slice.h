@@ -507,19 +507,6 @@ void noteRedisLeft(Words words, const Rule& rule, int64_t left, int64_t now_ns);
 // docs/protocol.md, "Remaining on a global rule".
 int64_t redisLeft(ConstWords words, const Rule& rule, int64_t now_ns);
 
-// Whether a lease of a key of `rule` sent at now_ns would find nothing, as
-// far as this node can tell: its last answer said Redis had no whole unit
-// left (noteRedisLeft), and none has come back since by redisLeft's
-// reckoning (a bucket's refill; a window's units, while its window lasts:
-// a sliding window's room that comes back as the previous window's weight
-// decays is not reckoned). False before any answer, once a window is over,
-// and for the sliding log, whose entries leave one by one on Redis's
-// clock. A slice running low then asks for no refill ahead
-// (LeasePath::afterTake): the lease would most likely be denied, a call
-// spent for nothing, and the next request that finds the slice empty asks
-// anyway.
-bool redisEmpty(ConstWords words, const Rule& rule, int64_t now_ns);
-
 // Redis granted `granted` units at its clock lease_now_ms. A windowed
 // rule's units may be spent until expires_ns (0: no window); with
 // `new_window` (the grant's window is not that of the slice's last grant,

@@ -161,34 +161,6 @@ TEST_F(LeasePathTest, AnAllowedAnswerReportsTheSlicePlusWhatRedisHadLeft) {
   EXPECT_EQ(verdict_.decision.reset_after_ms, 0);
 }
 
-// Verifies a slice running low sends no refill ahead while Redis's last
-// answer left nothing and nothing has refilled since (the lease would be
-// denied): the request that finds the slice empty asks instead; once a
-// unit has refilled in Redis by the node's reckoning (10 a second: one per
-// 100 ms), or the answer left some, the refill goes ahead again.
-TEST_F(LeasePathTest, ASliceRunningLowAsksAheadOnlyWhenRedisHasSomething) {
-  ASSERT_EQ(acquire("g", 1, true), Outcome::kWaitsForLease);
-  ASSERT_EQ(sent().size(), 1u);
-  reply("g", 1, 0, 0);
-  ASSERT_EQ(acquire("g", 1), Outcome::kAnswered);
-  EXPECT_TRUE(verdict_.decision.allowed);
-  EXPECT_TRUE(sent().empty());
-  // Not claimed by the refill it did not send: the next request asks.
-  EXPECT_EQ(acquire("g", 1, true), Outcome::kWaitsForLease);
-  ASSERT_EQ(sent().size(), 1u);
-
-  reply("g", 1, 0, 0);
-  now_ns_ += 100 * kMs;
-  ASSERT_EQ(acquire("g", 1), Outcome::kAnswered);
-  EXPECT_TRUE(verdict_.decision.allowed);
-  EXPECT_EQ(sent().size(), 1u);
-
-  reply("g", 1, 0, 4);
-  ASSERT_EQ(acquire("g", 1), Outcome::kAnswered);
-  EXPECT_TRUE(verdict_.decision.allowed);
-  EXPECT_EQ(sent().size(), 1u);
-}
-
 // Verifies a denial reports nothing remaining, whatever Redis had left: a
 // cost of 5 where Redis had 4 and said "nothing until t".
 TEST_F(LeasePathTest, ADenialReportsNothingRemaining) {

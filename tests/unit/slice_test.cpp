@@ -542,43 +542,6 @@ TEST_F(SliceTest, AWindowsLeftCountsUntilItsWindowEnds) {
   }
 }
 
-// Verifies that Redis is empty for a key only while its last answer left
-// no whole unit and none came back by redisLeft's reckoning: a bucket until
-// its next unit refills, a window until it ends; never before an answer,
-// nor for a sliding log (its room comes back on Redis's schedule).
-TEST_F(SliceTest, RedisIsEmptyUntilAUnitComesBack) {
-  const Rule bucket = bucketRule(100, 1000 * kMs, 100);  // a unit per 10 ms
-  std::vector<std::atomic<uint64_t>> w(slice::kWords);
-  std::span<std::atomic<uint64_t>> span(w.data(), w.size());
-  EXPECT_FALSE(slice::redisEmpty(span, bucket, 5 * kMs));  // no answer yet
-  slice::noteRedisLeft(span, bucket, 0, 5 * kMs);
-  EXPECT_TRUE(slice::redisEmpty(span, bucket, 5 * kMs));
-  EXPECT_TRUE(slice::redisEmpty(span, bucket, 15 * kMs - 1));
-  EXPECT_FALSE(slice::redisEmpty(span, bucket, 15 * kMs));  // a unit refilled
-  slice::noteRedisLeft(span, bucket, 3, 20 * kMs);
-  EXPECT_FALSE(slice::redisEmpty(span, bucket, 20 * kMs));
-
-  for (Algorithm algorithm : {Algorithm::kFixedWindow, Algorithm::kSlidingWindow}) {
-    const Rule window = windowRule(algorithm, 100, 1000 * kMs);
-    std::vector<std::atomic<uint64_t>> ww(slice::kWords);
-    std::span<std::atomic<uint64_t>> wspan(ww.data(), ww.size());
-    slice::noteRedisLeft(wspan, window, 0, 10 * kMs);
-    EXPECT_FALSE(slice::redisEmpty(wspan, window, 10 * kMs));  // no window yet
-    slice::applyGrant(wspan, 5, 7'000, 500 * kMs, true);
-    EXPECT_TRUE(slice::redisEmpty(wspan, window, 10 * kMs));
-    EXPECT_TRUE(slice::redisEmpty(wspan, window, 500 * kMs - 1));
-    EXPECT_FALSE(slice::redisEmpty(wspan, window, 500 * kMs));  // the window is over
-    slice::noteRedisLeft(wspan, window, 1, 20 * kMs);
-    EXPECT_FALSE(slice::redisEmpty(wspan, window, 20 * kMs));
-  }
-
-  Rule log = windowRule(Algorithm::kSlidingLog, 100, 1000 * kMs);
-  std::vector<std::atomic<uint64_t>> lw(slice::kWords);
-  std::span<std::atomic<uint64_t>> lspan(lw.data(), lw.size());
-  slice::noteRedisLeft(lspan, log, 0, 10 * kMs);
-  EXPECT_FALSE(slice::redisEmpty(lspan, log, 10 * kMs));
-}
-
 // Verifies that Redis's left shares the flags word without disturbing its
 // bits (in flight, warm, roomy, the line, the boost) or being disturbed by
 // them.
