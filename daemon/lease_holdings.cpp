@@ -66,7 +66,7 @@ void LeaseManager::sendHoldingLease(const LeaseRequest& request, const Rule& rul
         int64_t now_ns = now();
         finish(request.rule_id, request.key, [&](Words words) {
           if (words.size() != entryWords(rule)) return;
-          slice::noteGrant(words, reply->granted, reply->remaining, 0);
+          slice::noteGrant(words, reply->granted, reply->remaining, false);
           slice::noteRedisLeft(words, rule, reply->remaining, now_ns);
           if (reply->granted == 0) {
             // Redis's retry_after is when holdings expire, but a return may

@@ -292,7 +292,7 @@ void LeaseManager::onLeaseReply(const LeaseRequest& request, const Rule& rule,
       }
     }
     slice::noteGrant(words, reply->granted, reply->remaining,
-                     algorithmTraits(rule.algorithm).refills ? leaseCapacity(limit) : 0);
+                     slice::untouched(words, rule, sent_ns, reply->granted, reply->remaining));
     slice::noteShort(words, request.n, reply->granted);
     slice::noteRedisLeft(words, rule, reply->remaining, now_ns);
     if (request.rate >= 0) {

@@ -344,9 +344,22 @@ int64_t balance(ConstWords words, int64_t now_ns) {
   return units > 0 ? spendable(words, now_ns) : units;
 }
 
-void noteGrant(Words words, int64_t granted, int64_t remaining, int64_t full) {
-  const bool found_full = full > 0 && remaining + granted + 1 >= full;
-  if (granted > 0 && (remaining >= kRoomyFactor * granted || found_full)) {
+bool untouched(ConstWords words, const Rule& rule, int64_t sent_ns, int64_t granted,
+               int64_t remaining) {
+  const int64_t capacity = leaseCapacity(rule.limits.front());
+  if (algorithmTraits(rule.algorithm).refills) {
+    // Found full to within the reply's rounding (remaining is whole units).
+    return remaining + granted + 1 >= capacity;
+  }
+  if (rule.algorithm != Algorithm::kFixedWindow) return false;
+  // As this node's last answer left the window, or a fresh window full.
+  const bool same_window = (words[kFlags].load(std::memory_order_acquire) & kRedisLeftKnown) != 0 &&
+                           sent_ns < load(words, kExpires);
+  return remaining + granted >= (same_window ? redisLeft(words, rule, sent_ns) : capacity);
+}
+
+void noteGrant(Words words, int64_t granted, int64_t remaining, bool untouched) {
+  if (granted > 0 && (remaining >= kRoomyFactor * granted || untouched)) {
     words[kFlags].fetch_or(kRoomy, std::memory_order_acq_rel);
   } else {
     words[kFlags].fetch_and(~kRoomy, std::memory_order_acq_rel);

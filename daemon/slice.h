@@ -21,17 +21,18 @@
 //    never more than the node's share (the rule's capacity / N) and never
 //    less than the cost asked for.
 //  - While Redis has plenty left after each grant (kRoomyFactor times what
-//    it granted), or a bucket's grants find it full (it refilled what the
-//    node took since its last lease: a lone key at or under its limit,
-//    whose burst holds fewer than kRoomyFactor batches), the batch covers
-//    twice as many lease intervals each lease, up to 2^kMaxBoost; the first
-//    grant that does neither resets it. An uncontended key then costs
-//    Redis one lease per 16 intervals instead of one per interval, which is
-//    what lets 10,000 busy keys lease at all; a contended one leases small
-//    batches, so no node sits on units another needs. A key whose leases
-//    are stamped (sliding_log) never boosts: the units its slice holds are
-//    its overshoot bound (overshoot.h). Unless the log's last answer left
-//    room for kRoomyFactor batches of every node, it leases a tenth of an
+//    it granted), or each grant finds the key's state untouched by other
+//    nodes (untouched(): a bucket full, a fixed window as this node left
+//    it; a lone key at or under its limit, whose burst or window holds
+//    fewer than kRoomyFactor batches), the batch covers twice as many lease
+//    intervals each lease, up to 2^kMaxBoost; the first grant that does
+//    neither resets it. An uncontended key then costs Redis one lease per
+//    16 intervals instead of one per interval, which is what lets 10,000
+//    busy keys lease at all; a contended one leases small batches, so no
+//    node sits on units another needs. A key whose leases are stamped
+//    (sliding_log) never boosts: the units its slice holds are its
+//    overshoot bound (overshoot.h). Unless the log's last answer left room
+//    for kRoomyFactor batches of every node, it leases a tenth of an
 //    interval's demand at a time (kTightStampedParts): a unit leaves the
 //    log one period after its lease, so the sooner it is spent after it,
 //    the closer the fleet's admissions in any period come to the limit.
@@ -469,17 +470,27 @@ void clearLine(Words words);
 
 // --- The control thread: a lease's answer -------------------------------------
 
+// Whether a lease sent at sent_ns, which was granted `granted` and left
+// `remaining`, found Redis's state of a key of `rule` as no other node had
+// drawn on it, as far as this node can tell; called before the answer is
+// recorded (noteRedisLeft). A bucket found full, to within the reply's
+// rounding (remaining is whole units): it refilled all it gave since this
+// node's last lease, so no node drew on it faster than it refills. A fixed
+// window found as this node's last answer left it (in the same window), or
+// full (a fresh window). Never for the other algorithms: a sliding window's
+// room comes back as the previous window's weight decays, which would hide
+// another node's draws, and its leased, unspent units weigh on the next
+// window; a sliding log never grows its batch.
+bool untouched(ConstWords words, const Rule& rule, int64_t sent_ns, int64_t granted,
+               int64_t remaining);
+
 // Records what a granting lease left in Redis: whether the next batch may
 // grow (kRoomy). It may when the grant left kRoomyFactor times as much, or
-// when it found a state that refills full: `full` is the units such a state
-// holds when full (leaseCapacity), 0 for one that does not refill (a
-// window's first lease finds it full whatever its demand). A bucket full
-// to within the reply's rounding (remaining is whole units) refilled all
-// it gave since this node's last lease, so no node drew on it faster than
-// it refills: a lone key at or under its limit, whose burst is too small
-// for kRoomyFactor batches, still grows its batch. Called with every
-// answer, before the key's in-flight bit is cleared.
-void noteGrant(Words words, int64_t granted, int64_t remaining, int64_t full);
+// when it found the key's state `untouched` by other nodes (untouched()):
+// a lone key at or under its limit, whose bucket or window holds fewer than
+// kRoomyFactor batches, still grows its batch. Called with every answer,
+// before the key's in-flight bit is cleared.
+void noteGrant(Words words, int64_t granted, int64_t remaining, bool untouched);
 // Records whether a lease that asked for `asked` units got them all
 // (kDrained). Called with every answer of a leasing key, before its
 // in-flight bit is cleared.

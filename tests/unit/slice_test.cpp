@@ -131,6 +131,14 @@ Rule bucketRule(int64_t limit, int64_t period_ns, int64_t burst) {
   return rule;
 }
 
+Rule windowRule(Algorithm algorithm, int64_t limit, int64_t period_ns) {
+  Rule rule;
+  rule.scope = Scope::kGlobal;
+  rule.algorithm = algorithm;
+  rule.limits = {Limit{.limit = limit, .period_ns = period_ns, .burst = limit}};
+  return rule;
+}
+
 // Verifies the batch follows demand (about one lease interval of it),
 // never exceeds the node's share of the capacity, never goes below the
 // cost, and that a warm key waits for a quarter batch.
@@ -186,23 +194,22 @@ TEST_F(SliceTest, RoomyGrantsGrowTheBatchAndATightOneResetsIt) {
     now += kInterval;
     return slice::nextBatch(words(), now, 1, rule, 2, kInterval).n;
   };
-  const int64_t full = leaseCapacity(rule.limits.front());
   EXPECT_EQ(next(), 100);  // no grant seen yet
   std::vector<int64_t> sizes;
   for (int i = 0; i < slice::kMaxBoost + 2; ++i) {
-    slice::noteGrant(words(), 100, 100 * slice::kRoomyFactor, full);  // plenty left
+    slice::noteGrant(words(), 100, 100 * slice::kRoomyFactor, false);  // plenty left
     sizes.push_back(next());
   }
   EXPECT_EQ(sizes, (std::vector<int64_t>{200, 400, 800, 1600, 1600, 1600}));
-  slice::noteGrant(words(), 1600, 1600 * slice::kRoomyFactor - 1, full);  // tight
+  slice::noteGrant(words(), 1600, 1600 * slice::kRoomyFactor - 1, false);  // tight
   EXPECT_EQ(next(), 100);
-  slice::noteGrant(words(), 100, 1000, full);
+  slice::noteGrant(words(), 100, 1000, false);
   EXPECT_EQ(next(), 200);
-  slice::noteGrant(words(), 0, 1000, full);  // nothing granted: no growth
+  slice::noteGrant(words(), 0, 1000, true);  // nothing granted: no growth
   EXPECT_EQ(next(), 100);
   // The share still caps a grown batch.
   words_[slice::kDemand].store(40'000);
-  slice::noteGrant(words(), 100, 1'000'000, full);
+  slice::noteGrant(words(), 100, 1'000'000, false);
   now += kInterval;
   EXPECT_EQ(slice::nextBatch(words(), now, 1, rule, 2, kInterval).n, 50'000);
 }
@@ -212,40 +219,68 @@ TEST_F(SliceTest, RoomyGrantsGrowTheBatchAndATightOneResetsIt) {
 // the reply's rounding: it refilled what the key took since its last
 // lease), as a key at or under its limit finds it, up to the share; that a
 // grant finding it short of full by more than a unit resets the batch, as
-// a key over its limit, or beside another node, finds it; and that a rule
-// that does not refill (full = 0: a window's first lease finds it full
-// whatever the demand) never grows on it.
+// a key over its limit, or beside another node, finds it; and that a
+// sliding window never grows on such answers (untouched() is never true
+// for it).
 TEST_F(SliceTest, AGrantThatFindsTheBucketFullGrowsTheBatch) {
-  Rule rule = bucketRule(10, 1'000 * kMs, 10);  // one unit per interval, burst 10
-  const int64_t full = leaseCapacity(rule.limits.front());
+  const Rule bucket = bucketRule(10, 1'000 * kMs, 10);  // one unit per interval, burst 10
+  const Rule window = windowRule(Algorithm::kSlidingWindow, 10, 1'000 * kMs);
   grant(1);
   int64_t now = kInterval;
-  slice::nextBatch(words(), now, 1, rule, 1, kInterval);  // starts measuring demand
-  // A grant's answer, then the next batch on `nodes` nodes after a unit
-  // in two intervals (5/s).
-  auto next = [&](int64_t granted, int64_t remaining, int64_t full_units, uint32_t nodes = 1) {
-    slice::noteGrant(words(), granted, remaining, full_units);
+  slice::nextBatch(words(), now, 1, bucket, 1, kInterval);  // starts measuring demand
+  // A grant's answer for a key of `rule`, then the next batch on `nodes`
+  // nodes after a unit in two intervals (5/s).
+  auto next = [&](int64_t granted, int64_t remaining, const Rule* rule = nullptr,
+                  uint32_t nodes = 1) {
+    slice::noteGrant(words(), granted, remaining,
+                     slice::untouched(words(), rule ? *rule : bucket, now, granted, remaining));
     words_[slice::kDemand].store(1);
     now += 2 * kInterval;
-    return slice::nextBatch(words(), now, 1, rule, nodes, kInterval).n;
+    return slice::nextBatch(words(), now, 1, bucket, nodes, kInterval).n;
   };
   // Each grant found the bucket full, or 9.x of 10 (remaining is floored),
   // and left less than kRoomyFactor times itself from the third on.
   std::vector<int64_t> sizes;
-  sizes.push_back(next(1, 9, full));
-  sizes.push_back(next(1, 8, full));
-  sizes.push_back(next(2, 7, full));
-  sizes.push_back(next(4, 5, full));
-  sizes.push_back(next(8, 1, full));
-  sizes.push_back(next(8, 1, full));
+  sizes.push_back(next(1, 9));
+  sizes.push_back(next(1, 8));
+  sizes.push_back(next(2, 7));
+  sizes.push_back(next(4, 5));
+  sizes.push_back(next(8, 1));
+  sizes.push_back(next(8, 1));
   EXPECT_EQ(sizes, (std::vector<int64_t>{1, 2, 4, 8, 8, 8}));
-  EXPECT_EQ(next(8, 0, full), 1);   // found 8.x of 10: others draw on it, or the key is over
-  EXPECT_EQ(next(1, 9, full), 1);   // full again: grows from one
-  EXPECT_EQ(next(1, 9, full), 2);
-  EXPECT_EQ(next(2, 7, 0), 1);      // the same answers of a rule that does not refill
+  EXPECT_EQ(next(8, 0), 1);          // found 8.x of 10: others draw on it, or the key is over
+  EXPECT_EQ(next(1, 9), 1);          // full again: grows from one
+  EXPECT_EQ(next(1, 9), 2);
+  EXPECT_EQ(next(2, 7, &window), 1);  // the same answers of a sliding window
   // The share caps a grown batch: 5 of the burst on two nodes.
-  for (int i = 0; i < slice::kMaxBoost; ++i) next(1, 9, full);
-  EXPECT_EQ(next(8, 1, full, 2), 5);
+  for (int i = 0; i < slice::kMaxBoost; ++i) next(1, 9);
+  EXPECT_EQ(next(8, 1, &bucket, 2), 5);
+}
+
+// Verifies that a fixed window's grant is untouched when it finds the
+// window as this node's last answer left it (no other node drew since, in
+// the same window) or a fresh window full, and not when another node took
+// even one unit; that the node's clock decides which window the lease was
+// sent in (the slice's window ends at kExpires); and that neither a
+// sliding window nor a sliding log is ever untouched.
+TEST_F(SliceTest, AFixedWindowIsUntouchedAsTheNodesLastAnswerLeftIt) {
+  const Rule fixed = windowRule(Algorithm::kFixedWindow, 10, 1'000 * kMs);
+  EXPECT_TRUE(slice::untouched(words(), fixed, 5 * kMs, 1, 9));    // a fresh window, full
+  EXPECT_FALSE(slice::untouched(words(), fixed, 5 * kMs, 1, 8));   // another node took one
+  slice::applyGrant(words(), 1, 7'000, 500 * kMs, true);           // the window ends at 500 ms
+  slice::noteRedisLeft(words(), fixed, 9, 5 * kMs);
+  EXPECT_TRUE(slice::untouched(words(), fixed, 100 * kMs, 2, 7));  // 9 found, as left
+  EXPECT_FALSE(slice::untouched(words(), fixed, 100 * kMs, 2, 6)); // 8 found
+  slice::noteRedisLeft(words(), fixed, 0, 100 * kMs);
+  EXPECT_TRUE(slice::untouched(words(), fixed, 500 * kMs, 2, 8));  // sent in the next window
+  EXPECT_FALSE(slice::untouched(words(), fixed, 500 * kMs, 2, 7));
+
+  for (Algorithm algorithm : {Algorithm::kSlidingWindow, Algorithm::kSlidingLog}) {
+    const Rule other = windowRule(algorithm, 10, 1'000 * kMs);
+    std::vector<std::atomic<uint64_t>> w(slice::kWords);
+    std::span<std::atomic<uint64_t>> span(w.data(), w.size());
+    EXPECT_FALSE(slice::untouched(span, other, 5 * kMs, 1, 9));
+  }
 }
 
 // Verifies that a sliding log's batch never grows past one interval of
@@ -257,7 +292,7 @@ TEST_F(SliceTest, AStampedLeaseNeverGrowsItsBatch) {
   grant(1);
   int64_t now = 0;
   for (int i = 0; i < slice::kMaxBoost + 2; ++i) {
-    slice::noteGrant(words(), 100, 100 * slice::kRoomyFactor, 0);  // plenty left
+    slice::noteGrant(words(), 100, 100 * slice::kRoomyFactor, false);  // plenty left
     slice::noteRedisLeft(words(), rule, 1'000, now);
     words_[slice::kDemand].store(100);  // 100 per interval
     now += kInterval;
@@ -469,14 +504,6 @@ TEST_F(SliceTest, TakingBackHandsOverUnitsOfAWindowNotYetEnded) {
   EXPECT_FALSE(slice::holdsUnits(words()));
 }
 
-Rule windowRule(Algorithm algorithm, int64_t limit, int64_t period_ns) {
-  Rule rule;
-  rule.scope = Scope::kGlobal;
-  rule.algorithm = algorithm;
-  rule.limits = {Limit{.limit = limit, .period_ns = period_ns, .burst = limit}};
-  return rule;
-}
-
 // Verifies that a key knows nothing of Redis's left before a lease's answer
 // has said it, and then exactly what the answer said.
 TEST_F(SliceTest, RedisLeftIsNothingBeforeAnAnswerAndTheAnswersLeftAfterIt) {
@@ -557,7 +584,7 @@ TEST_F(SliceTest, RedisLeftSharesTheFlagsWordWithTheOtherFlags) {
   EXPECT_EQ(slice::redisLeft(words(), window, 3 * kMs), 0xFFFFFFFFLL);
   slice::clearLine(words());
   slice::unclaim(words());
-  slice::noteGrant(words(), 1, 100, 0);
+  slice::noteGrant(words(), 1, 100, false);
   slice::nextBatch(words(), 4 * kMs, 1, window, 2, kInterval);
   EXPECT_EQ(slice::redisLeft(words(), window, 4 * kMs), 0xFFFFFFFFLL);
   EXPECT_NE(flags() & slice::kWarm, 0u);
