@@ -109,8 +109,8 @@ enum Word : size_t {
 };
 constexpr uint64_t kInFlight = 1;
 constexpr uint64_t kWarm = 2;   // a lease has granted units at least once
-// The last grant left Redis kRoomyFactor times as much, or found a bucket
-// full (noteGrant).
+// The last grant left Redis kRoomyFactor times as much, or found the key's
+// state untouched by other nodes (noteGrant, untouched()).
 constexpr uint64_t kRoomy = 4;
 // Bits kRedisLeftShift and up hold a lease's answer (noteRedisLeft).
 constexpr uint64_t kRedisLeftKnown = 8;
