@@ -405,6 +405,13 @@ void LeasePath::afterTake(const RuleSet& rules, const Rule& rule, const Rule& de
                           std::string_view key, std::span<std::atomic<uint64_t>> entry_words,
                           int64_t now_ns, int64_t cost, const slice::TakeResult& taken) {
   if (taken.dropped > 0) metrics_.lease_units_dropped.add(static_cast<uint64_t>(taken.dropped));
+  if (taken.must_request && taken.outcome == slice::Outcome::kTaken &&
+      slice::windowEndsFirst(entry_words, deciding, now_ns, broker_->leaseIntervalNs())) {
+    // A refill ahead whose units the key would not spend before they
+    // expire: counted in the window, they would deny other nodes.
+    slice::unclaim(entry_words);
+    return;
+  }
   if (taken.must_request) {
     requestLease(rules, rule, deciding, key, entry_words, now_ns, cost,
                  taken.outcome == slice::Outcome::kTaken ? cost : 0);

@@ -543,6 +543,14 @@ int64_t redisLeft(ConstWords words, const Rule& rule, int64_t now_ns) {
   return std::min(field, capacity);
 }
 
+bool windowEndsFirst(ConstWords words, const Rule& rule, int64_t now_ns, int64_t lease_interval_ns) {
+  if (!algorithmTraits(rule.algorithm).windowed) return false;
+  const int64_t expires = load(words, kExpires);
+  if (expires == 0 || now_ns >= expires) return false;
+  const double per_interval = demandPerInterval(words, now_ns, lease_interval_ns);
+  return static_cast<double>(expires - now_ns) * per_interval < static_cast<double>(lease_interval_ns);
+}
+
 bool holdsRate(ConstWords words, int64_t now_ns) { return now_ns < load(words, kRateUntil); }
 
 void noteRateFallback(Words words, int64_t units) {

@@ -163,15 +163,18 @@ class RemainingFleetTest(DaemonPairCase):
         for step in range(LIMIT + 20):
             index = step % 2
             other = 1 - index
+            held_before = counters[index][2] - granted_at_start[index] - allowed_by[index]
             allowed, remaining = self.acquire(index, step, rule, key)
             if allowed:
                 allowed_by[index] += 1
                 admitted += 1
                 # Answered on the daemon's last lease answer before it (a
-                # lease this acquire asked for answers after it), or, on a
-                # cold key, on the lease it waited for.
+                # refill ahead this acquire asked for answers after it), or,
+                # when the daemon held nothing (a cold key, or a window's
+                # slice that asked no refill ahead near the window's end),
+                # on the lease it waited for.
                 last_read = read[index]
-                if last_read is None:
+                if last_read is None or held_before == 0:
                     last_read = (counters[other][2] - granted_at_start[other] - allowed_by[other],
                                  allowed_by[other])
                 held, other_admitted_then = last_read

@@ -569,6 +569,21 @@ TEST_F(SliceTest, AWindowsLeftCountsUntilItsWindowEnds) {
   }
 }
 
+// Verifies that a window ends first when the key, at its measured demand,
+// would ask for its next unit after the slice's window ends (2 a second:
+// one per 500 ms), not while the next unit comes sooner, and never for a
+// rule that is not windowed, nor once the window is over.
+TEST_F(SliceTest, AWindowEndsFirstWhenTheNextUnitComesAfterIt) {
+  const Rule fixed = windowRule(Algorithm::kFixedWindow, 10, 1'000 * kMs);
+  const Rule bucket = bucketRule(10, 1'000 * kMs, 10);
+  slice::applyGrant(words(), 1, 7'000, 1'000 * kMs, true);  // the window ends at 1 s
+  words_[slice::kRate].store(slice::kRateParts / 5);          // 0.2 an interval: 2/s
+  EXPECT_FALSE(slice::windowEndsFirst(words(), fixed, 400 * kMs, kInterval));
+  EXPECT_TRUE(slice::windowEndsFirst(words(), fixed, 600 * kMs, kInterval));
+  EXPECT_FALSE(slice::windowEndsFirst(words(), bucket, 600 * kMs, kInterval));
+  EXPECT_FALSE(slice::windowEndsFirst(words(), fixed, 1'000 * kMs, kInterval));  // over
+}
+
 // Verifies that Redis's left shares the flags word without disturbing its
 // bits (in flight, warm, roomy, the line, the boost) or being disturbed by
 // them.
