@@ -298,8 +298,7 @@ Batch nextBatch(Words words, int64_t now_ns, int64_t cost, const Rule& rule, uin
 // is over. A slice running low then asks for no refill ahead
 // (LeasePath::afterTake): its units would expire unspent, counted in a
 // window whose other nodes are denied for them, and the request that finds
-// the slice empty asks for itself. A fixed window's key at its limit,
-// spread over 8 nodes, was denied 30 % of its requests that way.
+// the slice empty asks for itself.
 bool windowEndsFirst(ConstWords words, const Rule& rule, int64_t now_ns, int64_t lease_interval_ns);
 
 // Whether the key holds a rate lease at now_ns.
