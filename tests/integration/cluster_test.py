@@ -69,6 +69,10 @@ heartbeat_interval = "200ms"
 health_interval = "100ms"
 health_timeout = "{health_timeout}ms"
 lease_timeout = "{lease_timeout}ms"
+# A key that holds a rate asks Redis only to renew it, at most halfway
+# through the lease: with the default 5 s, the failover test's key could
+# ride its rate through a whole failover without asking the dead master.
+lease_ttl = "1s"
 
 [[rule]]
 name = "budget"
