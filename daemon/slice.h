@@ -253,6 +253,15 @@ void unclaim(Words words);
 // a holding's return that was not sent).
 void refund(Words words, int64_t cost);
 
+// Whether the window of a windowed rule's slice (its units' expiry) ends
+// before the key, at its measured demand (demandPerInterval), would ask for
+// another unit; false for a rule that is not windowed, or once the window
+// is over. A slice running low then asks for no refill ahead
+// (LeasePath::afterTake): its units would expire unspent, counted in a
+// window whose other nodes are denied for them, and the request that finds
+// the slice empty asks for itself.
+bool windowEndsFirst(ConstWords words, const Rule& rule, int64_t now_ns, int64_t lease_interval_ns);
+
 // --- Reservations (reservations.h): a settle on a leasing key ----------------
 
 // Gives back `units` a reserve took from the slice at spent_ns: into the
@@ -291,15 +300,6 @@ Batch nextBatch(Words words, int64_t now_ns, int64_t cost, const Rule& rule, uin
                 int64_t lease_interval_ns);
 
 // --- Rate leases (rate_lease.h) -------------------------------------------------
-
-// Whether the window of a windowed rule's slice (its units' expiry) ends
-// before the key, at its measured demand (demandPerInterval), would ask for
-// another unit; false for a rule that is not windowed, or once the window
-// is over. A slice running low then asks for no refill ahead
-// (LeasePath::afterTake): its units would expire unspent, counted in a
-// window whose other nodes are denied for them, and the request that finds
-// the slice empty asks for itself.
-bool windowEndsFirst(ConstWords words, const Rule& rule, int64_t now_ns, int64_t lease_interval_ns);
 
 // Whether the key holds a rate lease at now_ns.
 bool holdsRate(ConstWords words, int64_t now_ns);

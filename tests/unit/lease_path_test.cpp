@@ -35,9 +35,10 @@ Rule globalBucket(uint32_t id, std::string name, int64_t limit) {
 
 std::vector<Rule> testRules() {
   std::vector<Rule> rules = {globalBucket(1, "g", 10), globalBucket(2, "g_wait", 2),
-                             globalBucket(3, "hot", 1000)};
+                             globalBucket(3, "hot", 1000), globalBucket(4, "window", 10)};
   rules[1].max_wait_ns = 1 * kS;
   rules[2].limits.front().burst = 30;
+  rules[3].algorithm = Algorithm::kFixedWindow;
   return rules;
 }
 
@@ -104,6 +105,34 @@ TEST_F(LeasePathTest, AColdKeyAsksForOneLeaseAndWaitsForIt) {
   EXPECT_EQ(requests[0].kind, LeaseRequest::Kind::kLease);
   EXPECT_GE(requests[0].need, 3);
   EXPECT_EQ(waiting_.count(WaitKind::kLease), 2u);
+}
+
+// Verifies a window's slice that runs low sends no refill ahead when its
+// window ends before the key's demand would ask for another unit
+// (slice::windowEndsFirst): the next request finds it empty and asks for
+// itself. With the window's end after that unit, the refill goes ahead.
+TEST_F(LeasePathTest, ASliceWhoseWindowEndsFirstAsksForNoRefillAhead) {
+  ASSERT_EQ(acquire("window", 1, true), Outcome::kWaitsForLease);
+  ASSERT_EQ(sent().size(), 1u);
+  auto words = keys_.find(rule("window").id, "k")->state();
+  for (const int64_t window_left : {60 * kMs, 800 * kMs}) {
+    reply("window", 1);
+    words[slice::kExpires].store(static_cast<uint64_t>(now_ns_ + window_left));
+    // A measurement of one lease interval that this acquire's unit ends:
+    // one unit an interval (100 ms).
+    words[slice::kDemand].store(0);
+    words[slice::kDemandSince].store(static_cast<uint64_t>(now_ns_ - 100 * kMs));
+    ASSERT_EQ(acquire("window", 1), Outcome::kAnswered);
+    ASSERT_TRUE(verdict_.decision.allowed);
+    ASSERT_EQ(verdict_.mode, Mode::kNormal);
+    if (window_left < 100 * kMs) {
+      EXPECT_TRUE(sent().empty()) << "a refill ahead the window ends before";
+      EXPECT_EQ(acquire("window", 1, true), Outcome::kWaitsForLease);
+      EXPECT_EQ(sent().size(), 1u);
+    } else {
+      EXPECT_EQ(sent().size(), 1u) << "no refill ahead of the next unit";
+    }
+  }
 }
 
 // Verifies a request that may not wait, on a key with no units yet, is
