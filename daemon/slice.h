@@ -387,10 +387,12 @@ void holdAtMostRate(Words words, int64_t ns_per_unit, int64_t cap, int64_t now_n
 // its rate asked takes to bring kMovedWindowUnits units, but at least a
 // kMovedWindowsPerInterval-th of the lease interval and at most
 // kMovedMaxIntervals intervals. A short window sees a fall of demand soon
-// (the old hot node of a shifting skew gives its rate back within two
-// windows, 12.5-25 ms at an interval of 100 ms, while the rate it no
-// longer spends is lost to the fleet); a gap no longer than idleAfterNs
-// still reads as no fall; the units keep one at a light demand from reading a
+// (the old hot node of a shifting skew gives its rate back 12.5-25 ms
+// after the shift at an interval of 100 ms, unless renewals restart the
+// window meanwhile: noteAsked; the rate it no longer spends is lost to
+// the fleet), at the cost of reading a stall of a hot holder's requests
+// of half a window or more as a fall, as the sweep reads one of
+// idleAfterNs as idle; the units keep one at a light demand from reading a
 // gap between two requests as a fall (at 85/s, one interval of 100 ms
 // brings 8 units, and a stall of 50 ms halves them): such a false fall
 // records a demand below the key's, and a holder that renews meanwhile
